@@ -1,0 +1,202 @@
+"""The public attention functions: a drop-in for torch's SDPA, and the traced version.
+
+    >>> import torch, qkv
+    >>> q = k = v = torch.randn(2, 4, 7, 16)              # (b, h, t, d)
+    >>> out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> out.shape
+    torch.Size([2, 4, 7, 16])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qkv.attention.backends import BACKENDS, choose_backend, full_mask, repeat_kv
+from qkv.attention.masks import ALIGNMENTS
+from qkv.attention.reference import reference_attention
+from qkv.attention.trace import AttentionTrace
+
+
+def _shape(x: torch.Tensor) -> str:
+    return str(tuple(x.shape))
+
+
+def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                  causal_alignment):
+    """Validate the public arguments; return the scale to use. Errors name argument and values."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., length, dim), got {_shape(x)}")
+    if not (query.ndim == key.ndim == value.ndim):
+        raise ValueError(
+            f"query, key and value must have the same rank, got query {_shape(query)}, "
+            f"key {_shape(key)}, value {_shape(value)}"
+        )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same last dim d, got query {_shape(query)} and key {_shape(key)}"
+        )
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            f"key and value must agree on (..., s), got key {_shape(key)} and value {_shape(value)}"
+        )
+    if query.shape[:-3] != key.shape[:-3]:
+        raise ValueError(
+            f"query and key must have the same batch dims, got query {_shape(query)} and key {_shape(key)}"
+        )
+    if query.ndim >= 3:
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if enable_gqa:
+            if hkv == 0 or hq % hkv:
+                raise ValueError(
+                    f"with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hkv})"
+                )
+        elif hq != hkv:
+            raise ValueError(
+                f"query has {hq} heads but key/value have {hkv}; pass enable_gqa=True for "
+                f"grouped-query attention (query {_shape(query)}, key {_shape(key)})"
+            )
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise ValueError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise ValueError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
+        if is_causal:
+            raise ValueError("pass either attn_mask or is_causal=True, not both "
+                             "(fold the causal structure into attn_mask, or use window=)")
+        scores_shape = (*query.shape[:-1], key.shape[-2])
+        try:
+            if torch.broadcast_shapes(attn_mask.shape, scores_shape) != torch.Size(scores_shape):
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores' shape "
+                f"{tuple(scores_shape)} (..., t, s)"
+            ) from None
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if window is not None:
+        if not (isinstance(window, (tuple, list)) and len(window) == 2):
+            raise ValueError(f"window must be a pair (left, right), got {window!r}")
+        for side, w in zip(("left", "right"), window):
+            if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
+                raise ValueError(f"window {side} size must be an int >= 0 or None, got {w!r}")
+    if causal_alignment not in ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
+    if scale is None:
+        return 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}")
+    return scale
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    window: tuple[int | None, int | None] | None = None,
+    causal_alignment: str = "top_left",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``softmax(q·kᵀ · scale + mask) · v`` — a drop-in for torch's SDPA, plus what it lacks.
+
+    Args:
+        query: (..., h, t, d). key: (..., h_kv, s, d). value: (..., h_kv, s, dv).
+            Without ``enable_gqa``, h_kv must equal h; any rank >= 2 works.
+        attn_mask: bool (True = the key takes part) or float (added to the scaled scores),
+            broadcastable to (..., h, t, s). Same meaning as torch's.
+        dropout_p: dropout probability on the weights (pass 0.0 in evaluation).
+        is_causal: query i may attend to keys up to its own position (see ``causal_alignment``).
+        scale: multiplies q·kᵀ; default 1/√d.
+        enable_gqa: grouped-query / multi-query attention: h must be a multiple of h_kv.
+        window: ``(left, right)`` sliding window: query i attends keys p_i−left … p_i+right
+            (``None`` on a side = unbounded). Combines with ``is_causal`` and ``attn_mask``.
+        causal_alignment: where the diagonal lies when t ≠ s::
+
+              "top_left" (torch's)        "bottom_right" (decoding with a KV cache)
+              t=2, s=4                    t=2, s=4
+                  k0 k1 k2 k3                 k0 k1 k2 k3
+              q0   1  0  0  0             q0   1  1  1  0
+              q1   1  1  0  0             q1   1  1  1  1
+
+        backend: ``"auto"`` (see :func:`qkv.attention.backends.choose_backend`),
+            ``"reference"`` or ``"fused"``.
+
+    Returns:
+        (..., h, t, dv). A query row with every key masked out gives zeros, never NaN.
+
+    Example:
+        >>> import torch, qkv
+        >>> q, k, v = torch.randn(1, 8, 3, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
+        >>> qkv.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+        ...     causal_alignment="bottom_right", window=(4, 0)).shape
+        torch.Size([1, 8, 3, 16])
+    """
+    scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                          window, causal_alignment)
+    if backend == "auto":
+        backend = choose_backend(query, key)
+    fn = BACKENDS.get(backend)
+    if fn is None:
+        raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")
+    return fn(query, key, value, attn_mask=attn_mask, dropout_p=float(dropout_p),
+              is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
+              window=tuple(window) if window is not None else None,
+              causal_alignment=causal_alignment)
+
+
+def attention_trace(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    window: tuple[int | None, int | None] | None = None,
+    causal_alignment: str = "top_left",
+    backend: str = "reference",
+) -> AttentionTrace:
+    """Attention with every intermediate kept: scores, scaled, masked, weights, output, lse.
+
+    Same arguments and shapes as :func:`scaled_dot_product_attention`. The trace is computed by
+    the reference path (the only one that has the intermediates), so ``backend`` may only be
+    ``"reference"`` (or ``"auto"``, which means it here). ``trace.output`` is the attention output;
+    key and value in the trace are repeated to the query's head count under ``enable_gqa``.
+
+    Example:
+        >>> import torch, qkv
+        >>> q = k = v = torch.randn(1, 1, 4, 8)
+        >>> tr = qkv.attention_trace(q, k, v, is_causal=True)
+        >>> tr.weights[0, 0, 0].tolist()    # the first token can only see itself
+        [1.0, 0.0, 0.0, 0.0]
+    """
+    scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                          window, causal_alignment)
+    if backend not in ("reference", "auto"):
+        raise ValueError(f"attention_trace computes with the 'reference' backend, got backend={backend!r}")
+    groups = query.shape[-3] // key.shape[-3] if enable_gqa and query.ndim >= 3 else 1
+    mask = full_mask(attn_mask, query.shape[-2], key.shape[-2], is_causal=is_causal,
+                     window=tuple(window) if window is not None else None,
+                     causal_alignment=causal_alignment, device=query.device)
+    return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), mask,
+                               scale=scale, dropout_p=float(dropout_p))

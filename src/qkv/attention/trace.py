@@ -1,0 +1,85 @@
+"""The typed record of one attention call: every intermediate the seed documents name.
+
+Dimension letters used throughout qkv:
+
+    b  batch            h  heads (query heads; key/value heads are repeated to match)
+    t  query length     s  key/value length
+    d  query/key dim    dv value dim
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionTrace:
+    """Every step of ``softmax(q·kᵀ · scale + mask) · v``, as the forward computed it.
+
+    Shapes (leading batch dims ``...`` as given, usually ``(b, h)``):
+
+    ========  ==============  ====================================================
+    field     shape           meaning
+    ========  ==============  ====================================================
+    query     (..., t, d)     the queries q (one row per query token)
+    key       (..., s, d)     the keys k_j, repeated per query head for GQA/MQA
+    value     (..., s, dv)    the values v_j, repeated per query head for GQA/MQA
+    scores    (..., t, s)     q·k_jᵀ, the raw dot products
+    scaled    (..., t, s)     scores · scale (scale = 1/√d unless given)
+    masked    (..., t, s)     scaled with the mask applied (−inf where masked out)
+    weights   (..., t, s)     softmax over s; each row sums to 1 (0 if fully masked)
+    output    (..., t, dv)    weights · v, the attention output
+    lse       (..., t)        log Σ_j exp(masked_j), −inf for a fully masked row
+    ========  ==============  ====================================================
+
+    ``scale`` is the float the scores were multiplied by. Intermediates are kept in the
+    dtype the arithmetic was done in (fp32 for fp16/bf16 inputs); ``output`` has the
+    inputs' dtype, exactly the tensor the forward passed on.
+
+    Example:
+        >>> import torch, qkv
+        >>> q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+        >>> tr = qkv.attention_trace(q, k, v)
+        >>> tr.weights.shape, bool(torch.allclose(tr.weights.sum(-1), torch.ones(1, 2, 3)))
+        (torch.Size([1, 2, 3, 5]), True)
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scores: torch.Tensor
+    scaled: torch.Tensor
+    masked: torch.Tensor
+    weights: torch.Tensor
+    output: torch.Tensor
+    lse: torch.Tensor
+    scale: float
+
+    _ROW_FIELDS = ("query", "scores", "scaled", "masked", "weights", "output")
+
+    def select_rows(self, rows: torch.Tensor | slice | int) -> "AttentionTrace":
+        """Keep only some query rows (keys and values are kept whole).
+
+        A model explaining one token keeps ``O(t)`` numbers per head instead of ``O(t·s)``.
+
+        Args:
+            rows: an index, a slice, or a 1-D LongTensor of query positions.
+        """
+        if isinstance(rows, int):
+            rows = slice(rows, rows + 1)
+        kept = {name: getattr(self, name)[..., rows, :] for name in self._ROW_FIELDS}
+        kept["lse"] = self.lse[..., rows]
+        return AttentionTrace(key=self.key, value=self.value, scale=self.scale, **kept)
+
+    def detach(self) -> "AttentionTrace":
+        """The same record with every tensor detached from autograd."""
+        return AttentionTrace(
+            **{
+                f.name: getattr(self, f.name).detach()
+                if isinstance(getattr(self, f.name), torch.Tensor)
+                else getattr(self, f.name)
+                for f in fields(self)
+            }
+        )

@@ -1,0 +1,58 @@
+"""The ``qkv`` command line: one file per command group, wired here.
+
+Each command module exposes ``register(subparsers)``, which adds its sub-commands and sets
+``func`` on each parser to a function ``(args) -> int`` (the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Command modules, in the order ``qkv --help`` lists them. A module that is missing (a feature
+# not built yet) is skipped, so the CLI keeps working while the package grows.
+COMMAND_MODULES = ("qkv.cli.explain", "qkv.cli.translate", "qkv.cli.demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qkv", description="Transformer self-attention, computed and explained number by number.")
+    parser.add_argument("--version", action="version", version=f"qkv {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from qkv import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``qkv`` console script and ``python -m qkv``."""
+    from qkv.errors import QkvError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (QkvError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        print(f"qkv: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("qkv: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,251 @@
+"""Multi-head attention: project, split into heads, attend, merge, project.
+
+::
+
+    MHA (h_kv = h)          GQA (1 < h_kv < h)        MQA (h_kv = 1)
+    q: ■ ■ ■ ■              q: ■ ■ ■ ■                q: ■ ■ ■ ■
+       | | | |                 \\ | | /                  \\ \\ / /
+    k: ■ ■ ■ ■              k:  ■   ■                 k:    ■
+    v: ■ ■ ■ ■              v:  ■   ■                 v:    ■
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
+from qkv.attention.masks import structural_mask
+from qkv.modules.kv_cache import KVCache
+from qkv.modules.positional import ALiBi, RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class MultiHeadTrace:
+    """What one multi-head attention call did, for the kept query rows ``r``.
+
+    Fields:
+        rows: (r,) the query positions kept.
+        query_input: (b, r, E) the vectors x_i that were projected into queries.
+        key_input: (b, s, kdim) the vectors x_j projected into keys.
+        value_input: (b, s, vdim) the vectors x_j projected into values.
+        attention: the :class:`AttentionTrace` per head, (b, h, r, ·); its ``output`` is each
+            head's output before the heads are concatenated and mixed by ``out_proj``.
+    """
+
+    rows: torch.Tensor
+    query_input: torch.Tensor
+    key_input: torch.Tensor
+    value_input: torch.Tensor
+    attention: AttentionTrace
+
+
+def _as_float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if mask.dtype != torch.bool:
+        return mask.to(dtype)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
+def merge_masks(*masks: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Combine masks that broadcast together: all bool → AND; any float → sum of float masks."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    if all(m.dtype == torch.bool for m in present):
+        out = present[0]
+        for m in present[1:]:
+            out = out & m
+        return out
+    out = _as_float_mask(present[0], dtype)
+    for m in present[1:]:
+        out = out + _as_float_mask(m, dtype)
+    return out
+
+
+class MultiHeadAttention(nn.Module):
+    """Batch-first multi-head attention: self, cross, grouped-query and multi-query.
+
+    Args:
+        embed_dim: E, the width of the queries' input and of the output.
+        num_heads: h; E must be divisible by h (head dim d = E / h).
+        num_kv_heads: h_kv for GQA/MQA (default h); must divide h.
+        kdim, vdim: widths of the key and value inputs (default E), for cross-attention.
+        bias: whether the four projections have biases.
+        dropout: dropout on the attention weights while training.
+        rotary: a :class:`RotaryEmbedding` applied to queries and keys, or None.
+        alibi: an :class:`ALiBi` bias added to the scores, or None.
+        backend: the attention backend for calls that need no weights (see
+            :func:`qkv.scaled_dot_product_attention`).
+
+    Masks follow :func:`qkv.scaled_dot_product_attention`: **bool True = takes part** (the
+    opposite of ``torch.nn.MultiheadAttention``, whose True means "masked out"); float masks are
+    added. ``attn_mask`` is (t, s), (b·h, t, s) or broadcastable to (b, h, t, s);
+    ``key_padding_mask`` is (b, s), True (or 0.0) for real tokens.
+
+    Example:
+        >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2)
+        >>> x = torch.randn(2, 5, 16)                          # (b, t, E)
+        >>> out, w = mha(x, need_weights=True, is_causal=True)
+        >>> out.shape, w.shape                                 # (b, t, E), (b, t, s)
+        (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 kdim: int | None = None, vdim: int | None = None, bias: bool = True,
+                 dropout: float = 0.0, rotary: RotaryEmbedding | None = None,
+                 alibi: ALiBi | None = None, backend: str = "auto"):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if embed_dim <= 0 or num_heads <= 0 or num_kv_heads <= 0:
+            raise ValueError(f"embed_dim ({embed_dim}), num_heads ({num_heads}) and num_kv_heads "
+                             f"({num_kv_heads}) must be positive")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        self.dropout, self.backend = dropout, backend
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, num_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
+        self.rotary, self.alibi = rotary, alibi
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (b, heads, t, d)
+
+    def _check(self, name: str, x: torch.Tensor, width: int) -> None:
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != width:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must have shape (batch, length, {width}), got {shape}")
+
+    def _mask(self, attn_mask, key_padding_mask, b, t, s, dtype, device, is_causal, offset):
+        """Every mask of this call folded into one, broadcastable to (b, h, t, s), or None;
+        and the causal arguments for the attention function."""
+        if attn_mask is not None:
+            if attn_mask.ndim == 3:
+                if attn_mask.shape[0] != b * self.num_heads:
+                    raise ValueError(f"a 3-D attn_mask must be (batch*heads, t, s) = "
+                                     f"({b * self.num_heads}, {t}, {s}), got {tuple(attn_mask.shape)}")
+                attn_mask = attn_mask.view(b, self.num_heads, *attn_mask.shape[1:])
+            if attn_mask.shape[-2:] != (t, s) or attn_mask.ndim not in (2, 4):
+                raise ValueError(f"attn_mask must be (t, s) = ({t}, {s}), (b*h, t, s) or (b, h, t, s), "
+                                 f"got {tuple(attn_mask.shape)}")
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (b, s):
+                raise ValueError(f"key_padding_mask must be (batch, s) = ({b}, {s}), "
+                                 f"got {tuple(key_padding_mask.shape)}")
+            key_padding_mask = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
+        alibi = self.alibi.bias(t, s, device=device) if self.alibi is not None else None  # (h, t, s)
+        mask = merge_masks(attn_mask, key_padding_mask, alibi, dtype=dtype)
+        # Queries are the last t of s positions when a cache holds earlier tokens.
+        alignment = "bottom_right" if offset else "top_left"
+        if is_causal and mask is not None:
+            causal = structural_mask(t, s, is_causal=True, causal_alignment=alignment, device=device)
+            return merge_masks(mask, causal, dtype=dtype), dict(is_causal=False)
+        # Causality alone goes to the kernel as a flag, so torch's causal kernel can run.
+        return mask, dict(is_causal=is_causal, causal_alignment=alignment)
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
+                value: torch.Tensor | None = None, *, attn_mask: torch.Tensor | None = None,
+                key_padding_mask: torch.Tensor | None = None, is_causal: bool = False,
+                kv_cache: KVCache | None = None, need_weights: bool = False,
+                average_attn_weights: bool = True, trace_rows: torch.Tensor | slice | None = None):
+        """Attend from ``query`` (b, t, E) to ``key`` (b, s, kdim) / ``value`` (b, s, vdim).
+
+        ``key``/``value`` default to ``query`` (self-attention). With ``kv_cache`` the new keys
+        and values are appended to it and the queries attend to everything cached, causally
+        aligned bottom-right; rotary positions continue from the cache's length.
+
+        Returns:
+            ``(output, weights)``: output (b, t, E); weights None unless ``need_weights``, then
+            (b, t, s) averaged over heads or (b, h, t, s). With ``trace_rows`` (query positions,
+            or ``slice(None)`` for all) a third item, a :class:`MultiHeadTrace` of those rows.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check("query", query, self.embed_dim)
+        self._check("key", key, self.kdim)
+        self._check("value", value, self.vdim)
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                             f"{tuple(value.shape)} must agree on batch, and key/value on length")
+        b, t, _ = query.shape
+        offset = len(kv_cache) if kv_cache is not None else 0
+
+        # 1) project and split into heads
+        q = self._split(self.q_proj(query), self.num_heads)  # (b, h, t, d)
+        k = self._split(self.k_proj(key), self.num_kv_heads)  # (b, h_kv, s_new, d)
+        v = self._split(self.v_proj(value), self.num_kv_heads)  # (b, h_kv, s_new, d)
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
+        # 2) extend with the cached past
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)
+        s = k.shape[-2]
+        mask, causal = self._mask(attn_mask, key_padding_mask, b, t, s, q.dtype, q.device,
+                                  is_causal, offset)
+        dropout_p = self.dropout if self.training else 0.0
+        gqa = self.num_kv_heads != self.num_heads
+
+        # 3) attend: the traced (reference) path when weights or a trace are wanted
+        trace = None
+        if need_weights or trace_rows is not None:
+            trace = attention_trace(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa,
+                                    **causal)
+            heads = trace.output  # (b, h, t, d)
+        else:
+            heads = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                 enable_gqa=gqa, backend=self.backend, **causal)
+        # 4) concatenate the heads and mix them
+        out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+        weights = None
+        if need_weights:
+            weights = trace.weights.to(query.dtype)  # (b, h, t, s)
+            weights = weights.mean(dim=1) if average_attn_weights else weights
+        if trace_rows is None:
+            return out, weights
+        rows = torch.arange(t, device=query.device)[trace_rows]
+        new = key.shape[1]
+        record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
+                                key_input=key if new == s else key.new_empty(0),
+                                value_input=value if new == s else value.new_empty(0),
+                                attention=trace.detach().select_rows(rows))
+        return out, weights, record
+
+    # -- interop -----------------------------------------------------------------------------
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+        """A qkv module holding the weights of ``torch.nn.MultiheadAttention`` ``m``.
+
+        Inputs are always batch-first here, whatever ``m.batch_first`` was, and bool masks keep
+        qkv's meaning (True = takes part): pass ``~mask`` where ``m`` took ``mask``.
+        """
+        if m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
+        bias = m.in_proj_bias is not None
+        new = cls(m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=bias, dropout=m.dropout)
+        E = m.embed_dim
+        with torch.no_grad():
+            if m._qkv_same_embed_dim:
+                wq, wk, wv = m.in_proj_weight.split(E)
+            else:
+                wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+            for proj, w in ((new.q_proj, wq), (new.k_proj, wk), (new.v_proj, wv)):
+                proj.weight.copy_(w)
+            if bias:
+                for proj, bb in zip((new.q_proj, new.k_proj, new.v_proj), m.in_proj_bias.split(E)):
+                    proj.bias.copy_(bb)
+                new.out_proj.bias.copy_(m.out_proj.bias)
+            new.out_proj.weight.copy_(m.out_proj.weight)
+        return new.to(m.out_proj.weight.dtype)
