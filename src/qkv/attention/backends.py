@@ -22,6 +22,9 @@ import torch.nn.functional as F
 from qkv.attention.masks import combine_masks, structural_mask
 from qkv.attention.reference import reference_attention
 
+# torch 2.5 made SDPA return zeros for all-masked rows (before: NaN) and added enable_gqa.
+_TORCH_2_5 = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 class Backend(Protocol):
     def __call__(
@@ -91,11 +94,19 @@ def fused_backend(query, key, value, *, attn_mask, dropout_p, is_causal, scale, 
     )
     if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
+    if not _TORCH_2_5 and mask is not None:
+        return reference_backend(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                 window=window, causal_alignment=causal_alignment)
     if query.ndim < 3 or query.shape[-3] == key.shape[-3]:
         enable_gqa = False  # nothing to repeat; also keeps torch's fastest path for 2-D inputs
+    elif not _TORCH_2_5:
+        key, value = repeat_kv(key, query.shape[-3] // key.shape[-3]), repeat_kv(value, query.shape[-3] // key.shape[-3])
+        enable_gqa = False
+    gqa = dict(enable_gqa=True) if enable_gqa else {}
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=torch_causal,
-        scale=scale, enable_gqa=enable_gqa,
+        scale=scale, **gqa,
     )
 
 

