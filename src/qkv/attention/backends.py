@@ -72,7 +72,8 @@ def full_mask(attn_mask, t, s, *, is_causal, window, causal_alignment, device):
 @register_backend("reference")
 def reference_backend(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                       window, causal_alignment):
-    groups = query.shape[-3] // key.shape[-3] if enable_gqa else 1
+    # a rank-2 call has no head dimension to group (the fused backend ignores the flag there too)
+    groups = query.shape[-3] // key.shape[-3] if enable_gqa and query.ndim >= 3 else 1
     mask = full_mask(attn_mask, query.shape[-2], key.shape[-2], is_causal=is_causal, window=window,
                      causal_alignment=causal_alignment, device=query.device)
     trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), mask,

@@ -23,39 +23,46 @@ def _shape(x: torch.Tensor) -> str:
     return str(tuple(x.shape))
 
 
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target``. Plain Python on purpose:
+    ``torch.broadcast_shapes`` costs ~40 µs a call on CPU, as much as a whole small attention."""
+    if len(shape) > len(target):
+        return False
+    return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
+
+
 def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                   causal_alignment):
-    """Validate the public arguments; return the scale to use. Errors name argument and values."""
+    """Validate the public arguments; return the scale to use. Errors name argument and values.
+
+    Every call pays for this, so shapes are read once into tuples (each ``x.shape`` is a call
+    into torch) and nothing slower than tuple arithmetic runs unless an argument is wrong.
+    """
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-        if x.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., length, dim), got {_shape(x)}")
-    if not (query.ndim == key.ndim == value.ndim):
+    qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+    for name, shape in (("query", qs), ("key", ks), ("value", vs)):
+        if len(shape) < 2:
+            raise ValueError(f"{name} must have shape (..., length, dim), got {shape}")
+    if not (len(qs) == len(ks) == len(vs)):
         raise ValueError(
-            f"query, key and value must have the same rank, got query {_shape(query)}, "
-            f"key {_shape(key)}, value {_shape(value)}"
+            f"query, key and value must have the same rank, got query {qs}, key {ks}, value {vs}"
         )
     if not (query.dtype == key.dtype == value.dtype):
         raise ValueError(
             f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
         )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same last dim d, got query {_shape(query)} and key {_shape(key)}"
-        )
-    if key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            f"key and value must agree on (..., s), got key {_shape(key)} and value {_shape(value)}"
-        )
-    if query.shape[:-3] != key.shape[:-3]:
-        raise ValueError(
-            f"query and key must have the same batch dims, got query {_shape(query)} and key {_shape(key)}"
-        )
-    if query.ndim >= 3:
-        hq, hkv = query.shape[-3], key.shape[-3]
+    if qs[-1] != ks[-1]:
+        raise ValueError(f"query and key must have the same last dim d, got query {qs} and key {ks}")
+    if ks[:-1] != vs[:-1]:
+        raise ValueError(f"key and value must agree on (..., s), got key {ks} and value {vs}")
+    if qs[:-3] != ks[:-3]:
+        raise ValueError(f"query and key must have the same batch dims, got query {qs} and key {ks}")
+    if len(qs) >= 3:
+        hq, hkv = qs[-3], ks[-3]
         if enable_gqa:
             if hkv == 0 or hq % hkv:
                 raise ValueError(
@@ -64,7 +71,7 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         elif hq != hkv:
             raise ValueError(
                 f"query has {hq} heads but key/value have {hkv}; pass enable_gqa=True for "
-                f"grouped-query attention (query {_shape(query)}, key {_shape(key)})"
+                f"grouped-query attention (query {qs}, key {ks})"
             )
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
@@ -74,15 +81,12 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         if is_causal:
             raise ValueError("pass either attn_mask or is_causal=True, not both "
                              "(fold the causal structure into attn_mask, or use window=)")
-        scores_shape = (*query.shape[:-1], key.shape[-2])
-        try:
-            if torch.broadcast_shapes(attn_mask.shape, scores_shape) != torch.Size(scores_shape):
-                raise RuntimeError
-        except RuntimeError:
+        scores_shape = (*qs[:-1], ks[-2])
+        if not _broadcasts_to(tuple(attn_mask.shape), scores_shape):
             raise ValueError(
                 f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores' shape "
-                f"{tuple(scores_shape)} (..., t, s)"
-            ) from None
+                f"{scores_shape} (..., t, s)"
+            )
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if window is not None:
@@ -94,7 +98,7 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     if causal_alignment not in ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
     if scale is None:
-        return 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
+        return 1.0 / math.sqrt(qs[-1]) if qs[-1] else 1.0
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")

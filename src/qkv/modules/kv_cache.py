@@ -38,8 +38,11 @@ class KVCache:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k: (b, h_kv, t, d), v: (b, h_kv, t, dv) → all cached (b, h_kv, length + t, ·)."""
         t = k.shape[-2]
-        if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
+        if k.ndim != 4 or k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
             raise ValueError(f"KVCache holds {tuple(self.k.shape)}, cannot append keys {tuple(k.shape)}")
+        if v.shape != (*self.v.shape[:2], t, self.v.shape[-1]):
+            raise ValueError(f"KVCache holds values {tuple(self.v.shape)}, cannot append values "
+                             f"{tuple(v.shape)} to keys {tuple(k.shape)}")
         if self.length + t > self.max_len:
             raise ValueError(f"KVCache is full: {self.length} + {t} tokens > max_len {self.max_len}")
         self.k[:, :, self.length : self.length + t] = k

@@ -1,0 +1,164 @@
+"""The named backends and the ``"auto"`` rule, and a property test over random shapes and masks.
+
+The property test draws shapes (odd lengths, t ≠ s, grouped heads, any number of batch dims) and
+every mask kind, builds the expected mask here from its definition (``p_i = i + offset``, offset
+``s - t`` for bottom-right), and requires each backend's fp32 answer to be at most twice as far
+from the fp64 plain answer as the plain implementation run in fp32 (plus 1e-6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+from qkv.attention import BACKENDS, choose_backend, register_backend
+
+NAMES = ("reference", "fused", "auto")
+
+
+def plain_attention(q, k, v, keep=None, bias=None, scale=None, groups=1):
+    """softmax(q kᵀ · scale + bias, keys outside ``keep`` removed) v; zeros for empty rows."""
+    if groups > 1:
+        index = torch.arange(q.shape[-3]) // groups
+        k, v = k.index_select(-3, index), v.index_select(-3, index)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    if keep is not None:
+        s = s.masked_fill(~keep, -math.inf)
+    w = torch.softmax(s, dim=-1)
+    w = torch.where(torch.isneginf(s).all(-1, keepdim=True), torch.zeros_like(w), w)
+    return w @ v
+
+
+def structure_from_definition(t, s, left, right, offset):
+    keep = torch.zeros(t, s, dtype=torch.bool)
+    for i in range(t):
+        p = i + offset
+        for j in range(s):
+            keep[i, j] = (left is None or p - left <= j) and (right is None or j <= p + right)
+    return keep
+
+
+# -- the registry and the dispatch rule -----------------------------------------------------------
+
+def test_the_documented_backends_are_registered():
+    assert {"reference", "fused"} <= set(BACKENDS)
+
+
+def test_auto_picks_fused_and_reference_only_for_empty_sequences():
+    x = torch.randn(1, 2, 3, 4)
+    assert choose_backend(x, x) == "fused"
+    assert choose_backend(x[..., :0, :], x) == "reference"
+    assert choose_backend(x, x[..., :0, :]) == "reference"
+
+
+def test_a_registered_backend_is_called_with_validated_arguments():
+    seen = {}
+
+    @register_backend("test-recorder")
+    def recorder(query, key, value, **kwargs):
+        seen.update(kwargs)
+        return torch.full((*query.shape[:-1], value.shape[-1]), 7.0)
+
+    try:
+        q = torch.randn(2, 4, 5, 16)
+        out = qkv.scaled_dot_product_attention(q, q, q, window=[3, None], backend="test-recorder")
+    finally:
+        del BACKENDS["test-recorder"]
+    assert torch.equal(out, torch.full((2, 4, 5, 16), 7.0))
+    assert seen == dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=0.25,
+                        enable_gqa=False, window=(3, None), causal_alignment="top_left")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backends_agree_with_each_other(dtype):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 6, n, 24, generator=gen, dtype=dtype) for n in (19, 31, 31))
+    k, v = k[:, :2], v[:, :2]
+    kwargs = dict(enable_gqa=True, is_causal=True, window=(7, None), causal_alignment="bottom_right")
+    outs = [qkv.scaled_dot_product_attention(q, k, v, backend=b, **kwargs) for b in NAMES]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0])
+
+
+# -- the property test ------------------------------------------------------------------------------
+
+LENGTHS = st.one_of(st.sampled_from([1, 2, 7, 31, 64, 113]), st.integers(1, 40))
+SIDE = st.one_of(st.none(), st.integers(0, 6))
+MASK_KINDS = ["none", "bool", "float", "causal_top_left", "causal_bottom_right", "window",
+              "window+bool", "window+float", "causal+window"]
+
+
+@st.composite
+def attention_problems(draw):
+    batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2)))
+    h_kv = draw(st.sampled_from([1, 2]))
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    t, s = draw(LENGTHS), draw(LENGTHS)
+    d, dv = draw(st.sampled_from([1, 8, 16, 40])), draw(st.sampled_from([4, 16]))
+    kind = draw(st.sampled_from(MASK_KINDS))
+    alignment = draw(st.sampled_from(["top_left", "bottom_right"]))
+    window = (draw(SIDE), draw(SIDE))
+    # a user mask broadcast from (t, s), from (s,) per batch (padding), or full
+    mask_shape = draw(st.sampled_from([(t, s), (*batch, 1, 1, s), (*batch, h_kv * groups, t, s)]))
+    seed = draw(st.integers(0, 2**16))
+    return batch, h_kv, groups, t, s, d, dv, kind, alignment, window, mask_shape, seed
+
+
+def _build(problem):
+    """(q, k, v, kwargs for qkv, keep and bias for the plain implementation, groups) in fp64."""
+    batch, h_kv, groups, t, s, d, dv, kind, alignment, window, mask_shape, seed = problem
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, h_kv * groups, t, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(*batch, h_kv, s, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(*batch, h_kv, s, dv, generator=gen, dtype=torch.float64)
+    kwargs = {"enable_gqa": groups > 1}
+    keep, bias = None, None
+    if "bool" in kind:
+        keep = torch.rand(mask_shape, generator=gen) > 0.25
+        kwargs["attn_mask"] = keep
+    if "float" in kind:
+        bias = torch.randn(mask_shape, generator=gen, dtype=torch.float64)
+        bias = bias.masked_fill(torch.rand(mask_shape, generator=gen) < 0.2, -math.inf)
+        kwargs["attn_mask"] = bias
+    left, right = None, None
+    if kind.startswith("causal"):
+        kwargs["is_causal"], right = True, 0
+    if kind == "causal_bottom_right":
+        kwargs["causal_alignment"] = "bottom_right"
+    if "window" in kind:
+        kwargs["window"], kwargs["causal_alignment"] = window, alignment
+        left = window[0]
+        right = window[1] if right is None else 0  # causality already closed it (sides are >= 0)
+    offset = s - t if kwargs.get("causal_alignment") == "bottom_right" else 0
+    if left is not None or right is not None:
+        structure = structure_from_definition(t, s, left, right, offset)
+        keep = structure if keep is None else keep & structure
+    return q, k, v, kwargs, keep, bias, groups
+
+
+@settings(max_examples=50, deadline=None)
+@given(attention_problems())
+def test_every_backend_is_close_to_the_fp64_reference(problem):
+    q, k, v, kwargs, keep, bias, groups = _build(problem)
+    ref = plain_attention(q, k, v, keep, bias, groups=groups)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    bias32 = bias.float() if bias is not None else None
+    plain_err = (plain_attention(q32, k32, v32, keep, bias32, groups=groups).double() - ref).abs().max()
+    kwargs32 = dict(kwargs, attn_mask=bias32) if bias is not None else kwargs
+
+    for name in NAMES:
+        out = qkv.scaled_dot_product_attention(q32, k32, v32, backend=name, **kwargs32)
+        assert out.shape == ref.shape and not out.isnan().any()
+        err = (out.double() - ref).abs().max().item()
+        assert err <= 2 * plain_err + 1e-6, (name, err, plain_err.item())
+        # and in fp64 the backends are the plain implementation
+        out64 = qkv.scaled_dot_product_attention(q, k, v, backend=name, **kwargs)
+        torch.testing.assert_close(out64, ref, rtol=1e-10, atol=1e-10)

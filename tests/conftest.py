@@ -1,0 +1,20 @@
+"""Suite-wide settings.
+
+``make test`` runs two pytest workers on a two-core machine; each torch process would start as
+many threads as there are cores, and the oversubscription makes small forwards ~10× slower.
+One thread per worker keeps both cores busy without fighting.
+"""
+
+import os
+
+import torch
+from hypothesis import settings
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+settings.register_profile("qkv", deadline=None, print_blob=True)
+settings.load_profile("qkv")
