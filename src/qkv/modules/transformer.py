@@ -85,10 +85,13 @@ class TransformerLayer(nn.Module):
                 attn_mask: torch.Tensor | None = None,
                 key_padding_mask: torch.Tensor | None = None, is_causal: bool = False,
                 memory_key_padding_mask: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None, trace_rows: torch.Tensor | slice | None = None):
+                kv_cache: KVCache | None = None, trace_rows: torch.Tensor | slice | None = None,
+                memory_kv_cache: KVCache | None = None):
         """x: (b, t, E) → (b, t, E); with ``trace_rows``, ``(x, LayerTrace)``.
 
-        ``memory`` (b, s, E) is the encoder output that ``cross_attn`` reads.
+        ``memory`` (b, s, E) is the encoder output that ``cross_attn`` reads. ``memory_kv_cache``
+        (decoding) holds the cross-attention's keys and values of ``memory``: the first call
+        projects ``memory`` into it, later calls reuse it instead of projecting ``memory`` again.
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the layer has cross-attention")
@@ -101,8 +104,11 @@ class TransformerLayer(nn.Module):
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
+            if memory_kv_cache is not None and len(memory_kv_cache):
+                memory = memory[:, :0]  # (b, 0, E): nothing new to project, the cache has it all
             x, cross_trace = self._residual(x, self.norm2, lambda h: self.cross_attn(
-                h, memory, key_padding_mask=memory_key_padding_mask, **traced))
+                h, memory, key_padding_mask=memory_key_padding_mask, kv_cache=memory_kv_cache,
+                **traced))
         # 3) feed-forward
         x, _ = self._residual(x, self.norm3, lambda h: (self.feed_forward(h),))
         if trace_rows is None:

@@ -1,0 +1,228 @@
+"""``qkv train translate``, ``qkv translate`` and ``qkv evaluate``: the English→French model.
+
+    qkv train translate [--out DIR] [--resume] [--slim] [--steps N] [--batch-size B] …
+    qkv translate [TEXT] [--model DIR|translate] [--beam K] [--vocab]
+    qkv evaluate [--model DIR|translate] [--beam K] [--json]
+
+``--model translate`` (the default) is the small checkpoint shipped with qkv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import MISSING, fields
+
+from qkv.errors import QkvError
+
+DEFAULT_OUT = "runs/translate"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    _register_train(sub)
+    _register_translate(sub)
+    _register_evaluate(sub)
+
+
+# -- qkv train translate --------------------------------------------------------------------------
+def _train_options() -> list[tuple[str, type, object, str]]:
+    """(field, type, default, help) for every TrainConfig field, help from its source comment."""
+    from qkv.translate.train import TrainConfig
+
+    helps = {
+        "seed": "model initialisation, batch order and dropout", "data_seed": "the grammar's splits",
+        "steps": "optimiser steps in all", "batch_size": "sentences per step",
+        "lr": "peak learning rate (after warm-up)", "warmup": "linear warm-up steps",
+        "min_lr_ratio": "the cosine decay ends at lr × this", "clip": "max gradient norm",
+        "label_smoothing": "label smoothing of the cross-entropy", "dropout": "dropout everywhere",
+        "eval_every": "steps between validation passes", "save_every": "steps between checkpoints",
+        "eval_size": "validation sentences decoded for exact match",
+        "norm_first": "pre-norm layers instead of the paper's post-norm",
+        "d_model": "width E of every token vector", "num_heads": "attention heads per layer",
+        "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
+        "ff_dim": "hidden width of the feed-forward blocks", "weight_decay": "AdamW weight decay",
+    }
+    out = []
+    for f in fields(TrainConfig):
+        if f.name.isupper() or f.default is MISSING:
+            continue
+        out.append((f.name, type(f.default), f.default, helps.get(f.name, f.name.replace("_", " "))))
+    return out
+
+
+def _register_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model (qkv train translate)",
+                       description="Train one of qkv's own models.")
+    models = p.add_subparsers(dest="model_kind", metavar="MODEL")
+    t = models.add_parser(
+        "translate", help="the English→French encoder-decoder on the toy grammar",
+        description="Train the encoder-decoder Transformer on the grammar's training split: AdamW "
+                    "with warm-up and cosine decay, label smoothing, gradient clipping, validation "
+                    "as it goes, atomic checkpoints. A run is a pure function of its options: "
+                    "--resume continues a stopped run exactly where its last checkpoint was.",
+        epilog="examples: qkv train translate --out runs/translate    "
+               "qkv train translate --out runs/translate --resume")
+    t.add_argument("--out", default=None, metavar="DIR",
+                   help=f"checkpoint directory (default {DEFAULT_OUT})")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (options not given are taken from it)")
+    t.add_argument("--slim", action="store_true",
+                   help="leave no optimizer state in the final checkpoint (smaller; not resumable)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--threads", type=int, default=1,
+                   help="CPU threads for torch (default 1: the matrices are small, and a second "
+                        "thread makes every op wait for it on a busy machine)")
+    for name, kind, default, text in _train_options():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            t.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{text} (default {default})")
+        else:
+            t.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X",
+                           help=f"{text} (default {default})")
+    t.set_defaults(func=run_train)
+    p.set_defaults(func=lambda args: _missing_model(p))
+
+
+def _missing_model(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from qkv.translate.checkpoint import read_meta
+    from qkv.translate.train import TrainConfig, train
+
+    given = {name: getattr(args, name) for name, *_ in _train_options()
+             if getattr(args, name) is not None}
+    out = args.out or DEFAULT_OUT
+    _set_threads(args.threads)
+    base = {}
+    if args.resume:
+        base = dict(read_meta(out).get("train") or {})
+    cfg = TrainConfig.from_dict({**base, **given})
+    command = _command(out, args, given)
+    start = time.perf_counter()
+    state = train(cfg, out, resume=args.resume, progress=not args.quiet, command=command,
+                  slim=args.slim)
+    ev = state.last_eval
+    summary = f"trained to step {state.step} in {time.perf_counter() - start:.0f} s"
+    if ev is not None:
+        summary += (f"; validation: exact match {ev.exact_match:.2%} ({ev.sentences} sentences), "
+                    f"loss {ev.loss:.4f}")
+    print(f"{summary}; checkpoint in {out}")
+    return 0
+
+
+def _command(out: str, args: argparse.Namespace, given: dict) -> str:
+    """The command line that reproduces this run, options in a fixed order."""
+    parts = ["qkv", "train", "translate", "--out", out]
+    parts += ["--resume"] * args.resume + ["--slim"] * args.slim
+    if args.threads is not None:
+        parts += ["--threads", str(args.threads)]
+    for name, value in given.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else "--no-" + flag[2:])
+        else:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+# -- qkv translate ---------------------------------------------------------------------------------
+def _register_translate(sub) -> None:
+    p = sub.add_parser(
+        "translate", help="translate English into French with the toy-grammar model",
+        description="Translate TEXT, or standard input line by line (one output line per input "
+                    "line). Input is lower-cased and a final . ! ? is dropped; words the model never "
+                    "saw are refused with their list (see --vocab), not guessed.",
+        epilog='example: qkv translate "the red apple is next to the black cats" --beam 4')
+    p.add_argument("text", nargs="?", default=None, help="English text (default: read standard input)")
+    p.add_argument("--model", default="translate",
+                   help="a translation model directory, or 'translate' for the shipped one (default)")
+    p.add_argument("--beam", type=int, default=1, metavar="K",
+                   help="beam width (1 = greedy, the default)")
+    p.add_argument("--vocab", action="store_true", help="list the English words the model knows")
+    _threads_option(p)
+    p.set_defaults(func=run_translate)
+
+
+def _threads_option(p: argparse.ArgumentParser) -> None:
+    # The model is small: its matrices gain nothing from a second thread, and on a busy machine
+    # every op would wait for that thread to be scheduled (measured: 10x slower under load).
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
+
+
+def _set_threads(threads: int | None) -> None:
+    import torch
+
+    if threads is None:
+        return
+    if threads < 1:
+        raise QkvError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
+def _check_beam(beam: int) -> None:
+    if beam < 1:
+        raise QkvError(f"--beam must be at least 1, got {beam}")
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    from qkv.translate.checkpoint import load_checkpoint
+    from qkv.translate.decode import translate
+
+    _check_beam(args.beam)
+    _set_threads(args.threads)
+    ckpt = load_checkpoint(args.model)
+    if args.vocab:
+        print(" ".join(ckpt.vocab.words("en")))
+        return 0
+    if args.text is not None:
+        print(translate(ckpt.model, ckpt.vocab, [args.text], beam=args.beam)[0])
+        return 0
+    for number, line in enumerate(sys.stdin, 1):
+        if not line.strip():
+            print("", flush=True)  # keep output lines in step with input lines
+            continue
+        try:
+            french = translate(ckpt.model, ckpt.vocab, [line], beam=args.beam)[0]
+        except QkvError as e:
+            raise QkvError(f"line {number}: {e}") from None
+        print(french, flush=True)
+    return 0
+
+
+# -- qkv evaluate ----------------------------------------------------------------------------------
+def _register_evaluate(sub) -> None:
+    p = sub.add_parser(
+        "evaluate", help="exact match, BLEU and head alignment of a translation model",
+        description="Translate the grammar's test split (the splits of the model's data seed) and "
+                    "report exact-match accuracy and BLEU (sacrebleu), for test sentences whose "
+                    "combinations were seen in training and for held-out (unseen) ones; then each "
+                    "cross-attention head's alignment accuracy against the gold word alignment.")
+    p.add_argument("--model", default="translate",
+                   help="a translation model directory, or 'translate' for the shipped one (default)")
+    p.add_argument("--beam", type=int, default=1, metavar="K", help="beam width (default 1, greedy)")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    _threads_option(p)
+    p.set_defaults(func=run_evaluate)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from qkv.translate.checkpoint import load_checkpoint
+    from qkv.translate.report import render_report, test_report
+
+    _check_beam(args.beam)
+    _set_threads(args.threads)
+    ckpt = load_checkpoint(args.model)
+    report = test_report(ckpt, beam=args.beam)
+    if args.json:
+        json.dump(report, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        render_report(report)
+    return 0

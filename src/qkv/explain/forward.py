@@ -1,0 +1,115 @@
+"""One traced forward pass over one text: the only source of the numbers ``qkv explain`` shows.
+
+Everything the explainer prints about the model comes from :class:`Traced`, i.e. from the
+traces the model's own forward recorded (``model(..., trace_rows=rows,
+output_hidden_states=True)``) — never from a second, "similar" implementation. Only the
+requested query rows are kept (``trace_rows``), so explaining one token holds
+``O(layers · heads · s)`` attention numbers, not ``O(layers · heads · t · s)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.explain.select import Units, units_for
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A text, its tokens, and what the model computed on it for the traced query rows.
+
+    Fields:
+        text: the text as given.
+        encoding: the tokenizer's ``Encoding`` (ids, tokens, offsets, word_ids, special).
+        units: the tokens or words shown on screen.
+        rows: (r,) the token positions whose attention rows were kept.
+        hidden_states: num_layers + 1 tensors (1, t, E); ``hidden_states[L]`` enters layer L.
+        traces: one ``LayerTrace`` per layer; ``traces[L].self_attn.attention.weights`` is
+            (1, h, r, s).
+    """
+
+    text: str
+    encoding: object
+    units: Units
+    rows: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...]
+    traces: list
+
+    @property
+    def tokens(self) -> list[str]:
+        return list(self.encoding.tokens)
+
+    def weights(self, layer: int) -> torch.Tensor:
+        """(h, r, s): layer ``layer``'s attention weights for the traced rows, every head."""
+        return self.traces[layer].self_attn.attention.weights[0]
+
+
+@functools.lru_cache(maxsize=2)
+def load_model(name: str):
+    """``qkv.models.load(name)`` in eval mode, cached so one process loads a model once."""
+    from qkv.models import load
+
+    model = load(name)
+    model.eval()
+    return model
+
+
+def num_layers(model) -> int:
+    return len(model.layers)
+
+
+def num_heads(model) -> int:
+    return model.layers[0].self_attn.num_heads
+
+
+def model_name(model) -> str:
+    return str(getattr(model, "name", type(model).__name__))
+
+
+def check_layer_head(model, layer: int | None, head: int | None) -> None:
+    """QkvError naming the value and the valid range when ``layer``/``head`` do not exist."""
+    n_layers, n_heads = num_layers(model), num_heads(model)
+    if layer is not None and not 0 <= layer < n_layers:
+        raise QkvError(f"--layer {layer} is out of range: {model_name(model)} has {n_layers} "
+                       f"layers (0–{n_layers - 1})")
+    if head is not None and not 0 <= head < n_heads:
+        raise QkvError(f"--head {head} is out of range: {model_name(model)} has {n_heads} heads "
+                       f"per layer (0–{n_heads - 1})")
+
+
+def check_text(text: str) -> None:
+    """QkvError for an empty or blank text (checked before a model is loaded)."""
+    if not text or not text.strip():
+        raise QkvError(f"the text is empty ({text!r}); give a sentence, e.g. qkv explain "
+                       "\"The dog found some pizza next to the baby and ate it\"")
+
+
+def encode(model, text: str):
+    """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text."""
+    check_text(text)
+    encoding = model.tokenizer.encode(text)
+    if not encoding.ids:
+        raise QkvError(f"the text {text!r} has no tokens for {model_name(model)}")
+    return encoding
+
+
+def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
+          encoding=None) -> Traced:
+    """Run ``model`` on ``text`` once, keeping the attention rows ``rows`` of every layer/head.
+
+    Args:
+        rows: token positions (LongTensor) whose rows to keep, or ``slice(None)`` for all.
+        words: show words instead of tokens (see :mod:`qkv.explain.select`).
+        encoding: the text's Encoding when the caller already has it.
+    """
+    encoding = encoding if encoding is not None else encode(model, text)
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    with torch.no_grad():
+        out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
+    positions = torch.arange(ids.shape[1])[rows]
+    return Traced(text=text, encoding=encoding, units=units_for(encoding, text, words),
+                  rows=positions, hidden_states=tuple(out.hidden_states), traces=list(out.traces))

@@ -1,0 +1,250 @@
+"""Which rows and columns of the attention a person means: tokens, words, and ``--token it@1``.
+
+A tokenizer cuts "pizzeria" into ``pi ##zz ##eria``; a reader thinks in words. A :class:`Units`
+is the list of things shown on screen — one per token, or one per word (``--words``), each with
+the token positions it covers. Attention weights move from tokens to words by a fixed rule:
+
+* weights **into** a word are **summed** over its tokens (the word gets all the attention its
+  pieces got, so a row still sums to 1);
+* weights **from** a word are **averaged** over its tokens' rows (each piece asks its own
+  question; the word's answer is their mean, again a distribution).
+
+Special tokens ([CLS], [SEP]) are never merged: each stays a unit of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qkv.errors import QkvError
+
+# How many labels an error message lists before it elides the rest.
+_LIST_LIMIT = 40
+
+WORD_RULE = "weights into a word are summed over its tokens, weights from a word averaged"
+
+
+@dataclass(frozen=True)
+class Units:
+    """The units shown on screen and the token positions each one covers.
+
+    Fields:
+        labels: one display string per unit ("pizza", "[CLS]", "##zz").
+        groups: for each unit, the token positions it covers (ascending, non-empty).
+        special: for each unit, whether it is a special token ([CLS], [SEP], <|endoftext|>).
+        words: True when units are words (``--words``), False when they are tokens.
+        num_tokens: the number of tokens the groups index into.
+    """
+
+    labels: list[str]
+    groups: list[tuple[int, ...]]
+    special: list[bool]
+    words: bool
+    num_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def kind(self) -> str:
+        return "word" if self.words else "token"
+
+    def listing(self) -> str:
+        """``0:[CLS] 1:the 2:dog …`` — what an error message shows so a user can pick."""
+        items = [f"{i}:{label}" for i, label in enumerate(self.labels)]
+        if len(items) > _LIST_LIMIT:
+            items = items[:_LIST_LIMIT] + [f"… ({len(items) - _LIST_LIMIT} more)"]
+        return " ".join(items)
+
+
+def _token_label(token: str) -> str:
+    # GPT-2's byte-level BPE marks a leading space with "Ġ"; a reader wants the word.
+    return token[1:] if token.startswith("Ġ") and len(token) > 1 else token
+
+
+def token_units(encoding) -> Units:
+    """One unit per token.
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> u = token_units(E(tokens=["[CLS]", "hi", "[SEP]"], special=[True, False, True]))
+        >>> u.labels, u.groups
+        (['[CLS]', 'hi', '[SEP]'], [(0,), (1,), (2,)])
+    """
+    tokens = list(encoding.tokens)
+    return Units(labels=[_token_label(t) for t in tokens], groups=[(i,) for i in range(len(tokens))],
+                 special=[bool(s) for s in encoding.special], words=False, num_tokens=len(tokens))
+
+
+def word_units(encoding, text: str) -> Units:
+    """One unit per word of ``text`` (tokens sharing a word id), special tokens on their own.
+
+    A word's label is the text it spans (so "The", not the lower-cased token "the").
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> enc = E(tokens=["[CLS]", "pi", "##zza", "[SEP]"], special=[True, False, False, True],
+        ...         word_ids=[None, 0, 0, None], offsets=[(0, 0), (0, 2), (2, 5), (0, 0)])
+        >>> u = word_units(enc, "pizza")
+        >>> u.labels, u.groups
+        (['[CLS]', 'pizza', '[SEP]'], [(0,), (1, 2), (3,)])
+    """
+    labels: list[str] = []
+    groups: list[list[int]] = []
+    special: list[bool] = []
+    last_word = object()  # a sentinel no word id equals
+    for i, (token, word, spec) in enumerate(zip(encoding.tokens, encoding.word_ids, encoding.special)):
+        if spec or word is None:
+            labels.append(_token_label(token))
+            groups.append([i])
+            special.append(True)
+            last_word = object()
+            continue
+        if word == last_word:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+            special.append(False)
+            labels.append("")
+        last_word = word
+    for u, group in enumerate(groups):
+        if not special[u]:
+            start, end = encoding.offsets[group[0]][0], encoding.offsets[group[-1]][1]
+            labels[u] = text[start:end] or _token_label(encoding.tokens[group[0]])
+    return Units(labels=labels, groups=[tuple(g) for g in groups], special=special, words=True,
+                 num_tokens=len(encoding.tokens))
+
+
+def units_for(encoding, text: str, words: bool) -> Units:
+    return word_units(encoding, text) if words else token_units(encoding)
+
+
+# -- turning token-level weights into unit-level ones ------------------------------------------
+def group_columns(weights: torch.Tensor, units: Units) -> torch.Tensor:
+    """Weights into each unit: (..., s) over tokens → (..., U), summing a unit's columns.
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> enc = E(tokens=["a", "b", "c"], special=[False] * 3, word_ids=[0, 0, 1],
+        ...         offsets=[(0, 1), (1, 2), (3, 4)])
+        >>> group_columns(torch.tensor([0.2, 0.3, 0.5]), word_units(enc, "ab c")).tolist()
+        [0.5, 0.5]
+    """
+    if weights.shape[-1] != units.num_tokens:
+        raise ValueError(f"weights have {weights.shape[-1]} columns but the text has "
+                         f"{units.num_tokens} tokens")
+    index = torch.empty(units.num_tokens, dtype=torch.long, device=weights.device)
+    for u, group in enumerate(units.groups):
+        index[list(group)] = u
+    out = weights.new_zeros(*weights.shape[:-1], len(units))  # (..., U)
+    return out.index_add_(-1, index, weights)
+
+
+def group_rows(weights: torch.Tensor, units: Units) -> torch.Tensor:
+    """Weights from each unit: (..., t, ·) over tokens → (..., U, ·), averaging a unit's rows."""
+    if weights.shape[-2] != units.num_tokens:
+        raise ValueError(f"weights have {weights.shape[-2]} rows but the text has "
+                         f"{units.num_tokens} tokens")
+    rows = [weights[..., list(group), :].mean(dim=-2) for group in units.groups]
+    return torch.stack(rows, dim=-2)  # (..., U, ·)
+
+
+# -- choosing a unit from what the user typed --------------------------------------------------
+@dataclass(frozen=True)
+class Choice:
+    """The unit a ``--token``/``--from``/``--to`` value picked, and a note for the user or None."""
+
+    unit: int
+    note: str | None = None
+
+
+def _matches(label: str, wanted: str) -> bool:
+    label = label.lower()
+    return label == wanted or (label.startswith("##") and label[2:] == wanted)
+
+
+def _split_occurrence(spec: str) -> tuple[str, int | None]:
+    word, at, n = spec.rpartition("@")
+    if at and word and n.isdigit():
+        return word, int(n)
+    return spec, None
+
+
+def choose(spec: str | None, units: Units, *, option: str = "--token") -> Choice:
+    """Resolve a user's choice of unit.
+
+    ``spec`` is None (the last unit with a letter or digit, i.e. the last word, not a final
+    full stop), an index (``"12"``, counting from 0 over the
+    units shown), a word (``"it"``: its last occurrence, with a note when there are several) or
+    ``"it@0"`` (the first occurrence; occurrences count from 0). Matching ignores case.
+
+    Raises:
+        QkvError: the word is not in the text (the message lists the units), the index or the
+            occurrence is out of range.
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> u = token_units(E(tokens=["[CLS]", "it", "is", "it", "[SEP]"], special=[1, 0, 0, 0, 1]))
+        >>> choose("it", u).unit, choose("it@0", u).unit, choose(None, u).unit
+        (3, 1, 3)
+    """
+    if spec is None:
+        plain = [i for i, s in enumerate(units.special) if not s]
+        # The last *word*: skip a final "." or "?" — punctuation is rarely what one asks about.
+        wordy = [i for i in plain if any(ch.isalnum() for ch in units.labels[i])]
+        return Choice((wordy or plain or [len(units) - 1])[-1])
+    spec = spec.strip()
+    if not spec:
+        raise QkvError(f"{option} is empty; give a word or an index ({units.listing()})")
+    if spec.lstrip("-").isdigit():
+        index = int(spec)
+        if not 0 <= index < len(units):
+            raise QkvError(f"{option} {index} is out of range: the text has {len(units)} "
+                           f"{units.kind}s (0–{len(units) - 1}): {units.listing()}")
+        return Choice(index)
+    word, occurrence = _split_occurrence(spec)
+    found = [i for i, label in enumerate(units.labels) if _matches(label, word.lower())]
+    if not found:
+        raise QkvError(f"{option} {spec!r} is not a {units.kind} of the text; "
+                       f"the {units.kind}s are: {units.listing()}")
+    if occurrence is not None:
+        if occurrence >= len(found):
+            raise QkvError(f"{option} {spec!r}: {word!r} occurs {len(found)} time(s) "
+                           f"(occurrences count from 0: {word}@0 … {word}@{len(found) - 1})")
+        return Choice(found[occurrence])
+    note = None
+    if len(found) > 1:
+        where = ", ".join(str(i) for i in found)
+        note = (f"{word!r} occurs {len(found)} times ({units.kind}s {where}); using the last "
+                f"({units.kind} {found[-1]}). Pick another with {option} {word}@0 "
+                f"(occurrences count from 0) or {option} {found[0]}.")
+    return Choice(found[-1], note)
+
+
+def choose_in(spec: str | None, encoding, text: str, *, words: bool,
+              option: str = "--token") -> tuple[Units, Choice]:
+    """The units to show and the one ``spec`` picks.
+
+    In token mode a word the tokenizer split ("pizzeria" → pi ##zz ##eria) matches no single
+    token; it is then found among the words and its **last** token is used, with a note
+    suggesting ``--words``.
+    """
+    units = units_for(encoding, text, words)
+    if words or spec is None or spec.strip().lstrip("-").isdigit():
+        return units, choose(spec, units, option=option)
+    word, _ = _split_occurrence(spec.strip())
+    if any(_matches(label, word.lower()) for label in units.labels):
+        return units, choose(spec, units, option=option)
+    as_words = word_units(encoding, text)
+    if not any(_matches(label, word.lower()) for label in as_words.labels):
+        return units, choose(spec, units, option=option)  # raises: lists the tokens
+    picked = choose(spec, as_words, option=option)
+    group = as_words.groups[picked.unit]
+    pieces = " ".join(units.labels[i] for i in group)
+    note = (f"{as_words.labels[picked.unit]!r} is {len(group)} tokens ({pieces}); using its last "
+            f"token, {group[-1]}. Add --words to treat it as one word.")
+    if picked.note:
+        note = picked.note + " " + note
+    return units, Choice(group[-1], note)

@@ -1,0 +1,27 @@
+"""Real pretrained models, written with qkv's modules, loaded from Hugging Face checkpoints.
+
+* ``bert.py``      — :class:`BertModel` (encoder, post-norm) and ``embed`` (sentence vectors)
+* ``gpt2.py``      — :class:`GPT2Model` (decoder-only, pre-norm, causal) and ``generate``
+* ``packed.py``    — padding-free encoder inference (the fast path behind ``embed``)
+* ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
+* ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
+* ``outputs.py``   — :class:`EncoderOutput`, :class:`DecoderOutput`
+
+No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.
+
+    >>> import qkv.models
+    >>> model = qkv.models.load("minilm")                           # doctest: +SKIP
+    >>> model.embed(["The cat sat.", "A cat was sitting."]).shape   # doctest: +SKIP
+    torch.Size([2, 384])
+"""
+
+from qkv.models.bert import BertConfig, BertModel
+from qkv.models.gpt2 import GPT2Config, GPT2Model
+from qkv.models.loading import load
+from qkv.models.outputs import DecoderOutput, EncoderOutput
+from qkv.models.tokenizer import BatchEncoding, Encoding, Tokenizer
+
+__all__ = [
+    "BatchEncoding", "BertConfig", "BertModel", "DecoderOutput", "EncoderOutput", "Encoding",
+    "GPT2Config", "GPT2Model", "Tokenizer", "load",
+]

@@ -1,0 +1,238 @@
+"""BERT (Devlin et al., 2019): an encoder of post-norm layers, built from qkv's modules.
+
+::
+
+    input_ids ─► word + token-type + position embeddings ─► LayerNorm ─► hidden_states[0]
+                 ┌───────────────────────────────────────────────────────────────┐
+    layer L:     │ x = norm1(x + self_attn(x))     (every token sees every token) │ × num_layers
+                 │ x = norm3(x + ff(x))            (GELU)                         │
+                 └───────────────────────────────────────────────────────────────┘
+
+It reads Hugging Face BERT checkpoints (``qkv.models.load``) and computes the same numbers
+(tested against ``transformers`` and ``sentence-transformers`` on all-MiniLM-L6-v2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from qkv.errors import QkvError
+from qkv.models import config as cfg
+from qkv.models.outputs import EncoderOutput
+from qkv.modules import LearnedPositionalEmbedding, TransformerLayer
+
+# Hugging Face classes whose checkpoints hold a plain BERT encoder (heads, if any, are ignored).
+BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The sizes of a BERT model; field names and defaults are Hugging Face's ``config.json``."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768  # E
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12  # h; head dim d = E / h
+    intermediate_size: int = 3072  # the feed-forward's hidden width
+    hidden_act: str = "gelu"  # a qkv.modules.FeedForward activation name
+    max_position_embeddings: int = 512  # the most tokens a text may have
+    type_vocab_size: int = 2  # segment A / B
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise QkvError(f"hidden_size ({self.hidden_size}) must be divisible by "
+                           f"num_attention_heads ({self.num_attention_heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str = "config.json") -> "BertConfig":
+        """Read a Hugging Face BERT ``config.json`` (as a dict); unsupported features raise.
+
+        Example:
+            >>> BertConfig.from_dict({"hidden_size": 384, "num_hidden_layers": 6}).head_dim
+            32
+        """
+        if not isinstance(d, dict):
+            raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
+        cfg.check_architecture(d, "bert", BERT_ARCHITECTURES, where=where)
+        cfg.require(d, "position_embedding_type", "absolute", where=where)
+        cfg.require(d, "is_decoder", False, where=where)
+        cfg.require(d, "add_cross_attention", False, where=where)
+        return cls(
+            vocab_size=cfg.get_int(d, "vocab_size", 30522, where=where),
+            hidden_size=cfg.get_int(d, "hidden_size", 768, where=where),
+            num_hidden_layers=cfg.get_int(d, "num_hidden_layers", 12, where=where),
+            num_attention_heads=cfg.get_int(d, "num_attention_heads", 12, where=where),
+            intermediate_size=cfg.get_int(d, "intermediate_size", 3072, where=where),
+            hidden_act=cfg.activation(d, "hidden_act", "gelu", where=where),
+            max_position_embeddings=cfg.get_int(d, "max_position_embeddings", 512, where=where),
+            type_vocab_size=cfg.get_int(d, "type_vocab_size", 2, where=where),
+            layer_norm_eps=cfg.get_float(d, "layer_norm_eps", 1e-12, where=where),
+            pad_token_id=cfg.get_int(d, "pad_token_id", 0, minimum=0, where=where),
+        )
+
+
+class BertEmbeddings(nn.Module):
+    """``LayerNorm(word[id] + token_type[type] + position[p])`` for every token."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        E = config.hidden_size
+        self.word = nn.Embedding(config.vocab_size, E)
+        self.token_type = nn.Embedding(config.type_vocab_size, E)
+        self.position = LearnedPositionalEmbedding(config.max_position_embeddings, E)
+        self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """(b, t) ids → (b, t, E). Summed in Hugging Face's order (word + type, then position)."""
+        return self.norm(self.position(self.word(input_ids) + self.token_type(token_type_ids)))
+
+
+class BertModel(nn.Module):
+    """A BERT encoder: embeddings and ``num_hidden_layers`` post-norm :class:`TransformerLayer`.
+
+    Layer L, head H's query weights are ``model.layers[L].self_attn.q_proj.weight[H*d:(H+1)*d]``
+    (nn.Linear convention, q = x Wᵀ + b), and the vector projected into that query is
+    ``hidden_states[L]`` itself (post-norm: nothing stands between a layer's input and its
+    projections).
+
+    ``qkv.models.load`` also sets ``model.tokenizer`` (a :class:`qkv.models.Tokenizer`),
+    ``model.name`` and ``model.max_seq_length`` (the sentence-embedding length limit).
+
+    Example:
+        >>> model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2,
+        ...                              num_attention_heads=4, intermediate_size=64))
+        >>> out = model(torch.tensor([[101, 7, 8, 102]]), output_hidden_states=True)
+        >>> out.last_hidden_state.shape, len(out.hidden_states)
+        (torch.Size([1, 4, 32]), 3)
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.name = "bert"
+        self.tokenizer = None
+        self.max_seq_length = config.max_position_embeddings
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(
+            TransformerLayer.build(
+                config.hidden_size, config.num_attention_heads, config.intermediate_size,
+                norm_first=False, norm_eps=config.layer_norm_eps, activation=config.hidden_act,
+            )
+            for _ in range(config.num_hidden_layers)
+        )
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, *,
+                trace_rows: torch.Tensor | slice | None = None,
+                output_hidden_states: bool = False) -> EncoderOutput:
+        """Encode a batch of token ids.
+
+        Args:
+            input_ids: (b, t) token ids.
+            attention_mask: (b, t), 1/True for real tokens and 0/False for padding; padding
+                keys are masked out, so padding never changes a real token's result.
+            token_type_ids: (b, t) segment ids (default all 0).
+            trace_rows: query positions (LongTensor, or ``slice(None)`` for all) whose
+                attention to record in every layer; the traced layers compute with the
+                reference attention path, the same numbers to ~1e-6.
+            output_hidden_states: also return what enters each layer.
+
+        Returns:
+            An :class:`EncoderOutput`.
+        """
+        b, t = self._check_ids(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        elif token_type_ids.shape != input_ids.shape:
+            raise ValueError(f"token_type_ids must have the shape of input_ids {(b, t)}, "
+                             f"got {tuple(token_type_ids.shape)}")
+        padding = _key_padding_mask(attention_mask, b, t)
+        x = self.embeddings(input_ids, token_type_ids)  # (b, t, E)
+        hidden, traces = [x], []
+        for layer in self.layers:
+            if trace_rows is None:
+                x = layer(x, key_padding_mask=padding)
+            else:
+                x, trace = layer(x, key_padding_mask=padding, trace_rows=trace_rows)
+                traces.append(trace)
+            hidden.append(x)
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            traces=traces if trace_rows is not None else None,
+        )
+
+    def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got {shape}")
+        b, t = input_ids.shape
+        limit = self.config.max_position_embeddings
+        if t > limit:
+            raise QkvError(f"input is {t} tokens; {self.name} takes at most {limit} "
+                           f"(max_position_embeddings)")
+        if input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < self.config.vocab_size:
+            raise QkvError(f"token ids must be in [0, {self.config.vocab_size}), got "
+                           f"{int(input_ids.min())}..{int(input_ids.max())}")
+        return b, t
+
+    # -- sentence embeddings ---------------------------------------------------------------
+    @torch.inference_mode()
+    def embed(self, texts: Sequence[str], batch_size: int = 32, *, truncate: bool = False) -> torch.Tensor:
+        """Sentence embeddings: the mean of the last layer over real tokens, L2-normalised.
+
+        This is sentence-transformers' recipe for all-MiniLM-L6-v2 (same numbers to 1e-5).
+        Texts are sorted by length and each batch runs without padding (see
+        :mod:`qkv.models.packed`). A text longer than ``self.max_seq_length`` tokens raises a
+        :class:`QkvError`, or with ``truncate=True`` is cut to it with a warning
+        (sentence-transformers cuts silently).
+
+        Returns:
+            (n, E) float tensor, rows in the order of ``texts``, each of unit length.
+
+        Example:
+            >>> model = qkv.models.load("minilm")                     # doctest: +SKIP
+            >>> e = model.embed(["a cat", "a kitten", "tax law"])     # doctest: +SKIP
+            >>> (e[0] @ e[1]) > (e[0] @ e[2])                         # doctest: +SKIP
+            tensor(True)
+        """
+        from qkv.models.packed import PackedEncoder
+
+        if self.tokenizer is None:
+            raise QkvError("embed needs a tokenizer: load the model with qkv.models.load(...)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        texts = list(texts)
+        encodings = self.tokenizer.encode_batch(texts, max_length=self.max_seq_length,
+                                                truncate=truncate).encodings if texts else []
+        dtype = self.embeddings.word.weight.dtype
+        out = torch.empty(len(texts), self.config.hidden_size, dtype=dtype)
+        # Longest first, as sentence-transformers does: similar lengths share a batch.
+        order = sorted(range(len(texts)), key=lambda i: -len(encodings[i]))
+        packed = PackedEncoder(self)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            out[chunk] = packed.mean_pooled([encodings[i].ids for i in chunk])
+        return nn.functional.normalize(out.float(), p=2, dim=-1).to(dtype)
+
+
+def _key_padding_mask(attention_mask: torch.Tensor | None, b: int, t: int) -> torch.Tensor | None:
+    """(b, t) 1/0 → (b, t) bool True for real tokens; None when nothing is padding (so the
+    attention can take its unmasked kernel)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != (b, t):
+        raise ValueError(f"attention_mask must be (batch, tokens) = {(b, t)}, got "
+                         f"{tuple(attention_mask.shape)}")
+    mask = attention_mask.bool()
+    return None if bool(mask.all()) else mask

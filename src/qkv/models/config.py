@@ -1,0 +1,63 @@
+"""Reading Hugging Face ``config.json`` values with errors that name the key and the file."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from qkv.errors import QkvError
+
+# HF activation names → qkv.modules.FeedForward's.
+ACTIVATIONS = {
+    "gelu": "gelu",  # exact erf GELU
+    "gelu_new": "gelu_tanh",  # GPT-2's tanh approximation
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+def get_int(d: dict, key: str, default: int | None = None, *, minimum: int = 1,
+            where: str = "config.json") -> int:
+    """``d[key]`` as an int >= ``minimum`` (``default`` when absent)."""
+    value = d.get(key, default)
+    if value is None:
+        raise QkvError(f"{where} has no {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise QkvError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def get_float(d: dict, key: str, default: float, *, where: str = "config.json") -> float:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise QkvError(f"{where}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def activation(d: dict, key: str, default: str, *, where: str = "config.json") -> str:
+    """The qkv name of the activation ``d[key]``; unsupported ones are a QkvError."""
+    name = d.get(key, default)
+    if name not in ACTIVATIONS:
+        raise QkvError(f"{where}: {key} {name!r} is not supported; qkv supports "
+                       f"{', '.join(sorted(ACTIVATIONS))}")
+    return ACTIVATIONS[name]
+
+
+def check_architecture(d: dict, model_type: str, supported: Iterable[str], *,
+                       where: str = "config.json") -> None:
+    """Reject a config whose ``model_type`` or ``architectures`` qkv cannot run."""
+    found = d.get("model_type", model_type)
+    if found != model_type:
+        raise QkvError(f"{where}: model_type {found!r} is not {model_type!r}")
+    supported = tuple(supported)
+    for arch in d.get("architectures") or ():
+        if arch not in supported:
+            raise QkvError(f"{where}: architecture {arch!r} is not supported; qkv runs "
+                           f"{', '.join(supported)}")
+
+
+def require(d: dict, key: str, allowed: Any, *, where: str = "config.json") -> None:
+    """``d[key]``, when present, must equal ``allowed`` (a feature qkv does not implement)."""
+    if key in d and d[key] is not None and d[key] != allowed:
+        raise QkvError(f"{where}: {key}={d[key]!r} is not supported (qkv needs {allowed!r})")

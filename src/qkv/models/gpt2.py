@@ -1,0 +1,234 @@
+"""GPT-2 (Radford et al., 2019): a decoder-only stack of pre-norm causal layers.
+
+::
+
+    input_ids ─► token + position embeddings ─► hidden_states[0]
+                 ┌──────────────────────────────────────────────────────────┐
+    layer L:     │ x = x + self_attn(norm1(x))   (causal: token i sees ≤ i)  │ × n_layer
+                 │ x = x + ff(norm3(x))          (tanh GELU)                 │
+                 └──────────────────────────────────────────────────────────┘
+                 ─► final LayerNorm ─► logits = x · token_embeddingᵀ   (tied output head)
+
+Reads Hugging Face GPT-2 checkpoints (``qkv.models.load``); same logits and greedy generations
+as ``transformers`` (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from qkv.errors import QkvError
+from qkv.models import config as cfg
+from qkv.models.outputs import DecoderOutput
+from qkv.modules import KVCache, LearnedPositionalEmbedding, TransformerLayer
+
+GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """The sizes of a GPT-2 model; field names and defaults are Hugging Face's ``config.json``."""
+
+    vocab_size: int = 50257
+    n_positions: int = 1024  # the most tokens (prompt + generated) the model takes
+    n_embd: int = 768  # E
+    n_layer: int = 12
+    n_head: int = 12  # h; head dim d = E / h
+    n_inner: int | None = None  # feed-forward width; None means 4·E
+    activation_function: str = "gelu_tanh"  # a qkv.modules.FeedForward activation name
+    layer_norm_epsilon: float = 1e-5
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise QkvError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def inner_dim(self) -> int:
+        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str = "config.json") -> "GPT2Config":
+        """Read a Hugging Face GPT-2 ``config.json`` (as a dict); unsupported features raise.
+
+        Example:
+            >>> GPT2Config.from_dict({"n_embd": 64, "n_head": 4, "n_layer": 2}).inner_dim
+            256
+        """
+        if not isinstance(d, dict):
+            raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
+        cfg.check_architecture(d, "gpt2", GPT2_ARCHITECTURES, where=where)
+        # Variants of the attention that qkv's layers do not implement.
+        cfg.require(d, "scale_attn_weights", True, where=where)
+        cfg.require(d, "scale_attn_by_inverse_layer_idx", False, where=where)
+        cfg.require(d, "reorder_and_upcast_attn", False, where=where)
+        cfg.require(d, "add_cross_attention", False, where=where)
+        cfg.require(d, "tie_word_embeddings", True, where=where)
+        n_inner = d.get("n_inner")
+        return cls(
+            vocab_size=cfg.get_int(d, "vocab_size", 50257, where=where),
+            n_positions=cfg.get_int(d, "n_positions", 1024, where=where),
+            n_embd=cfg.get_int(d, "n_embd", 768, where=where),
+            n_layer=cfg.get_int(d, "n_layer", 12, where=where),
+            n_head=cfg.get_int(d, "n_head", 12, where=where),
+            n_inner=None if n_inner is None else cfg.get_int(d, "n_inner", where=where),
+            activation_function=cfg.activation(d, "activation_function", "gelu_new", where=where),
+            layer_norm_epsilon=cfg.get_float(d, "layer_norm_epsilon", 1e-5, where=where),
+        )
+
+
+class GPT2Model(nn.Module):
+    """GPT-2 with its language-model head (tied to the token embedding).
+
+    Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
+    and values (pre-norm); :class:`qkv.modules.LayerTrace`'s ``self_attn.query_input`` holds it.
+
+    ``qkv.models.load`` also sets ``model.tokenizer`` and ``model.name``.
+
+    Example:
+        >>> model = GPT2Model(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4))
+        >>> model(torch.tensor([[1, 2, 3]])).logits.shape       # (b, t, V)
+        torch.Size([1, 3, 100])
+        >>> model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4).shape
+        torch.Size([1, 7])
+    """
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.config = config
+        self.name = "gpt2"
+        self.tokenizer = None
+        E = config.n_embd
+        self.wte = nn.Embedding(config.vocab_size, E)
+        self.wpe = LearnedPositionalEmbedding(config.n_positions, E)
+        self.layers = nn.ModuleList(
+            TransformerLayer.build(E, config.n_head, config.inner_dim, norm_first=True,
+                                   norm_eps=config.layer_norm_epsilon,
+                                   activation=config.activation_function)
+            for _ in range(config.n_layer)
+        )
+        self.norm = nn.LayerNorm(E, eps=config.layer_norm_epsilon)  # HF's ln_f
+        self.lm_head = nn.Linear(E, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: the output head reads the embedding table
+
+    def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer, for ``max_len`` tokens (prompt included)."""
+        p = self.wte.weight
+        return [KVCache(batch_size, self.config.n_head, self.config.head_dim, max_len,
+                        dtype=p.dtype, device=p.device) for _ in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                kv_caches: list[KVCache] | None = None,
+                trace_rows: torch.Tensor | slice | None = None,
+                output_hidden_states: bool = False) -> DecoderOutput:
+        """Next-token logits for every position.
+
+        Args:
+            input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
+            attention_mask: (b, past + t), 1/True for real tokens, 0/False for padding (either
+                side). Positions count real tokens only, so padding never changes a real
+                token's result (left-padded prompts decode like unpadded ones).
+            kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`); the new
+                tokens' keys and values are appended and attention is causal, bottom-right.
+            trace_rows: query positions (among the t new tokens) to record in every layer.
+            output_hidden_states: also return what enters each layer.
+
+        Returns:
+            A :class:`DecoderOutput`.
+        """
+        b, t = self._check_ids(input_ids)
+        past = self._check_caches(kv_caches)
+        if past + t > self.config.n_positions:
+            raise QkvError(f"input is {past + t} tokens; {self.name} takes at most "
+                           f"{self.config.n_positions} (n_positions)")
+        padding = None
+        x = self.wte(input_ids)  # (b, t, E)
+        if attention_mask is None:
+            x = self.wpe(x, offset=past)
+        else:
+            if attention_mask.shape != (b, past + t):
+                raise ValueError(f"attention_mask must be (batch, past + new tokens) = "
+                                 f"{(b, past + t)}, got {tuple(attention_mask.shape)}")
+            real = attention_mask.bool()
+            # each token's position = how many real tokens precede it
+            positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+            x = x + self.wpe.weight[positions]
+            padding = None if bool(real.all()) else real
+        hidden, traces = [x], []
+        for i, layer in enumerate(self.layers):
+            cache = kv_caches[i] if kv_caches is not None else None
+            if trace_rows is None:
+                x = layer(x, key_padding_mask=padding, is_causal=True, kv_cache=cache)
+            else:
+                x, trace = layer(x, key_padding_mask=padding, is_causal=True, kv_cache=cache,
+                                 trace_rows=trace_rows)
+                traces.append(trace)
+            hidden.append(x)
+        return DecoderOutput(
+            logits=self.lm_head(self.norm(x)),  # (b, t, V)
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            traces=traces if trace_rows is not None else None,
+        )
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, *,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy decoding: append the most likely next token ``max_new_tokens`` times.
+
+        Always generates exactly ``max_new_tokens`` (no stop at an end-of-text token).
+
+        Args:
+            prompt_ids: (b, t) prompt token ids, t >= 1.
+            max_new_tokens: how many tokens to add.
+            use_cache: keep each layer's keys and values (a :class:`KVCache` per layer) and
+                feed only the newest token; False recomputes the whole sequence each step
+                (the same tokens, slower).
+            attention_mask: (b, t) for prompts padded to a common length (left padding).
+
+        Returns:
+            (b, t + max_new_tokens) the prompts followed by the generated tokens.
+        """
+        b, t = self._check_ids(prompt_ids)
+        if t == 0 or max_new_tokens < 0:
+            raise ValueError(f"need a non-empty prompt and max_new_tokens >= 0, got prompt "
+                             f"{(b, t)} and max_new_tokens={max_new_tokens}")
+        total = t + max_new_tokens
+        if total > self.config.n_positions:
+            raise QkvError(f"prompt ({t} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                           f"tokens; {self.name} takes at most {self.config.n_positions}")
+        mask = torch.ones(b, total, dtype=torch.long, device=prompt_ids.device)  # (b, total)
+        if attention_mask is not None:
+            mask[:, :t] = attention_mask
+        ids = prompt_ids
+        caches = self.new_kv_caches(b, total) if use_cache else None
+        step_input = prompt_ids
+        for _ in range(max_new_tokens):
+            n = ids.shape[1]
+            logits = self(step_input, mask[:, :n], kv_caches=caches).logits[:, -1]  # (b, V)
+            next_id = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
+            ids = torch.cat([ids, next_id], dim=1)
+            step_input = next_id if use_cache else ids
+        return ids
+
+    def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got {shape}")
+        if input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < self.config.vocab_size:
+            raise QkvError(f"token ids must be in [0, {self.config.vocab_size}), got "
+                           f"{int(input_ids.min())}..{int(input_ids.max())}")
+        return tuple(input_ids.shape)
+
+    def _check_caches(self, kv_caches: list[KVCache] | None) -> int:
+        if kv_caches is None:
+            return 0
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"kv_caches must hold one KVCache per layer ({len(self.layers)}), "
+                             f"got {len(kv_caches)}")
+        return len(kv_caches[0])

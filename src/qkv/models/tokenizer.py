@@ -1,0 +1,280 @@
+"""Text → token ids, keeping where every token came from (character span and word).
+
+A thin wrapper around the Hugging Face ``tokenizers`` library (Rust, fast). What it adds:
+
+* one loader for the three layouts a checkpoint directory may have: ``tokenizer.json``,
+  GPT-2's byte-level BPE files ``vocab.json`` + ``merges.txt``, or BERT's ``vocab.txt``;
+* an :class:`Encoding` record with each token's character offsets and word index, which the
+  explainer uses to group sub-word tokens back into the words a reader typed;
+* one rule for text that does not fit the model (see :meth:`Tokenizer.encode`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import tokenizers
+import torch
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+from qkv.errors import QkvError
+
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+GPT2_SPECIALS = ("<|endoftext|>",)
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """One text, tokenised. All lists have one entry per token.
+
+    Fields:
+        ids: token ids.
+        tokens: the token strings (``"##ing"`` for a BERT word piece, ``"Ġworld"`` for GPT-2).
+        offsets: ``(start, end)`` character span of each token in the original text;
+            ``(0, 0)`` for special tokens such as ``[CLS]`` / ``[SEP]``.
+        word_ids: index of the word each token belongs to (words as the pre-tokeniser splits
+            them: BERT splits on spaces and punctuation), None for special tokens.
+        special: True for tokens the tokenizer added (``[CLS]``, ``[SEP]``), not from the text.
+
+    Example:
+        >>> enc = Tokenizer.from_dir(minilm_dir).encode("Tokenizers rock")   # doctest: +SKIP
+        >>> enc.tokens, enc.word_ids                                          # doctest: +SKIP
+        (['[CLS]', 'token', '##izer', '##s', 'rock', '[SEP]'], [None, 0, 0, 0, 1, None])
+    """
+
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    word_ids: list[int | None]
+    special: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class BatchEncoding:
+    """Several texts, tokenised and right-padded to the longest.
+
+    Fields:
+        input_ids: (b, t) long, padded with the tokenizer's pad id.
+        attention_mask: (b, t) long, 1 for real tokens and 0 for padding.
+        encodings: the per-text :class:`Encoding` (unpadded).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    encodings: list[Encoding]
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with offsets, word ids and a length limit.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``; its own padding and truncation settings are
+            switched off (qkv pads batches itself and never truncates silently).
+        name: how error messages call the model (e.g. ``"all-MiniLM-L6-v2"``).
+        max_length: the most tokens (special tokens included) the model takes, or None.
+
+    Over-long text: :meth:`encode` raises :class:`QkvError` ("text is N tokens; <model> takes
+    at most M …") unless ``truncate=True``, in which case it keeps the first M tokens (special
+    tokens kept) and emits a ``warnings.warn`` naming both numbers. Failing loudly is the
+    default because an explanation of a silently cut text would explain the wrong text.
+    """
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, *, name: str = "the model",
+                 max_length: int | None = None):
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tok = tokenizer
+        self._truncating: dict[int, tokenizers.Tokenizer] = {}
+        self.name = name
+        self.max_length = max_length
+        self.pad_id = _pad_id(tokenizer)
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike, *, name: str | None = None,
+                 max_length: int | None = None) -> "Tokenizer":
+        """Load from a checkpoint directory: ``tokenizer.json``, else ``vocab.json`` +
+        ``merges.txt`` (GPT-2 byte-level BPE), else ``vocab.txt`` (BERT WordPiece).
+
+        ``max_length`` defaults to ``model_max_length`` in ``tokenizer_config.json`` when present.
+        """
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise QkvError(f"tokenizer directory {path} does not exist")
+        config = _read_tokenizer_config(path)
+        if max_length is None:
+            limit = config.get("model_max_length")
+            # HF writes a huge sentinel (1e30) when the limit is unknown.
+            max_length = int(limit) if isinstance(limit, (int, float)) and 0 < limit < 1e9 else None
+        name = name or os.path.basename(os.path.normpath(path))
+        return cls(_load_tokenizer(path, config), name=name, max_length=max_length)
+
+    # -- encoding ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str, *, max_length: int | None = None, truncate: bool = False) -> Encoding:
+        """Tokenise one text (special tokens added as the model expects).
+
+        Args:
+            text: the text.
+            max_length: the token limit for this call (default: the model's, ``self.max_length``).
+            truncate: cut an over-long text to the limit with a warning instead of raising.
+
+        Raises:
+            QkvError: the text has more tokens than the limit and ``truncate`` is False.
+
+        Example:
+            >>> tok.encode("Hello world").tokens          # doctest: +SKIP
+            ['[CLS]', 'hello', 'world', '[SEP]']
+        """
+        if not isinstance(text, str):
+            raise QkvError(f"text must be a string, got {type(text).__name__}")
+        return self._encode_many([text], max_length=max_length, truncate=truncate)[0]
+
+    def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None,
+                     truncate: bool = False) -> BatchEncoding:
+        """Tokenise several texts and right-pad them into (b, t) tensors.
+
+        Same length rule as :meth:`encode`, applied to each text.
+        """
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise QkvError("texts must be a list of strings")
+        encodings = self._encode_many(list(texts), max_length=max_length, truncate=truncate)
+        t = max((len(e) for e in encodings), default=0)
+        input_ids = torch.full((len(encodings), t), self.pad_id, dtype=torch.long)  # (b, t)
+        attention_mask = torch.zeros(len(encodings), t, dtype=torch.long)  # (b, t)
+        for i, e in enumerate(encodings):
+            input_ids[i, : len(e)] = torch.tensor(e.ids, dtype=torch.long)
+            attention_mask[i, : len(e)] = 1
+        return BatchEncoding(input_ids, attention_mask, encodings)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, *, skip_special_tokens: bool = True) -> str:
+        """Token ids → text."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _encode_many(self, texts: list[str], *, max_length: int | None,
+                     truncate: bool) -> list[Encoding]:
+        limit = self.max_length if max_length is None else max_length
+        raw = self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
+        if limit is not None:
+            long = [i for i, e in enumerate(raw) if len(e.ids) > limit]
+            for i in long:
+                n = len(raw[i].ids)
+                if not truncate:
+                    raise QkvError(
+                        f"text is {n} tokens; {self.name} takes at most {limit} "
+                        f"(shorten it, or pass truncate=True to keep the first {limit} tokens)"
+                    )
+                warnings.warn(f"text is {n} tokens; {self.name} takes at most {limit}: "
+                              f"truncated to the first {limit} tokens", stacklevel=3)
+                raw[i] = self._truncator(limit).encode(texts[i])
+        return [_to_encoding(e) for e in raw]
+
+    def _truncator(self, limit: int) -> tokenizers.Tokenizer:
+        """A copy of the tokenizer that truncates to ``limit`` (special tokens kept)."""
+        if limit not in self._truncating:
+            tok = tokenizers.Tokenizer.from_str(self._tok.to_str())
+            tok.enable_truncation(limit)
+            self._truncating[limit] = tok
+        return self._truncating[limit]
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, "
+                f"max_length={self.max_length})")
+
+
+def _to_encoding(e: tokenizers.Encoding) -> Encoding:
+    special = [bool(s) for s in e.special_tokens_mask]
+    return Encoding(
+        ids=list(e.ids),
+        tokens=list(e.tokens),
+        offsets=[(0, 0) if s else (int(a), int(b)) for (a, b), s in zip(e.offsets, special)],
+        word_ids=[None if s else w for w, s in zip(e.word_ids, special)],
+        special=special,
+    )
+
+
+def _pad_id(tok: tokenizers.Tokenizer) -> int:
+    for token in ("[PAD]", "<pad>", "<|endoftext|>"):
+        i = tok.token_to_id(token)
+        if i is not None:
+            return i
+    # No pad token (GPT-2 style vocabularies): any id works, padded positions are masked out.
+    return 0
+
+
+def _read_tokenizer_config(path: str) -> dict:
+    file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(file):
+        return {}
+    try:
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise QkvError(f"{file} is not valid JSON: {e}") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _load_tokenizer(path: str, config: dict) -> tokenizers.Tokenizer:
+    file = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(file):
+        try:
+            return tokenizers.Tokenizer.from_file(file)
+        except Exception as e:  # the Rust side raises a bare Exception
+            raise QkvError(f"{file} could not be read as a tokenizer: {e}") from None
+    vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
+    if os.path.isfile(vocab) and os.path.isfile(merges):
+        return byte_level_bpe(vocab, merges)
+    vocab_txt = os.path.join(path, "vocab.txt")
+    if os.path.isfile(vocab_txt):
+        return wordpiece(vocab_txt, lowercase=bool(config.get("do_lower_case", True)))
+    raise QkvError(f"no tokenizer in {path}: expected tokenizer.json, vocab.json + merges.txt "
+                   f"(GPT-2) or vocab.txt (BERT)")
+
+
+def byte_level_bpe(vocab_file: str, merges_file: str) -> tokenizers.Tokenizer:
+    """GPT-2's tokenizer: byte-level BPE, no special tokens added around the text."""
+    try:
+        tok = tokenizers.Tokenizer(models.BPE.from_file(vocab_file, merges_file))
+    except Exception as e:
+        raise QkvError(f"{vocab_file} / {merges_file} could not be read as a BPE vocabulary: {e}") from None
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # trim_offsets: a token's span excludes the space it carries ("Ġworld" → "world").
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.add_special_tokens([t for t in GPT2_SPECIALS if tok.token_to_id(t) is not None])
+    return tok
+
+
+def wordpiece(vocab_file: str, *, lowercase: bool = True) -> tokenizers.Tokenizer:
+    """BERT's tokenizer from ``vocab.txt``: ``[CLS] text [SEP]`` with WordPiece sub-words."""
+    try:
+        tok = tokenizers.Tokenizer(models.WordPiece.from_file(vocab_file, unk_token="[UNK]"))
+    except Exception as e:
+        raise QkvError(f"{vocab_file} could not be read as a WordPiece vocabulary: {e}") from None
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if cls_id is None or sep_id is None:
+        raise QkvError(f"{vocab_file} has no [CLS] or [SEP] token")
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens([t for t in BERT_SPECIALS if tok.token_to_id(t) is not None])
+    return tok

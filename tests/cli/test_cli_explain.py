@@ -1,0 +1,225 @@
+"""``qkv explain`` / ``qkv heads`` / ``qkv softmax-demo`` through the real CLI entry point:
+output, --json contents (checked against the model's traces and Hugging Face), --png files, and
+every user error as one line with exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.explain import forward
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TEXT = "The dog found some pizza next to the baby and ate it"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny matrices: one thread avoids OpenMP contention when test workers share the cores.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_overview_text(capsys):
+    code, out, err = run(capsys, "explain", TEXT, "--token", "it")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "model: all-MiniLM-L6-v2 (6 layers × 12 heads)"
+    assert "ranked by: largest weight in the row" in out
+    assert "highlighted: the 7 heads whose largest weight is on 'pizza'" in out
+    rows = [l.split() for l in lines if l[:1] in (" ", "*") and "L" in l and "H" in l and "·" in l]
+    assert len(rows) == 72
+    starred = [r for r in rows if r[0] == "*"]
+    assert len(starred) == 7 and all(r[6] == "pizza" for r in starred)
+    assert ["*", "8", "L3", "H1", "0.750"] == starred[0][:5]
+    assert "where the largest weight lands (72 heads): [CLS] 41" in out
+
+
+def test_overview_json_matches_traces(capsys):
+    code, out, _ = run(capsys, "explain", TEXT, "--json", "--top", "2")
+    d = json.loads(out)
+    assert code == 0 and d["unit"] == "it" and d["unit_index"] == 12 and len(d["heads"]) == 72
+    traced = forward.trace(forward.load_model("minilm"), TEXT, torch.tensor([12]))
+    for h in d["heads"]:
+        row = traced.weights(h["layer"])[h["head"], 0]
+        assert h["weights"] == pytest.approx(row.double().tolist(), abs=1e-12)
+        assert len(h["top"]) == 2 and h["max_weight"] == pytest.approx(float(row.max()))
+    assert [h["max_weight"] for h in d["heads"]] == sorted((h["max_weight"] for h in d["heads"]),
+                                                           reverse=True)
+
+
+def test_step_by_step_json(capsys):
+    transformers = pytest.importorskip("transformers")
+    from qkv.models.loading import minilm_dir
+
+    code, out, _ = run(capsys, "explain", TEXT, "--token", "it", "--layer", "3", "--head", "1", "--json")
+    d = json.loads(out)
+    assert code == 0
+    for key in ("tokens", "layer", "head", "token_index", "x", "query", "keys", "values", "scores",
+                "scaled", "weights", "output", "model_output", "max_abs_diff"):
+        assert key in d, key
+    assert (d["layer"], d["head"], d["token_index"]) == (3, 1, 12)
+    assert len(d["keys"]) == len(d["values"]) == len(d["tokens"]) == 14
+    assert d["max_abs_diff"] < 1e-5 and sum(d["weights"]) == pytest.approx(1.0, abs=1e-12)
+    hf = transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
+    ids = forward.encode(forward.load_model("minilm"), TEXT).ids
+    with torch.no_grad():
+        att = hf(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    assert d["weights"] == pytest.approx(att[3][0, 1, 12].tolist(), abs=2e-6)
+    w, v = torch.tensor(d["weights"]), torch.tensor(d["values"])
+    assert (w @ v).tolist() == pytest.approx(d["model_output"], abs=1e-5)
+
+
+def test_step_by_step_text(capsys):
+    code, out, _ = run(capsys, "explain", TEXT, "--token", "it", "--layer", "3", "--head", "1")
+    assert code == 0
+    assert "q = x·W_Q + b_Q" in out and "(384)" in out and "/√32" in out
+    assert "sum of the weights = 1.000000" in out
+    diff = float(out.split("max |difference| = ")[1].split()[0])
+    assert diff < 1e-5
+    pizza = [l for l in out.splitlines() if l.split()[:2] == ["5", "pizza"]]
+    assert pizza and "4.9388   0.7500   [0.753" in pizza[0]  # scaled score, weight, v_j
+
+
+def test_words_and_split_word(capsys):
+    text = "The pizzeria's owner found it"
+    code, out, err = run(capsys, "explain", text, "--words", "--token", "pizzeria")
+    assert code == 0 and "words: 0:[CLS] 1:The 2:pizzeria" in out
+    assert "weights into a word are summed over its tokens, weights from a word averaged" in out
+    code, out, err = run(capsys, "explain", text, "--token", "pizzeria", "--top", "1")
+    assert code == 0 and "is 3 tokens (pi ##zz ##eria); using its last token" in err
+
+
+def test_duplicate_word_note(capsys):
+    code, out, err = run(capsys, "explain", "the cat saw the dog", "--token", "the", "--top", "1")
+    assert code == 0
+    assert err.strip() == ("qkv: note: 'the' occurs 2 times (tokens 1, 4); using the last (token 4). "
+                           "Pick another with --token the@0 (occurrences count from 0) or --token 1.")
+    assert "attention from token 4 'the'" in out
+    code, out, err = run(capsys, "explain", "the cat saw the dog", "--token", "the@0", "--top", "1")
+    assert err == "" and "attention from token 1 'the'" in out
+
+
+def test_png_grid_and_head(capsys, tmp_path):
+    import matplotlib.image
+
+    grid, head = tmp_path / "grid.png", tmp_path / "head.png"
+    assert run(capsys, "explain", TEXT, "--png", str(grid), "--json")[0] == 0
+    assert run(capsys, "explain", TEXT, "--layer", "3", "--head", "1", "--png", str(head), "--words")[0] == 0
+    assert matplotlib.image.imread(grid).shape[0] > 300
+    assert matplotlib.image.imread(head).shape[1] > 300
+    svg = tmp_path / "layer5.svg"
+    assert run(capsys, "explain", TEXT, "--layer", "5", "--png", str(svg), "--top", "1")[0] == 0
+    text = svg.read_text()
+    assert "L5 H3" in text and "L0 H0" not in text and "on 'pizza'" in text
+    assert sorted(os.listdir(tmp_path)) == ["grid.png", "head.png", "layer5.svg"]
+
+
+def test_heads_pair_json(capsys):
+    code, out, _ = run(capsys, "heads", TEXT, "--from", "it", "--to", "pizza", "--json")
+    d = json.loads(out)
+    assert code == 0 and len(d) == 72 and set(d[0]) == {"layer", "head", "weight"}
+    assert [x["weight"] for x in d] == sorted((x["weight"] for x in d), reverse=True)
+    assert (d[0]["layer"], d[0]["head"]) == (3, 1) and d[0]["weight"] == pytest.approx(0.75, abs=5e-3)
+
+
+def test_heads_probe(capsys):
+    code, out, _ = run(capsys, "heads", "--probe", "coref", "--top", "3")
+    assert code == 0 and "coref probe: 49 sentences" in out
+    assert "other than the pronoun itself" in out and "chance (a word picked at random)" in out
+    assert "held out: the best head on the even-numbered sentences" in out
+    code, out, _ = run(capsys, "heads", "--probe", "coref", "--json")
+    d = json.loads(out)
+    assert len(d) == 72 and d[0]["accuracy"] >= d[-1]["accuracy"] and d[0]["n"] == 49
+
+
+def test_no_projection(capsys):
+    code, out, _ = run(capsys, "explain", "The boy kicked the ball over the fence and then chased it.",
+                       "--no-projection")
+    assert code == 0 and "q = k = v = x" in out
+    assert "overall: without projections 85/90 (94%)" in out
+    code, out, _ = run(capsys, "explain", TEXT, "--no-projection", "--json")
+    d = json.loads(out)
+    assert len(d["layers"]) == 6 and all(0 <= l["learned_self_rate"] <= 1 for l in d["layers"])
+
+
+def test_softmax_demo(capsys):
+    code, out, _ = run(capsys, "softmax-demo", "--dims", "4,1024", "--trials", "200", "--json")
+    d = json.loads(out)
+    assert code == 0 and [r["d"] for r in d] == [4, 1024]
+    assert d[1]["max_weight_raw"] > d[0]["max_weight_raw"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["explain", ""], "the text is empty ('')"),
+    (["explain", "   "], "the text is empty ('   ')"),
+    (["explain", TEXT, "--token", "cat"], "--token 'cat' is not a token of the text; the tokens are: 0:[CLS] 1:the"),
+    (["explain", TEXT, "--token", "14"], "--token 14 is out of range: the text has 14 tokens (0–13)"),
+    (["explain", TEXT, "--token", "it@1"], "--token 'it@1': 'it' occurs 1 time(s)"),
+    (["explain", TEXT, "--layer", "6"], "--layer 6 is out of range: all-MiniLM-L6-v2 has 6 layers (0–5)"),
+    (["explain", TEXT, "--layer", "-1", "--head", "0"], "--layer -1 is out of range"),
+    (["explain", TEXT, "--layer", "0", "--head", "12"], "--head 12 is out of range: all-MiniLM-L6-v2 has 12 heads per layer (0–11)"),
+    (["explain", TEXT, "--head", "1"], "--head 1 needs --layer"),
+    (["explain", TEXT, "--top", "0"], "--top must be at least 1, got 0"),
+    (["explain", TEXT, "--png", "/nonexistent-dir/x.png"], "the directory '/nonexistent-dir' does not exist"),
+    (["explain", TEXT, "--png", "/proc/qkv-test.png"], "--png '/proc/qkv-test.png'"),
+    (["explain", TEXT, "--png", "map.gif"], "must end in .png, .svg or .pdf"),
+    (["explain", TEXT, "--model", "nosuchmodel"], "nosuchmodel"),
+    (["heads", TEXT, "--from", "it"], "--to is needed"),
+    (["heads", TEXT, "--from", "it", "--to", "cat"], "--to 'cat' is not a word of the text"),
+    (["heads", "--probe", "winograd"], "unknown probe 'winograd'; known probes: coref"),
+    (["heads"], "give a TEXT with --from/--to"),
+    (["softmax-demo", "--dims", "4,x"], "--dims must be comma-separated whole numbers, got '4,x'"),
+])
+def test_user_errors_are_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("qkv: error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_subprocess_errors_have_no_traceback(tmp_path):
+    for argv in (["explain", TEXT, "--token", "cat"], ["explain", TEXT, "--png", "/proc/x/y.png"]):
+        r = subprocess.run([sys.executable, "-m", "qkv", *argv], capture_output=True, text=True,
+                           cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.startswith("qkv: error: ") and r.stderr.count("\n") == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_subprocess_overview_is_plain_text():
+    r = subprocess.run([sys.executable, "-m", "qkv", "explain", TEXT, "--layer", "3", "--top", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "\x1b[" not in r.stdout  # no colour codes in a pipe
+    assert "*      2   L3 H1    0.750      1.41   pizza 0.750" in r.stdout
+
+
+def test_translation_model_dir_is_dispatched(capsys, tmp_path):
+    """A directory whose config.json says qkv-translation goes to qkv.explain.cross, which
+    reports the missing checkpoint files as a one-line error (not the BERT loader's error)."""
+    pytest.importorskip("qkv.explain.cross")
+    (tmp_path / "config.json").write_text('{"model_type": "qkv-translation"}')
+    code, out, err = run(capsys, "explain", "the red apple", "--model", str(tmp_path))
+    assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1
+    from qkv.errors import QkvError
+    from qkv.models import load
+
+    with pytest.raises(QkvError) as bert_error:  # what the BERT/GPT-2 loader would have said
+        load(str(tmp_path))
+    assert str(bert_error.value) not in err
+    from qkv.cli.explain import _translation_dir
+
+    assert _translation_dir(str(tmp_path)) and not _translation_dir("minilm")

@@ -1,0 +1,123 @@
+"""The overview's numbers are the model's own attention: equal to Hugging Face's eager BERT
+attention probabilities on the same weights, kept for one row only, ranked as documented."""
+
+import os
+
+import pytest
+import torch
+
+from qkv.explain import forward
+from qkv.explain.overview import entropy_bits, overview
+from qkv.explain.select import token_units, word_units
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TEXT = "The dog found some pizza next to the baby and ate it"
+SPLIT = "The pizzeria's owner found it"  # "pizzeria" is several word pieces
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny matrices: one thread avoids OpenMP contention when test workers share the cores.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+@pytest.fixture(scope="module")
+def model():
+    return forward.load_model("minilm")
+
+
+@pytest.fixture(scope="module")
+def hf():
+    transformers = pytest.importorskip("transformers")
+    from qkv.models.loading import minilm_dir
+
+    m = transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager")
+    return m.eval()
+
+
+def hf_attentions(hf, ids):
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                 output_attentions=True)
+    return torch.stack(out.attentions)[:, 0]  # (layers, h, t, s)
+
+
+@pytest.mark.parametrize("text", [TEXT, SPLIT])
+def test_traced_weights_equal_hugging_face(model, hf, text):
+    enc = forward.encode(model, text)
+    i = len(enc.ids) - 2  # the last word's token
+    traced = forward.trace(model, text, torch.tensor([i]))
+    ours = torch.stack([traced.weights(L)[:, 0] for L in range(6)])  # (layers, h, s)
+    theirs = hf_attentions(hf, enc.ids)[:, :, i]  # (layers, h, s)
+    assert ours.shape == theirs.shape == (6, 12, len(enc.ids))
+    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=0)
+
+
+def test_overview_keeps_one_row_per_head(model):
+    """O(layers · heads · t): every trace holds only the explained token's row."""
+    enc = forward.encode(model, TEXT)
+    t = len(enc.ids)
+    traced = forward.trace(model, TEXT, torch.tensor([t - 2]))
+    for tr in traced.traces:
+        att = tr.self_attn.attention
+        for name in ("weights", "scores", "scaled", "masked"):
+            assert getattr(att, name).shape == (1, 12, 1, t), name
+        assert att.query.shape == (1, 12, 1, 32) and att.output.shape == (1, 12, 1, 32)
+        assert tr.self_attn.query_input.shape == (1, 1, 384)
+
+
+def test_overview_ranks_by_largest_weight_and_finds_pizza(model, hf):
+    enc = forward.encode(model, TEXT)
+    units = token_units(enc)
+    it, pizza = enc.tokens.index("it"), enc.tokens.index("pizza")
+    traced = forward.trace(model, TEXT, torch.tensor([it]))
+    ov = overview([traced.weights(L) for L in range(6)], units, it, k=3)
+    assert len(ov.rows) == 72
+    maxes = [r.max_weight for r in ov.rows]
+    assert maxes == sorted(maxes, reverse=True)
+    ref = hf_attentions(hf, enc.ids)[:, :, it].double()  # (layers, h, s)
+    for r in ov.rows:
+        row = ref[r.layer, r.head]
+        assert r.max_weight == pytest.approx(float(row.max()), abs=2e-6)
+        assert r.entropy == pytest.approx(float(-(row * row.log2()).sum()), abs=1e-4)
+        assert [w for _, w in r.top] == pytest.approx(row.topk(3).values.tolist(), abs=2e-6)
+        assert row[r.argmax] == pytest.approx(r.max_weight, abs=2e-6)
+    # the focus is pizza, and the highlighted heads are exactly those whose argmax is pizza
+    assert ov.focus == pizza
+    lit = {(r.layer, r.head) for r in ov.rows if ov.highlighted(r)}
+    expected = {(L, h) for L in range(6) for h in range(12) if int(ref[L, h].argmax()) == pizza}
+    assert lit == expected and (3, 1) in lit
+
+
+def test_words_average_rows_of_a_split_word(model, hf):
+    """--words: the row from a split word is the mean of its tokens' rows (HF's numbers)."""
+    enc = forward.encode(model, SPLIT)
+    units = word_units(enc, SPLIT)
+    u = units.labels.index("pizzeria")
+    rows = torch.tensor(units.groups[u])
+    traced = forward.trace(model, SPLIT, rows, words=True)
+    assert traced.weights(0).shape == (12, len(rows), len(enc.ids))
+    ov = overview([traced.weights(L) for L in range(6)], units, u, k=2)
+    ref = hf_attentions(hf, enc.ids)[:, :, rows].double().mean(2)  # (layers, h, s)
+    for r in ov.rows:
+        want = torch.stack([ref[r.layer, r.head, list(g)].sum() for g in units.groups])
+        torch.testing.assert_close(r.weights, want, atol=2e-6, rtol=0)
+
+
+def test_entropy_bits_reference():
+    p = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]])
+    assert entropy_bits(p).tolist() == [2.0, 0.0]
+
+
+def test_layer_filter_and_explicit_focus(model):
+    enc = forward.encode(model, TEXT)
+    units = token_units(enc)
+    it = enc.tokens.index("it")
+    traced = forward.trace(model, TEXT, torch.tensor([it]))
+    ov = overview([traced.weights(L) for L in range(6)], units, it, layer=5, focus=2)
+    assert {r.layer for r in ov.rows} == {5} and len(ov.rows) == 12
+    assert ov.focus == 2 and "'dog'" in ov.focus_reason

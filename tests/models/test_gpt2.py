@@ -1,0 +1,208 @@
+"""qkv's GPT-2 against Hugging Face transformers, same weights.
+
+A small random GPT-2 (2 layers, 4 heads, E = 64, V = 1000) is built by ``transformers``, saved
+with ``save_pretrained`` (safetensors: Conv1D weights stored (in, out), fused ``c_attn``, a
+``transformer.`` prefix) next to a byte-level BPE tokenizer trained here, and loaded with
+``qkv.models.load``. Logits, hidden states and attention probabilities equal transformers' to
+1e-5; greedy generation equals ``generate(do_sample=False)`` token for token, with and
+without the KV cache; padding and batching change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from qkv.errors import QkvError
+from qkv.models import DecoderOutput, GPT2Config, GPT2Model, load
+
+transformers = pytest.importorskip("transformers")
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Attention is all you need, said the paper.",
+    "Queries, keys and values: the model attends to every earlier token.",
+    "Ünïcödé text — with dashes and a café.",
+] * 3
+PROMPTS = ["The quick brown fox", "Attention is", "Queries, keys and values: the model"]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The model is tiny: with two threads, OpenMP's synchronisation costs more than the work
+    (10x slower on a busy 2-core machine). Restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(directory, HF model): a random GPT-2 and a trained byte-level BPE tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(CORPUS, vocab_size=400, min_frequency=1, special_tokens=["<|endoftext|>"])
+    tok.save_model(str(path))  # vocab.json + merges.txt
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=1000,
+                                     n_positions=64, initializer_range=0.1,
+                                     bos_token_id=None, eos_token_id=None)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(str(path))
+    return str(path), hf
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint) -> GPT2Model:
+    return load(checkpoint[0])
+
+
+@pytest.fixture(scope="module")
+def hf(checkpoint):
+    """The same weights re-read by transformers, with the eager attention (it returns weights)."""
+    return transformers.GPT2LMHeadModel.from_pretrained(checkpoint[0], attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def batch(model):
+    return model.tokenizer.encode_batch(PROMPTS)  # right-padded
+
+
+def test_loaded_model_is_the_saved_one(model, checkpoint):
+    hf = checkpoint[1]
+    assert isinstance(model, GPT2Model) and model.config.n_layer == 2
+    assert model.lm_head.weight is model.wte.weight  # tied
+    # Conv1D (in, out) transposed, c_attn split in three
+    w = hf.transformer.h[1].attn.c_attn.weight  # (E, 3E)
+    torch.testing.assert_close(model.layers[1].self_attn.k_proj.weight, w[:, 64:128].T, rtol=0, atol=0)
+
+
+def test_logits_hidden_states_attention_equal_transformers(model, hf, batch):
+    with torch.no_grad():
+        ours = model(batch.input_ids, batch.attention_mask, output_hidden_states=True,
+                     trace_rows=slice(None))
+        ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                 output_hidden_states=True, output_attentions=True)
+    assert isinstance(ours, DecoderOutput)
+    real = batch.attention_mask.bool()  # (b, t)
+    assert (ours.logits - ref.logits)[real].abs().max() < TOL
+    # HF's tuple ends with the final-LayerNorm output; ours with the last layer's output
+    L = model.config.n_layer
+    for i in range(L):
+        assert (ours.hidden_states[i] - ref.hidden_states[i])[real].abs().max() < TOL
+    assert (model.norm(ours.hidden_states[L]) - ref.hidden_states[L])[real].abs().max() < TOL
+    pair = real[:, None, :, None] & real[:, None, None, :]  # (b, 1, t, t)
+    for trace, w_ref in zip(ours.traces, ref.attentions):
+        w = trace.self_attn.attention.weights  # (b, h, t, t)
+        assert (w - w_ref).masked_fill(~pair, 0).abs().max() < TOL
+        assert torch.all(w.triu(diagonal=1) == 0)  # causal: nothing from the future
+
+
+def test_trace_holds_the_normalised_query_input(model, batch):
+    with torch.no_grad():
+        out = model(batch.input_ids, batch.attention_mask, output_hidden_states=True,
+                    trace_rows=torch.tensor([1, 3]))
+        plain = model(batch.input_ids, batch.attention_mask)
+    real = batch.attention_mask.bool()
+    assert (out.logits - plain.logits)[real].abs().max() < 2e-6  # tracing changes nothing
+    for L, trace in enumerate(out.traces):
+        expected = model.layers[L].norm1(out.hidden_states[L])[:, [1, 3]]  # pre-norm
+        torch.testing.assert_close(trace.self_attn.query_input, expected, rtol=0, atol=0)
+        assert trace.self_attn.attention.weights.shape == (3, 4, 2, batch.input_ids.shape[1])
+
+
+def test_greedy_generation_equals_transformers(model, hf):
+    for prompt in PROMPTS:
+        ids = torch.tensor([model.tokenizer.encode(prompt).ids])
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                              do_sample=False, pad_token_id=0)
+        assert ref.shape == (1, ids.shape[1] + 12)
+        for use_cache in (True, False):
+            ours = model.generate(ids, max_new_tokens=12, use_cache=use_cache)
+            assert ours.tolist() == ref.tolist(), f"use_cache={use_cache}, prompt {prompt!r}"
+
+
+def test_cached_decoding_equals_the_full_forward(model):
+    ids = torch.randint(0, 1000, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids).logits  # (b, t, V)
+        caches = model.new_kv_caches(2, 11)
+        steps = [model(ids[:, :5], kv_caches=caches).logits]
+        for j in range(5, 11):
+            steps.append(model(ids[:, j : j + 1], kv_caches=caches).logits)
+    assert len(caches[0]) == 11
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-6, rtol=0)
+
+
+def test_padding_and_batching_change_nothing(model, batch):
+    """Right and left padding give each real token the result it has alone."""
+    encs = batch.encodings
+    t = batch.input_ids.shape[1]
+    left_ids = torch.zeros_like(batch.input_ids)
+    left_mask = torch.zeros_like(batch.attention_mask)
+    for i, e in enumerate(encs):
+        left_ids[i, t - len(e):] = torch.tensor(e.ids)
+        left_mask[i, t - len(e):] = 1
+    with torch.no_grad():
+        right = model(batch.input_ids, batch.attention_mask).logits
+        left = model(left_ids, left_mask).logits
+        for i, e in enumerate(encs):
+            alone = model(torch.tensor([e.ids])).logits[0]  # (t_i, V)
+            torch.testing.assert_close(right[i, : len(e)], alone, atol=2e-6, rtol=0)
+            torch.testing.assert_close(left[i, t - len(e):], alone, atol=2e-6, rtol=0)
+    # and batched (left-padded) greedy generation equals one prompt at a time
+    gen = model.generate(left_ids, 6, attention_mask=left_mask)
+    for i, e in enumerate(encs):
+        alone = model.generate(torch.tensor([e.ids]), 6)[0]
+        assert gen[i, t - len(e):].tolist() == alone.tolist()
+
+
+def test_causality_by_gradient(model):
+    """The logits at position i do not depend on the tokens after i."""
+    ids = torch.tensor([[5, 17, 300, 42, 7]])
+    emb = model.wte(ids).detach().requires_grad_(True)
+    x = model.wpe(emb)
+    for layer in model.layers:
+        x = layer(x, is_causal=True)
+    model.lm_head(model.norm(x))[0, 2].sum().backward()
+    grad = emb.grad[0].abs().sum(-1)  # (t,)
+    assert torch.all(grad[3:] == 0) and torch.all(grad[:3] > 0)
+
+
+def test_too_long_input_is_a_clear_error(model):
+    with pytest.raises(QkvError, match="65 tokens.*at most 64"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(QkvError, match=r"prompt \(60 tokens\) \+ max_new_tokens \(10\) = 70.*at most 64"):
+        model.generate(torch.zeros(1, 60, dtype=torch.long), 10)
+    with pytest.raises(QkvError, match="text is 65 tokens; .* takes at most 64"):
+        model.tokenizer.encode("a" + " a" * 64)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True is not supported"),
+    ({"add_cross_attention": True}, "add_cross_attention"),
+    ({"activation_function": "gelu_fast"}, "activation_function 'gelu_fast' is not supported"),
+    ({"architectures": ["GPT2ForSequenceClassification"]}, "GPT2ForSequenceClassification"),
+    ({"n_embd": 65, "n_head": 4}, r"n_embd \(65\) must be divisible by n_head \(4\)"),
+])
+def test_config_rejects_unsupported(change, message):
+    with pytest.raises(QkvError, match=message):
+        GPT2Config.from_dict({"model_type": "gpt2", **change})
+
+
+def test_config_reads_hf_keys(checkpoint):
+    import json
+
+    with open(os.path.join(checkpoint[0], "config.json")) as f:
+        c = GPT2Config.from_dict(json.load(f))
+    assert (c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions, c.inner_dim) == (2, 4, 64, 1000, 64, 256)
+    assert c.activation_function == "gelu_tanh"

@@ -1,0 +1,117 @@
+"""``qkv explain TEXT --model <translation model>``: the cross-attention it shows is the model's own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.explain.cross import cross_attention
+from qkv.translate.checkpoint import default_model_dir, load_checkpoint
+from qkv.translate.decode import greedy_decode
+from qkv.translate.vocab import BOS_ID, EOS_ID
+
+SENTENCE = "the red apple is next to the black cats"
+MODEL = str(default_model_dir())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return load_checkpoint(MODEL)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["explain", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def model_cross_weights(ckpt, text: str) -> torch.Tensor:
+    """Independently: translate, run the model's forward over its output, stack the weights."""
+    src = torch.tensor([ckpt.vocab.encode_en(text)])
+    gen = greedy_decode(ckpt.model, src)[0].tolist()
+    gen = gen[: gen.index(EOS_ID) + 1]
+    with torch.no_grad():
+        _, trace = ckpt.model.trace(src, torch.tensor([[BOS_ID] + gen[:-1]]))
+    return torch.stack([t.cross_attn.attention.weights[0] for t in trace.decoder])  # (L, H, t, s)
+
+
+def test_json_weights_are_the_models_cross_attention(capsys, ckpt):
+    code, out, _ = run(capsys, SENTENCE, "--model", MODEL, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["translation"] == "la pomme rouge est à côté des chats noirs"
+    assert doc["english"] == SENTENCE.split() + ["[EOS]"]
+    assert doc["french"][-1] == "[EOS]" and len(doc["french"]) == 10
+    weights = torch.tensor(doc["weights"])  # (L, H, t, s)
+    assert torch.equal(weights, model_cross_weights(ckpt, SENTENCE))
+    # The gold alignment is the grammar's, and each head's count is re-derivable from the weights.
+    assert doc["gold"][6] == [5, 6]  # "des" ← "to" + "the"
+    for head in doc["heads"]:
+        argmax = weights[head["layer"], head["head"]].argmax(-1)
+        hits = sum(int(argmax[j]) in g for j, g in enumerate(doc["gold"]))
+        assert head["aligned"] == hits and head["argmax"] == argmax.tolist()
+
+
+def test_steps_json_recomputes_the_head_in_float64(capsys, ckpt):
+    code, out, _ = run(capsys, SENTENCE, "--model", MODEL, "--layer", "2", "--head", "1",
+                       "--token", "rouge", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["french_token"] == "rouge" and doc["french_index"] == 2 and doc["gold"] == [1]
+    model_row = model_cross_weights(ckpt, SENTENCE)[2, 1, 2]
+    torch.testing.assert_close(torch.tensor(doc["weights"], dtype=torch.float64), model_row.double(),
+                               rtol=0, atol=1e-5)
+    assert doc["max_abs_diff"] < 1e-4 and abs(doc["weights_sum"] - 1) < 1e-12
+    # q·k_i / √d is what the softmax saw.
+    q, k = torch.tensor(doc["query"]), torch.tensor(doc["keys"])
+    torch.testing.assert_close(torch.tensor(doc["scaled"]), (k @ q) * doc["scale"])
+
+
+def test_text_overview_and_token_view(capsys):
+    code, out, _ = run(capsys, SENTENCE, "--model", MODEL)
+    assert code == 0
+    assert "English: 0:the 1:red 2:apple" in out and "aligned" in out and "best aligned head" in out
+    code, out, _ = run(capsys, SENTENCE, "--model", MODEL, "--token", "chats", "--layer", "1")
+    assert code == 0 and "French token 7 'chats'" in out and "L1 H0" in out and "L0 H0" not in out
+
+
+def test_png_overview_and_single_head(capsys, tmp_path):
+    for argv, name in (([], "all.png"), (["--layer", "0", "--head", "2"], "head.png")):
+        path = tmp_path / name
+        code, _, err = run(capsys, SENTENCE, "--model", MODEL, "--png", str(path), *argv)
+        assert code == 0 and f"wrote {path}" in err
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_gold_is_absent_for_text_outside_the_grammar(ckpt):
+    ca = cross_attention(ckpt, "the cat the dog")
+    assert ca.gold is None and "not a sentence of the grammar" in ca.gold_note
+    assert ca.alignment() is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--layer", "3", "--head", "0"], "--layer 3 is out of range: the decoder has 3 layers (0–2)"),
+    (["--layer", "0", "--head", "4"], "--head 4 is out of range: each layer has 4 heads (0–3)"),
+    (["--token", "zebre"], "--token 'zebre' is not a token of the text"),
+    (["--to", "cat"], "--to and --no-projection are for self-attention models"),
+])
+def test_bad_options(capsys, argv, message):
+    code, _, err = run(capsys, SENTENCE, "--model", MODEL, *argv)
+    assert code == 2 and err.startswith(f"qkv: error: {message}"), err
+
+
+def test_unknown_words(capsys):
+    code, _, err = run(capsys, "the zebra is red", "--model", MODEL)
+    assert code == 2 and "unknown English word 'zebra'" in err

@@ -1,0 +1,122 @@
+"""The training loop: it learns, it is reproducible, and a killed run resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from qkv.errors import QkvError
+from qkv.translate.checkpoint import load_checkpoint
+from qkv.translate.train import TrainConfig, lr_at, train
+
+TINY = dict(d_model=32, num_heads=2, encoder_layers=1, decoder_layers=1, ff_dim=64, batch_size=32,
+            eval_size=20, lr=3e-3, warmup=5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def params(directory) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in load_checkpoint(directory).model.state_dict().items()}
+
+
+def test_a_short_run_learns(tmp_path):
+    losses = []
+    cfg = TrainConfig(**TINY, steps=60, eval_every=0, save_every=0)
+    state = train(cfg, tmp_path / "run", progress=False, callback=lambda s: losses.append(s.loss))
+    assert len(losses) == 60 and state.step == 60
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.7 * first, (first, last)
+    assert state.last_eval is not None and state.last_eval.loss < first  # the final evaluation ran
+    meta = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert meta["step"] == 60 and meta["history"][-1]["step"] == 60
+
+
+class Kill(Exception):
+    pass
+
+
+def test_killed_run_keeps_its_last_checkpoint_and_resumes_exactly(tmp_path):
+    # Dropout on, so that resuming must also replay the dropout masks.
+    cfg = TrainConfig(**TINY, dropout=0.1, steps=12, eval_every=0, save_every=4)
+    train(cfg, tmp_path / "straight", progress=False)
+
+    def kill_at_6(state):
+        if state.step == 6:
+            raise Kill  # mid-way between the checkpoints of steps 4 and 8
+
+    with pytest.raises(Kill):
+        train(cfg, tmp_path / "killed", progress=False, callback=kill_at_6)
+    survivor = load_checkpoint(tmp_path / "killed", with_optimizer=True)
+    assert survivor.step == 4  # the last good checkpoint loads
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == [
+        "config.json", "model-000004.safetensors", "optimizer-000004.safetensors",
+        "tokenizer_en.json", "tokenizer_fr.json"]  # nothing half-written left behind
+
+    train(cfg, tmp_path / "killed", resume=True, progress=False)
+    a, b = params(tmp_path / "straight"), params(tmp_path / "killed")
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst <= 1e-6, worst
+    assert load_checkpoint(tmp_path / "killed").step == 12
+
+
+def test_keyboard_interrupt_also_leaves_the_checkpoint(tmp_path, capsys):
+    cfg = TrainConfig(**TINY, steps=6, eval_every=0, save_every=2)
+
+    def interrupt(state):
+        if state.step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "run", progress=True, callback=interrupt)
+    assert load_checkpoint(tmp_path / "run").step == 2
+    assert "continue with --resume" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_different_configuration(tmp_path):
+    cfg = TrainConfig(**TINY, steps=2, eval_every=0, save_every=0)
+    train(cfg, tmp_path / "run", progress=False)
+    with pytest.raises(QkvError, match=r"different configuration: d_model=32 \(now 48\)"):
+        train(TrainConfig(**{**TINY, "d_model": 48}, steps=4), tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(QkvError, match="already holds a checkpoint; pass --resume"):
+        train(cfg, tmp_path / "run", progress=False)
+    with pytest.raises(QkvError, match="already at step 2 of --steps 2"):
+        train(cfg, tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(QkvError, match="holds no checkpoint to continue"):
+        train(cfg, tmp_path / "empty", resume=True, progress=False)
+
+
+def test_slim_checkpoint_has_no_optimizer_and_cannot_resume(tmp_path):
+    cfg = TrainConfig(**TINY, steps=2, eval_every=0, save_every=0)
+    train(cfg, tmp_path / "run", progress=False, slim=True)
+    assert not list((tmp_path / "run").glob("optimizer-*"))
+    with pytest.raises(QkvError, match="no optimizer state to resume from"):
+        train(TrainConfig(**TINY, steps=4), tmp_path / "run", resume=True, progress=False)
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(steps=1000, warmup=100, lr=1e-3, min_lr_ratio=0.05)
+    lrs = [lr_at(s, cfg) for s in range(1000)]
+    assert lrs[0] == pytest.approx(1e-5) and lrs[99] == pytest.approx(1e-3)
+    assert all(a < b for a, b in zip(lrs[:99], lrs[1:100]))  # warm-up rises
+    assert all(a >= b for a, b in zip(lrs[99:], lrs[100:]))  # then it only decays
+    assert lrs[-1] == pytest.approx(5e-5)
+    odd = TrainConfig(steps=1001, warmup=100, lr=1e-3, min_lr_ratio=0.05)  # decay spans 900 steps
+    assert lr_at(550, odd) == pytest.approx((1e-3 + 5e-5) / 2)  # cosine: half-way at mid-decay
+
+
+def test_config_rejects_unknown_and_bad_options():
+    with pytest.raises(QkvError, match="unknown training option 'stpes'"):
+        TrainConfig.from_dict({"stpes": 10})
+    with pytest.raises(QkvError, match="--steps must be positive, got 0"):
+        TrainConfig(steps=0)
+    with pytest.raises(QkvError, match=r"--d-model \(30\) must be divisible by --num-heads \(4\)"):
+        TrainConfig(d_model=30)
