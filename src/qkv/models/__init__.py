@@ -5,6 +5,7 @@
 * ``packed.py``    — padding-free encoder inference (the fast path behind ``embed``)
 * ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
 * ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
+* ``translation.py`` — :class:`TranslationModel`, the encoder-decoder of ``qkv train translate``
 * ``outputs.py``   — :class:`EncoderOutput`, :class:`DecoderOutput`
 
 No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.
