@@ -9,21 +9,12 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from qkv.cli import main
 from qkv.translate.checkpoint import default_model_dir
 
 SENTENCE = "the red apple is next to the black cats"
 FRENCH = "la pomme rouge est à côté des chats noirs"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -23,7 +23,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 from qkv.cli import main
 
@@ -96,12 +95,6 @@ def run_cli(command: str) -> list[str]:
 CASES = commands(TUTORIAL.read_text(encoding="utf-8"))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: avoid OpenMP contention with other test workers
-    yield
-    torch.set_num_threads(before)
 
 
 def test_the_tutorial_has_commands_for_every_question():

@@ -8,15 +8,6 @@ from qkv.explain import forward
 from qkv.explain.ablation import ablation, layer_self, no_projection
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matrices: one thread avoids OpenMP contention when test workers share the cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 def test_no_projection_is_softmax_of_gram_matrix():
     x = torch.randn(9, 16, dtype=torch.float64)
     ref = torch.softmax(x @ x.T / 4.0, dim=-1)  # 1/√16

@@ -14,15 +14,6 @@ from qkv.explain.select import word_units
 TEXT = "The dog found some pizza next to the baby and ate it"
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matrices: one thread avoids OpenMP contention when test workers share the cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 @pytest.fixture(scope="module")
 def model():
     return forward.load_model("minilm")

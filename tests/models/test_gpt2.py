@@ -32,16 +32,6 @@ PROMPTS = ["The quick brown fox", "Attention is", "Queries, keys and values: the
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The model is tiny: with two threads, OpenMP's synchronisation costs more than the work
-    (10x slower on a busy 2-core machine). Restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(directory, HF model): a random GPT-2 and a trained byte-level BPE tokenizer."""

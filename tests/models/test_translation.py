@@ -15,15 +15,6 @@ from qkv.models.translation import TranslationConfig, TranslationModel
 PAD, BOS, EOS = 0, 1, 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matrices: a second thread only adds waiting, badly so on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(**overrides) -> TranslationModel:
     cfg = dict(src_vocab_size=23, tgt_vocab_size=29, d_model=24, num_heads=3, encoder_layers=2,
                decoder_layers=2, ff_dim=40, dropout=0.0, max_len=32)

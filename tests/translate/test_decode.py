@@ -15,14 +15,6 @@ from qkv.translate.decode import beam_search, greedy_decode, translate
 from qkv.translate.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_model(tgt_vocab: int = 30, seed: int = 0) -> TranslationModel:
     torch.manual_seed(seed)
     cfg = TranslationConfig(src_vocab_size=20, tgt_vocab_size=tgt_vocab, d_model=32, num_heads=4,

@@ -17,14 +17,6 @@ SENTENCE = "the red apple is next to the black cats"
 MODEL = str(default_model_dir())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def ckpt():
     return load_checkpoint(MODEL)

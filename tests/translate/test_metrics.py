@@ -11,14 +11,6 @@ from qkv.translate.metrics import bleu, exact_match, gold_matrix, head_alignment
 from qkv.translate.vocab import Vocab
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_exact_match():
     assert exact_match(["a b", "c", "d"], ["a b", "c ", "d"]) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="2 hypotheses for 1 references"):

@@ -13,14 +13,6 @@ from qkv.translate.report import render_report, test_report
 test_report.__test__ = False  # a library function whose name starts with "test", not a test
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def report():
     return test_report(load_checkpoint("translate"))

@@ -15,14 +15,6 @@ TINY = dict(d_model=32, num_heads=2, encoder_layers=1, decoder_layers=1, ff_dim=
             eval_size=20, lr=3e-3, warmup=5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def params(directory) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in load_checkpoint(directory).model.state_dict().items()}
 

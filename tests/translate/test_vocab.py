@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from qkv.errors import QkvError
 from qkv.translate.data import load_splits
 from qkv.translate.grammar import lexicon, tokenize_fr
 from qkv.translate.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocab, normalize_en
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

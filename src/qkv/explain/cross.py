@@ -244,8 +244,8 @@ def render_overview(ca: CrossAttention, *, model: str, token: int | None, top: i
                 table.add_row(head_name(l, h), " · ".join(cells), style=HIGHLIGHT if hit else None)
         out.print(table)
         return
-    out.print(Text(f"for each French token (column), the English token each head attends to most "
-                   f"while producing it" + (f"; {GOLD_MARK} = in the gold alignment" if counts is not None else "")))
+    out.print(Text("for each French token (column), the English token each head attends to most "
+                   "while producing it" + (f"; {GOLD_MARK} = in the gold alignment" if counts is not None else "")))
     for j, t in enumerate(ca.french):
         table.add_column(t, no_wrap=True)
     if counts is not None:
