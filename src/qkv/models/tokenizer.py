@@ -177,7 +177,7 @@ class Tokenizer:
                 if not truncate:
                     raise QkvError(
                         f"text is {n} tokens; {self.name} takes at most {limit} "
-                        f"(shorten it, or pass truncate=True to keep the first {limit} tokens)"
+                        f"(shorten it; from Python, truncate=True keeps the first {limit} tokens)"
                     )
                 warnings.warn(f"text is {n} tokens; {self.name} takes at most {limit}: "
                               f"truncated to the first {limit} tokens", stacklevel=3)
