@@ -214,3 +214,9 @@ def test_translation_model_dir_is_dispatched(capsys, tmp_path):
     from qkv.cli.explain import _translation_dir
 
     assert _translation_dir(str(tmp_path)) and not _translation_dir("minilm")
+
+
+def test_heads_on_a_translation_model_says_what_to_use_instead(capsys):
+    assert main(["heads", "the cat is red", "--from", "cat", "--to", "red", "--model", "translate"]) == 2
+    err = capsys.readouterr().err
+    assert "is a translation model" in err and "qkv explain TEXT --model translate" in err

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from qkv.errors import QkvError
@@ -102,18 +101,9 @@ def _print_json(obj) -> None:
 def _translation_dir(model: str) -> bool:
     """Whether ``--model`` names a qkv translation model (a directory whose config.json has
     ``"model_type": "qkv-translation"``, or the shipped model's name)."""
-    try:
-        from qkv.translate.checkpoint import is_translation_model
-    except ImportError:  # the translation package is optional; read the config ourselves
-        is_translation_model = None
-    if is_translation_model is not None:
-        return is_translation_model(model)
-    config = os.path.join(model, "config.json")
-    try:
-        with open(config, encoding="utf-8") as f:
-            return json.load(f).get("model_type") == "qkv-translation"
-    except (OSError, ValueError, AttributeError):
-        return False  # not a translation model; the model loader reports a broken config.json
+    from qkv.translate.checkpoint import is_translation_model
+
+    return is_translation_model(model)
 
 
 def _check_top(top: int) -> None:
@@ -283,6 +273,10 @@ def run_heads(args: argparse.Namespace) -> int:
     from qkv.explain import forward
 
     _check_top(args.top)
+    if _translation_dir(args.model):
+        raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
+                       f"{args.model!r} is a translation model: use qkv explain TEXT --model "
+                       f"{args.model} for its cross-attention")
     if args.probe is not None:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
