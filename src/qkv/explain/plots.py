@@ -1,23 +1,26 @@
-"""Heat maps (matplotlib, Agg backend): one head's map, or every head's row for one token.
+"""Heat maps (matplotlib): one head's map, or every head's row for one token.
 
-Files are written atomically: the figure goes to a temporary file in the target's directory,
-then ``os.replace`` moves it into place, so an interrupted or failed write never leaves a
-partial file behind. A path that cannot be written raises :class:`~qkv.errors.QkvError`.
+Figures are built as plain :class:`matplotlib.figure.Figure` objects with an Agg canvas
+(:func:`new_figure`), never through ``pyplot``: no display is needed, importing this module leaves
+matplotlib's global backend alone, and a figure is freed like any other object once dropped
+(pyplot would keep every figure alive until ``plt.close``).
+
+Files are written atomically (:mod:`qkv.files`): the figure goes to a temporary file in the
+target's directory, then ``os.replace`` moves it into place, so an interrupted or failed write
+never leaves a partial file behind. A path that cannot be written raises
+:class:`~qkv.errors.QkvError`.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 
-import matplotlib
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # no display needed; must come before pyplot is imported
-
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from qkv.errors import QkvError  # noqa: E402
+from qkv.errors import QkvError
+from qkv.files import atomic_write
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -41,24 +44,31 @@ def check_writable(path: str) -> None:
         raise QkvError(f"--png {path!r}: the directory {directory!r} is not writable")
 
 
+def new_figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,
+               squeeze: bool = True):
+    """``(fig, axes)`` like ``plt.subplots``, without pyplot or its global backend.
+
+    ``axes`` is one Axes for a 1×1 grid, else an array of them (always a 2-d array with
+    ``squeeze=False``), exactly as :meth:`matplotlib.figure.Figure.subplots` returns them.
+
+    Example:
+        >>> fig, axes = new_figure(2, 3, figsize=(6, 4), squeeze=False)
+        >>> axes.shape, fig.get_size_inches().tolist()
+        ((2, 3), [6.0, 4.0])
+    """
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: renders PNG and lays out text headless
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+
 def save_atomic(fig, path: str) -> None:
     """Write ``fig`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
     check_writable(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    fmt = _format(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".qkv-", suffix=".tmp", dir=directory)
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight"))
     except OSError as e:
         raise QkvError(f"--png {path!r}: cannot write there ({e.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=_format(path), dpi=150, bbox_inches="tight")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise QkvError(f"--png {path!r}: cannot write there ({e.strerror})") from None
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _annotate(ax, values: torch.Tensor, limit: int = 24) -> None:
@@ -84,7 +94,7 @@ def head_map(weights: torch.Tensor, labels: list[str], *, title: str):
     """
     w = weights.detach().double().cpu()
     size = max(4.0, 0.38 * len(labels) + 2.0)
-    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    fig, ax = new_figure(figsize=(size + 1.2, size))
     im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
@@ -108,7 +118,7 @@ def grid_map(rows: torch.Tensor, labels: list[str], *, heads: int, title: str,
     """
     w = rows.detach().double().cpu()
     n = w.shape[0]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(labels) + 2.5), max(4.0, 0.16 * n + 1.5)))
+    fig, ax = new_figure(figsize=(max(5.0, 0.45 * len(labels) + 2.5), max(4.0, 0.16 * n + 1.5)))
     im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
                    interpolation="nearest")
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)

@@ -8,10 +8,11 @@ A checkpoint directory holds::
     optimizer-<step>.safetensors     AdamW's moments (training runs only; --slim drops them)
     tokenizer_en.json, tokenizer_fr.json
 
-Every file is written to a temporary name and moved into place with ``os.replace``; tensor files
-carry their step in their name and ``config.json`` is replaced last. So at every instant
-``config.json`` names a complete, consistent set of files: a run killed mid-save leaves the
-previous checkpoint intact. Files no longer named by ``config.json`` are deleted afterwards.
+Every file is written to a temporary name and moved into place with ``os.replace``
+(:mod:`qkv.files`); tensor files carry their step in their name and ``config.json`` is replaced
+last. So at every instant ``config.json`` names a complete, consistent set of files: a run killed
+mid-save leaves the previous checkpoint intact. Files no longer named by ``config.json`` are
+deleted afterwards.
 
 Nothing is ever unpickled: tensors are read with ``safetensors`` and checked against the sha256
 recorded in ``config.json``; any mismatch is a :class:`~qkv.errors.QkvError`.
@@ -22,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from qkv.errors import QkvError
+from qkv.files import atomic_write, atomic_write_text
 from qkv.models.translation import TranslationConfig, TranslationModel
 from qkv.translate.vocab import Vocab
 
@@ -67,40 +68,10 @@ def is_translation_model(model: str | os.PathLike | None) -> bool:
         return False
 
 
-# -- atomic files --------------------------------------------------------------------------------
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def _atomic(path: Path, write) -> None:
-    """Run ``write(tmp_path)`` then move the temporary file onto ``path`` in one step."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    _atomic(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    _atomic(Path(path), lambda tmp: Path(tmp).write_bytes(data))
-
-
 def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
     """Write ``tensors`` atomically; return the file's sha256."""
     tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
-    _atomic(path, lambda tmp: save_file(tensors, tmp))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp))
     return _sha256(path)
 
 

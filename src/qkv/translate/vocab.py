@@ -22,6 +22,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from qkv.errors import QkvError
+from qkv.files import atomic_write_text
 from qkv.translate.grammar import detokenize_fr
 
 PAD, BOS, EOS, UNK = "[PAD]", "[BOS]", "[EOS]", "[UNK]"
@@ -156,8 +157,6 @@ class Vocab:
     # -- files -------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> dict[str, str]:
         """Write both tokenizers atomically; return {language: file name}."""
-        from qkv.translate.checkpoint import atomic_write_text
-
         for lang, name in self.FILES.items():
             atomic_write_text(Path(directory) / name, getattr(self, lang).to_str(pretty=True))
         return dict(self.FILES)
