@@ -48,7 +48,7 @@ def splits() -> Splits:
 
 
 @pytest.fixture(scope="module")
-def all_pairs(splits: Splits) -> list[Pair]:
+def all_pairs(splits: Splits) -> tuple[Pair, ...]:
     return splits.train + splits.valid + splits.test
 
 
@@ -101,20 +101,20 @@ def test_docstring_examples() -> None:
 # Properties of every generated pair
 
 
-def test_tokens_come_from_the_lexicon(all_pairs: list[Pair]) -> None:
+def test_tokens_come_from_the_lexicon(all_pairs: tuple[Pair, ...]) -> None:
     en_vocab, fr_vocab = set(lexicon().en), set(lexicon().fr)
     assert {t for p in all_pairs for t in p.en_tokens} == en_vocab  # and every word gets used
     assert {t for p in all_pairs for t in p.fr_tokens} == fr_vocab
 
 
-def test_strings_and_tokens_agree(all_pairs: list[Pair]) -> None:
+def test_strings_and_tokens_agree(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         assert tuple(tokenize_en(p.en)) == p.en_tokens and detokenize_en(p.en_tokens) == p.en
         assert tuple(tokenize_fr(p.fr)) == p.fr_tokens and detokenize_fr(p.fr_tokens) == p.fr
         assert p.en == p.en.lower() and p.en[-1].isalpha()
 
 
-def test_elision_and_contraction(all_pairs: list[Pair]) -> None:
+def test_elision_and_contraction(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         fr = p.fr
         assert not re.search(r"(^| )(le|la|de) [aeiouéèh]", fr), fr  # le arbre, de une, ...
@@ -128,7 +128,7 @@ def test_elision_and_contraction(all_pairs: list[Pair]) -> None:
                 assert p.fr_tokens[j + 1] not in FR_VOWEL_NOUNS, fr
 
 
-def test_english_a_an(all_pairs: list[Pair]) -> None:
+def test_english_a_an(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         for i, t in enumerate(p.en_tokens):
             if t in ("a", "an"):
@@ -145,7 +145,7 @@ def _noun_after(tokens: tuple[str, ...], i: int) -> tuple[str, bool]:
     return next(EN_NOUN[t] for t in tokens[i:] if t in EN_NOUN)
 
 
-def test_content_words_translate_their_aligned_english_word_and_agree(all_pairs: list[Pair]) -> None:
+def test_content_words_translate_their_aligned_english_word_and_agree(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         subj_noun, subj_plural = _subject_noun(p)
         for j, (fr, srcs, role) in enumerate(zip(p.fr_tokens, p.alignment, p.fr_roles)):
@@ -170,7 +170,7 @@ def test_content_words_translate_their_aligned_english_word_and_agree(all_pairs:
                 assert fr == ADJECTIVES[en].fr(NOUNS[noun].gender, plural), (p.en, p.fr)
 
 
-def test_articles_agree_with_their_noun(all_pairs: list[Pair]) -> None:
+def test_articles_agree_with_their_noun(all_pairs: tuple[Pair, ...]) -> None:
     fr_nouns = {w: (n, w == n.fr_pl) for n in NOUNS.values() for w in (n.fr_sg, n.fr_pl)}
     fr_nouns["jus"] = (NOUNS["juice"], None)  # same form in both numbers
     for p in all_pairs:
@@ -196,7 +196,7 @@ def test_articles_agree_with_their_noun(all_pairs: list[Pair]) -> None:
             assert fr == expected, (p.en, p.fr)
 
 
-def test_alignment_shape_and_one_to_one_content_words(all_pairs: list[Pair]) -> None:
+def test_alignment_shape_and_one_to_one_content_words(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         assert len(p.alignment) == len(p.fr_tokens) == len(p.fr_roles)
         for srcs in p.alignment:
@@ -234,12 +234,12 @@ def _combos_from_tokens(tokens: tuple[str, ...]) -> tuple[set[tuple[str, str]], 
     return adj_noun, ({(nouns[0], nouns[1])} if len(nouns) == 2 else set())
 
 
-def test_pair_combinations_match_the_tokens(all_pairs: list[Pair]) -> None:
+def test_pair_combinations_match_the_tokens(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         assert (set(p.adj_noun), set(p.noun_noun)) == _combos_from_tokens(p.en_tokens), p.en
 
 
-def test_parse_inverts_realize(all_pairs: list[Pair]) -> None:
+def test_parse_inverts_realize(all_pairs: tuple[Pair, ...]) -> None:
     for p in all_pairs:
         assert make_pair(p.en) == p
 

@@ -12,6 +12,7 @@ killed run at step k draws exactly the batches the uninterrupted run would have 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,11 @@ from qkv.translate.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab
 
 @functools.lru_cache(maxsize=4)
 def load_splits(seed: int = 0) -> Splits:
-    """``grammar.make_splits(seed)`` with the default sizes, computed once per process."""
+    """``grammar.make_splits(seed)`` with the default sizes, computed once per process.
+
+    Safe to cache: :class:`~qkv.translate.grammar.Splits` is frozen and holds tuples of frozen
+    pairs, so no caller can change what the next one gets.
+    """
     return make_splits(seed=seed)
 
 
@@ -79,7 +84,7 @@ class EncodedCorpus:
         return Batch(src[:, :s], tgt[:, :t])
 
 
-def encode_pairs(pairs: list[Pair], vocab: Vocab) -> EncodedCorpus:
+def encode_pairs(pairs: Sequence[Pair], vocab: Vocab) -> EncodedCorpus:
     """Tokenise every pair with ``vocab`` (ids end with [EOS]; French starts with [BOS])."""
     en = vocab.en.encode_batch([p.en for p in pairs], add_special_tokens=False)
     fr = vocab.fr.encode_batch([p.fr for p in pairs], add_special_tokens=False)

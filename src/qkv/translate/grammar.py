@@ -637,12 +637,13 @@ def sample_sentence(rng: random.Random) -> Sentence:
     return Sentence(3, subj, obj=_sample_np(rng, exclude=subj.noun))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Splits:
     """Train/valid/test pairs and the combinations held out of train and valid.
 
     ``held_out_adj_noun`` holds (adjective, noun) lemma pairs, ``held_out_noun_noun`` holds
     (subject noun, object noun) lemma pairs. No English sentence occurs twice in the whole corpus.
+    Immutable (tuples of frozen pairs), so one cached instance can be shared by every caller.
 
     >>> s = make_splits(seed=0, n_train=50, n_valid=5, n_test=10)
     >>> len(s.train), len(s.test_unseen), any(s.is_unseen(p) for p in s.train)
@@ -650,9 +651,9 @@ class Splits:
     """
 
     seed: int
-    train: list[Pair]
-    valid: list[Pair]
-    test: list[Pair]
+    train: tuple[Pair, ...]
+    valid: tuple[Pair, ...]
+    test: tuple[Pair, ...]
     held_out_adj_noun: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     held_out_noun_noun: frozenset[tuple[str, str]] = field(default_factory=frozenset)
 
@@ -663,12 +664,12 @@ class Splits:
         )
 
     @property
-    def test_seen(self) -> list[Pair]:
-        return [p for p in self.test if not self.is_unseen(p)]
+    def test_seen(self) -> tuple[Pair, ...]:
+        return tuple(p for p in self.test if not self.is_unseen(p))
 
     @property
-    def test_unseen(self) -> list[Pair]:
-        return [p for p in self.test if self.is_unseen(p)]
+    def test_unseen(self) -> tuple[Pair, ...]:
+        return tuple(p for p in self.test if self.is_unseen(p))
 
 
 def _contains_held_out(
@@ -773,4 +774,4 @@ def make_splits(
     test = draw(n_unseen, unseen=True, split="unseen test")
     test += draw(n_test - n_unseen, unseen=False, split="seen test")
     rng.shuffle(test)
-    return Splits(seed, train, valid, test, held_adj_noun, held_noun_noun)
+    return Splits(seed, tuple(train), tuple(valid), tuple(test), held_adj_noun, held_noun_noun)

@@ -9,6 +9,7 @@ French. The English [EOS] counts as a position: attending most to it is a miss.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +77,7 @@ def gold_matrix(pair: Pair, s: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def head_alignment(model: TranslationModel, vocab: Vocab, pairs: list[Pair],
+def head_alignment(model: TranslationModel, vocab: Vocab, pairs: Sequence[Pair],
                    batch_size: int = 250) -> AlignmentScores:
     """Alignment accuracy of every decoder cross-attention head on ``pairs`` (teacher-forced)."""
     corpus = encode_pairs(pairs, vocab)
