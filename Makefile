@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   set everything up, then explain "it" in the seeds' sentence on all-MiniLM-L6-v2
 #   make test   set everything up, then run the test suite
+#               (QKV_TEST_THREADS=n make test: n torch threads per pytest worker, default 1)
 # Set-up installs torch pinned to the local 2.13.0 CPU wheel *first*, so no CUDA packages are pulled.
 
 PYTHON ?= python3
