@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
-from qkv.attention import BACKENDS, choose_backend, register_backend
+from qkv.attention import BACKENDS, AttentionMask, choose_backend, register_backend
 
 NAMES = ("reference", "fused", "auto")
 
@@ -73,8 +73,20 @@ def test_a_registered_backend_is_called_with_validated_arguments():
     finally:
         del BACKENDS["test-recorder"]
     assert torch.equal(out, torch.full((2, 4, 5, 16), 7.0))
-    assert seen == dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=0.25,
-                        enable_gqa=False, window=(3, None), causal_alignment="top_left")
+    mask = seen.pop("mask")  # the structure arrives as a description, not a (t, s) tensor
+    assert isinstance(mask, AttentionMask)
+    assert (mask.causal, mask.alignment, mask.window, mask.dense, mask.key_padding, mask.varlen) == (
+        False, "top_left", (3, None), None, None, None)
+    assert seen == dict(bias=None, dropout_p=0.0, scale=0.25, enable_gqa=False)
+
+
+def test_registering_a_name_twice_raises_and_keeps_the_first():
+    first = BACKENDS["fused"]
+    with pytest.raises(ValueError, match="'fused' is already registered"):
+        register_backend("fused")(lambda *a, **k: None)
+    with pytest.raises(ValueError, match="'auto' is already registered"):
+        register_backend("auto")(lambda *a, **k: None)
+    assert BACKENDS["fused"] is first
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from qkv.errors import QkvError
 from qkv.models import BertModel, GPT2Model, Tokenizer, load
-from qkv.models.loading import gpt2_shapes, minilm_dir
+from qkv.models.gpt2 import gpt2_shapes
+from qkv.models.loading import minilm_dir
 from qkv.models.gpt2 import GPT2Config
 
 IDS = torch.tensor([[101, 7592, 2088, 999, 102]])  # [CLS] hello world ! [SEP]
@@ -214,7 +215,7 @@ def test_gpt2_with_or_without_prefix(tmp_path, gpt2_parts):
 def test_gpt2_untied_head_is_rejected(tmp_path, gpt2_parts):
     config, tensors, tok_dir = gpt2_parts
     write_gpt2(tmp_path, config, {**tensors, "lm_head.weight": torch.zeros(300, 32)}, tok_dir)
-    with pytest.raises(QkvError, match="'lm_head.weight' differs from the token embedding"):
+    with pytest.raises(QkvError, match="'lm_head.weight' differs from 'wte.weight'"):
         load(tmp_path)
 
 

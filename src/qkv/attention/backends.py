@@ -1,14 +1,21 @@
 """Attention backends, registered by name behind one signature, and the ``"auto"`` rule.
 
-Every backend takes already-validated tensors and returns the output ``(..., t, dv)``:
+Every backend takes already-validated tensors and a mask *description* and returns the output
+``(..., t, dv)``::
 
-    backend(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-            window, causal_alignment) -> Tensor
+    backend(query, key, value, *, mask: AttentionMask, bias, dropout_p, scale, enable_gqa) -> Tensor
 
-* ``"reference"`` — :func:`qkv.attention.reference.reference_attention`, the readable math.
+``mask`` (:class:`~qkv.attention.masks.AttentionMask`) says causal / window / padding / packed
+sequences / a dense tensor; ``bias`` is a float score bias (ALiBi) or None. A backend chooses
+what to materialise:
+
+* ``"reference"`` — :func:`qkv.attention.reference.reference_attention`, the readable math; it
+  materialises the whole mask.
 * ``"fused"`` — ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's flash /
-  memory-efficient / math kernels). Windows and bottom-right causality are passed to it as an
-  explicit mask; plain top-left causality as ``is_causal=True`` so its causal kernel runs.
+  memory-efficient / math kernels). Plain top-left causality goes to it as ``is_causal=True`` so
+  its causal kernel runs; packed sequences are laid out in a padded grid (see
+  :class:`~qkv.attention.masks.VarLen`) so each runs with its own keys only; everything else is
+  materialised into one mask.
 * ``"auto"`` — the dispatch rule, in :func:`choose_backend` and nowhere else.
 """
 
@@ -19,7 +26,7 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 
-from qkv.attention.masks import combine_masks, structural_mask
+from qkv.attention.masks import AttentionMask, combine
 from qkv.attention.reference import reference_attention
 
 # torch 2.5 made SDPA return zeros for all-masked rows (before: NaN) and added enable_gqa.
@@ -33,13 +40,11 @@ class Backend(Protocol):
         key: torch.Tensor,
         value: torch.Tensor,
         *,
-        attn_mask: torch.Tensor | None,
+        mask: AttentionMask,
+        bias: torch.Tensor | None,
         dropout_p: float,
-        is_causal: bool,
         scale: float,
         enable_gqa: bool,
-        window: tuple[int | None, int | None] | None,
-        causal_alignment: str,
     ) -> torch.Tensor: ...
 
 
@@ -47,9 +52,16 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(name: str) -> Callable[[Backend], Backend]:
-    """Decorator: make a backend selectable as ``backend=name``."""
+    """Decorator: make a backend selectable as ``backend=name``.
+
+    A name is registered once: registering it again raises ``ValueError`` (a silent replacement
+    would change every caller's numbers). ``"auto"`` is reserved for the dispatch rule.
+    """
 
     def add(fn: Backend) -> Backend:
+        if name == "auto" or name in BACKENDS:
+            raise ValueError(f"attention backend {name!r} is already registered "
+                             f"(registered: {['auto', *BACKENDS]})")
         BACKENDS[name] = fn
         return fn
 
@@ -61,63 +73,88 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
 
 
-def full_mask(attn_mask, t, s, *, is_causal, window, causal_alignment, device):
-    """The user's mask and the causal/window structure folded into one (or None)."""
-    structure = structural_mask(
-        t, s, is_causal=is_causal, window=window, causal_alignment=causal_alignment, device=device
-    )
-    return combine_masks(attn_mask, structure)
+def gqa_groups(query: torch.Tensor, key: torch.Tensor, enable_gqa: bool) -> int:
+    """How many query heads share one key/value head (1 without GQA or without a head dim)."""
+    return query.shape[-3] // key.shape[-3] if enable_gqa and query.ndim >= 3 else 1
 
 
 @register_backend("reference")
-def reference_backend(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                      window, causal_alignment):
-    # a rank-2 call has no head dimension to group (the fused backend ignores the flag there too)
-    groups = query.shape[-3] // key.shape[-3] if enable_gqa and query.ndim >= 3 else 1
-    mask = full_mask(attn_mask, query.shape[-2], key.shape[-2], is_causal=is_causal, window=window,
-                     causal_alignment=causal_alignment, device=query.device)
-    trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), mask,
-                                scale=scale, dropout_p=dropout_p)
+def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    groups = gqa_groups(query, key, enable_gqa)
+    dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
+    trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
+                                scale=scale, dropout_p=dropout_p, bias=bias)
     return trace.output
 
 
 @register_backend("fused")
-def fused_backend(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                  window, causal_alignment):
+def fused_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    if mask.varlen is not None:
+        return _fused_varlen(query, key, value, mask=mask, dropout_p=dropout_p, scale=scale,
+                             enable_gqa=enable_gqa)
     t, s = query.shape[-2], key.shape[-2]
     # torch's own causal kernel is top-left; bottom-right with t == s is the same thing.
-    torch_causal = is_causal and window is None and attn_mask is None and (
-        causal_alignment == "top_left" or t == s
-    )
-    mask = None if torch_causal else full_mask(
-        attn_mask, t, s, is_causal=is_causal, window=window, causal_alignment=causal_alignment,
-        device=query.device,
-    )
-    if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
-        mask = mask.to(query.dtype)
-    if not _TORCH_2_5 and mask is not None:
-        return reference_backend(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                                 window=window, causal_alignment=causal_alignment)
-    if query.ndim < 3 or query.shape[-3] == key.shape[-3]:
+    torch_causal = (mask.causal and mask.window is None and mask.key_padding is None
+                    and mask.dense is None and bias is None
+                    and (mask.alignment == "top_left" or t == s))
+    dense = None
+    if not torch_causal:
+        dense = combine(bias, mask.materialize(t, s, rank=query.ndim, device=query.device))
+    if dense is not None and dense.dtype != torch.bool and dense.dtype != query.dtype:
+        dense = dense.to(query.dtype)
+    if not _TORCH_2_5 and dense is not None:
+        return reference_backend(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
+                                 scale=scale, enable_gqa=enable_gqa)
+    return _torch_sdpa(query, key, value, dense, dropout_p=dropout_p, is_causal=torch_causal,
+                       scale=scale, enable_gqa=enable_gqa)
+
+
+def _torch_sdpa(query, key, value, attn_mask, *, dropout_p, is_causal, scale, enable_gqa):
+    groups = gqa_groups(query, key, enable_gqa)
+    if groups == 1:
         enable_gqa = False  # nothing to repeat; also keeps torch's fastest path for 2-D inputs
     elif not _TORCH_2_5:
-        key, value = repeat_kv(key, query.shape[-3] // key.shape[-3]), repeat_kv(value, query.shape[-3] // key.shape[-3])
-        enable_gqa = False
+        key, value, enable_gqa = repeat_kv(key, groups), repeat_kv(value, groups), False
     gqa = dict(enable_gqa=True) if enable_gqa else {}
-    return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=torch_causal,
-        scale=scale, **gqa,
-    )
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                          dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                          **gqa)
 
 
-def choose_backend(query: torch.Tensor, key: torch.Tensor) -> str:
+def _fused_varlen(query, key, value, *, mask: AttentionMask, dropout_p, scale, enable_gqa):
+    """Packed sequences: scatter into an (n, max_len) grid, attend per sequence, gather back.
+
+    query (..., N, d) → grid (n, ..., max_len, d): each sequence a batch row of its own, its
+    padding excluded as keys (padded query rows are computed and dropped). The grid costs
+    O(n · max_len) memory, not O(N²).
+    """
+    vl = mask.varlen
+
+    def to_grid(x: torch.Tensor) -> torch.Tensor:
+        rows = x.movedim(-2, 0)  # (N, ..., d)
+        # zeros, not empty: padded rows must be finite (0 · NaN would leak through the softmax)
+        grid = rows.new_zeros(len(vl.lengths) * vl.max_len, *rows.shape[1:])
+        grid.index_copy_(0, vl.index, rows)  # (n · max_len, ..., d)
+        return grid.view(len(vl.lengths), vl.max_len, *rows.shape[1:]).movedim(1, -2)  # (n, ..., max_len, d)
+
+    q, k, v = to_grid(query), to_grid(key), to_grid(value)
+    real = vl.real.view(len(vl.lengths), *[1] * (q.ndim - 2), vl.max_len)  # (n, 1…, 1, max_len)
+    structure = AttentionMask(causal=mask.causal, alignment=mask.alignment, window=mask.window)
+    keep = combine(real, structure.materialize(vl.max_len, vl.max_len, device=query.device))
+    out = _torch_sdpa(q, k, v, keep, dropout_p=dropout_p, is_causal=False, scale=scale,
+                      enable_gqa=enable_gqa)  # (n, ..., max_len, dv)
+    out = out.movedim(-2, 1).reshape(-1, *out.shape[1:-2], out.shape[-1])  # (n · max_len, ..., dv)
+    return out.index_select(0, vl.index).movedim(0, -2)  # (..., N, dv)
+
+
+def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask | None = None) -> str:
     """The ``"auto"`` rule: ``"fused"`` unless a sequence is empty, then ``"reference"``.
 
     Measured in ``benchmarks/attention.py``: PyTorch's fused kernel is as fast as or faster than
     the explicit math for every size, dtype and mask kind on CPU, and it is exact (it is torch's
     own SDPA; all-masked rows give zeros since torch 2.5). The explicit path is kept for empty
     sequences (t = 0 or s = 0), where the kernels' behaviour has varied between releases.
+    Packed sequences (``mask.varlen``) take the fused grid path (``benchmarks/encode.py``).
     """
     if query.shape[-2] == 0 or key.shape[-2] == 0:
         return "reference"

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from qkv.attention.backends import BACKENDS, choose_backend, full_mask, repeat_kv
-from qkv.attention.masks import ALIGNMENTS
+from qkv.attention.backends import BACKENDS, choose_backend, gqa_groups, repeat_kv
+from qkv.attention.masks import ALIGNMENTS, AttentionMask
 from qkv.attention.reference import reference_attention
 from qkv.attention.trace import AttentionTrace
 
@@ -32,7 +32,7 @@ def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 
 
 def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
-                  causal_alignment):
+                  causal_alignment, key_padding_mask=None, mask=None, bias=None):
     """Validate the public arguments; return the scale to use. Errors name argument and values.
 
     Every call pays for this, so shapes are read once into tuples (each ``x.shape`` is a call
@@ -87,6 +87,9 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
                 f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores' shape "
                 f"{scores_shape} (..., t, s)"
             )
+    _check_extras(qs, ks, key_padding_mask, mask, bias, given=(
+        attn_mask is not None or is_causal or window is not None or causal_alignment != "top_left"
+        or key_padding_mask is not None))
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if window is not None:
@@ -105,6 +108,50 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     return scale
 
 
+def _check_extras(qs, ks, key_padding_mask, mask, bias, *, given: bool) -> None:
+    """The arguments torch's SDPA does not have: key_padding_mask, mask, bias."""
+    t, s = qs[-2], ks[-2]
+    if key_padding_mask is not None:
+        want = (*qs[:-3], s)
+        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool \
+                or tuple(key_padding_mask.shape) != want:
+            got = tuple(key_padding_mask.shape) if isinstance(key_padding_mask, torch.Tensor) else key_padding_mask
+            raise ValueError(f"key_padding_mask must be a bool tensor of shape (..., s) = {want} "
+                             f"(True = real key), got {got}")
+    if mask is not None:
+        if not isinstance(mask, AttentionMask):
+            raise ValueError(f"mask must be a qkv.attention.AttentionMask, got {type(mask).__name__}")
+        if given:
+            raise ValueError("pass either mask=AttentionMask(...) or attn_mask / is_causal / window / "
+                             "causal_alignment / key_padding_mask, not both")
+        if mask.alignment not in ALIGNMENTS:
+            raise ValueError(f"mask.alignment must be one of {ALIGNMENTS}, got {mask.alignment!r}")
+        if mask.varlen is not None:
+            n = mask.varlen.total
+            if t != n or s != n:
+                raise ValueError(f"packed sequences (mask.varlen) of {n} tokens need t = s = {n}, "
+                                 f"got t={t}, s={s}")
+            if mask.dense is not None or mask.key_padding is not None or bias is not None:
+                raise ValueError("packed sequences (mask.varlen) take no dense mask, key padding or "
+                                 "bias (each sequence sees only its own keys already)")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+            raise ValueError(f"bias must be a floating-point tensor, got "
+                             f"{getattr(bias, 'dtype', type(bias).__name__)}")
+        if not _broadcasts_to(tuple(bias.shape), (*qs[:-1], s)):
+            raise ValueError(f"bias of shape {_shape(bias)} does not broadcast to the scores' shape "
+                             f"{(*qs[:-1], s)} (..., t, s)")
+
+
+def _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask) -> AttentionMask:
+    """The public arguments as one :class:`AttentionMask` description."""
+    if mask is not None:
+        return mask
+    return AttentionMask(causal=bool(is_causal), alignment=causal_alignment,
+                         window=tuple(window) if window is not None else None,
+                         key_padding=key_padding_mask, dense=attn_mask)
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -117,6 +164,9 @@ def scaled_dot_product_attention(
     *,
     window: tuple[int | None, int | None] | None = None,
     causal_alignment: str = "top_left",
+    key_padding_mask: torch.Tensor | None = None,
+    mask: AttentionMask | None = None,
+    bias: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """``softmax(q·kᵀ · scale + mask) · v`` — a drop-in for torch's SDPA, plus what it lacks.
@@ -140,8 +190,14 @@ def scaled_dot_product_attention(
               q0   1  0  0  0             q0   1  1  1  0
               q1   1  1  0  0             q1   1  1  1  1
 
-        backend: ``"auto"`` (see :func:`qkv.attention.backends.choose_backend`),
-            ``"reference"`` or ``"fused"``.
+        key_padding_mask: (..., s) bool, True for real keys (``...`` = the batch dims in front
+            of the heads, e.g. (b, s)): padding as a description, not a (t, s) tensor.
+        mask: a prebuilt :class:`~qkv.attention.masks.AttentionMask` (causal, window, padding,
+            packed sequences via ``VarLen``) instead of the five mask arguments above.
+        bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
+            scores; unlike a float ``attn_mask`` the trace keeps it apart from the mask.
+        backend: ``"auto"`` (see :func:`qkv.attention.backends.choose_backend`), or a
+            registered name: ``"reference"``, ``"fused"``.
 
     Returns:
         (..., h, t, dv). A query row with every key masked out gives zeros, never NaN.
@@ -154,16 +210,15 @@ def scaled_dot_product_attention(
         torch.Size([1, 8, 3, 16])
     """
     scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                          window, causal_alignment)
+                          window, causal_alignment, key_padding_mask, mask, bias)
+    description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
     if backend == "auto":
-        backend = choose_backend(query, key)
+        backend = choose_backend(query, key, description)
     fn = BACKENDS.get(backend)
     if fn is None:
         raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")
-    return fn(query, key, value, attn_mask=attn_mask, dropout_p=float(dropout_p),
-              is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa),
-              window=tuple(window) if window is not None else None,
-              causal_alignment=causal_alignment)
+    return fn(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
+              scale=scale, enable_gqa=bool(enable_gqa))
 
 
 def attention_trace(
@@ -178,6 +233,9 @@ def attention_trace(
     *,
     window: tuple[int | None, int | None] | None = None,
     causal_alignment: str = "top_left",
+    key_padding_mask: torch.Tensor | None = None,
+    mask: AttentionMask | None = None,
+    bias: torch.Tensor | None = None,
     backend: str = "reference",
 ) -> AttentionTrace:
     """Attention with every intermediate kept: scores, scaled, masked, weights, output, lse.
@@ -195,12 +253,12 @@ def attention_trace(
         [1.0, 0.0, 0.0, 0.0]
     """
     scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                          window, causal_alignment)
+                          window, causal_alignment, key_padding_mask, mask, bias)
     if backend not in ("reference", "auto"):
         raise ValueError(f"attention_trace computes with the 'reference' backend, got backend={backend!r}")
-    groups = query.shape[-3] // key.shape[-3] if enable_gqa and query.ndim >= 3 else 1
-    mask = full_mask(attn_mask, query.shape[-2], key.shape[-2], is_causal=is_causal,
-                     window=tuple(window) if window is not None else None,
-                     causal_alignment=causal_alignment, device=query.device)
-    return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), mask,
-                               scale=scale, dropout_p=float(dropout_p))
+    description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
+    groups = gqa_groups(query, key, enable_gqa)
+    dense = description.materialize(query.shape[-2], key.shape[-2], rank=query.ndim,
+                                    device=query.device)
+    return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
+                               scale=scale, dropout_p=float(dropout_p), bias=bias)

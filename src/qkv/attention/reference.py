@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from qkv.attention.masks import as_additive
 from qkv.attention.trace import AttentionTrace
 
 
@@ -18,6 +19,7 @@ def reference_attention(
     *,
     scale: float,
     dropout_p: float = 0.0,
+    bias: torch.Tensor | None = None,
 ) -> AttentionTrace:
     """Attention, step by step, returning every intermediate.
 
@@ -25,8 +27,11 @@ def reference_attention(
         query: (..., t, d). key: (..., s, d). value: (..., s, dv) — already with as many heads
             as the query (grouped-query heads repeated by the caller).
         mask: None, bool (True = takes part) or float (added to the scaled scores),
-            broadcastable to (..., t, s). Causal/window structure is already folded in.
+            broadcastable to (..., t, s): an :class:`~qkv.attention.masks.AttentionMask`
+            already materialised.
         scale: the factor applied to q·kᵀ (usually 1/√d).
+        bias: a float score bias (ALiBi) broadcastable to (..., t, s), added to the scaled
+            scores before the mask; kept apart from the mask so the trace shows both.
         dropout_p: dropout on the weights (training only); the trace keeps the weights
             before dropout, and ``output`` is what the forward used.
 
@@ -43,13 +48,14 @@ def reference_attention(
     scores = q @ k.transpose(-2, -1)  # (..., t, s)
     # 2) scale by 1/√d so the softmax does not saturate as d grows
     scaled = scores * scale  # (..., t, s)
-    # 3) mask: excluded keys get −inf, a float mask is added
-    if mask is None:
-        masked = scaled
-    elif mask.dtype == torch.bool:
-        masked = scaled.masked_fill(~mask, float("-inf"))
-    else:
-        masked = scaled + mask.to(compute)
+    # 3) bias and mask: a score bias (ALiBi) is added, excluded keys get −inf
+    bias = bias.to(compute) if bias is not None else None
+    additive = as_additive(mask, compute)  # (..., t, s) broadcastable: 0, −inf, or the float mask
+    masked = scaled
+    if bias is not None:
+        masked = masked + bias
+    if additive is not None:
+        masked = masked + additive
     # 4) softmax over the keys, so each row of weights sums to 1
     lse = torch.logsumexp(masked, dim=-1)  # (..., t)
     empty = torch.isneginf(lse).unsqueeze(-1)  # (..., t, 1) rows with no key at all
@@ -60,6 +66,6 @@ def reference_attention(
     used = torch.nn.functional.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     output = (used @ v).to(out_dtype)  # (..., t, dv)
     return AttentionTrace(
-        query=q, key=k, value=v, scores=scores, scaled=scaled, masked=masked,
+        query=q, key=k, value=v, scores=scores, scaled=scaled, bias=bias, mask=additive, masked=masked,
         weights=weights, output=output, lse=lse, scale=float(scale),
     )

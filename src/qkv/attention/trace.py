@@ -28,13 +28,18 @@ class AttentionTrace:
     value     (..., s, dv)    the values v_j, repeated per query head for GQA/MQA
     scores    (..., t, s)     q·k_jᵀ, the raw dot products
     scaled    (..., t, s)     scores · scale (scale = 1/√d unless given)
-    masked    (..., t, s)     scaled with the mask applied (−inf where masked out)
+    bias      (..., t, s)*    the score bias added to scaled (ALiBi), or None
+    mask      (..., t, s)*    the mask as added to scaled: 0 (takes part), −inf (excluded),
+                              or a float mask's values; None when nothing was masked
+    masked    (..., t, s)     scaled + bias + mask: what the softmax read
     weights   (..., t, s)     softmax over s; each row sums to 1 (0 if fully masked)
     output    (..., t, dv)    weights · v, the attention output
     lse       (..., t)        log Σ_j exp(masked_j), −inf for a fully masked row
     ========  ==============  ====================================================
 
-    ``scale`` is the float the scores were multiplied by. Intermediates are kept in the
+    ``*``: ``bias`` and ``mask`` keep the broadcastable shape they were given in (e.g. (t, s) or
+    (b, 1, 1, s)); :meth:`additive` expands their sum. ``scale`` is the float the scores were
+    multiplied by. Intermediates are kept in the
     dtype the arithmetic was done in (fp32 for fp16/bf16 inputs); ``output`` has the
     inputs' dtype, exactly the tensor the forward passed on.
 
@@ -51,6 +56,8 @@ class AttentionTrace:
     value: torch.Tensor
     scores: torch.Tensor
     scaled: torch.Tensor
+    bias: torch.Tensor | None
+    mask: torch.Tensor | None
     masked: torch.Tensor
     weights: torch.Tensor
     output: torch.Tensor
@@ -71,7 +78,21 @@ class AttentionTrace:
             rows = slice(rows, rows + 1)
         kept = {name: getattr(self, name)[..., rows, :] for name in self._ROW_FIELDS}
         kept["lse"] = self.lse[..., rows]
+        for name in ("bias", "mask"):  # broadcast over rows when their row dim is 1
+            x = getattr(self, name)
+            kept[name] = x if x is None or x.shape[-2] == 1 else x[..., rows, :]
         return AttentionTrace(key=self.key, value=self.value, scale=self.scale, **kept)
+
+    def additive(self) -> torch.Tensor:
+        """(..., t, s): everything the forward added to ``scaled`` — bias + mask, expanded.
+
+        ``scaled + additive() == masked``, term by term (−inf for an excluded key).
+        """
+        out = torch.zeros_like(self.scaled)
+        for x in (self.bias, self.mask):
+            if x is not None:
+                out = out + x
+        return out
 
     def detach(self) -> "AttentionTrace":
         """The same record with every tensor detached from autograd."""

@@ -2,9 +2,9 @@
 
 * ``bert.py``      — :class:`BertModel` (encoder, post-norm) and ``embed`` (sentence vectors)
 * ``gpt2.py``      — :class:`GPT2Model` (decoder-only, pre-norm, causal) and ``generate``
-* ``packed.py``    — padding-free encoder inference (the fast path behind ``embed``)
 * ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
 * ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
+* ``registry.py``  — :data:`FAMILIES` by ``model_type``; ``family.py``: the :class:`Family` record
 * ``translation.py`` — :class:`TranslationModel`, the encoder-decoder of ``qkv train translate``
 * ``outputs.py``   — :class:`EncoderOutput`, :class:`DecoderOutput`
 
@@ -18,11 +18,13 @@ No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.
 
 from qkv.models.bert import BertConfig, BertModel
 from qkv.models.gpt2 import GPT2Config, GPT2Model
+from qkv.models.family import Family
 from qkv.models.loading import load
+from qkv.models.registry import FAMILIES, register_family
 from qkv.models.outputs import DecoderOutput, EncoderOutput
 from qkv.models.tokenizer import BatchEncoding, Encoding, Tokenizer
 
 __all__ = [
     "BatchEncoding", "BertConfig", "BertModel", "DecoderOutput", "EncoderOutput", "Encoding",
-    "GPT2Config", "GPT2Model", "Tokenizer", "load",
+    "FAMILIES", "Family", "GPT2Config", "GPT2Model", "Tokenizer", "load", "register_family",
 ]

@@ -15,6 +15,9 @@ It reads Hugging Face BERT checkpoints (``qkv.models.load``) and computes the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+import json
+import os
+import re
 from typing import Sequence
 
 import torch
@@ -22,8 +25,10 @@ from torch import nn
 
 from qkv.errors import QkvError
 from qkv.models import config as cfg
+from qkv.attention.masks import AttentionMask, VarLen
+from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import EncoderOutput
-from qkv.modules import LearnedPositionalEmbedding, TransformerLayer
+from qkv.modules import LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
 # Hugging Face classes whose checkpoints hold a plain BERT encoder (heads, if any, are ignored).
 BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
@@ -92,9 +97,17 @@ class BertEmbeddings(nn.Module):
         self.position = LearnedPositionalEmbedding(config.max_position_embeddings, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        """(b, t) ids → (b, t, E). Summed in Hugging Face's order (word + type, then position)."""
-        return self.norm(self.position(self.word(input_ids) + self.token_type(token_type_ids)))
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, t) ids → (b, t, E). Summed in Hugging Face's order (word + type, then position).
+
+        ``position_ids`` (b, t) or (t,): each token's position (default 0 … t − 1); packed
+        sequences restart at 0 for every sequence.
+        """
+        x = self.word(input_ids) + self.token_type(token_type_ids)  # (b, t, E)
+        if position_ids is None:
+            return self.norm(self.position(x))
+        return self.norm(x + self.position.weight[position_ids])
 
 
 class BertModel(nn.Module):
@@ -105,8 +118,10 @@ class BertModel(nn.Module):
     ``hidden_states[L]`` itself (post-norm: nothing stands between a layer's input and its
     projections).
 
-    ``qkv.models.load`` also sets ``model.tokenizer`` (a :class:`qkv.models.Tokenizer`),
-    ``model.name`` and ``model.max_seq_length`` (the sentence-embedding length limit).
+    Fields besides the modules: ``config``; ``tokenizer`` (a :class:`qkv.models.Tokenizer`, or
+    None), ``name`` (for messages) and ``max_seq_length`` (the sentence-embedding length limit,
+    default the position table's size) — given to the constructor; ``qkv.models.load`` passes
+    them from the checkpoint directory.
 
     Example:
         >>> model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2,
@@ -116,14 +131,15 @@ class BertModel(nn.Module):
         (torch.Size([1, 4, 32]), 3)
     """
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, *, tokenizer=None, name: str = "bert",
+                 max_seq_length: int | None = None):
         super().__init__()
         self.config = config
-        self.name = "bert"
-        self.tokenizer = None
-        self.max_seq_length = config.max_position_embeddings
+        self.name = name
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length or config.max_position_embeddings
         self.embeddings = BertEmbeddings(config)
-        self.layers = nn.ModuleList(
+        self.encoder = TransformerStack(
             TransformerLayer.build(
                 config.hidden_size, config.num_attention_heads, config.intermediate_size,
                 norm_first=False, norm_eps=config.layer_norm_eps, activation=config.hidden_act,
@@ -131,8 +147,13 @@ class BertModel(nn.Module):
             for _ in range(config.num_hidden_layers)
         )
 
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The encoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
+        return self.encoder.layers
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, *,
+                token_type_ids: torch.Tensor | None = None, *, varlen: VarLen | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
                 output_hidden_states: bool = False) -> EncoderOutput:
         """Encode a batch of token ids.
@@ -142,6 +163,9 @@ class BertModel(nn.Module):
             attention_mask: (b, t), 1/True for real tokens and 0/False for padding; padding
                 keys are masked out, so padding never changes a real token's result.
             token_type_ids: (b, t) segment ids (default all 0).
+            varlen: packed sequences instead of a padded batch: ``input_ids`` is (1, N), the
+                texts' tokens one after another (:class:`~qkv.attention.VarLen`); every linear
+                map then runs on real tokens only, and attention stays within each text.
             trace_rows: query positions (LongTensor, or ``slice(None)`` for all) whose
                 attention to record in every layer; the traced layers compute with the
                 reference attention path, the same numbers to ~1e-6.
@@ -150,34 +174,32 @@ class BertModel(nn.Module):
         Returns:
             An :class:`EncoderOutput`.
         """
-        b, t = self._check_ids(input_ids)
+        b, t = self._check_ids(input_ids, varlen)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         elif token_type_ids.shape != input_ids.shape:
             raise ValueError(f"token_type_ids must have the shape of input_ids {(b, t)}, "
                              f"got {tuple(token_type_ids.shape)}")
-        padding = _key_padding_mask(attention_mask, b, t)
-        x = self.embeddings(input_ids, token_type_ids)  # (b, t, E)
-        hidden, traces = [x], []
-        for layer in self.layers:
-            if trace_rows is None:
-                x = layer(x, key_padding_mask=padding)
-            else:
-                x, trace = layer(x, key_padding_mask=padding, trace_rows=trace_rows)
-                traces.append(trace)
-            hidden.append(x)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden) if output_hidden_states else None,
-            traces=traces if trace_rows is not None else None,
-        )
+        if varlen is not None:
+            if attention_mask is not None:
+                raise ValueError("packed sequences (varlen) have no padding: pass attention_mask=None")
+            mask, positions = AttentionMask(varlen=varlen), varlen.position  # positions (N,)
+        else:
+            mask, positions = AttentionMask(key_padding=_key_padding_mask(attention_mask, b, t)), None
+        x = self.embeddings(input_ids, token_type_ids, positions)  # (b, t, E)
+        out = self.encoder(x, mask=mask, trace_rows=trace_rows,
+                           output_hidden_states=output_hidden_states)
+        return EncoderOutput(out.last_hidden_state, out.hidden_states, out.traces)
 
-    def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
+    def _check_ids(self, input_ids: torch.Tensor, varlen: VarLen | None = None) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got {shape}")
         b, t = input_ids.shape
+        if varlen is not None and (b != 1 or t != varlen.total):
+            raise ValueError(f"with varlen, input_ids must be (1, N) = (1, {varlen.total}), got {(b, t)}")
         limit = self.config.max_position_embeddings
+        t = varlen.max_len if varlen is not None else t
         if t > limit:
             raise QkvError(f"input is {t} tokens; {self.name} takes at most {limit} "
                            f"(max_position_embeddings)")
@@ -192,8 +214,8 @@ class BertModel(nn.Module):
         """Sentence embeddings: the mean of the last layer over real tokens, L2-normalised.
 
         This is sentence-transformers' recipe for all-MiniLM-L6-v2 (same numbers to 1e-5).
-        Texts are sorted by length and each batch runs without padding (see
-        :mod:`qkv.models.packed`). A text longer than ``self.max_seq_length`` tokens raises a
+        Texts are sorted by length and each batch runs packed, without padding, through the
+        model's one forward (``varlen``, see :class:`~qkv.attention.VarLen`). A text longer than ``self.max_seq_length`` tokens raises a
         :class:`QkvError`, or with ``truncate=True`` is cut to it with a warning
         (sentence-transformers cuts silently).
 
@@ -206,8 +228,6 @@ class BertModel(nn.Module):
             >>> (e[0] @ e[1]) > (e[0] @ e[2])                         # doctest: +SKIP
             tensor(True)
         """
-        from qkv.models.packed import PackedEncoder
-
         if self.tokenizer is None:
             raise QkvError("embed needs a tokenizer: load the model with qkv.models.load(...)")
         if batch_size < 1:
@@ -215,15 +235,24 @@ class BertModel(nn.Module):
         texts = list(texts)
         encodings = self.tokenizer.encode_batch(texts, max_length=self.max_seq_length,
                                                 truncate=truncate).encodings if texts else []
-        dtype = self.embeddings.word.weight.dtype
-        out = torch.empty(len(texts), self.config.hidden_size, dtype=dtype)
+        weight = self.embeddings.word.weight
+        out = torch.empty(len(texts), self.config.hidden_size, dtype=weight.dtype, device=weight.device)
         # Longest first, as sentence-transformers does: similar lengths share a batch.
         order = sorted(range(len(texts)), key=lambda i: -len(encodings[i]))
-        packed = PackedEncoder(self)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            out[chunk] = packed.mean_pooled([encodings[i].ids for i in chunk])
-        return nn.functional.normalize(out.float(), p=2, dim=-1).to(dtype)
+            out[chunk] = self.mean_pooled([encodings[i].ids for i in chunk])
+        return nn.functional.normalize(out.float(), p=2, dim=-1).to(weight.dtype)
+
+    def mean_pooled(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Token ids of n texts → (n, E): each text's mean last-layer vector over its tokens
+        (specials included, as sentence-transformers does), computed packed (no padding)."""
+        device = self.embeddings.word.weight.device
+        varlen = VarLen.from_lengths([len(s) for s in ids], device=device)
+        flat = torch.tensor([[i for s in ids for i in s]], dtype=torch.long, device=device)  # (1, N)
+        x = self(flat, varlen=varlen).last_hidden_state[0]  # (N, E)
+        sums = x.new_zeros(len(ids), x.shape[-1]).index_add_(0, varlen.sequence, x)  # (n, E)
+        return sums / torch.tensor(varlen.lengths, dtype=x.dtype, device=device)[:, None]
 
 
 def _key_padding_mask(attention_mask: torch.Tensor | None, b: int, t: int) -> torch.Tensor | None:
@@ -236,3 +265,82 @@ def _key_padding_mask(attention_mask: torch.Tensor | None, b: int, t: int) -> to
                          f"{tuple(attention_mask.shape)}")
     mask = attention_mask.bool()
     return None if bool(mask.all()) else mask
+
+
+# -- the checkpoint mapping ---------------------------------------------------------------------
+def bert_shapes(c: BertConfig) -> Shapes:
+    E, F = c.hidden_size, c.intermediate_size
+    shapes = {
+        "embeddings.word_embeddings.weight": (c.vocab_size, E),
+        "embeddings.position_embeddings.weight": (c.max_position_embeddings, E),
+        "embeddings.token_type_embeddings.weight": (c.type_vocab_size, E),
+        "embeddings.LayerNorm.weight": (E,), "embeddings.LayerNorm.bias": (E,),
+    }
+    for i in range(c.num_hidden_layers):
+        p = f"encoder.layer.{i}."
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value",
+                     "attention.output.dense"):
+            shapes[p + name + ".weight"], shapes[p + name + ".bias"] = (E, E), (E,)
+        shapes[p + "intermediate.dense.weight"], shapes[p + "intermediate.dense.bias"] = (F, E), (F,)
+        shapes[p + "output.dense.weight"], shapes[p + "output.dense.bias"] = (E, F), (E,)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes[p + norm + ".weight"], shapes[p + norm + ".bias"] = (E,), (E,)
+    return shapes
+
+
+BERT_RENAMES = [  # Hugging Face name → qkv module path (regex, replacement)
+    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
+    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
+    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
+    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.query\.", r"encoder.layers.\1.self_attn.q_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.key\.", r"encoder.layers.\1.self_attn.k_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.value\.", r"encoder.layers.\1.self_attn.v_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"encoder.layers.\1.self_attn.out_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"encoder.layers.\1.norm1."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"encoder.layers.\1.feed_forward.fc1."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"encoder.layers.\1.feed_forward.fc2."),
+    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"encoder.layers.\1.norm3."),
+]
+
+
+def bert_convert(tensors: Tensors, c: BertConfig) -> Tensors:
+    state = {}
+    for name, x in tensors.items():
+        for pattern, repl in BERT_RENAMES:
+            new, n = re.subn(pattern, repl, name)
+            if n:
+                state[new] = x
+                break
+        else:  # bert_shapes and BERT_RENAMES disagree: a bug in this file, not in the input
+            raise AssertionError(f"no qkv name for BERT tensor {name!r}")
+    return state
+
+
+def sentence_length(directory: str | None, limit: int) -> int:
+    """sentence-transformers' max_seq_length (all-MiniLM-L6-v2: 256), else the model's limit."""
+    file = os.path.join(directory, "sentence_bert_config.json") if directory else None
+    if file is None or not os.path.isfile(file):
+        return limit
+    try:
+        with open(file, encoding="utf-8") as f:
+            value = json.load(f).get("max_seq_length")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+        raise QkvError(f"{file} is not valid JSON: {e}") from None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit:
+        return value
+    return limit
+
+
+def build(config: BertConfig, *, tokenizer=None, name: str = "bert", directory: str | None = None) -> BertModel:
+    return BertModel(config, tokenizer=tokenizer, name=name,
+                     max_seq_length=sentence_length(directory, config.max_position_embeddings))
+
+
+FAMILY = Family(
+    config_from_dict=BertConfig.from_dict, build=build,
+    max_length=lambda c: c.max_position_embeddings, prefix="bert.", shapes=bert_shapes,
+    # position_ids: a saved arange buffer; pooler / cls: heads qkv's encoder does not use
+    ignored=re.compile(r"^(embeddings\.position_ids|pooler\..*|cls\..*)$"),
+    convert=bert_convert,
+)

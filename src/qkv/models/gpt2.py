@@ -15,6 +15,7 @@ as ``transformers`` (tested).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,10 @@ from torch import nn
 
 from qkv.errors import QkvError
 from qkv.models import config as cfg
+from qkv.attention.masks import AttentionMask
+from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import DecoderOutput
-from qkv.modules import KVCache, LearnedPositionalEmbedding, TransformerLayer
+from qkv.modules import KVCache, LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
 GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 
@@ -89,7 +92,8 @@ class GPT2Model(nn.Module):
     Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
     and values (pre-norm); :class:`qkv.modules.LayerTrace`'s ``self_attn.query_input`` holds it.
 
-    ``qkv.models.load`` also sets ``model.tokenizer`` and ``model.name``.
+    Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name`` (for
+    messages), given to the constructor (``qkv.models.load`` passes them).
 
     Example:
         >>> model = GPT2Model(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4))
@@ -99,23 +103,28 @@ class GPT2Model(nn.Module):
         torch.Size([1, 7])
     """
 
-    def __init__(self, config: GPT2Config):
+    def __init__(self, config: GPT2Config, *, tokenizer=None, name: str = "gpt2"):
         super().__init__()
         self.config = config
-        self.name = "gpt2"
-        self.tokenizer = None
+        self.name = name
+        self.tokenizer = tokenizer
         E = config.n_embd
         self.wte = nn.Embedding(config.vocab_size, E)
         self.wpe = LearnedPositionalEmbedding(config.n_positions, E)
-        self.layers = nn.ModuleList(
-            TransformerLayer.build(E, config.n_head, config.inner_dim, norm_first=True,
-                                   norm_eps=config.layer_norm_epsilon,
-                                   activation=config.activation_function)
-            for _ in range(config.n_layer)
+        self.decoder = TransformerStack(
+            (TransformerLayer.build(E, config.n_head, config.inner_dim, norm_first=True,
+                                    norm_eps=config.layer_norm_epsilon,
+                                    activation=config.activation_function)
+             for _ in range(config.n_layer)),
+            norm=nn.LayerNorm(E, eps=config.layer_norm_epsilon),  # HF's ln_f
         )
-        self.norm = nn.LayerNorm(E, eps=config.layer_norm_epsilon)  # HF's ln_f
         self.lm_head = nn.Linear(E, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: the output head reads the embedding table
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The decoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
+        return self.decoder.layers
 
     def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, for ``max_len`` tokens (prompt included)."""
@@ -160,20 +169,14 @@ class GPT2Model(nn.Module):
             positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
             x = x + self.wpe.weight[positions]
             padding = None if bool(real.all()) else real
-        hidden, traces = [x], []
-        for i, layer in enumerate(self.layers):
-            cache = kv_caches[i] if kv_caches is not None else None
-            if trace_rows is None:
-                x = layer(x, key_padding_mask=padding, is_causal=True, kv_cache=cache)
-            else:
-                x, trace = layer(x, key_padding_mask=padding, is_causal=True, kv_cache=cache,
-                                 trace_rows=trace_rows)
-                traces.append(trace)
-            hidden.append(x)
+        # causal, bottom-right: with a cache the t new tokens are the last of past + t positions
+        mask = AttentionMask(causal=True, alignment="bottom_right", key_padding=padding)
+        out = self.decoder(x, mask=mask, kv_caches=kv_caches, trace_rows=trace_rows,
+                           output_hidden_states=output_hidden_states)
         return DecoderOutput(
-            logits=self.lm_head(self.norm(x)),  # (b, t, V)
-            hidden_states=tuple(hidden) if output_hidden_states else None,
-            traces=traces if trace_rows is not None else None,
+            logits=self.lm_head(out.last_hidden_state),  # (b, t, V)
+            hidden_states=out.hidden_states,
+            traces=out.traces,
         )
 
     @torch.inference_mode()
@@ -232,3 +235,59 @@ class GPT2Model(nn.Module):
             raise ValueError(f"kv_caches must hold one KVCache per layer ({len(self.layers)}), "
                              f"got {len(kv_caches)}")
         return len(kv_caches[0])
+
+
+# -- the checkpoint mapping ---------------------------------------------------------------------
+def gpt2_shapes(c: GPT2Config) -> Shapes:
+    E, F, V = c.n_embd, c.inner_dim, c.vocab_size
+    shapes = {"wte.weight": (V, E), "wpe.weight": (c.n_positions, E),
+              "ln_f.weight": (E,), "ln_f.bias": (E,)}
+    for i in range(c.n_layer):
+        p = f"h.{i}."
+        # Conv1D layout: weight (in, out)
+        shapes |= {p + "attn.c_attn.weight": (E, 3 * E), p + "attn.c_attn.bias": (3 * E,),
+                   p + "attn.c_proj.weight": (E, E), p + "attn.c_proj.bias": (E,),
+                   p + "mlp.c_fc.weight": (E, F), p + "mlp.c_fc.bias": (F,),
+                   p + "mlp.c_proj.weight": (F, E), p + "mlp.c_proj.bias": (E,)}
+        for norm in ("ln_1", "ln_2"):
+            shapes[p + norm + ".weight"], shapes[p + norm + ".bias"] = (E,), (E,)
+    return shapes
+
+
+def gpt2_convert(tensors: Tensors, c: GPT2Config) -> Tensors:
+    def t(x: torch.Tensor) -> torch.Tensor:  # Conv1D (in, out) → nn.Linear (out, in)
+        return x.t().contiguous()
+
+    state = {"wte.weight": tensors["wte.weight"], "lm_head.weight": tensors["wte.weight"],
+             "wpe.weight": tensors["wpe.weight"],
+             "decoder.norm.weight": tensors["ln_f.weight"], "decoder.norm.bias": tensors["ln_f.bias"]}
+    for i in range(c.n_layer):
+        h, q = f"h.{i}.", f"decoder.layers.{i}."
+        w_q, w_k, w_v = t(tensors[h + "attn.c_attn.weight"]).chunk(3, dim=0)  # 3 × (E, E)
+        b_q, b_k, b_v = tensors[h + "attn.c_attn.bias"].chunk(3)
+        for proj, w, b in (("q_proj", w_q, b_q), ("k_proj", w_k, b_k), ("v_proj", w_v, b_v)):
+            state[q + f"self_attn.{proj}.weight"] = w.contiguous()
+            state[q + f"self_attn.{proj}.bias"] = b.contiguous()
+        for hf, ours in (("attn.c_proj", "self_attn.out_proj"), ("mlp.c_fc", "feed_forward.fc1"),
+                         ("mlp.c_proj", "feed_forward.fc2")):
+            state[q + ours + ".weight"] = t(tensors[h + hf + ".weight"])
+            state[q + ours + ".bias"] = tensors[h + hf + ".bias"]
+        for hf, ours in (("ln_1", "norm1"), ("ln_2", "norm3")):
+            state[q + ours + ".weight"] = tensors[h + hf + ".weight"]
+            state[q + ours + ".bias"] = tensors[h + hf + ".bias"]
+    return state
+
+
+def build(config: GPT2Config, *, tokenizer=None, name: str = "gpt2", directory: str | None = None) -> GPT2Model:
+    return GPT2Model(config, tokenizer=tokenizer, name=name)
+
+
+FAMILY = Family(
+    config_from_dict=GPT2Config.from_dict, build=build, max_length=lambda c: c.n_positions,
+    prefix="transformer.", shapes=gpt2_shapes,
+    # attn.bias / masked_bias: old checkpoints' saved causal-mask buffers; lm_head: the
+    # tied copy of wte (checked equal by the loader)
+    ignored=re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$"),
+    convert=gpt2_convert,
+    tied=(("lm_head.weight", "wte.weight"),),
+)

@@ -8,7 +8,8 @@ weights; never a pickle — qkv does not unpickle files) and the tokenizer files
    (none missing, none unexpected) and shapes — before reading any data;
 3. translate Hugging Face's names and layouts to qkv's modules (GPT-2's ``Conv1D`` weights
    are stored transposed, ``(in, out)``, and its q/k/v projections fused in one ``c_attn``);
-4. load them into the model, attach the tokenizer.
+4. build the family's model around them, with the tokenizer (one record per family in
+   :mod:`qkv.models.registry`; nothing here is family-specific).
 
 Every failure is one :class:`QkvError` line naming the file, tensor or limit.
 """
@@ -17,20 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from qkv.errors import QkvError
-from qkv.models.bert import BertConfig, BertModel
-from qkv.models.gpt2 import GPT2Config, GPT2Model
+from qkv.models.family import Family, Tensors
+from qkv.models.registry import FAMILIES
 from qkv.models.tokenizer import Tokenizer
-
-Shapes = dict[str, tuple[int, ...]]
-Tensors = dict[str, torch.Tensor]
 
 
 def minilm_dir() -> str:
@@ -51,140 +47,12 @@ KNOWN_MODELS: dict[str, tuple[str, Callable[[], str]]] = {
 }
 
 
-# -- families: how each one's checkpoint maps onto qkv's modules ---------------------------------
-@dataclass(frozen=True)
-class Family:
-    """What ``load`` needs to know about one model family's Hugging Face checkpoints.
-
-    Fields:
-        config_from_dict: ``config.json`` dict → config dataclass.
-        model: config → model (an ``nn.Module``).
-        prefix: the prefix a checkpoint saved from a model *with a head* puts on the
-            base model's tensors (``"bert."``, ``"transformer."``); stripped when present.
-        shapes: config → the expected tensors (names without prefix) and their shapes.
-        ignored: tensors that may be present and are not used (buffers, unused heads).
-        convert: tensors (Hugging Face names, shapes checked) → the model's state dict.
-    """
-
-    config_from_dict: Callable
-    model: Callable
-    prefix: str
-    shapes: Callable[[object], Shapes]
-    ignored: re.Pattern
-    convert: Callable[[Tensors, object], Tensors]
-
-
-def bert_shapes(c: BertConfig) -> Shapes:
-    E, F = c.hidden_size, c.intermediate_size
-    shapes = {
-        "embeddings.word_embeddings.weight": (c.vocab_size, E),
-        "embeddings.position_embeddings.weight": (c.max_position_embeddings, E),
-        "embeddings.token_type_embeddings.weight": (c.type_vocab_size, E),
-        "embeddings.LayerNorm.weight": (E,), "embeddings.LayerNorm.bias": (E,),
-    }
-    for i in range(c.num_hidden_layers):
-        p = f"encoder.layer.{i}."
-        for name in ("attention.self.query", "attention.self.key", "attention.self.value",
-                     "attention.output.dense"):
-            shapes[p + name + ".weight"], shapes[p + name + ".bias"] = (E, E), (E,)
-        shapes[p + "intermediate.dense.weight"], shapes[p + "intermediate.dense.bias"] = (F, E), (F,)
-        shapes[p + "output.dense.weight"], shapes[p + "output.dense.bias"] = (E, F), (E,)
-        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
-            shapes[p + norm + ".weight"], shapes[p + norm + ".bias"] = (E,), (E,)
-    return shapes
-
-
-BERT_RENAMES = [  # Hugging Face name → qkv module path (regex, replacement)
-    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
-    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
-    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
-    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.query\.", r"layers.\1.self_attn.q_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.key\.", r"layers.\1.self_attn.k_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.value\.", r"layers.\1.self_attn.v_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.self_attn.out_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.norm1."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.feed_forward.fc1."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.feed_forward.fc2."),
-    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.norm3."),
-]
-
-
-def bert_convert(tensors: Tensors, c: BertConfig) -> Tensors:
-    state = {}
-    for name, x in tensors.items():
-        for pattern, repl in BERT_RENAMES:
-            new, n = re.subn(pattern, repl, name)
-            if n:
-                state[new] = x
-                break
-        else:  # bert_shapes and BERT_RENAMES disagree: a bug in this file, not in the input
-            raise AssertionError(f"no qkv name for BERT tensor {name!r}")
-    return state
-
-
-def gpt2_shapes(c: GPT2Config) -> Shapes:
-    E, F, V = c.n_embd, c.inner_dim, c.vocab_size
-    shapes = {"wte.weight": (V, E), "wpe.weight": (c.n_positions, E),
-              "ln_f.weight": (E,), "ln_f.bias": (E,)}
-    for i in range(c.n_layer):
-        p = f"h.{i}."
-        # Conv1D layout: weight (in, out)
-        shapes |= {p + "attn.c_attn.weight": (E, 3 * E), p + "attn.c_attn.bias": (3 * E,),
-                   p + "attn.c_proj.weight": (E, E), p + "attn.c_proj.bias": (E,),
-                   p + "mlp.c_fc.weight": (E, F), p + "mlp.c_fc.bias": (F,),
-                   p + "mlp.c_proj.weight": (F, E), p + "mlp.c_proj.bias": (E,)}
-        for norm in ("ln_1", "ln_2"):
-            shapes[p + norm + ".weight"], shapes[p + norm + ".bias"] = (E,), (E,)
-    return shapes
-
-
-def gpt2_convert(tensors: Tensors, c: GPT2Config) -> Tensors:
-    def t(x: torch.Tensor) -> torch.Tensor:  # Conv1D (in, out) → nn.Linear (out, in)
-        return x.t().contiguous()
-
-    state = {"wte.weight": tensors["wte.weight"], "lm_head.weight": tensors["wte.weight"],
-             "wpe.weight": tensors["wpe.weight"],
-             "norm.weight": tensors["ln_f.weight"], "norm.bias": tensors["ln_f.bias"]}
-    for i in range(c.n_layer):
-        h, q = f"h.{i}.", f"layers.{i}."
-        w_q, w_k, w_v = t(tensors[h + "attn.c_attn.weight"]).chunk(3, dim=0)  # 3 × (E, E)
-        b_q, b_k, b_v = tensors[h + "attn.c_attn.bias"].chunk(3)
-        for proj, w, b in (("q_proj", w_q, b_q), ("k_proj", w_k, b_k), ("v_proj", w_v, b_v)):
-            state[q + f"self_attn.{proj}.weight"] = w.contiguous()
-            state[q + f"self_attn.{proj}.bias"] = b.contiguous()
-        for hf, ours in (("attn.c_proj", "self_attn.out_proj"), ("mlp.c_fc", "feed_forward.fc1"),
-                         ("mlp.c_proj", "feed_forward.fc2")):
-            state[q + ours + ".weight"] = t(tensors[h + hf + ".weight"])
-            state[q + ours + ".bias"] = tensors[h + hf + ".bias"]
-        for hf, ours in (("ln_1", "norm1"), ("ln_2", "norm3")):
-            state[q + ours + ".weight"] = tensors[h + hf + ".weight"]
-            state[q + ours + ".bias"] = tensors[h + hf + ".bias"]
-    return state
-
-
-FAMILIES: dict[str, Family] = {
-    "bert": Family(
-        config_from_dict=BertConfig.from_dict, model=BertModel, prefix="bert.",
-        shapes=bert_shapes,
-        # position_ids: a saved arange buffer; pooler / cls: heads qkv's encoder does not use
-        ignored=re.compile(r"^(embeddings\.position_ids|pooler\..*|cls\..*)$"),
-        convert=bert_convert,
-    ),
-    "gpt2": Family(
-        config_from_dict=GPT2Config.from_dict, model=GPT2Model, prefix="transformer.",
-        shapes=gpt2_shapes,
-        # attn.bias / masked_bias: old checkpoints' saved causal-mask buffers; lm_head: the
-        # tied copy of wte (checked equal in _read_tensors)
-        ignored=re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$"),
-        convert=gpt2_convert,
-    ),
-}
-
-
 # -- the loader -------------------------------------------------------------------------------
 def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
-    """A ready model (``BertModel`` or ``GPT2Model``) with ``.tokenizer``, ``.name``, ``.config``.
+    """A ready model (e.g. ``BertModel``, ``GPT2Model``) in eval mode, with its tokenizer.
+
+    The model's ``tokenizer``, ``name`` and ``config`` fields are set by its constructor (see
+    the family's model class); nothing is attached afterwards.
 
     Args:
         name_or_path: a known name (``"minilm"`` / ``"all-MiniLM-L6-v2"``) or a directory in
@@ -213,20 +81,16 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32)
     family = FAMILIES[model_type]
     config = family.config_from_dict(raw, where=config_file)
     tensors = _read_tensors(path, family, config, dtype)
+    tokenizer = Tokenizer.from_dir(path, name=name, max_length=family.max_length(config))
     # Build on the meta device (no random init of weights about to be replaced), then take
     # the loaded tensors as the parameters themselves.
     with torch.device("meta"):
-        model = family.model(config)
+        model = family.build(config, tokenizer=tokenizer, name=name, directory=path)
     model.load_state_dict(family.convert(tensors, config), strict=True, assign=True)
-    if isinstance(model, GPT2Model):
-        model.lm_head.weight = model.wte.weight  # assign=True replaced it: tie again
-    model.eval()
-    model.name = name
-    limit = config.max_position_embeddings if isinstance(config, BertConfig) else config.n_positions
-    model.tokenizer = Tokenizer.from_dir(path, name=name, max_length=limit)
-    if isinstance(model, BertModel):
-        model.max_seq_length = _sentence_length(path, limit)
-    return model
+    for param, source in family.tied:  # assign=True made each name its own Parameter: tie again
+        owner, _, attr = param.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(source))
+    return model.eval()
 
 
 def resolve(name_or_path: str | os.PathLike) -> tuple[str, str]:
@@ -313,27 +177,17 @@ def _read_tensors(path: str, family: Family, config, dtype: torch.dtype) -> Tens
         if not x.is_floating_point():
             raise QkvError(f"{file}: tensor {stored!r} has dtype {x.dtype}, expected floating point")
         tensors[name] = x.to(dtype)
-    _check_tied_head(handles, tensors)
+    _check_tied_head(handles, tensors, family)
     return tensors
 
 
-def _check_tied_head(handles, tensors: Tensors) -> None:
-    """GPT-2's head is tied to wte; a stored lm_head.weight that differs is not GPT-2."""
-    if "lm_head.weight" not in handles or "wte.weight" not in tensors:
-        return
-    file, f, stored = handles["lm_head.weight"]
-    head = f.get_tensor(stored).to(tensors["wte.weight"].dtype)
-    if head.shape != tensors["wte.weight"].shape or not torch.equal(head, tensors["wte.weight"]):
-        raise QkvError(f"{file}: tensor {stored!r} differs from the token embedding; qkv's "
-                       f"GPT-2 ties the output head to it (untied heads are not supported)")
-
-
-def _sentence_length(path: str, limit: int) -> int:
-    """sentence-transformers' max_seq_length (all-MiniLM-L6-v2: 256), else the model's limit."""
-    file = os.path.join(path, "sentence_bert_config.json")
-    if not os.path.isfile(file):
-        return limit
-    value = _read_json(file).get("max_seq_length")
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit:
-        return value
-    return limit
+def _check_tied_head(handles, tensors: Tensors, family: Family) -> None:
+    """A stored copy of a tied tensor (GPT-2's lm_head.weight) must equal what it is tied to."""
+    for param, source in family.tied:
+        if param not in handles or source not in tensors:
+            continue
+        file, f, stored = handles[param]
+        head = f.get_tensor(stored).to(tensors[source].dtype)
+        if head.shape != tensors[source].shape or not torch.equal(head, tensors[source]):
+            raise QkvError(f"{file}: tensor {stored!r} differs from {source!r}, which qkv ties it "
+                           f"to (untied heads are not supported)")

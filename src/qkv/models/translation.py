@@ -20,13 +20,17 @@ Dimension letters: b batch, s English length, t French length, E = d_model, V vo
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
 
+from qkv.attention.masks import AttentionMask
 from qkv.errors import QkvError
-from qkv.modules import KVCache, LayerTrace, SinusoidalPositionalEncoding, TransformerLayer
+from qkv.modules import (
+    KVCache, LayerTrace, SinusoidalPositionalEncoding, StackOutput, TransformerLayer, TransformerStack,
+)
 
 
 @dataclass(frozen=True)
@@ -143,11 +147,11 @@ class TranslationModel(nn.Module):
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
         self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len)
-        self.encoder = nn.ModuleList(self._layer(cross=False) for _ in range(c.encoder_layers))
-        self.decoder = nn.ModuleList(self._layer(cross=True) for _ in range(c.decoder_layers))
-        # Pre-norm stacks end un-normalised; post-norm layers already end with a LayerNorm.
-        self.encoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        # Pre-norm stacks end with a final LayerNorm; post-norm layers already end with one.
+        self.encoder = TransformerStack((self._layer(cross=False) for _ in range(c.encoder_layers)),
+                                        norm=nn.LayerNorm(c.d_model) if c.norm_first else None)
+        self.decoder = TransformerStack((self._layer(cross=True) for _ in range(c.decoder_layers)),
+                                        norm=nn.LayerNorm(c.d_model) if c.norm_first else None)
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.dropout = nn.Dropout(c.dropout)
         self._init_weights()
@@ -178,39 +182,29 @@ class TranslationModel(nn.Module):
         x = embedding(ids) * math.sqrt(self.config.d_model)  # (b, n, E)
         return self.dropout(self.positions(x, offset=offset))
 
-    def encode(self, src: torch.Tensor, *, trace: bool = False):
-        """src (b, s) → memory (b, s, E); with ``trace``, ``(memory, [LayerTrace] per layer)``."""
-        src_mask = src != self.config.pad_id  # (b, s) True for real tokens
-        x = self.embed(self.src_embed, src)  # (b, s, E)
-        traces = []
-        for layer in self.encoder:
-            if trace:
-                x, layer_trace = layer(x, key_padding_mask=src_mask, trace_rows=slice(None))
-                traces.append(layer_trace)
-            else:
-                x = layer(x, key_padding_mask=src_mask)
-        x = self.encoder_norm(x)
-        return (x, traces) if trace else x
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """src (b, s) → memory (b, s, E), the encoder's output."""
+        return self._encode(src).last_hidden_state
 
-    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor, *,
-               trace: bool = False):
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """Teacher-forced: tgt (b, t) French inputs → logits (b, t, V).
 
         The decoder's self-attention is causal; French padding sits after the real tokens, so
         causality alone keeps real positions from seeing it (its outputs are never scored).
-        With ``trace``, returns ``(logits, [LayerTrace] per layer)``.
+        ``memory_mask`` (b, s) is True for real English tokens.
         """
+        return self.generator(self._decode(tgt, memory, memory_mask).last_hidden_state)
+
+    def _encode(self, src: torch.Tensor, trace_rows=None) -> StackOutput:
+        x = self.embed(self.src_embed, src)  # (b, s, E)
+        mask = AttentionMask(key_padding=src != self.config.pad_id)  # (b, s) True for real tokens
+        return self.encoder(x, mask=mask, trace_rows=trace_rows)
+
+    def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,
+                trace_rows=None) -> StackOutput:
         x = self.embed(self.tgt_embed, tgt)  # (b, t, E)
-        traces = []
-        for layer in self.decoder:
-            kwargs = dict(memory=memory, memory_key_padding_mask=memory_mask, is_causal=True)
-            if trace:
-                x, layer_trace = layer(x, trace_rows=slice(None), **kwargs)
-                traces.append(layer_trace)
-            else:
-                x = layer(x, **kwargs)
-        logits = self.generator(self.decoder_norm(x))  # (b, t, V)
-        return (logits, traces) if trace else logits
+        return self.decoder(x, mask=AttentionMask(causal=True), memory=memory,
+                            memory_mask=AttentionMask(key_padding=memory_mask), trace_rows=trace_rows)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """src (b, s) English ids + [EOS]; tgt (b, t) [BOS] + French ids → logits (b, t, V)."""
@@ -219,9 +213,9 @@ class TranslationModel(nn.Module):
 
     def trace(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, TranslationTrace]:
         """The forward pass with every attention intermediate kept: ``(logits, trace)``."""
-        memory, enc = self.encode(src, trace=True)
-        logits, dec = self.decode(tgt, memory, src != self.config.pad_id, trace=True)
-        return logits, TranslationTrace(encoder=enc, decoder=dec)
+        enc = self._encode(src, trace_rows=slice(None))
+        dec = self._decode(tgt, enc.last_hidden_state, src != self.config.pad_id, trace_rows=slice(None))
+        return self.generator(dec.last_hidden_state), TranslationTrace(encoder=enc.traces, decoder=dec.traces)
 
     # -- incremental decoding ----------------------------------------------------------------
     def start(self, src: torch.Tensor, max_new: int) -> DecoderState:
@@ -239,11 +233,23 @@ class TranslationModel(nn.Module):
         Positions continue from ``state.length``; the caches grow by n.
         """
         x = self.embed(self.tgt_embed, tokens, offset=state.length)  # (b, n, E)
-        for layer, self_cache, cross_cache in zip(self.decoder, state.self_caches,
-                                                  state.cross_caches):
-            x = layer(x, memory=state.memory, memory_key_padding_mask=state.memory_mask,
-                      is_causal=True, kv_cache=self_cache, memory_kv_cache=cross_cache)
-        return self.generator(self.decoder_norm(x))  # (b, n, V)
+        # causal, bottom-right: the n new tokens are the last of the cached positions
+        out = self.decoder(x, mask=AttentionMask(causal=True, alignment="bottom_right"),
+                           memory=state.memory, memory_mask=AttentionMask(key_padding=state.memory_mask),
+                           kv_caches=state.self_caches, memory_kv_caches=state.cross_caches)
+        return self.generator(out.last_hidden_state)  # (b, n, V)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def upgrade_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoints written before the layer stack (format 1) name layers ``encoder.0.…`` and
+    the final norms ``encoder_norm.…``; today's model has ``encoder.layers.0.…`` and
+    ``encoder.norm.…``. Renames the old names, leaves new ones alone."""
+    out = {}
+    for name, x in tensors.items():
+        name = re.sub(r"^(encoder|decoder)\.(\d+)\.", r"\1.layers.\2.", name)
+        name = re.sub(r"^(encoder|decoder)_norm\.", r"\1.norm.", name)
+        out[name] = x
+    return out

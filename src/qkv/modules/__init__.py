@@ -3,20 +3,23 @@
 * ``multihead.py``   — :class:`MultiHeadAttention` (self, cross, GQA, MQA)
 * ``kv_cache.py``    — :class:`KVCache` for incremental decoding
 * ``positional.py``  — sinusoidal, learned, rotary (RoPE), ALiBi
-* ``feedforward.py`` — :class:`FeedForward`
+* ``feedforward.py`` — :class:`FeedForward`, :class:`GatedFeedForward` (SwiGLU)
 * ``transformer.py`` — :class:`TransformerLayer` (pre-/post-norm, optional cross-attention)
+* ``stack.py``       — :class:`TransformerStack`, the one layer loop every model uses
 """
 
-from qkv.modules.feedforward import FeedForward
+from qkv.modules.feedforward import FeedForward, GatedFeedForward
 from qkv.modules.kv_cache import KVCache
-from qkv.modules.multihead import MultiHeadAttention, MultiHeadTrace
+from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 from qkv.modules.positional import (
     ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
 )
-from qkv.modules.transformer import LayerTrace, TransformerLayer
+from qkv.modules.stack import StackOutput, TransformerStack
+from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
 
 __all__ = [
-    "ALiBi", "FeedForward", "KVCache", "LayerTrace", "LearnedPositionalEmbedding",
-    "MultiHeadAttention", "MultiHeadTrace", "RotaryEmbedding", "SinusoidalPositionalEncoding",
-    "TransformerLayer",
+    "ALiBi", "AttentionOutput", "FeedForward", "GatedFeedForward", "KVCache", "LayerOutput",
+    "LayerTrace", "LearnedPositionalEmbedding", "MultiHeadAttention", "MultiHeadTrace",
+    "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
+    "TransformerStack",
 ]

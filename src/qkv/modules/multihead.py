@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
-from qkv.attention.masks import structural_mask
+from qkv.attention.masks import AttentionMask, combine
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.positional import ALiBi, RotaryEmbedding
 
@@ -42,26 +42,20 @@ class MultiHeadTrace:
     attention: AttentionTrace
 
 
-def _as_float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype != torch.bool:
-        return mask.to(dtype)
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+@dataclass(frozen=True)
+class AttentionOutput:
+    """What one multi-head attention call returns, whatever was asked for.
 
+    Fields:
+        output: (b, t, E) the attention block's output (after ``out_proj``).
+        weights: None unless ``need_weights``; then (b, t, s) averaged over heads, or
+            (b, h, t, s) with ``average_attn_weights=False``.
+        trace: None unless ``trace_rows``; then a :class:`MultiHeadTrace` of those rows.
+    """
 
-def merge_masks(*masks: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Combine masks that broadcast together: all bool → AND; any float → sum of float masks."""
-    present = [m for m in masks if m is not None]
-    if not present:
-        return None
-    if all(m.dtype == torch.bool for m in present):
-        out = present[0]
-        for m in present[1:]:
-            out = out & m
-        return out
-    out = _as_float_mask(present[0], dtype)
-    for m in present[1:]:
-        out = out + _as_float_mask(m, dtype)
-    return out
+    output: torch.Tensor
+    weights: torch.Tensor | None = None
+    trace: MultiHeadTrace | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -87,8 +81,8 @@ class MultiHeadAttention(nn.Module):
     Example:
         >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2)
         >>> x = torch.randn(2, 5, 16)                          # (b, t, E)
-        >>> out, w = mha(x, need_weights=True, is_causal=True)
-        >>> out.shape, w.shape                                 # (b, t, E), (b, t, s)
+        >>> res = mha(x, need_weights=True, is_causal=True)
+        >>> res.output.shape, res.weights.shape                # (b, t, E), (b, t, s)
         (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
     """
 
@@ -127,9 +121,15 @@ class MultiHeadAttention(nn.Module):
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{name} must have shape (batch, length, {width}), got {shape}")
 
-    def _mask(self, attn_mask, key_padding_mask, b, t, s, dtype, device, is_causal, offset):
-        """Every mask of this call folded into one, broadcastable to (b, h, t, s), or None;
-        and the causal arguments for the attention function."""
+    def _describe(self, mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset) -> AttentionMask:
+        """This call's masks as one :class:`AttentionMask` description (nothing materialised)."""
+        if mask is not None:
+            if attn_mask is not None or key_padding_mask is not None or is_causal:
+                raise ValueError("pass either mask=AttentionMask(...) or attn_mask / key_padding_mask / "
+                                 "is_causal, not both")
+            if not isinstance(mask, AttentionMask):
+                raise ValueError(f"mask must be a qkv.attention.AttentionMask, got {type(mask).__name__}")
+            return mask
         if attn_mask is not None:
             if attn_mask.ndim == 3:
                 if attn_mask.shape[0] != b * self.num_heads:
@@ -143,33 +143,37 @@ class MultiHeadAttention(nn.Module):
             if key_padding_mask.shape != (b, s):
                 raise ValueError(f"key_padding_mask must be (batch, s) = ({b}, {s}), "
                                  f"got {tuple(key_padding_mask.shape)}")
-            key_padding_mask = key_padding_mask[:, None, None, :]  # (b, 1, 1, s)
-        alibi = self.alibi.bias(t, s, device=device) if self.alibi is not None else None  # (h, t, s)
-        mask = merge_masks(attn_mask, key_padding_mask, alibi, dtype=dtype)
+            if key_padding_mask.dtype != torch.bool:  # a float one is added: part of the dense mask
+                attn_mask = combine(attn_mask, key_padding_mask[:, None, None, :].to(self.q_proj.weight.dtype))
+                key_padding_mask = None
         # Queries are the last t of s positions when a cache holds earlier tokens.
-        alignment = "bottom_right" if offset else "top_left"
-        if is_causal and mask is not None:
-            causal = structural_mask(t, s, is_causal=True, causal_alignment=alignment, device=device)
-            return merge_masks(mask, causal, dtype=dtype), dict(is_causal=False)
-        # Causality alone goes to the kernel as a flag, so torch's causal kernel can run.
-        return mask, dict(is_causal=is_causal, causal_alignment=alignment)
+        return AttentionMask(causal=is_causal, alignment="bottom_right" if offset else "top_left",
+                             key_padding=key_padding_mask, dense=attn_mask)
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
-                value: torch.Tensor | None = None, *, attn_mask: torch.Tensor | None = None,
+                value: torch.Tensor | None = None, *, mask: AttentionMask | None = None,
+                attn_mask: torch.Tensor | None = None,
                 key_padding_mask: torch.Tensor | None = None, is_causal: bool = False,
                 kv_cache: KVCache | None = None, need_weights: bool = False,
-                average_attn_weights: bool = True, trace_rows: torch.Tensor | slice | None = None):
+                average_attn_weights: bool = True,
+                trace_rows: torch.Tensor | slice | None = None) -> AttentionOutput:
         """Attend from ``query`` (b, t, E) to ``key`` (b, s, kdim) / ``value`` (b, s, vdim).
 
         ``key``/``value`` default to ``query`` (self-attention). With ``kv_cache`` the new keys
         and values are appended to it and the queries attend to everything cached, causally
         aligned bottom-right; rotary positions continue from the cache's length.
 
+        Masks: either ``mask``, an :class:`~qkv.attention.AttentionMask` description (what a
+        :class:`~qkv.modules.TransformerStack` passes down, built once per forward; it may hold
+        packed sequences), or the ``torch.nn.MultiheadAttention``-style ``attn_mask``,
+        ``key_padding_mask`` and ``is_causal``. ALiBi reaches the attention as a score bias,
+        apart from the mask.
+
         Returns:
-            ``(output, weights)``: output (b, t, E); weights None unless ``need_weights``, then
-            (b, t, s) averaged over heads or (b, h, t, s). With ``trace_rows`` (query positions,
-            or ``slice(None)`` for all) a third item, a :class:`MultiHeadTrace` of those rows.
+            An :class:`AttentionOutput`: ``output`` (b, t, E) always; ``weights`` when
+            ``need_weights``; ``trace`` when ``trace_rows`` (query positions, or
+            ``slice(None)`` for all) is given.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -192,20 +196,21 @@ class MultiHeadAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)
         s = k.shape[-2]
-        mask, causal = self._mask(attn_mask, key_padding_mask, b, t, s, q.dtype, q.device,
-                                  is_causal, offset)
+        description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
+        bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
         dropout_p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
 
         # 3) attend: the traced (reference) path when weights or a trace are wanted
         trace = None
         if need_weights or trace_rows is not None:
-            trace = attention_trace(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa,
-                                    **causal)
+            trace = attention_trace(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
+                                    enable_gqa=gqa)
             heads = trace.output  # (b, h, t, d)
         else:
-            heads = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                                 enable_gqa=gqa, backend=self.backend, **causal)
+            heads = scaled_dot_product_attention(q, k, v, mask=description, bias=bias,
+                                                 dropout_p=dropout_p, enable_gqa=gqa,
+                                                 backend=self.backend)
         # 4) concatenate the heads and mix them
         out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
@@ -214,14 +219,14 @@ class MultiHeadAttention(nn.Module):
             weights = trace.weights.to(query.dtype)  # (b, h, t, s)
             weights = weights.mean(dim=1) if average_attn_weights else weights
         if trace_rows is None:
-            return out, weights
+            return AttentionOutput(out, weights)
         rows = torch.arange(t, device=query.device)[trace_rows]
         new = key.shape[1]
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
                                 value_input=value if new == s else value.new_empty(0),
                                 attention=trace.detach().select_rows(rows))
-        return out, weights, record
+        return AttentionOutput(out, weights, record)
 
     # -- interop -----------------------------------------------------------------------------
     @classmethod

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from qkv.errors import QkvError
 from qkv.files import atomic_write, atomic_write_text
-from qkv.models.translation import TranslationConfig, TranslationModel
+from qkv.models.translation import TranslationConfig, TranslationModel, upgrade_state_dict
 from qkv.translate.vocab import Vocab
 
 MODEL_TYPE = "qkv-translation"
@@ -103,6 +103,7 @@ def model_tensors(model: TranslationModel) -> dict[str, torch.Tensor]:
 
 def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor], source: str) -> None:
     """Copy ``tensors`` into ``model``; QkvError naming missing, unexpected or mis-shaped tensors."""
+    tensors = upgrade_state_dict(tensors)  # format-1 checkpoints: layers before the stack
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

@@ -85,8 +85,8 @@ def head_alignment(model: TranslationModel, vocab: Vocab, pairs: Sequence[Pair],
     hits = torch.zeros(L, H)
     total, start = 0, 0
     for batch in iter_batches(corpus, batch_size):
-        memory = model.encode(batch.src)  # (b, s, E); only the decoder's attention is read
-        _, traces = model.decode(batch.tgt_in, memory, batch.src != PAD_ID, trace=True)
+        _, trace = model.trace(batch.src, batch.tgt_in)  # only the decoder's attention is read
+        traces = trace.decoder
         weights = torch.stack([t.cross_attn.attention.weights for t in traces])  # (L, b, H, t, s)
         top = weights.argmax(-1)  # (L, b, H, t)
         for row, pair in enumerate(pairs[start : start + batch.src.shape[0]]):

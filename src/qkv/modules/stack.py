@@ -1,0 +1,104 @@
+"""The one layer loop: a :class:`TransformerStack` of :class:`TransformerLayer` s.
+
+Every model — BERT's encoder, GPT-2's decoder, both halves of the translation model — runs its
+layers through :meth:`TransformerStack.forward`; nowhere else loops over layers::
+
+    x ─► layer 0 ─► layer 1 ─► … ─► layer L−1 ─► [final norm] ─► last_hidden_state
+    │        │          │                  │
+    hidden_states[0]   [1]     …        [L]   (what enters layer ℓ is hidden_states[ℓ])
+
+The mask is built once per forward as an :class:`~qkv.attention.AttentionMask` description
+(causal, padding, packed sequences) and handed to every layer unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from qkv.attention.masks import AttentionMask
+from qkv.modules.kv_cache import KVCache
+from qkv.modules.transformer import LayerTrace, TransformerLayer
+
+
+@dataclass(frozen=True)
+class StackOutput:
+    """What a stack returns, whatever was asked for.
+
+    Fields:
+        last_hidden_state: (b, t, E) the last layer's output, after the final norm if any.
+        hidden_states: None unless asked for; then ``num_layers + 1`` tensors (b, t, E):
+            ``hidden_states[ℓ]`` is exactly what enters layer ℓ, and the last one is the last
+            layer's output *before* the final norm.
+        traces: None unless ``trace_rows``; then one :class:`LayerTrace` per layer.
+    """
+
+    last_hidden_state: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    traces: list[LayerTrace] | None = None
+
+
+class TransformerStack(nn.Module):
+    """Layers applied in order, then an optional final norm (pre-norm stacks end with one).
+
+    Indexing, ``len`` and iteration reach the layers: ``stack[0].self_attn``.
+
+    Example:
+        >>> stack = TransformerStack([TransformerLayer.build(16, 4, 32) for _ in range(2)])
+        >>> out = stack(torch.randn(1, 5, 16), mask=AttentionMask(causal=True),
+        ...             output_hidden_states=True)
+        >>> out.last_hidden_state.shape, len(out.hidden_states)
+        (torch.Size([1, 5, 16]), 3)
+    """
+
+    def __init__(self, layers: Iterable[TransformerLayer], norm: nn.Module | None = None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index: int) -> TransformerLayer:
+        return self.layers[index]
+
+    def __iter__(self) -> Iterator[TransformerLayer]:
+        return iter(self.layers)
+
+    def forward(self, x: torch.Tensor, *, mask: AttentionMask | None = None,
+                memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
+                kv_caches: list[KVCache] | None = None,
+                memory_kv_caches: list[KVCache] | None = None,
+                trace_rows: torch.Tensor | slice | None = None,
+                output_hidden_states: bool = False) -> StackOutput:
+        """x: (b, t, E) → a :class:`StackOutput`.
+
+        Args:
+            mask: the self-attention's :class:`~qkv.attention.AttentionMask` (None = full).
+            memory, memory_mask: the encoder output (b, s, E) and its mask, for layers with
+                cross-attention.
+            kv_caches, memory_kv_caches: one :class:`KVCache` per layer (decoding).
+            trace_rows: query positions whose attention every layer records.
+            output_hidden_states: also return what enters each layer.
+        """
+        for name, caches in (("kv_caches", kv_caches), ("memory_kv_caches", memory_kv_caches)):
+            if caches is not None and len(caches) != len(self.layers):
+                raise ValueError(f"{name} must hold one KVCache per layer ({len(self.layers)}), "
+                                 f"got {len(caches)}")
+        hidden, traces = [x], []
+        for i, layer in enumerate(self.layers):
+            out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
+                        kv_cache=kv_caches[i] if kv_caches is not None else None,
+                        memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
+                        trace_rows=trace_rows)
+            x = out.hidden
+            hidden.append(x)
+            traces.append(out.trace)
+        return StackOutput(
+            last_hidden_state=self.norm(x) if self.norm is not None else x,
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            traces=traces if trace_rows is not None else None,
+        )
