@@ -9,17 +9,20 @@
     torch.Size([1, 384])
 """
 
-from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
+from qkv.attention import (
+    AttentionMask, AttentionTrace, VarLen, attention_trace, scaled_dot_product_attention,
+)
 from qkv.modules import (
-    ALiBi, FeedForward, KVCache, LearnedPositionalEmbedding, MultiHeadAttention, RotaryEmbedding,
-    SinusoidalPositionalEncoding, TransformerLayer,
+    ALiBi, FeedForward, GatedFeedForward, KVCache, LearnedPositionalEmbedding, MultiHeadAttention,
+    RotaryEmbedding, SinusoidalPositionalEncoding, TransformerLayer, TransformerStack,
 )
 from qkv.models import load
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALiBi", "AttentionTrace", "FeedForward", "KVCache", "LearnedPositionalEmbedding",
-    "MultiHeadAttention", "RotaryEmbedding", "SinusoidalPositionalEncoding", "TransformerLayer",
+    "ALiBi", "AttentionMask", "AttentionTrace", "FeedForward", "GatedFeedForward", "KVCache",
+    "LearnedPositionalEmbedding", "MultiHeadAttention", "RotaryEmbedding",
+    "SinusoidalPositionalEncoding", "TransformerLayer", "TransformerStack", "VarLen",
     "attention_trace", "load", "scaled_dot_product_attention",
 ]
