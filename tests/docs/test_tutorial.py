@@ -1,16 +1,9 @@
 """docs/tutorial.md cannot go stale: every ``$ qkv ...`` line in its ```console blocks is re-run
 and its output compared with what the tutorial shows.
 
-The matching rule (robust to float round-off, strict about everything else):
-
-* The expected output is the block's lines after the command, up to the next ``$ `` line or the
-  end of the block. Trailing spaces are ignored and runs of spaces count as one space (table
-  columns may shift when a number's width changes).
-* A line that is exactly ``...`` matches any number of output lines (zero or more).
-* Numbers with a decimal point are compared as numbers: equal within one unit of the last
-  printed digit (so 0.7500 matches 0.7501, not 0.7520). Numbers in scientific notation
-  (``2.4e-07``) are float round-off reports: they match when both are below 1e-5, otherwise
-  within 5 %. Integers and all other text must match exactly.
+The expected output is the block's lines after the command, up to the next ``$ `` line or the
+end of the block, compared by the rule of ``tests/numbers_match.py`` (robust to float round-off,
+strict about everything else; a line ``...`` matches any number of lines).
 
 Commands run in-process through ``qkv.cli.main`` (stdout captured, which is not a terminal, so
 the output is the plain 120-column text the tutorial shows), and must exit with 0.
@@ -23,11 +16,11 @@ import shlex
 from pathlib import Path
 
 import pytest
+from numbers_match import line_matches, output_matches
 
 from qkv.cli import main
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
-NUMBER = re.compile(r"(-?\d+\.\d+(?:e[-+]?\d+)?|-?\d+e[-+]?\d+)")
 
 
 def commands(text: str) -> list[tuple[str, list[str]]]:
@@ -41,47 +34,6 @@ def commands(text: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _parts(line: str) -> list[str]:
-    return NUMBER.split(" ".join(line.split()))
-
-
-def _numbers_match(want: str, got: str) -> bool:
-    a, b = float(want), float(got)
-    if "e" in want.lower():
-        return (abs(a) < 1e-5 and abs(b) < 1e-5) or abs(a - b) <= 0.05 * abs(a)
-    decimals = len(want.split(".")[1])
-    return abs(a - b) <= 10 ** -decimals * 1.0001
-
-
-def line_matches(want: str, got: str) -> bool:
-    w, g = _parts(want), _parts(got)
-    if len(w) != len(g):
-        return False
-    for i, (x, y) in enumerate(zip(w, g)):
-        if i % 2 == 0:
-            if x != y:
-                return False
-        elif not _numbers_match(x, y):
-            return False
-    return True
-
-
-def output_matches(want: list[str], got: list[str]) -> bool:
-    """Match with ``...`` lines as wildcards (zero or more lines), by dynamic programming."""
-    want = [w.rstrip() for w in want]
-    got = [g.rstrip() for g in got]
-    # ok[i][j]: want[i:] matches got[j:]
-    ok = [[False] * (len(got) + 1) for _ in range(len(want) + 1)]
-    ok[len(want)][len(got)] = True
-    for i in range(len(want) - 1, -1, -1):
-        for j in range(len(got), -1, -1):
-            if want[i] == "...":
-                ok[i][j] = ok[i + 1][j] or (j < len(got) and ok[i][j + 1])
-            else:
-                ok[i][j] = j < len(got) and line_matches(want[i], got[j]) and ok[i + 1][j + 1]
-    return ok[0][0]
-
-
 def run_cli(command: str) -> list[str]:
     argv = shlex.split(command)
     assert argv[0] == "qkv", command
@@ -93,8 +45,6 @@ def run_cli(command: str) -> list[str]:
 
 
 CASES = commands(TUTORIAL.read_text(encoding="utf-8"))
-
-
 
 
 def test_the_tutorial_has_commands_for_every_question():
