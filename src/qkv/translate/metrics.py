@@ -18,7 +18,7 @@ from qkv.errors import QkvError
 from qkv.models.translation import TranslationModel
 from qkv.translate.data import encode_pairs, iter_batches
 from qkv.translate.grammar import Pair
-from qkv.translate.vocab import PAD_ID, Vocab
+from qkv.translate.vocab import Vocab
 
 
 def exact_match(hypotheses: list[str], references: list[str]) -> float:
