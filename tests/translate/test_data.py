@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -55,6 +57,14 @@ def test_batches_are_trimmed_and_right_padded(corpus):
 def test_iter_batches_covers_the_corpus_in_order(corpus):
     rows = torch.cat([b.src[:, :1] for b in iter_batches(corpus, 64)])
     assert torch.equal(rows, corpus.src[:, :1])
+
+
+def test_cached_splits_cannot_be_changed_by_a_caller():
+    splits = load_splits(0)
+    assert load_splits(0) is splits  # one object for every caller, so it must be immutable
+    assert all(isinstance(part, tuple) for part in (splits.train, splits.valid, splits.test))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        splits.train = ()  # type: ignore[misc]
 
 
 def test_pad():
