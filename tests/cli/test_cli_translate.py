@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from numbers_match import contains_line
 
 from qkv.cli import main
 from qkv.translate.checkpoint import default_model_dir
@@ -85,13 +86,24 @@ def test_other_model_types_and_corrupt_checkpoints(capsys, tmp_path):
     assert code == 2 and "corrupt checkpoint" in err and "Traceback" not in err
 
 
-def test_evaluate_json(capsys):
+def test_evaluate_json_and_text(capsys):
     code, out, _ = run(capsys, "evaluate", "--json")
     report = json.loads(out)
     assert code == 0
     assert report["splits"]["seen"]["exact_match"] >= 0.98
     assert report["splits"]["unseen"]["exact_match"] >= 0.98
     assert len(report["alignment"]["heads"]) == 3
+    code, text, _ = run(capsys, "evaluate")
+    assert code == 0 and text.startswith(f"model: {report['model']} (step {report['step']}) · "
+                                         f"test split · greedy\n")
+    for key, label in (("seen", "seen combinations"), ("unseen", "held-out combinations"), ("all", "all")):
+        part = report["splits"][key]
+        assert contains_line(f"{label} {part['sentences']} {part['exact_match']:.2%} "
+                             f"{part['bleu']:.2f}", text), key
+    for layer, row in enumerate(report["alignment"]["heads"]):
+        assert contains_line(f"L{layer} " + " ".join(f"{a:.2%}" for a in row), text)
+    best = report["alignment"]["best"]
+    assert f"best head: L{best['layer']} H{best['head']} ({best['accuracy']:.2%})" in text
 
 
 TINY = ["--d-model", "16", "--num-heads", "2", "--encoder-layers", "1", "--decoder-layers", "1",
