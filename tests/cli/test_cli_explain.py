@@ -1,6 +1,7 @@
 """``qkv explain`` / ``qkv heads`` / ``qkv softmax-demo`` through the real CLI entry point:
-output, --json contents (checked against the model's traces and Hugging Face), --png files, and
-every user error as one line with exit code 2."""
+output (numbers compared within their printed precision, ``tests/numbers_match.py``), --json
+contents (checked against the model's traces and Hugging Face, and equal to the library's
+``to_dict()``), --png files, and every user error as one line with exit code 2, naming flags."""
 
 import json
 import os
@@ -9,13 +10,26 @@ import sys
 
 import pytest
 import torch
+import transformers
+from numbers_match import contains_line, line_matches
 
+import qkv
+import qkv.explain
 from qkv.cli import main
 from qkv.explain import forward
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from qkv.models.loading import minilm_dir
 
 TEXT = "The dog found some pizza next to the baby and ate it"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return qkv.load("minilm")
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
 
 
 def run(capsys, *argv):
@@ -35,15 +49,15 @@ def test_overview_text(capsys):
     assert len(rows) == 72
     starred = [r for r in rows if r[0] == "*"]
     assert len(starred) == 7 and all(r[6] == "pizza" for r in starred)
-    assert ["*", "8", "L3", "H1", "0.750"] == starred[0][:5]
+    assert line_matches("* 8 L3 H1 0.750", " ".join(starred[0][:5]))
     assert "where the largest weight lands (72 heads): [CLS] 41" in out
 
 
-def test_overview_json_matches_traces(capsys):
+def test_overview_json_matches_traces(capsys, model):
     code, out, _ = run(capsys, "explain", TEXT, "--json", "--top", "2")
     d = json.loads(out)
     assert code == 0 and d["unit"] == "it" and d["unit_index"] == 12 and len(d["heads"]) == 72
-    traced = forward.trace(forward.load_model("minilm"), TEXT, torch.tensor([12]))
+    traced = forward.trace(model, TEXT, torch.tensor([12]))
     for h in d["heads"]:
         row = traced.weights(h["layer"])[h["head"], 0]
         assert h["weights"] == pytest.approx(row.double().tolist(), abs=1e-12)
@@ -52,10 +66,7 @@ def test_overview_json_matches_traces(capsys):
                                                            reverse=True)
 
 
-def test_step_by_step_json(capsys):
-    transformers = pytest.importorskip("transformers")
-    from qkv.models.loading import minilm_dir
-
+def test_step_by_step_json(capsys, model, hf):
     code, out, _ = run(capsys, "explain", TEXT, "--token", "it", "--layer", "3", "--head", "1", "--json")
     d = json.loads(out)
     assert code == 0
@@ -65,8 +76,7 @@ def test_step_by_step_json(capsys):
     assert (d["layer"], d["head"], d["token_index"]) == (3, 1, 12)
     assert len(d["keys"]) == len(d["values"]) == len(d["tokens"]) == 14
     assert d["max_abs_diff"] < 1e-5 and sum(d["weights"]) == pytest.approx(1.0, abs=1e-12)
-    hf = transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
-    ids = forward.encode(forward.load_model("minilm"), TEXT).ids
+    ids = forward.encode(model, TEXT).ids
     with torch.no_grad():
         att = hf(input_ids=torch.tensor([ids]), output_attentions=True).attentions
     assert d["weights"] == pytest.approx(att[3][0, 1, 12].tolist(), abs=2e-6)
@@ -81,8 +91,9 @@ def test_step_by_step_text(capsys):
     assert "sum of the weights = 1.000000" in out
     diff = float(out.split("max |difference| = ")[1].split()[0])
     assert diff < 1e-5
-    pizza = [l for l in out.splitlines() if l.split()[:2] == ["5", "pizza"]]
-    assert pizza and "4.9388   0.7500   [0.753" in pizza[0]  # scaled score, weight, v_j
+    # j, token, k_j, q·k_j, /√32, weight, v_j
+    assert contains_line(" 5   pizza   [0.082, -1.784, …, 0.287] (32)      27.938    4.9388   "
+                         "0.7500   [0.753, -0.597, …, -1.286] (32)", out)
 
 
 def test_words_and_split_word(capsys):
@@ -142,9 +153,29 @@ def test_no_projection(capsys):
                        "--no-projection")
     assert code == 0 and "q = k = v = x" in out
     assert "overall: without projections 85/90 (94%)" in out
+
+
+def test_no_projection_json_equals_hugging_face_by_hand(capsys, model, hf):
+    """Both rates of every layer, recomputed from Hugging Face's hidden states and attention
+    maps: without projections token i attends most to itself iff x_i·x_i ≥ x_i·x_j for all j;
+    with them, iff a head's attention row peaks at i."""
     code, out, _ = run(capsys, "explain", TEXT, "--no-projection", "--json")
     d = json.loads(out)
-    assert len(d["layers"]) == 6 and all(0 <= l["learned_self_rate"] <= 1 for l in d["layers"])
+    assert code == 0 and len(d["layers"]) == 6
+    ids = torch.tensor([forward.encode(model, TEXT).ids])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, output_hidden_states=True, output_attentions=True)
+    t = ids.shape[1]
+    for layer, got in zip(range(6), d["layers"]):
+        x = ref.hidden_states[layer][0].double()  # (t, E): what BERT's layer projects (post-norm)
+        gram = x @ x.T
+        plain = [bool(gram[i, i] >= gram[i].max()) for i in range(t)]
+        att = ref.attentions[layer][0]  # (h, t, s)
+        learned = [[int(att[h, i].argmax()) == i for i in range(t)] for h in range(12)]
+        assert got["no_projection_self"] == plain
+        assert got["no_projection_self_rate"] == sum(plain) / t
+        assert got["learned_self_per_head"] == pytest.approx([sum(r) / t for r in learned], abs=1e-12)
+        assert got["learned_self_rate"] == pytest.approx(sum(map(sum, learned)) / (12 * t), abs=1e-12)
 
 
 def test_softmax_demo(capsys):
@@ -195,13 +226,12 @@ def test_subprocess_overview_is_plain_text():
     r = subprocess.run([sys.executable, "-m", "qkv", "explain", TEXT, "--layer", "3", "--top", "1"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "\x1b[" not in r.stdout  # no colour codes in a pipe
-    assert "*      2   L3 H1    0.750      1.41   pizza 0.750" in r.stdout
+    assert contains_line("*      2   L3 H1    0.750      1.41   pizza 0.750", r.stdout)
 
 
 def test_translation_model_dir_is_dispatched(capsys, tmp_path):
     """A directory whose config.json says qkv-translation goes to qkv.explain.cross, which
     reports the missing checkpoint files as a one-line error (not the BERT loader's error)."""
-    pytest.importorskip("qkv.explain.cross")
     (tmp_path / "config.json").write_text('{"model_type": "qkv-translation"}')
     code, out, err = run(capsys, "explain", "the red apple", "--model", str(tmp_path))
     assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1
@@ -220,3 +250,63 @@ def test_heads_on_a_translation_model_says_what_to_use_instead(capsys):
     assert main(["heads", "the cat is red", "--from", "cat", "--to", "red", "--model", "translate"]) == 2
     err = capsys.readouterr().err
     assert "is a translation model" in err and "qkv explain TEXT --model translate" in err
+
+
+# -- the CLI is the library plus printing -----------------------------------------------------------
+LIBRARY_CALLS = [
+    (["explain", TEXT, "--json"], lambda m: qkv.explain.explain(m, TEXT)),
+    (["explain", TEXT, "--token", "the@0", "--to", "dog", "--top", "1", "--layer", "2", "--json"],
+     lambda m: qkv.explain.explain(m, TEXT, token="the@0", to="dog", top=1, layer=2)),
+    (["explain", "The pizzeria's owner", "--words", "--token", "pizzeria", "--json"],
+     lambda m: qkv.explain.explain(m, "The pizzeria's owner", token="pizzeria", words=True)),
+    (["explain", TEXT, "--token", "it", "--layer", "3", "--head", "1", "--json"],
+     lambda m: qkv.explain.explain_head(m, TEXT, token="it", layer=3, head=1)),
+    (["explain", TEXT, "--no-projection", "--layer", "4", "--json"],
+     lambda m: qkv.explain.no_projection(m, TEXT, layer=4)),
+]
+
+
+@pytest.mark.parametrize("argv, call", LIBRARY_CALLS, ids=[" ".join(a[2:]) for a, _ in LIBRARY_CALLS])
+def test_json_is_the_library_results_to_dict(capsys, model, argv, call):
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    d = call(model).to_dict()
+    assert json.loads(out) == json.loads(json.dumps(d, allow_nan=False))
+
+
+def test_heads_json_is_the_library_results_heads(capsys, model):
+    code, out, _ = run(capsys, "heads", TEXT, "--from", "it", "--to", "pizza", "--json")
+    assert code == 0
+    assert json.loads(out) == qkv.explain.heads(model, TEXT, source="it", target="pizza").to_dict()["heads"]
+
+
+def test_softmax_demo_json_is_the_library_result(capsys):
+    from qkv.explain.saturation import saturation
+
+    code, out, _ = run(capsys, "softmax-demo", "--dims", "8,32", "--trials", "50", "--json")
+    assert code == 0 and json.loads(out) == [r.to_dict() for r in saturation([8, 32], trials=50)]
+
+
+@pytest.mark.parametrize("argv, library, message", [
+    (["--token", "cat"], dict(token="cat"), "--token 'cat' is not a token of the text"),
+    (["--token", "the", "--to", "99"], dict(token="the", to="99"), "--to 99 is out of range"),
+    (["--layer", "6"], dict(layer=6), "--layer 6 is out of range"),
+    (["--top", "0"], dict(top=0), "--top must be at least 1, got 0"),
+])
+def test_the_library_names_arguments_the_cli_names_flags(capsys, model, argv, library, message):
+    """One message, two spellings: the library's starts with the argument's name, the CLI's with
+    its flag, and the rest is the same."""
+    with pytest.raises(qkv.explain.ArgumentError) as e:
+        qkv.explain.explain(model, TEXT, **library)
+    flag, library_message = message.split()[0], str(e.value)
+    assert library_message.startswith(e.value.argument + " ") and flag == "--" + e.value.argument
+    code, out, err = run(capsys, "explain", TEXT, *argv)
+    assert code == 2 and err.startswith(f"qkv: error: {message}")
+    assert err == f"qkv: error: {flag}{library_message[len(e.value.argument):]}\n"
+
+
+def test_notes_name_flags(capsys, model):
+    code, _, err = run(capsys, "heads", "the cat saw the dog", "--from", "the", "--to", "cat")
+    assert code == 0 and "Pick another with --from the@0 (occurrences count from 0) or --from 1." in err
+    ranking = qkv.explain.heads(model, "the cat saw the dog", source="the", target="cat")
+    assert "Pick another with source the@0 (occurrences count from 0) or source 1." in str(ranking.notes[0])

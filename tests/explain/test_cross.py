@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkv.cli import main
-from qkv.explain.cross import cross_attention
+from qkv.explain import cross_attention, cross_attention_head
 from qkv.translate.checkpoint import default_model_dir, load_checkpoint
 from qkv.translate.decode import greedy_decode
 from qkv.translate.vocab import BOS_ID, EOS_ID
@@ -107,3 +107,43 @@ def test_bad_options(capsys, argv, message):
 def test_unknown_words(capsys):
     code, _, err = run(capsys, "the zebra is red", "--model", MODEL)
     assert code == 2 and "unknown English word 'zebra'" in err
+
+
+def test_library_results_are_what_the_cli_prints(capsys, ckpt):
+    """to_dict() is JSON without NaN/inf and equals ``--json``; a checkpoint or its name works."""
+    for argv, result in (
+        ([], cross_attention(ckpt, SENTENCE)),
+        (["--token", "chats", "--layer", "1", "--top", "2"],
+         cross_attention("translate", SENTENCE, token="chats", layer=1, top=2)),
+        (["--layer", "2", "--head", "1", "--token", "rouge"],
+         cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1)),
+    ):
+        code, out, _ = run(capsys, SENTENCE, "--model", MODEL, "--json", *argv)
+        assert code == 0
+        assert json.loads(json.dumps(result.to_dict(), allow_nan=False)) == json.loads(out)
+    ca = cross_attention(ckpt, SENTENCE, token="chats", layer=1, top=2)
+    assert ca.token == 7 and ca.layers == (1,) and ca.model == "translate (shipped)"
+    assert [len(ca.top_weights(1, h, 7)) for h in range(4)] == [2] * 4
+
+
+def test_the_head_is_the_decoders_own(ckpt):
+    cs = cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1)
+    assert cs.french_index == 2 and cs.gold == (1,) and cs.steps.tokens == cs.attention.english
+    torch.testing.assert_close(cs.steps.weights, model_cross_weights(ckpt, SENTENCE)[2, 1, 2].double(),
+                               rtol=0, atol=1e-5)
+    assert "position 2 reads 'pomme' and produces 'rouge'" in cs.x_source
+    default = cross_attention_head(ckpt, SENTENCE, layer=0, head=0)  # the last French word
+    assert default.attention.french[default.french_index] == "noirs"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(layer=3), "layer 3 is out of range: the decoder has 3 layers (0–2)"),
+    (dict(token="zebre"), "token 'zebre' is not a token of the text"),
+    (dict(top=0), "top must be at least 1, got 0"),
+])
+def test_library_errors_name_the_arguments(ckpt, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        cross_attention(ckpt, SENTENCE, **kwargs)
+    assert str(e.value).startswith(message), str(e.value)
+    with pytest.raises(ValueError, match="^head 4 is out of range: each layer has 4 heads"):
+        cross_attention_head(ckpt, SENTENCE, layer=0, head=4)

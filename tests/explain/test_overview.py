@@ -1,16 +1,17 @@
 """The overview's numbers are the model's own attention: equal to Hugging Face's eager BERT
 attention probabilities on the same weights, kept for one row only, ranked as documented."""
 
-import os
+import json
 
 import pytest
 import torch
+import transformers
 
-from qkv.explain import forward
-from qkv.explain.overview import entropy_bits, overview
+import qkv
+from qkv.explain import explain, forward
+from qkv.explain.overview import entropy_bits
 from qkv.explain.select import token_units, word_units
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from qkv.models.loading import minilm_dir
 
 TEXT = "The dog found some pizza next to the baby and ate it"
 SPLIT = "The pizzeria's owner found it"  # "pizzeria" is several word pieces
@@ -18,16 +19,12 @@ SPLIT = "The pizzeria's owner found it"  # "pizzeria" is several word pieces
 
 @pytest.fixture(scope="module")
 def model():
-    return forward.load_model("minilm")
+    return qkv.load("minilm")
 
 
 @pytest.fixture(scope="module")
 def hf():
-    transformers = pytest.importorskip("transformers")
-    from qkv.models.loading import minilm_dir
-
-    m = transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager")
-    return m.eval()
+    return transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
 
 
 def hf_attentions(hf, ids):
@@ -63,10 +60,11 @@ def test_overview_keeps_one_row_per_head(model):
 
 def test_overview_ranks_by_largest_weight_and_finds_pizza(model, hf):
     enc = forward.encode(model, TEXT)
-    units = token_units(enc)
     it, pizza = enc.tokens.index("it"), enc.tokens.index("pizza")
-    traced = forward.trace(model, TEXT, torch.tensor([it]))
-    ov = overview([traced.weights(L) for L in range(6)], units, it, k=3)
+    ov = explain(model, TEXT, token="it")
+    assert ov.unit == it and ov.units.labels == token_units(enc).labels and ov.notes == ()
+    assert (ov.model, ov.text, ov.tokens, ov.num_layers, ov.num_heads) == (
+        "all-MiniLM-L6-v2", TEXT, enc.tokens, 6, 12)
     assert len(ov.rows) == 72
     maxes = [r.max_weight for r in ov.rows]
     assert maxes == sorted(maxes, reverse=True)
@@ -92,7 +90,8 @@ def test_words_average_rows_of_a_split_word(model, hf):
     rows = torch.tensor(units.groups[u])
     traced = forward.trace(model, SPLIT, rows, words=True)
     assert traced.weights(0).shape == (12, len(rows), len(enc.ids))
-    ov = overview([traced.weights(L) for L in range(6)], units, u, k=2)
+    ov = explain(model, SPLIT, token="pizzeria", words=True, top=2)
+    assert ov.unit == u and ov.units == units
     ref = hf_attentions(hf, enc.ids)[:, :, rows].double().mean(2)  # (layers, h, s)
     for r in ov.rows:
         want = torch.stack([ref[r.layer, r.head, list(g)].sum() for g in units.groups])
@@ -105,10 +104,37 @@ def test_entropy_bits_reference():
 
 
 def test_layer_filter_and_explicit_focus(model):
-    enc = forward.encode(model, TEXT)
-    units = token_units(enc)
-    it = enc.tokens.index("it")
-    traced = forward.trace(model, TEXT, torch.tensor([it]))
-    ov = overview([traced.weights(L) for L in range(6)], units, it, layer=5, focus=2)
+    ov = explain(model, TEXT, token="it", layer=5, to="2")
     assert {r.layer for r in ov.rows} == {5} and len(ov.rows) == 12
-    assert ov.focus == 2 and "'dog'" in ov.focus_reason
+    assert ov.focus == 2 and "'dog'" in str(ov.focus_reason)
+    n = sum(r.argmax == 2 for r in ov.rows)
+    assert ov.focus_reason.spelled({"to": "--to"}).endswith("is on 'dog' (--to)")
+    assert sum(ov.highlighted(r) for r in ov.rows) == n
+
+
+def test_to_dict_is_json_with_every_number(model, hf):
+    ov = explain(model, SPLIT, token="pizzeria", words=True, top=2)
+    d = json.loads(json.dumps(ov.to_dict(), allow_nan=False))
+    assert d["units"] == ov.units.labels and d["unit"] == "pizzeria" and d["words"] is True
+    assert d["token_indices"] == list(ov.units.groups[ov.unit]) and len(d["heads"]) == 72
+    enc = forward.encode(model, SPLIT)
+    rows = list(ov.units.groups[ov.unit])
+    ref = hf_attentions(hf, enc.ids)[:, :, rows].double().mean(2)  # (layers, h, s)
+    for h in d["heads"]:
+        want = [float(ref[h["layer"], h["head"], list(g)].sum()) for g in ov.units.groups]
+        assert h["weights"] == pytest.approx(want, abs=2e-6)
+        assert h["max_weight"] == pytest.approx(max(want), abs=2e-6)
+        assert want[ov.units.labels.index(h["argmax"])] == pytest.approx(max(want), abs=2e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(token="cat"), "token 'cat' is not a token of the text; the tokens are: 0:[CLS] 1:the"),
+    (dict(token="it", to="cat"), "to 'cat' is not a token of the text"),
+    (dict(layer=6), "layer 6 is out of range: all-MiniLM-L6-v2 has 6 layers (0–5)"),
+    (dict(top=0), "top must be at least 1, got 0"),
+    (dict(words=True, token="99"), "token 99 is out of range: the text has 14 words (0–13)"),
+])
+def test_errors_name_the_arguments(model, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        explain(model, TEXT, **kwargs)
+    assert str(e.value).startswith(message), str(e.value)

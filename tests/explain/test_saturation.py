@@ -29,7 +29,9 @@ def test_jacobian_norm_matches_autograd():
 
 def test_reproducible_and_checked():
     assert saturation([8], trials=50, seed=3) == saturation([8], trials=50, seed=3)
-    with pytest.raises(QkvError, match="--keys must be at least 2, got 1"):
+    with pytest.raises(QkvError, match="^keys must be at least 2, got 1$"):
         saturation([8], keys=1)
-    with pytest.raises(QkvError, match=r"--dims must be positive whole numbers, got \[0\]"):
+    with pytest.raises(QkvError, match=r"^dims must be positive whole numbers, got \[0\]$"):
         saturation([0])
+    with pytest.raises(QkvError, match="^trials must be at least 1, got 0$"):
+        saturation([8], trials=0)

@@ -6,15 +6,30 @@
     qkv softmax-demo [--dims 4,16,64,256,1024]
 
 Layers, heads, token indices and occurrences (``it@0``) all count from 0.
+
+These commands parse their flags, call :mod:`qkv.explain` (which computes every number), and
+print the result (:mod:`qkv.explain.render`, :mod:`qkv.explain.render_cross`), its ``to_dict()``
+(``--json``) or a figure (:mod:`qkv.explain.figures`). The library's errors and notes name its
+arguments (``token``, ``source``); :data:`FLAGS` re-spells them as this command line's flags
+(``--token``, ``--from``) — see :mod:`qkv.explain.wording`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import shlex
 import sys
 
 from qkv.errors import QkvError
+
+# How the flags spell the library's argument roles (qkv.explain.wording.ARGUMENTS for the rest).
+FLAGS = {
+    "token": "--token", "to": "--to", "layer": "--layer", "head": "--head", "words": "--words",
+    "top": "--top", "source": "--from", "target": "--to", "probe": "--probe", "dims": "--dims",
+    "keys": "--keys", "trials": "--trials",
+}
 
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
 
@@ -88,14 +103,35 @@ def _register_softmax_demo(sub) -> None:
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-def _note(message: str | None) -> None:
-    if message:
-        print(f"qkv: note: {message}", file=sys.stderr)
+def _in_flags(run):
+    """Run a command; re-raise a :mod:`qkv.explain` ArgumentError in the words of :data:`FLAGS`."""
+
+    @functools.wraps(run)
+    def wrapper(args: argparse.Namespace) -> int:
+        from qkv.explain.wording import ArgumentError
+
+        try:
+            return run(args)
+        except ArgumentError as e:
+            raise e.spelled(FLAGS) from None
+
+    return wrapper
 
 
-def _print_json(obj) -> None:
-    json.dump(obj, sys.stdout, allow_nan=False)
+def _notes(notes) -> None:
+    for note in notes:
+        print(f"qkv: note: {note.spelled(FLAGS)}", file=sys.stderr)
+
+
+def _print_json(obj, **kw) -> None:
+    json.dump(obj, sys.stdout, allow_nan=False, **kw)
     sys.stdout.write("\n")
+
+
+def _save(fig, path: str) -> None:
+    from qkv.explain.plots import save_atomic
+
+    save_atomic(fig, path)
 
 
 def _translation_dir(model: str) -> bool:
@@ -106,20 +142,20 @@ def _translation_dir(model: str) -> bool:
     return is_translation_model(model)
 
 
-def _check_top(top: int) -> None:
-    if top < 1:
-        raise QkvError(f"--top must be at least 1, got {top}")
+def _load(name: str):
+    from qkv.models import load
+
+    return load(name)
 
 
 # -- qkv explain -----------------------------------------------------------------------------------
+@_in_flags
 def run_explain(args: argparse.Namespace) -> int:
+    from qkv.explain.forward import check_text, check_top
+
     if _translation_dir(args.model):
-        from qkv.explain.cross import explain_translation
-
-        return explain_translation(args)
-    from qkv.explain import forward
-
-    _check_top(args.top)
+        return _explain_translation(args)
+    check_top(args.top)
     if args.head is not None and args.layer is None:
         raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
     if args.no_projection and (args.head is not None or args.png or args.to or args.token or args.words):
@@ -129,9 +165,8 @@ def run_explain(args: argparse.Namespace) -> int:
         from qkv.explain.plots import check_writable
 
         check_writable(args.png)  # before the model runs, so a typo costs nothing
-    forward.check_text(args.text)
-    model = forward.load_model(args.model)
-    forward.check_layer_head(model, args.layer, args.head)
+    check_text(args.text)
+    model = _load(args.model)
     if args.no_projection:
         return _explain_ablation(model, args)
     if args.head is not None:
@@ -139,140 +174,107 @@ def run_explain(args: argparse.Namespace) -> int:
     return _explain_overview(model, args)
 
 
-def _choose_unit(model, args):
-    from qkv.explain import forward
-    from qkv.explain.select import choose_in
-
-    encoding = forward.encode(model, args.text)
-    units, choice = choose_in(args.token, encoding, args.text, words=args.words, option="--token")
-    _note(choice.note)
-    return encoding, units, choice
-
-
 def _explain_overview(model, args) -> int:
-    import torch
-
-    from qkv.explain import forward
-    from qkv.explain.overview import overview, overview_json
+    from qkv.explain import explain
     from qkv.explain.render import console, render_overview
 
-    encoding, units, choice = _choose_unit(model, args)
-    focus = None
-    if args.to is not None:
-        from qkv.explain.select import choose
-
-        focus = choose(args.to, units, option="--to").unit
-    traced = forward.trace(model, args.text, torch.tensor(units.groups[choice.unit]),
-                           words=args.words, encoding=encoding)
-    per_layer = [traced.weights(layer) for layer in range(len(traced.traces))]
-    ov = overview(per_layer, traced.units, choice.unit, k=args.top, focus=focus, layer=args.layer)
-    name = forward.model_name(model)
+    ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
+                 layer=args.layer)
+    _notes(ov.notes)
     if args.png:
-        _grid_png(ov, args.png, name, forward.num_heads(model))
+        from qkv.explain.figures import overview_figure
+
+        _save(overview_figure(ov), args.png)
     if args.json:
-        _print_json(overview_json(ov, tokens=traced.tokens, model=name, text=args.text))
+        _print_json(ov.to_dict())
     else:
-        render_overview(console(), ov, model=name, layers=forward.num_layers(model),
-                        heads=forward.num_heads(model))
+        render_overview(console(), ov, names=FLAGS)
     if args.png:
         print(f"wrote {args.png}", file=sys.stderr)
     return 0
-
-
-def _grid_png(ov, path: str, model: str, heads: int) -> None:
-    import torch
-
-    from qkv.explain.plots import grid_map, save_atomic
-
-    ordered = sorted(ov.rows, key=lambda r: (r.layer, r.head))
-    rows = torch.stack([r.weights for r in ordered])  # (layers·heads, U)
-    label = ov.units.labels[ov.unit]
-    title = f"{model}: attention from {label!r}, every head (red dot: its largest weight)"
-    if ov.focus is not None:
-        title += f"\nred labels: heads whose largest weight is on {ov.units.labels[ov.focus]!r}"
-    fig = grid_map(rows, ov.units.labels, heads=heads, title=title,
-                   names=[f"L{r.layer} H{r.head}" for r in ordered],
-                   highlight=[ov.highlighted(r) for r in ordered])
-    save_atomic(fig, path)
 
 
 def _explain_steps(model, args) -> int:
-    import torch
-
-    from qkv.explain import forward
+    from qkv.explain import explain_head
     from qkv.explain.render import console, render_steps
-    from qkv.explain.steps import head_steps, steps_json
 
-    encoding, units, choice = _choose_unit(model, args)
-    group = units.groups[choice.unit]
-    position = group[-1]
-    units_note = None
-    if len(group) > 1:
-        units_note = (f"{units.labels[choice.unit]!r} is {len(group)} tokens "
-                      f"({', '.join(encoding.tokens[i] for i in group)}); the arithmetic is shown for "
-                      f"its last token, {position} (pick another with --token INDEX, without --words)")
-    # A heat map needs the head's whole map; otherwise keep only the explained row.
-    rows = slice(None) if args.png else torch.tensor([position])
-    traced = forward.trace(model, args.text, rows, words=args.words, encoding=encoding)
-    layer_trace = traced.traces[args.layer].self_attn
-    row = position if args.png else 0
-    st = head_steps(model.layers[args.layer].self_attn, layer_trace, layer=args.layer,
-                    head=args.head, row=row, tokens=traced.tokens)
-    name = forward.model_name(model)
+    st = explain_head(model, args.text, token=args.token, layer=args.layer, head=args.head,
+                      words=args.words)
+    _notes(st.notes)
     if args.png:
-        _head_png(traced, args, name)
+        from qkv.explain import attention_map
+        from qkv.explain.figures import map_figure
+
+        _save(map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
+                                       words=args.words)), args.png)
     if args.json:
-        _print_json(steps_json(st, model=name, text=args.text))
+        _print_json(st.to_dict())
     else:
-        entering = traced.hidden_states[args.layer][0, position]
-        same = torch.equal(entering, layer_trace.query_input[0, row])
-        source = (f"the vector entering layer {args.layer} at token {position} (hidden_states[{args.layer}]"
-                  f"[{position}]), the {entering.numel()} numbers projected into q"
-                  if same else
-                  f"the layer's normalised input at token {position} (norm1(hidden_states[{args.layer}]"
-                  f"[{position}]), pre-norm), the {entering.numel()} numbers projected into q")
-        render_steps(console(), st, model=name, units_note=units_note, x_source=source)
+        render_steps(console(), st, names=FLAGS)
     if args.png:
         print(f"wrote {args.png}", file=sys.stderr)
     return 0
 
 
-def _head_png(traced, args, model: str) -> None:
-    from qkv.explain.plots import head_map, save_atomic
-    from qkv.explain.select import group_columns, group_rows
-
-    w = traced.weights(args.layer)[args.head].double()  # (t, s)
-    units = traced.units
-    if units.words:
-        w = group_rows(group_columns(w, units), units)  # (U, U)
-    fig = head_map(w, units.labels, title=f"{model}: layer {args.layer}, head {args.head}")
-    save_atomic(fig, args.png)
-
-
 def _explain_ablation(model, args) -> int:
-    from qkv.explain import forward
-    from qkv.explain.ablation import ablation, ablation_json
+    from qkv.explain import no_projection
     from qkv.explain.render import console, render_ablation
 
-    encoding = forward.encode(model, args.text)
-    traced = forward.trace(model, args.text, slice(None), encoding=encoding)
-    layers = ablation(traced.traces)
-    if args.layer is not None:
-        layers = [layers[args.layer]]
-    name = forward.model_name(model)
+    result = no_projection(model, args.text, layer=args.layer)
     if args.json:
-        _print_json(ablation_json(layers, tokens=traced.tokens, model=name, text=args.text))
+        _print_json(result.to_dict())
     else:
-        render_ablation(console(), layers, model=name, tokens=traced.tokens,
-                        width=traced.hidden_states[0].shape[-1])
+        render_ablation(console(), result)
+    return 0
+
+
+def _explain_translation(args) -> int:
+    """``qkv explain`` for a translation model: its cross-attention (see qkv.explain.cross)."""
+    from qkv.explain import cross_attention, cross_attention_head
+    from qkv.explain.forward import check_top
+    from qkv.explain.render import console
+    from qkv.explain.render_cross import render_cross_overview, render_cross_steps
+
+    if args.to is not None or args.no_projection:
+        raise QkvError("--to and --no-projection are for self-attention models; a translation "
+                       "model's cross-attention is shown per French token (--token, --layer, --head)")
+    check_top(args.top)
+    if args.head is not None and args.layer is None:
+        raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
+    if args.png:
+        from qkv.explain.plots import check_writable
+
+        check_writable(args.png)
+    if args.head is not None:
+        result = cross_attention_head(args.model, args.text, token=args.token, layer=args.layer,
+                                      head=args.head)
+        ca = result.attention
+    else:
+        result = ca = cross_attention(args.model, args.text, token=args.token, top=args.top,
+                                      layer=args.layer)
+    _notes(ca.notes)
+    if args.png:
+        from qkv.explain.figures import cross_figure, cross_head_figure
+
+        _save(cross_head_figure(ca, args.layer, args.head) if args.head is not None
+              else cross_figure(ca), args.png)
+    if args.json:
+        _print_json(result.to_dict(), ensure_ascii=False)
+    elif args.head is not None:
+        render_cross_steps(console(), result)
+    else:
+        render_cross_overview(console(), ca, model_arg=shlex.quote(str(args.model)))
+    if args.png:
+        print(f"wrote {args.png}", file=sys.stderr)
     return 0
 
 
 # -- qkv heads -------------------------------------------------------------------------------------
+@_in_flags
 def run_heads(args: argparse.Namespace) -> int:
-    from qkv.explain import forward
+    from qkv.explain.forward import check_text, check_top
 
-    _check_top(args.top)
+    check_top(args.top)
     if _translation_dir(args.model):
         raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
                        f"{args.model!r} is a translation model: use qkv explain TEXT --model "
@@ -280,65 +282,49 @@ def run_heads(args: argparse.Namespace) -> int:
     if args.probe is not None:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
-        from qkv.explain.heads import load_probe
+        from qkv.explain.find_heads import load_probe
 
         load_probe(args.probe)  # an unknown name fails before the model loads
-        return _heads_probe(forward.load_model(args.model), args)
+        return _heads_probe(_load(args.model), args)
     if args.text is None:
         raise QkvError('give a TEXT with --from/--to (qkv heads "TEXT" --from it --to pizza), '
                        "or --probe coref")
     if args.target is None:
         raise QkvError("--to is needed: the word whose incoming weight ranks the heads")
-    forward.check_text(args.text)
-    model = forward.load_model(args.model)
-    return _heads_pair(model, args)
+    check_text(args.text)
+    return _heads_pair(_load(args.model), args)
 
 
 def _heads_pair(model, args) -> int:
-    import torch
-
-    from qkv.explain import forward
-    from qkv.explain.heads import rank_pair
+    from qkv.explain import heads
     from qkv.explain.render import console, render_pair
-    from qkv.explain.select import choose, word_units
 
-    encoding = forward.encode(model, args.text)
-    units = word_units(encoding, args.text)
-    source = choose(args.source, units, option="--from")
-    target = choose(args.target, units, option="--to")
-    _note(source.note)
-    _note(target.note)
-    traced = forward.trace(model, args.text, torch.tensor(units.groups[source.unit]), words=True,
-                           encoding=encoding)
-    ranked = rank_pair([traced.weights(layer) for layer in range(len(traced.traces))], units,
-                       source.unit, target.unit)
+    ranking = heads(model, args.text, source=args.source, target=args.target)
+    _notes(ranking.notes)
     if args.json:
-        _print_json([{"layer": h.layer, "head": h.head, "weight": h.weight} for h in ranked])
+        _print_json(ranking.to_dict()["heads"])
     else:
-        render_pair(console(), ranked, model=forward.model_name(model), units=units,
-                    source=source.unit, target=target.unit, top=args.top)
+        render_pair(console(), ranking, top=args.top)
     return 0
 
 
 def _heads_probe(model, args) -> int:
-    from qkv.explain import forward
-    from qkv.explain.heads import run_probe
+    from qkv.explain import probe
     from qkv.explain.render import console, render_probe
 
-    result = run_probe(model, args.probe)
+    result = probe(model, args.probe)
     if args.json:
-        n = len(result.items)
-        _print_json([{"layer": l, "head": h, "weight": acc, "accuracy": acc, "correct": c, "n": n}
-                     for l, h, acc, c in result.ranked()])
+        _print_json(result.to_dict()["heads"])
     else:
-        render_probe(console(), result, model=forward.model_name(model), top=args.top)
+        render_probe(console(), result, top=args.top)
     return 0
 
 
 # -- qkv softmax-demo ----------------------------------------------------------------------------
+@_in_flags
 def run_softmax_demo(args: argparse.Namespace) -> int:
-    from qkv.explain.render import console
-    from qkv.explain.saturation import render_saturation, saturation
+    from qkv.explain.render import console, render_saturation
+    from qkv.explain.saturation import saturation
 
     try:
         dims = [int(d) for d in args.dims.split(",") if d.strip()]
@@ -346,7 +332,7 @@ def run_softmax_demo(args: argparse.Namespace) -> int:
         raise QkvError(f"--dims must be comma-separated whole numbers, got {args.dims!r}") from None
     rows = saturation(dims, keys=args.keys, trials=args.trials, seed=args.seed)
     if args.json:
-        _print_json([r.__dict__ for r in rows])
+        _print_json([r.to_dict() for r in rows])
     else:
         render_saturation(console(), rows, keys=args.keys, trials=args.trials, seed=args.seed)
     return 0

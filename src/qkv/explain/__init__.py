@@ -1,20 +1,84 @@
-"""``qkv explain``: one token's attention on a real model, number by number.
+"""Explain attention as a library: a model and a text in, a typed result out.
+
+Every function runs the model's own forward once and returns a frozen dataclass read off the
+traces it recorded — never a second, "similar" computation. Each result has ``to_dict()``: plain,
+JSON-ready data, finite numbers only (a masked key's −inf is written ``"-inf"``; the convention is
+in :mod:`qkv.explain.jsonable`). The ``qkv explain`` / ``qkv heads`` commands are these functions
+plus printing: ``--json`` prints ``to_dict()``.
+
+========================================================  ===========================================
+function                                                  returns (to_dict = which ``--json``)
+========================================================  ===========================================
+``explain(model, text, *, token, words, top, to, layer)``  :class:`Overview`: every layer × head for
+                                                          one token, ranked (``qkv explain TEXT``)
+``explain_head(model, text, *, token, layer, head)``       :class:`HeadSteps`: one head's arithmetic
+                                                          in float64 (``… --layer L --head H``)
+``attention_map(model, text, *, layer, head, words)``      :class:`AttentionMap`: one head's (U, U) map
+``heads(model, text, *, source, target)``                  :class:`HeadRanking` (``qkv heads``: its
+                                                          ``"heads"`` list)
+``probe(model, name="coref")``                             :class:`ProbeResult` (``qkv heads --probe``:
+                                                          its ``"heads"`` list)
+``no_projection(model, text, *, layer)``                   :class:`NoProjection` (``--no-projection``)
+``cross_attention(checkpoint, text, *, token, top, layer)``  :class:`CrossAttention` (``--model translate``)
+``cross_attention_head(checkpoint, text, *, token, layer,  :class:`CrossHeadSteps` (``--model translate
+head)``                                                   --layer L --head H``)
+========================================================  ===========================================
+
+``model`` is a self-attention model from :func:`qkv.load` (pass it in; nothing here loads or
+caches models); ``checkpoint`` a :class:`~qkv.translate.checkpoint.Checkpoint` or a checkpoint
+directory (``"translate"``: the shipped one). Layers, heads, indices and occurrences
+(``token="it@0"``) count from 0.
+
+Errors: a bad argument raises :class:`ArgumentError` (a :class:`~qkv.errors.QkvError`, so a
+``ValueError``) whose message names the argument as this library spells it — ``token 'cat' is not
+a token of the text``, ``layer 6 is out of range``; the CLI re-spells the same message with its
+flags (``--token``, ``--layer``, ``--from``, ``--to``) via :meth:`ArgumentError.spelled` — see
+:mod:`qkv.explain.wording`. Notes about ambiguous choices (a repeated word, a split word) come back
+in a result's ``notes`` the same way.
+
+    >>> import qkv
+    >>> from qkv.explain import explain, explain_head
+    >>> model = qkv.load("minilm")
+    >>> text = "The dog found some pizza next to the baby and ate it"
+    >>> ov = explain(model, text, token="it")
+    >>> ov.units.labels[ov.focus], sum(ov.highlighted(r) for r in ov.rows)    # the focus word
+    ('pizza', 7)
+    >>> st = explain_head(model, text, token="it", layer=3, head=1)
+    >>> round(float(st.weights[st.tokens.index("pizza")]), 2), st.max_abs_diff < 1e-5
+    (0.75, True)
+    >>> explain(model, text, token="cat")
+    Traceback (most recent call last):
+    ...
+    qkv.explain.wording.ArgumentError: token 'cat' is not a token of the text; the tokens are: 0:[CLS] 1:the 2:dog 3:found 4:some 5:pizza 6:next 7:to 8:the 9:baby 10:and 11:ate 12:it 13:[SEP]
 
 Where things are:
 
 * ``forward.py``  — the one traced forward pass every number comes from (``trace_rows``)
-* ``select.py``   — tokens vs words (``--words``) and ``--token it@1``
-* ``overview.py`` — every layer and head ranked for one token
-* ``steps.py``    — one head's arithmetic redone in float64, compared with the forward
-* ``heads.py``    — heads ranked from one word to another; the coreference probe
-* ``ablation.py`` — ``--no-projection``: attention with q = k = v = x
-* ``saturation.py`` — why divide by √d_k (``qkv softmax-demo``)
-* ``render.py``, ``plots.py`` — terminal tables and heat maps
-* ``cross.py``    — the same for a translation model's cross-attention
-
-    >>> from qkv.explain import forward                               # doctest: +SKIP
-    >>> model = forward.load_model("minilm")                          # doctest: +SKIP
-    >>> traced = forward.trace(model, "The dog ate it", torch.tensor([4]))   # doctest: +SKIP
-    >>> traced.weights(3).shape      # (heads, traced rows, tokens)   # doctest: +SKIP
-    torch.Size([12, 1, 6])
+* ``select.py``   — tokens vs words (``words=True``) and ``token="it@1"``
+* ``overview.py`` — :func:`explain`: every layer and head ranked for one token
+* ``steps.py``    — :func:`explain_head`: one head's arithmetic redone in float64, compared with
+  the forward
+* ``maps.py``     — :func:`attention_map`: one head's whole map
+* ``find_heads.py`` — :func:`heads` (from one word to another) and :func:`probe` (coreference)
+* ``ablation.py`` — :func:`no_projection`: attention with q = k = v = x
+* ``saturation.py`` — why divide by √d_k, on random vectors (``qkv softmax-demo``)
+* ``cross.py``    — :func:`cross_attention`: the same for a translation model's cross-attention
+* ``wording.py``, ``jsonable.py`` — how messages name arguments; how results become JSON
+* ``render.py``, ``render_cross.py`` — terminal tables (rich); ``plots.py``, ``plots_cross.py`` —
+  heat maps (matplotlib). Neither is imported here: the computation does not need them.
 """
+
+from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
+from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
+from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
+from qkv.explain.maps import AttentionMap, attention_map
+from qkv.explain.overview import HeadRow, Overview, explain
+from qkv.explain.steps import HeadSteps, explain_head
+from qkv.explain.wording import ArgumentError, Message
+
+__all__ = [
+    "ArgumentError", "AttentionMap", "CrossAttention", "CrossHeadSteps", "HeadRanking", "HeadRow",
+    "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
+    "attention_map", "cross_attention", "cross_attention_head", "explain",
+    "explain_head", "heads", "no_projection", "probe",
+]

@@ -1,6 +1,6 @@
-"""``qkv explain TEXT --model translate``: where each generated French word looked in the English.
+"""A translation model's cross-attention: where each generated French word looked in the English.
 
-The model translates TEXT greedily; then one teacher-forced forward pass over its own output
+The model translates the text greedily; then one teacher-forced forward pass over its own output
 records every cross-attention weight (:meth:`TranslationModel.trace`). French position j is the
 decoder position that *produces* French token j (its input is token j−1), so row j of a head's
 (t, s) map is where that head looked while the model chose token j::
@@ -13,26 +13,33 @@ decoder position that *produces* French token j (its input is token j−1), so r
     est                            ■
     [EOS]                               ■
 
-Without ``--layer/--head``: for every French token, the English token each head attends to most,
-checked against the grammar's gold alignment when TEXT is a sentence of the grammar. With
-``--token``: that French token's top English tokens per head. With ``--layer L --head H``: the
-arithmetic — the decoder's query against the encoder's keys and values — redone in float64 by
-:func:`qkv.explain.steps.head_steps` and compared with the forward's own numbers.
+:func:`cross_attention` returns every weight, each head's most-attended English token per French
+token, checked against the grammar's gold alignment when the text is a sentence of the grammar,
+and — with ``token`` — that French token's top English tokens per head.
+:func:`cross_attention_head` redoes one head's arithmetic for one French token — the decoder's
+query against the encoder's keys and values — in float64 with :func:`~qkv.explain.steps.head_steps`
+and compares it with the forward's own numbers.
+
+Both take a loaded :class:`~qkv.translate.checkpoint.Checkpoint` (model + vocabularies) or a
+checkpoint directory / ``"translate"`` for the shipped one. ``qkv explain TEXT --model
+translate`` prints these results (:mod:`qkv.explain.render_cross`) and draws them
+(:mod:`qkv.explain.plots_cross`).
 """
 
 from __future__ import annotations
 
-import math
-import shlex
-import sys
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import torch
 
-from qkv.errors import QkvError
+from qkv.explain.forward import check_top
+from qkv.explain.jsonable import numbers
 from qkv.explain.select import Units, choose
+from qkv.explain.steps import HeadSteps, head_steps
+from qkv.explain.wording import ArgumentError, Message
 from qkv.models.translation import TranslationTrace
-from qkv.translate.checkpoint import Checkpoint, load_checkpoint
+from qkv.translate.checkpoint import Checkpoint, default_model_dir, load_checkpoint
 from qkv.translate.decode import greedy_decode
 from qkv.translate.grammar import make_pair
 from qkv.translate.vocab import BOS_ID, EOS, EOS_ID, normalize_en
@@ -45,16 +52,23 @@ class CrossAttention:
     """One sentence's translation and every cross-attention weight of the forward that scored it.
 
     Fields:
+        model: the checkpoint's name (``"translate (shipped)"`` or its directory); text: as given.
         english: the s English tokens, ending with [EOS] (the keys).
         french: the t generated French tokens, ending with [EOS] (the queries).
         translation: the French sentence.
         weights: (L, H, t, s) cross-attention weights, exactly as the forward computed them.
-        gold: per French token (not [EOS]), the gold English token indices; None when TEXT is
+        gold: per French token (not [EOS]), the gold English token indices; None when the text is
             not a sentence of the grammar or the model's French differs from the grammar's.
         gold_note: why ``gold`` is None (or None).
         trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer).
+        token: the French token chosen for a closer look (its top English tokens), or None.
+        top: how many English tokens that closer look lists per head.
+        layers: the decoder layers shown (all, or the one asked for).
+        notes: how an ambiguous ``token`` was resolved.
     """
 
+    model: str
+    text: str
     english: list[str]
     french: list[str]
     translation: str
@@ -62,6 +76,14 @@ class CrossAttention:
     gold: list[tuple[int, ...]] | None
     gold_note: str | None
     trace: TranslationTrace
+    token: int | None = None
+    top: int = 3
+    layers: tuple[int, ...] = ()
+    notes: tuple[Message, ...] = ()
+
+    @property
+    def num_heads(self) -> int:
+        return self.weights.shape[1]
 
     @property
     def argmax(self) -> torch.Tensor:
@@ -69,6 +91,7 @@ class CrossAttention:
         return self.weights.argmax(-1)
 
     def is_gold(self, j: int, i: int) -> bool | None:
+        """Whether English token i is in French token j's gold alignment (None: no gold)."""
         if self.gold is None or j >= len(self.gold):
             return None
         return i in self.gold[j]
@@ -83,9 +106,117 @@ class CrossAttention:
             gold[j, list(srcs)] = True
         return gold[torch.arange(n), self.argmax[..., :n]].sum(-1)  # (L, H)
 
+    def top_weights(self, layer: int, head: int, j: int) -> list[tuple[int, float]]:
+        """The ``top`` largest weights of French token j as (English index, weight), largest first."""
+        w = self.weights[layer, head, j]
+        values, index = w.topk(min(self.top, w.numel()))
+        return [(int(i), float(v)) for v, i in zip(values, index)]
+
+    def to_dict(self) -> dict:
+        """Every weight shown (``weights[l][h][j][i]`` for the ``layers``) and each head's
+        summary (what ``qkv explain TEXT --model translate --json`` prints)."""
+        counts = self.alignment()
+        heads = []
+        for l in self.layers:
+            for h in range(self.num_heads):
+                entry = {"layer": l, "head": h, "argmax": self.argmax[l, h].tolist()}
+                if counts is not None:
+                    entry["aligned"] = int(counts[l, h])
+                    entry["alignment_accuracy"] = int(counts[l, h]) / len(self.gold)
+                if self.token is not None:
+                    entry["top"] = [{"index": i, "token": self.english[i], "weight": w,
+                                     "gold": self.is_gold(self.token, i)}
+                                    for i, w in self.top_weights(l, h, self.token)]
+                heads.append(entry)
+        return {
+            "model": self.model, "text": self.text, "english": self.english, "french": self.french,
+            "translation": self.translation, "layers": list(self.layers), "num_heads": self.num_heads,
+            "weights": self.weights[list(self.layers)].tolist(),
+            "gold": [list(g) for g in self.gold] if self.gold else None,
+            "gold_note": self.gold_note, "token": self.token, "heads": heads,
+        }
+
+
+@dataclass(frozen=True)
+class CrossHeadSteps:
+    """One cross-attention head's arithmetic for one French token — what
+    :func:`cross_attention_head` returns.
+
+    Fields:
+        attention: the sentence's :class:`CrossAttention` (its ``token`` is the French token).
+        steps: the float64 recomputation; ``steps.tokens`` are the English keys and
+            ``steps.token_index`` is the French position.
+        norm_first: whether the decoder is pre-norm (it says where ``steps.x`` comes from).
+    """
+
+    attention: CrossAttention
+    steps: HeadSteps
+    norm_first: bool
+
+    @property
+    def french_index(self) -> int:
+        return self.steps.token_index
+
+    @property
+    def gold(self) -> tuple[int, ...] | None:
+        """The gold English indices of this French token, or None."""
+        gold, j = self.attention.gold, self.french_index
+        return gold[j] if gold and j < len(gold) else None
+
+    @property
+    def x_source(self) -> str:
+        """Which vector the query was projected from, in words."""
+        ca, j = self.attention, self.french_index
+        previous = "[BOS]" if j == 0 else repr(ca.french[j - 1])
+        where = ("norm2 of the vector after the layer's self-attention (pre-norm)" if self.norm_first
+                 else "the vector after the layer's self-attention block (post-norm: its norm1 output)")
+        return (f"the decoder's vector at French position {j} in layer {self.steps.layer}: {where}; "
+                f"position {j} reads {previous} and produces {ca.french[j]!r}")
+
+    def to_dict(self) -> dict:
+        """Every number in full (what ``qkv explain TEXT --model translate --layer L --head H
+        --json`` prints); −inf as :mod:`qkv.explain.jsonable` says."""
+        st, ca, j = self.steps, self.attention, self.french_index
+        gold = self.gold
+        return {
+            "model": ca.model, "text": ca.text, "kind": "cross-attention", "english": ca.english,
+            "french": ca.french, "translation": ca.translation, "layer": st.layer, "head": st.head,
+            "french_index": j, "french_token": ca.french[j], "x_source": self.x_source,
+            "gold": list(gold) if gold is not None else None,
+            "head_dim": st.head_dim, "scale": st.scale, "x": numbers(st.x), "query": numbers(st.query),
+            "memory": numbers(ca.trace.decoder[st.layer].cross_attn.key_input[0].double()),
+            "keys": numbers(st.keys), "values": numbers(st.values), "scores": numbers(st.scores),
+            "scaled": numbers(st.scaled), "mask": numbers(st.mask), "weights": numbers(st.weights),
+            "weights_sum": float(st.weights.sum()), "output": numbers(st.output),
+            "model_output": numbers(st.model_output),
+            "model_weights": ca.weights[st.layer, st.head, j].tolist(),
+            "max_abs_diff": st.max_abs_diff, "stage_max_abs_diff": st.diffs,
+        }
+
+
+def checkpoint(model: Checkpoint | str | os.PathLike) -> Checkpoint:
+    """``model`` itself when loaded, else :func:`~qkv.translate.checkpoint.load_checkpoint` of it."""
+    return model if isinstance(model, Checkpoint) else load_checkpoint(model)
+
+
+def model_name(ckpt: Checkpoint) -> str:
+    shipped = ckpt.directory.resolve() == default_model_dir().resolve()
+    return "translate (shipped)" if shipped else str(ckpt.directory)
+
+
+def check_layer_head(ckpt: Checkpoint, layer: int | None, head: int | None) -> None:
+    """ArgumentError when the decoder has no such ``layer`` or ``head``."""
+    L, H = ckpt.model.config.decoder_layers, ckpt.model.config.num_heads
+    if layer is not None and not 0 <= layer < L:
+        raise ArgumentError("layer", "{name} {value} is out of range: the decoder has {n} layers "
+                            "(0–{last})", value=layer, n=L, last=L - 1)
+    if head is not None and not 0 <= head < H:
+        raise ArgumentError("head", "{name} {value} is out of range: each layer has {n} heads "
+                            "(0–{last})", value=head, n=H, last=H - 1)
+
 
 @torch.no_grad()
-def cross_attention(ckpt: Checkpoint, text: str) -> CrossAttention:
+def _translate_and_trace(ckpt: Checkpoint, text: str) -> CrossAttention:
     """Translate ``text`` and trace the forward pass over the translation (see the module doc)."""
     model, vocab = ckpt.model, ckpt.vocab
     src = torch.tensor([vocab.encode_en(text)])  # (1, s); QkvError for empty text / unknown words
@@ -98,7 +229,9 @@ def cross_attention(ckpt: Checkpoint, text: str) -> CrossAttention:
     french_words = vocab.fr_tokens(ids)
     french = french_words + ([EOS] if ids and ids[-1] == EOS_ID else [])
     gold, note = _gold(text, french_words)
-    return CrossAttention(english, french, vocab.decode_fr(ids), weights, gold, note, trace)
+    return CrossAttention(model=model_name(ckpt), text=text, english=english, french=french,
+                          translation=vocab.decode_fr(ids), weights=weights, gold=gold,
+                          gold_note=note, trace=trace, layers=tuple(range(weights.shape[0])))
 
 
 def _gold(text: str, french: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
@@ -112,316 +245,70 @@ def _gold(text: str, french: list[str]) -> tuple[list[tuple[int, ...]] | None, s
     return list(pair.alignment), None
 
 
-# -- the command --------------------------------------------------------------------------------
-def explain_translation(args) -> int:
-    """``qkv explain`` for a translation model; ``args`` as the explain command parses them."""
-    if getattr(args, "to", None) is not None or getattr(args, "no_projection", False):
-        raise QkvError("--to and --no-projection are for self-attention models; a translation "
-                       "model's cross-attention is shown per French token (--token, --layer, --head)")
-    top = getattr(args, "top", 3)
-    if top < 1:
-        raise QkvError(f"--top must be at least 1, got {top}")
-    if args.head is not None and args.layer is None:
-        raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
-    if args.png:
-        from qkv.explain.plots import check_writable
-
-        check_writable(args.png)
-    ckpt = load_checkpoint(args.model)
-    _check_layer_head(ckpt, args.layer, args.head)
-    ca = cross_attention(ckpt, args.text)
-    units = Units(labels=ca.french, groups=[(j,) for j in range(len(ca.french))],
-                  special=[t == EOS for t in ca.french], words=False, num_tokens=len(ca.french))
-    chosen = None
-    if args.token is not None or args.head is not None:
-        choice = choose(args.token, units, option="--token")
-        if choice.note:
-            print(f"qkv: note: {choice.note}", file=sys.stderr)
-        chosen = choice.unit
-    name = _model_name(ckpt)
-    if args.head is not None:
-        return _steps(ckpt, ca, args, chosen, name)
-    if args.png:
-        _overview_png(ca, args.png, name, args.layer)
-    if args.json:
-        _print_json(overview_json(ca, model=name, text=args.text, token=chosen, top=top,
-                                  layer=args.layer))
-    else:
-        render_overview(ca, model=name, token=chosen, top=top, layer=args.layer,
-                        model_arg=shlex.quote(str(args.model)))
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+def _french_units(ca: CrossAttention) -> Units:
+    return Units(labels=ca.french, groups=[(j,) for j in range(len(ca.french))],
+                 special=[t == EOS for t in ca.french], words=False, num_tokens=len(ca.french))
 
 
-def _model_name(ckpt: Checkpoint) -> str:
-    from qkv.translate.checkpoint import default_model_dir
+def cross_attention(model: Checkpoint | str | os.PathLike, text: str, *, token: str | None = None,
+                    top: int = 3, layer: int | None = None) -> CrossAttention:
+    """Translate ``text`` and return every cross-attention weight of the pass that scored it.
 
-    shipped = ckpt.directory.resolve() == default_model_dir().resolve()
-    return "translate (shipped)" if shipped else str(ckpt.directory)
+    Args:
+        model: a loaded :class:`Checkpoint`, a checkpoint directory, or ``"translate"``.
+        token: a French token to look at closer (a word, ``"word@N"`` or an index, as in
+            :func:`~qkv.explain.select.choose`); its top English tokens go into ``to_dict()``.
+        top: how many English tokens to list for ``token``, per head.
+        layer: show only this decoder layer.
 
+    Raises:
+        ArgumentError: ``token`` not in the translation, ``layer`` out of range, ``top`` < 1.
+        QkvError: an empty text, a word the model does not know, a bad checkpoint.
 
-def _check_layer_head(ckpt: Checkpoint, layer: int | None, head: int | None) -> None:
-    L, H = ckpt.model.config.decoder_layers, ckpt.model.config.num_heads
-    if layer is not None and not 0 <= layer < L:
-        raise QkvError(f"--layer {layer} is out of range: the decoder has {L} layers (0–{L - 1})")
-    if head is not None and not 0 <= head < H:
-        raise QkvError(f"--head {head} is out of range: each layer has {H} heads (0–{H - 1})")
-
-
-def _print_json(obj) -> None:
-    import json
-
-    json.dump(obj, sys.stdout, ensure_ascii=False, allow_nan=False)
-    sys.stdout.write("\n")
-
-
-def _layers(ca: CrossAttention, layer: int | None) -> list[int]:
-    return list(range(ca.weights.shape[0])) if layer is None else [layer]
-
-
-def _top(ca: CrossAttention, layer: int, head: int, j: int, k: int) -> list[tuple[int, float]]:
-    w = ca.weights[layer, head, j]
-    values, index = w.topk(min(k, w.numel()))
-    return [(int(i), float(v)) for v, i in zip(values, index)]
-
-
-# -- overview -------------------------------------------------------------------------------------
-def overview_json(ca: CrossAttention, *, model: str, text: str, token: int | None, top: int,
-                  layer: int | None) -> dict:
-    """Every cross-attention weight (``weights[l][h][j][i]``) and the per-head summaries."""
-    layers = _layers(ca, layer)
-    counts = ca.alignment()
-    heads = []
-    for l in layers:
-        for h in range(ca.weights.shape[1]):
-            entry = {"layer": l, "head": h, "argmax": ca.argmax[l, h].tolist()}
-            if counts is not None:
-                entry["aligned"] = int(counts[l, h])
-                entry["alignment_accuracy"] = int(counts[l, h]) / len(ca.gold)
-            if token is not None:
-                entry["top"] = [{"index": i, "token": ca.english[i], "weight": w,
-                                 "gold": ca.is_gold(token, i)} for i, w in _top(ca, l, h, token, top)]
-            heads.append(entry)
-    return {
-        "model": model, "text": text, "english": ca.english, "french": ca.french,
-        "translation": ca.translation, "layers": layers, "num_heads": ca.weights.shape[1],
-        "weights": ca.weights[layers].tolist(), "gold": [list(g) for g in ca.gold] if ca.gold else None,
-        "gold_note": ca.gold_note, "token": token, "heads": heads,
-    }
+    Example:
+        >>> ca = cross_attention("translate", "the red apple is next to the black cats")
+        >>> ca.translation, ca.weights.shape                      # (L, H, t, s)
+        ('la pomme rouge est à côté des chats noirs', torch.Size([3, 4, 10, 10]))
+        >>> ca.english[int(ca.argmax[1, 0, 2])], ca.french[2]    # L1 H0 while producing "rouge"
+        ('red', 'rouge')
+        >>> ca.alignment()[1, 0].item(), len(ca.gold)          # on gold for all 9 French words
+        (9, 9)
+    """
+    check_top(top)
+    ckpt = checkpoint(model)
+    check_layer_head(ckpt, layer, None)
+    ca = _translate_and_trace(ckpt, text)
+    choice = choose(token, _french_units(ca), role="token") if token is not None else None
+    return replace(ca, token=choice.unit if choice else None, top=top,
+                   layers=ca.layers if layer is None else (layer,),
+                   notes=(choice.note,) if choice and choice.note else ())
 
 
-def render_overview(ca: CrossAttention, *, model: str, token: int | None, top: int,
-                    layer: int | None, model_arg: str = "translate", file=None) -> None:
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
+def cross_attention_head(model: Checkpoint | str | os.PathLike, text: str, *,
+                         token: str | None = None, layer: int, head: int) -> CrossHeadSteps:
+    """One cross-attention head's arithmetic for one French token, redone in float64.
 
-    from qkv.explain.render import HIGHLIGHT, console, head_name, number
+    Args:
+        model: as for :func:`cross_attention`.
+        token: the French token (None: the last French word).
+        layer, head: the decoder layer and the head within it, counting from 0.
 
-    out = console(file)
-    L, H = ca.weights.shape[:2]
-    out.print(Text(f"model: {model} · decoder: {L} layers × {H} cross-attention heads"))
-    out.print(Text("English: " + " ".join(f"{i}:{t}" for i, t in enumerate(ca.english))))
-    out.print(Text("French:  " + " ".join(f"{j}:{t}" for j, t in enumerate(ca.french))
-                   + f"   ({ca.translation})"))
-    if ca.gold_note:
-        out.print(Text(ca.gold_note))
-    counts = ca.alignment()
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("head", no_wrap=True)
-    if token is not None:
-        out.print(Text(f"French token {token} {ca.french[token]!r}: the English tokens each head "
-                       f"attends to most while producing it"
-                       + (f" ({GOLD_MARK} = gold: {', '.join(ca.english[i] for i in ca.gold[token])})"
-                          if ca.is_gold(token, 0) is not None else "")))
-        table.add_column(f"attends most to (top {top})", no_wrap=True)
-        for l in _layers(ca, layer):
-            for h in range(H):
-                cells = [f"{ca.english[i]}{GOLD_MARK if ca.is_gold(token, i) else ''} {number(w, 3)}"
-                         for i, w in _top(ca, l, h, token, top)]
-                hit = ca.is_gold(token, int(ca.argmax[l, h, token]))
-                table.add_row(head_name(l, h), " · ".join(cells), style=HIGHLIGHT if hit else None)
-        out.print(table)
-        return
-    out.print(Text("for each French token (column), the English token each head attends to most "
-                   "while producing it" + (f"; {GOLD_MARK} = in the gold alignment" if counts is not None else "")))
-    for j, t in enumerate(ca.french):
-        table.add_column(t, no_wrap=True)
-    if counts is not None:
-        table.add_column("aligned", justify="right", no_wrap=True)
-    for l in _layers(ca, layer):
-        for h in range(H):
-            cells = []
-            for j in range(len(ca.french)):
-                i = int(ca.argmax[l, h, j])
-                cells.append(ca.english[i] + (GOLD_MARK if ca.is_gold(j, i) else ""))
-            if counts is not None:
-                cells.append(f"{int(counts[l, h])}/{len(ca.gold)}")
-            best = counts is not None and int(counts[l, h]) == len(ca.gold)
-            table.add_row(head_name(l, h), *cells, style=HIGHLIGHT if best else None)
-    out.print(table)
-    if counts is not None:
-        flat = int(counts.argmax())
-        l, h = divmod(flat, H)
-        out.print(Text(f"best aligned head on this sentence: {head_name(l, h)} "
-                       f"({int(counts[l, h])}/{len(ca.gold)} French tokens on a gold English token); "
-                       f"every head over the whole test split: qkv evaluate --model {model_arg}"))
+    Raises:
+        ArgumentError: ``token`` not in the translation, ``layer``/``head`` out of range.
+        QkvError: as for :func:`cross_attention`.
 
-
-def _overview_png(ca: CrossAttention, path: str, model: str, layer: int | None) -> None:
-    import matplotlib.pyplot as plt
-
-    from qkv.explain.plots import save_atomic
-
-    layers = _layers(ca, layer)
-    H = ca.weights.shape[1]
-    t, s = ca.weights.shape[2:]
-    cell = 0.32
-    fig, axes = plt.subplots(len(layers), H, squeeze=False,
-                             figsize=(H * (cell * s + 1.2), len(layers) * (cell * t + 1.2)))
-    for r, l in enumerate(layers):
-        for h in range(H):
-            _draw_map(axes[r][h], ca, l, h, labels=True, annotate=False)
-            axes[r][h].set_title(f"L{l} H{h}", fontsize=8)
-    fig.suptitle(f"{model}: cross-attention, French (rows) → English (columns); "
-                 f"red boxes: gold alignment", fontsize=10)
-    fig.tight_layout()
-    save_atomic(fig, path)
-
-
-def _draw_map(ax, ca: CrossAttention, layer: int, head: int, *, labels: bool, annotate: bool):
-    from matplotlib.patches import Rectangle
-
-    w = ca.weights[layer, head].double()  # (t, s)
-    im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-    ax.set_xticks(range(len(ca.english)), ca.english if labels else [], rotation=90, fontsize=7)
-    ax.set_yticks(range(len(ca.french)), ca.french if labels else [], fontsize=7)
-    for j, srcs in enumerate(ca.gold or []):
-        for i in srcs:
-            ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.2))
-    if annotate:
-        for j in range(w.shape[0]):
-            for i in range(w.shape[1]):
-                v = float(w[j, i])
-                if v >= 0.005:
-                    label = f"{v:.2f}"  # "0.37" → ".37"; anything that rounds to 1.00 → "1"
-                    label = "1" if label.startswith("1") else label[1:]
-                    ax.text(i, j, label, ha="center", va="center", fontsize=6,
-                            color="white" if v < 0.5 else "black")
-    return im
-
-
-def _head_png(ca: CrossAttention, path: str, model: str, layer: int, head: int) -> None:
-    import matplotlib.pyplot as plt
-
-    from qkv.explain.plots import save_atomic
-
-    t, s = ca.weights.shape[2:]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.42 * s + 2.2), max(3.5, 0.42 * t + 1.5)))
-    im = _draw_map(ax, ca, layer, head, labels=True, annotate=True)
-    ax.set_xlabel("English (keys: the encoder's output)")
-    ax.set_ylabel("French (queries: the decoder producing this token)")
-    ax.set_title(f"{model}: layer {layer}, head {head} cross-attention"
-                 + ("; red boxes: gold alignment" if ca.gold else ""), fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
-    save_atomic(fig, path)
-
-
-# -- step by step ---------------------------------------------------------------------------------
-def _steps(ckpt: Checkpoint, ca: CrossAttention, args, j: int, model: str) -> int:
-    from qkv.explain.steps import head_steps
-
-    layer, head = args.layer, args.head
-    module = ckpt.model.decoder[layer].cross_attn
-    st = head_steps(module, ca.trace.decoder[layer].cross_attn, layer=layer, head=head, row=j,
-                    tokens=ca.english)
-    if args.png:
-        _head_png(ca, args.png, model, layer, head)
-    if args.json:
-        _print_json(steps_json(st, ca, j, model=model, text=args.text,
-                               norm_first=ckpt.model.config.norm_first))
-    else:
-        render_steps(st, ca, j, model=model, norm_first=ckpt.model.config.norm_first)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
-
-
-def _x_source(ca: CrossAttention, j: int, layer: int, norm_first: bool) -> str:
-    previous = "[BOS]" if j == 0 else repr(ca.french[j - 1])
-    where = ("norm2 of the vector after the layer's self-attention (pre-norm)" if norm_first else
-             "the vector after the layer's self-attention block (post-norm: its norm1 output)")
-    return (f"the decoder's vector at French position {j} in layer {layer}: {where}; position {j} "
-            f"reads {previous} and produces {ca.french[j]!r}")
-
-
-def _finite(v: float):
-    return v if math.isfinite(v) else ("-inf" if v < 0 else "inf" if v > 0 else "nan")
-
-
-def steps_json(st, ca: CrossAttention, j: int, *, model: str, text: str, norm_first: bool) -> dict:
-    """The float64 recomputation of one head for French token ``j``, every number in full."""
-
-    def numbers(t: torch.Tensor):
-        return [_finite(v) for v in t.tolist()] if t.ndim == 1 else [numbers(r) for r in t]
-
-    return {
-        "model": model, "text": text, "kind": "cross-attention", "english": ca.english,
-        "french": ca.french, "translation": ca.translation, "layer": st.layer, "head": st.head,
-        "french_index": j, "french_token": ca.french[j], "x_source": _x_source(ca, j, st.layer, norm_first),
-        "gold": list(ca.gold[j]) if ca.gold and j < len(ca.gold) else None,
-        "head_dim": st.head_dim, "scale": st.scale, "x": numbers(st.x), "query": numbers(st.query),
-        "memory": numbers(ca.trace.decoder[st.layer].cross_attn.key_input[0].double()),
-        "keys": numbers(st.keys), "values": numbers(st.values), "scores": numbers(st.scores),
-        "scaled": numbers(st.scaled), "mask": numbers(st.mask), "weights": numbers(st.weights),
-        "weights_sum": float(st.weights.sum()), "output": numbers(st.output),
-        "model_output": numbers(st.model_output), "model_weights": ca.weights[st.layer, st.head, j].tolist(),
-        "max_abs_diff": st.max_abs_diff, "stage_max_abs_diff": st.diffs,
-    }
-
-
-def render_steps(st, ca: CrossAttention, j: int, *, model: str, norm_first: bool, file=None) -> None:
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    from qkv.explain.render import HIGHLIGHT, console, number, vector
-
-    out = console(file)
-    d = st.head_dim
-    out.print(Text(f"model: {model} · decoder layer {st.layer}, cross-attention head {st.head} · "
-                   f"French token {j} {ca.french[j]!r} of {ca.translation!r} · head dim d = {d}"))
-    E = st.x.numel()
-    out.print(Text(f"1) x = {_x_source(ca, j, st.layer, norm_first)}\n   x = {vector(st.x)}"))
-    out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the cross-attention's "
-                   f"query projection)\n   q = {vector(st.query)}"))
-    out.print(Text(f"3) for every English token i, m_i = the encoder's output (the memory): "
-                   f"k_i = m_i·W_K + b_K, v_i = m_i·W_V + b_V; score q·k_i, scaled by "
-                   f"{number(st.scale, 6)} (= 1/√{d}), softmax"))
-    gold = ca.gold[j] if ca.gold and j < len(ca.gold) else None
-    masked = bool((st.mask != 0).any())
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    cols = [("i", "right"), ("English", "left")] + ([("gold", "left")] if gold is not None else []) + \
-           [(f"k_i ({d})", "left"), ("q·k_i", "right"), (f"/√{d}", "right")] + \
-           ([("mask", "right")] if masked else []) + \
-           [("weight", "right"), (f"v_i ({st.values.shape[-1]})", "left")]
-    for name, justify in cols:
-        table.add_column(name, justify=justify, no_wrap=True)
-    best = int(st.weights.argmax())
-    for i in range(st.keys.shape[0]):
-        cells = [str(i), ca.english[i]] + ([GOLD_MARK if i in gold else ""] if gold is not None else [])
-        cells += [vector(st.keys[i], head=2, tail=1, digits=3), number(float(st.scores[i]), 3),
-                  number(float(st.scaled[i]), 4)]
-        cells += [number(float(st.mask[i]), 1)] if masked else []
-        cells += [number(float(st.weights[i]), 4), vector(st.values[i], head=2, tail=1, digits=3)]
-        table.add_row(*cells, style=HIGHLIGHT if i == best else None)
-    out.print(table)
-    out.print(Text(f"   sum of the weights = {float(st.weights.sum()):.6f}; most weight on "
-                   f"{ca.english[best]!r}" + (f" ({'in' if best in gold else 'not in'} the gold "
-                                              f"alignment)" if gold is not None else "")))
-    out.print(Text(f"4) output = Σ_i w_i v_i = {vector(st.output)}"))
-    out.print(Text(f"   the model's own head output (from its forward) = {vector(st.model_output)}"))
-    diffs = ", ".join(f"{k} {v:.1e}" for k, v in st.diffs.items() if k != "output")
-    out.print(Text(f"   max |difference| = {st.max_abs_diff:.1e}  (recomputed in float64 vs the "
-                   f"forward's float32; other stages: {diffs})"))
+    Example:
+        >>> cs = cross_attention_head("translate", "the red apple is next to the black cats",
+        ...                           token="rouge", layer=2, head=1)
+        >>> cs.french_index, cs.gold, cs.steps.max_abs_diff < 1e-4
+        (2, (1,), True)
+    """
+    ckpt = checkpoint(model)
+    check_layer_head(ckpt, layer, head)
+    ca = _translate_and_trace(ckpt, text)
+    choice = choose(token, _french_units(ca), role="token")
+    j = choice.unit
+    steps = head_steps(ckpt.model.decoder[layer].cross_attn, ca.trace.decoder[layer].cross_attn,
+                       layer=layer, head=head, row=j, tokens=ca.english, model=ca.model, text=text)
+    ca = replace(ca, token=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
+    return CrossHeadSteps(attention=ca, steps=steps, norm_first=ckpt.model.config.norm_first)

@@ -5,17 +5,20 @@ traces the model's own forward recorded (``model(..., trace_rows=rows,
 output_hidden_states=True)``) — never from a second, "similar" implementation. Only the
 requested query rows are kept (``trace_rows``), so explaining one token holds
 ``O(layers · heads · s)`` attention numbers, not ``O(layers · heads · t · s)``.
+
+Models are passed in, never loaded or cached here: a caller loads one with
+:func:`qkv.load` (eval mode) and keeps it as long as it likes.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from qkv.errors import QkvError
 from qkv.explain.select import Units, units_for
+from qkv.explain.wording import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -47,15 +50,9 @@ class Traced:
         """(h, r, s): layer ``layer``'s attention weights for the traced rows, every head."""
         return self.traces[layer].self_attn.attention.weights[0]
 
-
-@functools.lru_cache(maxsize=2)
-def load_model(name: str):
-    """``qkv.models.load(name)`` in eval mode, cached so one process loads a model once."""
-    from qkv.models import load
-
-    model = load(name)
-    model.eval()
-    return model
+    def layer_weights(self) -> list[torch.Tensor]:
+        """:meth:`weights` of every layer, in order: L tensors (h, r, s)."""
+        return [self.weights(layer) for layer in range(len(self.traces))]
 
 
 def num_layers(model) -> int:
@@ -71,14 +68,22 @@ def model_name(model) -> str:
 
 
 def check_layer_head(model, layer: int | None, head: int | None) -> None:
-    """QkvError naming the value and the valid range when ``layer``/``head`` do not exist."""
+    """ArgumentError naming the value and the valid range when ``layer``/``head`` do not exist."""
     n_layers, n_heads = num_layers(model), num_heads(model)
     if layer is not None and not 0 <= layer < n_layers:
-        raise QkvError(f"--layer {layer} is out of range: {model_name(model)} has {n_layers} "
-                       f"layers (0–{n_layers - 1})")
+        raise ArgumentError("layer", "{name} {value} is out of range: {model} has {n} layers "
+                            "(0–{last})", value=layer, model=model_name(model), n=n_layers,
+                            last=n_layers - 1)
     if head is not None and not 0 <= head < n_heads:
-        raise QkvError(f"--head {head} is out of range: {model_name(model)} has {n_heads} heads "
-                       f"per layer (0–{n_heads - 1})")
+        raise ArgumentError("head", "{name} {value} is out of range: {model} has {n} heads per "
+                            "layer (0–{last})", value=head, model=model_name(model), n=n_heads,
+                            last=n_heads - 1)
+
+
+def check_top(top: int) -> None:
+    """ArgumentError unless ``top`` (how many of the largest weights to list) is at least 1."""
+    if top < 1:
+        raise ArgumentError("top", "{name} must be at least 1, got {value}", value=top)
 
 
 def check_text(text: str) -> None:

@@ -6,7 +6,9 @@ first); the entropy of the row (in bits) is shown beside it as a second measure 
 Which heads stand out: the word that most heads put their largest weight on — not counting the
 token itself, its immediate neighbours (position heads) or special tokens ([CLS]/[SEP], where
 heads park attention they do not need) — is the *focus*; heads whose largest weight is on it are
-highlighted. ``--to WORD`` names the focus instead.
+highlighted. ``to=WORD`` (``--to WORD``) names the focus instead.
+
+:func:`explain` is the entry point: a model and a text in, an :class:`Overview` out.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from qkv.explain.select import Units, group_columns
+from qkv.explain.forward import (
+    check_layer_head, check_text, check_top, encode, model_name, num_heads, num_layers, trace,
+)
+from qkv.explain.select import Units, choose, choose_in, group_columns
+from qkv.explain.wording import Message
 
 RANKING = "largest weight in the row (most focused first); entropy in bits beside it"
 
@@ -49,16 +55,60 @@ class HeadRow:
 
 @dataclass(frozen=True)
 class Overview:
-    """Every head's row for the chosen unit, ranked; and the highlighted focus unit."""
+    """One token's (or word's) attention in every layer and head, ranked — what :func:`explain`
+    returns.
 
+    Fields:
+        model: the model's name; text: the text as given; tokens: its t tokens.
+        units: the units shown (tokens, or words with ``words=True``); ``unit`` is the chosen one.
+        rows: one :class:`HeadRow` per head (of ``layer`` only, when given), ranked as
+            :data:`RANKING` says.
+        focus: the highlighted unit (``to``, or the one most heads point to), or None.
+        focus_reason: why ``focus`` was highlighted, or why nothing was.
+        num_layers, num_heads: the model's size.
+        notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
+    """
+
+    model: str
+    text: str
+    tokens: list[str]
     units: Units
     unit: int
     rows: list[HeadRow]
     focus: int | None
-    focus_reason: str
+    focus_reason: Message
+    num_layers: int
+    num_heads: int
+    notes: tuple[Message, ...] = ()
 
     def highlighted(self, row: HeadRow) -> bool:
         return self.focus is not None and row.argmax == self.focus
+
+    def to_dict(self) -> dict:
+        """Every number of the overview (what ``qkv explain TEXT --json`` prints)."""
+        units = self.units
+        return {
+            "model": self.model,
+            "text": self.text,
+            "tokens": self.tokens,
+            "units": units.labels,
+            "words": units.words,
+            "word_rule": "weights into a word summed over its tokens, from a word averaged"
+            if units.words else None,
+            "unit_index": self.unit,
+            "unit": units.labels[self.unit],
+            "token_indices": list(units.groups[self.unit]),
+            "ranking": RANKING,
+            "focus": units.labels[self.focus] if self.focus is not None else None,
+            "heads": [
+                {"layer": r.layer, "head": r.head, "max_weight": r.max_weight,
+                 "argmax": units.labels[r.argmax], "entropy_bits": r.entropy,
+                 "highlighted": self.highlighted(r),
+                 "top": [{"index": i, "unit": units.labels[i], "weight": w} for i, w in r.top],
+                 "weights": r.weights.tolist()}
+                for r in self.rows
+            ],
+        }
 
 
 def entropy_bits(p: torch.Tensor) -> torch.Tensor:
@@ -100,7 +150,16 @@ def head_rows(per_layer: list[torch.Tensor], units: Units, k: int) -> list[HeadR
 
 
 def rank(rows: list[HeadRow]) -> list[HeadRow]:
-    """Most focused first; ties by layer, then head, so the order is deterministic."""
+    """Most focused first; ties by layer, then head, so the order is deterministic.
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> from qkv.explain.select import token_units
+        >>> u = token_units(E(tokens=["a", "b", "c"], special=[0, 0, 0]))
+        >>> w = [torch.tensor([[[0.5, 0.25, 0.25]], [[0.125, 0.125, 0.75]]])]  # 1 layer, 2 heads, r=1
+        >>> [(r.layer, r.head, r.top) for r in rank(head_rows(w, u, k=1))]
+        [(0, 1, [(2, 0.75)]), (0, 0, [(0, 0.5)])]
+    """
     return sorted(rows, key=lambda r: (-round(r.max_weight, 12), r.layer, r.head))
 
 
@@ -108,8 +167,18 @@ def _heads(n: int) -> str:
     return "the 1 head" if n == 1 else f"the {n} heads"
 
 
-def choose_focus(rows: list[HeadRow], units: Units, unit: int) -> tuple[int | None, str]:
-    """The unit most heads point at, other than the chosen one, its neighbours, specials."""
+def choose_focus(rows: list[HeadRow], units: Units, unit: int) -> tuple[int | None, Message]:
+    """The unit most heads point at, other than the chosen one, its neighbours, specials.
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> from qkv.explain.select import token_units
+        >>> u = token_units(E(tokens=["a", "b", "c", "d"], special=[0, 0, 0, 0]))
+        >>> w = [torch.tensor([[[0.7, 0.1, 0.1, 0.1]], [[0.1, 0.1, 0.1, 0.7]]])]  # 1 layer, 2 heads
+        >>> focus, reason = choose_focus(head_rows(w, u, 1), u, 3)
+        >>> focus, str(reason).split(",")[0]
+        (0, "highlighted: the 1 head whose largest weight is on 'a'")
+    """
     plain = [u for u in range(len(units)) if not units.special[u]]
     position = plain.index(unit) if unit in plain else None
     near = {unit}
@@ -117,70 +186,70 @@ def choose_focus(rows: list[HeadRow], units: Units, unit: int) -> tuple[int | No
         near |= {plain[p] for p in (position - 1, position + 1) if 0 <= p < len(plain)}
     votes = Counter(r.argmax for r in rows if not units.special[r.argmax] and r.argmax not in near)
     if not votes:
-        return None, "no head puts its largest weight on a word away from the token"
+        return None, Message("no head puts its largest weight on a word away from the token")
     # Most heads first; ties go to the larger summed weight, then the earlier word.
     strength = Counter()
     for r in rows:
         strength[r.argmax] += r.max_weight
     focus = max(votes, key=lambda u: (votes[u], strength[u], -u))
-    return focus, (f"highlighted: {_heads(votes[focus])} whose largest weight is on "
-                   f"{units.labels[focus]!r}, the {units.kind} most heads point to (not counting "
-                   f"{units.labels[unit]!r} itself, its neighbours or [CLS]/[SEP]); "
-                   f"choose another with --to")
+    return focus, Message("highlighted: {heads} whose largest weight is on {focus!r}, the {kind} "
+                          "most heads point to (not counting {unit!r} itself, its neighbours or "
+                          "[CLS]/[SEP]); choose another with {to}", heads=_heads(votes[focus]),
+                          focus=units.labels[focus], kind=units.kind, unit=units.labels[unit])
 
 
-def overview(per_layer: list[torch.Tensor], units: Units, unit: int, *, k: int = 3,
-             focus: int | None = None, layer: int | None = None) -> Overview:
-    """Rank every head by how it spreads the chosen unit's attention.
+def chosen_focus(rows: list[HeadRow], units: Units, focus: int) -> Message:
+    """Why ``focus``, named by the caller (``to``), is highlighted."""
+    n = sum(r.argmax == focus for r in rows)
+    return Message("highlighted: {heads} whose largest weight is on {focus!r} ({to})",
+                   heads=_heads(n), focus=units.labels[focus])
+
+
+def explain(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
+            to: str | None = None, layer: int | None = None) -> Overview:
+    """Every layer and head of ``model`` for one token of ``text``, ranked (see the module doc).
+
+    One forward pass, keeping only the chosen token's rows: O(layers · heads · s) numbers.
 
     Args:
-        per_layer: for each layer, the traced weights (h, r, s) for the r tokens of ``unit``.
-        units: the units shown; ``unit`` is the chosen one.
-        k: how many of the largest weights to keep per head.
-        focus: a unit to highlight (``--to``); None picks it as the module docstring says.
+        model: a self-attention model from :func:`qkv.load` (BERT, GPT-2 families).
+        token: which token — a word (its last occurrence), ``"word@N"`` (occurrence N, from 0)
+            or an index, counting from 0 over the units shown; None: the last word.
+        words: show words, not tokens (weights into a word summed, from a word averaged).
+        top: how many of each head's largest weights to keep in :attr:`HeadRow.top`.
+        to: a unit to highlight (as ``token``); None picks the one most heads point to.
         layer: keep only this layer's heads.
 
+    Raises:
+        ArgumentError: ``token``/``to`` not in the text, ``layer`` out of range, ``top`` < 1.
+        QkvError: an empty text.
+
     Example:
-        >>> from qkv.explain.select import token_units
-        >>> from types import SimpleNamespace as E
-        >>> u = token_units(E(tokens=["a", "b", "c"], special=[0, 0, 0]))
-        >>> w = [torch.tensor([[[0.125, 0.125, 0.75]], [[0.5, 0.25, 0.25]]])]   # 1 layer, 2 heads, r=1
-        >>> ov = overview(w, u, 2, k=1)
-        >>> [(r.layer, r.head, r.top) for r in ov.rows]
-        [(0, 0, [(2, 0.75)]), (0, 1, [(0, 0.5)])]
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> ov = explain(model, "The dog found some pizza next to the baby and ate it", token="it")
+        >>> best = ov.rows[0]
+        >>> best.layer, best.head, ov.units.labels[best.argmax], round(best.max_weight, 2)
+        (0, 2, 'ate', 1.0)
+        >>> len(ov.rows), ov.units.labels[ov.focus]          # 6 layers × 12 heads
+        (72, 'pizza')
     """
-    rows = head_rows(per_layer, units, k)
+    check_top(top)
+    check_text(text)
+    check_layer_head(model, layer, None)
+    encoding = encode(model, text)
+    units, choice = choose_in(token, encoding, text, words=words, role="token")
+    focus = None if to is None else choose(to, units, role="to").unit
+    traced = trace(model, text, torch.tensor(units.groups[choice.unit]), words=words,
+                   encoding=encoding)
+    rows = head_rows(traced.layer_weights(), units, top)
     if layer is not None:
         rows = [r for r in rows if r.layer == layer]
     if focus is None:
-        focus, reason = choose_focus(rows, units, unit)
+        focus, reason = choose_focus(rows, units, choice.unit)
     else:
-        n = sum(r.argmax == focus for r in rows)
-        reason = f"highlighted: {_heads(n)} whose largest weight is on {units.labels[focus]!r} (--to)"
-    return Overview(units=units, unit=unit, rows=rank(rows), focus=focus, focus_reason=reason)
-
-
-def overview_json(ov: Overview, *, tokens: list[str], model: str, text: str) -> dict:
-    """Every number of the overview, for ``--json``."""
-    return {
-        "model": model,
-        "text": text,
-        "tokens": tokens,
-        "units": ov.units.labels,
-        "words": ov.units.words,
-        "word_rule": "weights into a word summed over its tokens, from a word averaged"
-        if ov.units.words else None,
-        "unit_index": ov.unit,
-        "unit": ov.units.labels[ov.unit],
-        "token_indices": list(ov.units.groups[ov.unit]),
-        "ranking": RANKING,
-        "focus": ov.units.labels[ov.focus] if ov.focus is not None else None,
-        "heads": [
-            {"layer": r.layer, "head": r.head, "max_weight": r.max_weight,
-             "argmax": ov.units.labels[r.argmax], "entropy_bits": r.entropy,
-             "highlighted": ov.highlighted(r),
-             "top": [{"index": i, "unit": ov.units.labels[i], "weight": w} for i, w in r.top],
-             "weights": r.weights.tolist()}
-            for r in ov.rows
-        ],
-    }
+        reason = chosen_focus(rows, units, focus)
+    return Overview(model=model_name(model), text=text, tokens=traced.tokens, units=units,
+                    unit=choice.unit, rows=rank(rows), focus=focus, focus_reason=reason,
+                    num_layers=num_layers(model), num_heads=num_heads(model),
+                    notes=(choice.note,) if choice.note else ())

@@ -1,8 +1,11 @@
-"""Terminal output for ``qkv explain`` and ``qkv heads`` (rich tables; plain text in a pipe).
+"""Terminal output for ``qkv explain``, ``qkv heads`` and ``qkv softmax-demo`` (rich tables;
+plain text in a pipe).
 
-The helpers at the top (:func:`console`, :func:`vector`, :func:`weights_line`, :func:`head_name`)
-are shared with the cross-attention explainer. Every number shown here is passed in — this
-module formats, it never computes attention.
+Each ``render_*`` function prints one result of :mod:`qkv.explain` to a rich ``Console``; the
+helpers at the top (:func:`console`, :func:`vector`, :func:`weights_line`, :func:`head_name`) are
+shared with the cross-attention view (:mod:`qkv.explain.render_cross`). Every number shown is
+read off the result — this module formats, it never computes attention. Notes that name
+arguments are spelled with ``names`` (the CLI passes its flags; see :mod:`qkv.explain.wording`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
+from collections.abc import Mapping
 
 import torch
 from rich import box
@@ -17,9 +21,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qkv.explain.ablation import NoProjection
+from qkv.explain.find_heads import HeadRanking, ProbeResult
 from qkv.explain.overview import RANKING, Overview
+from qkv.explain.saturation import Saturation
 from qkv.explain.select import WORD_RULE, Units
 from qkv.explain.steps import HeadSteps
+from qkv.explain.wording import ARGUMENTS, Message
 
 HIGHLIGHT = "bold yellow"
 MARK = "*"
@@ -84,14 +92,15 @@ def _header(out: Console, model: str, units: Units, unit: int | None, extra: str
 
 
 # -- overview ------------------------------------------------------------------------------------
-def render_overview(out: Console, ov: Overview, *, model: str, layers: int, heads: int) -> None:
+def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = ARGUMENTS) -> None:
     units = ov.units
-    _header(out, model, units, ov.unit, f" ({layers} layers × {heads} heads)")
+    _header(out, ov.model, units, ov.unit, f" ({ov.num_layers} layers × {ov.num_heads} heads)")
     tokens = ", ".join(str(t) for t in units.groups[ov.unit])
     out.print(Text(f"attention from {units.kind} {ov.unit} {units.labels[ov.unit]!r}"
                    + (f" (tokens {tokens})" if units.words and len(units.groups[ov.unit]) > 1 else "")))
     out.print(Text(f"ranked by: {RANKING}"))
-    out.print(Text(f"{MARK} {ov.focus_reason}"), style=HIGHLIGHT if ov.focus is not None else None)
+    out.print(Text(f"{MARK} {ov.focus_reason.spelled(names)}"),
+              style=HIGHLIGHT if ov.focus is not None else None)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for name, justify in (("", "left"), ("rank", "right"), ("head", "left"), ("max", "right"),
                           ("entropy", "right"), (f"attends most to (top {len(ov.rows[0].top)})", "left")):
@@ -109,15 +118,27 @@ def render_overview(out: Console, ov: Overview, *, model: str, layers: int, head
 
 
 # -- step by step --------------------------------------------------------------------------------
-def render_steps(out: Console, st: HeadSteps, *, model: str, units_note: str | None,
-                 x_source: str) -> None:
+def _x_source(st: HeadSteps) -> str:
+    i, L, E = st.token_index, st.layer, st.x.numel()
+    if st.x_is_layer_input is False:
+        return (f"the layer's normalised input at token {i} (norm1(hidden_states[{L}][{i}]), "
+                f"pre-norm), the {E} numbers projected into q")
+    return (f"the vector entering layer {L} at token {i} (hidden_states[{L}][{i}]), the {E} "
+            f"numbers projected into q")
+
+
+def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGUMENTS) -> None:
     d, i, tok = st.head_dim, st.token_index, st.tokens[st.token_index]
-    out.print(Text(f"model: {model} · layer {st.layer}, head {st.head} · token {i} {tok!r} of "
+    out.print(Text(f"model: {st.model} · layer {st.layer}, head {st.head} · token {i} {tok!r} of "
                    f"{len(st.tokens)} · head dim d = {d}"))
-    if units_note:
-        out.print(Text(units_note))
+    if len(st.word_tokens) > 1:
+        pieces = ", ".join(st.tokens[j] for j in st.word_tokens)
+        note = Message("{word!r} is {n} tokens ({pieces}); the arithmetic is shown for its last "
+                       "token, {i} (pick another with {token} INDEX, without {words})",
+                       word=st.word, n=len(st.word_tokens), pieces=pieces, i=i)
+        out.print(Text(note.spelled(names)))
     E = st.x.numel()
-    out.print(Text(f"1) x = {x_source}\n   x = {vector(st.x)}"))
+    out.print(Text(f"1) x = {_x_source(st)}\n   x = {vector(st.x)}"))
     out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the query projection)"
                    f"\n   q = {vector(st.query)}"))
     out.print(Text(f"3) for every token j: k_j = x_j·W_K + b_K and v_j = x_j·W_V + b_V; "
@@ -146,9 +167,10 @@ def render_steps(out: Console, st: HeadSteps, *, model: str, units_note: str | N
 
 
 # -- heads ---------------------------------------------------------------------------------------
-def render_pair(out: Console, ranked, *, model: str, units: Units, source: int, target: int,
-                top: int) -> None:
-    _header(out, model, units, source)
+def render_pair(out: Console, ranking: HeadRanking, *, top: int) -> None:
+    """The ``top`` heads of the ranking (the rest are counted)."""
+    units, source, target, ranked = ranking.units, ranking.source, ranking.target, ranking.heads
+    _header(out, ranking.model, units, source)
     out.print(Text(f"weight from {units.labels[source]!r} ({units.kind} {source}) to "
                    f"{units.labels[target]!r} ({units.kind} {target}), every layer and head, "
                    f"largest first"))
@@ -162,9 +184,10 @@ def render_pair(out: Console, ranked, *, model: str, units: Units, source: int, 
         out.print(Text(f"… {len(ranked) - top} more heads (--top {len(ranked)} or --json for all)"))
 
 
-def render_probe(out: Console, result, *, model: str, top: int) -> None:
+def render_probe(out: Console, result: ProbeResult, *, top: int) -> None:
+    """The ``top`` heads by accuracy, chance, and the held-out check of the best one."""
     n = len(result.items)
-    out.print(Text(f"model: {model} · coref probe: {n} sentences, each a pronoun and its labelled "
+    out.print(Text(f"model: {result.model} · coref probe: {n} sentences, each a pronoun and its labelled "
                    f"referent with decoy words between them"))
     out.print(Text("a head is right when its largest weight from the pronoun, over the words of "
                    "the sentence other than the pronoun itself ([CLS]/[SEP] are not words), is on "
@@ -186,8 +209,9 @@ def render_probe(out: Console, result, *, model: str, top: int) -> None:
 
 
 # -- ablation ------------------------------------------------------------------------------------
-def render_ablation(out: Console, layers, *, model: str, tokens: list[str], width: int) -> None:
-    out.print(Text(f"model: {model} · tokens: " + " ".join(f"{i}:{t}" for i, t in enumerate(tokens))))
+def render_ablation(out: Console, result: NoProjection) -> None:
+    layers, tokens, width = result.layers, result.tokens, result.width
+    out.print(Text(f"model: {result.model} · tokens: " + " ".join(f"{i}:{t}" for i, t in enumerate(tokens))))
     out.print(Text(f"--no-projection: q = k = v = x (the vectors entering each layer), scale "
                    f"1/√{width}, beside the learned W_Q, W_K, W_V. Figure: how often a token's "
                    f"largest weight is on itself."))
@@ -217,3 +241,20 @@ def render_ablation(out: Console, layers, *, model: str, tokens: list[str], widt
     out.print(Text("why: token i scores itself ‖x_i‖² and token j ‖x_i‖‖x_j‖cos θ; a token "
                    "attends elsewhere when another vector is long enough in its direction "
                    "(‖x_j‖ cos θ > ‖x_i‖), so the claim depends on the norms."))
+
+
+# -- why divide by √d_k --------------------------------------------------------------------------
+def render_saturation(out: Console, rows: list[Saturation], *, keys: int, trials: int, seed: int) -> None:
+    out.print(Text(f"q, k with independent N(0, 1) entries; {keys} keys per query; mean over "
+                   f"{trials} queries (seed {seed})"))
+    out.print(Text("max weight: the largest softmax weight (1/keys = uniform, 1 = saturated); "
+                   "gradient: ‖∂softmax/∂scores‖ (near 0 = nothing left to learn from)"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("d", "std q·k", "std q·k/√d", "max weight raw", "max weight /√d",
+                 "gradient raw", "gradient /√d"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(str(r.d), f"{r.score_std:.2f}", f"{r.scaled_std:.2f}",
+                      f"{r.max_weight_raw:.3f}", f"{r.max_weight_scaled:.3f}",
+                      f"{r.grad_raw:.3f}", f"{r.grad_scaled:.3f}")
+    out.print(table)

@@ -8,15 +8,11 @@ Everything is computed in float64 from a seeded generator, so the figures are re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from qkv.errors import QkvError
+from qkv.explain.wording import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -30,6 +26,10 @@ class Saturation:
     max_weight_scaled: float  # the same with scores / √d
     grad_raw: float           # mean Frobenius norm of the softmax Jacobian, unscaled
     grad_scaled: float        # the same, scaled
+
+    def to_dict(self) -> dict:
+        """The fields above, by name (``qkv softmax-demo --json`` prints one per d)."""
+        return asdict(self)
 
 
 def _jacobian_norm(w: torch.Tensor) -> torch.Tensor:
@@ -47,11 +47,11 @@ def saturation(dims: list[int], *, keys: int = 10, trials: int = 2000, seed: int
         (True, True)
     """
     if not dims or any(d < 1 for d in dims):
-        raise QkvError(f"--dims must be positive whole numbers, got {dims}")
+        raise ArgumentError("dims", "{name} must be positive whole numbers, got {value}", value=dims)
     if keys < 2:
-        raise QkvError(f"--keys must be at least 2, got {keys}")
+        raise ArgumentError("keys", "{name} must be at least 2, got {value}", value=keys)
     if trials < 1:
-        raise QkvError(f"--trials must be at least 1, got {trials}")
+        raise ArgumentError("trials", "{name} must be at least 1, got {value}", value=trials)
     out = []
     for d in dims:
         gen = torch.Generator().manual_seed(seed + d)
@@ -73,19 +73,3 @@ def saturation(dims: list[int], *, keys: int = 10, trials: int = 2000, seed: int
             grad_raw=float(_jacobian_norm(raw).mean()),
             grad_scaled=float(_jacobian_norm(scaled).mean())))
     return out
-
-
-def render_saturation(out: Console, rows: list[Saturation], *, keys: int, trials: int, seed: int) -> None:
-    out.print(Text(f"q, k with independent N(0, 1) entries; {keys} keys per query; mean over "
-                   f"{trials} queries (seed {seed})"))
-    out.print(Text("max weight: the largest softmax weight (1/keys = uniform, 1 = saturated); "
-                   "gradient: ‖∂softmax/∂scores‖ (near 0 = nothing left to learn from)"))
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in ("d", "std q·k", "std q·k/√d", "max weight raw", "max weight /√d",
-                 "gradient raw", "gradient /√d"):
-        table.add_column(name, justify="right")
-    for r in rows:
-        table.add_row(str(r.d), f"{r.score_std:.2f}", f"{r.scaled_std:.2f}",
-                      f"{r.max_weight_raw:.3f}", f"{r.max_weight_scaled:.3f}",
-                      f"{r.grad_raw:.3f}", f"{r.grad_scaled:.3f}")
-    out.print(table)

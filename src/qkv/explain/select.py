@@ -1,7 +1,7 @@
-"""Which rows and columns of the attention a person means: tokens, words, and ``--token it@1``.
+"""Which rows and columns of the attention a person means: tokens, words, and ``token="it@1"``.
 
 A tokenizer cuts "pizzeria" into ``pi ##zz ##eria``; a reader thinks in words. A :class:`Units`
-is the list of things shown on screen — one per token, or one per word (``--words``), each with
+is the list of things shown on screen — one per token, or one per word (``words=True``), each with
 the token positions it covers. Attention weights move from tokens to words by a fixed rule:
 
 * weights **into** a word are **summed** over its tokens (the word gets all the attention its
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qkv.errors import QkvError
+from qkv.explain.wording import ArgumentError, Message
 
 # How many labels an error message lists before it elides the rest.
 _LIST_LIMIT = 40
@@ -34,7 +34,7 @@ class Units:
         labels: one display string per unit ("pizza", "[CLS]", "##zz").
         groups: for each unit, the token positions it covers (ascending, non-empty).
         special: for each unit, whether it is a special token ([CLS], [SEP], <|endoftext|>).
-        words: True when units are words (``--words``), False when they are tokens.
+        words: True when units are words (``words=True``), False when they are tokens.
         num_tokens: the number of tokens the groups index into.
     """
 
@@ -154,10 +154,14 @@ def group_rows(weights: torch.Tensor, units: Units) -> torch.Tensor:
 # -- choosing a unit from what the user typed --------------------------------------------------
 @dataclass(frozen=True)
 class Choice:
-    """The unit a ``--token``/``--from``/``--to`` value picked, and a note for the user or None."""
+    """The unit a ``token``/``to``/``source``/``target`` value picked, and a note for the user.
+
+    ``note`` (or None) says which occurrence or token was used when that was a guess; it names
+    arguments by role (:class:`~qkv.explain.wording.Message`).
+    """
 
     unit: int
-    note: str | None = None
+    note: Message | None = None
 
 
 def _matches(label: str, wanted: str) -> bool:
@@ -172,23 +176,26 @@ def _split_occurrence(spec: str) -> tuple[str, int | None]:
     return spec, None
 
 
-def choose(spec: str | None, units: Units, *, option: str = "--token") -> Choice:
+def choose(spec: str | None, units: Units, *, role: str = "token") -> Choice:
     """Resolve a user's choice of unit.
 
     ``spec`` is None (the last unit with a letter or digit, i.e. the last word, not a final
     full stop), an index (``"12"``, counting from 0 over the
     units shown), a word (``"it"``: its last occurrence, with a note when there are several) or
     ``"it@0"`` (the first occurrence; occurrences count from 0). Matching ignores case.
+    ``role`` is the argument ``spec`` came from; messages name it (see :mod:`qkv.explain.wording`).
 
     Raises:
-        QkvError: the word is not in the text (the message lists the units), the index or the
-            occurrence is out of range.
+        ArgumentError: the word is not in the text (the message lists the units), the index or
+            the occurrence is out of range.
 
     Example:
         >>> from types import SimpleNamespace as E
         >>> u = token_units(E(tokens=["[CLS]", "it", "is", "it", "[SEP]"], special=[1, 0, 0, 0, 1]))
         >>> choose("it", u).unit, choose("it@0", u).unit, choose(None, u).unit
         (3, 1, 3)
+        >>> str(choose("it", u).note)
+        "'it' occurs 2 times (tokens 1, 3); using the last (token 3). Pick another with token it@0 (occurrences count from 0) or token 1."
     """
     if spec is None:
         plain = [i for i, s in enumerate(units.special) if not s]
@@ -197,54 +204,57 @@ def choose(spec: str | None, units: Units, *, option: str = "--token") -> Choice
         return Choice((wordy or plain or [len(units) - 1])[-1])
     spec = spec.strip()
     if not spec:
-        raise QkvError(f"{option} is empty; give a word or an index ({units.listing()})")
+        raise ArgumentError(role, "{name} is empty; give a word or an index ({listing})",
+                            listing=units.listing())
     if spec.lstrip("-").isdigit():
         index = int(spec)
         if not 0 <= index < len(units):
-            raise QkvError(f"{option} {index} is out of range: the text has {len(units)} "
-                           f"{units.kind}s (0–{len(units) - 1}): {units.listing()}")
+            raise ArgumentError(role, "{name} {index} is out of range: the text has {n} {kind}s "
+                                "(0–{last}): {listing}", index=index, n=len(units), kind=units.kind,
+                                last=len(units) - 1, listing=units.listing())
         return Choice(index)
     word, occurrence = _split_occurrence(spec)
     found = [i for i, label in enumerate(units.labels) if _matches(label, word.lower())]
     if not found:
-        raise QkvError(f"{option} {spec!r} is not a {units.kind} of the text; "
-                       f"the {units.kind}s are: {units.listing()}")
+        raise ArgumentError(role, "{name} {spec!r} is not a {kind} of the text; the {kind}s are: "
+                            "{listing}", spec=spec, kind=units.kind, listing=units.listing())
     if occurrence is not None:
         if occurrence >= len(found):
-            raise QkvError(f"{option} {spec!r}: {word!r} occurs {len(found)} time(s) "
-                           f"(occurrences count from 0: {word}@0 … {word}@{len(found) - 1})")
+            raise ArgumentError(role, "{name} {spec!r}: {word!r} occurs {n} time(s) (occurrences "
+                                "count from 0: {word}@0 … {word}@{last})", spec=spec, word=word,
+                                n=len(found), last=len(found) - 1)
         return Choice(found[occurrence])
     note = None
     if len(found) > 1:
-        where = ", ".join(str(i) for i in found)
-        note = (f"{word!r} occurs {len(found)} times ({units.kind}s {where}); using the last "
-                f"({units.kind} {found[-1]}). Pick another with {option} {word}@0 "
-                f"(occurrences count from 0) or {option} {found[0]}.")
+        note = Message("{word!r} occurs {n} times ({kind}s {where}); using the last ({kind} "
+                       "{index}). Pick another with {name} {word}@0 (occurrences count from 0) or "
+                       "{name} {first}.", role, word=word, n=len(found), kind=units.kind,
+                       where=", ".join(str(i) for i in found), index=found[-1], first=found[0])
     return Choice(found[-1], note)
 
 
 def choose_in(spec: str | None, encoding, text: str, *, words: bool,
-              option: str = "--token") -> tuple[Units, Choice]:
+              role: str = "token") -> tuple[Units, Choice]:
     """The units to show and the one ``spec`` picks.
 
     In token mode a word the tokenizer split ("pizzeria" → pi ##zz ##eria) matches no single
     token; it is then found among the words and its **last** token is used, with a note
-    suggesting ``--words``.
+    suggesting ``words=True`` (``--words``).
     """
     units = units_for(encoding, text, words)
     if words or spec is None or spec.strip().lstrip("-").isdigit():
-        return units, choose(spec, units, option=option)
+        return units, choose(spec, units, role=role)
     word, _ = _split_occurrence(spec.strip())
     if any(_matches(label, word.lower()) for label in units.labels):
-        return units, choose(spec, units, option=option)
+        return units, choose(spec, units, role=role)
     as_words = word_units(encoding, text)
     if not any(_matches(label, word.lower()) for label in as_words.labels):
-        return units, choose(spec, units, option=option)  # raises: lists the tokens
-    picked = choose(spec, as_words, option=option)
+        return units, choose(spec, units, role=role)  # raises: lists the tokens
+    picked = choose(spec, as_words, role=role)
     group = as_words.groups[picked.unit]
-    pieces = " ".join(units.labels[i] for i in group)
-    note = (f"{as_words.labels[picked.unit]!r} is {len(group)} tokens ({pieces}); using its last "
-            f"token, {group[-1]}. Add --words to treat it as one word.")
+    note = Message("{word!r} is {n} tokens ({pieces}); using its last token, {index}. Add {words} "
+                   "to treat it as one word.", word=as_words.labels[picked.unit], n=len(group),
+                   pieces=" ".join(units.labels[i] for i in group), index=group[-1])
     if picked.note:
-        note = picked.note + " " + note
+        note = Message("{first} {second}", first=picked.note, second=note)
     return units, Choice(group[-1], note)

@@ -15,14 +15,22 @@ Here W_Q is head H's slice of the layer's query projection, written the way the 
 **explicitly in float64** from the weights and the traced inputs, then compared with the
 tensors the model's own forward recorded; ``max_abs_diff`` is the largest difference between
 the recomputed output and the model's head output.
+
+:func:`explain_head` is the entry point for a model and a text; :func:`head_steps` does the
+arithmetic for any traced :class:`~qkv.modules.MultiHeadAttention` (the translation model's
+cross-attention included).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from qkv.explain.forward import check_layer_head, check_text, encode, model_name, trace
+from qkv.explain.jsonable import numbers
+from qkv.explain.select import choose_in
+from qkv.explain.wording import Message
 
 
 @dataclass(frozen=True)
@@ -30,11 +38,21 @@ class HeadSteps:
     """Every number of one head's attention for one token, recomputed in float64.
 
     Shapes: x (E,); query (d,); keys (s, d); values (s, dv); scores, scaled, mask, weights (s,);
-    output, model_output (dv,). ``mask`` is what the forward added to ``scaled`` (0 or −inf
-    for padding/causal structure). ``diffs`` holds, per stage, the max absolute difference
-    between the float64 recomputation and the forward's own (float32) tensors.
+    output, model_output (dv,). ``mask`` is what the forward added to ``scaled``
+    (``AttentionTrace.additive()``: 0, −inf for keys it excluded — padding, causal structure —
+    or an ALiBi bias). ``diffs`` holds, per stage, the max absolute difference between the
+    float64 recomputation and the forward's own (float32) tensors.
+
+    Fields set by :func:`explain_head` (defaults from a bare :func:`head_steps`):
+        x_is_layer_input: whether ``x`` is the vector entering the layer (post-norm) rather than
+            its normalised form (pre-norm); None when not known.
+        word, word_tokens: with ``words=True``, the word chosen and its token positions (the
+            arithmetic is for the last); None and () otherwise.
+        notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
     """
 
+    model: str
+    text: str
     tokens: list[str]
     layer: int
     head: int
@@ -52,10 +70,42 @@ class HeadSteps:
     output: torch.Tensor
     model_output: torch.Tensor
     diffs: dict[str, float]
+    x_is_layer_input: bool | None = None
+    word: str | None = None
+    word_tokens: tuple[int, ...] = ()
+    notes: tuple[Message, ...] = ()
 
     @property
     def max_abs_diff(self) -> float:
         return self.diffs["output"]
+
+    def to_dict(self) -> dict:
+        """Every number in full (what ``qkv explain … --layer L --head H --json`` prints);
+        −inf as :mod:`qkv.explain.jsonable` says."""
+        return {
+            "model": self.model,
+            "text": self.text,
+            "tokens": self.tokens,
+            "layer": self.layer,
+            "head": self.head,
+            "token_index": self.token_index,
+            "token": self.tokens[self.token_index],
+            "head_dim": self.head_dim,
+            "scale": self.scale,
+            "x": numbers(self.x),
+            "query": numbers(self.query),
+            "keys": numbers(self.keys),
+            "values": numbers(self.values),
+            "scores": numbers(self.scores),
+            "scaled": numbers(self.scaled),
+            "mask": numbers(self.mask),
+            "weights": numbers(self.weights),
+            "weights_sum": float(self.weights.sum()),
+            "output": numbers(self.output),
+            "model_output": numbers(self.model_output),
+            "max_abs_diff": self.max_abs_diff,
+            "stage_max_abs_diff": self.diffs,
+        }
 
 
 def head_slice(module, head: int) -> tuple[slice, slice]:
@@ -86,7 +136,8 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: list[str]) -> HeadSteps:
+def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: list[str],
+               model: str, text: str) -> HeadSteps:
     """Recompute head ``head`` of ``module`` for traced row ``row``, and compare with the trace.
 
     Args:
@@ -94,14 +145,16 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
         layer_trace: the :class:`~qkv.modules.multihead.MultiHeadTrace` the forward recorded
             for this layer (queries for the traced rows, keys/values for every position).
         row: index into the traced rows (0 when one token was traced).
+        tokens: the s key tokens; model, text: what was run, for the record.
 
     Example:
         >>> import qkv
         >>> mha = qkv.MultiHeadAttention(8, 2)
-        >>> _, _, tr = mha(torch.randn(1, 3, 8), trace_rows=torch.tensor([2]))
-        >>> st = head_steps(mha, tr, layer=0, head=1, row=0, tokens=["a", "b", "c"])
-        >>> round(float(st.weights.sum()), 12), st.max_abs_diff < 1e-6
-        (1.0, True)
+        >>> tr = mha(torch.randn(1, 3, 8), trace_rows=torch.tensor([2])).trace
+        >>> st = head_steps(mha, tr, layer=0, head=1, row=0, tokens=["a", "b", "c"],
+        ...                 model="MultiHeadAttention(8, 2)", text="a b c")
+        >>> st.keys.shape, round(float(st.weights.sum()), 12), st.max_abs_diff < 1e-6
+        (torch.Size([3, 4]), 1.0, True)
     """
     att = layer_trace.attention
     q_rows, kv_rows = head_slice(module, head)
@@ -121,9 +174,8 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)
-    # 3) the forward's own mask (padding, causal, ALiBi), read off its trace, not re-derived
-    mask = (att.masked[0, head, row].double() - att.scaled[0, head, row].double())  # (s,)
-    mask = mask.nan_to_num(nan=float("-inf"), neginf=float("-inf"))
+    # 3) the forward's own mask and bias (padding, causal, ALiBi), as it added them, not re-derived
+    mask = att.additive()[0, head, row].double()  # (s,)
     # 4) softmax: positive weights that sum to 1
     weights = _softmax(scaled + mask)  # (s,)
     # 5) the weighted sum of the values
@@ -138,45 +190,52 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
         "weights": _max_diff(weights, att.weights[0, head, row]),
         "output": _max_diff(output, model_output),
     }
-    return HeadSteps(tokens=tokens, layer=layer, head=head, token_index=position,
-                     head_dim=module.head_dim, scale=float(att.scale), x=x, query=query,
-                     keys=keys, values=values, scores=scores, scaled=scaled, mask=mask,
-                     weights=weights, output=output, model_output=model_output.double(),
-                     diffs=diffs)
+    return HeadSteps(model=model, text=text, tokens=tokens, layer=layer, head=head,
+                     token_index=position, head_dim=module.head_dim, scale=float(att.scale), x=x,
+                     query=query, keys=keys, values=values, scores=scores, scaled=scaled,
+                     mask=mask, weights=weights, output=output,
+                     model_output=model_output.double(), diffs=diffs)
 
 
-def steps_json(st: HeadSteps, *, model: str, text: str) -> dict:
-    """Every number in full, for ``--json`` (lists of floats; −inf as the string "-inf")."""
+def explain_head(model, text: str, *, token: str | None = None, layer: int, head: int,
+                 words: bool = False) -> HeadSteps:
+    """One head's arithmetic for one token of ``text``, step by step (see the module doc).
 
-    def numbers(t: torch.Tensor):
-        return [_finite(v) for v in t.tolist()] if t.ndim == 1 else [numbers(r) for r in t]
+    With ``words=True`` a word of several tokens is explained at its last token (``word`` and
+    ``word_tokens`` say so). Only that token's rows are traced.
 
-    return {
-        "model": model,
-        "text": text,
-        "tokens": st.tokens,
-        "layer": st.layer,
-        "head": st.head,
-        "token_index": st.token_index,
-        "token": st.tokens[st.token_index],
-        "head_dim": st.head_dim,
-        "scale": st.scale,
-        "x": numbers(st.x),
-        "query": numbers(st.query),
-        "keys": numbers(st.keys),
-        "values": numbers(st.values),
-        "scores": numbers(st.scores),
-        "scaled": numbers(st.scaled),
-        "mask": numbers(st.mask),
-        "weights": numbers(st.weights),
-        "weights_sum": float(st.weights.sum()),
-        "output": numbers(st.output),
-        "model_output": numbers(st.model_output),
-        "max_abs_diff": st.max_abs_diff,
-        "stage_max_abs_diff": st.diffs,
-    }
+    Args:
+        model: a self-attention model from :func:`qkv.load`.
+        token: a word, ``"word@N"`` or an index (see :func:`qkv.explain.explain`); None: the
+            last word.
+        layer, head: counting from 0.
 
+    Raises:
+        ArgumentError: ``token`` not in the text, ``layer``/``head`` out of range.
+        QkvError: an empty text.
 
-def _finite(v: float):
-    # JSON has no infinities; a masked key's −inf is spelled out so the file stays valid.
-    return v if math.isfinite(v) else ("-inf" if v < 0 else "inf" if v > 0 else "nan")
+    Example:
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> st = explain_head(model, "The dog found some pizza next to the baby and ate it",
+        ...                   token="it", layer=3, head=1)
+        >>> st.tokens[int(st.weights.argmax())], round(float(st.weights.max()), 2)
+        ('pizza', 0.75)
+        >>> st.keys.shape, st.max_abs_diff < 1e-5       # (s, d): one key per token
+        (torch.Size([14, 32]), True)
+    """
+    check_text(text)
+    check_layer_head(model, layer, head)
+    encoding = encode(model, text)
+    units, choice = choose_in(token, encoding, text, words=words, role="token")
+    group = units.groups[choice.unit]
+    position = group[-1]
+    traced = trace(model, text, torch.tensor([position]), words=words, encoding=encoding)
+    layer_trace = traced.traces[layer].self_attn
+    st = head_steps(model.layers[layer].self_attn, layer_trace, layer=layer, head=head, row=0,
+                    tokens=traced.tokens, model=model_name(model), text=text)
+    entering = traced.hidden_states[layer][0, position]
+    return replace(st, x_is_layer_input=torch.equal(entering, layer_trace.query_input[0, 0]),
+                   word=units.labels[choice.unit] if words else None,
+                   word_tokens=tuple(group) if words else (),
+                   notes=(choice.note,) if choice.note else ())

@@ -1,5 +1,6 @@
-"""Head finding: which (layer, head) sends the most weight from one word to another, and the
-coreference probe — how often each head's largest weight from a pronoun lands on its referent.
+"""Head finding: which (layer, head) sends the most weight from one word to another
+(:func:`heads`), and the coreference probe — how often each head's largest weight from a pronoun
+lands on its referent (:func:`probe`).
 
 Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
 (see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
@@ -13,21 +14,47 @@ from importlib import resources
 
 import torch
 
-from qkv.errors import QkvError
 from qkv.explain import forward
 from qkv.explain.overview import unit_rows
-from qkv.explain.select import choose, word_units
+from qkv.explain.select import Units, choose, word_units
+from qkv.explain.wording import ArgumentError, Message
 
 PROBES = ("coref",)
 
 
 @dataclass(frozen=True)
 class HeadWeight:
-    """The weight one head sends from the ``--from`` word to the ``--to`` word."""
+    """The weight one head sends from the ``source`` word to the ``target`` word."""
 
     layer: int
     head: int
     weight: float
+
+
+@dataclass(frozen=True)
+class HeadRanking:
+    """Every (layer, head) by the weight it sends from one word to another — what :func:`heads`
+    returns.
+
+    Fields:
+        model, text: what was run; units: its words; source, target: indices into ``units``.
+        heads: one :class:`HeadWeight` per head, largest weight first (ties by layer, head).
+        notes: how an ambiguous ``source``/``target`` was resolved.
+    """
+
+    model: str
+    text: str
+    units: Units
+    source: int
+    target: int
+    heads: list[HeadWeight]
+    notes: tuple[Message, ...] = ()
+
+    def to_dict(self) -> dict:
+        """The ranking; ``qkv heads TEXT --from A --to B --json`` prints its ``"heads"`` list."""
+        return {"model": self.model, "text": self.text, "units": self.units.labels,
+                "source": self.source, "target": self.target,
+                "heads": [{"layer": h.layer, "head": h.head, "weight": h.weight} for h in self.heads]}
 
 
 def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) -> list[HeadWeight]:
@@ -51,6 +78,37 @@ def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) ->
     return sorted(out, key=lambda h: (-h.weight, h.layer, h.head))
 
 
+def heads(model, text: str, *, source: str | None = None, target: str) -> HeadRanking:
+    """Rank every head of ``model`` by the weight from word ``source`` to word ``target``.
+
+    Args:
+        source, target: a word (its last occurrence), ``"word@N"`` or an index over the words
+            (see :func:`qkv.explain.select.choose`); ``source`` None: the last word.
+
+    Raises:
+        ArgumentError: a word that is not in the text, an index out of range.
+        QkvError: an empty text.
+
+    Example:
+        >>> import qkv
+        >>> r = heads(qkv.load("minilm"), "The dog found some pizza next to the baby and ate it",
+        ...           source="it", target="pizza")
+        >>> best = r.heads[0]
+        >>> len(r.heads), (best.layer, best.head), round(best.weight, 2)
+        (72, (3, 1), 0.75)
+    """
+    encoding = forward.encode(model, text)
+    units = word_units(encoding, text)
+    src = choose(source, units, role="source")
+    tgt = choose(target, units, role="target")
+    traced = forward.trace(model, text, torch.tensor(units.groups[src.unit]), words=True,
+                           encoding=encoding)
+    ranked = rank_pair(traced.layer_weights(), units, src.unit, tgt.unit)
+    return HeadRanking(model=forward.model_name(model), text=text, units=units, source=src.unit,
+                       target=tgt.unit, heads=ranked,
+                       notes=tuple(c.note for c in (src, tgt) if c.note))
+
+
 # -- the coreference probe ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProbeItem:
@@ -64,15 +122,18 @@ class ProbeItem:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Per-head accuracy over the probe set.
+    """Per-head accuracy over the probe set — what :func:`probe` returns.
 
     Fields:
+        model: the model's name; name: the probe's (``"coref"``).
         items: the sentences, in file order.
         hits: (n, layers, heads) bool — head's largest weight from the pronoun on the referent.
         candidates: (n,) how many words each argmax chose among (chance = 1/candidates).
         chosen: (n, layers, heads) the word each head picked, as text.
     """
 
+    model: str
+    name: str
     items: list[ProbeItem]
     hits: torch.Tensor
     candidates: torch.Tensor
@@ -107,11 +168,24 @@ class ProbeResult:
         layer, head = divmod(flat, even.shape[1])
         return (layer, head), float(even[layer, head]), float(odd[layer, head])
 
+    def to_dict(self) -> dict:
+        """Every head's score; ``qkv heads --probe coref --json`` prints its ``"heads"`` list
+        (``weight`` repeats ``accuracy``, the figure heads are ranked by)."""
+        n = len(self.items)
+        (layer, head), even, odd = self.held_out()
+        return {
+            "model": self.model, "probe": self.name, "sentences": n, "chance": self.chance,
+            "held_out": {"layer": layer, "head": head, "even": even, "odd": odd},
+            "heads": [{"layer": l, "head": h, "weight": acc, "accuracy": acc, "correct": c, "n": n}
+                      for l, h, acc, c in self.ranked()],
+        }
+
 
 def load_probe(name: str) -> list[ProbeItem]:
     """The probe set shipped with qkv (``qkv/data/<name>.jsonl``)."""
     if name not in PROBES:
-        raise QkvError(f"unknown probe {name!r}; known probes: {', '.join(PROBES)}")
+        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
+                            known=", ".join(PROBES))
     text = resources.files("qkv").joinpath("data", f"{name}.jsonl").read_text(encoding="utf-8")
     items = []
     for line in text.splitlines():
@@ -125,8 +199,8 @@ def _probe_one(model, item: ProbeItem) -> tuple[torch.Tensor, int, list[list[str
     """(layers, heads) hits, the number of candidate words, and each head's pick."""
     encoding = forward.encode(model, item.text)
     units = word_units(encoding, item.text)
-    pronoun = choose(item.pronoun, units, option="pronoun").unit
-    referent = choose(item.referent, units, option="referent").unit
+    pronoun = choose(item.pronoun, units, role="pronoun").unit
+    referent = choose(item.referent, units, role="referent").unit
     traced = forward.trace(model, item.text, torch.tensor(units.groups[pronoun]), words=True,
                            encoding=encoding)
     # Candidates: every word except the pronoun itself; special tokens are not words.
@@ -140,11 +214,23 @@ def _probe_one(model, item: ProbeItem) -> tuple[torch.Tensor, int, list[list[str
     return torch.stack(hits), int((~excluded).sum()), picks
 
 
-def run_probe(model, name: str = "coref") -> ProbeResult:
+def probe(model, name: str = "coref") -> ProbeResult:
     """Each head's accuracy at putting its largest weight (from the pronoun, over the words of
-    the sentence other than the pronoun itself) on the labelled referent."""
+    the sentence other than the pronoun itself) on the labelled referent.
+
+    Raises:
+        ArgumentError: an unknown probe ``name`` (see :data:`PROBES`).
+
+    Example (49 forward passes, a few seconds; skipped in the doctest run):
+        >>> import qkv
+        >>> result = probe(qkv.load("minilm"))                      # doctest: +SKIP
+        >>> layer, head, accuracy, correct = result.ranked()[0]     # doctest: +SKIP
+        >>> len(result.items), accuracy > 4 * result.chance         # doctest: +SKIP
+        (49, True)
+    """
     items = load_probe(name)
     results = [_probe_one(model, item) for item in items]
-    return ProbeResult(items=items, hits=torch.stack([r[0] for r in results]),
+    return ProbeResult(model=forward.model_name(model), name=name, items=items,
+                       hits=torch.stack([r[0] for r in results]),
                        candidates=torch.tensor([r[1] for r in results]),
                        chosen=[r[2] for r in results])

@@ -1,0 +1,52 @@
+"""One head's whole map is the forward's: equal to Hugging Face's attention map, regrouped into
+words by the documented rule."""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+import qkv
+from qkv.explain import attention_map
+from qkv.models.loading import minilm_dir
+
+TEXT = "The pizzeria's owner found it"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return qkv.load("minilm")
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    hf = transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor([model.tokenizer.encode(TEXT).ids]), output_attentions=True)
+    return torch.stack(out.attentions)[:, 0].double()  # (layers, h, t, s)
+
+
+@pytest.mark.parametrize("layer, head", [(0, 0), (4, 7), (5, 11)])
+def test_token_map_equals_hugging_face(model, reference, layer, head):
+    m = attention_map(model, TEXT, layer=layer, head=head)
+    assert m.units.labels == model.tokenizer.encode(TEXT).tokens and not m.units.words
+    torch.testing.assert_close(m.weights, reference[layer, head], atol=2e-6, rtol=0)
+
+
+def test_word_map_sums_into_and_averages_from_a_word(model, reference):
+    m = attention_map(model, TEXT, layer=2, head=3, words=True)
+    groups = m.units.groups
+    assert "pizzeria" in m.units.labels and m.weights.shape == (len(groups), len(groups))
+    want = torch.tensor([[float(reference[2, 3][list(a)][:, list(b)].sum(-1).mean()) for b in groups]
+                         for a in groups], dtype=torch.float64)
+    torch.testing.assert_close(m.weights, want, atol=2e-6, rtol=0)
+    d = json.loads(json.dumps(m.to_dict(), allow_nan=False))
+    assert d["units"] == m.units.labels and d["weights"] == m.weights.tolist()
+
+
+def test_errors_name_the_arguments(model):
+    with pytest.raises(ValueError, match="^head 12 is out of range"):
+        attention_map(model, TEXT, layer=0, head=12)
+    with pytest.raises(ValueError, match="^layer 6 is out of range"):
+        attention_map(model, TEXT, layer=6, head=0)
