@@ -163,6 +163,18 @@ def test_probe_ranking_and_held_out_follow_the_oracle(model, hf, result):
     assert acc > 4 * result.chance  # far above a random word
 
 
+def test_held_out_chooses_on_even_sentences_and_scores_on_odd_ones():
+    """Head 0 is best on the even sentences, head 1 on the odd ones: the choice must not peek."""
+    from qkv.explain.find_heads import ProbeItem, ProbeResult
+
+    hits = torch.tensor([[1, 1], [0, 1], [1, 0], [0, 1]], dtype=torch.bool)[:, None]  # (4, 1, 2)
+    r = ProbeResult(model="m", name="toy", items=[ProbeItem("t", "it", "x", ())] * 4, hits=hits,
+                    candidates=torch.tensor([4, 4, 2, 2]), chosen=[])
+    assert r.held_out() == ((0, 0), 1.0, 0.0)
+    assert r.ranked() == [(0, 1, 0.75, 3), (0, 0, 0.5, 2)]
+    assert r.chance == pytest.approx((0.25 + 0.25 + 0.5 + 0.5) / 4)
+
+
 def test_to_dicts_are_json_and_what_the_cli_prints(model, result):
     r = heads(model, TEXT, source="it", target="pizza")
     d = json.loads(json.dumps(r.to_dict(), allow_nan=False))

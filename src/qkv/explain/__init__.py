@@ -6,23 +6,20 @@ JSON-ready data, finite numbers only (a masked key's −inf is written ``"-inf"`
 in :mod:`qkv.explain.jsonable`). The ``qkv explain`` / ``qkv heads`` commands are these functions
 plus printing: ``--json`` prints ``to_dict()``.
 
-========================================================  ===========================================
-function                                                  returns (to_dict = which ``--json``)
-========================================================  ===========================================
-``explain(model, text, *, token, words, top, to, layer)``  :class:`Overview`: every layer × head for
-                                                          one token, ranked (``qkv explain TEXT``)
-``explain_head(model, text, *, token, layer, head)``       :class:`HeadSteps`: one head's arithmetic
-                                                          in float64 (``… --layer L --head H``)
-``attention_map(model, text, *, layer, head, words)``      :class:`AttentionMap`: one head's (U, U) map
-``heads(model, text, *, source, target)``                  :class:`HeadRanking` (``qkv heads``: its
-                                                          ``"heads"`` list)
-``probe(model, name="coref")``                             :class:`ProbeResult` (``qkv heads --probe``:
-                                                          its ``"heads"`` list)
-``no_projection(model, text, *, layer)``                   :class:`NoProjection` (``--no-projection``)
-``cross_attention(checkpoint, text, *, token, top, layer)``  :class:`CrossAttention` (``--model translate``)
-``cross_attention_head(checkpoint, text, *, token, layer,  :class:`CrossHeadSteps` (``--model translate
-head)``                                                   --layer L --head H``)
-========================================================  ===========================================
+* ``explain(model, text, *, token, words, top, to, layer)`` → :class:`Overview`: every layer ×
+  head for one token, ranked (``qkv explain TEXT``)
+* ``explain_head(model, text, *, token, layer, head, words)`` → :class:`HeadSteps`: one head's
+  arithmetic redone in float64 (``qkv explain TEXT --layer L --head H``)
+* ``attention_map(model, text, *, layer, head, words)`` → :class:`AttentionMap`: one head's map
+* ``heads(model, text, *, source, target)`` → :class:`HeadRanking` (``qkv heads TEXT --from A
+  --to B`` prints its ``"heads"`` list)
+* ``probe(model, name="coref")`` → :class:`ProbeResult` (``qkv heads --probe coref``: its
+  ``"heads"`` list)
+* ``no_projection(model, text, *, layer)`` → :class:`NoProjection` (``--no-projection``)
+* ``cross_attention(checkpoint, text, *, token, top, layer)`` → :class:`CrossAttention`
+  (``qkv explain TEXT --model translate``)
+* ``cross_attention_head(checkpoint, text, *, token, layer, head)`` → :class:`CrossHeadSteps`
+  (``… --model translate --layer L --head H``)
 
 ``model`` is a self-attention model from :func:`qkv.load` (pass it in; nothing here loads or
 caches models); ``checkpoint`` a :class:`~qkv.translate.checkpoint.Checkpoint` or a checkpoint
@@ -64,8 +61,9 @@ Where things are:
 * ``saturation.py`` — why divide by √d_k, on random vectors (``qkv softmax-demo``)
 * ``cross.py``    — :func:`cross_attention`: the same for a translation model's cross-attention
 * ``wording.py``, ``jsonable.py`` — how messages name arguments; how results become JSON
-* ``render.py``, ``render_cross.py`` — terminal tables (rich); ``plots.py``, ``plots_cross.py`` —
-  heat maps (matplotlib). Neither is imported here: the computation does not need them.
+* ``render.py``, ``render_cross.py`` — terminal tables (rich); ``figures.py`` — a result's heat
+  map (matplotlib), drawn with ``plots.py``. None is imported here: the computation does not
+  need them.
 """
 
 from qkv.explain.ablation import LayerSelf, NoProjection, no_projection

@@ -23,7 +23,7 @@ and compares it with the forward's own numbers.
 Both take a loaded :class:`~qkv.translate.checkpoint.Checkpoint` (model + vocabularies) or a
 checkpoint directory / ``"translate"`` for the shipped one. ``qkv explain TEXT --model
 translate`` prints these results (:mod:`qkv.explain.render_cross`) and draws them
-(:mod:`qkv.explain.plots_cross`).
+(:mod:`qkv.explain.figures`).
 """
 
 from __future__ import annotations
