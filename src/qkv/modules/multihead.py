@@ -240,6 +240,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
         bias = m.in_proj_bias is not None
         new = cls(m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=bias, dropout=m.dropout)
+        # the peer's dtype and device before copying, so float64 weights are not rounded to float32
+        new = new.to(device=m.out_proj.weight.device, dtype=m.out_proj.weight.dtype)
         E = m.embed_dim
         with torch.no_grad():
             if m._qkv_same_embed_dim:
@@ -253,4 +255,4 @@ class MultiHeadAttention(nn.Module):
                     proj.bias.copy_(bb)
                 new.out_proj.bias.copy_(m.out_proj.bias)
             new.out_proj.weight.copy_(m.out_proj.weight)
-        return new.to(m.out_proj.weight.dtype)
+        return new
