@@ -59,7 +59,7 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 def is_translation_model(model: str | os.PathLike | None) -> bool:
     """True when ``model`` names a directory whose config.json says ``"model_type": "qkv-translation"``.
 
-    The explain command uses this to route ``--model`` to :func:`qkv.explain.cross.explain_translation`.
+    The explain command uses this to route ``--model`` to :mod:`qkv.cli.explain` (which calls :func:`qkv.explain.cross_attention`).
     """
     path = resolve_model_dir(model) / "config.json"
     try:
