@@ -10,11 +10,28 @@ The error of ``plain`` is what that dtype costs on *this* CPU with *these* input
 follows the machine (AVX2, AVX-512, another thread count) instead of a constant tuned to one.
 ``floor`` = 2 ulp of the largest |ref| in the tested dtype: when ``plain`` happens to round
 exactly (error 0), ``got`` may still differ by a rounding or two.
+
+Answers already computed in float64 have no finer truth: :func:`assert_agree` measures their
+rounding one precision down (the same computation in float32, rescaled by eps64/eps32).
+Where two results come from the same operations on the same numbers, tests use ``torch.equal``
+and say so; any other bound is derived in a comment next to it.
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
+
+
+# The factor for torch's CPU flash-attention kernel (qkv's "fused" backend) against a plain
+# softmax path in the same dtype. The kernel computes exp with a polynomial accurate to 2 ulp
+# (``Vectorized::exp_u20``) where ``torch.softmax``'s exp is within 1 ulp, and normalises the
+# output by multiplying with a rounded reciprocal of the row sum (two roundings where a
+# division makes one): per term it may round up to twice as much as the plain path, so
+# flash-attention's factor 2 doubles. (Seen on this project's CPU: up to 3.3× the plain
+# float32 error in a few thousand random problems of tests/attention/test_backends.py.)
+FUSED_FACTOR = 4.0
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> float:
@@ -44,3 +61,62 @@ def assert_within(got: torch.Tensor, ref: torch.Tensor, plain: torch.Tensor, *, 
     tol = bound(ref, plain, factor=factor, where=where, dtype=got.dtype)
     assert err <= tol, (f"{what}: max error {err:.3g} > {tol:.3g} = {factor} × the plain "
                         f"computation's {max_err(plain, ref, where):.3g} + 2 ulp")
+
+
+def unit_roundoff_ratio(fine: torch.dtype, coarse: torch.dtype) -> float:
+    """eps(fine) / eps(coarse): how much smaller a rounding is in ``fine`` (float64 vs float32: 2⁻²⁹)."""
+    return torch.finfo(fine).eps / torch.finfo(coarse).eps
+
+
+def agree_bound(ref: torch.Tensor, low: torch.Tensor, *, dtype: torch.dtype, factor: float = 4.0,
+                where: torch.Tensor | None = None) -> float:
+    """``factor · max|low − ref| · eps(dtype)/eps(low) + 2 ulp`` — see :func:`assert_agree`."""
+    return (factor * max_err(low, ref, where) * unit_roundoff_ratio(dtype, low.dtype)
+            + 2 * ulp(ref, dtype))
+
+
+def assert_agree(got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, *, factor: float = 4.0,
+                 where: torch.Tensor | None = None, what: str = "result") -> None:
+    """``got`` and ``ref`` are one answer computed two ways in one dtype; they differ by rounding.
+
+    For computations already in float64 (cached decoding against the full pass; qkv against a
+    peer holding the same weights) there is no finer truth to measure against, so the rounding
+    is measured one precision down: ``low`` is ``ref``'s computation repeated in a coarser dtype
+    (float32) from the same inputs. To first order a computation's rounding error is proportional
+    to the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*, §3), so
+
+        max|low − ref| · eps(dtype) / eps(low.dtype)
+
+    estimates how far ``ref`` is from the exact answer (an over-estimate: ``low`` also pays for
+    rounding its inputs, which ``got`` and ``ref`` share exactly). ``got`` and ``ref`` may each be
+    that far away, on opposite sides (×2), and flash-attention's margin doubles that (×2):
+    ``factor = 4``. Plus 2 ulp of the largest |ref| in ``dtype``, as :func:`assert_within`.
+
+    For float64 against float32 the bound is ~2⁻²⁹ of float32's error: a bug shows as a
+    difference ten orders of magnitude larger.
+    """
+    if low.dtype == got.dtype or torch.finfo(low.dtype).eps <= torch.finfo(got.dtype).eps:
+        raise AssertionError(f"low ({low.dtype}) must be coarser than got ({got.dtype})")
+    err = max_err(got, ref, where)
+    tol = agree_bound(ref, low, dtype=got.dtype, factor=factor, where=where)
+    assert err <= tol, (f"{what}: max difference {err:.3g} > {tol:.3g} = {factor} × the "
+                        f"{low.dtype} computation's {max_err(low, ref, where):.3g} × "
+                        f"eps({got.dtype})/eps({low.dtype}) + 2 ulp")
+
+
+def twin(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of ``module`` with its floating-point weights in ``dtype`` (``module`` is left as is):
+    the same weights run at another precision, for ``ref`` (float64) or ``plain``/``low`` runs."""
+    return copy.deepcopy(module).to(dtype)
+
+
+def softmax_sum_tolerance(s: int, dtype: torch.dtype) -> float:
+    """How far a row of ``s`` softmax weights may sum from 1 in ``dtype``.
+
+    w_j = e_j / S with S = Σ e_k rounded: the sum S costs (s − 1) roundings, each w_j one more
+    (the division), summing the w_j (s − 1) more; each rounding is ≤ u = eps/2 relative, and the
+    weights add up to ≤ 1, so |Σ w_j − 1| ≤ (2s − 1)·u < (s + 1)·eps to first order. (exp's own
+    error cancels: the same e_j are in the numerator and in S.)
+    """
+    return (s + 1) * torch.finfo(dtype).eps
+
