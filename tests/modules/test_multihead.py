@@ -3,6 +3,10 @@ hand-written fp64 composition (GQA, MQA), its trace, its masks, and its argument
 
 Mask meanings differ between the two: qkv's bool True = takes part, torch's True = masked out,
 so every bool mask handed to torch here is inverted.
+
+Tolerances (``tests/tolerance.py``): fp64 comparisons use :func:`assert_agree` — the two fp64
+answers may differ by 4× the peer's float32 error rescaled to float64's unit roundoff; fp32
+ones use :func:`assert_within` against the peer run in fp64.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import torch
 from torch import nn
 
 import qkv.modules.multihead
-from qkv.modules import ALiBi, MultiHeadAttention, RotaryEmbedding
+from qkv.attention import AttentionMask
+from qkv.modules import ALiBi, AttentionOutput, MultiHeadAttention, RotaryEmbedding
+from tolerance import FUSED_FACTOR, agree_bound, assert_agree, assert_within, max_err, twin
 
 E, H = 12, 3
 
@@ -23,11 +29,13 @@ E, H = 12, 3
 def _torch_mha(*, batch_first, cross=False, bias=True, seed=0):
     torch.manual_seed(seed)
     kw = dict(kdim=7, vdim=5) if cross else {}
-    m = nn.MultiheadAttention(E, H, batch_first=batch_first, bias=bias, **kw).double().eval()
+    m = nn.MultiheadAttention(E, H, batch_first=batch_first, bias=bias, **kw).eval()
     with torch.no_grad():  # torch zero-initialises the biases; random ones test that they are copied
         for p in m.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    return m
+    # Weights drawn in float32, then widened: from_torch copies them through a float32 module
+    # (test_from_torch_keeps_float64_weights), which is exact only for float32 values.
+    return m.double()
 
 
 def _inputs(cross, b=2, t=5, s=7, seed=1):
@@ -76,17 +84,23 @@ def test_from_torch_gives_the_same_outputs_and_weights(batch_first, cross, mask)
     if mask in ("padding", "attn_and_padding"):
         ours["key_padding_mask"], theirs["key_padding_mask"] = pad_keep, ~pad_keep
 
+    low = twin(m, torch.float32)  # the peer in float32: how much rounding this costs
+    low_kw = {n: x.float() if x.is_floating_point() else x for n, x in theirs.items()}
     for average in (True, False):
         want, want_w = _run_torch(m, q, k, v, need_weights=True, average_attn_weights=average,
                                   **theirs)
-        got, got_w = mha(q, k, v, need_weights=True, average_attn_weights=average, **ours)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(got_w, want_w)
+        low_out, low_w = _run_torch(low, q.float(), k.float(), v.float(), need_weights=True,
+                                    average_attn_weights=average, **low_kw)
+        res = mha(q, k, v, need_weights=True, average_attn_weights=average, **ours)
+        assert isinstance(res, AttentionOutput) and res.trace is None
+        assert_agree(res.output, want, low_out, what="output")
+        assert_agree(res.weights, want_w, low_w, what="weights")
     # without weights the fused path runs; it must give the same output
     want, _ = _run_torch(m, q, k, v, need_weights=False, **theirs)
-    got, none = mha(q, k, v, **ours)
-    assert none is None
-    torch.testing.assert_close(got, want)
+    low_out, _ = _run_torch(low, q.float(), k.float(), v.float(), need_weights=False, **low_kw)
+    res = mha(q, k, v, **ours)
+    assert res.weights is None and res.trace is None
+    assert_agree(res.output, want, low_out, what="fused output")
 
 
 def test_from_torch_without_bias_and_in_fp32():
@@ -96,9 +110,19 @@ def test_from_torch_without_bias_and_in_fp32():
     assert mha.q_proj.bias is None and mha.q_proj.weight.dtype == torch.float32
     x = torch.randn(3, 6, E)
     mask = torch.ones(6, 6, dtype=torch.bool).triu(1)  # torch: True above the diagonal = hidden
-    want, _ = m(x, x, x, attn_mask=mask, need_weights=False)
-    got, _ = mha(x, is_causal=True)
-    torch.testing.assert_close(got, want)
+    plain, _ = m(x, x, x, attn_mask=mask, need_weights=False)
+    x64 = x.double()
+    ref, _ = twin(m, torch.float64)(x64, x64, x64, attn_mask=mask, need_weights=False)
+    assert_within(mha(x, is_causal=True).output, ref, plain)
+
+
+def test_from_torch_keeps_float64_weights():
+    m = nn.MultiheadAttention(E, H, batch_first=True).double()
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.randn(3 * E, E, dtype=torch.float64))  # not float32 values
+    mha = MultiHeadAttention.from_torch(m)
+    assert mha.q_proj.weight.dtype == torch.float64
+    assert torch.equal(mha.q_proj.weight, m.in_proj_weight[:E])  # a copy: exact
 
 
 def test_from_torch_refuses_what_it_cannot_copy():
@@ -132,11 +156,13 @@ def test_grouped_heads_equal_a_hand_written_composition(num_kv_heads, backend):
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     want, want_w = _by_hand(mha, x, causal)
-    got, _ = mha(x, is_causal=True)
-    torch.testing.assert_close(got, want)
-    got, got_w = mha(x, is_causal=True, need_weights=True, average_attn_weights=False)
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(got_w, want_w)
+    low, low_w = _by_hand(twin(mha, torch.float32), x.float(), causal)
+    # the plain softmax measures the rounding: torch's fused kernel may round twice as much
+    factor = 4.0 if backend == "reference" else 2 * FUSED_FACTOR
+    assert_agree(mha(x, is_causal=True).output, want, low, factor=factor)
+    res = mha(x, is_causal=True, need_weights=True, average_attn_weights=False)  # reference path
+    assert_agree(res.output, want, low)
+    assert_agree(res.weights, want_w, low_w, what="weights")
 
 
 def test_self_attention_without_positions_is_permutation_equivariant():
@@ -144,22 +170,53 @@ def test_self_attention_without_positions_is_permutation_equivariant():
     mha = MultiHeadAttention(16, 4, num_kv_heads=2).double()
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     perm = torch.randperm(11)
-    torch.testing.assert_close(mha(x[:, perm])[0], mha(x)[0][:, perm])
-    # rotary positions break it, as they should
+    want = mha(x).output[:, perm]
+    low = twin(mha, torch.float32)(x.float()).output[:, perm]
+    assert_agree(mha(x[:, perm]).output, want, low)
+    # rotary positions break it, as they should: by far more than rounding
     mha.rotary = RotaryEmbedding(4)
-    assert not torch.allclose(mha(x[:, perm])[0], mha(x)[0][:, perm])
+    want = mha(x).output[:, perm]
+    low = twin(mha, torch.float32)(x.float()).output[:, perm]
+    assert max_err(mha(x[:, perm]).output, want) > 1e6 * agree_bound(want, low, dtype=torch.float64)
 
 
-def test_alibi_bias_reaches_the_scores():
+def test_alibi_bias_reaches_the_scores_apart_from_the_mask():
     torch.manual_seed(6)
     mha = MultiHeadAttention(16, 4, alibi=ALiBi(4)).double()
     x = torch.randn(1, 6, 16, dtype=torch.float64)
-    _, _, trace = mha(x, is_causal=True, trace_rows=slice(None))
+    att = mha(x, is_causal=True, trace_rows=slice(None)).trace.attention
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
-    want = trace.attention.scaled - ALiBi.slopes_for(4).double().view(4, 1, 1) * (i - j).abs()
-    keep = (j <= i).expand(1, 4, 6, 6)
-    torch.testing.assert_close(trace.attention.masked[keep], want.expand(1, 4, 6, 6)[keep])
-    assert torch.isneginf(trace.attention.masked[~keep]).all()
+    # exact: the slopes of 4 heads are powers of two (2^-2 … 2^-8), times integer distances
+    bias = -ALiBi.slopes_for(4).double().view(4, 1, 1) * (i - j).abs()  # (h, t, s)
+    assert torch.equal(att.bias, bias)
+    keep = j <= i  # (t, s)
+    assert torch.equal(att.mask, torch.zeros(6, 6, dtype=torch.float64).masked_fill(~keep, -math.inf))
+    # exact: masked = (scaled + bias) + mask with mask 0 or −inf, the same additions
+    assert torch.equal(att.masked[..., keep], (att.scaled + bias)[..., keep])
+    assert torch.isneginf(att.masked[..., ~keep]).all()
+    assert torch.equal(att.scaled + att.additive(), att.masked)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fused"])
+def test_alibi_equals_its_bias_given_as_a_float_mask(backend):
+    """Keeping ALiBi apart from the mask changed no number: the module with ``alibi`` equals the
+    module without it, given ALiBi's bias folded into a float ``attn_mask``."""
+    torch.manual_seed(10)
+    with_alibi = MultiHeadAttention(16, 4, alibi=ALiBi(4), backend=backend).double()
+    plain = MultiHeadAttention(16, 4, backend=backend).double()
+    plain.load_state_dict(with_alibi.state_dict())
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    folded = ALiBi(4).bias(7, 7).double().masked_fill(~causal, -math.inf)[None]  # (1, h, t, s)
+    want = plain(x, attn_mask=folded).output
+    low = twin(plain, torch.float32)(x.float(), attn_mask=folded.float()).output
+    assert_agree(with_alibi(x, is_causal=True).output, want, low)
+    # and with the weights (the traced reference path): the same weights, exactly — the bias
+    # and the −inf are added in the same order (scaled + bias, then + mask)
+    got = with_alibi(x, is_causal=True, need_weights=True, average_attn_weights=False)
+    want = plain(x, attn_mask=folded, need_weights=True, average_attn_weights=False)
+    assert_agree(got.output, want.output, low)
+    assert torch.equal(got.weights, want.weights)
 
 
 # -- the trace --------------------------------------------------------------------------------------
@@ -170,29 +227,36 @@ def test_trace_rows_record_what_the_forward_computed():
     q, k, v = _inputs(True)
     pad = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
     rows = torch.tensor([4, 1])
-    plain_out, heads_w = mha(q, k, v, key_padding_mask=pad, need_weights=True,
-                             average_attn_weights=False)
-    out, w, trace = mha(q, k, v, key_padding_mask=pad, trace_rows=rows)
+    weighed = mha(q, k, v, key_padding_mask=pad, need_weights=True, average_attn_weights=False)
+    res = mha(q, k, v, key_padding_mask=pad, trace_rows=rows)
 
-    torch.testing.assert_close(out, plain_out)
-    assert w is None
+    # exact: weights and a trace both run the traced (reference) path, the same ops in order
+    assert torch.equal(res.output, weighed.output)
+    assert res.weights is None
+    trace = res.trace
     assert torch.equal(trace.rows, rows)
     assert torch.equal(trace.query_input, q[:, rows])
     assert torch.equal(trace.key_input, k) and torch.equal(trace.value_input, v)
     att = trace.attention
     assert att.weights.shape == (2, 3, 2, 7) and not att.weights.requires_grad
-    torch.testing.assert_close(att.weights, heads_w[:, :, rows])
+    assert torch.equal(att.weights, weighed.weights[:, :, rows])
     # the per-head outputs, concatenated and mixed by out_proj, are the module's output rows
+    # (out_proj on 2 rows instead of 5: another matrix shape, so equal up to rounding)
+    low = twin(mha, torch.float32)
+    q32, k32, v32 = q.float(), k.float(), v.float()
     merged = att.output.transpose(1, 2).reshape(2, 2, 12)
-    torch.testing.assert_close(mha.out_proj(merged), out[:, rows])
+    assert_agree(mha.out_proj(merged), res.output[:, rows],
+                 low(q32, k32, v32, key_padding_mask=pad).output[:, rows], what="merged heads")
     # queries are the projected inputs, split into heads
-    torch.testing.assert_close(att.query, mha.q_proj(q[:, rows]).view(2, 2, 3, 4).transpose(1, 2))
+    by_hand = mha.q_proj(q[:, rows]).view(2, 2, 3, 4).transpose(1, 2)
+    low_q = low.q_proj(q32[:, rows]).view(2, 2, 3, 4).transpose(1, 2)
+    assert_agree(att.query, by_hand, low_q, what="queries")
 
 
 def test_trace_of_all_rows():
     mha = MultiHeadAttention(8, 2)
     x = torch.randn(1, 4, 8)
-    _, _, trace = mha(x, trace_rows=slice(None))
+    trace = mha(x, trace_rows=slice(None)).trace
     assert trace.rows.tolist() == [0, 1, 2, 3] and trace.attention.weights.shape == (1, 2, 4, 4)
 
 
@@ -204,7 +268,7 @@ def test_dropout_in_training_lets_finite_gradients_flow(backend, need_weights):
     torch.manual_seed(8)
     mha = MultiHeadAttention(16, 4, num_kv_heads=2, dropout=0.25, backend=backend).train()
     x = torch.randn(2, 7, 16, requires_grad=True)
-    out, _ = mha(x, is_causal=True, need_weights=need_weights)
+    out = mha(x, is_causal=True, need_weights=need_weights).output
     out.square().sum().backward()
     assert x.grad.isfinite().all() and x.grad.abs().sum() > 0
     for name, p in mha.named_parameters():
@@ -259,10 +323,55 @@ def test_a_mask_and_is_causal_together_are_intersected(need_weights):
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     keep = torch.rand(5, 5) > 0.4
     keep.fill_diagonal_(True)
-    got, _ = mha(x, attn_mask=keep, is_causal=True, need_weights=need_weights)
-    want, _ = mha(x, attn_mask=keep & torch.ones(5, 5, dtype=torch.bool).tril())
-    torch.testing.assert_close(got, want)
+    got = mha(x, attn_mask=keep, is_causal=True, need_weights=need_weights)
+    want = mha(x, attn_mask=keep & torch.ones(5, 5, dtype=torch.bool).tril(),
+               need_weights=need_weights)
+    # exact: both reach the same kernel with the same bool mask
+    assert torch.equal(got.output, want.output)
 
 
 def test_docstring_examples_run():
     assert doctest.testmod(qkv.modules.multihead, extraglobs={"torch": torch}).failed == 0
+
+
+# -- masks as a description ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_mask_description_equals_the_torch_style_arguments(need_weights):
+    torch.manual_seed(11)
+    mha = MultiHeadAttention(12, 3).double()
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
+    pad = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    torch_style = mha(x, is_causal=True, key_padding_mask=pad, need_weights=need_weights)
+    described = mha(x, mask=AttentionMask(causal=True, key_padding=pad), need_weights=need_weights)
+    # exact: the module turns the torch-style arguments into this very description
+    assert torch.equal(described.output, torch_style.output)
+    if need_weights:
+        assert torch.equal(described.weights, torch_style.weights)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_float_key_padding_mask_equals_the_bool_one(need_weights):
+    torch.manual_seed(12)
+    mha = MultiHeadAttention(12, 3).double()
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
+    keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])
+    additive = torch.zeros(2, 6, dtype=torch.float64).masked_fill(~keep, -math.inf)
+    want = mha(x, key_padding_mask=keep, need_weights=need_weights)
+    got = mha(x, key_padding_mask=additive, need_weights=need_weights)
+    if need_weights:  # exact: the reference path adds the same 0 / −inf either way
+        assert torch.equal(got.output, want.output) and torch.equal(got.weights, want.weights)
+    else:  # a float and a bool mask may take different kernels: equal up to rounding
+        low = twin(mha, torch.float32)(x.float(), key_padding_mask=keep).output
+        assert_agree(got.output, want.output, low)
+
+
+def test_a_mask_description_with_torch_style_arguments_is_refused():
+    mha = MultiHeadAttention(12, 3)
+    x = torch.randn(1, 4, 12)
+    with pytest.raises(ValueError, match="either mask=AttentionMask.*or attn_mask / key_padding_mask"):
+        mha(x, mask=AttentionMask(causal=True), is_causal=True)
+    with pytest.raises(ValueError, match="either mask=AttentionMask"):
+        mha(x, mask=AttentionMask(), key_padding_mask=torch.ones(1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask must be a qkv.attention.AttentionMask, got Tensor"):
+        mha(x, mask=torch.ones(4, 4, dtype=torch.bool))
