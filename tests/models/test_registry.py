@@ -1,0 +1,74 @@
+"""The family registry: every family's checkpoint mapping fills its model's state dict exactly,
+names follow the layer stack (``encoder.layers.N…``, ``decoder.layers.N…``, ``decoder.norm``),
+and a taken ``model_type`` cannot be registered again."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from qkv.models import FAMILIES, BertConfig, Family, GPT2Config, register_family
+from qkv.models import bert, gpt2
+
+SMALL = {
+    "bert": BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=24, max_position_embeddings=12),
+    "gpt2": GPT2Config(vocab_size=40, n_positions=12, n_embd=16, n_layer=2, n_head=4),
+}
+
+
+def test_the_registry_holds_the_family_files_records():
+    assert FAMILIES["bert"] is bert.FAMILY and FAMILIES["gpt2"] is gpt2.FAMILY
+    assert set(SMALL) <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", sorted(SMALL))
+def test_a_checkpoint_of_the_expected_shapes_fills_the_model_exactly(model_type):
+    """shapes → convert → load_state_dict(strict): no name missing, none left over, and every
+    tensor of the checkpoint lands somewhere (distinct values trace each one)."""
+    family, config = FAMILIES[model_type], SMALL[model_type]
+    shapes = family.shapes(config)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    model = family.build(config, name=f"tiny-{model_type}")
+    state = family.convert(tensors, config)
+    model.load_state_dict(state, strict=True)
+    for param, source in family.tied:
+        assert torch.equal(model.get_parameter(param), model.get_parameter(source))
+    assert model.name == f"tiny-{model_type}" and model.tokenizer is None
+
+
+def test_state_dict_names_follow_the_layer_stack():
+    bert_names = set(FAMILIES["bert"].build(SMALL["bert"]).state_dict())
+    assert "encoder.layers.1.self_attn.q_proj.weight" in bert_names
+    assert "encoder.layers.0.norm3.bias" in bert_names
+    assert not any(n.startswith("encoder.norm") for n in bert_names)  # post-norm: no final norm
+    gpt2_names = set(FAMILIES["gpt2"].build(SMALL["gpt2"]).state_dict())
+    assert "decoder.layers.1.feed_forward.fc2.weight" in gpt2_names
+    assert {"decoder.norm.weight", "decoder.norm.bias", "lm_head.weight"} <= gpt2_names
+
+
+def test_registering_a_taken_name_raises_and_keeps_the_first():
+    first = FAMILIES["bert"]
+    other = dataclasses.replace(first, prefix="other.")
+    with pytest.raises(ValueError, match=r"model family 'bert' is already registered \(registered: bert, gpt2"):
+        register_family("bert", other)
+    assert FAMILIES["bert"] is first
+
+
+def test_a_new_family_is_found_by_its_model_type():
+    try:
+        register_family("tiny-test-bert", dataclasses.replace(bert.FAMILY))
+        assert isinstance(FAMILIES["tiny-test-bert"], Family)
+        with pytest.raises(ValueError, match="'tiny-test-bert' is already registered"):
+            register_family("tiny-test-bert", bert.FAMILY)
+    finally:
+        FAMILIES.pop("tiny-test-bert", None)
+
+
+def test_only_family_records_are_registered():
+    with pytest.raises(ValueError, match="family must be a qkv.models.registry.Family, got dict"):
+        register_family("not-a-family", {"build": None})
+    assert "not-a-family" not in FAMILIES
