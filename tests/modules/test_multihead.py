@@ -29,13 +29,11 @@ E, H = 12, 3
 def _torch_mha(*, batch_first, cross=False, bias=True, seed=0):
     torch.manual_seed(seed)
     kw = dict(kdim=7, vdim=5) if cross else {}
-    m = nn.MultiheadAttention(E, H, batch_first=batch_first, bias=bias, **kw).eval()
+    m = nn.MultiheadAttention(E, H, batch_first=batch_first, bias=bias, **kw).double().eval()
     with torch.no_grad():  # torch zero-initialises the biases; random ones test that they are copied
-        for p in m.parameters():
+        for p in m.parameters():  # float64 values, not float32 ones widened: copies must keep them
             p.add_(0.1 * torch.randn_like(p))
-    # Weights drawn in float32, then widened: from_torch copies them through a float32 module
-    # (test_from_torch_keeps_float64_weights), which is exact only for float32 values.
-    return m.double()
+    return m
 
 
 def _inputs(cross, b=2, t=5, s=7, seed=1):

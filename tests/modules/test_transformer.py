@@ -129,15 +129,17 @@ def test_bad_parts_are_refused():
 # -- against torch's layers ------------------------------------------------------------------------
 
 def _from_torch_encoder(t: nn.TransformerEncoderLayer, activation: str) -> TransformerLayer:
-    ff = FeedForward(E, FF, activation=activation)
+    dtype = t.linear1.weight.dtype  # parts made in the peer's dtype: copies round nothing
+    ff = FeedForward(E, FF, activation=activation).to(dtype)
     ff.fc1.load_state_dict(t.linear1.state_dict())
     ff.fc2.load_state_dict(t.linear2.state_dict())
-    norm1, norm3 = nn.LayerNorm(E, eps=t.norm1.eps), nn.LayerNorm(E, eps=t.norm2.eps)
+    norm1 = nn.LayerNorm(E, eps=t.norm1.eps, dtype=dtype)
+    norm3 = nn.LayerNorm(E, eps=t.norm2.eps, dtype=dtype)
     norm1.load_state_dict(t.norm1.state_dict())
     norm3.load_state_dict(t.norm2.state_dict())  # torch's norm2 is the feed-forward's norm
     layer = TransformerLayer(MultiHeadAttention.from_torch(t.self_attn), ff, norm1, norm3,
                              norm_first=t.norm_first)
-    return layer.to(t.linear1.weight.dtype).eval()
+    return layer.eval()
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -149,9 +151,7 @@ def test_equals_torch_transformer_encoder_layer(batch_first, norm_first, activat
     peer = nn.TransformerEncoderLayer(E, H, FF, dropout=0.0, activation=activation,
                                       batch_first=batch_first, norm_first=norm_first,
                                       layer_norm_eps=1e-6)
-    # randomised in float32, then widened: from_torch's float32 copy is exact for these weights
-    # (see test_multihead.py::test_from_torch_keeps_float64_weights)
-    peer = _randomise(peer, 3).to(dtype).eval()
+    peer = _randomise(peer.to(dtype), 3).eval()  # weights drawn in the tested dtype
     layer = _from_torch_encoder(peer, activation)
     x = torch.randn(3, 9, E, dtype=dtype)
     pad = torch.ones(3, 9, dtype=torch.bool)
@@ -189,17 +189,17 @@ def test_equals_torch_transformer_decoder_layer(norm_first, activation):
     torch.manual_seed(4)
     peer = nn.TransformerDecoderLayer(E, H, FF, dropout=0.0, activation=activation, batch_first=True,
                                       norm_first=norm_first)
-    peer = _randomise(peer, 5).double().eval()
-    ff = FeedForward(E, FF, activation=activation)
+    peer = _randomise(peer.double(), 5).eval()  # float64 weights, not widened float32 ones
+    ff = FeedForward(E, FF, activation=activation).double()  # float64 before copying: exact
     ff.fc1.load_state_dict(peer.linear1.state_dict())
     ff.fc2.load_state_dict(peer.linear2.state_dict())
-    norms = [nn.LayerNorm(E) for _ in range(3)]
+    norms = [nn.LayerNorm(E, dtype=torch.float64) for _ in range(3)]
     for norm, name in zip(norms, ("norm1", "norm2", "norm3")):  # the same three in the same places
         norm.load_state_dict(getattr(peer, name).state_dict())
     layer = TransformerLayer(MultiHeadAttention.from_torch(peer.self_attn), ff, norms[0], norms[2],
                              cross_attn=MultiHeadAttention.from_torch(peer.multihead_attn),
                              norm2=norms[1], norm_first=norm_first)
-    layer = layer.double().eval()
+    layer = layer.eval()
     x = torch.randn(2, 6, E, dtype=torch.float64)
     memory = torch.randn(2, 8, E, dtype=torch.float64)
     memory_real = torch.ones(2, 8, dtype=torch.bool)
