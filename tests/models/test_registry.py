@@ -69,6 +69,6 @@ def test_a_new_family_is_found_by_its_model_type():
 
 
 def test_only_family_records_are_registered():
-    with pytest.raises(ValueError, match="family must be a qkv.models.registry.Family, got dict"):
+    with pytest.raises(ValueError, match="family must be a qkv.models.family.Family, got dict"):
         register_family("not-a-family", {"build": None})
     assert "not-a-family" not in FAMILIES

@@ -86,7 +86,8 @@ class AttentionTrace:
     def additive(self) -> torch.Tensor:
         """(..., t, s): everything the forward added to ``scaled`` — bias + mask, expanded.
 
-        ``scaled + additive() == masked``, term by term (−inf for an excluded key).
+        ``masked`` was computed as ``(scaled + bias) + mask``; ``scaled + additive()`` equals it
+        exactly when there is no bias or the mask is only 0/−inf, and to a rounding otherwise.
         """
         out = torch.zeros_like(self.scaled)
         for x in (self.bias, self.mask):

@@ -168,7 +168,8 @@ class BertModel(nn.Module):
                 map then runs on real tokens only, and attention stays within each text.
             trace_rows: query positions (LongTensor, or ``slice(None)`` for all) whose
                 attention to record in every layer; the traced layers compute with the
-                reference attention path, the same numbers to ~1e-6.
+                reference attention path: the same numbers up to float roundings (tests bound them
+                by transformers' own float32 error).
             output_hidden_states: also return what enters each layer.
 
         Returns:

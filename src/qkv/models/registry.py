@@ -32,5 +32,5 @@ def register_family(model_type: str, family: Family) -> None:
         raise ValueError(f"model family {model_type!r} is already registered "
                          f"(registered: {', '.join(sorted(FAMILIES))})")
     if not isinstance(family, Family):
-        raise ValueError(f"family must be a qkv.models.registry.Family, got {type(family).__name__}")
+        raise ValueError(f"family must be a qkv.models.family.Family, got {type(family).__name__}")
     FAMILIES[model_type] = family
