@@ -48,3 +48,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 settings.register_profile("qkv", deadline=None, print_blob=True)
 settings.load_profile("qkv")
+
+
+# all-MiniLM-L6-v2 in qkv and in transformers (the peer), shared by the explain and CLI tests;
+# a test module that defines its own ``model``/``hf`` fixture overrides these.
+@pytest.fixture(scope="session")
+def model():
+    import qkv
+
+    return qkv.load("minilm")
+
+
+@pytest.fixture(scope="session")
+def hf():
+    import transformers
+
+    from qkv.models.loading import minilm_dir
+
+    return transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()

@@ -10,26 +10,14 @@ import sys
 
 import pytest
 import torch
-import transformers
 from numbers_match import contains_line, line_matches
 
 import qkv
 import qkv.explain
 from qkv.cli import main
 from qkv.explain import forward
-from qkv.models.loading import minilm_dir
 
 TEXT = "The dog found some pizza next to the baby and ate it"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return qkv.load("minilm")
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
 
 
 def run(capsys, *argv):

@@ -7,29 +7,16 @@ from importlib import resources
 
 import pytest
 import torch
-import transformers
 
-import qkv
 from qkv.errors import QkvError
 from qkv.explain import heads, probe
 from qkv.explain.find_heads import load_probe, rank_pair
 from qkv.explain.select import word_units
-from qkv.models.loading import minilm_dir
 
 TEXT = "The dog found some pizza next to the baby and ate it"
 # fp32 attention from two implementations of the same weights agrees to ~1e-7 (measured 2e-7);
 # rankings are compared only where neighbours are further apart than this.
 ATOL = 2e-6
-
-
-@pytest.fixture(scope="module")
-def model():
-    return qkv.load("minilm")
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="module")

@@ -5,26 +5,13 @@ import json
 
 import pytest
 import torch
-import transformers
 
-import qkv
 from qkv.explain import explain, forward
 from qkv.explain.overview import entropy_bits
 from qkv.explain.select import token_units, word_units
-from qkv.models.loading import minilm_dir
 
 TEXT = "The dog found some pizza next to the baby and ate it"
 SPLIT = "The pizzeria's owner found it"  # "pizzeria" is several word pieces
-
-
-@pytest.fixture(scope="module")
-def model():
-    return qkv.load("minilm")
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
 
 
 def hf_attentions(hf, ids):
