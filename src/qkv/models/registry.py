@@ -8,7 +8,7 @@ checkpoint must hold, how to rename them). Adding a family is that file plus one
 
 from __future__ import annotations
 
-from qkv.models import bert, gpt2
+from qkv.models import bert, gpt2, llama
 from qkv.models.family import Family
 
 
@@ -16,6 +16,7 @@ def _families() -> dict[str, Family]:
     return {
         "bert": bert.FAMILY,
         "gpt2": gpt2.FAMILY,
+        "llama": llama.FAMILY,
     }
 
 

@@ -72,6 +72,11 @@ class MultiHeadAttention(nn.Module):
         alibi: an :class:`ALiBi` bias added to the scores, or None.
         backend: the attention backend for calls that need no weights (see
             :func:`qkv.scaled_dot_product_attention`).
+        head_dim: d, when it is not E / h (some Llama-family checkpoints); then E need not be
+            divisible by h.
+        out_bias: whether ``out_proj`` has a bias (default: ``bias``; Qwen2 has q/k/v biases only).
+        q_norm, k_norm: a norm applied to each head's query / key vector before the rotation
+            (Qwen3's per-head RMSNorm), or None.
 
     Masks follow :func:`qkv.scaled_dot_product_attention`: **bool True = takes part** (the
     opposite of ``torch.nn.MultiheadAttention``, whose True means "masked out"); float masks are
@@ -89,27 +94,33 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, bias: bool = True,
                  dropout: float = 0.0, rotary: RotaryEmbedding | None = None,
-                 alibi: ALiBi | None = None, backend: str = "auto"):
+                 alibi: ALiBi | None = None, backend: str = "auto", head_dim: int | None = None,
+                 out_bias: bool | None = None, q_norm: nn.Module | None = None,
+                 k_norm: nn.Module | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if embed_dim <= 0 or num_heads <= 0 or num_kv_heads <= 0:
             raise ValueError(f"embed_dim ({embed_dim}), num_heads ({num_heads}) and num_kv_heads "
                              f"({num_kv_heads}) must be positive")
-        if embed_dim % num_heads:
+        if head_dim is None and embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
+        if self.head_dim <= 0:
+            raise ValueError(f"head_dim must be positive, got {head_dim}")
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.dropout, self.backend = dropout, backend
         self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(self.kdim, num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(self.vdim, num_kv_heads * self.head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim,
+                                  bias=bias if out_bias is None else out_bias)
         self.rotary, self.alibi = rotary, alibi
+        self.q_norm, self.k_norm = q_norm, k_norm
 
     # -- helpers ---------------------------------------------------------------------------
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -157,12 +168,14 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask: torch.Tensor | None = None, is_causal: bool = False,
                 kv_cache: KVCache | None = None, need_weights: bool = False,
                 average_attn_weights: bool = True,
-                trace_rows: torch.Tensor | slice | None = None) -> AttentionOutput:
+                trace_rows: torch.Tensor | slice | None = None,
+                positions: torch.Tensor | None = None) -> AttentionOutput:
         """Attend from ``query`` (b, t, E) to ``key`` (b, s, kdim) / ``value`` (b, s, vdim).
 
         ``key``/``value`` default to ``query`` (self-attention). With ``kv_cache`` the new keys
         and values are appended to it and the queries attend to everything cached, causally
-        aligned bottom-right; rotary positions continue from the cache's length.
+        aligned bottom-right; rotary positions continue from the cache's length, unless
+        ``positions`` (b, t) gives each new token's position (left-padded batches).
 
         Masks: either ``mask``, an :class:`~qkv.attention.AttentionMask` description (what a
         :class:`~qkv.modules.TransformerStack` passes down, built once per forward; it may hold
@@ -190,8 +203,11 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.q_proj(query), self.num_heads)  # (b, h, t, d)
         k = self._split(self.k_proj(key), self.num_kv_heads)  # (b, h_kv, s_new, d)
         v = self._split(self.v_proj(value), self.num_kv_heads)  # (b, h_kv, s_new, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
-            q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
+            q = self.rotary(q, offset=offset, positions=positions)
+            k = self.rotary(k, offset=offset, positions=positions)
         # 2) extend with the cached past
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)

@@ -9,6 +9,7 @@ KV cache).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -68,32 +69,115 @@ class LearnedPositionalEmbedding(nn.Module):
         return x + self.weight[offset : offset + x.shape[-2]]
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a checkpoint stretches RoPE past the length it was trained on (HF's ``rope_scaling``).
+
+    Kinds:
+        ``"linear"``  (Chen et al., 2023, position interpolation): every frequency / ``factor``.
+        ``"dynamic"`` (NTK-aware, "dynamic NTK"): once a call reaches position p ≥
+            ``max_positions``, the base becomes base · (factor·(p+1)/max_positions − (factor−1))
+            ^(d/(d−2)); shorter calls use the plain frequencies. A function of the call, so
+            cached decoding rotates earlier keys with the frequencies of *their* call (as
+            ``transformers`` does).
+        ``"llama3"``  (Llama 3.1): wavelengths longer than ``original_max_positions /
+            low_freq_factor`` are divided by ``factor``, shorter than ``… / high_freq_factor``
+            kept, and the band between interpolated smoothly.
+    """
+
+    kind: str
+    factor: float
+    max_positions: int | None = None  # dynamic: the trained length (max_position_embeddings)
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_positions: int = 8192  # llama3
+
+    KINDS = ("linear", "dynamic", "llama3")
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise ValueError(f"unknown RoPE scaling {self.kind!r}; qkv supports {', '.join(self.KINDS)}")
+        if not self.factor > 0:
+            raise ValueError(f"RoPE scaling factor must be positive, got {self.factor}")
+        if self.kind == "dynamic" and not (self.max_positions or 0) > 0:
+            raise ValueError("dynamic RoPE scaling needs max_positions (the trained length)")
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"llama3 RoPE scaling needs high_freq_factor ({self.high_freq_factor}) "
+                             f"> low_freq_factor ({self.low_freq_factor})")
+
+
+def rope_frequencies(head_dim: int, base: float | torch.Tensor, device=None) -> torch.Tensor:
+    """(d/2,) float32 θ_i = base^(−2i/d). Computed in float32 as the reference implementations
+    (Meta's, ``transformers``) do, so a checkpoint sees exactly the angles it was trained with."""
+    i = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
+    return 1.0 / (base ** (i / head_dim))
+
+
+def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    low_wavelen = s.original_max_positions / s.low_freq_factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    between = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(between, (1 - smooth) * scaled / s.factor + smooth * scaled, scaled)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al., 2021): rotate pairs of query/key features by a position-dependent angle.
 
     Uses the "rotate half" pairing (feature i with feature i + d/2), as GPT-NeoX and Llama do.
-    Scores then depend on positions only through their difference.
+    Scores then depend on positions only through their difference. ``base`` is Llama's
+    ``rope_theta``; ``scaling`` a :class:`RopeScaling` (or None).
 
     Example:
         >>> rope = RotaryEmbedding(8)
         >>> rope(torch.randn(1, 2, 5, 8), offset=3).shape   # (b, h, t, d)
         torch.Size([1, 2, 5, 8])
+        >>> rope(torch.randn(2, 2, 3, 8), positions=torch.tensor([[0, 0, 1], [0, 1, 2]])).shape
+        torch.Size([2, 2, 3, 8])
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, base: float = 10000.0, *, scaling: RopeScaling | None = None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RotaryEmbedding needs an even head_dim, got {head_dim}")
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # (d/2,)
+        if not base > 0:
+            raise ValueError(f"RotaryEmbedding needs a positive base, got {base}")
+        self.head_dim, self.base, self.scaling = head_dim, base, scaling
+        # on the CPU even when the model is built on the meta device (qkv.load): a function of
+        # the config, never read from a checkpoint; .to(device) moves it like any buffer
+        inv_freq = rope_frequencies(head_dim, base, device="cpu")
+        if scaling is not None and scaling.kind == "linear":
+            inv_freq = inv_freq / scaling.factor
+        elif scaling is not None and scaling.kind == "llama3":
+            inv_freq = _llama3(inv_freq, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """x: (..., t, d) at positions offset … offset + t − 1 → rotated x, same shape."""
+    def frequencies(self, length: int) -> torch.Tensor:
+        """(d/2,) float32 frequencies for a call whose positions end below ``length``."""
+        s = self.scaling
+        if s is None or s.kind != "dynamic" or length <= s.max_positions:
+            return self.inv_freq.float()
+        d = self.head_dim
+        seq = torch.tensor(length, device=self.inv_freq.device)  # float32 as transformers' dynamic NTK
+        base = self.base * ((s.factor * seq / s.max_positions) - (s.factor - 1)) ** (d / (d - 2))
+        return rope_frequencies(d, base, device=self.inv_freq.device)
+
+    def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (b, h, t, d) at positions offset … offset + t − 1, or at ``positions`` (b, t) (left
+        padding: each row's own positions) → rotated x, same shape."""
         t = x.shape[-2]
-        pos = torch.arange(offset, offset + t, device=x.device, dtype=torch.float32)
-        angles = torch.outer(pos, self.inv_freq)  # (t, d/2)
-        cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)  # (t, d)
-        sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)  # (t, d)
+        if positions is None:
+            pos = torch.arange(offset, offset + t, device=x.device)  # (t,)
+        else:
+            if positions.shape[-1] != t:
+                raise ValueError(f"positions {tuple(positions.shape)} must end in the {t} tokens of x")
+            pos = positions[:, None, :] if positions.ndim == 2 else positions  # (b, 1, t)
+        length = int(pos.max()) + 1 if pos.numel() else 0
+        angles = pos.float()[..., None] * self.frequencies(length).to(x.device)  # (…, t, d/2)
+        emb = torch.cat([angles, angles], dim=-1)  # (…, t, d)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

@@ -73,7 +73,8 @@ class TransformerStack(nn.Module):
                 kv_caches: list[KVCache] | None = None,
                 memory_kv_caches: list[KVCache] | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False) -> StackOutput:
+                output_hidden_states: bool = False,
+                positions: torch.Tensor | None = None) -> StackOutput:
         """x: (b, t, E) → a :class:`StackOutput`.
 
         Args:
@@ -83,6 +84,8 @@ class TransformerStack(nn.Module):
             kv_caches, memory_kv_caches: one :class:`KVCache` per layer (decoding).
             trace_rows: query positions whose attention every layer records.
             output_hidden_states: also return what enters each layer.
+            positions: (b, t) each token's position, for rotary embeddings (default: counted
+                from the caches' length).
         """
         for name, caches in (("kv_caches", kv_caches), ("memory_kv_caches", memory_kv_caches)):
             if caches is not None and len(caches) != len(self.layers):
@@ -93,7 +96,7 @@ class TransformerStack(nn.Module):
             out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
                         kv_cache=kv_caches[i] if kv_caches is not None else None,
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
-                        trace_rows=trace_rows)
+                        trace_rows=trace_rows, positions=positions)
             x = out.hidden
             hidden.append(x)
             traces.append(out.trace)

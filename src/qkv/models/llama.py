@@ -1,0 +1,403 @@
+"""Llama (Touvron et al., 2023): a pre-norm causal decoder with RMSNorm, SwiGLU, RoPE and GQA.
+
+::
+
+    input_ids ─► token embedding ─► hidden_states[0]          (no position vectors are added)
+                 ┌────────────────────────────────────────────────────────────────────┐
+    layer L:     │ x = x + self_attn(rmsnorm1(x))   RoPE on q, k; h_kv ≤ h (GQA)        │ × L
+                 │ x = x + down(silu(gate(n)) ⊙ up(n)),  n = rmsnorm3(x)   (SwiGLU)     │
+                 └────────────────────────────────────────────────────────────────────┘
+                 ─► final RMSNorm ─► logits = x · Wᵀ   (W = lm_head, or the embedding when tied)
+
+The same model runs Mistral (a sliding window, ``mistral.py``), Qwen2 (q/k/v biases,
+``qwen2.py``) and Qwen3 (RMSNorm on each head's query and key, ``qwen3.py``): their files hold
+only how their ``config.json`` maps onto :class:`LlamaConfig`. Reads Hugging Face checkpoints
+(``qkv.load``); same logits, hidden states, attention and greedy generations as
+``transformers`` (tested).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.attention.masks import AttentionMask
+from qkv.errors import QkvError
+from qkv.models import config as cfg
+from qkv.models.family import Family, Shapes, Tensors
+from qkv.models.generate import DecoderGenerationMixin
+from qkv.models.outputs import DecoderOutput
+from qkv.modules import GatedFeedForward, KVCache, MultiHeadAttention, TransformerLayer, TransformerStack
+from qkv.modules.positional import RopeScaling, RotaryEmbedding
+
+LLAMA_ARCHITECTURES = ("LlamaForCausalLM", "LlamaModel")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The sizes and options of a Llama-family model; names and defaults follow Hugging Face's
+    ``config.json`` for Llama (Mistral, Qwen2, Qwen3 map onto the same fields).
+
+    Example:
+        >>> c = LlamaConfig(hidden_size=48, num_attention_heads=6, num_key_value_heads=2)
+        >>> c.head_dim, c.num_key_value_heads
+        (8, 2)
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096  # E
+    intermediate_size: int = 11008  # the SwiGLU width
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32  # h
+    num_key_value_heads: int | None = None  # h_kv (GQA); None means h
+    head_dim: int | None = None  # d; None means E / h
+    max_position_embeddings: int = 2048  # the trained length
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # RoPE's base
+    rope_scaling: RopeScaling | None = None  # linear / dynamic / llama3, or None
+    attention_bias: bool = False  # biases on q, k, v and o (Llama's option)
+    qkv_bias: bool = False  # biases on q, k, v only (Qwen2)
+    qk_norm: bool = False  # RMSNorm on each head's query and key (Qwen3)
+    mlp_bias: bool = False
+    hidden_act: str = "silu"  # the gate's activation (a qkv.modules.FeedForward name)
+    tie_word_embeddings: bool = False  # logits read the embedding table instead of lm_head
+    sliding_window: int | None = None  # Mistral: a token sees itself and the window − 1 before it
+    eos_token_id: tuple[int, ...] = field(default=())  # generation stops at any of these
+    bos_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise QkvError(f"hidden_size ({self.hidden_size}) must be divisible by "
+                               f"num_attention_heads ({self.num_attention_heads}) unless head_dim is given")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise QkvError(f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                           f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise QkvError(f"head_dim ({self.head_dim}) must be even for RoPE")
+
+    @property
+    def max_length(self) -> int:
+        """The most tokens the model takes: the trained length, times the factor under dynamic
+        NTK scaling (which exists to go past it)."""
+        s = self.rope_scaling
+        if s is not None and s.kind == "dynamic":
+            return int(self.max_position_embeddings * s.factor)
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str = "config.json") -> "LlamaConfig":
+        """Read a Hugging Face Llama ``config.json`` (as a dict); unsupported options raise.
+
+        Example:
+            >>> LlamaConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4,
+            ...                        "rope_scaling": {"rope_type": "linear", "factor": 2.0}}).rope_scaling.kind
+            'linear'
+        """
+        return read_config(d, "llama", LLAMA_ARCHITECTURES, where=where)
+
+
+def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
+                where: str = "config.json", **overrides) -> LlamaConfig:
+    """The fields every Llama-family ``config.json`` shares → a :class:`LlamaConfig`.
+
+    ``overrides`` are the family's own fields (``qkv_bias=True`` for Qwen2, ...).
+    """
+    if not isinstance(d, dict):
+        raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
+    cfg.check_architecture(d, model_type, architectures, where=where)
+    cfg.require(d, "is_encoder_decoder", False, where=where)
+    max_pos = cfg.get_int(d, "max_position_embeddings", 2048, where=where)
+    theta, scaling = read_rope(d, max_pos, where=where)
+    head_dim = d.get("head_dim")
+    kv = d.get("num_key_value_heads")
+    return LlamaConfig(
+        vocab_size=cfg.get_int(d, "vocab_size", 32000, where=where),
+        hidden_size=cfg.get_int(d, "hidden_size", 4096, where=where),
+        intermediate_size=cfg.get_int(d, "intermediate_size", 11008, where=where),
+        num_hidden_layers=cfg.get_int(d, "num_hidden_layers", 32, where=where),
+        num_attention_heads=cfg.get_int(d, "num_attention_heads", 32, where=where),
+        num_key_value_heads=None if kv is None else cfg.get_int(d, "num_key_value_heads", where=where),
+        head_dim=None if head_dim is None else cfg.get_int(d, "head_dim", where=where),
+        max_position_embeddings=max_pos,
+        rms_norm_eps=cfg.get_float(d, "rms_norm_eps", 1e-6, where=where),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        attention_bias=_get_bool(d, "attention_bias", False, where),
+        mlp_bias=_get_bool(d, "mlp_bias", False, where),
+        hidden_act=cfg.activation(d, "hidden_act", "silu", where=where),
+        tie_word_embeddings=_get_bool(d, "tie_word_embeddings", False, where),
+        eos_token_id=_token_ids(d.get("eos_token_id"), "eos_token_id", where),
+        bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
+        **overrides,
+    )
+
+
+def read_rope(d: dict, max_positions: int, *, where: str) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from ``rope_parameters`` (transformers ≥ 5) or the older
+    ``rope_theta`` + ``rope_scaling`` (whose type key is ``rope_type`` or ``type``)."""
+    p = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        value = d.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise QkvError(f"{where}: {key} must be an object, got {value!r}")
+        p |= value or {}
+    theta = p.get("rope_theta", d.get("rope_theta", 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise QkvError(f"{where}: rope_theta must be a positive number, got {theta!r}")
+    partial = p.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise QkvError(f"{where}: partial_rotary_factor={partial!r} is not supported for this "
+                       f"family (qkv rotates the whole head)")
+    kind = p.get("rope_type", p.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise QkvError(f"{where}: RoPE scaling type {kind!r} is not supported; qkv supports "
+                       f"{', '.join(ROPE_TYPES)}")
+    if kind == "default":
+        return float(theta), None
+    factor = cfg.get_float(p, "factor", None, where=f"{where} (rope scaling)")
+    try:
+        if kind == "llama3":
+            return float(theta), RopeScaling(
+                "llama3", factor,
+                low_freq_factor=cfg.get_float(p, "low_freq_factor", 1.0, where=where),
+                high_freq_factor=cfg.get_float(p, "high_freq_factor", 4.0, where=where),
+                original_max_positions=cfg.get_int(p, "original_max_position_embeddings", 8192,
+                                                   where=where))
+        return float(theta), RopeScaling(kind, factor, max_positions=max_positions)
+    except ValueError as e:
+        raise QkvError(f"{where}: {e}") from None
+
+
+def _get_bool(d: dict, key: str, default: bool, where: str) -> bool:
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise QkvError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _token_ids(value, key: str, where: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise QkvError(f"{where}: {key} must be a token id or a list of them, got {value!r}")
+    return tuple(values)
+
+
+class RMSNorm(nn.Module):
+    """Zhang & Sennrich (2019): x / √(mean(x²) + ε) · γ, no centring, no bias.
+
+    Normalises in float32 whatever the input dtype, then multiplies by γ in the input dtype,
+    as Llama's reference code does (so bf16 models round where they were trained to).
+
+    Example:
+        >>> RMSNorm(4)(torch.tensor([[3.0, -3.0, 3.0, -3.0]]))
+        tensor([[ 1., -1.,  1., -1.]], grad_fn=<MulBackward0>)
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))  # γ, (E,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def build_layer(c: LlamaConfig, backend: str = "auto") -> TransformerLayer:
+    """One pre-norm Llama layer from its parts."""
+    E, d = c.hidden_size, c.head_dim
+    attn = MultiHeadAttention(
+        E, c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=d,
+        bias=c.attention_bias or c.qkv_bias, out_bias=c.attention_bias,
+        rotary=RotaryEmbedding(d, c.rope_theta, scaling=c.rope_scaling), backend=backend,
+        q_norm=RMSNorm(d, c.rms_norm_eps) if c.qk_norm else None,
+        k_norm=RMSNorm(d, c.rms_norm_eps) if c.qk_norm else None,
+    )
+    ff = GatedFeedForward(E, c.intermediate_size, activation=c.hidden_act, bias=c.mlp_bias)
+    return TransformerLayer(attn, ff, RMSNorm(E, c.rms_norm_eps), RMSNorm(E, c.rms_norm_eps),
+                            norm_first=True)
+
+
+class LlamaModel(DecoderGenerationMixin, nn.Module):
+    """A Llama-family decoder with its language-model head.
+
+    Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
+    and values; queries and keys are then rotated (RoPE) by their position. A token attends to
+    itself and the tokens before it (within ``sliding_window`` for Mistral).
+
+    Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name``.
+
+    Example:
+        >>> model = LlamaModel(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+        ...                                num_hidden_layers=2, num_attention_heads=4,
+        ...                                num_key_value_heads=2, max_position_embeddings=64))
+        >>> model(torch.tensor([[1, 2, 3]])).logits.shape       # (b, t, V)
+        torch.Size([1, 3, 100])
+        >>> model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4).shape
+        torch.Size([1, 7])
+    """
+
+    def __init__(self, config: LlamaConfig, *, tokenizer=None, name: str = "llama",
+                 backend: str = "auto"):
+        super().__init__()
+        self.config, self.name, self.tokenizer = config, name, tokenizer
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.decoder = TransformerStack((build_layer(c, backend) for _ in range(c.num_hidden_layers)),
+                                        norm=RMSNorm(c.hidden_size, c.rms_norm_eps))
+        # tied: the logits read embed_tokens.weight directly (one tensor, nothing to re-tie)
+        self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The decoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
+        return self.decoder.layers
+
+    @property
+    def max_length(self) -> int:
+        return self.config.max_length
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """(V, E) the matrix the logits are read with (``embed_tokens.weight`` when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer for ``max_len`` tokens, h_kv heads each."""
+        p = self.embed_tokens.weight
+        return [KVCache(batch_size, self.config.num_key_value_heads, self.config.head_dim, max_len,
+                        dtype=p.dtype, device=p.device) for _ in self.layers]
+
+    def attention_mask(self, padding: torch.Tensor | None) -> AttentionMask:
+        """The one mask of every layer: causal (bottom-right, for the cache), the sliding window
+        if any, and the padding (b, s) (True = real token) when some token is padding."""
+        w = self.config.sliding_window
+        return AttentionMask(causal=True, alignment="bottom_right", key_padding=padding,
+                             window=None if w is None else (w - 1, None))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                kv_caches: list[KVCache] | None = None,
+                trace_rows: torch.Tensor | slice | None = None,
+                output_hidden_states: bool = False) -> DecoderOutput:
+        """Next-token logits for every position.
+
+        Args:
+            input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
+            attention_mask: (b, past + t), 1/True for real tokens, 0/False for padding (either
+                side). Positions count real tokens only, so a left-padded prompt gets the
+                rotations it has alone.
+            kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`).
+            trace_rows: query positions (among the t new tokens) to record in every layer.
+            output_hidden_states: also return what enters each layer.
+
+        Returns:
+            A :class:`DecoderOutput` (logits (b, t, V)).
+        """
+        b, t = self._check_ids(input_ids)
+        past = self._check_caches(kv_caches)
+        if past + t > self.max_length:
+            raise QkvError(f"input is {past + t} tokens; {self.name} takes at most "
+                           f"{self.max_length} (max_position_embeddings)")
+        positions = padding = None
+        if attention_mask is not None:
+            if attention_mask.shape != (b, past + t):
+                raise ValueError(f"attention_mask must be (batch, past + new tokens) = "
+                                 f"{(b, past + t)}, got {tuple(attention_mask.shape)}")
+            real = attention_mask.bool()
+            if not bool(real.all()):
+                padding = real
+                # each token's position = how many real tokens precede it
+                positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+        out = self.decoder(self.embed_tokens(input_ids), mask=self.attention_mask(padding),
+                           kv_caches=kv_caches, trace_rows=trace_rows,
+                           output_hidden_states=output_hidden_states, positions=positions)
+        return DecoderOutput(
+            logits=F.linear(out.last_hidden_state, self.output_weight),  # (b, t, V)
+            hidden_states=out.hidden_states,
+            traces=out.traces,
+        )
+
+
+# -- the checkpoint mapping ---------------------------------------------------------------------
+# Hugging Face name (after "model.") → qkv name, per layer.
+LAYER_NAMES = {
+    "self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
+    "self_attn.v_proj": "self_attn.v_proj", "self_attn.o_proj": "self_attn.out_proj",
+    "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm",
+    "mlp.gate_proj": "feed_forward.gate", "mlp.up_proj": "feed_forward.up",
+    "mlp.down_proj": "feed_forward.down",
+    "input_layernorm": "norm1", "post_attention_layernorm": "norm3",
+}
+
+
+def llama_shapes(c: LlamaConfig) -> Shapes:
+    E, F_, V, d = c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim
+    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+    shapes = {"embed_tokens.weight": (V, E), "norm.weight": (E,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, E)
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
+                   p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
+                   p + "mlp.gate_proj.weight": (F_, E), p + "mlp.up_proj.weight": (F_, E),
+                   p + "mlp.down_proj.weight": (E, F_),
+                   p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,)}
+        if c.attention_bias or c.qkv_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                       p + "self_attn.v_proj.bias": (kv,)}
+        if c.attention_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (E,)
+        if c.mlp_bias:
+            shapes |= {p + "mlp.gate_proj.bias": (F_,), p + "mlp.up_proj.bias": (F_,),
+                       p + "mlp.down_proj.bias": (E,)}
+        if c.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return shapes
+
+
+def llama_convert(tensors: Tensors, c: LlamaConfig) -> Tensors:
+    """Hugging Face names → this model's state dict (the layouts are already nn.Linear's)."""
+    state = {"embed_tokens.weight": tensors["embed_tokens.weight"],
+             "decoder.norm.weight": tensors["norm.weight"]}
+    if not c.tie_word_embeddings:
+        state["lm_head.weight"] = tensors["lm_head.weight"]
+    layer = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
+    for name, x in tensors.items():
+        m = layer.match(name)
+        if m:
+            state[f"decoder.layers.{m[1]}.{LAYER_NAMES[m[2]]}.{m[3]}"] = x
+    return state
+
+
+def family(config_from_dict) -> Family:
+    """The :class:`Family` record of a Llama-architecture family with its own config reader."""
+    return Family(
+        config_from_dict=config_from_dict, build=build, max_length=lambda c: c.max_length,
+        prefix="model.", shapes=llama_shapes,
+        # lm_head.weight: a tied checkpoint's stored copy (the logits read embed_tokens);
+        # rotary_emb.inv_freq: old checkpoints saved RoPE's frequencies, a function of the config
+        ignored=re.compile(r"^(lm_head\.weight|layers\.\d+\.self_attn\.rotary_emb\.inv_freq)$"),
+        convert=llama_convert,
+    )
+
+
+def build(config: LlamaConfig, *, tokenizer=None, name: str = "llama", directory: str | None = None) -> LlamaModel:
+    return LlamaModel(config, tokenizer=tokenizer, name=name)
+
+
+FAMILY = family(LlamaConfig.from_dict)
