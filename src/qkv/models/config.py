@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 from qkv.errors import QkvError
@@ -30,15 +31,26 @@ def get_int(d: dict, key: str, default: int | None = None, *, minimum: int = 1,
 
 def get_float(d: dict, key: str, default: float, *, where: str = "config.json") -> float:
     value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise QkvError(f"{where}: {key} must be a positive number, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+            or not math.isfinite(value)):
+        raise QkvError(f"{where}: {key} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def get_bool(d: dict, key: str, default: bool, *, where: str = "config.json") -> bool:
+    """``d[key]`` as a bool (``default`` when absent or null); anything but true/false raises."""
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise QkvError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def activation(d: dict, key: str, default: str, *, where: str = "config.json") -> str:
     """The qkv name of the activation ``d[key]``; unsupported ones are a QkvError."""
     name = d.get(key, default)
-    if name not in ACTIVATIONS:
+    if not isinstance(name, str) or name not in ACTIVATIONS:
         raise QkvError(f"{where}: {key} {name!r} is not supported; qkv supports "
                        f"{', '.join(sorted(ACTIVATIONS))}")
     return ACTIVATIONS[name]
@@ -51,7 +63,10 @@ def check_architecture(d: dict, model_type: str, supported: Iterable[str], *,
     if found != model_type:
         raise QkvError(f"{where}: model_type {found!r} is not {model_type!r}")
     supported = tuple(supported)
-    for arch in d.get("architectures") or ():
+    archs = d.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise QkvError(f"{where}: architectures must be a list of class names, got {archs!r}")
+    for arch in archs:
         if arch not in supported:
             raise QkvError(f"{where}: architecture {arch!r} is not supported; qkv runs "
                            f"{', '.join(supported)}")

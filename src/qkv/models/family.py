@@ -32,6 +32,10 @@ class Family:
         ignored: tensors that may be present and are not used (buffers, unused heads).
         convert: tensors (Hugging Face names, shapes checked) → the model's state dict.
         tied: (parameter, parameter it is tied to) pairs, re-tied after loading.
+        layers_key: the config field (and ``config.json`` key) holding the number of layers;
+            ``load`` compares it with the layers the safetensors header holds *before*
+            computing :attr:`shapes` (a ``num_hidden_layers`` of 10⁹ must fail at once, not
+            after listing 10⁹ layers' tensors).
     """
 
     config_from_dict: Callable
@@ -42,5 +46,6 @@ class Family:
     ignored: re.Pattern
     convert: Callable[[Tensors, object], Tensors]
     tied: tuple[tuple[str, str], ...] = field(default=())
+    layers_key: str = "num_hidden_layers"
 
 

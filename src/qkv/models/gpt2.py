@@ -290,4 +290,5 @@ FAMILY = Family(
     ignored=re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$"),
     convert=gpt2_convert,
     tied=(("lm_head.weight", "wte.weight"),),
+    layers_key="n_layer",
 )
