@@ -12,6 +12,8 @@
 from qkv.attention import (
     AttentionMask, AttentionTrace, VarLen, attention_trace, scaled_dot_product_attention,
 )
+from qkv.attention import BlockMask, attention_weights, create_block_mask
+from qkv import masks
 from qkv.modules import (
     ALiBi, FeedForward, GatedFeedForward, KVCache, LearnedPositionalEmbedding, MultiHeadAttention,
     RotaryEmbedding, SinusoidalPositionalEncoding, TransformerLayer, TransformerStack,
@@ -25,4 +27,5 @@ __all__ = [
     "LearnedPositionalEmbedding", "MultiHeadAttention", "RotaryEmbedding",
     "SinusoidalPositionalEncoding", "TransformerLayer", "TransformerStack", "VarLen",
     "attention_trace", "load", "scaled_dot_product_attention",
+    "BlockMask", "attention_weights", "create_block_mask", "masks",
 ]

@@ -6,15 +6,22 @@
 * ``masks.py``      — the one mask algebra: :class:`AttentionMask` (causal, window, padding,
   packed sequences as descriptions), :class:`VarLen`, and how tensor masks combine
 * ``trace.py``      — :class:`AttentionTrace`, the typed record of intermediates
+* ``block_mask.py`` — :class:`BlockMask`, :func:`create_block_mask` and the built-in mask_mods
+  (``qkv.masks``): which blocks of the scores are full, partial or empty
+* ``blockwise.py``  — the online softmax (FlashAttention-2), forward and backward, O(N) memory
+* ``weights.py``    — :func:`attention_weights`: chosen softmax rows from the saved lse
 """
 
 from qkv.attention.backends import BACKENDS, choose_backend, register_backend
+from qkv.attention.block_mask import BlockMask, create_block_mask
 from qkv.attention.functional import attention_trace, scaled_dot_product_attention
 from qkv.attention.masks import AttentionMask, VarLen, padding_mask, structural_mask
 from qkv.attention.reference import reference_attention
 from qkv.attention.trace import AttentionTrace
+from qkv.attention.weights import attention_weights
 
 __all__ = [
-    "AttentionMask", "AttentionTrace", "BACKENDS", "VarLen", "attention_trace", "choose_backend", "padding_mask",
+    "AttentionMask", "AttentionTrace", "BACKENDS", "BlockMask", "VarLen", "attention_trace",
+    "attention_weights", "create_block_mask", "choose_backend", "padding_mask",
     "reference_attention", "register_backend", "scaled_dot_product_attention", "structural_mask",
 ]

@@ -16,16 +16,25 @@ what to materialise:
   its causal kernel runs; packed sequences are laid out in a padded grid (see
   :class:`~qkv.attention.masks.VarLen`) so each runs with its own keys only; everything else is
   materialised into one mask.
+* ``"blockwise"`` — :mod:`qkv.attention.blockwise`, the online softmax over the non-empty blocks
+  of a :class:`~qkv.attention.block_mask.BlockMask` (structure only: no dense mask, bias or
+  dropout); O(N) memory, exact, differentiable, and it gives the log-sum-exp.
 * ``"auto"`` — the dispatch rule, in :func:`choose_backend` and nowhere else.
+
+``LSE_BACKENDS`` holds the backends that can also return the log-sum-exp ``(..., h, t)``
+(``return_lse=True``): ``"reference"`` and ``"blockwise"``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from qkv.attention.block_mask import block_mask_for
+from qkv.attention.blockwise import blockwise_attention
 from qkv.attention.masks import AttentionMask, combine
 from qkv.attention.reference import reference_attention
 
@@ -80,15 +89,58 @@ def gqa_groups(query: torch.Tensor, key: torch.Tensor, enable_gqa: bool) -> int:
 
 @register_backend("reference")
 def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    return reference_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
+                              scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    """The reference path's ``(output, lse)``; lse (..., h, t) in float32 (float64 inputs: float64)."""
     groups = gqa_groups(query, key, enable_gqa)
     dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
     trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
                                 scale=scale, dropout_p=dropout_p, bias=bias)
-    return trace.output
+    lse = trace.lse.to(torch.float64 if query.dtype == torch.float64 else torch.float32)
+    return trace.output, lse.expand(*trace.output.shape[:-1])
+
+
+@register_backend("blockwise")
+def blockwise_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    return blockwise_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
+                              scale=scale, enable_gqa=enable_gqa)[0]
+
+
+def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    """The blockwise backend's ``(output, lse)`` (see :mod:`qkv.attention.blockwise`)."""
+    if bias is not None or dropout_p:
+        raise ValueError(f"the blockwise backend takes no score bias or dropout (got bias "
+                         f"{'set' if bias is not None else 'None'}, dropout_p={dropout_p}); use "
+                         f"backend='fused' or 'reference'")
+    groups = gqa_groups(query, key, enable_gqa)
+    t, s = query.shape[-2], key.shape[-2]
+    batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
+    heads = query.shape[-3] if query.ndim >= 3 else 1
+    block = block_mask_for(mask, batch, heads, t, s, device=query.device)
+    return blockwise_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1)
+
+
+LSE_BACKENDS = {"reference": reference_with_lse, "blockwise": blockwise_with_lse}
 
 
 @register_backend("fused")
 def fused_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    out = _fused(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p, scale=scale,
+                 enable_gqa=enable_gqa)
+    return nan_rows(query, out)
+
+
+def nan_rows(query: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """NaN in → NaN out: a query row holding a NaN gives a NaN output row (qkv's policy on every
+    backend; torch's CPU kernel would give zeros there and hide the NaN)."""
+    bad = query.isnan().any(-1, keepdim=True)  # (..., t, 1)
+    return out.masked_fill(bad, float("nan")) if bool(bad.any()) else out
+
+
+def _fused(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
     if mask.varlen is not None:
         return _fused_varlen(query, key, value, mask=mask, dropout_p=dropout_p, scale=scale,
                              enable_gqa=enable_gqa)
@@ -147,15 +199,50 @@ def _fused_varlen(query, key, value, *, mask: AttentionMask, dropout_p, scale, e
     return out.index_select(0, vl.index).movedim(0, -2)  # (..., N, dv)
 
 
-def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask | None = None) -> str:
-    """The ``"auto"`` rule: ``"fused"`` unless a sequence is empty, then ``"reference"``.
+def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask | None = None, *,
+                   bias: torch.Tensor | None = None, dropout_p: float = 0.0,
+                   return_lse: bool = False) -> str:
+    """The ``"auto"`` rule: ``"fused"`` unless a sequence is empty, then ``"reference"``;
+    ``"blockwise"`` where only it can answer or where it is faster (below).
 
     Measured in ``benchmarks/attention.py``: PyTorch's fused kernel is as fast as or faster than
     the explicit math for every size, dtype and mask kind on CPU, and it is exact (it is torch's
     own SDPA; all-masked rows give zeros since torch 2.5). The explicit path is kept for empty
     sequences (t = 0 or s = 0), where the kernels' behaviour has varied between releases.
     Packed sequences (``mask.varlen``) take the fused grid path (``benchmarks/encode.py``).
+
+    Blockwise (``benchmarks/long.py``): a block mask (``block_mask=``) or ``return_lse=True``
+    needs it (the reference path when a dense mask, a bias or dropout is also given). A window
+    whose keys are a small part of each row goes to it: the fused kernel computes every
+    (t × s) score of a materialised mask, blockwise only the band (see :func:`_band_is_sparse`).
     """
-    if query.shape[-2] == 0 or key.shape[-2] == 0:
+    t, s = query.shape[-2], key.shape[-2]
+    if t == 0 or s == 0:
         return "reference"
+    mask = mask if mask is not None else AttentionMask()
+    structure_only = bias is None and not dropout_p and mask.dense is None
+    if mask.block is not None or return_lse:
+        return "blockwise" if structure_only else "reference"
+    if structure_only and mask.varlen is None and _band_is_sparse(t, s, mask):
+        return "blockwise"
     return "fused"
+
+
+# Measured in benchmarks/long.py (fp32, 2 cores): the blockwise pass costs about as much per
+# *visited* score as the fused kernel per score of the whole (t × s) matrix, plus per-block
+# overhead; it wins when the band it visits is at most half the row and the rows are long.
+BLOCKWISE_MIN_KEYS = 1024
+BLOCKWISE_MAX_FRACTION = 0.5
+
+
+def _band_is_sparse(t: int, s: int, mask: AttentionMask) -> bool:
+    """Whether a window leaves each query row at most ``BLOCKWISE_MAX_FRACTION`` of its keys."""
+    if mask.window is None or s < BLOCKWISE_MIN_KEYS:
+        return False
+    left, right = mask.window
+    if mask.causal:
+        right = 0 if right is None else min(right, 0)
+    if left is None or right is None:
+        return False
+    visited = left + right + 1 + 2 * 128  # the band, plus the partial blocks at its edges
+    return visited <= BLOCKWISE_MAX_FRACTION * s

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from qkv.attention.backends import BACKENDS, choose_backend, gqa_groups, repeat_kv
+from qkv.attention.backends import BACKENDS, LSE_BACKENDS, choose_backend, gqa_groups, repeat_kv
+from qkv.attention.block_mask import BlockMask
 from qkv.attention.masks import ALIGNMENTS, AttentionMask
 from qkv.attention.reference import reference_attention
 from qkv.attention.trace import AttentionTrace
@@ -55,6 +56,8 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         raise ValueError(
             f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
         )
+    _check_devices(query, key=key, value=value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                   bias=bias, mask=mask)
     if qs[-1] != ks[-1]:
         raise ValueError(f"query and key must have the same last dim d, got query {qs} and key {ks}")
     if ks[:-1] != vs[:-1]:
@@ -106,6 +109,42 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
     return scale
+
+
+def _check_devices(query: torch.Tensor, **others) -> None:
+    """Every tensor on the query's device: a ``ValueError`` naming the argument, never a kernel's
+    RuntimeError or (the reference path across devices) uninitialised numbers."""
+    for name, x in others.items():
+        if isinstance(x, AttentionMask):
+            parts = {"dense": x.dense, "key_padding": x.key_padding,
+                     "varlen": x.varlen.cu_seqlens if x.varlen is not None else None,
+                     "block": x.block.kinds if isinstance(x.block, BlockMask) else None}
+            for field, y in parts.items():
+                if isinstance(y, torch.Tensor) and y.device != query.device:
+                    raise ValueError(f"{name}.{field} is on device {y.device} but query is on "
+                                     f"{query.device}; put every tensor on one device")
+        elif isinstance(x, BlockMask):
+            if x.kinds.device != query.device:
+                raise ValueError(f"{name} is on device {x.kinds.device} but query is on "
+                                 f"{query.device}; build it with device={query.device!s}")
+        elif isinstance(x, torch.Tensor) and x.device != query.device:
+            raise ValueError(f"{name} is on device {x.device} but query is on {query.device}; "
+                             f"put every tensor on one device")
+
+
+def _check_block_mask(query, key, block_mask, *, given: bool) -> None:
+    """``block_mask`` fits the call and stands alone (other masks fold into it: ``and_masks``)."""
+    if not isinstance(block_mask, BlockMask):
+        raise ValueError(f"block_mask must be a BlockMask from qkv.create_block_mask, got "
+                         f"{type(block_mask).__name__}")
+    if given:
+        raise ValueError("pass either block_mask= or attn_mask / is_causal / window / "
+                         "causal_alignment / key_padding_mask / mask, not both (combine structure "
+                         "into the block mask: qkv.masks.and_masks(...))")
+    _check_devices(query, block_mask=block_mask)
+    batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
+    heads = query.shape[-3] if query.ndim >= 3 else 1
+    block_mask.check(batch, heads, query.shape[-2], key.shape[-2])
 
 
 def _check_extras(qs, ks, key_padding_mask, mask, bias, *, given: bool) -> None:
@@ -168,7 +207,9 @@ def scaled_dot_product_attention(
     mask: AttentionMask | None = None,
     bias: torch.Tensor | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
+    block_mask: BlockMask | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q·kᵀ · scale + mask) · v`` — a drop-in for torch's SDPA, plus what it lacks.
 
     Args:
@@ -197,10 +238,18 @@ def scaled_dot_product_attention(
         bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
             scores; unlike a float ``attn_mask`` the trace keeps it apart from the mask.
         backend: ``"auto"`` (see :func:`qkv.attention.backends.choose_backend`), or a
-            registered name: ``"reference"``, ``"fused"``.
+            registered name: ``"reference"``, ``"fused"``, ``"blockwise"``.
+        block_mask: a :class:`~qkv.attention.block_mask.BlockMask` from
+            :func:`qkv.create_block_mask` (any ``mask_mod``; :mod:`qkv.masks` has the
+            built-ins) for this call's (b, h, t, s), instead of the mask arguments above; the
+            blockwise backend then visits only its non-empty blocks (O(N) memory).
+        return_lse: also return the log-sum-exp of each row's masked, scaled scores.
 
     Returns:
-        (..., h, t, dv). A query row with every key masked out gives zeros, never NaN.
+        (..., h, t, dv); with ``return_lse`` the pair ``(output, lse)``, lse (..., h, t) float32
+        (float64 for float64 inputs), ``−inf`` for a row with no key. A query row with every
+        key masked out gives zeros, never NaN. **NaN in → NaN out**: a query row holding a NaN
+        gives a NaN output row (and lse) on every backend; torch's own kernel would give zeros.
 
     Example:
         >>> import torch, qkv
@@ -212,8 +261,22 @@ def scaled_dot_product_attention(
     scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                           window, causal_alignment, key_padding_mask, mask, bias)
     description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
+    if block_mask is not None:
+        _check_block_mask(query, key, block_mask, given=not description.empty)
+        description = description.with_(block=block_mask)
+    elif description.block is not None:  # mask=AttentionMask(block=...), as models pass it
+        _check_block_mask(query, key, description.block,
+                          given=not description.with_(block=None).empty)
     if backend == "auto":
-        backend = choose_backend(query, key, description)
+        backend = choose_backend(query, key, description, bias=bias, dropout_p=float(dropout_p),
+                                 return_lse=bool(return_lse))
+    if return_lse:
+        with_lse = LSE_BACKENDS.get(backend)
+        if with_lse is None:
+            raise ValueError(f"return_lse=True needs a backend that gives the log-sum-exp "
+                             f"({list(LSE_BACKENDS)}), got backend={backend!r}")
+        return with_lse(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
+                        scale=scale, enable_gqa=bool(enable_gqa))
     fn = BACKENDS.get(backend)
     if fn is None:
         raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")

@@ -38,9 +38,12 @@ unbounded); ``is_causal`` is the window ``(None, 0)``, and both together interse
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from qkv.attention.block_mask import BlockMask
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -217,6 +220,9 @@ class AttentionMask:
             the heads, e.g. (b, s) for (b, h, t, d) queries.
         dense: a tensor mask (bool or float, see the module doc) broadcastable to (..., t, s).
         varlen: packed sequences (:class:`VarLen`); t = s = N, attention within each sequence.
+        block: a :class:`~qkv.attention.block_mask.BlockMask` (any ``mask_mod``, e.g. from
+            :mod:`qkv.masks`), built for this call's (B, H, t, s); it stands alone (no other
+            field may be set with it), and the blockwise backend visits only its non-empty blocks.
 
     Example:
         >>> m = AttentionMask(causal=True, key_padding=torch.tensor([[True, True, False]]))
@@ -232,6 +238,7 @@ class AttentionMask:
     key_padding: torch.Tensor | None = None
     dense: torch.Tensor | None = None
     varlen: VarLen | None = None
+    block: "BlockMask | None" = None
 
     @property
     def structural(self) -> bool:
@@ -242,7 +249,7 @@ class AttentionMask:
     def empty(self) -> bool:
         """True when nothing is masked: every query sees every key."""
         return not self.structural and self.key_padding is None and self.dense is None \
-            and self.varlen is None
+            and self.varlen is None and self.block is None
 
     def with_(self, **changes) -> "AttentionMask":
         """A copy with some fields changed (``dataclasses.replace``)."""
@@ -266,11 +273,13 @@ class AttentionMask:
         structure = structural_mask(t, s, is_causal=self.causal, window=self.window,
                                     causal_alignment=self.alignment, device=device)
         blocks = self.varlen.block_diagonal() if self.varlen is not None else None  # (N, N)
-        return combine(self.dense, self.padding_for(rank), structure, blocks)
+        tiles = self.block.materialize(rank=rank, device=device) if self.block is not None else None
+        return combine(self.dense, self.padding_for(rank), structure, blocks, tiles)
 
 
 def _device_of(mask: AttentionMask):
-    for x in (mask.dense, mask.key_padding, mask.varlen.cu_seqlens if mask.varlen else None):
+    for x in (mask.dense, mask.key_padding, mask.varlen.cu_seqlens if mask.varlen else None,
+              mask.block.kinds if mask.block is not None else None):
         if x is not None:
             return x.device
     return None

@@ -89,7 +89,13 @@ class MultiHeadAttention(nn.Module):
         >>> res = mha(x, need_weights=True, is_causal=True)
         >>> res.output.shape, res.weights.shape                # (b, t, E), (b, t, s)
         (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
+
+    Sequence parallelism: set ``sequence_parallel`` to a :class:`qkv.distributed.SequenceParallel`
+    (``SequenceParallel.apply(model)`` does it for every layer) and self-attention runs on this
+    rank's shard of a sequence split across processes (ring or all-to-all).
     """
+
+    sequence_parallel = None  # a qkv.distributed.SequenceParallel, or None: attend locally
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, bias: bool = True,
@@ -181,7 +187,9 @@ class MultiHeadAttention(nn.Module):
         :class:`~qkv.modules.TransformerStack` passes down, built once per forward; it may hold
         packed sequences), or the ``torch.nn.MultiheadAttention``-style ``attn_mask``,
         ``key_padding_mask`` and ``is_causal``. ALiBi reaches the attention as a score bias,
-        apart from the mask.
+        apart from the mask. A long sequence with a window, document or any ``mask_mod`` passes
+        ``mask=AttentionMask(block=qkv.create_block_mask(...))`` (or a window/padding/packed
+        description) and runs blockwise in O(t) memory (``backend="blockwise"``, or ``"auto"``).
 
         Returns:
             An :class:`AttentionOutput`: ``output`` (b, t, E) always; ``weights`` when
@@ -219,7 +227,11 @@ class MultiHeadAttention(nn.Module):
 
         # 3) attend: the traced (reference) path when weights or a trace are wanted
         trace = None
-        if need_weights or trace_rows is not None:
+        if self.sequence_parallel is not None:  # this rank's shard of one sequence (qkv.distributed)
+            heads = self.sequence_parallel.attend(
+                q, k, v, description, bias=bias, dropout_p=dropout_p, enable_gqa=gqa,
+                needs_local=need_weights or trace_rows is not None or kv_cache is not None or key is not query)
+        elif need_weights or trace_rows is not None:
             trace = attention_trace(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
                                     enable_gqa=gqa)
             heads = trace.output  # (b, h, t, d)

@@ -78,7 +78,9 @@ class TransformerStack(nn.Module):
         """x: (b, t, E) → a :class:`StackOutput`.
 
         Args:
-            mask: the self-attention's :class:`~qkv.attention.AttentionMask` (None = full).
+            mask: the self-attention's :class:`~qkv.attention.AttentionMask` (None = full);
+                ``AttentionMask(block=qkv.create_block_mask(...))`` carries a block mask (a
+                window, packed documents, any ``mask_mod``) to every layer.
             memory, memory_mask: the encoder output (b, s, E) and its mask, for layers with
                 cross-attention.
             kv_caches, memory_kv_caches: one :class:`KVCache` per layer (decoding).

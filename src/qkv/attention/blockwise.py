@@ -1,0 +1,294 @@
+"""Blockwise attention: the online softmax (FlashAttention-2), forward and backward, O(N) memory.
+
+This is where the *online* softmax is (the one-pass softmax of ``reference.py`` made blockwise).
+For each block of ``block_size`` query rows, the key blocks that a :class:`BlockMask` marks
+non-empty are visited in runs of consecutive blocks (one matmul per run, all heads and
+grouped-query heads at once); full blocks are computed unmasked, partial ones masked, empty ones
+never touched. A running maximum ``m``, sum ``l`` and output ``acc`` are rescaled as each run
+arrives (Milakov & Gimelshein 2018; Dao 2023, *FlashAttention-2*, Algorithm 1)::
+
+    m' = max(m, rowmax(S))          p = exp(S − m')        α = exp(m − m')
+    l' = α·l + rowsum(p)            acc' = α·acc + p·V
+    out = acc / l                   lse = m + log l        (−inf and out = 0 for a row with no key)
+
+The backward recomputes each block's probabilities from the saved ``lse`` (Algorithm 2):
+``P = exp(S − lse)``, ``dV += Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP − D)`` with
+``D = rowsum(dO ∘ O)``, ``dQ += dS K · scale``, ``dK += dSᵀ Q · scale``: no (t × s) tensor is
+ever held, so memory stays O(N).
+
+Arithmetic is float32 for float16/bfloat16 inputs (float64 stays float64); ``lse`` is float32
+(float64 for float64 inputs). A NaN in a query row makes that row's output and lse NaN (qkv's
+policy on every backend, see :func:`qkv.scaled_dot_product_attention`).
+
+Functions (shapes: query (..., h, t, d), key (..., h_kv, s, d), value (..., h_kv, s, dv)):
+
+* ``blockwise_attention(q, k, v, block_mask, *, scale, enable_gqa=False) -> (out, lse)`` —
+  differentiable (an ``autograd.Function``); ``lse`` is differentiable too.
+* ``blockwise_forward(q, k, v, block_mask, *, scale, enable_gqa=False) -> (out, lse)`` and
+  ``blockwise_backward(q, k, v, out, dout, lse, block_mask, *, scale, enable_gqa=False,
+  dlse=None) -> (dq, dk, dv)`` — the two halves, pure functions without autograd.
+* For one (query chunk, key/value chunk) pair of a longer sequence (ring attention)::
+
+      forward_chunk(q, k, v, *, mask_mod=None, q_offset=0, k_offset=0, scale=None,
+                    enable_gqa=False, block_size=128) -> (out, lse)
+      backward_chunk(q, k, v, out, dout, lse, *, dlse=None, mask_mod=None, q_offset=0,
+                     k_offset=0, scale=None, enable_gqa=False, block_size=128) -> (dq, dk, dv)
+
+  ``mask_mod`` is evaluated at *global* indices ``q_offset + i``, ``k_offset + j``
+  (e.g. ``qkv.masks.causal()``; None = every key). Partial results of chunks merge by lse:
+  ``lse = logaddexp(lse₁, lse₂)``, ``out = out₁·exp(lse₁ − lse) + out₂·exp(lse₂ − lse)``.
+
+Example:
+    >>> import torch, qkv
+    >>> q = k = v = torch.randn(1, 2, 300, 16)
+    >>> bm = qkv.create_block_mask(qkv.masks.sliding_window(64, 0), None, None, 300, 300)
+    >>> out, lse = blockwise_attention(q, k, v, bm, scale=0.25)
+    >>> ref = qkv.scaled_dot_product_attention(q, k, v, window=(64, 0), is_causal=True, backend="reference")
+    >>> bool((out - ref).abs().max() < 1e-5), tuple(lse.shape)
+    (True, (1, 2, 300))
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from qkv.attention.block_mask import BlockMask, create_block_mask, sliding_window
+
+_NEG_INF = float("-inf")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _Layout:
+    """q, k, v viewed as (B, h_kv, g, t, d) / (B, h_kv, s, d): B the flattened batch dims,
+    g the query heads per key/value head (1 without GQA)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, enable_gqa: bool):
+        self.rank = q.ndim
+        self.t, self.s, self.d = q.shape[-2], k.shape[-2], q.shape[-1]
+        self.lead = tuple(q.shape[:-3]) if q.ndim >= 3 else ()
+        self.h = q.shape[-3] if q.ndim >= 3 else 1
+        self.h_kv = k.shape[-3] if k.ndim >= 3 else 1
+        self.g = self.h // self.h_kv if enable_gqa else 1
+        if self.g == 1:
+            self.h_kv = self.h
+        self.b = math.prod(self.lead)
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.b, self.h_kv, self.g, self.t, x.shape[-1])  # (B, h_kv, g, t, ·)
+
+    def keys(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.b, self.h_kv, self.s, x.shape[-1])  # (B, h_kv, s, ·)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.b, self.h_kv, self.g, self.t)  # (B, h_kv, g, t)
+
+    def back_q(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rank == 2:
+            return x.reshape(self.t, x.shape[-1])
+        return x.reshape(*self.lead, self.h, self.t, x.shape[-1])  # (..., h, t, ·)
+
+    def back_k(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return x.reshape(like.shape)
+
+    def back_rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rank == 2:
+            return x.reshape(self.t)
+        return x.reshape(*self.lead, self.h, self.t)  # (..., h, t)
+
+
+def _check_mask(bm: BlockMask, lay: _Layout) -> None:
+    """The mask's batch is the inputs' batch dims flattened (b for (b, h, t, d) inputs)."""
+    if not isinstance(bm, BlockMask):
+        raise ValueError(f"block_mask must be a qkv BlockMask (qkv.create_block_mask), got "
+                         f"{type(bm).__name__}")
+    bm.check(lay.b, lay.h, lay.t, lay.s)
+
+
+def _run_mask(bm: BlockMask, lay: _Layout, row: int, c0: int, c1: int, device) -> torch.Tensor:
+    """The bool mask of one run in the scores' layout: broadcasts to (B, h_kv, g·bq, L)."""
+    m = bm.dense_block(row, c0, c1, device=device)  # (B', H', bq, L)
+    bq, L = m.shape[-2:]
+    if m.shape[1] == lay.h and lay.h > 1:
+        return m.reshape(m.shape[0], lay.h_kv, lay.g * bq, L)
+    if lay.g > 1:
+        return m.unsqueeze(2).expand(m.shape[0], 1, lay.g, bq, L).reshape(m.shape[0], 1, lay.g * bq, L)
+    return m
+
+
+def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      block_mask: BlockMask, *, scale: float,
+                      enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online-softmax forward: ``(out (..., h, t, dv), lse (..., h, t))`` (see the module doc)."""
+    lay = _Layout(query, key, enable_gqa)
+    _check_mask(block_mask, lay)
+    c = _compute_dtype(query.dtype)
+    bs, t, s = block_mask.block_size, lay.t, lay.s
+    q = lay.queries(query.to(c) * scale)  # (B, h_kv, g, t, d), scaled once here, not per block
+    k, v = lay.keys(key.to(c)), lay.keys(value.to(c))  # (B, h_kv, s, d), (B, h_kv, s, dv)
+    dv = v.shape[-1]
+    out = q.new_zeros(lay.b, lay.h_kv, lay.g, t, dv)  # (B, h_kv, g, t, dv)
+    lse = q.new_full((lay.b, lay.h_kv, lay.g, t), _NEG_INF)  # (B, h_kv, g, t)
+    for r, runs in enumerate(block_mask.runs):
+        if not runs:
+            continue  # no key for any row of the block: zeros, lse −inf
+        r0, r1 = r * bs, min((r + 1) * bs, t)
+        qb = q[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, lay.g * (r1 - r0), lay.d)  # (B, h_kv, g·bq, d)
+        m = l = acc = m_safe_old = None
+        for c0, c1, full in runs:
+            k0, k1 = c0 * bs, min(c1 * bs, s)
+            scores = torch.matmul(qb, k[:, :, k0:k1].transpose(-1, -2))  # (B, h_kv, g·bq, L)
+            if not full:
+                scores.masked_fill_(~_run_mask(block_mask, lay, r, c0, c1, q.device), _NEG_INF)
+            m_new = scores.amax(-1, keepdim=True)  # (B, h_kv, g·bq, 1)
+            if m is not None:
+                m_new = torch.maximum(m, m_new)
+            # a row with no key so far has max −inf; subtract 0 there so exp gives 0, not NaN
+            m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)
+            p = scores.sub_(m_safe).exp_()  # (B, h_kv, g·bq, L)
+            pv = torch.matmul(p, v[:, :, k0:k1])  # (B, h_kv, g·bq, dv)
+            if acc is None:
+                l, acc = p.sum(-1, keepdim=True), pv
+            else:
+                alpha = (m_safe_old - m_safe).exp_()  # rescale what the earlier runs summed
+                l = l.mul_(alpha).add_(p.sum(-1, keepdim=True))
+                acc = acc.mul_(alpha).add_(pv)
+            m, m_safe_old = m_new, m_safe
+        acc = acc.div_(l.masked_fill(l == 0, 1.0))  # l = 0 only where acc = 0: the row stays 0
+        out[:, :, :, r0:r1] = acc.view(lay.b, lay.h_kv, lay.g, r1 - r0, dv)
+        lse[:, :, :, r0:r1] = (m_safe_old + l.log()).view(lay.b, lay.h_kv, lay.g, r1 - r0)
+    _nan_rows(query, lay, out, lse)
+    return lay.back_q(out).to(query.dtype), lay.back_rows(lse)
+
+
+def _nan_rows(query: torch.Tensor, lay: _Layout, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """NaN in → NaN out: a query row holding a NaN gives a NaN output row and lse, even where
+    the mask leaves it no key (the policy every backend follows)."""
+    bad = query.isnan().any(-1)  # (..., h, t)
+    if bool(bad.any()):
+        bad = lay.rows(bad)
+        out.masked_fill_(bad.unsqueeze(-1), float("nan"))
+        lse.masked_fill_(bad, float("nan"))
+
+
+def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+                       block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
+                       dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward: ``(dq, dk, dv)`` shaped like query, key, value.
+
+    ``dlse`` (..., h, t), optional: the gradient reaching ``lse`` (∂lse/∂S = P adds
+    ``dlse · P`` to dS), for callers that merge chunks by their log-sum-exp.
+    """
+    lay = _Layout(query, key, enable_gqa)
+    _check_mask(block_mask, lay)
+    c = _compute_dtype(query.dtype)
+    bs, t, s = block_mask.block_size, lay.t, lay.s
+    q = lay.queries(query.to(c) * scale)  # (B, h_kv, g, t, d)
+    k, v = lay.keys(key.to(c)), lay.keys(value.to(c))  # (B, h_kv, s, ·)
+    do = lay.queries(dout.to(c))  # (B, h_kv, g, t, dv)
+    delta = (do * lay.queries(out.to(c))).sum(-1)  # (B, h_kv, g, t)  D = rowsum(dO ∘ O)
+    if dlse is not None:
+        delta = delta - lay.rows(dlse.to(c))
+    lse4 = lay.rows(lse.to(c))
+    lse4 = lse4.masked_fill(lse4 == _NEG_INF, float("inf"))  # rows with no key: P = exp(−inf) = 0
+    dq = torch.zeros_like(q)
+    dk, dvv = torch.zeros_like(k), torch.zeros_like(v)
+    for r, runs in enumerate(block_mask.runs):
+        if not runs:
+            continue
+        r0, r1 = r * bs, min((r + 1) * bs, t)
+        n = lay.g * (r1 - r0)
+        qb = q[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, lay.d)  # (B, h_kv, g·bq, d)
+        dob = do[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, do.shape[-1])  # (B, h_kv, g·bq, dv)
+        lse_b = lse4[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, 1)
+        delta_b = delta[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, 1)
+        dq_b = None
+        for c0, c1, full in runs:
+            k0, k1 = c0 * bs, min(c1 * bs, s)
+            kr, vr = k[:, :, k0:k1], v[:, :, k0:k1]
+            p = torch.matmul(qb, kr.transpose(-1, -2))  # (B, h_kv, g·bq, L) scores
+            if not full:
+                p.masked_fill_(~_run_mask(block_mask, lay, r, c0, c1, q.device), _NEG_INF)
+            p = p.sub_(lse_b).exp_()  # P, recomputed from the saved lse
+            dvv[:, :, k0:k1].add_(torch.matmul(p.transpose(-1, -2), dob))
+            ds = torch.matmul(dob, vr.transpose(-1, -2)).sub_(delta_b).mul_(p)  # dS = P ∘ (dP − D)
+            part = torch.matmul(ds, kr)  # (B, h_kv, g·bq, d)
+            dq_b = part if dq_b is None else dq_b.add_(part)
+            dk[:, :, k0:k1].add_(torch.matmul(ds.transpose(-1, -2), qb))  # q already carries the scale
+        dq[:, :, :, r0:r1] = dq_b.view(lay.b, lay.h_kv, lay.g, r1 - r0, lay.d)
+    dq = dq.mul_(scale)
+    return (lay.back_q(dq).to(query.dtype), lay.back_k(dk, key).to(key.dtype),
+            lay.back_k(dvv, value).to(value.dtype))
+
+
+class BlockwiseAttention(torch.autograd.Function):
+    """``(out, lse)`` with FlashAttention-2's backward; ``block_mask``, scale and GQA are constants."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, block_mask, scale, enable_gqa):
+        out, lse = blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.block_mask, ctx.scale, ctx.enable_gqa = block_mask, scale, enable_gqa
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, dlse):
+        query, key, value, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = blockwise_backward(query, key, value, out, dout, lse, ctx.block_mask,
+                                        scale=ctx.scale, enable_gqa=ctx.enable_gqa, dlse=dlse)
+        return dq, dk, dv, None, None, None
+
+
+def blockwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        block_mask: BlockMask, *, scale: float,
+                        enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable blockwise attention: ``(out (..., h, t, dv), lse (..., h, t))``."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        return BlockwiseAttention.apply(query, key, value, block_mask, float(scale), bool(enable_gqa))
+    return blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+# -- one chunk of a longer sequence (ring attention) ---------------------------------------------
+def _chunk_mask(q, k, mask_mod, q_offset, k_offset, block_size) -> BlockMask:
+    # B = H = None: a custom mask_mod is called with b = h = 0, the same for every batch row
+    # and head (the built-ins carry their own per-batch data, e.g. document ids (B, N)).
+    mod = mask_mod if mask_mod is not None else sliding_window(None, None)
+    return create_block_mask(mod, None, None, q.shape[-2], k.shape[-2], block_size,
+                             q_offset=q_offset, k_offset=k_offset, device=q.device)
+
+
+def forward_chunk(query, key, value, *, mask_mod=None, q_offset: int = 0, k_offset: int = 0,
+                  scale: float | None = None, enable_gqa: bool = False,
+                  block_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of one query chunk against one key/value chunk; the mask in global indices.
+
+    Example:
+        >>> import torch, qkv
+        >>> q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+        >>> out, lse = forward_chunk(q, k, k, mask_mod=qkv.masks.causal(), q_offset=0, k_offset=4)
+        >>> bool(torch.isneginf(lse).all())       # keys 4…7 are all after queries 0…3
+        True
+    """
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    bm = _chunk_mask(query, key, mask_mod, q_offset, k_offset, block_size)
+    return blockwise_forward(query, key, value, bm, scale=scale, enable_gqa=enable_gqa)
+
+
+def backward_chunk(query, key, value, out, dout, lse, *, dlse=None, mask_mod=None,
+                   q_offset: int = 0, k_offset: int = 0, scale: float | None = None,
+                   enable_gqa: bool = False, block_size: int = 128):
+    """``(dq, dk, dv)`` of one chunk pair, from the *merged* ``out`` and ``lse`` of the query rows
+    (FlashAttention-2's backward is exact per chunk when ``out``/``lse`` are the final ones)."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    bm = _chunk_mask(query, key, mask_mod, q_offset, k_offset, block_size)
+    return blockwise_backward(query, key, value, out, dout, lse, bm, scale=scale,
+                              enable_gqa=enable_gqa, dlse=dlse)
