@@ -192,7 +192,7 @@ def test_softmax_demo(capsys):
     (["heads", TEXT, "--from", "it", "--to", "cat"], "--to 'cat' is not a word of the text"),
     (["heads", "--probe", "winograd"], "unknown probe 'winograd'; known probes: coref"),
     (["heads"], "give a TEXT with --from/--to"),
-    (["softmax-demo", "--dims", "4,x"], "--dims must be comma-separated whole numbers, got '4,x'"),
+    (["softmax-demo", "--dims", "4,x"], "--dims must be comma-separated whole numbers from 1 to 16384, got 'x'"),
 ])
 def test_user_errors_are_one_line(capsys, argv, message):
     code, out, err = run(capsys, *argv)

@@ -12,11 +12,13 @@ import sys
 
 # Command modules, in the order ``qkv --help`` lists them. A module that is missing (a feature
 # not built yet) is skipped, so the CLI keeps working while the package grows.
-COMMAND_MODULES = ("qkv.cli.explain", "qkv.cli.translate", "qkv.cli.demo")
+COMMAND_MODULES = ("qkv.cli.explain", "qkv.cli.translate", "qkv.cli.demo", "qkv.cli.view")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from qkv.cli.options import Parser  # one-line errors; every option's type checks its value
+
+    parser = Parser(
         prog="qkv", description="Transformer self-attention, computed and explained number by number.")
     parser.add_argument("--version", action="version", version=f"qkv {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -39,20 +41,24 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``qkv`` console script and ``python -m qkv``."""
+    from qkv.cli.output import finish_output, write_failed
     from qkv.errors import QkvError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad option (already printed on one line)
+        return finish_output(e.code if isinstance(e.code, int) else 2)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        return finish_output(int(args.func(args) or 0))
     except (QkvError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
         print(f"qkv: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("qkv: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except OSError as e:  # stdout on a full disk or a closed pipe, a file that cannot be used
+        return write_failed(e)

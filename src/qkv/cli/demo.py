@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 
+from qkv.cli import options
 from qkv.errors import QkvError
+
+MAX_DIM = 512  # three dim × dim matrices and every vector printed: beyond this nothing is readable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("walkthrough", help="the seeds' worked example: q, k, v, scores, weights, output",
                        description="Attention step by step on four tokens with random (seeded) weights.")
-    p.add_argument("tokens", nargs="*", default=["cat", "apple", "tree", "juice"])
-    p.add_argument("--token", default=None, help="the query token (default: the second)")
-    p.add_argument("--dim", type=int, default=4, help="embedding and head dimension (even)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("tokens", nargs="*", type=options.text(most=1000),
+                   default=["cat", "apple", "tree", "juice"])
+    p.add_argument("--token", type=options.word(), default=None,
+                   help="the query token, one of the tokens (default: the second)")
+    p.add_argument("--dim", type=options.integer(2, MAX_DIM, why="the printed vectors' width"),
+                   default=4, help=f"embedding and head dimension (even, 2…{MAX_DIM})")
+    p.add_argument("--seed", type=options.seed(), default=0, help="seed of the random weights")
     p.set_defaults(func=run)
 
 

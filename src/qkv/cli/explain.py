@@ -18,20 +18,31 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import shlex
 import sys
 
+from qkv.cli import methods, options
+from qkv.cli.output import print_json
 from qkv.errors import QkvError
 
 # How the flags spell the library's argument roles (qkv.explain.wording.ARGUMENTS for the rest).
 FLAGS = {
     "token": "--token", "to": "--to", "layer": "--layer", "head": "--head", "words": "--words",
     "top": "--top", "source": "--from", "target": "--to", "probe": "--probe", "dims": "--dims",
-    "keys": "--keys", "trials": "--trials",
+    "keys": "--keys", "trials": "--trials", **methods.FLAGS,
 }
 
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
+
+# Limits of the numeric flags (qkv.cli.options checks them before anything runs).
+MAX_INDEX = 100_000  # layers and heads: far above any model qkv loads; the model checks its own
+MAX_TOP = 10_000  # items listed: more lines than any text has tokens or any model heads
+MAX_DIM = 16_384  # softmax-demo: one dimension
+MAX_KEYS = 4_096
+MAX_TRIALS = 100_000
+# softmax-demo draws 256 queries' keys at a time (256 · keys · d float64) and keeps every
+# query's weights for the Jacobian (trials · keys² float64): both are kept under this.
+DEMO_BYTES = 1 << 30
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,25 +58,31 @@ def _register_explain(sub) -> None:
                     "largest attention weight. With --layer L --head H: that head's arithmetic with "
                     "the real numbers. Layers, heads and indices count from 0.",
         epilog=f'example: qkv explain "{EXAMPLE}" --token it')
-    p.add_argument("text", help="the text to run the model on")
-    p.add_argument("--model", default="minilm", help="a known name (minilm) or a model directory")
-    p.add_argument("--token", default=None, metavar="WORD|INDEX",
+    p.add_argument("text", type=options.text(), help="the text to run the model on")
+    p.add_argument("--model", type=options.name(), default="minilm",
+                   help="a known name (minilm) or a model directory")
+    p.add_argument("--token", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the token to explain: a word (its last occurrence), WORD@N (occurrence N, "
-                        "from 0) or an index (default: the last word)")
-    p.add_argument("--layer", type=int, default=None, help="layer, from 0")
-    p.add_argument("--head", type=int, default=None, help="head within the layer, from 0 (needs --layer)")
+                        "from 0) or an index (default: the last word). A whole number is always "
+                        "an index, even when the text has it as a word: write 7@0 for the word 7")
+    p.add_argument("--layer", type=options.integer(-MAX_INDEX, MAX_INDEX), default=None, help="layer, from 0")
+    p.add_argument("--head", type=options.integer(-MAX_INDEX, MAX_INDEX), default=None,
+                   help="head within the layer, from 0 (needs --layer)")
     p.add_argument("--words", action="store_true",
                    help="group sub-word tokens into words (weights into a word summed, from a word averaged)")
-    p.add_argument("--top", type=int, default=3, help="how many attended words to list per head (default 3)")
-    p.add_argument("--to", default=None, metavar="WORD|INDEX",
-                   help="highlight the heads whose largest weight is on this word")
-    p.add_argument("--png", default=None, metavar="FILE",
+    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=3,
+                   help="how many attended words to list per head (default 3)")
+    p.add_argument("--to", type=options.word(), default=None, metavar="WORD|INDEX",
+                   help="highlight the heads whose largest weight is on this word (a whole number "
+                        "is an index)")
+    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
                    help="also draw a heat map (.png/.svg/.pdf): one head's map with --layer/--head, "
                         "else every head's row for the token")
     p.add_argument("--json", action="store_true", help="print every number as one JSON object")
     p.add_argument("--no-projection", action="store_true",
                    help="ablation: attend with q = k = v = x (no W_Q, W_K, W_V); how often does a "
                         "token attend most to itself?")
+    methods.add_options(p, compare=True)
     p.set_defaults(func=run_explain)
 
 
@@ -76,15 +93,21 @@ def _register_heads(sub) -> None:
                     "into a word summed, from a word averaged), or with --probe coref each head's "
                     "accuracy at finding a pronoun's referent over sentences shipped with qkv.",
         epilog=f'example: qkv heads "{EXAMPLE}" --from it --to pizza')
-    p.add_argument("text", nargs="?", default=None, help="the text (not with --probe)")
-    p.add_argument("--model", default="minilm", help="a known name (minilm) or a model directory")
-    p.add_argument("--from", dest="source", default=None, metavar="WORD|INDEX",
-                   help="the word attention comes from (default: the last word)")
-    p.add_argument("--to", dest="target", default=None, metavar="WORD|INDEX",
-                   help="the word attention goes to")
-    p.add_argument("--probe", default=None, metavar="NAME", help="run a probe set instead (coref)")
-    p.add_argument("--top", type=int, default=10, help="how many heads to list (default 10)")
+    p.add_argument("text", nargs="?", type=options.text(), default=None,
+                   help="the text (not with --probe)")
+    p.add_argument("--model", type=options.name(), default="minilm",
+                   help="a known name (minilm) or a model directory")
+    p.add_argument("--from", dest="source", type=options.word(), default=None, metavar="WORD|INDEX",
+                   help="the word attention comes from (default: the last word; a whole number "
+                        "is an index)")
+    p.add_argument("--to", dest="target", type=options.word(), default=None, metavar="WORD|INDEX",
+                   help="the word attention goes to (a whole number is an index)")
+    p.add_argument("--probe", type=options.name(), default=None, metavar="NAME",
+                   help="run a probe set instead (coref)")
+    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=10,
+                   help="how many heads to list (default 10)")
     p.add_argument("--json", action="store_true", help="print a JSON list, largest first")
+    methods.add_options(p, compare=False)
     p.set_defaults(func=run_heads)
 
 
@@ -94,10 +117,13 @@ def _register_softmax_demo(sub) -> None:
         description="Random queries and keys with unit-variance entries: q·k has standard deviation "
                     "√d, so without scaling the softmax saturates (one weight near 1, gradients "
                     "near 0) as d grows; dividing by √d keeps it steady.")
-    p.add_argument("--dims", default="4,16,64,256,1024", help="comma-separated dimensions d")
-    p.add_argument("--keys", type=int, default=10, help="keys per query (default 10)")
-    p.add_argument("--trials", type=int, default=2000, help="random queries per dimension")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dims", type=options.int_list(1, MAX_DIM, most=32), default=[4, 16, 64, 256, 1024],
+                   help=f"comma-separated dimensions d, each 1…{MAX_DIM} (default 4,16,64,256,1024)")
+    p.add_argument("--keys", type=options.integer(2, MAX_KEYS), default=10,
+                   help=f"keys per query (default 10, at most {MAX_KEYS})")
+    p.add_argument("--trials", type=options.integer(1, MAX_TRIALS), default=2000,
+                   help=f"random queries per dimension (default 2000, at most {MAX_TRIALS})")
+    p.add_argument("--seed", type=options.seed(), default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_softmax_demo)
 
@@ -124,8 +150,7 @@ def _notes(notes) -> None:
 
 
 def _print_json(obj, **kw) -> None:
-    json.dump(obj, sys.stdout, allow_nan=False, **kw)
-    sys.stdout.write("\n")
+    print_json(obj, **kw)  # built whole, then written: never half a document on stdout
 
 
 def _save(fig, path: str) -> None:
@@ -161,12 +186,15 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.no_projection and (args.head is not None or args.png or args.to or args.token or args.words):
         raise QkvError("--no-projection takes no --token, --head, --to, --words or --png "
                        "(it reports every token of every layer, or of --layer L)")
+    methods.check_explain(args)
     if args.png:
         from qkv.explain.plots import check_writable
 
         check_writable(args.png)  # before the model runs, so a typo costs nothing
     check_text(args.text)
     model = _load(args.model)
+    if args.compare:
+        return methods.run_compare(model, args, flags=FLAGS, print_json=_print_json)
     if args.no_projection:
         return _explain_ablation(model, args)
     if args.head is not None:
@@ -179,7 +207,7 @@ def _explain_overview(model, args) -> int:
     from qkv.explain.render import console, render_overview
 
     ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
-                 layer=args.layer)
+                 layer=args.layer, **methods.method_args(args))
     _notes(ov.notes)
     if args.png:
         from qkv.explain.figures import overview_figure
@@ -235,8 +263,9 @@ def _explain_translation(args) -> int:
     from qkv.explain.render import console
     from qkv.explain.render_cross import render_cross_overview, render_cross_steps
 
-    if args.to is not None or args.no_projection:
-        raise QkvError("--to and --no-projection are for self-attention models; a translation "
+    if args.to is not None or args.no_projection or args.method or args.compare or args.target_text:
+        raise QkvError("--to, --no-projection, --method, --compare and --target are for "
+                       "self-attention models; a translation "
                        "model's cross-attention is shown per French token (--token, --layer, --head)")
     check_top(args.top)
     if args.head is not None and args.layer is None:
@@ -275,6 +304,7 @@ def run_heads(args: argparse.Namespace) -> int:
     from qkv.explain.forward import check_text, check_top
 
     check_top(args.top)
+    methods.check_heads(args)
     if _translation_dir(args.model):
         raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
                        f"{args.model!r} is a translation model: use qkv explain TEXT --model "
@@ -299,7 +329,8 @@ def _heads_pair(model, args) -> int:
     from qkv.explain import heads
     from qkv.explain.render import console, render_pair
 
-    ranking = heads(model, args.text, source=args.source, target=args.target)
+    ranking = heads(model, args.text, source=args.source, target=args.target,
+                    **methods.method_args(args))
     _notes(ranking.notes)
     if args.json:
         _print_json(ranking.to_dict()["heads"])
@@ -312,7 +343,7 @@ def _heads_probe(model, args) -> int:
     from qkv.explain import probe
     from qkv.explain.render import console, render_probe
 
-    result = probe(model, args.probe)
+    result = probe(model, args.probe, method=args.method or "weight")
     if args.json:
         _print_json(result.to_dict()["heads"])
     else:
@@ -326,13 +357,21 @@ def run_softmax_demo(args: argparse.Namespace) -> int:
     from qkv.explain.render import console, render_saturation
     from qkv.explain.saturation import saturation
 
-    try:
-        dims = [int(d) for d in args.dims.split(",") if d.strip()]
-    except ValueError:
-        raise QkvError(f"--dims must be comma-separated whole numbers, got {args.dims!r}") from None
+    dims = args.dims
+    _check_demo_size(dims, args.keys, args.trials)
     rows = saturation(dims, keys=args.keys, trials=args.trials, seed=args.seed)
     if args.json:
         _print_json([r.to_dict() for r in rows])
     else:
         render_saturation(console(), rows, keys=args.keys, trials=args.trials, seed=args.seed)
     return 0
+
+
+def _check_demo_size(dims: list[int], keys: int, trials: int) -> None:
+    """QkvError when softmax-demo's arrays would pass :data:`DEMO_BYTES` (before any is made)."""
+    chunk = 256 * keys * max(dims) * 8  # one chunk of keys, float64
+    jacobian = trials * keys * keys * 8  # every query's softmax Jacobian, float64
+    if max(chunk, jacobian) > DEMO_BYTES:
+        raise QkvError(f"--dims {max(dims)} --keys {keys} --trials {trials} needs "
+                       f"{max(chunk, jacobian) / 2**30:.1f} GiB at once (the limit is "
+                       f"{DEMO_BYTES / 2**30:.0f} GiB): lower --keys, --trials or the largest --dims")

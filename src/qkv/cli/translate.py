@@ -10,15 +10,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from dataclasses import MISSING, fields
 
+from qkv.cli import options
+from qkv.cli.output import print_json
 from qkv.errors import QkvError
 
 DEFAULT_OUT = "runs/translate"
+MAX_BEAM = 64  # beams beyond the French vocabulary's few dozen words only cost time (100000: 72 s)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +55,12 @@ def _train_options() -> list[tuple[str, type, object, str]]:
     return out
 
 
+def _train_type(name: str, kind: type):
+    """The checked type of a TrainConfig option: a whole number ≥ 0 or a finite float (nan and
+    inf refused). Tighter ranges per field belong here too (qkv.cli.options)."""
+    return options.integer(0, None) if kind is int else options.real()
+
+
 def _register_train(sub) -> None:
     p = sub.add_parser("train", help="train a model (qkv train translate)",
                        description="Train one of qkv's own models.")
@@ -65,14 +73,17 @@ def _register_train(sub) -> None:
                     "--resume continues a stopped run exactly where its last checkpoint was.",
         epilog="examples: qkv train translate --out runs/translate    "
                "qkv train translate --out runs/translate --resume")
-    t.add_argument("--out", default=None, metavar="DIR",
+    t.add_argument("--out", type=options.path(), default=None, metavar="DIR",
                    help=f"checkpoint directory (default {DEFAULT_OUT})")
     t.add_argument("--resume", action="store_true",
                    help="continue the run in --out (options not given are taken from it)")
     t.add_argument("--slim", action="store_true",
                    help="leave no optimizer state in the final checkpoint (smaller; not resumable)")
+    t.add_argument("--force", action="store_true",
+                   help="train into a non-empty --out (its old checkpoint files are deleted); with "
+                        "--resume, accept a different --threads (the run is recorded as inexact)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--threads", type=int, default=1,
+    t.add_argument("--threads", type=options.threads(), default=1,
                    help="CPU threads for torch (default 1: the matrices are small, and a second "
                         "thread makes every op wait for it on a busy machine)")
     for name, kind, default, text in _train_options():
@@ -81,7 +92,8 @@ def _register_train(sub) -> None:
             t.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                            help=f"{text} (default {default})")
         else:
-            t.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X",
+            t.add_argument(flag, type=_train_type(name, kind), default=None,
+                           metavar="N" if kind is int else "X",
                            help=f"{text} (default {default})")
     t.set_defaults(func=run_train)
     p.set_defaults(func=lambda args: _missing_model(p))
@@ -93,12 +105,13 @@ def _missing_model(parser: argparse.ArgumentParser) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from qkv.training.checkpoint import check_out_dir
     from qkv.translate.checkpoint import read_meta
     from qkv.translate.train import TrainConfig, train
 
     given = {name: getattr(args, name) for name, *_ in _train_options()
              if getattr(args, name) is not None}
-    out = args.out or DEFAULT_OUT
+    out = str(check_out_dir(DEFAULT_OUT if args.out is None else args.out))
     _set_threads(args.threads)
     base = {}
     if args.resume:
@@ -107,7 +120,7 @@ def run_train(args: argparse.Namespace) -> int:
     command = _command(out, args, given)
     start = time.perf_counter()
     state = train(cfg, out, resume=args.resume, progress=not args.quiet, command=command,
-                  slim=args.slim)
+                  slim=args.slim, force=args.force)
     ev = state.last_eval
     summary = f"trained to step {state.step} in {time.perf_counter() - start:.0f} s"
     if ev is not None:
@@ -120,7 +133,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _command(out: str, args: argparse.Namespace, given: dict) -> str:
     """The command line that reproduces this run, options in a fixed order."""
     parts = ["qkv", "train", "translate", "--out", out]
-    parts += ["--resume"] * args.resume + ["--slim"] * args.slim
+    parts += ["--resume"] * args.resume + ["--slim"] * args.slim + ["--force"] * args.force
     if args.threads is not None:
         parts += ["--threads", str(args.threads)]
     for name, value in given.items():
@@ -140,11 +153,12 @@ def _register_translate(sub) -> None:
                     "line). Input is lower-cased and a final . ! ? is dropped; words the model never "
                     "saw are refused with their list (see --vocab), not guessed.",
         epilog='example: qkv translate "the red apple is next to the black cats" --beam 4')
-    p.add_argument("text", nargs="?", default=None, help="English text (default: read standard input)")
-    p.add_argument("--model", default="translate",
+    p.add_argument("text", nargs="?", type=options.text(), default=None,
+                   help="English text (default: read standard input)")
+    p.add_argument("--model", type=options.name(), default="translate",
                    help="a translation model directory, or 'translate' for the shipped one (default)")
-    p.add_argument("--beam", type=int, default=1, metavar="K",
-                   help="beam width (1 = greedy, the default)")
+    p.add_argument("--beam", type=options.integer(1, MAX_BEAM), default=1, metavar="K",
+                   help=f"beam width (1 = greedy, the default; at most {MAX_BEAM})")
     p.add_argument("--vocab", action="store_true", help="list the English words the model knows")
     _threads_option(p)
     p.set_defaults(func=run_translate)
@@ -153,7 +167,8 @@ def _register_translate(sub) -> None:
 def _threads_option(p: argparse.ArgumentParser) -> None:
     # The model is small: its matrices gain nothing from a second thread, and on a busy machine
     # every op would wait for that thread to be scheduled (measured: 10x slower under load).
-    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
+    p.add_argument("--threads", type=options.threads(), default=1,
+                   help="CPU threads for torch (default 1)")
 
 
 def _set_threads(threads: int | None) -> None:
@@ -204,9 +219,10 @@ def _register_evaluate(sub) -> None:
                     "report exact-match accuracy and BLEU (sacrebleu), for test sentences whose "
                     "combinations were seen in training and for held-out (unseen) ones; then each "
                     "cross-attention head's alignment accuracy against the gold word alignment.")
-    p.add_argument("--model", default="translate",
+    p.add_argument("--model", type=options.name(), default="translate",
                    help="a translation model directory, or 'translate' for the shipped one (default)")
-    p.add_argument("--beam", type=int, default=1, metavar="K", help="beam width (default 1, greedy)")
+    p.add_argument("--beam", type=options.integer(1, MAX_BEAM), default=1, metavar="K",
+                   help=f"beam width (default 1, greedy; at most {MAX_BEAM})")
     p.add_argument("--json", action="store_true", help="print every number as one JSON object")
     _threads_option(p)
     p.set_defaults(func=run_evaluate)
@@ -221,8 +237,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.model)
     report = test_report(ckpt, beam=args.beam)
     if args.json:
-        json.dump(report, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        print_json(report, ensure_ascii=False)
     else:
         render_report(report)
     return 0

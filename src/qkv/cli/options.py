@@ -1,0 +1,276 @@
+"""Every command-line option's value is checked here, once, by the type it is parsed with.
+
+Each option of every ``qkv`` command takes its ``type=`` from this module (or is a flag with no
+value, or has ``choices``); ``tests/cli/test_options.py`` walks the whole parser and fails on an
+option that does not, so a new option cannot skip the checks. A bad value ends the command
+before anything runs, with one line that names the flag and the value::
+
+    qkv: error: --threads must be at most 8 (4 × this machine's 2 CPU cores), got 100000
+
+The helpers return argparse ``type`` callables (``str -> value``) that raise
+``argparse.ArgumentTypeError`` with a message that reads after the flag's name
+("must be at least 1, got 0"); :class:`Parser` prints it as ``--flag <message>``.
+
+    integer(lo, hi)          whole numbers in [lo, hi] (``hi`` may say why it is the limit)
+    real(lo, hi)             finite floats in [lo, hi] (``nan``/``inf`` refused); open ends optional
+    threads()                torch threads: 1 … 4 × the CPU cores
+    seed()                   0 … 2**63 − 1 (what torch.Generator.manual_seed takes)
+    int_list(lo, hi, most)   "4,16,64": comma-separated integer()s
+    text()                   any text; invalid UTF-8 refused (qkv.text), a leading BOM dropped
+    word()                   a word or an index (``--token``), same checks as text()
+    path()                   a file or directory name: not empty, no NUL, valid UTF-8
+    name()                   a short identifier-like value (a model or probe name, or a path)
+
+Example:
+    >>> p = Parser(prog="qkv")
+    >>> _ = p.add_argument("--top", type=integer(1, 100), default=3)
+    >>> p.parse_args(["--top", "5"]).top
+    5
+    >>> integer(1, 100)("0")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be at least 1, got 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+
+from qkv.text import TextError, clean_text
+
+#: The attribute every validating type carries; the parser test looks for it.
+MARK = "_qkv_option"
+
+# The most threads a torch op may start: a few per core is already past any gain, and libgomp
+# fails to create tens of thousands ("Thread creation failed"; 100000 segfaulted).
+THREADS_PER_CORE = 4
+
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
+
+
+def _mark(func, kind: str, **limits):
+    setattr(func, MARK, {"kind": kind, **limits})
+    func.__name__ = kind  # argparse names the type in some messages
+    return func
+
+
+def _show(raw: str, limit: int = 40) -> str:
+    """The value as typed, quoted and shortened for a one-line message."""
+    text = raw if len(raw) <= limit else raw[:limit] + "…"
+    return repr(text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+
+
+def integer(lo: int | None = None, hi: int | None = None, *, why: str = ""):
+    """A whole number in ``[lo, hi]``; ``why`` explains the upper limit in the message.
+
+    Example:
+        >>> integer(1, 64, why="beams")("64")
+        64
+    """
+
+    def parse(raw: str) -> int:
+        s = raw.strip().replace("_", "")
+        if not re.fullmatch(r"[+-]?\d{1,40}", s):
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {_show(raw)}")
+        value = int(s)
+        if lo is not None and value < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, got {value}")
+        if hi is not None and value > hi:
+            because = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"must be at most {hi}{because}, got {_shorten(value)}")
+        return value
+
+    return _mark(parse, "integer", lo=lo, hi=hi)
+
+
+def _shorten(value: int) -> str:
+    s = str(value)
+    return s if len(s) <= 20 else f"{s[:8]}…({len(s)} digits)"
+
+
+def real(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+         hi_open: bool = False):
+    """A finite float in ``[lo, hi]`` (``lo_open``/``hi_open`` exclude the end itself).
+
+    Example:
+        >>> real(0, 1)("0.5")
+        0.5
+        >>> real(0, lo_open=True)("nan")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: must be a finite number, got 'nan'
+    """
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {_show(raw)}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {_show(raw)}")
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            word = "greater than" if lo_open else "at least"
+            raise argparse.ArgumentTypeError(f"must be {word} {lo:g}, got {value:g}")
+        if hi is not None and (value >= hi if hi_open else value > hi):
+            word = "less than" if hi_open else "at most"
+            raise argparse.ArgumentTypeError(f"must be {word} {hi:g}, got {value:g}")
+        return value
+
+    return _mark(parse, "real", lo=lo, hi=hi)
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads():
+    """Torch threads: 1 … ``THREADS_PER_CORE`` × the CPU cores."""
+    cores = cpu_cores()
+    hi = THREADS_PER_CORE * cores
+    return integer(1, hi, why=f"{THREADS_PER_CORE} × this machine's {cores} CPU cores")
+
+
+def seed():
+    """A random seed: 0 … 2**63 − 1."""
+    return integer(0, SEED_MAX, why="a 64-bit seed")
+
+
+def int_list(lo: int, hi: int, *, most: int, why: str = ""):
+    """Comma-separated whole numbers, each in ``[lo, hi]``, at most ``most`` of them.
+
+    Example:
+        >>> int_list(1, 1024, most=8)("4, 16,64")
+        [4, 16, 64]
+    """
+    one = integer(lo, hi, why=why)
+
+    def parse(raw: str) -> list[int]:
+        parts = [p for p in raw.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers, got {_show(raw)}")
+        if len(parts) > most:
+            raise argparse.ArgumentTypeError(f"must list at most {most} numbers, got {len(parts)}")
+        values = []
+        for p in parts:
+            try:
+                values.append(one(p))
+            except argparse.ArgumentTypeError:
+                raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers from {lo} "
+                                                 f"to {hi}, got {_show(p.strip())}") from None
+        return values
+
+    return _mark(parse, "int_list", lo=lo, hi=hi, most=most)
+
+
+# Stands for the argument in a text error; Parser.error puts in the flag (or "the text").
+_ARG = "<arg>"
+
+
+def _checked(raw: str) -> str:
+    try:
+        return clean_text(raw, what=_ARG)
+    except TextError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def text(*, most: int = 1_000_000):
+    """Any text (the input of a model): valid UTF-8, a leading BOM dropped, at most ``most``
+    characters (a model's own length limit is checked later, in its tokens)."""
+
+    def parse(raw: str) -> str:
+        value = _checked(raw)
+        if len(value) > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most} characters, got {len(value)}")
+        return value
+
+    return _mark(parse, "text", most=most)
+
+
+def word():
+    """A word of the text, ``WORD@N`` or a token index (decided later, against the text)."""
+
+    def parse(raw: str) -> str:
+        value = _checked(raw)
+        if len(value) > 1000:
+            raise argparse.ArgumentTypeError(f"must be a word or an index, got {len(value)} characters")
+        return value
+
+    return _mark(parse, "word")
+
+
+def path():
+    """A file or directory name: not empty, no NUL byte, valid UTF-8 (``~`` is expanded later)."""
+
+    def parse(raw: str) -> str:
+        if not raw:
+            raise argparse.ArgumentTypeError("must not be empty")
+        if "\0" in raw:
+            raise argparse.ArgumentTypeError(f"must not contain a NUL byte, got {_show(raw)}")
+        value = _checked(raw)
+        if len(value.encode("utf-8")) > 4096:
+            raise argparse.ArgumentTypeError("is longer than any path (4096 bytes)")
+        return value
+
+    return _mark(parse, "path")
+
+
+def name():
+    """A model or probe name, or a path (known names are looked up by the command)."""
+    parse = path()
+    return _mark(parse, "name")
+
+
+def validates(action: argparse.Action) -> bool:
+    """Whether ``action``'s value goes through a check of this module (or needs none)."""
+    if action.nargs == 0 or isinstance(action, (argparse._SubParsersAction, argparse._HelpAction,
+                                                argparse._VersionAction)):
+        return True  # flags and sub-commands take no value
+    if action.choices is not None:
+        return True  # argparse refuses anything else
+    return hasattr(action.type, MARK)
+
+
+def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> list[str]:
+    """``"qkv explain --top"`` for every option of every command that skips this module."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                out += unchecked_options(sub, f"{prefix} {command}")
+        elif not validates(action):
+            out.append(f"{prefix} {action.option_strings[0] if action.option_strings else action.dest}")
+    return out
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``qkv: error: <message>``, exit code 2.
+
+    argparse's own format is a usage block and ``qkv explain: error: argument --top: …``;
+    the usage is one ``--help`` away, and the command is named at the end instead.
+    """
+
+    def error(self, message: str):  # argparse's signature
+        print(f"qkv: error: {_one_line(message, self.prog)}", file=sys.stderr)
+        self.exit(2)
+
+
+def _one_line(message: str, prog: str) -> str:
+    """argparse's ``argument --top: must be …`` → ``--top must be …``; other messages (a missing
+    argument, an unknown option) point to the command's ``--help``."""
+    m = re.match(r"argument ([^:]+?): (.*)$", message, re.S)
+    if m and m.group(2).startswith(_ARG):  # text that is not valid UTF-8
+        flag = m.group(1).split("/")[0]
+        message = m.group(2).replace(_ARG, flag if flag.startswith("-") else "the text", 1)
+    elif m and m.group(2).startswith(("must ", "is ")):  # one of this module's checks
+        message = f"{m.group(1).split('/')[0]} {m.group(2)}"
+    else:
+        if m:
+            message = f"{m.group(1).split('/')[0]}: {m.group(2)}"
+        message += f" (see {prog} --help)"
+    return " ".join(message.split())

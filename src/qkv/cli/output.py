@@ -1,0 +1,92 @@
+"""Writing a command's results: whole JSON documents, and a clean end when stdout fails.
+
+Two rules every command follows:
+
+* **A result is built completely before a byte of it is written.** :func:`print_json` renders
+  the whole document first, so a value that cannot be written (NaN from a broken model) ends
+  the command with one error line and nothing on stdout, never half a JSON object.
+* **A failed write is one line, not a traceback.** ``qkv explain … > /dev/full`` fails when
+  Python flushes stdout; :func:`finish_output` flushes it while the command can still say so
+  (``qkv: error: cannot write the output: No space left on device``, exit 2), then points
+  stdout at ``/dev/null`` so the interpreter's own flush at exit cannot fail a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from qkv.errors import QkvError
+
+
+def print_json(obj, **kw) -> None:
+    """Write ``obj`` as one JSON document and a newline, all or nothing.
+
+    Raises:
+        QkvError: ``obj`` holds NaN or ±inf (strict JSON has no spelling for them); nothing is
+            written.
+
+    Example:
+        >>> print_json({"a": [1, 2.5]})
+        {"a": [1, 2.5]}
+    """
+    try:
+        text = json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        where = _first_non_finite(obj)
+        raise QkvError(f"the result holds a non-finite number{where}: the model's weights or "
+                       f"input give NaN or infinity, so there is nothing true to show") from None
+    sys.stdout.write(text + "\n")
+
+
+def _first_non_finite(obj, path: str = "") -> str:
+    """`` at <path>`` of the first NaN/inf in a JSON-like object, or ``""``."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return f" at {path or 'the top'}"
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _first_non_finite(value, f"{path}[{key!r}]" if isinstance(key, str) else f"{path}[{key}]")
+        if found:
+            return found
+    return ""
+
+
+def finish_output(code: int) -> int:
+    """Flush stdout; on a failed write print one error line and return 2, else ``code``."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (qkv … | head): not an error of qkv's
+        _silence_stdout()
+        return code
+    except OSError as e:
+        _silence_stdout()
+        print(f"qkv: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return code
+
+
+def write_failed(e: OSError) -> int:
+    """The exit code for an ``OSError`` a command raised (a file or stdout it could not use)."""
+    if isinstance(e, BrokenPipeError):
+        _silence_stdout()
+        return 0
+    where = f"{e.filename}: " if e.filename else "cannot write the output: "
+    if not e.filename:
+        _silence_stdout()
+    print(f"qkv: error: {where}{e.strerror or e}", file=sys.stderr)
+    return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null so the flush at exit has nowhere to fail."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO (tests) or a closed stream
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

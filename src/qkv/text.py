@@ -1,0 +1,105 @@
+"""Text from outside (argv, standard input, files) → ``str``, decoded in one place.
+
+Text reaches qkv three ways, and each carries bytes that are not UTF-8 differently:
+
+* **command-line arguments** arrive as ``str`` already decoded by Python with
+  ``surrogateescape`` (PEP 383): a byte ``0xff`` becomes the lone surrogate ``U+DCFF``;
+* **standard input and files** are read as ``bytes`` and decoded here;
+* **library callers** pass ``str``; one built with ``surrogateescape`` or holding a lone
+  surrogate (``"\\ud800"``) cannot be encoded, and the tokenizer would fail on it with a
+  ``TypeError``.
+
+:func:`clean_text` turns all three into valid text or raises :class:`TextError` (a
+``ValueError``) naming the first bad byte and its position in bytes::
+
+    the text is not valid UTF-8 (byte 0xff at position 8)
+
+A leading UTF-8 byte-order mark (``EF BB BF``, ``U+FEFF``) is dropped: editors on Windows write
+one, and it is not a word. :func:`check_text` only checks (the library uses it: dropping a
+character there would shift the character offsets the caller gets back).
+
+Example:
+    >>> clean_text(b"\\xef\\xbb\\xbfthe cat")
+    'the cat'
+    >>> clean_text(b"the cat \\xff is red")
+    Traceback (most recent call last):
+    qkv.text.TextError: the text is not valid UTF-8 (byte 0xff at position 8)
+"""
+
+from __future__ import annotations
+
+from qkv.errors import QkvError
+
+BOM = "\ufeff"
+
+
+class TextError(QkvError):
+    """Text that is not valid UTF-8 (a ``ValueError``, like every :class:`QkvError`)."""
+
+
+def _surrogate_error(text: str, index: int, what: str) -> TextError:
+    char = ord(text[index])
+    position = len(text[:index].encode("utf-8", "surrogateescape"))
+    if 0xDC80 <= char <= 0xDCFF:  # a byte that surrogateescape could not decode
+        return TextError(f"{what} is not valid UTF-8 (byte 0x{char - 0xDC00:02x} at position {position})")
+    return TextError(f"{what} is not valid Unicode (a lone surrogate U+{char:04X} at position "
+                     f"{position})")
+
+
+def check_text(text: str, *, what: str = "the text") -> str:
+    """``text`` unchanged, or :class:`TextError` when it holds a lone surrogate (an undecodable
+    byte carried by ``surrogateescape``, or a broken UTF-16 pair).
+
+    Example:
+        >>> check_text("naïve café")
+        'naïve café'
+    """
+    if not isinstance(text, str):
+        raise TextError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _surrogate_error(text, e.start, what) from None
+    return text
+
+
+def decode(data: bytes, *, what: str = "the text") -> str:
+    """UTF-8 bytes → ``str``; :class:`TextError` naming the first bad byte. No BOM handling.
+
+    Example:
+        >>> decode("é".encode())
+        'é'
+    """
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TextError(f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x} at position "
+                        f"{e.start})") from None
+
+
+def clean_text(data: str | bytes, *, what: str = "the text") -> str:
+    """Bytes or a ``str`` from outside → checked text without a leading byte-order mark."""
+    text = decode(data, what=what) if isinstance(data, (bytes, bytearray)) else check_text(data, what=what)
+    return text[1:] if text.startswith(BOM) else text
+
+
+def read_lines(stream, *, what: str = "line"):
+    """``(number, text_or_error)`` for each line of a binary stream (numbers from 1).
+
+    Each line is decoded on its own, so one bad line does not end the stream: it comes back as
+    a :class:`TextError` in place of its text. The first line's BOM is dropped; line ends are
+    removed.
+
+    Example:
+        >>> import io
+        >>> [(n, str(t)) for n, t in read_lines(io.BytesIO(b"\\xef\\xbb\\xbfa\\n\\xffb\\n"))]
+        [(1, 'a'), (2, 'line 2 is not valid UTF-8 (byte 0xff at position 0)')]
+    """
+    for number, raw in enumerate(stream, 1):
+        raw = raw.rstrip(b"\r\n")
+        try:
+            line = decode(raw, what=f"{what} {number}")
+        except TextError as e:
+            yield number, e
+            continue
+        yield number, line[1:] if number == 1 and line.startswith(BOM) else line
