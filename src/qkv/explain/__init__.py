@@ -10,7 +10,8 @@ plus printing: ``--json`` prints ``to_dict()``.
   head for one token, ranked (``qkv explain TEXT``)
 * ``explain_head(model, text, *, token, layer, head, words)`` → :class:`HeadSteps`: one head's
   arithmetic redone in float64 (``qkv explain TEXT --layer L --head H``)
-* ``attention_map(model, text, *, layer, head, words)`` → :class:`AttentionMap`: one head's map
+* ``attention_map(model, text, *, layer, head, words)`` → :class:`AttentionMap`: one head's map;
+  ``attention_maps(model, text, *, words)`` → :class:`AttentionMaps`: every head's, one forward
 * ``heads(model, text, *, source, target)`` → :class:`HeadRanking` (``qkv heads TEXT --from A
   --to B`` prints its ``"heads"`` list)
 * ``probe(model, name="coref")`` → :class:`ProbeResult` (``qkv heads --probe coref``: its
@@ -69,14 +70,14 @@ Where things are:
 from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
 from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
 from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
-from qkv.explain.maps import AttentionMap, attention_map
+from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
 from qkv.explain.overview import HeadRow, Overview, explain
 from qkv.explain.steps import HeadSteps, explain_head
 from qkv.explain.wording import ArgumentError, Message
 
 __all__ = [
-    "ArgumentError", "AttentionMap", "CrossAttention", "CrossHeadSteps", "HeadRanking", "HeadRow",
+    "ArgumentError", "AttentionMap", "AttentionMaps", "CrossAttention", "CrossHeadSteps", "HeadRanking", "HeadRow",
     "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
-    "attention_map", "cross_attention", "cross_attention_head", "explain",
+    "attention_map", "attention_maps", "cross_attention", "cross_attention_head", "explain",
     "explain_head", "heads", "no_projection", "probe",
 ]

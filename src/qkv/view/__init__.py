@@ -1,0 +1,19 @@
+"""``qkv view``: a local, offline web viewer for attention — the page shows, the library computes.
+
+Where things are (a newcomer finds "where is the step panel drawn" and "where are its numbers
+computed" in two different files):
+
+* ``api.py``    — the JSON API: a request's fields checked, a :mod:`qkv.explain` result's
+  ``to_dict()`` returned. Models are loaded once and shared (one lock around torch calls).
+* ``server.py`` — the Starlette app (routes, body limits, static files, errors as JSON) and the
+  uvicorn runner bound to 127.0.0.1.
+* ``page.py``   — the page itself as one HTML string: the static files inlined, a
+  Content-Security-Policy, and (for ``--html`` and notebooks) the API's answers embedded.
+* ``export.py`` — ``qkv view TEXT --html FILE``: precompute the answers a page needs, write one
+  self-contained file.
+* ``static/``   — ``index.html``, ``style.css``, ``app.js``: plain HTML/SVG/canvas, no build step,
+  no network access beyond the server that sent them.
+
+Nothing is imported here, so ``qkv.explain`` can reach :mod:`qkv.view.page` (for
+``_repr_html_``) without pulling in the server.
+"""

@@ -1,0 +1,313 @@
+"""The viewer's JSON API: a request's fields checked, a :mod:`qkv.explain` result returned.
+
+The page never computes attention: every number it shows is a field of a ``to_dict()`` answered
+here. One endpoint per kind of result (the request body is a JSON object; ``model`` and ``text``
+name what to run, the other fields are the library's arguments)::
+
+    overview     explain(model, text, token, words)           → Overview.to_dict() + sizes
+    steps        explain_head(model, text, token, layer, head, words) → HeadSteps.to_dict()
+    map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
+    maps         every head's map at once (short texts only: the model view's thumbnails)
+    probe        probe(model, "coref").to_dict()               (the best heads the model view marks)
+    cross        cross_attention(checkpoint, text, token).to_dict()     (translation model)
+    cross_steps  cross_attention_head(checkpoint, text, token, layer, head).to_dict()
+
+Every field is checked before anything runs; a bad one is an :class:`ApiError` (HTTP 4xx) whose
+JSON names the field: ``{"error": {"field": "layer", "message": "layer 9 is out of range …"}}``.
+
+Models are loaded once, on first use, and shared by every request; torch calls run one at a time
+under :attr:`Models.lock` (a forward is not re-entrant with traces, and two at once would only
+fight for the same cores). Answers are kept in a small LRU (bounded in bytes), so a page going
+back and forth between heads costs one forward per text.
+
+    >>> api = Api(Models(["minilm"]))
+    >>> api.handle("steps", {"text": "the cat sat", "token": 2, "layer": 0, "head": 1})["token"]
+    'cat'
+    >>> api.handle("steps", {"text": "the cat sat", "layer": 9, "head": 0})
+    Traceback (most recent call last):
+    ...
+    qkv.view.api.ApiError: layer: layer 9 is out of range: all-MiniLM-L6-v2 has 6 layers (0–5)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from qkv.errors import QkvError
+from qkv.explain import (
+    ArgumentError, attention_maps, cross_attention, cross_attention_head, explain, explain_head, probe,
+)
+from qkv.explain.forward import check_layer_head
+from qkv.view import answers
+
+MAX_TEXT_CHARS = 6000  # a 512-token BERT input is ~2,500 characters; the model's own limit applies too
+MAX_TOKEN_CHARS = 100
+MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts; longer ones go per head
+CACHE_BYTES = 256 * 2**20  # answers and per-text maps kept, at most
+METHODS = {"weight": "attention weights, as the forward computed them"}
+ENDPOINTS = ("overview", "steps", "map", "maps", "probe", "cross", "cross_steps")
+
+
+class ApiError(QkvError):
+    """A request the API refuses: ``status`` (4xx), the ``field`` at fault and a message."""
+
+    def __init__(self, field: str | None, message: str, status: int = 422):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field, self.message, self.status = field, message, status
+
+    def to_dict(self) -> dict:
+        return {"error": {"field": self.field, "message": self.message}}
+
+
+# -- fields ------------------------------------------------------------------------------------
+def _string(body: dict, field: str, *, limit: int, required: bool = False) -> str | None:
+    value = body.get(field)
+    if value is None:
+        if required:
+            raise ApiError(field, f"{field} is required")
+        return None
+    if not isinstance(value, str):
+        raise ApiError(field, f"{field} must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise ApiError(field, f"{field} is {len(value)} characters; the limit is {limit}", 413)
+    return value
+
+
+def _integer(body: dict, field: str, *, required: bool = False) -> int | None:
+    value = body.get(field)
+    if value is None:
+        if required:
+            raise ApiError(field, f"{field} is required")
+        return None
+    # bool is an int in Python; JSON true is not a layer number
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(field, f"{field} must be an integer, got {json.dumps(value)[:40]}")
+    if not 0 <= value < 2**31:
+        raise ApiError(field, f"{field} {value} is out of range (counting from 0)")
+    return value
+
+
+def _boolean(body: dict, field: str) -> bool:
+    value = body.get(field, False)
+    if not isinstance(value, bool):
+        raise ApiError(field, f"{field} must be true or false, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _token(body: dict) -> str | None:
+    """``token``: an index (int), a word, ``"word@N"``, or absent (the last word)."""
+    value = body.get("token")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ApiError("token", f"token {value} is out of range (counting from 0)")
+        return str(value)
+    return _string(body, "token", limit=MAX_TOKEN_CHARS)
+
+
+# The fields each endpoint takes (``model`` and ``text`` aside).
+FIELDS = {
+    "overview": {"token", "words", "method"},
+    "steps": {"token", "layer", "head", "words"},
+    "map": {"layer", "head", "words", "method"},
+    "maps": {"words", "method"},
+    "probe": set(),
+    "cross": {"token"},
+    "cross_steps": {"token", "layer", "head"},
+}
+
+
+# -- models ------------------------------------------------------------------------------------
+class Models:
+    """The models a viewer may run (names or directories given at start), each loaded once.
+
+    A page may only name one of ``names``: a request cannot make the server read another path.
+    ``kind(name)`` is ``"self"`` (BERT, GPT-2: :func:`qkv.load`) or ``"translation"`` (a
+    :class:`~qkv.translate.checkpoint.Checkpoint`).
+    """
+
+    def __init__(self, names: Sequence[str], *, loader: Callable[[str], Any] | None = None):
+        if not names:
+            raise ValueError("a viewer needs at least one model")
+        self.names = list(dict.fromkeys(str(n) for n in names))
+        self.lock = threading.RLock()
+        self._loaded: dict[str, tuple[str, Any]] = {}
+        self._loader = loader
+
+    @property
+    def default(self) -> str:
+        return self.names[0]
+
+    def kind(self, name: str) -> str:
+        from qkv.translate.checkpoint import is_translation_model
+
+        return "translation" if is_translation_model(name) else "self"
+
+    def get(self, name: str) -> tuple[str, Any]:
+        """(kind, model or checkpoint), loading it the first time (under the lock)."""
+        if name not in self.names:
+            raise ApiError("model", f"model {name!r} is not served here; choose one of: "
+                           f"{', '.join(self.names)}")
+        with self.lock:
+            if name not in self._loaded:
+                kind = self.kind(name)
+                if self._loader is not None:
+                    loaded = self._loader(name)
+                elif kind == "translation":
+                    from qkv.translate.checkpoint import load_checkpoint
+
+                    loaded = load_checkpoint(name)
+                else:
+                    from qkv.models import load
+
+                    loaded = load(name)
+                self._loaded[name] = (kind, loaded)
+            return self._loaded[name]
+
+    def info(self, name: str) -> dict:
+        kind, m = self.get(name)
+        if kind == "translation":
+            c = m.model.config
+            return {"name": name, "kind": kind, "layers": c.decoder_layers, "heads": c.num_heads}
+        return {"name": name, "kind": kind, "layers": len(m.layers),
+                "heads": m.layers[0].self_attn.num_heads}
+
+
+class _Lru:
+    """A least-recently-used cache bounded by the summed ``size`` of its values (thread-safe)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key][0]
+        return None
+
+    def put(self, key, value, size: int) -> None:
+        with self._lock:
+            if key in self._items:
+                self.bytes -= self._items.pop(key)[1]
+            self._items[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes and len(self._items) > 1:
+                self.bytes -= self._items.popitem(last=False)[1][1]
+
+
+# -- the API -----------------------------------------------------------------------------------
+class Api:
+    """``handle(endpoint, body)`` → the JSON-ready answer, or :class:`ApiError`."""
+
+    def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES):
+        self.models = models
+        self._answers = _Lru(cache_bytes // 2)
+        self._map_cache = _Lru(cache_bytes // 2)
+
+    def info(self) -> dict:
+        return {"models": [{"name": n, "kind": self.models.kind(n)} for n in self.models.names],
+                "default_model": self.models.default, "methods": METHODS,
+                "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS}}
+
+    def handle(self, endpoint: str, body: dict) -> dict:
+        if endpoint not in ENDPOINTS:
+            raise ApiError("endpoint", f"no endpoint {endpoint!r}; the endpoints are: "
+                           f"{', '.join(ENDPOINTS)}", 404)
+        if not isinstance(body, dict):
+            raise ApiError("body", "the body must be a JSON object", 400)
+        allowed = FIELDS[endpoint] | {"model", "text"}
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise ApiError(unknown[0], f"unknown field {unknown[0]!r} for {endpoint}; it takes: "
+                           f"{', '.join(sorted(allowed))}")
+        model = _string(body, "model", limit=4096) or self.models.default
+        kind, loaded = self.models.get(model)
+        wants = "translation" if endpoint.startswith("cross") else "self"
+        if kind != wants:
+            raise ApiError("model", f"model {model!r} is a {kind} model; {endpoint} needs a "
+                           f"{'translation' if wants == 'translation' else 'self-attention'} model")
+        text = _string(body, "text", limit=MAX_TEXT_CHARS, required=endpoint != "probe")
+        if text is not None and not text.strip():
+            raise ApiError("text", "text is empty; type a sentence")
+        method = body.get("method", "weight")
+        if method not in METHODS:
+            raise ApiError("method", f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
+        args = {"token": _token(body), "layer": _integer(body, "layer"),
+                "head": _integer(body, "head"), "words": _boolean(body, "words")}
+        for field in ("layer", "head"):
+            if field in FIELDS[endpoint] and args[field] is None:
+                raise ApiError(field, f"{field} is required")
+        try:
+            answer = getattr(self, "_" + endpoint)(loaded, text, **args)
+        except ArgumentError as e:
+            raise ApiError(e.argument, str(e)) from None
+        except ApiError:
+            raise
+        except QkvError as e:  # an empty text, too many tokens, a word the model does not know
+            raise ApiError("text", str(e)) from None
+        return answer
+
+    def answer(self, endpoint: str, body: dict) -> bytes:
+        """:meth:`handle`'s answer as JSON bytes, kept in the LRU (the server sends these)."""
+        key = json.dumps([endpoint, body], sort_keys=True) if isinstance(body, dict) else None
+        cached = self._answers.get(key) if key is not None else None
+        if cached is None:
+            cached = json.dumps(self.handle(endpoint, body), allow_nan=False,
+                                ensure_ascii=False).encode()
+            self._answers.put(key, cached, len(cached))
+        return cached
+
+    # Each runs the library under the lock and returns its answer (:mod:`qkv.view.answers`).
+    # ``args`` an endpoint does not take are None/False and ignored.
+    def _overview(self, model, text, *, token, words, **_):
+        with self.models.lock:
+            return answers.overview(explain(model, text, token=token, words=words))
+
+    def _steps(self, model, text, *, token, layer, head, words):
+        with self.models.lock:
+            return answers.steps(explain_head(model, text, token=token, layer=layer, head=head,
+                                              words=words))
+
+    def _all_maps(self, model, text, words):
+        key = (id(model), text, words)
+        maps = self._map_cache.get(key)
+        if maps is None:
+            with self.models.lock:
+                maps = attention_maps(model, text, words=words)
+            # float32 halves the cache; token-level weights are the forward's float32 anyway
+            maps = replace(maps, weights=maps.weights.float())  # (L, H, U, U)
+            self._map_cache.put(key, maps, maps.weights.numel() * 4)
+        return maps
+
+    def _map(self, model, text, *, layer, head, words, **_):
+        check_layer_head(model, layer, head)
+        return answers.head_map(self._all_maps(model, text, words).head(layer, head))
+
+    def _maps(self, model, text, *, words, **_):
+        with self.models.lock:
+            n = len(model.tokenizer.encode(text).ids)
+        if n > MAX_WHOLE_MAPS_UNITS:
+            raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
+                           f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
+        return answers.all_maps(self._all_maps(model, text, words))
+
+    def _probe(self, model, text, **_):
+        with self.models.lock:
+            return answers.probe(probe(model, "coref"))
+
+    def _cross(self, ckpt, text, *, token, **_):
+        with self.models.lock:
+            return answers.cross(cross_attention(ckpt, text, token=token))
+
+    def _cross_steps(self, ckpt, text, *, token, layer, head, **_):
+        with self.models.lock:
+            return answers.cross_steps(cross_attention_head(ckpt, text, token=token, layer=layer,
+                                                            head=head))

@@ -1,0 +1,104 @@
+"""The page as one HTML string: ``static/index.html`` with its style and script put in place.
+
+Two forms, one template:
+
+* **served** (:func:`page_html` without answers): ``<link>``/``<script src>`` to ``/static/…``;
+  the server sends a Content-Security-Policy header allowing its own origin only.
+* **standalone** (with answers — ``qkv view TEXT --html FILE`` and the results' ``_repr_html_``):
+  style, script and the API's answers inlined; a ``<meta>`` Content-Security-Policy that allows
+  exactly that style and script (by sha256) and **no network access at all** (``connect-src
+  'none'``, nothing loaded from anywhere). It works from ``file://``.
+
+:func:`iframe` wraps a standalone page for a notebook: ``srcdoc`` in a sandboxed iframe (scripts
+allowed, no same-origin), so the page and the notebook's scripts cannot reach each other.
+
+Nothing here imports :mod:`qkv.explain` (it imports this module).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+from pathlib import Path
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+               ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml",
+               ".txt": "text/plain; charset=utf-8", ".json": "application/json"}
+
+
+def static_files(static_dir: Path = STATIC_DIR) -> dict[str, tuple[bytes, str]]:
+    """Every plain file directly in ``static_dir`` with a known type: name → (bytes, media type).
+
+    Read once: the server answers from this dict, so no request can reach another file.
+    """
+    out = {}
+    for path in sorted(Path(static_dir).iterdir()):
+        if path.is_file() and not path.is_symlink() and path.suffix in MEDIA_TYPES:
+            out[path.name] = (path.read_bytes(), MEDIA_TYPES[path.suffix])
+    return out
+
+
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def _json_in_html(data) -> str:
+    # Inside <script type="application/json"> only "</script" could end the block early.
+    text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
+    """The page: served (``embed`` None) or standalone with ``embed`` inlined (see the module doc).
+
+    ``embed``: ``{"model", "text", "state", "info", "answers": {answer_key: answer}}``.
+    """
+    static_dir = Path(static_dir)
+    template = (static_dir / "index.html").read_text(encoding="utf-8")
+    if embed is None:
+        parts = {"csp": "", "data": "",
+                 "style": '<link rel="stylesheet" href="/static/style.css">',
+                 "script": '<script src="/static/app.js"></script>'}
+    else:
+        style = (static_dir / "style.css").read_text(encoding="utf-8")
+        script = (static_dir / "app.js").read_text(encoding="utf-8")
+        csp = (f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)}; "
+               "img-src data: blob:; connect-src 'none'; font-src 'none'; base-uri 'none'; "
+               "form-action 'none'")
+        parts = {"csp": f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+                 "style": f"<style>{style}</style>", "script": f"<script>{script}</script>",
+                 "data": f'<script type="application/json" id="qkv-data">{_json_in_html(embed)}</script>'}
+    for name, value in parts.items():
+        template = template.replace(f"<!--qkv:{name}-->", value)
+    return template
+
+
+def standalone(answers: dict, *, model: str, text: str, state: dict, info: dict | None = None) -> str:
+    """A self-contained page showing ``answers`` (``{answer_key: answer}``), opened at ``state``."""
+    info = info or {"models": [{"name": model, "kind": "translation" if any(
+        a.get("kind", "").startswith("cross") for a in answers.values()) else "self"}],
+        "default_model": model, "methods": {"weight": "attention weights"}, "limits": {}}
+    return page_html(embed={"model": model, "text": text, "state": state, "info": info,
+                            "answers": answers})
+
+
+def iframe(page: str, *, height: int = 760) -> str:
+    """``page`` in a sandboxed ``srcdoc`` iframe (a notebook's ``_repr_html_``)."""
+    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" sandbox="allow-scripts allow-downloads" '
+            f'width="100%" height="{height}" title="qkv view" '
+            f'style="border:1px solid #8884;width:100%"></iframe>')
+
+
+def result_html(result) -> str:
+    """A :mod:`qkv.explain` result as a notebook shows it: the viewer for its numbers only."""
+    from qkv.view import answers
+
+    endpoint, fields, answer = answers.of_result(result)
+    text, model = answer.get("text", ""), answer.get("model", "")
+    state = {k: v for k, v in fields.items() if v is not None}
+    state["view"] = endpoint
+    return iframe(standalone({answers.answer_key(endpoint, fields): answer}, model=model,
+                             text=text, state=state))

@@ -1,0 +1,172 @@
+"""The viewer's web server: routes, limits, static files, errors as JSON; uvicorn on 127.0.0.1.
+
+Routes (:func:`create_app`)::
+
+    GET  /                the page (static/index.html with the static files inlined: page.py)
+    GET  /static/NAME     one of the files in static/ — a fixed list read at start, so no path
+                          can name anything else (``/static/../server.py`` is a 404)
+    GET  /api/info        the models served, the methods, the limits
+    POST /api/ENDPOINT    a JSON object in, the API's answer out (see :mod:`qkv.view.api`)
+
+Every API error is JSON ``{"error": {"field", "message"}}`` with a 4xx status: a body over
+:data:`MAX_BODY_BYTES` is refused from its ``Content-Length`` before any of it is read (or, sent
+without one, as soon as the bytes read pass the limit); a body that is not a JSON object is a 400.
+Anything unexpected is a JSON 500 without a traceback (the tests require that none happens).
+
+:func:`serve` binds the socket itself — so ``port=0`` picks a free port that can be printed, and
+a port in use is one clear :class:`~qkv.errors.QkvError` — then runs uvicorn until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import socket
+from pathlib import Path
+from typing import Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from qkv.errors import QkvError
+from qkv.view.api import Api, ApiError
+from qkv.view.page import STATIC_DIR, page_html, static_files
+
+MAX_BODY_BYTES = 64 * 1024  # a 6,000-character text and its fields fit several times over
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+log = logging.getLogger("qkv.view")
+
+
+def _error(status: int, field: str | None, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"field": field, "message": message}}, status_code=status)
+
+
+async def read_json(request: Request) -> dict:
+    """The request's JSON object, read at most :data:`MAX_BODY_BYTES` bytes far."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ApiError("body", f"Content-Length {declared[:20]!r} is not a number", 400)
+        if int(declared) > MAX_BODY_BYTES:
+            raise ApiError("body", f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}", 413)
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/json":
+        raise ApiError("body", f"send JSON (Content-Type: application/json), not {kind or 'nothing'}", 415)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError("body", f"the body is over the limit of {MAX_BODY_BYTES} bytes", 413)
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ApiError("body", f"the body is not valid JSON ({str(e)[:80]})", 400) from None
+    if not isinstance(body, dict):
+        raise ApiError("body", "the body must be a JSON object", 400)
+    return body
+
+
+def create_app(api: Api, *, static_dir: Path = STATIC_DIR) -> Starlette:
+    """The Starlette app serving ``api`` and the page. ``static_dir`` is listed once, here."""
+    files = static_files(static_dir)
+    page = page_html(static_dir).encode()
+
+    async def index(request: Request) -> Response:
+        return Response(page, media_type="text/html; charset=utf-8", headers=_page_headers())
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in files:  # the list read at start: nothing else is reachable
+            return _error(404, "path", f"no static file {name[:80]!r}")
+        data, media = files[name]
+        return Response(data, media_type=media, headers={"X-Content-Type-Options": "nosniff"})
+
+    async def info(request: Request) -> Response:
+        return JSONResponse(api.info())
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            body = await read_json(request)
+            data = await run_in_threadpool(api.answer, request.path_params["endpoint"], body)
+        except ApiError as e:
+            return JSONResponse(e.to_dict(), status_code=e.status)
+        return Response(data, media_type="application/json")
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return _error(exc.status_code, "path", f"{exc.detail}: {request.method} {request.url.path[:80]}")
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("qkv view: unexpected error on %s", request.url.path)
+        return _error(500, None, f"internal error ({type(exc).__name__}); see the server's log")
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/static/{name:path}", static, methods=["GET"]),
+        Route("/api/info", info, methods=["GET"]),
+        Route("/api/{endpoint}", endpoint, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error,
+                                                        Exception: server_error})
+
+
+def _page_headers() -> dict[str, str]:
+    # The served page may talk to its own server only; the exported file gets a stricter policy.
+    return {"Content-Security-Policy": "default-src 'none'; script-src 'self' 'unsafe-inline'; "
+            "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'self'",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+# -- running it --------------------------------------------------------------------------------
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port); QkvError when the port is taken."""
+    if not 0 <= port <= 65535:
+        raise QkvError(f"--port {port} is out of range (0–65535; 0 picks a free port)")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise QkvError(f"port {port} on {host} is in use; pick another with --port N, or "
+                           f"--port 0 for a free one") from None
+        raise QkvError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def make_server(app, sock: socket.socket, *, log_level: str = "warning"):
+    """A uvicorn server for ``app`` on ``sock`` (call ``.run(sockets=[sock])``)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False,
+                            timeout_graceful_shutdown=3, limit_concurrency=200)
+    return uvicorn.Server(config)
+
+
+def serve(app, sock: socket.socket, *, on_started: Callable[[], None] | None = None) -> None:
+    """Run ``app`` on ``sock`` until Ctrl-C (uvicorn shuts down open connections, then returns)."""
+    server = make_server(app, sock)
+    if on_started is not None:
+        original = server.startup
+
+        async def startup(sockets=None):
+            await original(sockets=sockets)
+            on_started()
+
+        server.startup = startup
+    server.run(sockets=[sock])

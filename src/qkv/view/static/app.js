@@ -1,0 +1,608 @@
+// qkv view — the page. It shows numbers; it computes none: every weight, vector and difference
+// is a field of an answer from the API (qkv/view/api.py → qkv.explain's to_dict()), or, in an
+// exported file, the same answers embedded in <script id="qkv-data">.
+//
+// One selection drives every view: S = {model, text, words, method, token, layer, head}. It lives
+// in the URL (?text=…&layer=3&head=1&token=12), so a view can be shared and reopened.
+"use strict";
+
+(function () {
+  const EMBED_NODE = document.getElementById("qkv-data");
+  const EMBED = EMBED_NODE ? JSON.parse(EMBED_NODE.textContent) : null;
+  const EXAMPLE = "The dog found some pizza next to the baby and ate it";
+  const DIGITS = 4;          // weights, scores and vector entries are shown with 4 decimals
+  const ALL_LINES_UNTIL = 64; // longer texts: the head view draws the selected token's lines only
+
+  const S = { model: null, text: EXAMPLE, words: false, method: "weight", token: null, layer: 0, head: 0 };
+  const D = { info: null, kind: "self", overview: null, maps: null, map: null, probe: null, cross: null };
+  const $ = (id) => document.getElementById(id);
+
+  // -- small helpers ---------------------------------------------------------------------------
+  function h(tag, attrs, ...children) {
+    const svg = ["svg", "line", "text", "rect", "g", "title", "path"].includes(tag);
+    const el = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "text") el.textContent = v;
+      else if (k === "class") el.setAttribute("class", v);
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) if (c !== null && c !== undefined) el.append(c);
+    return el;
+  }
+  function fmt(v, digits = DIGITS) {
+    if (v === "-inf") return "−∞";
+    if (v === "inf") return "∞";
+    if (v === "nan") return "NaN";
+    return Number(v).toFixed(digits);
+  }
+  function status(msg, isError) {
+    const el = $("status");
+    el.textContent = msg || "";
+    el.classList.toggle("error", !!isError);
+  }
+  function decodeF32(b64) {
+    const bin = atob(b64);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return new Float32Array(bytes.buffer);
+  }
+  function cssColor(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
+
+  // -- data: the API, or the answers embedded in an exported file --------------------------------
+  // The key of an answer: endpoint + the request's fields other than model/text, as canonical
+  // JSON (qkv/view/answers.py: answer_key builds the same string).
+  function answerKey(endpoint, fields) {
+    const kept = {};
+    for (const k of Object.keys(fields).sort()) {
+      if (k !== "model" && k !== "text" && fields[k] !== null && fields[k] !== undefined) kept[k] = fields[k];
+    }
+    return endpoint + JSON.stringify(kept);
+  }
+  class Missing extends Error {}
+  const inflight = new Map();
+  async function ask(endpoint, fields) {
+    if (EMBED) {
+      const a = EMBED.answers[answerKey(endpoint, fields)];
+      if (!a) throw new Missing("not in this exported file — run qkv view to explore every token and head");
+      return a;
+    }
+    const body = JSON.stringify(Object.assign({ model: S.model, text: S.text }, fields));
+    const key = endpoint + body;
+    if (inflight.has(key)) return inflight.get(key);
+    const p = fetch("api/" + endpoint, { method: "POST", headers: { "Content-Type": "application/json" }, body })
+      .then(async (r) => {
+        const data = await r.json();
+        if (!r.ok) {
+          const e = data.error || {};
+          throw new Error((e.field ? e.field + ": " : "") + (e.message || r.statusText));
+        }
+        return data;
+      })
+      .finally(() => inflight.delete(key));
+    inflight.set(key, p);
+    return p;
+  }
+
+  // -- the selection and the URL ---------------------------------------------------------------
+  function readUrl() {
+    let q;
+    try { q = new URLSearchParams(location.search); } catch (e) { return; }
+    if (q.has("text")) S.text = q.get("text");
+    if (q.has("model")) S.model = q.get("model");
+    if (q.has("method")) S.method = q.get("method");
+    S.words = q.get("words") === "1";
+    for (const k of ["layer", "head", "token"]) {
+      if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
+    }
+  }
+  function writeUrl() {
+    if (EMBED) return; // a file:// or srcdoc page keeps its address
+    const q = new URLSearchParams({ model: S.model, text: S.text, method: S.method,
+      layer: S.layer, head: S.head });
+    if (S.words) q.set("words", "1");
+    if (S.token !== null) q.set("token", S.token);
+    try { history.replaceState(null, "", "?" + q.toString()); } catch (e) { /* sandboxed */ }
+  }
+
+  // -- labels: units of the current text ---------------------------------------------------------
+  function queryLabels() { return D.kind === "cross" ? D.cross.french : D.overview ? D.overview.units : []; }
+  function keyLabels() { return D.kind === "cross" ? D.cross.english : D.overview ? D.overview.units : []; }
+  function numLayers() { return D.kind === "cross" ? D.cross.num_layers : D.overview.num_layers; }
+  function numHeads() { return D.kind === "cross" ? D.cross.num_heads : D.overview.num_heads; }
+
+  // -- running ---------------------------------------------------------------------------------
+  async function run() {
+    writeUrl();
+    status("running…");
+    try {
+      if (D.kind === "cross") {
+        D.cross = await ask("cross", { token: S.token });
+        if (S.token === null || S.token >= D.cross.french.length) S.token = D.cross.token ?? 0;
+      } else {
+        D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
+        S.token = D.overview.unit_index;
+        D.maps = null;
+        if (D.overview.units.length <= ((D.info.limits || {}).whole_maps_units || 48)) {
+          try { D.maps = await ask("maps", { words: S.words, method: S.method }); } catch (e) { D.maps = null; }
+        }
+        loadProbe();
+      }
+      S.layer = Math.min(S.layer, numLayers() - 1);
+      S.head = Math.min(S.head, numHeads() - 1);
+      writeUrl();
+      status("");
+      drawTokens(); drawModelView(); await drawHeadView(); await drawSteps();
+    } catch (e) {
+      status(e.message, true);
+      if (!(e instanceof Missing)) console.warn("qkv view:", e.message);
+    }
+  }
+  async function loadProbe() {
+    if (D.probe) return;
+    try {
+      D.probe = await ask("probe", {});
+      if (D.overview) drawModelView();
+    } catch (e) { /* the probe is an extra (an exported file may lack it); the model view works without it */ }
+  }
+  async function selectToken(t) {
+    if (t === S.token) return;
+    S.token = t;
+    if (D.kind === "cross") {
+      writeUrl(); drawTokens(); drawModelView(); await drawHeadView(); await drawSteps();
+    } else {
+      await run();
+    }
+    const b = document.querySelector(`#tokens button[data-token="${t}"]`);
+    if (b && document.activeElement && document.activeElement.closest("#tokens")) b.focus();
+  }
+  async function selectHead(layer, head) {
+    S.layer = layer; S.head = head;
+    writeUrl(); drawModelView(); await drawHeadView(); await drawSteps();
+  }
+
+  // -- tokens ----------------------------------------------------------------------------------
+  function drawTokens() {
+    const box = $("tokens");
+    box.replaceChildren();
+    const labels = queryLabels();
+    const special = D.kind === "cross" ? labels.map((t) => t === "[EOS]") : D.overview.special;
+    const focus = D.kind === "self" ? D.overview.units.indexOf(D.overview.focus) : -1;
+    labels.forEach((label, i) => {
+      box.append(h("button", { type: "button", "data-token": i, "aria-pressed": i === S.token ? "true" : "false",
+        class: (special[i] ? "special " : "") + (D.kind === "self" && D.overview.focus === label && i === focus ? "focus" : ""),
+        title: `${D.kind === "cross" ? "French token" : D.overview.words ? "word" : "token"} ${i}`,
+        onclick: () => selectToken(i) }, label));
+    });
+    $("tokens-title").firstChild.textContent = D.kind === "cross" ? "French tokens (queries) " : (S.words ? "Words " : "Tokens ");
+  }
+  $("tokens").addEventListener("keydown", (ev) => {
+    const n = queryLabels().length;
+    if (ev.key === "ArrowRight" && S.token < n - 1) { ev.preventDefault(); selectToken(S.token + 1); }
+    if (ev.key === "ArrowLeft" && S.token > 0) { ev.preventDefault(); selectToken(S.token - 1); }
+  });
+
+  // -- model view: every layer × head for the selected token --------------------------------------
+  function headRows() {
+    // [{layer, head, weights (row over keys), max, argmax, rank, note, mark}] for the selected token
+    const rows = [];
+    if (D.kind === "cross") {
+      const c = D.cross, j = S.token, gold = c.gold && j < c.gold.length ? c.gold[j] : null;
+      let best = -1;
+      if (c.alignment) for (const r of c.alignment) for (const v of r) best = Math.max(best, v);
+      for (let l = 0; l < c.num_layers; l++) for (let hh = 0; hh < c.num_heads; hh++) {
+        const w = c.weights[l][hh][j];
+        let am = 0; w.forEach((v, i) => { if (v > w[am]) am = i; });
+        const count = c.alignment ? c.alignment[l][hh] : null;
+        rows.push({ layer: c.layers[l], head: hh, weights: w, max: w[am], argmax: c.english[am],
+          onGold: gold ? gold.includes(am) : null, count, mark: count !== null && count === best });
+      }
+      rows.sort((a, b) => (b.count ?? 0) - (a.count ?? 0) || b.max - a.max || a.layer - b.layer || a.head - b.head);
+    } else {
+      const probeBest = new Set();
+      if (D.probe) D.probe.heads.slice(0, 3).forEach((p) => probeBest.add(p.layer + ":" + p.head));
+      for (const r of D.overview.heads) {
+        rows.push({ layer: r.layer, head: r.head, weights: r.weights, max: r.max_weight, argmax: r.argmax,
+          entropy: r.entropy_bits, focus: r.highlighted, mark: probeBest.has(r.layer + ":" + r.head) });
+      }
+    }
+    rows.forEach((r, i) => { r.rank = i + 1; });
+    return rows;
+  }
+  function drawModelView() {
+    const grid = $("grid");
+    grid.replaceChildren();
+    const L = numLayers(), H = numHeads(), rows = headRows();
+    const byHead = new Map(rows.map((r) => [r.layer + ":" + r.head, r]));
+    grid.style.gridTemplateColumns = `2.5em repeat(${H}, minmax(0, 1fr))`;
+    grid.append(h("span", { class: "collabel" }, ""));
+    for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, "H" + hh));
+    const layers = D.kind === "cross" ? D.cross.layers : [...Array(L).keys()];
+    const whole = D.kind === "self" && D.maps;
+    for (const l of layers) {
+      grid.append(h("span", { class: "rowlabel" }, "L" + l));
+      for (let hh = 0; hh < H; hh++) {
+        const r = byHead.get(l + ":" + hh);
+        const cv = h("canvas", {});
+        if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
+        const label = D.kind === "cross"
+          ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
+            (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
+          : `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
+            (r.focus ? ", highlighted" : "") + (r.mark ? ", a best coref-probe head" : "");
+        grid.append(h("button", { type: "button", class: "cell" + (whole ? " whole" : "") + (r.focus ? " focus" : "") +
+            (l === S.layer && hh === S.head ? " selected" : ""),
+          "data-layer": l, "data-head": hh, "aria-label": label, title: label,
+          "aria-pressed": l === S.layer && hh === S.head ? "true" : "false",
+          onclick: () => selectHead(l, hh) },
+          cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
+          r.mark ? h("span", { class: "mark" }, D.kind === "cross" ? "★ gold" : "★ probe") : null));
+      }
+    }
+    const hint = D.kind === "cross"
+      ? "per head: the selected French token's weights over the English; ranked by words on the gold alignment (★: the best heads)"
+      : `ranked by the largest weight in the row (#1 = most focused), as qkv explain ranks them; ` +
+        `${whole ? "whole maps (the selected row outlined)" : "bars: the selected token's row"}; ` +
+        `★ probe: the coref probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
+        (D.overview.focus ? `; bold border: heads whose largest weight is on “${D.overview.focus}”` : "");
+    $("model-hint").textContent = "— " + hint;
+    const ol = $("ranking");
+    ol.replaceChildren();
+    for (const r of rows.slice(0, 12)) {
+      ol.append(h("li", {}, h("button", { type: "button", onclick: () => selectHead(r.layer, r.head) },
+        `L${r.layer} H${r.head} → ${r.argmax} ${fmt(r.max)}` +
+        (r.entropy !== undefined ? ` (entropy ${fmt(r.entropy, 2)} bits)` : "") +
+        (r.count !== null && r.count !== undefined ? ` (gold ${r.count}/${D.cross.gold.length})` : "") +
+        (r.focus ? " ◆" : "") + (r.mark ? " ★" : ""))));
+    }
+  }
+  function heatRgb() { return cssColor("--heat").split(",").map(Number); }
+  function drawRowThumb(cv, w) {
+    const n = w.length; cv.width = Math.max(n, 1); cv.height = 12;
+    const ctx = cv.getContext("2d"), [r, g, b] = heatRgb();
+    for (let i = 0; i < n; i++) {
+      const v = Number(w[i]) || 0;
+      ctx.fillStyle = `rgba(${r},${g},${b},${Math.max(0.04, v)})`;
+      ctx.fillRect(i, 12 - Math.max(1, v * 12), 1, Math.max(1, v * 12));
+    }
+  }
+  function drawWholeThumb(cv, l, hh) {
+    const [, , U] = D.maps.shape, data = mapsData();
+    cv.width = U; cv.height = U;
+    const ctx = cv.getContext("2d"), img = ctx.createImageData(U, U), [r, g, b] = heatRgb();
+    const off = ((l * D.maps.shape[1]) + hh) * U * U;
+    for (let i = 0; i < U * U; i++) {
+      img.data[4 * i] = r; img.data[4 * i + 1] = g; img.data[4 * i + 2] = b;
+      img.data[4 * i + 3] = Math.round(255 * Math.min(1, data[off + i]));
+    }
+    ctx.putImageData(img, 0, 0);
+    ctx.strokeStyle = cssColor("--focus"); ctx.lineWidth = 1;
+    ctx.strokeRect(0, S.token + 0.5, U, 0);
+  }
+  function mapsData() {
+    if (!D.maps._f32) D.maps._f32 = decodeF32(D.maps.weights);
+    return D.maps._f32;
+  }
+
+  // -- head view: lines and heat map of one head ---------------------------------------------------
+  // The current head's map: {rows: labels (queries), cols: labels (keys), n, m, get(i, j), gold}
+  async function currentMap() {
+    if (D.kind === "cross") {
+      const c = D.cross, li = c.layers.indexOf(S.layer), w = c.weights[li][S.head];
+      return { rows: c.french, cols: c.english, n: c.french.length, m: c.english.length,
+        get: (i, j) => w[i][j], gold: c.gold, layer: S.layer, head: S.head };
+    }
+    let data, U;
+    if (D.maps) {
+      U = D.maps.shape[2];
+      const all = mapsData(), off = ((S.layer * D.maps.shape[1]) + S.head) * U * U;
+      data = all.subarray(off, off + U * U);
+    } else {
+      const a = await ask("map", { layer: S.layer, head: S.head, words: S.words, method: S.method });
+      U = a.shape[0]; data = decodeF32(a.weights);
+    }
+    const units = D.overview.units;
+    return { rows: units, cols: units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null,
+      layer: S.layer, head: S.head };
+  }
+  async function drawHeadView() {
+    const title = D.kind === "cross" ? `Head view — cross-attention, decoder layer ${S.layer}, head ${S.head}`
+      : `Head view — layer ${S.layer}, head ${S.head}`;
+    $("head-title").textContent = title;
+    let M;
+    try { M = await currentMap(); } catch (e) {
+      D.map = null;
+      $("head-hint").textContent = e.message; $("lines").replaceChildren();
+      const cv = $("heat"); cv.width = 1; cv.height = 1;
+      if (!(e instanceof Missing)) throw e;
+      return;
+    }
+    D.map = M;
+    $("head-hint").textContent = (M.n > ALL_LINES_UNTIL ? "lines: the selected token's row only (long text); " : "lines: thickness = weight; ") +
+      "heat map: row = from, column = to; hover a cell for its exact weight" +
+      (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
+    drawLines(M); drawHeat(M);
+  }
+  function drawLines(M) {
+    const svg = $("lines"), rowH = M.n > 100 ? 4 : 16, W = 300;
+    const height = Math.max(M.n, M.m) * rowH + 10;
+    svg.setAttribute("width", W); svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", `0 0 ${W} ${height}`);
+    svg.replaceChildren();
+    const accent = cssColor("--accent"), focus = cssColor("--focus"), gold = cssColor("--gold");
+    const y = (i) => 10 + i * rowH;
+    const g = h("g", {});
+    for (let i = 0; i < M.n; i++) {
+      if (M.n > ALL_LINES_UNTIL && i !== S.token) continue;
+      for (let j = 0; j < M.m; j++) {
+        const w = M.get(i, j);
+        if (w < 0.01 && i !== S.token) continue;
+        const sel = i === S.token;
+        g.append(h("line", { x1: 90, y1: y(i) - 4, x2: 210, y2: y(j) - 4, stroke: sel ? focus : accent,
+          "stroke-width": Math.max(0.3, w * 6), "stroke-opacity": sel ? Math.max(0.15, w) : w * 0.5 }));
+      }
+      if (M.gold && i < M.gold.length && (i === S.token || M.n <= ALL_LINES_UNTIL)) {
+        for (const j of M.gold[i]) g.append(h("line", { x1: 90, y1: y(i) - 4, x2: 210, y2: y(j) - 4,
+          stroke: gold, "stroke-width": 1.2, "stroke-dasharray": "3 2" }));
+      }
+    }
+    svg.append(g);
+    if (rowH >= 10) {
+      M.rows.forEach((t, i) => svg.append(h("text", { x: 85, y: y(i), "text-anchor": "end",
+        class: i === S.token ? "selected" : null }, t)));
+      M.cols.forEach((t, j) => svg.append(h("text", { x: 215, y: y(j) }, t)));
+    }
+  }
+  function cellSize(M) { return Math.max(1, Math.min(24, Math.floor(560 / Math.max(M.n, M.m)))); }
+  function drawHeat(M, canvas) {
+    const cv = canvas || $("heat"), c = cellSize(M);
+    const off = document.createElement("canvas"); off.width = M.m; off.height = M.n;
+    const octx = off.getContext("2d"), img = octx.createImageData(M.m, M.n), [r, g, b] = heatRgb();
+    for (let i = 0; i < M.n; i++) for (let j = 0; j < M.m; j++) {
+      const k = 4 * (i * M.m + j);
+      img.data[k] = r; img.data[k + 1] = g; img.data[k + 2] = b;
+      img.data[k + 3] = Math.round(255 * Math.min(1, Math.max(0, M.get(i, j))));
+    }
+    octx.putImageData(img, 0, 0);
+    cv.width = M.m * c; cv.height = M.n * c;
+    const ctx = cv.getContext("2d");
+    ctx.imageSmoothingEnabled = false;
+    ctx.fillStyle = cssColor("--bg"); ctx.fillRect(0, 0, cv.width, cv.height);
+    ctx.drawImage(off, 0, 0, cv.width, cv.height);
+    ctx.strokeStyle = cssColor("--focus"); ctx.lineWidth = Math.max(1, c / 6);
+    ctx.strokeRect(0, S.token * c, cv.width, c);
+    if (M.gold && c >= 4) {
+      ctx.strokeStyle = cssColor("--gold");
+      M.gold.forEach((js, i) => js.forEach((j) => ctx.strokeRect(j * c + 1, i * c + 1, c - 2, c - 2)));
+    }
+  }
+  const heat = $("heat"), tip = $("tip");
+  heat.addEventListener("mousemove", (ev) => {
+    const M = D.map; if (!M) return;
+    const c = cellSize(M), rect = heat.getBoundingClientRect();
+    const j = Math.floor((ev.clientX - rect.left) / c), i = Math.floor((ev.clientY - rect.top) / c);
+    if (i < 0 || j < 0 || i >= M.n || j >= M.m) { tip.hidden = true; return; }
+    tip.hidden = false;
+    tip.textContent = `${M.rows[i]} → ${M.cols[j]}: ${fmt(M.get(i, j))}` +
+      (M.gold && i < M.gold.length && M.gold[i].includes(j) ? " ✓ gold" : "");
+    tip.dataset.row = i; tip.dataset.col = j;
+    tip.style.left = (ev.clientX - rect.left + 14) + "px"; tip.style.top = (ev.clientY - rect.top + 10) + "px";
+  });
+  heat.addEventListener("mouseleave", () => { tip.hidden = true; });
+  heat.addEventListener("click", (ev) => {
+    const M = D.map; if (!M) return;
+    const i = Math.floor((ev.clientY - heat.getBoundingClientRect().top) / cellSize(M));
+    if (i >= 0 && i < M.n) selectToken(i);
+  });
+
+  // -- step panel: explain_head's numbers ---------------------------------------------------------
+  function vec(v, id) { return h("div", { class: "vec", id }, v.map((x) => fmt(x)).join("  ")); }
+  async function drawSteps() {
+    const body = $("steps-body");
+    let st;
+    try {
+      st = D.kind === "cross"
+        ? await ask("cross_steps", { token: S.token, layer: S.layer, head: S.head })
+        : await ask("steps", { token: S.token, layer: S.layer, head: S.head, words: S.words });
+    } catch (e) {
+      body.replaceChildren(h("p", { class: "missing" }, e.message));
+      if (!(e instanceof Missing)) throw e;
+      return;
+    }
+    const keysTok = D.kind === "cross" ? st.english : st.tokens;
+    const qTok = D.kind === "cross" ? st.french_token : st.token;
+    const i = D.kind === "cross" ? st.french_index : st.token_index;
+    const gold = D.kind === "cross" && st.gold ? st.gold : [];
+    const rows = keysTok.map((t, j) => h("tr", { "data-j": j, class: (j === i && D.kind === "self" ? "selected " : "") + (gold.includes(j) ? "gold" : "") },
+      h("td", {}, String(j)), h("td", { class: "tok" }, t),
+      h("td", { class: "score" }, fmt(st.scores[j])), h("td", { class: "scaled" }, fmt(st.scaled[j])),
+      h("td", { class: "mask" }, fmt(st.mask[j])), h("td", { class: "w" }, fmt(st.weights[j])),
+      lazyVec(st.keys[j], "k"), lazyVec(st.values[j], "v")));
+    const diff = st.max_abs_diff;
+    body.replaceChildren(
+      h("p", {}, D.kind === "cross"
+        ? `Cross-attention, decoder layer ${st.layer}, head ${st.head}, French token ${i} “${qTok}” looking at the English. `
+        : `Layer ${st.layer}, head ${st.head}, token ${i} “${qTok}”. ` + (st.word ? `(word “${st.word}”: its last token) ` : ""),
+      h("span", { class: "formula" }, `head dim d = ${st.head_dim}; 1/√d = ${fmt(st.scale, 6)}. ` +
+        "score_j = q·k_j, scaled_j = score_j/√d (+ mask), w = softmax(scaled), output = Σ_j w_j v_j — recomputed in float64 by qkv.explain")),
+      h("details", {}, h("summary", {}, `x — the vector entering the attention (${st.x.length} numbers)` + (st.x_source ? ": " + st.x_source : "")), vec(st.x, "step-x")),
+      h("details", { open: true }, h("summary", {}, `q = x·W_Q + b_Q (${st.query.length} numbers)`), vec(st.query, "step-q")),
+      h("div", { class: "scroll" }, h("table", { id: "steps-table" },
+        h("thead", {}, h("tr", {}, ...["j", D.kind === "cross" ? "English" : "token", "q·k_j", "/√d", "mask", "softmax w_j", "k_j", "v_j"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, rows))),
+      h("p", {}, `Σ w_j = ${fmt(st.weights_sum, 6)}`),
+      h("details", { open: true }, h("summary", {}, `Σ_j w_j v_j — recomputed (${st.output.length} numbers)`), vec(st.output, "step-out")),
+      h("details", { open: true }, h("summary", {}, "the model's own head output"), vec(st.model_output, "step-model-out")),
+      h("p", { id: "step-diff" }, "max |difference| = ", h("span", { class: "num ok", id: "step-diff-value" }, Number(diff).toExponential(2)),
+        " (recomputed float64 vs the forward's float32)"),
+      ...(st.notes || []).map((n) => h("p", { class: "hint" }, "note: " + n)));
+  }
+  function lazyVec(v, name) {
+    const d = h("details", {}, h("summary", {}, `${name}_j (${v.length})`));
+    d.addEventListener("toggle", () => { if (d.open && d.children.length === 1) d.append(vec(v)); });
+    return h("td", { class: name }, d);
+  }
+
+  // -- export of the head view ------------------------------------------------------------------
+  function download(name, blob) {
+    const a = h("a", { href: URL.createObjectURL(blob), download: name });
+    document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  }
+  function fileStem() { return `qkv-L${S.layer}-H${S.head}${D.kind === "cross" ? "-cross" : ""}`; }
+  function matrix(M) {
+    const out = [];
+    for (let i = 0; i < M.n; i++) { const r = []; for (let j = 0; j < M.m; j++) r.push(Number(M.get(i, j))); out.push(r); }
+    return out;
+  }
+  function csvCell(s) { return /[",\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; }
+  function exportCsv(M) {
+    const lines = [["from \\ to", ...M.cols].map(csvCell).join(",")];
+    for (let i = 0; i < M.n; i++) {
+      const r = [csvCell(M.rows[i])];
+      for (let j = 0; j < M.m; j++) r.push(String(Number(M.get(i, j))));
+      lines.push(r.join(","));
+    }
+    return lines.join("\n") + "\n";
+  }
+  function esc(s) { return String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c])); }
+  function exportSvg(M) {
+    const c = Math.max(4, cellSize(M)), left = 90, top = 90;
+    const W = left + M.m * c + 10, H = top + M.n * c + 10, [r, g, b] = heatRgb();
+    const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="${Math.min(11, c)}">`,
+      `<title>${esc(`qkv: layer ${M.layer} head ${M.head} — ${S.text}`)}</title>`,
+      `<rect width="${W}" height="${H}" fill="#ffffff"/>`];
+    if (c >= 6) {
+      M.rows.forEach((t, i) => parts.push(`<text x="${left - 4}" y="${top + i * c + c * 0.75}" text-anchor="end">${esc(t)}</text>`));
+      M.cols.forEach((t, j) => parts.push(`<text transform="translate(${left + j * c + c * 0.75},${top - 4}) rotate(-60)">${esc(t)}</text>`));
+    }
+    for (let i = 0; i < M.n; i++) for (let j = 0; j < M.m; j++) {
+      const w = Number(M.get(i, j));
+      parts.push(`<rect x="${left + j * c}" y="${top + i * c}" width="${c}" height="${c}" fill="rgb(${r},${g},${b})" fill-opacity="${w.toFixed(4)}"><title>${esc(M.rows[i])} → ${esc(M.cols[j])}: ${fmt(w)}</title></rect>`);
+    }
+    parts.push("</svg>");
+    return parts.join("\n");
+  }
+  function exportPng(M) {
+    const c = Math.max(4, cellSize(M)), left = 90, top = 90;
+    const cv = document.createElement("canvas");
+    cv.width = left + M.m * c + 10; cv.height = top + M.n * c + 10;
+    const ctx = cv.getContext("2d");
+    ctx.fillStyle = "#ffffff"; ctx.fillRect(0, 0, cv.width, cv.height);
+    const heatCv = document.createElement("canvas");
+    const size = cellSize; // draw the heat map at c px per cell
+    const M2 = Object.assign({}, M);
+    drawHeatAt(heatCv, M2, c);
+    ctx.drawImage(heatCv, left, top);
+    ctx.fillStyle = "#1b1f24"; ctx.font = `${Math.min(11, c)}px sans-serif`;
+    if (c >= 6) {
+      ctx.textAlign = "right";
+      M.rows.forEach((t, i) => ctx.fillText(t, left - 4, top + i * c + c * 0.75));
+      ctx.textAlign = "left";
+      M.cols.forEach((t, j) => { ctx.save(); ctx.translate(left + j * c + c * 0.75, top - 4); ctx.rotate(-Math.PI / 3); ctx.fillText(t, 0, 0); ctx.restore(); });
+    }
+    void size;
+    return new Promise((resolve) => cv.toBlob(resolve, "image/png"));
+  }
+  function drawHeatAt(cv, M, c) {
+    const off = document.createElement("canvas"); off.width = M.m; off.height = M.n;
+    const octx = off.getContext("2d"), img = octx.createImageData(M.m, M.n), [r, g, b] = heatRgb();
+    for (let i = 0; i < M.n; i++) for (let j = 0; j < M.m; j++) {
+      const k = 4 * (i * M.m + j), a = Math.min(1, Math.max(0, M.get(i, j)));
+      // composited on white, so the PNG looks the same in either colour scheme
+      img.data[k] = Math.round(255 - a * (255 - r)); img.data[k + 1] = Math.round(255 - a * (255 - g));
+      img.data[k + 2] = Math.round(255 - a * (255 - b)); img.data[k + 3] = 255;
+    }
+    octx.putImageData(img, 0, 0);
+    cv.width = M.m * c; cv.height = M.n * c;
+    const ctx = cv.getContext("2d"); ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, 0, 0, cv.width, cv.height);
+  }
+  document.querySelectorAll("[data-export]").forEach((b) => b.addEventListener("click", async () => {
+    const M = D.map;
+    if (!M) { status("nothing to export: no head is shown", true); return; }
+    const kind = b.dataset.export, stem = fileStem();
+    if (kind === "csv") download(stem + ".csv", new Blob([exportCsv(M)], { type: "text/csv" }));
+    if (kind === "svg") download(stem + ".svg", new Blob([exportSvg(M)], { type: "image/svg+xml" }));
+    if (kind === "json") {
+      const obj = { model: S.model, text: S.text, method: S.method, words: S.words, kind: D.kind === "cross" ? "cross-attention" : "self-attention",
+        layer: M.layer, head: M.head, token: S.token, rows: M.rows, columns: M.cols, weights: matrix(M) };
+      download(stem + ".json", new Blob([JSON.stringify(obj)], { type: "application/json" }));
+    }
+    if (kind === "png") download(stem + ".png", await exportPng(M));
+  }));
+
+  // -- the form --------------------------------------------------------------------------------
+  function kindOf(name) {
+    const m = D.info.models.find((x) => x.name === name);
+    return m && m.kind === "translation" ? "cross" : "self";
+  }
+  function fillForm() {
+    const sel = $("model");
+    sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.kind === "translation" ? " (translation)" : ""))));
+    $("method").replaceChildren(...Object.entries(D.info.methods).map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
+    $("text").value = S.text; $("words").checked = S.words;
+    $("words").disabled = D.kind === "cross";
+    const ro = !!EMBED;
+    for (const id of ["model", "text", "run", "method", "words"]) $(id).disabled = ro || (id === "words" && D.kind === "cross");
+  }
+  $("run-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = $("text").value, model = $("model").value;
+    const changed = text !== S.text || model !== S.model;
+    S.text = text; S.model = model; S.method = $("method").value; S.words = $("words").checked;
+    D.kind = kindOf(model);
+    if (changed) { S.token = null; D.probe = model === S.model && D.probe ? D.probe : null; }
+    if (changed && model !== S.model) D.probe = null;
+    fillForm(); run();
+  });
+  for (const id of ["words", "method", "model"]) $(id).addEventListener("change", () => $("run-form").requestSubmit());
+  $("theme").addEventListener("click", () => {
+    const root = document.documentElement, dark = matchMedia("(prefers-color-scheme: dark)").matches;
+    const now = root.dataset.theme || (dark ? "dark" : "light");
+    root.dataset.theme = now === "dark" ? "light" : "dark";
+    if (D.overview || D.cross) { drawModelView(); if (D.map) { drawLines(D.map); drawHeat(D.map); } }
+  });
+
+  // -- start -----------------------------------------------------------------------------------
+  async function start() {
+    try {
+      if (EMBED) {
+        D.info = EMBED.info;
+        S.model = EMBED.model; S.text = EMBED.text;
+        Object.assign(S, EMBED.state || {});
+      } else {
+        const r = await fetch("api/info");
+        D.info = await r.json();
+        S.model = D.info.default_model;
+        readUrl();
+        if (!D.info.models.some((m) => m.name === S.model)) S.model = D.info.default_model;
+      }
+      D.kind = kindOf(S.model);
+      if (D.kind === "cross" && S.text === EXAMPLE) S.text = "the red apple is next to the black cats";
+      fillForm();
+      const view = (EMBED && EMBED.state && EMBED.state.view) || null;
+      if (view === "steps" || view === "cross_steps" || view === "map") {
+        // a notebook's single result: only its own panel has numbers
+        status("a single qkv.explain result: only its numbers are in this page");
+        if (view === "map") {
+          const a = EMBED.answers[answerKey("map", { layer: S.layer, head: S.head, words: S.words, method: "weight" })];
+          D.overview = { units: a.units, special: a.special, num_layers: S.layer + 1, num_heads: S.head + 1, heads: [], words: a.words };
+          D.maps = null;
+          const data = decodeF32(a.weights), U = a.shape[0];
+          D.map = { rows: a.units, cols: a.units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null, layer: S.layer, head: S.head };
+          drawLines(D.map); drawHeat(D.map);
+        } else {
+          await drawSteps();
+        }
+        return;
+      }
+      await run();
+    } catch (e) {
+      status(e.message, true);
+    }
+  }
+  window.qkvView = { state: S, data: D, answerKey };
+  start();
+})();
