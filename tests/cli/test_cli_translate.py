@@ -66,9 +66,11 @@ def test_stdin_errors_name_the_line(capsys, monkeypatch):
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("the cat is red\nthe cat is purple\n"))
     code, out, err = run(capsys, "translate")
-    assert code == 2 and out == "le chat est rouge\n"
-    assert err == "qkv: error: line 2: unknown English word 'purple' in 'the cat is purple'; " \
-                  "the model knows 60 words (qkv translate --vocab lists them)\n"
+    assert code == 2 and out == "le chat est rouge\n\n"  # the failed line's output is empty
+    assert err == "qkv: line 2: unknown English word 'purple' in 'the cat is purple'; " \
+                  "the model knows 60 words (qkv translate --vocab lists them); its output line " \
+                  "is empty\nqkv: error: 1 of 2 lines not translated (line 2); their output " \
+                  "lines are empty\n"
 
 
 def test_other_model_types_and_corrupt_checkpoints(capsys, tmp_path):

@@ -199,16 +199,52 @@ def run_translate(args: argparse.Namespace) -> int:
     if args.text is not None:
         print(translate(ckpt.model, ckpt.vocab, [args.text], beam=args.beam)[0])
         return 0
-    for number, line in enumerate(sys.stdin, 1):
+    return _translate_stream(ckpt, args.beam)
+
+
+def _translate_stream(ckpt, beam: int) -> int:
+    """Translate standard input line by line: one output line per input line, always.
+
+    A line that cannot be translated (an unknown word, bytes that are not UTF-8) does not end
+    the stream: its output line is left empty, ``qkv: line N: <why>`` goes to stderr, and the
+    next line is translated. At the end one ``qkv: error:`` line counts the failures (exit 2),
+    so a script sees both every good translation and that some lines failed.
+    """
+    from qkv.text import read_lines
+    from qkv.translate.decode import translate
+
+    failed: list[int] = []
+    total = 0
+    for number, line in read_lines(_stdin_bytes(), what="line"):
+        total = number
+        if isinstance(line, QkvError):
+            failed.append(number)
+            print(f"qkv: {line}; its output line is empty", file=sys.stderr)
+            print("", flush=True)
+            continue
         if not line.strip():
             print("", flush=True)  # keep output lines in step with input lines
             continue
         try:
-            french = translate(ckpt.model, ckpt.vocab, [line], beam=args.beam)[0]
+            french = translate(ckpt.model, ckpt.vocab, [line], beam=beam)[0]
         except QkvError as e:
-            raise QkvError(f"line {number}: {e}") from None
+            failed.append(number)
+            print(f"qkv: line {number}: {e}; its output line is empty", file=sys.stderr)
+            french = ""
         print(french, flush=True)
+    if failed:
+        shown = ", ".join(map(str, failed[:5])) + (", …" if len(failed) > 5 else "")
+        raise QkvError(f"{len(failed)} of {total} lines not translated (line{'s' * (len(failed) > 1)} "
+                       f"{shown}); their output lines are empty")
     return 0
+
+
+def _stdin_bytes():
+    """Standard input as lines of bytes (a text stream, as tests give, is encoded back)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        return buffer
+    return (line.encode("utf-8", "surrogateescape") for line in sys.stdin)
 
 
 # -- qkv evaluate ----------------------------------------------------------------------------------

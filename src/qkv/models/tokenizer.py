@@ -22,6 +22,7 @@ import torch
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from qkv.errors import QkvError
+from qkv.text import check_text
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 GPT2_SPECIALS = ("<|endoftext|>",)
@@ -34,8 +35,10 @@ class Encoding:
     Fields:
         ids: token ids.
         tokens: the token strings (``"##ing"`` for a BERT word piece, ``"Ġworld"`` for GPT-2).
-        offsets: ``(start, end)`` character span of each token in the original text;
-            ``(0, 0)`` for special tokens such as ``[CLS]`` / ``[SEP]``.
+        offsets: ``(start, end)`` character span of each token in the original text, without
+            the space a word-start marker stands for (``"Ġdog"`` → ``dog``, ``"▁dog"`` → ``dog``,
+            whatever the tokenizer file's ``trim_offsets``); ``(0, 0)`` for special tokens
+            such as ``[CLS]`` / ``[SEP]``.
         word_ids: index of the word each token belongs to (words as the pre-tokeniser splits
             them: BERT splits on spaces and punctuation), None for special tokens.
         special: True for tokens the tokenizer added (``[CLS]``, ``[SEP]``), not from the text.
@@ -169,6 +172,7 @@ class Tokenizer:
     def _encode_many(self, texts: list[str], *, max_length: int | None,
                      truncate: bool) -> list[Encoding]:
         limit = self.max_length if max_length is None else max_length
+        texts = [check_text(t) for t in texts]  # invalid UTF-8 (surrogateescape) → ValueError
         raw = self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
         if limit is not None:
             long = [i for i, e in enumerate(raw) if len(e.ids) > limit]
@@ -182,7 +186,7 @@ class Tokenizer:
                 warnings.warn(f"text is {n} tokens; {self.name} takes at most {limit}: "
                               f"truncated to the first {limit} tokens", stacklevel=3)
                 raw[i] = self._truncator(limit).encode(texts[i])
-        return [_to_encoding(e) for e in raw]
+        return [_to_encoding(e, text) for e, text in zip(raw, texts)]
 
     def _truncator(self, limit: int) -> tokenizers.Tokenizer:
         """A copy of the tokenizer that truncates to ``limit`` (special tokens kept)."""
@@ -197,15 +201,70 @@ class Tokenizer:
                 f"max_length={self.max_length})")
 
 
-def _to_encoding(e: tokenizers.Encoding) -> Encoding:
+def _to_encoding(e: tokenizers.Encoding, text: str) -> Encoding:
     special = [bool(s) for s in e.special_tokens_mask]
-    return Encoding(
-        ids=list(e.ids),
-        tokens=list(e.tokens),
-        offsets=[(0, 0) if s else (int(a), int(b)) for (a, b), s in zip(e.offsets, special)],
-        word_ids=[None if s else w for w, s in zip(e.word_ids, special)],
-        special=special,
-    )
+    tokens = list(e.tokens)
+    spans = [(int(a), int(b)) for a, b in e.offsets]
+    raw_words = list(e.word_ids)
+    offsets = []
+    for i, ((a, b), s) in enumerate(zip(spans, special)):
+        if s:
+            offsets.append((0, 0))
+            continue
+        trimmed = _trim_leading_space(text, a, b)
+        whole_space = trimmed[0] == trimmed[1] and a < b
+        continues = i + 1 < len(spans) and not special[i + 1] and raw_words[i + 1] == raw_words[i]
+        # a token that is only spaces keeps them, unless it is a marker starting a word ("Ġ" + "quick")
+        offsets.append((a, b) if whole_space and not continues else trimmed)
+    return Encoding(ids=list(e.ids), tokens=tokens, offsets=offsets,
+                    word_ids=word_ids(text, tokens, offsets, raw_words, special), special=special)
+
+
+# Markers that vocabularies put on a token that starts a word: byte-level BPE's "Ġ" (a space
+# byte, GPT-2, RoBERTa, Pythia) and SentencePiece's "▁" (Llama, Mistral, T5).
+WORD_START_MARKERS = ("Ġ", "▁")
+
+
+def _trim_leading_space(text: str, a: int, b: int) -> tuple[int, int]:
+    """The span without the whitespace its token's marker stands for (``"Ġdog"`` → ``dog``)."""
+    while a < b and text[a].isspace():
+        a += 1
+    return a, b
+
+
+def word_ids(text: str, tokens: list[str], offsets: list[tuple[int, int]],
+             raw: list[int | None], special: list[bool]) -> list[int | None]:
+    """Which word each token belongs to, the same way for every vocabulary.
+
+    A token starts a new word when the tokenizer's pre-tokeniser says so (``raw`` word ids
+    differ), when whitespace separates it from the previous token, when it carries a
+    word-start marker (``Ġ``/``▁``; SentencePiece-style tokenizers without a pre-tokeniser put
+    a whole text in one "word"), or when it switches between letters/digits and punctuation
+    (``"dog" "."``, as BERT and GPT-2's pre-tokenisers split). Special tokens get None.
+
+    Example:
+        >>> word_ids("the dog.", ["▁the", "▁do", "g", "."], [(0, 3), (4, 6), (6, 7), (7, 8)],
+        ...          [0, 0, 0, 0], [False] * 4)
+        [0, 1, 1, 2]
+    """
+    out: list[int | None] = []
+    word, last_raw, last_end, last_kind = -1, object(), None, None
+    for token, (a, b), r, s in zip(tokens, offsets, raw, special):
+        if s:
+            out.append(None)
+            last_raw, last_end, last_kind = object(), None, None
+            continue
+        piece = text[a:b]
+        kind = None if not piece else any(c.isalnum() for c in piece)
+        new = (word < 0 or r != last_raw or last_end is None or a > last_end and text[last_end:a].strip() == ""
+               or token.startswith(WORD_START_MARKERS) and len(token) > 1 and a != last_end
+               or (kind is not None and last_kind is not None and kind != last_kind))
+        if new:
+            word += 1
+        out.append(word)
+        last_raw, last_end = r, b
+        last_kind = kind if kind is not None else last_kind
+    return out
 
 
 def _pad_id(tok: tokenizers.Tokenizer) -> int:

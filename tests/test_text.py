@@ -1,0 +1,65 @@
+"""qkv.text: text from argv, stdin, files and callers decoded in one place."""
+
+import io
+
+import pytest
+
+from qkv.errors import QkvError
+from qkv.text import TextError, check_text, clean_text, decode, read_lines
+
+
+def test_invalid_utf8_bytes_name_the_byte_and_its_position():
+    with pytest.raises(TextError) as e:
+        clean_text(b"the cat \xff is red")
+    assert str(e.value) == "the text is not valid UTF-8 (byte 0xff at position 8)"
+    assert isinstance(e.value, ValueError) and isinstance(e.value, QkvError)
+
+
+def test_argv_bytes_via_surrogateescape_give_the_same_message():
+    argv = b"the cat \xff is red".decode("utf-8", "surrogateescape")  # how Python builds sys.argv
+    with pytest.raises(TextError, match=r"^the text is not valid UTF-8 \(byte 0xff at position 8\)$"):
+        clean_text(argv)
+
+
+def test_the_position_counts_bytes_not_characters():
+    argv = "été \udce9".encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+    with pytest.raises(TextError, match=r"byte 0xe9 at position 6\)"):
+        check_text(argv)
+    with pytest.raises(TextError, match=r"byte 0xe9 at position 6\)"):
+        decode("été ".encode() + b"\xe9")
+
+
+def test_a_lone_surrogate_from_python_is_named():
+    with pytest.raises(TextError, match=r"lone surrogate U\+D800 at position 2"):
+        check_text("ab\ud800")
+
+
+def test_a_bom_is_dropped_once_and_valid_text_kept():
+    assert clean_text("\ufeffthe cat") == "the cat"
+    assert clean_text(b"\xef\xbb\xbfthe cat") == "the cat"
+    assert clean_text("\ufeff\ufeffx") == "\ufeffx"
+    for s in ["", "naïve café", "猫が好き", "שלום", "🐈‍⬛ emoji"]:
+        assert clean_text(s) == s == clean_text(s.encode())
+
+
+def test_not_a_string():
+    with pytest.raises(TextError, match="must be a string, got int"):
+        check_text(5)
+
+
+def test_read_lines_reports_bad_lines_in_place():
+    lines = list(read_lines(io.BytesIO(b"\xef\xbb\xbfa\r\n\xffb\nc")))
+    assert [(n, str(t)) for n, t in lines] == [
+        (1, "a"), (2, "line 2 is not valid UTF-8 (byte 0xff at position 0)"), (3, "c")]
+    assert isinstance(lines[1][1], TextError)
+
+
+def test_the_tokenizer_and_embed_raise_valueerror(model):
+    """Issue 9: ``TypeError: TextInputSequence must be str`` from the Rust tokenizer."""
+    bad = b"the cat \xff is red".decode("utf-8", "surrogateescape")
+    with pytest.raises(ValueError, match=r"not valid UTF-8 \(byte 0xff at position 8\)"):
+        model.tokenizer.encode(bad)
+    with pytest.raises(ValueError, match=r"not valid UTF-8 \(byte 0xff at position 8\)"):
+        model.tokenizer.encode_batch(["fine", bad])
+    with pytest.raises(ValueError, match=r"not valid UTF-8 \(byte 0xff at position 8\)"):
+        model.embed(["fine", bad])
