@@ -8,7 +8,8 @@ checkpoint must hold, how to rename them). Adding a family is that file plus one
 
 from __future__ import annotations
 
-from qkv.models import bert, gpt2, llama
+from qkv.models import bert, gpt2, llama, mistral, qwen2, qwen3
+from qkv.models import distilbert, gpt_neox, roberta
 from qkv.models.family import Family
 
 
@@ -16,7 +17,13 @@ def _families() -> dict[str, Family]:
     return {
         "bert": bert.FAMILY,
         "gpt2": gpt2.FAMILY,
+        "gpt_neox": gpt_neox.FAMILY,
+        "roberta": roberta.FAMILY,
+        "distilbert": distilbert.FAMILY,
         "llama": llama.FAMILY,
+        "mistral": mistral.FAMILY,
+        "qwen2": qwen2.FAMILY,
+        "qwen3": qwen3.FAMILY,
     }
 
 
