@@ -1,0 +1,65 @@
+"""The process group a sequence-parallel call runs on, and the checks every rank makes first.
+
+Every function in :mod:`qkv.distributed` starts here: :func:`group_info` refuses an
+uninitialised ``torch.distributed`` with a :class:`ValueError` (on every rank, since every rank
+checks locally), and :func:`agree` gathers one small integer row per rank (shapes, dtype, mask
+arguments) so that a mismatch between ranks is *detected* — each rank sees the same table and
+raises the same error — instead of leaving a rank waiting forever for a message of the wrong size.
+A rank that never arrives is caught by the group's timeout (``init_process_group(timeout=...)``),
+re-raised as a :class:`RuntimeError` that says so.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# dtypes a row can name; the index is what travels
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def group_info(group, *, what: str) -> tuple[int, int]:
+    """(rank, world size) of this process in ``group`` (None = the default group).
+
+    Raises:
+        ValueError: torch.distributed is not available or not initialised, or this process is
+            not a member of ``group``.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"{what}: torch.distributed is not initialised; call "
+                         f"torch.distributed.init_process_group(...) first (torchrun sets "
+                         f"RANK/WORLD_SIZE/MASTER_ADDR for it)")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"{what}: this process (global rank {dist.get_rank()}) is not a member "
+                         f"of the given process group")
+    return rank, dist.get_world_size(group)
+
+
+def encode_dtype(dtype: torch.dtype) -> int:
+    return DTYPES.index(dtype) if dtype in DTYPES else -1
+
+
+def gather_rows(row: list[int], group, *, what: str) -> list[list[int]]:
+    """All ranks' ``row`` (equal lengths), in rank order; a timeout becomes a clear RuntimeError."""
+    mine = torch.tensor(row, dtype=torch.int64)  # (n,)
+    _, world = group_info(group, what=what)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    try:
+        dist.all_gather(rows, mine, group=group)
+    except RuntimeError as e:  # gloo: "Timed out waiting ..." / a peer that went away
+        raise RuntimeError(f"{what}: rank {dist.get_rank(group)} got no answer from every rank of "
+                           f"the group within its timeout (did every rank call {what}?): {e}") from e
+    return [r.tolist() for r in rows]
+
+
+def describe(x: torch.Tensor) -> list[int]:
+    """A fixed-size integer summary of a tensor: dtype, rank and shape (padded with -1 to 8 dims)."""
+    shape = list(x.shape)[-8:]
+    return [encode_dtype(x.dtype), x.ndim, *shape, *([-1] * (8 - len(shape)))]
+
+
+def decode(row: list[int]) -> str:
+    """``describe``'s row back in words, for messages."""
+    dtype = DTYPES[row[0]] if 0 <= row[0] < len(DTYPES) else "another dtype"
+    return f"{tuple(v for v in row[2:2 + row[1]])} {dtype}"
