@@ -1,0 +1,100 @@
+"""A whole model sequence-parallel: a tiny GPT-2 and a tiny Llama (GQA, RoPE at global positions)
+give the same logits on 1 and on P processes, and one training step the same gradients.
+
+Models run in float64; the bound is ``agree_bound`` (tests/tolerance.py): the float32 model's
+distance from the float64 one, scaled by eps64/eps32, × 4. The single-process float64 run is
+the reference; every rank compares its shard of the logits, and the all-reduced (summed)
+parameter gradients of Σ over ranks of its shard's loss against the full loss's gradients.
+
+GPT-2's learned position table and Llama's RoPE must see global positions: both are fed
+``shard_positions`` (GPT-2's forward has no position argument, so its three parts — embeddings,
+stack, head — are called here in its order; see ``examples/ring_attention.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import spawned
+from tolerance import agree_bound, max_err
+
+
+def _models():
+    from qkv.models.gpt2 import GPT2Config, GPT2Model
+    from qkv.models.llama import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2Model(GPT2Config(vocab_size=61, n_positions=64, n_embd=24, n_layer=2, n_head=6))
+    torch.manual_seed(0)
+    llama = LlamaModel(LlamaConfig(vocab_size=61, hidden_size=24, intermediate_size=40,
+                                   num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                                   max_position_embeddings=64))
+    return {"gpt2": gpt2, "llama": llama}
+
+
+def _logits(name, model, ids, positions):
+    """The model's forward with explicit global positions (b, t) → logits (b, t, V)."""
+    import torch.nn.functional as F
+
+    from qkv.attention.masks import AttentionMask
+
+    if name == "gpt2":
+        x = model.wte(ids) + model.wpe.weight[positions]  # (b, t, E)
+        out = model.decoder(x, mask=AttentionMask(causal=True))
+        return model.lm_head(out.last_hidden_state)
+    out = model.decoder(model.embed_tokens(ids), mask=model.attention_mask(None), positions=positions)
+    return F.linear(out.last_hidden_state, model.output_weight)
+
+
+def _step(name, model, ids, positions, targets):
+    model.zero_grad()
+    logits = _logits(name, model, ids, positions)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    loss.backward()
+    return logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def _worker(rank, world, runs):
+    import copy
+
+    import torch.distributed as dist
+
+    from qkv.distributed import SequenceParallel, shard, shard_positions
+
+    report = []
+    models = _models()
+    n = 29  # not a multiple of 2P
+    ids = torch.randint(0, 61, (2, n + 1), generator=torch.Generator().manual_seed(1))
+    dist.broadcast(ids, src=0)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    full_pos = torch.arange(n).expand(2, n)
+    for name, method, layout in runs:
+        model = models[name]
+        ref = _step(name, copy.deepcopy(model).double(), inputs, full_pos, targets)
+        low = _step(name, copy.deepcopy(model).float(), inputs, full_pos, targets)
+        sp = SequenceParallel(layout=layout, method=method).apply(copy.deepcopy(model).double())
+        pos = shard_positions(n, layout=layout).expand(2, -1)  # (b, t_r)
+        local = [shard(x, layout=layout, dim=1) for x in (inputs, targets)]
+        logits, grads = _step(name, sp, local[0], pos, local[1])
+        for g in grads.values():
+            dist.all_reduce(g)  # Σ over ranks of each shard's loss = the full loss
+        r_logits, l_logits = (shard(x, layout=layout, dim=1) for x in (ref[0], low[0]))
+        report.append((name, method, layout, "logits", max_err(logits, r_logits),
+                       agree_bound(r_logits, l_logits, dtype=torch.float64)))
+        worst = max(grads, key=lambda k: max_err(grads[k], ref[1][k]) /
+                    agree_bound(ref[1][k], low[1][k], dtype=torch.float64))
+        report.append((name, method, layout, f"grad {worst}", max_err(grads[worst], ref[1][worst]),
+                       agree_bound(ref[1][worst], low[1][worst], dtype=torch.float64)))
+    return report
+
+
+@pytest.mark.parametrize("world, runs", [
+    (2, [("gpt2", "ring", "zigzag"), ("gpt2", "ulysses", "contiguous"), ("llama", "ring", "zigzag")]),
+    (3, [("gpt2", "ring", "contiguous"), ("llama", "ring", "zigzag"), ("llama", "ulysses", "zigzag")]),
+])
+def test_model_same_logits_and_gradients_on_p_processes(world, runs):
+    reports = spawned.run(world, _worker, runs)
+    bad = [(rank, *row) for rank, rows in enumerate(reports) for row in rows if not row[4] <= row[5]]
+    assert not bad, "\n".join(f"rank {r}: {m} {meth} {lay} {what}: {err:.3g} > {tol:.3g}"
+                              for r, m, meth, lay, what, err, tol in bad)
