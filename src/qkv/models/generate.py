@@ -93,25 +93,40 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool =
 
 def sample(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(b, V) logits → (b,) one token id per row, drawn after temperature, top-k and top-p.
+    """(b, V) logits → (b,) one token id per row, drawn from :func:`filter_scores`' softmax.
 
     Example:
         >>> sample(torch.tensor([[0.0, 5.0, 1.0]]), top_k=1)   # only the largest is left
         tensor([1])
+    """
+    probs = filter_scores(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (b,)
+
+
+def filter_scores(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """(b, V) logits / temperature, with −inf for every token top-k or top-p leaves out.
+
+    top-k keeps the k largest (ties with the k-th stay); top-p keeps the most likely tokens
+    until their probabilities reach ``top_p`` (the token that reaches it included, so at least
+    one stays) — the rules of ``transformers``' ``TopKLogitsWarper`` / ``TopPLogitsWarper``.
+
+    Example:
+        >>> filter_scores(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), top_p=0.7).isinf()
+        tensor([[False, False,  True,  True]])
     """
     scores = logits.float() / temperature  # (b, V)
     if top_k is not None and top_k < scores.shape[-1]:
         kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (b, 1) the k-th largest
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)  # (b, V)
-        probs = sorted_scores.softmax(dim=-1)
-        # drop a token when the ones more likely than it already reach top_p (the first stays)
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        sorted_scores, order = scores.sort(dim=-1, descending=False)  # (b, V) least likely first
+        # drop the least likely tokens while what they add up to stays within 1 − top_p
+        drop_sorted = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop_sorted[:, -1] = False  # the most likely token always stays
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = scores.softmax(dim=-1)  # (b, V)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return scores
 
 
 def _eos_ids(model, eos_token_id) -> tuple[int, ...]:

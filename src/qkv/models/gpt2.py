@@ -25,6 +25,7 @@ from qkv.errors import QkvError
 from qkv.models import config as cfg
 from qkv.attention.masks import AttentionMask
 from qkv.models.family import Family, Shapes, Tensors
+from qkv.models.generate import generate
 from qkv.models.outputs import DecoderOutput
 from qkv.modules import KVCache, LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
@@ -179,45 +180,22 @@ class GPT2Model(nn.Module):
             traces=out.traces,
         )
 
-    @torch.inference_mode()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, *,
-                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Greedy decoding: append the most likely next token ``max_new_tokens`` times.
+    @property
+    def max_length(self) -> int:
+        """The most tokens (prompt + generated) the model takes: ``n_positions``."""
+        return self.config.n_positions
 
-        Always generates exactly ``max_new_tokens`` (no stop at an end-of-text token).
-
-        Args:
-            prompt_ids: (b, t) prompt token ids, t >= 1.
-            max_new_tokens: how many tokens to add.
-            use_cache: keep each layer's keys and values (a :class:`KVCache` per layer) and
-                feed only the newest token; False recomputes the whole sequence each step
-                (the same tokens, slower).
-            attention_mask: (b, t) for prompts padded to a common length (left padding).
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
+                 **kwargs) -> torch.Tensor:
+        """Continue ``prompt_ids`` (b, t), left-padded with ``attention_mask`` when they differ
+        in length: greedy by default, or sampled (``do_sample``, ``temperature``, ``top_k``,
+        ``top_p``, ``seed``); see :func:`qkv.models.generate.generate`, the one loop every
+        decoder shares. GPT-2 stops at an EOS token only when ``eos_token_id`` is given.
 
         Returns:
-            (b, t + max_new_tokens) the prompts followed by the generated tokens.
+            (b, t + n) the prompts followed by the generated tokens.
         """
-        b, t = self._check_ids(prompt_ids)
-        if t == 0 or max_new_tokens < 0:
-            raise ValueError(f"need a non-empty prompt and max_new_tokens >= 0, got prompt "
-                             f"{(b, t)} and max_new_tokens={max_new_tokens}")
-        total = t + max_new_tokens
-        if total > self.config.n_positions:
-            raise QkvError(f"prompt ({t} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
-                           f"tokens; {self.name} takes at most {self.config.n_positions}")
-        mask = torch.ones(b, total, dtype=torch.long, device=prompt_ids.device)  # (b, total)
-        if attention_mask is not None:
-            mask[:, :t] = attention_mask
-        ids = prompt_ids
-        caches = self.new_kv_caches(b, total) if use_cache else None
-        step_input = prompt_ids
-        for _ in range(max_new_tokens):
-            n = ids.shape[1]
-            logits = self(step_input, mask[:, :n], kv_caches=caches).logits[:, -1]  # (b, V)
-            next_id = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
-            ids = torch.cat([ids, next_id], dim=1)
-            step_input = next_id if use_cache else ids
-        return ids
+        return generate(self, prompt_ids, max_new_tokens, use_cache=use_cache, **kwargs)
 
     def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
