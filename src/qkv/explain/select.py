@@ -60,8 +60,8 @@ class Units:
 
 
 def _token_label(token: str) -> str:
-    # GPT-2's byte-level BPE marks a leading space with "Ġ"; a reader wants the word.
-    return token[1:] if token.startswith("Ġ") and len(token) > 1 else token
+    # byte-level BPE marks a leading space with "Ġ", SentencePiece with "▁"; a reader wants the word.
+    return token[1:] if token[:1] in ("Ġ", "▁") and len(token) > 1 else token
 
 
 def token_units(encoding) -> Units:

@@ -39,8 +39,9 @@ class Encoding:
             the space a word-start marker stands for (``"Ġdog"`` → ``dog``, ``"▁dog"`` → ``dog``,
             whatever the tokenizer file's ``trim_offsets``); ``(0, 0)`` for special tokens
             such as ``[CLS]`` / ``[SEP]``.
-        word_ids: index of the word each token belongs to (words as the pre-tokeniser splits
-            them: BERT splits on spaces and punctuation), None for special tokens.
+        word_ids: index of the word each token belongs to (:func:`word_ids`: split at spaces
+            and between letters and punctuation, for ``##``-, ``Ġ``- and ``▁``-marked
+            vocabularies alike), None for special tokens.
         special: True for tokens the tokenizer added (``[CLS]``, ``[SEP]``), not from the text.
 
     Example:
@@ -217,12 +218,7 @@ def _to_encoding(e: tokenizers.Encoding, text: str) -> Encoding:
         # a token that is only spaces keeps them, unless it is a marker starting a word ("Ġ" + "quick")
         offsets.append((a, b) if whole_space and not continues else trimmed)
     return Encoding(ids=list(e.ids), tokens=tokens, offsets=offsets,
-                    word_ids=word_ids(text, tokens, offsets, raw_words, special), special=special)
-
-
-# Markers that vocabularies put on a token that starts a word: byte-level BPE's "Ġ" (a space
-# byte, GPT-2, RoBERTa, Pythia) and SentencePiece's "▁" (Llama, Mistral, T5).
-WORD_START_MARKERS = ("Ġ", "▁")
+                    word_ids=word_ids(text, offsets, raw_words, special), special=special)
 
 
 def _trim_leading_space(text: str, a: int, b: int) -> tuple[int, int]:
@@ -232,32 +228,31 @@ def _trim_leading_space(text: str, a: int, b: int) -> tuple[int, int]:
     return a, b
 
 
-def word_ids(text: str, tokens: list[str], offsets: list[tuple[int, int]],
-             raw: list[int | None], special: list[bool]) -> list[int | None]:
+def word_ids(text: str, offsets: list[tuple[int, int]], raw: list[int | None],
+             special: list[bool]) -> list[int | None]:
     """Which word each token belongs to, the same way for every vocabulary.
 
     A token starts a new word when the tokenizer's pre-tokeniser says so (``raw`` word ids
-    differ), when whitespace separates it from the previous token, when it carries a
-    word-start marker (``Ġ``/``▁``; SentencePiece-style tokenizers without a pre-tokeniser put
-    a whole text in one "word"), or when it switches between letters/digits and punctuation
-    (``"dog" "."``, as BERT and GPT-2's pre-tokenisers split). Special tokens get None.
+    differ), when text lies between it and the previous token (the space a ``Ġ``/``▁`` marker
+    stands for: SentencePiece-style tokenizers without a pre-tokeniser put a whole text in one
+    "word"), or when it switches between letters/digits and punctuation (``"dog" "."``, as
+    BERT's and GPT-2's pre-tokenisers split). Special tokens get None.
 
     Example:
-        >>> word_ids("the dog.", ["▁the", "▁do", "g", "."], [(0, 3), (4, 6), (6, 7), (7, 8)],
-        ...          [0, 0, 0, 0], [False] * 4)
+        >>> # "▁the" "▁do" "g" ".", one pre-tokeniser word (raw ids all 0)
+        >>> word_ids("the dog.", [(0, 3), (4, 6), (6, 7), (7, 8)], [0, 0, 0, 0], [False] * 4)
         [0, 1, 1, 2]
     """
     out: list[int | None] = []
     word, last_raw, last_end, last_kind = -1, object(), None, None
-    for token, (a, b), r, s in zip(tokens, offsets, raw, special):
+    for (a, b), r, s in zip(offsets, raw, special):
         if s:
             out.append(None)
             last_raw, last_end, last_kind = object(), None, None
             continue
         piece = text[a:b]
         kind = None if not piece else any(c.isalnum() for c in piece)
-        new = (word < 0 or r != last_raw or last_end is None or a > last_end and text[last_end:a].strip() == ""
-               or token.startswith(WORD_START_MARKERS) and len(token) > 1 and a != last_end
+        new = (word < 0 or r != last_raw or last_end is None or a > last_end
                or (kind is not None and last_kind is not None and kind != last_kind))
         if new:
             word += 1
