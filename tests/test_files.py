@@ -66,3 +66,13 @@ def test_the_writer_gets_an_empty_file_beside_the_target(tmp_path):
 
     atomic_write(tmp_path / "c.txt", write)
     assert seen == {"dir": str(tmp_path), "size": 0}  # same directory: os.replace stays one rename
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o600, 0o640])
+def test_an_overwritten_file_keeps_its_permissions(tmp_path, umask, mode):
+    umask(0o077)  # a strict umask must not tighten a file the user already has
+    path = tmp_path / "map.png"
+    path.write_bytes(b"old")
+    path.chmod(mode)
+    atomic_write_bytes(path, b"new")
+    assert path.read_bytes() == b"new" and stat.S_IMODE(path.stat().st_mode) == mode

@@ -7,7 +7,8 @@ left as it was.
 
 The temporary file is created with mode ``0o666`` and the kernel applies the process umask, so
 the result has the same permissions as any new file. (``tempfile.mkstemp`` would make it ``0600``,
-and fixing that afterwards needs the umask, which Python can only read by setting it.)
+and fixing that afterwards needs the umask, which Python can only read by setting it.) A file
+that is overwritten keeps its own permission bits, as it would with ``>`` in a shell.
 
 Example:
     >>> import tempfile
@@ -20,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -40,6 +42,15 @@ def _new_temp_file(path: Path) -> Path:
     raise FileExistsError(f"{path.parent}: no free temporary file name after {_ATTEMPTS} tries")
 
 
+def _keep_mode(path: Path, tmp: Path) -> None:
+    """Give ``tmp`` the permission bits of the file it replaces (a 0644 or 0600 file stays so)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return  # a new file: the umask decided its mode when it was created
+    os.chmod(tmp, mode)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Run ``write(tmp_path)``, then move the temporary file onto ``path`` in one step.
 
@@ -51,6 +62,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     tmp = _new_temp_file(path)
     try:
         write(str(tmp))
+        _keep_mode(path, tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())  # the bytes reach the disk before the rename makes them visible
         os.replace(tmp, path)

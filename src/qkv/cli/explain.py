@@ -153,6 +153,19 @@ def _print_json(obj, **kw) -> None:
     print_json(obj, **kw)  # built whole, then written: never half a document on stdout
 
 
+def _refuse_non_finite(model, text: str, result: dict) -> None:
+    """QkvError naming the first layer and head where the model computed NaN/inf, when the
+    result to be shown holds one (a broken model; the numbers would mean nothing)."""
+    from qkv.cli.output import first_non_finite
+    from qkv.explain.finite import check_model
+
+    where = first_non_finite(result)
+    if where is not None:
+        check_model(model, text)  # raises NonFiniteError at the first layer and head
+        raise QkvError(f"the result holds a non-finite number at {where}: the model's weights "
+                       f"or input give NaN or infinity, so there is nothing true to show")
+
+
 def _save(fig, path: str) -> None:
     from qkv.explain.plots import save_atomic
 
@@ -208,6 +221,7 @@ def _explain_overview(model, args) -> int:
 
     ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
                  layer=args.layer, **methods.method_args(args))
+    _refuse_non_finite(model, args.text, ov.to_dict())
     _notes(ov.notes)
     if args.png:
         from qkv.explain.figures import overview_figure
@@ -228,6 +242,7 @@ def _explain_steps(model, args) -> int:
 
     st = explain_head(model, args.text, token=args.token, layer=args.layer, head=args.head,
                       words=args.words)
+    _refuse_non_finite(model, args.text, st.to_dict())
     _notes(st.notes)
     if args.png:
         from qkv.explain import attention_map
@@ -249,6 +264,7 @@ def _explain_ablation(model, args) -> int:
     from qkv.explain.render import console, render_ablation
 
     result = no_projection(model, args.text, layer=args.layer)
+    _refuse_non_finite(model, args.text, result.to_dict())
     if args.json:
         _print_json(result.to_dict())
     else:
@@ -331,6 +347,7 @@ def _heads_pair(model, args) -> int:
 
     ranking = heads(model, args.text, source=args.source, target=args.target,
                     **methods.method_args(args))
+    _refuse_non_finite(model, args.text, ranking.to_dict())
     _notes(ranking.notes)
     if args.json:
         _print_json(ranking.to_dict()["heads"])

@@ -35,22 +35,28 @@ def print_json(obj, **kw) -> None:
     try:
         text = json.dumps(obj, allow_nan=False, **kw)
     except ValueError:
-        where = _first_non_finite(obj)
+        where = first_non_finite(obj)
+        where = f" at {where}" if where else ""
         raise QkvError(f"the result holds a non-finite number{where}: the model's weights or "
                        f"input give NaN or infinity, so there is nothing true to show") from None
     sys.stdout.write(text + "\n")
 
 
-def _first_non_finite(obj, path: str = "") -> str:
-    """`` at <path>`` of the first NaN/inf in a JSON-like object, or ``""``."""
+def first_non_finite(obj, path: str = "") -> str | None:
+    """Where the first NaN/inf in a JSON-like object is (``['heads'][3]['weight']``), or None.
+
+    Example:
+        >>> first_non_finite({"a": [1.0, float("nan")]})
+        "['a'][1]"
+    """
     if isinstance(obj, float) and not math.isfinite(obj):
-        return f" at {path or 'the top'}"
+        return path or "the top"
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
     for key, value in items:
-        found = _first_non_finite(value, f"{path}[{key!r}]" if isinstance(key, str) else f"{path}[{key}]")
+        found = first_non_finite(value, f"{path}[{key!r}]" if isinstance(key, str) else f"{path}[{key}]")
         if found:
             return found
-    return ""
+    return None
 
 
 def finish_output(code: int) -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from qkv.explain.finite import check_layers
 from qkv.explain.forward import check_top
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import Units, choose
@@ -84,6 +85,12 @@ class CrossAttention:
     @property
     def num_heads(self) -> int:
         return self.weights.shape[1]
+
+    def _repr_html_(self) -> str:
+        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
+        from qkv.view.page import result_html
+
+        return result_html(self)
 
     @property
     def argmax(self) -> torch.Tensor:
@@ -157,6 +164,12 @@ class CrossHeadSteps:
     def french_index(self) -> int:
         return self.steps.token_index
 
+    def _repr_html_(self) -> str:
+        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
+        from qkv.view.page import result_html
+
+        return result_html(self)
+
     @property
     def gold(self) -> tuple[int, ...] | None:
         """The gold English indices of this French token, or None."""
@@ -224,6 +237,8 @@ def _translate_and_trace(ckpt: Checkpoint, text: str) -> CrossAttention:
     ids = generated[: generated.index(EOS_ID) + 1] if EOS_ID in generated else generated
     tgt_in = torch.tensor([[BOS_ID] + ids[:-1]])  # (1, t): position j reads token j−1
     _, trace = model.trace(src, tgt_in)
+    check_layers(trace.encoder, model=model_name(ckpt), part="encoder ")  # the first NaN, named
+    check_layers(trace.decoder, model=model_name(ckpt), part="decoder ")
     weights = torch.stack([layer.cross_attn.attention.weights[0] for layer in trace.decoder])  # (L, H, t, s)
     english = vocab.en_tokens(src[0].tolist()) + [EOS]
     french_words = vocab.fr_tokens(ids)

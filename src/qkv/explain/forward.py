@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.errors import QkvError
+from qkv.explain.finite import check_layers
 from qkv.explain.select import Units, units_for
 from qkv.explain.wording import ArgumentError
 
@@ -115,6 +116,7 @@ def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
+    check_layers(out.traces, model=model_name(model), output=out.hidden_states[-1])  # NaN: named
     positions = torch.arange(ids.shape[1])[rows]
     return Traced(text=text, encoding=encoding, units=units_for(encoding, text, words),
                   rows=positions, hidden_states=tuple(out.hidden_states), traces=list(out.traces))

@@ -1,0 +1,71 @@
+"""A model with NaN weights is refused where its numbers would be shown, naming the first layer
+and head; ``--json`` writes nothing rather than half a document (issue 9, item 4)."""
+
+import json
+
+import pytest
+import torch
+
+import qkv
+import qkv.cli.explain as cli_explain
+from qkv.cli import main
+from qkv.explain.finite import NonFiniteError, check_layers
+
+TEXT = "the dog found the pizza and ate it"
+FIRST = "all-MiniLM-L6-v2 computes NaN at layer 2, head 3"
+
+
+@pytest.fixture(scope="module")
+def broken():
+    """MiniLM with one NaN in layer 2's query projection, inside head 3's rows (32 per head)."""
+    model = qkv.load("minilm")
+    with torch.no_grad():
+        model.layers[2].self_attn.q_proj.weight[3 * 32 + 5, 7] = float("nan")
+    return model
+
+
+@pytest.fixture
+def cli_on(broken, monkeypatch):
+    monkeypatch.setattr(cli_explain, "_load", lambda name: broken)
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", TEXT], ["explain", TEXT, "--json"], ["explain", TEXT, "--words", "--json"],
+    ["explain", TEXT, "--layer", "4", "--head", "0", "--json"],
+    ["explain", TEXT, "--layer", "1", "--head", "0"],  # before the NaN, but the model is broken
+    ["heads", TEXT, "--from", "it", "--to", "pizza", "--json"], ["heads", TEXT, "--to", "dog"],
+    ["explain", TEXT, "--no-projection", "--json"],
+])
+def test_nan_is_named_never_shown(capsys, cli_on, argv):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out[:200]
+    assert err.startswith(f"qkv: error: {FIRST}: its attention weights are not finite") or \
+        err.startswith("qkv: error: all-MiniLM-L6-v2 computes a non-finite number"), err
+    assert err.count("\n") == 1
+
+
+def test_the_library_raises_valueerror_naming_the_head(broken):
+    with pytest.raises(ValueError, match=f"^{FIRST}"):
+        qkv.explain.explain_head(broken, TEXT, token="it", layer=2, head=3)
+
+
+def test_nan_embeddings_and_nan_after_attention_are_told_apart():
+    model = qkv.load("minilm")
+    with torch.no_grad():
+        model.layers[1].feed_forward.fc2.bias[0] = float("inf")  # after layer 1's attention
+    ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
+    out = model(ids, torch.ones_like(ids), trace_rows=slice(None), output_hidden_states=True)
+    with pytest.raises(NonFiniteError, match="layer 1's attention weights are finite but the next "
+                                             "layer's input holds"):
+        check_layers(out.traces, model="m", output=out.hidden_states[-1])
+
+
+def test_json_is_whole_or_absent(capsys):
+    from qkv.cli.output import print_json
+
+    with pytest.raises(ValueError, match=r"non-finite number at \['a'\]\[1\]\['b'\]"):
+        print_json({"a": [1, {"b": float("nan")}], "z": 2})
+    assert capsys.readouterr().out == ""
+    print_json({"a": [1, 2]})
+    assert json.loads(capsys.readouterr().out) == {"a": [1, 2]}
