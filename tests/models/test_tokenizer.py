@@ -180,3 +180,144 @@ def test_rejects_non_strings(bert_tok):
         bert_tok.encode(3)
     with pytest.raises(QkvError, match="list of strings"):
         bert_tok.encode_batch("not a list")
+
+
+# -- tokenizer.json of today's models: byte-level BPE, SentencePiece-style BPE with byte fallback --
+MULTILINGUAL = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Le cœur a ses raisons que la raison ne connaît point.",
+    "Größere Straßen führen über die Brücke.",
+    "Съешь же ещё этих мягких французских булок.",
+    "Η γρήγορη καφέ αλεπού πηδά.",
+    "我爱自然语言处理。",
+    "日本語のテキストも大丈夫です。",
+    "مرحبا بالعالم",
+    "नमस्ते दुनिया",
+    "Emoji 🙂👍🏽 and symbols ∑ ≠ ∞",
+    "  two  spaces,\ttabs\nand newlines ",
+    "e-mail@example.com costs $3.14159",
+]
+TRAIN = ["The quick brown fox jumps over the lazy dog.", "The dog found some pizza next to the baby and ate it.",
+         "Le cœur a ses raisons que la raison ne connaît point.", "Attention is all you need."] * 3
+
+
+def sentencepiece_bpe(style: str):
+    """A SentencePiece-style BPE (``▁`` for spaces, unknown characters as ``<0xNN>`` bytes) as
+    ``tokenizers`` writes Llama's: a normalizer that prepends ``▁`` and replaces spaces
+    (Llama 2), or a Metaspace pre-tokeniser (Mistral); ``<s>`` before the text."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = RustTokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    # trained word by word, as SentencePiece does: no merge crosses a "▁" or joins a letter
+    # to punctuation (SentencePiece splits by Unicode script)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"), pre_tokenizers.Punctuation()])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(vocab_size=420, min_frequency=1,
+                                                       special_tokens=specials))
+    if style == "normalizer":  # then the whole text is one pre-token: the tokenizer gives no words
+        tok.pre_tokenizer = None
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return tok
+
+
+@pytest.fixture(scope="module", params=["byte-level", "sp-normalizer", "sp-metaspace"])
+def hf_saved(request, tmp_path_factory):
+    """(style, directory, transformers' tokenizer): a tokenizer.json written by transformers'
+    ``save_pretrained`` — GPT2TokenizerFast's for byte-level BPE (offsets keep the "Ġ" space)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = tmp_path_factory.mktemp(request.param)
+    if request.param == "byte-level":
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(TRAIN, vocab_size=400, min_frequency=1, special_tokens=["<|endoftext|>"])
+        bpe.save_model(str(path))  # vocab.json + merges.txt, read by GPT2TokenizerFast
+        hf = transformers.GPT2TokenizerFast.from_pretrained(str(path))
+        os.remove(path / "vocab.json"), os.remove(path / "merges.txt")  # tokenizer.json only
+    else:
+        hf = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=sentencepiece_bpe(request.param.removeprefix("sp-")),
+            bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    hf.save_pretrained(str(path))
+    assert os.path.isfile(path / "tokenizer.json")
+    return request.param, str(path), transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+def test_tokenizer_json_equals_transformers_on_many_scripts(hf_saved):
+    """Ids equal transformers'; offsets equal transformers' minus the leading space a Ġ/▁
+    token carries (transformers keeps it for GPT2TokenizerFast and SentencePiece vocabularies);
+    a token that is only spaces keeps its span or is empty at its end (a marker before a word)."""
+    style, path, ref = hf_saved
+    tok = Tokenizer.from_dir(path)
+    byte_tokens = 0
+    for text in MULTILINGUAL:
+        enc = tok.encode(text)
+        expected = ref(text, return_offsets_mapping=True)
+        assert enc.ids == expected["input_ids"] and len(enc) > len(text) // 8, (style, text)
+        assert enc.tokens == ref.convert_ids_to_tokens(expected["input_ids"])
+        byte_tokens += sum(t.startswith("<0x") for t in enc.tokens)
+        for token, (a, b), (ra, rb), special in zip(enc.tokens, enc.offsets, expected["offset_mapping"], enc.special):
+            if special:
+                assert (a, b) == (0, 0)
+                continue
+            span = text[ra:rb]
+            if span.strip():
+                assert (a, b) == (rb - len(span.lstrip()), rb), (style, text, token)
+            else:
+                assert (a, b) in ((ra, rb), (rb, rb)), (style, text, token)
+        assert tok.decode(enc.ids) == ref.decode(expected["input_ids"], skip_special_tokens=True)
+    if style.startswith("sp"):
+        assert byte_tokens > 20  # Cyrillic, CJK, emoji … are not in the vocabulary: byte fallback
+
+
+@pytest.mark.parametrize("text, words", [
+    ("The dog found some pizza next to the baby and ate it.",
+     ["The", "dog", "found", "some", "pizza", "next", "to", "the", "baby", "and", "ate", "it", "."]),
+    ("Größere Straßen, 我爱 🙂", ["Größere", "Straßen", ",", "我爱", "🙂"]),
+])
+def test_words_are_the_same_for_every_marker_style(hf_saved, bert_tok, text, words):
+    """Word ids group a word's pieces, whatever marks a word's start (##, Ġ, ▁); a word's span
+    is its text, without the space before it."""
+    style, path, _ = hf_saved
+    for tok in (Tokenizer.from_dir(path), bert_tok):
+        enc = tok.encode(text)
+        spans: dict[int, tuple[int, int]] = {}
+        for w, (a, b) in zip(enc.word_ids, enc.offsets):
+            if w is not None:
+                spans[w] = (spans.get(w, (a, b))[0], b)
+        got = [text[a:b] for a, b in spans.values()]
+        if tok is bert_tok and "Größere" in text:
+            continue  # BERT's normaliser splits CJK characters into words of their own
+        assert got == words, (style, got)
+        assert list(spans) == list(range(len(spans)))
+
+
+def test_gpt2_tokenizer_saved_by_transformers_works_with_heads_words_and_probe(tmp_path, capsys):
+    """Issue 9 item 5: a tokenizer.json from GPT2TokenizerFast (offsets with the Ġ space) gives
+    words, so qkv heads, --words and --probe coref work."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import ByteLevelBPETokenizer
+
+    from qkv.cli import main
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TRAIN, vocab_size=400, min_frequency=1, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(tmp_path))
+    hf_tok = transformers.GPT2TokenizerFast.from_pretrained(str(tmp_path))
+    os.remove(tmp_path / "vocab.json"), os.remove(tmp_path / "merges.txt")  # tokenizer.json only
+    hf_tok.save_pretrained(str(tmp_path))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=400, n_positions=128)
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(tmp_path))
+    text = "The dog found some pizza next to the baby and ate it"
+    assert main(["heads", text, "--model", str(tmp_path), "--from", "it", "--to", "dog"]) == 0
+    assert "weight from 'it' (word 11) to 'dog' (word 1)" in capsys.readouterr().out
+    assert main(["explain", text, "--model", str(tmp_path), "--words", "--token", "ate"]) == 0
+    assert "words: 0:The 1:dog 2:found 3:some 4:pizza" in capsys.readouterr().out
+    assert main(["heads", "--probe", "coref", "--model", str(tmp_path)]) == 0
+    assert "chance" in capsys.readouterr().out

@@ -255,10 +255,10 @@ def word_ids(text: str, offsets: list[tuple[int, int]], raw: list[int | None],
         new = (word < 0 or r != last_raw or last_end is None or a > last_end
                or (kind is not None and last_kind is not None and kind != last_kind))
         if new:
-            word += 1
+            word, last_kind = word + 1, None  # a word's kind is that of its first non-empty token
         out.append(word)
         last_raw, last_end = r, b
-        last_kind = kind if kind is not None else last_kind
+        last_kind = kind if last_kind is None else last_kind
     return out
 
 
