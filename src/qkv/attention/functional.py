@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -93,8 +94,8 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     _check_extras(qs, ks, key_padding_mask, mask, bias, given=(
         attn_mask is not None or is_causal or window is not None or causal_alignment != "top_left"
         or key_padding_mask is not None))
-    if not 0.0 <= float(dropout_p) < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not (_is_number(dropout_p) and 0.0 <= float(dropout_p) < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
     if window is not None:
         if not (isinstance(window, (tuple, list)) and len(window) == 2):
             raise ValueError(f"window must be a pair (left, right), got {window!r}")
@@ -105,10 +106,16 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
     if scale is None:
         return 1.0 / math.sqrt(qs[-1]) if qs[-1] else 1.0
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale}")
-    return scale
+    if not (_is_number(scale) and math.isfinite(float(scale))):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
+
+
+def _is_number(x) -> bool:
+    """A real number (int, float, numpy or 0-d tensor scalar), not a bool, str or None."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() == 1 and not x.dtype.is_complex and x.dtype != torch.bool
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _check_devices(query: torch.Tensor, **others) -> None:

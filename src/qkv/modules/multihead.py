@@ -248,7 +248,7 @@ class MultiHeadAttention(nn.Module):
             weights = weights.mean(dim=1) if average_attn_weights else weights
         if trace_rows is None:
             return AttentionOutput(out, weights)
-        rows = torch.arange(t, device=query.device)[trace_rows]
+        rows = _trace_rows(t, trace_rows, query.device)
         new = key.shape[1]
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
@@ -284,3 +284,14 @@ class MultiHeadAttention(nn.Module):
                 new.out_proj.bias.copy_(m.out_proj.bias)
             new.out_proj.weight.copy_(m.out_proj.weight)
         return new
+
+
+def _trace_rows(t: int, trace_rows, device) -> torch.Tensor:
+    """(r,) the query positions ``trace_rows`` picks out of ``t``; ValueError naming it otherwise."""
+    try:
+        if isinstance(trace_rows, (str, bytes)):  # torch would index with its characters
+            raise TypeError("a string is not a position")
+        return torch.arange(t, device=device)[trace_rows]
+    except (IndexError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"trace_rows must pick query positions among the {t} (0…{t - 1}), "
+                         f"got {trace_rows!r} ({e})") from None
