@@ -1,0 +1,107 @@
+"""Fixtures of the viewer's tests: a server in a thread, Debian's chromium driven by Playwright.
+
+The browser is the ``chromium`` package (``make setup`` installs it where it can); Playwright's
+own browser download is never used. A machine without chromium **fails** these tests — CI must
+run them — unless ``QKV_SKIP_BROWSER_TESTS=1`` says, on a developer's machine, to skip them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pytest
+
+SKIP_VARIABLE = "QKV_SKIP_BROWSER_TESTS"
+
+
+@dataclass
+class Served:
+    api: object
+    url: str  # http://127.0.0.1:PORT/
+    port: int
+
+
+@pytest.fixture(scope="session")
+def served(model):
+    """The viewer's app on a free port of 127.0.0.1, uvicorn in a thread (minilm + translate)."""
+    from qkv.translate.checkpoint import load_checkpoint
+    from qkv.view.api import Api, Models
+    from qkv.view.server import bind, create_app, make_server, url_of
+
+    models = Models(["minilm", "translate"],
+                    loader=lambda name: model if name == "minilm" else load_checkpoint(name))
+    api = Api(models)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(api), sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    yield Served(api=api, url=url_of(sock), port=sock.getsockname()[1])
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    if os.environ.get(SKIP_VARIABLE) == "1":
+        pytest.skip(f"{SKIP_VARIABLE}=1: browser tests skipped on this machine")
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail("no chromium on PATH: the viewer's browser tests need Debian's chromium package "
+                    f"(make setup installs it); set {SKIP_VARIABLE}=1 to skip them locally")
+    return path
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path)
+        yield b
+        b.close()
+
+
+@dataclass
+class Watched:
+    """A page, with every request it made, the ones refused, and its errors."""
+
+    page: object
+    requests: list
+    outside: list
+    errors: list
+
+
+@pytest.fixture
+def watched(browser):
+    """A fresh page whose requests may go to 127.0.0.1 (or the file opened) only; console errors
+    and page errors fail the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    requests, outside, errors = [], [], []
+
+    def route(r):
+        url = urlparse(r.request.url)
+        if url.scheme == "file" or (url.scheme == "http" and url.hostname == "127.0.0.1"):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    yield Watched(page, requests, outside, errors)
+    context.close()
+    assert not outside, f"requests that left 127.0.0.1: {outside}"
+    assert not errors, f"errors in the page: {errors}"

@@ -1,0 +1,153 @@
+"""The served page in a real browser (Debian's chromium via Playwright): clicks, numbers, exports.
+
+Every number read off the page is checked against :mod:`qkv.explain` to the digits shown; every
+request must stay on 127.0.0.1 and the page must log no error (the ``watched`` fixture).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import struct
+import xml.etree.ElementTree as ET
+from urllib.parse import urlencode
+
+import pytest
+from view_checks import FRENCH_TEXT, TEXT, assert_shown, assert_steps
+
+from qkv.explain import attention_map, cross_attention, cross_attention_head, explain, explain_head
+
+
+def flat(rows: list[list[float]]) -> list[float]:
+    return [v for row in rows for v in row]
+
+
+def open_page(watched, served, **query) -> None:
+    watched.page.goto(served.url + "?" + urlencode(query))
+    watched.page.wait_for_selector("#steps-table", timeout=60_000)
+
+
+def wait_steps(page, title: str) -> None:
+    page.wait_for_function("(t) => (document.querySelector('#steps-body p') || {}).textContent?.includes(t)",
+                           arg=title, timeout=30_000)
+
+
+def test_a_head_and_a_token_show_explains_numbers(watched, served, model):
+    page = watched.page
+    open_page(watched, served, text=TEXT)
+    page.click('#grid button.cell[data-layer="3"][data-head="1"]')
+    page.click('#tokens button[data-token="5"]')  # "pizza"
+    wait_steps(page, "Layer 3, head 1, token 5")
+    st = explain_head(model, TEXT, token="5", layer=3, head=1).to_dict()
+    assert_steps(page, st, st["tokens"])
+
+    # the model view: every head's cell says its rank and largest weight, as qkv explain ranks them
+    ov = explain(model, TEXT, token="5")
+    labels = page.eval_on_selector_all("#grid button.cell", "cs => cs.map(c => c.getAttribute('aria-label'))")
+    assert len(labels) == len(ov.rows) == 72
+    by_head = {tuple(map(int, re.match(r"layer (\d+) head (\d+)", s).groups())): s for s in labels}
+    for rank, row in enumerate(ov.rows, 1):
+        m = re.search(r"rank (\d+), largest weight (\S+) on (.+?), entropy (\S+) bits", by_head[row.layer, row.head])
+        assert int(m[1]) == rank
+        assert_shown(m[2], row.max_weight, f"L{row.layer} H{row.head} max weight")
+        assert m[3] == ov.units.labels[row.argmax]
+        assert_shown(m[4], row.entropy, f"L{row.layer} H{row.head} entropy")
+        assert ("highlighted" in by_head[row.layer, row.head]) == ov.highlighted(row)
+
+    # the heat map: exact values on hover
+    amap = attention_map(model, TEXT, layer=3, head=1)
+    box = page.locator("#heat").bounding_box()
+    cell = box["width"] / len(amap.units)
+    for i, j in ((12, 5), (5, 5), (0, 13)):
+        page.mouse.move(box["x"] + (j + 0.5) * cell, box["y"] + (i + 0.5) * cell)
+        tip = page.locator("#tip").text_content()
+        assert tip.startswith(f"{amap.units.labels[i]} → {amap.units.labels[j]}: "), tip
+        assert_shown(tip.split(": ")[1].split()[0], float(amap.weights[i, j]), f"map[{i}, {j}]")
+
+    # the selection is in the URL, and the URL reopens it
+    assert all(f"{k}={v}" in page.url for k, v in (("layer", 3), ("head", 1), ("token", 5)))
+    page.goto(page.url)
+    wait_steps(page, "Layer 3, head 1, token 5")
+    assert_steps(page, st, st["tokens"])
+
+    # keyboard: the tokens are buttons; the arrow keys move the selection
+    page.focus('#tokens button[data-token="5"]')
+    page.keyboard.press("ArrowRight")
+    wait_steps(page, "Layer 3, head 1, token 6")
+
+
+def test_exports_equal_the_library(watched, served, model, tmp_path):
+    page = watched.page
+    open_page(watched, served, text=TEXT, layer=2, head=7, token=12)
+    wait_steps(page, "Layer 2, head 7, token 12")
+    amap = attention_map(model, TEXT, layer=2, head=7)
+    expected = amap.weights.tolist()
+    files = {}
+    for kind in ("png", "svg", "csv", "json"):
+        with page.expect_download() as info:
+            page.click(f'[data-export="{kind}"]')
+        path = tmp_path / info.value.suggested_filename
+        info.value.save_as(path)
+        files[kind] = path.read_bytes()
+        assert path.name == f"qkv-L2-H7.{kind}"
+
+    png = files["png"]
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
+    assert width >= 14 * 4 and height >= 14 * 4 and len(png) > 1000
+
+    svg = ET.fromstring(files["svg"])
+    rects = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill-opacity")]
+    assert len(rects) == 14 * 14
+    for r, w in zip(rects, (w for row in expected for w in row)):
+        assert_shown(r.get("fill-opacity"), w, "svg cell")
+
+    rows = list(csv.reader(io.StringIO(files["csv"].decode())))
+    assert rows[0][1:] == amap.units.labels and [r[0] for r in rows[1:]] == amap.units.labels
+    got = [[float(v) for v in r[1:]] for r in rows[1:]]
+    # float32 on the wire: the forward's weights are float32, so nothing is lost
+    assert flat(got) == pytest.approx(flat(expected), abs=0, rel=1e-7)
+
+    data = json.loads(files["json"])
+    assert (data["layer"], data["head"], data["text"], data["columns"]) == (2, 7, TEXT, amap.units.labels)
+    assert flat(data["weights"]) == pytest.approx(flat(expected), abs=0, rel=1e-7)
+
+
+def test_translation_cross_attention(watched, served):
+    page = watched.page
+    open_page(watched, served, model="translate", text=FRENCH_TEXT)
+    page.click('#grid button.cell[data-layer="2"][data-head="1"]')
+    page.click('#tokens button[data-token="2"]')  # "rouge"
+    wait_steps(page, "decoder layer 2, head 1, French token 2")
+    cs = cross_attention_head("translate", FRENCH_TEXT, token="2", layer=2, head=1).to_dict()
+    assert_steps(page, cs, cs["english"])
+    gold = page.eval_on_selector_all("#steps-table tbody tr.gold", "rs => rs.map(r => Number(r.dataset.j))")
+    assert gold == cs["gold"] == [1]  # rouge ← red
+
+    ca = cross_attention("translate", FRENCH_TEXT)
+    counts = ca.alignment()
+    label = page.get_attribute('#grid button.cell[data-layer="1"][data-head="0"]', "aria-label")
+    assert f"on gold for {int(counts[1, 0])} of {len(ca.gold)} French words" in label
+
+
+def test_long_input_is_fetched_per_head(watched, served):
+    page = watched.page
+    text = " ".join(["the cat sat on the mat"] * 12)  # 74 tokens: over the whole-maps limit
+    open_page(watched, served, text=text)
+    page.click('#grid button.cell[data-layer="1"][data-head="4"]')
+    wait_steps(page, "Layer 1, head 4")
+    endpoints = {u.rsplit("/", 1)[1] for u in watched.requests if "/api/" in u}
+    assert "map" in endpoints and "maps" not in endpoints
+
+
+def test_dark_and_light(watched, served):
+    page = watched.page
+    page.emulate_media(color_scheme="dark")
+    open_page(watched, served, text="the cat sat")
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    dark = page.evaluate(background)
+    page.click("#theme")
+    light = page.evaluate(background)
+    assert dark == "rgb(15, 18, 22)" and light == "rgb(255, 255, 255)"

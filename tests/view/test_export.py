@@ -1,0 +1,42 @@
+"""``qkv view TEXT --html FILE``: one file, opened from file:// with no server and no request at
+all beyond the file itself, shows the same numbers as qkv.explain."""
+
+from __future__ import annotations
+
+import re
+
+from view_checks import TEXT, assert_steps
+
+from qkv.explain import explain_head
+from qkv.view.export import export_html
+
+
+def wait_steps(page, title: str) -> None:
+    page.wait_for_function("(t) => (document.querySelector('#steps-body p') || {}).textContent?.includes(t)",
+                           arg=title, timeout=30_000)
+
+
+def test_the_exported_file_works_offline(watched, served, model, tmp_path):
+    path = tmp_path / "view.html"
+    size = export_html(path, "minilm", TEXT, api=served.api)
+    html = path.read_text(encoding="utf-8")
+    assert size == len(html.encode())
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)[1]
+    assert "connect-src 'none'" in csp and "default-src 'none'" in csp and "unsafe" not in csp
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "a reference to another host"
+
+    page = watched.page
+    page.goto(path.as_uri())
+    wait_steps(page, "Layer 0, head 0, token 12")  # the last word, "it"
+    page.click('#grid button.cell[data-layer="3"][data-head="1"]')  # every head of "it" is inside
+    wait_steps(page, "Layer 3, head 1, token 12")
+    st = explain_head(model, TEXT, token="12", layer=3, head=1).to_dict()
+    assert_steps(page, st, st["tokens"])
+    page.click('#grid button.cell[data-layer="0"][data-head="0"]')
+    page.click('#tokens button[data-token="5"]')  # every token of the opening head is inside
+    wait_steps(page, "Layer 0, head 0, token 5")
+    st = explain_head(model, TEXT, token="5", layer=0, head=0).to_dict()
+    assert_steps(page, st, st["tokens"])
+    page.click('#grid button.cell[data-layer="4"][data-head="2"]')  # not inside: said so, no number
+    page.wait_for_selector("#steps-body .missing")
+    assert watched.requests == [path.as_uri()], "the exported page made a request"

@@ -1,0 +1,171 @@
+"""The server over HTTP: bad requests are 4xx JSON naming the field, never a 500; static files
+stay inside the package; bodies are capped before they are read; concurrent clients all succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+
+import httpx
+import pytest
+from view_checks import TEXT
+
+from qkv.errors import QkvError
+from qkv.view.server import MAX_BODY_BYTES, bind
+
+LONG = " ".join(["word"] * 600)  # 602 tokens: over MiniLM's 512
+
+# (endpoint, body, status, field)
+BAD = [
+    ("steps", {"text": TEXT, "layer": 99, "head": 0}, 422, "layer"),
+    ("steps", {"text": TEXT, "layer": 0, "head": 12}, 422, "head"),
+    ("steps", {"text": TEXT, "layer": -1, "head": 0}, 422, "layer"),
+    ("steps", {"text": TEXT, "layer": "3", "head": 0}, 422, "layer"),
+    ("steps", {"text": TEXT, "layer": True, "head": 0}, 422, "layer"),
+    ("steps", {"text": TEXT, "head": 0}, 422, "layer"),
+    ("steps", {"text": TEXT, "layer": 0, "head": 0, "token": 99}, 422, "token"),
+    ("steps", {"text": TEXT, "layer": 0, "head": 0, "token": "cat"}, 422, "token"),
+    ("steps", {"text": TEXT, "layer": 0, "head": 0, "token": -3}, 422, "token"),
+    ("steps", {"text": TEXT, "layer": 0, "head": 0, "token": [1]}, 422, "token"),
+    ("overview", {"text": TEXT, "method": "magic"}, 422, "method"),
+    ("overview", {"text": TEXT, "words": "yes"}, 422, "words"),
+    ("overview", {"text": ""}, 422, "text"),
+    ("overview", {"text": "   "}, 422, "text"),
+    ("overview", {}, 422, "text"),
+    ("overview", {"text": 5}, 422, "text"),
+    ("overview", {"text": "x" * 7000}, 413, "text"),
+    ("overview", {"text": LONG}, 422, "text"),
+    ("overview", {"text": TEXT, "foo": 1}, 422, "foo"),
+    ("overview", {"text": TEXT, "model": "/etc"}, 422, "model"),
+    ("cross", {"text": TEXT, "model": "minilm"}, 422, "model"),
+    ("cross", {"text": "the purple dragon", "model": "translate"}, 422, "text"),
+    ("cross_steps", {"text": "the red apple", "model": "translate", "layer": 5, "head": 0}, 422, "layer"),
+    ("maps", {"text": LONG}, 422, "text"),
+    ("nothing", {"text": TEXT}, 404, "endpoint"),
+]
+
+
+@pytest.mark.parametrize("endpoint, body, status, field", BAD, ids=[f"{b[0]}-{b[3]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_fields_are_4xx_naming_the_field(served, endpoint, body, status, field):
+    r = httpx.post(served.url + "api/" + endpoint, json=body, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["field"] == field and error["message"]
+    assert "Traceback" not in r.text
+
+
+def raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """Send bytes as they are (no client normalises the path); (status, response body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data.split(b"\r\n\r\n", 1)[1]
+
+
+@pytest.mark.parametrize("path", [
+    "/static/../server.py", "/static/..%2fapi.py", "/static/%2e%2e/%2e%2e/errors.py",
+    "/static/%2e%2e%2fpage.py", "/static//etc/passwd", "/static/app.js/../../api.py",
+    "/static/..\\api.py", "/static/../../../../../../etc/passwd", "/../../etc/passwd",
+])
+def test_static_files_stay_in_the_package(served, path):
+    status, body = raw_request(served.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert status == 404
+    assert b"import" not in body and b"root:" not in body
+
+
+def test_static_files_are_served(served):
+    r = httpx.get(served.url + "static/app.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    page = httpx.get(served.url)
+    assert "connect-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_a_huge_body_is_refused_from_its_length_without_being_read(served):
+    # Content-Length says 1 GB; nothing of the body is sent: the answer must come anyway.
+    head = (f"POST /api/overview HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {2**30}\r\nConnection: close\r\n\r\n").encode()
+    status, body = raw_request(served.port, head)
+    assert status == 413 and json.loads(body)["error"]["field"] == "body"
+
+
+def test_a_chunked_body_is_cut_at_the_limit(served):
+    """No Content-Length: the server answers 413 once the bytes read pass the limit, while the
+    client is still sending (it stops after 16 MB at most; a server reading it all needs 64 MB)."""
+    chunk = b" " * 65536
+    sent, answer = 0, b""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=5) as s:
+        s.sendall(b"POST /api/overview HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        while sent < 64 * 2**20:
+            if select.select([s], [], [], 0)[0]:
+                break  # the answer has come
+            try:
+                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except (TimeoutError, OSError):
+                break  # the server stopped reading
+            sent += len(chunk)
+        s.settimeout(30)
+        while b"\r\n\r\n" not in answer and (data := s.recv(65536)):
+            answer += data
+    assert answer.split(b" ", 2)[1] == b"413", answer[:200]
+    assert sent <= 16 * 2**20, sent
+
+
+@pytest.mark.parametrize("content, kind, status", [
+    (b"{not json", "application/json", 400), (b"[1, 2]", "application/json", 400),
+    (b"\xff\xfe", "application/json", 400), (b'{"text": "x"}', "text/plain", 415),
+    (b'{"text": NaN}', "application/json", 422),
+])
+def test_malformed_bodies(served, content, kind, status):
+    r = httpx.post(served.url + "api/overview", content=content, headers={"Content-Type": kind})
+    assert r.status_code == status and r.json()["error"]["field"] in ("body", "text")
+
+
+def test_wrong_methods_and_paths_are_json_4xx(served):
+    for r in (httpx.get(served.url + "api/steps"), httpx.get(served.url + "nowhere"),
+              httpx.delete(served.url + "api/info")):
+        assert 400 <= r.status_code < 500 and "error" in r.json()
+
+
+def test_concurrent_clients(served):
+    """20 clients × 5 requests each (benchmarks/view.py runs 20 × 50), all answered correctly."""
+    failures, lock = [], threading.Lock()
+
+    def client(c: int) -> None:
+        with httpx.Client(base_url=served.url, timeout=120) as http:
+            for k in range(5):
+                body = {"text": TEXT, "layer": (c + k) % 6, "head": (c * 5 + k) % 12, "token": (c + k) % 14}
+                endpoint = ("steps", "map", "overview")[k % 3]
+                if endpoint == "overview":
+                    body = {"text": TEXT, "token": body["token"]}
+                if endpoint == "map":
+                    del body["token"]
+                r = http.post("api/" + endpoint, json=body)
+                if r.status_code != 200 or r.json()["kind"] != endpoint:
+                    with lock:
+                        failures.append((endpoint, r.status_code, r.text[:200]))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_a_port_in_use_is_one_clear_error(served):
+    with pytest.raises(QkvError, match=rf"port {served.port} on 127.0.0.1 is in use; pick another"):
+        bind("127.0.0.1", served.port)
+
+
+def test_body_limit_is_what_the_text_limit_needs():
+    from qkv.view.api import MAX_TEXT_CHARS
+
+    # a text at the limit, even of 4-byte characters escaped by JSON, fits in one body
+    assert len(json.dumps({"text": "é" * MAX_TEXT_CHARS})) < MAX_BODY_BYTES

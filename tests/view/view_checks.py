@@ -1,0 +1,68 @@
+"""Reading the numbers a viewer page shows and checking them against qkv.explain's.
+
+"Equal to the digits displayed": a number shown with n decimals must be the library's value
+rounded to n decimals, i.e. within half a unit of the last digit shown (plus float64 noise).
+"""
+
+from __future__ import annotations
+
+import math
+
+TEXT = "The dog found some pizza next to the baby and ate it"
+FRENCH_TEXT = "the red apple is next to the black cats"
+
+# Everything the step panel shows, read in one round trip.
+READ_STEPS = """() => {
+  const text = (id) => (document.getElementById(id) || {}).textContent || "";
+  const rows = [...document.querySelectorAll('#steps-table tbody tr')].map((tr) => ({
+    token: tr.querySelector('.tok').textContent, score: tr.querySelector('.score').textContent,
+    scaled: tr.querySelector('.scaled').textContent, mask: tr.querySelector('.mask').textContent,
+    w: tr.querySelector('.w').textContent}));
+  return {rows, q: text('step-q'), x: text('step-x'), out: text('step-out'),
+          model_out: text('step-model-out'), diff: text('step-diff-value'),
+          title: document.querySelector('#steps-body p').textContent};
+}"""
+
+
+def number(shown: str) -> float:
+    shown = shown.strip().replace("−", "-")
+    return {"-∞": -math.inf, "∞": math.inf}.get(shown, None) if "∞" in shown else float(shown)
+
+
+def decimals(shown: str) -> int:
+    shown = shown.strip()
+    return len(shown.split(".")[1]) if "." in shown and "e" not in shown.lower() else 0
+
+
+def assert_shown(shown: str, value: float, what: str) -> None:
+    got = number(shown)
+    if math.isinf(value) or math.isinf(got):
+        assert got == value, f"{what}: page shows {shown!r}, qkv.explain has {value!r}"
+        return
+    half = 0.5 * 10.0 ** -decimals(shown)
+    assert abs(got - value) <= half * (1 + 1e-9) + 1e-12, \
+        f"{what}: page shows {shown!r}, qkv.explain has {value!r} (allowed ±{half})"
+
+
+def assert_vector(shown: str, values, what: str) -> None:
+    parts = shown.split()
+    values = [float(v) for v in values]
+    assert len(parts) == len(values), f"{what}: {len(parts)} numbers shown, {len(values)} in qkv.explain"
+    for k, (s, v) in enumerate(zip(parts, values)):
+        assert_shown(s, v, f"{what}[{k}]")
+
+
+def assert_steps(page, d: dict, keys: list[str]) -> None:
+    """The step panel shows exactly the numbers of ``d`` (a HeadSteps/CrossHeadSteps to_dict())."""
+    shown = page.evaluate(READ_STEPS)
+    assert [r["token"] for r in shown["rows"]] == keys
+    for j, r in enumerate(shown["rows"]):
+        for field, key in (("score", "scores"), ("scaled", "scaled"), ("mask", "mask"), ("w", "weights")):
+            v = d[key][j]
+            assert_shown(r[field], -math.inf if v == "-inf" else v, f"{key}[{j}]")
+    assert_vector(shown["q"], d["query"], "q")
+    assert_vector(shown["x"], d["x"], "x")
+    assert_vector(shown["out"], d["output"], "Σ w_j v_j")
+    assert_vector(shown["model_out"], d["model_output"], "the model's head output")
+    got = float(shown["diff"])
+    assert math.isclose(got, d["max_abs_diff"], rel_tol=0.006, abs_tol=1e-300), (shown["diff"], d["max_abs_diff"])
