@@ -1,0 +1,119 @@
+"""``qkv view``: the local web viewer (a server on 127.0.0.1), or one self-contained HTML file.
+
+    qkv view [TEXT] [--model NAME|DIR] [--port 8765|0] [--no-browser] [--host HOST] [--html FILE]
+
+The server, its API and the page are :mod:`qkv.view`; this command checks the flags, loads the
+model once (so a bad ``--model`` fails here, not in the page), prints the URL and serves until
+Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import urllib.parse
+
+from qkv.cli import options
+from qkv.errors import QkvError
+
+DEFAULT_PORT = 8765
+EXAMPLE = "The dog found some pizza next to the baby and ate it"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "view", help="a local web viewer: every head, the step-by-step numbers, offline",
+        description="Start a local server (127.0.0.1) with a page showing the model view (every "
+                    "layer × head), the head view (lines and heat map) and the step panel "
+                    "(q·k, /√d, softmax, Σ w·v with the model's own numbers). Nothing is loaded "
+                    "from the network. With --html FILE: write one self-contained page instead.",
+        epilog=f'example: qkv view "{EXAMPLE}"   ·   qkv view "{EXAMPLE}" --html it.html')
+    p.add_argument("text", nargs="?", default=None, type=options.text(most=6000),
+                   help="the text to open with (it can be typed in the page too)")
+    p.add_argument("--model", type=options.name(), default="minilm",
+                   help="a known name (minilm, translate) or a model directory (default minilm)")
+    p.add_argument("--port", type=options.integer(0, 65535), default=DEFAULT_PORT,
+                   help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--host", type=options.name(), default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--no-browser", action="store_true", help="print the URL, do not open a browser")
+    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
+                   help="write a self-contained page for TEXT to FILE (no server) and exit")
+    p.set_defaults(func=run_view)
+
+
+def _served_models(model: str) -> list[str]:
+    """The models the page may choose from: the one asked for first, then the shipped ones."""
+    from qkv.models.loading import KNOWN_MODELS
+
+    names = [model]
+    if model not in KNOWN_MODELS:
+        names.append("minilm")
+    names.append("translate")
+    return list(dict.fromkeys(names))
+
+
+def run_view(args: argparse.Namespace) -> int:
+    from qkv.view.api import Api, ApiError, Models
+
+    if args.html is not None:
+        return _export(args)
+    from qkv.view.server import LOCAL_HOSTS, bind, create_app, serve, url_of
+
+    if args.host not in LOCAL_HOSTS:
+        print(f"qkv: warning: listening on {args.host}: anyone who can reach this machine can "
+              "run models through this page (there is no login); use the default 127.0.0.1 "
+              "unless you mean it", file=sys.stderr)
+    sock = bind(args.host, args.port)  # first: a port in use fails before a model loads
+    models = Models(_served_models(args.model))
+    try:
+        models.get(args.model)  # load once now: a bad --model fails here, not in the page
+    except (ApiError, QkvError):
+        sock.close()
+        raise
+    query = {"model": args.model} | ({"text": args.text} if args.text else {})
+    url = url_of(sock) + "?" + urllib.parse.urlencode(query)
+    print(f"qkv view: serving {args.model} at {url}  (Ctrl-C stops)", flush=True)
+
+    def open_browser() -> None:
+        import webbrowser
+
+        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+
+    try:
+        serve(create_app(Api(models)), sock, on_started=None if args.no_browser else open_browser)
+    except KeyboardInterrupt:
+        pass  # uvicorn has closed the connections; Ctrl-C is how this command ends
+    finally:
+        sock.close()
+    print("qkv view: stopped", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from qkv.view.api import ApiError
+    from qkv.view.export import export_html
+
+    if args.text is None:
+        raise QkvError("--html needs a TEXT to put in the page, e.g. qkv view "
+                       f"\"{EXAMPLE}\" --html it.html")
+    _check_writable(args.html)  # before the model runs, so a typo costs nothing
+    try:
+        size = export_html(args.html, args.model, args.text)
+    except ApiError as e:
+        raise QkvError(e.message if e.field in ("text", "model") else f"{e.field}: {e.message}") from None
+    print(f"qkv view: wrote {args.html} ({size / 1e6:.1f} MB): open it in any browser, no server "
+          "and no network needed")
+    return 0
+
+
+def _check_writable(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise QkvError(f"--html {path!r} is a directory; give a file name such as view.html")
+    if not os.path.isdir(directory):
+        raise QkvError(f"--html {path!r}: the directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise QkvError(f"--html {path!r}: the directory {directory!r} is not writable")

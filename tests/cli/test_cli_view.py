@@ -1,0 +1,76 @@
+"""``qkv view``: flags checked before anything runs, a port in use is one line, Ctrl-C stops the
+server cleanly, ``--html`` writes one self-contained file."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from qkv.cli import main
+
+
+def test_html_needs_a_text(capsys):
+    assert main(["view", "--html", "out.html"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("qkv: error: --html needs a TEXT") and "\n" not in err
+
+
+def test_html_into_a_missing_directory(capsys, tmp_path):
+    assert main(["view", "the cat", "--html", str(tmp_path / "no" / "x.html")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_port_out_of_range(capsys):
+    assert main(["view", "--port", "70000", "--no-browser"]) == 2
+    assert capsys.readouterr().err.strip() == "qkv: error: --port must be at most 65535, got 70000"
+
+
+def test_a_port_in_use_is_one_line_and_another_host_warns(capsys):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["view", "--port", str(port), "--no-browser", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "qkv: warning: listening on 0.0.0.0" in err
+    assert f"qkv: error: port {port} on 0.0.0.0 is in use; pick another with --port N" in err
+
+
+def test_html_for_the_translation_model(capsys, tmp_path):
+    path = tmp_path / "fr.html"
+    assert main(["view", "the red apple is next to the black cats", "--model", "translate",
+                 "--html", str(path)]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    page = path.read_text(encoding="utf-8")
+    assert '"kind":"cross"' in page and "la pomme rouge" in page
+
+
+def test_ctrl_c_stops_the_server_cleanly():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "view", "the cat sat", "--port", "0",
+                             "--no-browser", "--model", "translate"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)[0]
+        deadline = time.monotonic() + 60
+        while True:  # the URL is printed just before uvicorn starts listening
+            try:
+                with urllib.request.urlopen(url + "api/info", timeout=5) as r:
+                    assert r.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server never answered"
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "qkv view: stopped" in err and "Traceback" not in err
