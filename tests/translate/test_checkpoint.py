@@ -69,15 +69,70 @@ def test_truncated_weights_are_reported(saved):
         load_checkpoint(directory)
 
 
-def test_damaged_weights_without_a_hash_are_reported(saved):
+def test_a_file_without_a_hash_is_refused_not_trusted(saved):
+    # Reproduces issue 9: the sha256 check was skipped when weights.sha256 was missing.
     directory, _ = saved
     meta = _config(directory)
-    meta["weights"].pop("sha256")
+    meta["files"].pop(meta["weights"]["file"])
     (directory / "config.json").write_text(json.dumps(meta))
-    weights = directory / meta["weights"]["file"]
-    weights.write_bytes(b"\x00" * 64)
-    with pytest.raises(QkvError, match="corrupt checkpoint"):
+    with pytest.raises(QkvError, match="is not listed with a sha256 in config.json"):
         load_checkpoint(directory)
+    meta["files"][meta["weights"]["file"]] = ""
+    (directory / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(QkvError, match="no valid sha256 recorded for 'model-000007.safetensors'"):
+        load_checkpoint(directory)
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/model.safetensors",
+                                  ".hidden", "", 7])
+def test_weights_file_outside_the_directory_is_refused(saved, name):
+    # Reproduces issue 9: weights.file could point outside the checkpoint directory.
+    directory, _ = saved
+    meta = _config(directory)
+    (directory.parent / "outside.safetensors").write_bytes(
+        (directory / meta["weights"]["file"]).read_bytes())
+    meta["weights"]["file"] = name
+    if isinstance(name, str) and name:
+        meta["files"][name] = meta["files"][f"model-{7:06d}.safetensors"]
+    (directory / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(QkvError, match="not a plain file name inside the checkpoint directory|must be str"):
+        load_checkpoint(directory)
+
+
+def test_every_tokenizer_is_checked_against_its_sha256(saved):
+    # Reproduces issue 9 item 1: tokenizers were not covered by the sha256 check, so another
+    # run's tokenizer_*.json were used silently.
+    directory, _ = saved
+    other = Vocab.train(["a b c d e f"], ["g h i j k l"])
+    (directory / "tokenizer_en.json").write_text(other.texts()["tokenizer_en.json"])
+    with pytest.raises(QkvError, match=r"tokenizer_en.json: corrupt checkpoint \(tokenizer file does "
+                                       r"not match its sha256"):
+        load_checkpoint(directory)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("step", "abc", r"'step' must be int, got 'abc'"),
+    ("step", -3, r"'step' must be >= 0"),
+    ("weights", [], r"'weights' must be dict"),
+    ("history", "x", r"'history' must be list"),
+    ("files", ["model"], r'"files" must map file names to sha256'),
+    ("format_version", 1, r"unsupported format_version 1"),
+])
+def test_config_json_with_wrong_types(saved, key, value, message):
+    directory, _ = saved
+    meta = _config(directory)
+    meta[key] = value
+    (directory / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(QkvError, match=message):
+        load_checkpoint(directory)
+
+
+def test_saving_removes_temporary_files_a_kill_left(saved):
+    directory, model = saved
+    stale = directory / ".model-000009.safetensors.0123456789ab.tmp"
+    stale.write_bytes(b"half a file")
+    save_checkpoint(directory, model, Vocab.load(directory), {}, step=9)
+    assert not stale.exists()
 
 
 def test_bad_config_json(saved):

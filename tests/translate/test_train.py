@@ -120,7 +120,94 @@ def test_learning_rate_schedule():
 def test_config_rejects_unknown_and_bad_options():
     with pytest.raises(QkvError, match="unknown training option 'stpes'"):
         TrainConfig.from_dict({"stpes": 10})
-    with pytest.raises(QkvError, match="--steps must be positive, got 0"):
+    with pytest.raises(QkvError, match="--steps must be between 1 and 10000000, got 0"):
         TrainConfig(steps=0)
     with pytest.raises(QkvError, match=r"--d-model \(30\) must be divisible by --num-heads \(4\)"):
         TrainConfig(d_model=30)
+
+
+@pytest.mark.parametrize("option, value, message", [
+    # Reproduces issue 9: each of these was accepted (a NaN model, or a traceback minutes later).
+    ("lr", float("inf"), r"--lr must be a finite number in \(0.0, 10.0\], got inf"),
+    ("lr", float("nan"), r"--lr must be a finite number .*got nan"),
+    ("clip", float("nan"), r"--clip must be a finite number .*got nan"),
+    ("weight_decay", -1.0, r"--weight-decay must be a finite number in \[0.0, 10.0\], got -1.0"),
+    ("min_lr_ratio", -5.0, r"--min-lr-ratio must be a finite number in \[0.0, 1.0\], got -5.0"),
+    ("batch_size", 10**8, r"--batch-size must be between 1 and 4096, got 100000000"),
+    ("d_model", 10**6, r"--d-model must be between 1 and 2048, got 1000000"),
+    ("steps", True, r"--steps must be a whole number, got True"),
+])
+def test_config_refuses_values_that_cannot_train(option, value, message):
+    with pytest.raises(QkvError, match=message):
+        TrainConfig(**{option: value})
+
+
+def test_config_from_json_with_wrong_types():
+    with pytest.raises(QkvError, match=r"'steps' must be int, got 'abc'"):
+        TrainConfig.from_dict({"steps": "abc"})
+    with pytest.raises(QkvError, match=r"'norm_first' must be bool, got 1"):
+        TrainConfig.from_dict({"norm_first": 1})
+    assert TrainConfig.from_dict({"lr": 1}).lr == 1.0  # JSON has no float/int distinction for 1
+
+
+def test_a_diverging_run_stops_and_saves_no_nan_model(tmp_path, monkeypatch):
+    # Reproduces issue 9 item 4: --lr inf trained a NaN model and exited 0. --lr inf is refused
+    # now; a loss that still becomes NaN (here: made so from step 4 on) stops the run.
+    import sys
+
+    from qkv.training.loop import NonFiniteLoss
+
+    module = sys.modules[train.__module__]  # qkv.translate.train, the module (not the function)
+
+    calls, real = [], module.loss_fn
+
+    def diverging(*args):
+        calls.append(1)
+        return real(*args) * (float("nan") if len(calls) >= 4 else 1.0)
+
+    monkeypatch.setattr(module, "loss_fn", diverging)
+    cfg = TrainConfig(**TINY, steps=10, eval_every=0, save_every=2)
+    with pytest.raises(NonFiniteLoss, match=r"loss became nan at step 4 .*this model is not saved "
+                                            r"\(.* keeps the checkpoint of step 2\)"):
+        train(cfg, tmp_path / "run", progress=False)
+    ckpt = load_checkpoint(tmp_path / "run")  # the last checkpoint saved is a finite model
+    assert all(torch.isfinite(p).all() for p in ckpt.model.parameters())
+
+
+def test_a_new_run_refuses_a_stale_directory_unless_forced(tmp_path):
+    # Reproduces issue 9 item 1: a run killed in its first save left tokenizers (and no
+    # config.json); a new run into the same directory kept them and trained a garbage model.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tokenizer_en.json").write_text("{}")
+    cfg = TrainConfig(**TINY, steps=2, eval_every=0, save_every=0)
+    with pytest.raises(QkvError, match=r"run is not empty; pass --resume .* --force"):
+        train(cfg, out, progress=False)
+    train(cfg, out, progress=False, force=True)
+    assert load_checkpoint(out).step == 2  # with --force the stale tokenizer was replaced
+
+
+@pytest.mark.parametrize("out, message", [("", "--out must name a directory, got an empty string"),
+                                          ("file", "--out '.*file' is a file, not a directory")])
+def test_bad_out_is_refused_up_front(tmp_path, out, message):
+    (tmp_path / "file").write_text("x")
+    target = "" if out == "" else str(tmp_path / out)
+    with pytest.raises(QkvError, match=message):
+        train(TrainConfig(**TINY, steps=2), target, progress=False)
+
+
+def test_resume_with_another_thread_count_is_refused_or_recorded(tmp_path):
+    # Reproduces issue 9: changing --threads on --resume silently broke exactness.
+    cfg = TrainConfig(**TINY, steps=2, eval_every=0, save_every=0)
+    train(cfg, tmp_path / "run", progress=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(before + 1)
+    try:
+        more = TrainConfig(**TINY, steps=3, eval_every=0, save_every=0)
+        with pytest.raises(QkvError, match=rf"trained with --threads {before}, this run has {before + 1}"):
+            train(more, tmp_path / "run", resume=True, progress=False)
+        train(more, tmp_path / "run", resume=True, progress=False, force=True)
+    finally:
+        torch.set_num_threads(before)
+    meta = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert meta["exact"] is False and meta["step"] == 3

@@ -1,42 +1,44 @@
-"""Translation checkpoints: safetensors tensors + a JSON config, written atomically.
+"""Translation checkpoints: safetensors tensors + a JSON config, through :mod:`qkv.training.checkpoint`.
 
 A checkpoint directory holds::
 
     config.json                      the commit point: sizes, training config, step, metrics,
-                                     the command that made it, and which files hold the tensors
+                                     the command that made it, which files hold what, and
+                                     "files": {name: sha256} for every other file below
     model-<step>.safetensors         the weights
     optimizer-<step>.safetensors     AdamW's moments (training runs only; --slim drops them)
     tokenizer_en.json, tokenizer_fr.json
 
-Every file is written to a temporary name and moved into place with ``os.replace``
-(:mod:`qkv.files`); tensor files carry their step in their name and ``config.json`` is replaced
-last. So at every instant ``config.json`` names a complete, consistent set of files: a run killed
-mid-save leaves the previous checkpoint intact. Files no longer named by ``config.json`` are
-deleted afterwards.
-
-Nothing is ever unpickled: tensors are read with ``safetensors`` and checked against the sha256
-recorded in ``config.json``; any mismatch is a :class:`~qkv.errors.QkvError`.
+Writing and reading go through :mod:`qkv.training.checkpoint`: atomic files, config.json last,
+and a file is read only when config.json lists it with a matching sha256 — tokenizers included,
+so tokenizers left by another run are never picked up. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from qkv.errors import QkvError
-from qkv.files import atomic_write, atomic_write_text
 from qkv.models.translation import TranslationConfig, TranslationModel, upgrade_state_dict
+from qkv.training.checkpoint import (
+    get_field, load_optimizer_tensors, load_tensors, optimizer_tensors, read_listed, read_manifest,
+    save_tensors_writer, write_checkpoint,
+)
 from qkv.translate.vocab import Vocab
 
+__all__ = ["Checkpoint", "load_checkpoint", "save_checkpoint", "read_meta", "load_optimizer_tensors",
+           "optimizer_tensors", "model_tensors", "load_model_tensors"]
+
 MODEL_TYPE = "qkv-translation"
-FORMAT_VERSION = 1
+# 2: every file listed with its sha256 under "files" (1 hashed the tensors only; it is refused).
+FORMAT_VERSION = 2
+# The files a translation checkpoint writes: those not listed by a new config.json are deleted.
+KINDS = ("model-*.safetensors", "optimizer-*.safetensors", "tokenizer_*.json")
 # The name that means "the small model shipped inside qkv" wherever a model directory is asked for.
 DEFAULT_MODEL_NAME = "translate"
 
@@ -68,30 +70,6 @@ def is_translation_model(model: str | os.PathLike | None) -> bool:
         return False
 
 
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
-    """Write ``tensors`` atomically; return the file's sha256."""
-    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp))
-    return _sha256(path)
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _load_tensors(directory: Path, entry: dict, what: str) -> dict[str, torch.Tensor]:
-    """Read a tensor file named in config.json, checking it exists and matches its sha256."""
-    path = directory / str(entry.get("file", ""))
-    if not path.is_file():
-        raise QkvError(f"{directory}: {what} file {entry.get('file')!r} named in config.json is missing")
-    if entry.get("sha256") and _sha256(path) != entry["sha256"]:
-        raise QkvError(f"{path}: corrupt checkpoint ({what} file does not match its sha256 in config.json)")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise QkvError(f"{path}: corrupt checkpoint ({str(e).splitlines()[0][:120]})") from None
-
-
 # -- model weights -------------------------------------------------------------------------------
 def model_tensors(model: TranslationModel) -> dict[str, torch.Tensor]:
     """The state dict to save; a tied generator is the French embedding, so it is stored once."""
@@ -110,37 +88,12 @@ def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor]
     if missing or unexpected:
         raise QkvError(f"{source}: weights do not match the config (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})")
-    for name, t in tensors.items():
+    for name in expected:  # the model's order: the first mismatch in the forward's order
+        t = tensors[name]
         if t.shape != expected[name].shape:
             raise QkvError(f"{source}: tensor {name} has shape {tuple(t.shape)}, the config "
                            f"needs {tuple(expected[name].shape)}")
     model.load_state_dict(tensors, strict=False)
-
-
-# -- optimizer state -----------------------------------------------------------------------------
-def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """AdamW's state as flat tensors ``state.<param>.<name>`` plus its JSON-able param groups."""
-    sd = opt.state_dict()
-    tensors = {}
-    for idx, state in sd["state"].items():
-        for name, value in state.items():
-            tensors[f"state.{idx}.{name}"] = torch.as_tensor(value)
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
-              for g in sd["param_groups"]]
-    return tensors, groups
-
-
-def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                           groups: list[dict], source: str) -> None:
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = value
-    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]
-    try:
-        opt.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise QkvError(f"{source}: optimizer state does not match the model ({e})") from None
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -160,27 +113,31 @@ class Checkpoint:
 
 
 def read_meta(directory: str | Path) -> dict:
-    """config.json of a translation checkpoint; QkvError when it is not one."""
+    """config.json of a translation checkpoint, its fields type-checked; QkvError when it is not one."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise QkvError(f"model directory {str(directory)!r} does not exist")
+    meta = read_manifest(directory)
     path = directory / "config.json"
-    if not path.is_file():
-        raise QkvError(f"{directory} is not a qkv model directory (no config.json)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise QkvError(f"{path}: corrupt checkpoint (config.json is not valid JSON: {e})") from None
-    if not isinstance(meta, dict) or meta.get("model_type") != MODEL_TYPE:
-        kind = meta.get("model_type") if isinstance(meta, dict) else None
+    if meta.get("model_type") != MODEL_TYPE:
         raise QkvError(f"{directory} is not a translation model (config.json has model_type "
-                       f"{kind!r}, expected {MODEL_TYPE!r})")
+                       f"{meta.get('model_type')!r}, expected {MODEL_TYPE!r})")
     if meta.get("format_version") != FORMAT_VERSION:
         raise QkvError(f"{path}: unsupported format_version {meta.get('format_version')!r} "
-                       f"(this qkv reads {FORMAT_VERSION})")
+                       f"(this qkv reads {FORMAT_VERSION}; format 1 did not hash the tokenizers: "
+                       f"retrain, or re-save with a qkv of that time)")
+    where = str(path)
+    get_field(meta, "step", int, where, minimum=0)
     for key in ("model", "weights"):
-        if not isinstance(meta.get(key), dict):
-            raise QkvError(f"{path}: corrupt checkpoint (no {key!r} section)")
+        get_field(meta, key, dict, where)
+    get_field(meta["weights"], "file", str, f"{where} (weights)")
+    if meta.get("optimizer") is not None:
+        get_field(meta, "optimizer", dict, where)
+        get_field(meta["optimizer"], "file", str, f"{where} (optimizer)")
+        get_field(meta["optimizer"], "param_groups", list, f"{where} (optimizer)")
+    for key, kind in (("train", dict), ("history", list), ("tokenizers", dict)):
+        if meta.get(key) is not None:
+            get_field(meta, key, kind, where)
+    if meta.get("threads") is not None:
+        get_field(meta, "threads", int, where, minimum=1)
     return meta
 
 
@@ -188,24 +145,27 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
     """Load a translation checkpoint (``None``/"translate" = the shipped one).
 
     Every problem — a missing directory, a directory of another model type, a corrupt or
-    mismatched file — is a one-line :class:`~qkv.errors.QkvError`.
+    mismatched file, a file config.json does not list with its sha256 — is a one-line
+    :class:`~qkv.errors.QkvError`.
     """
     directory = resolve_model_dir(model)
     meta = read_meta(directory)
     config = TranslationConfig.from_dict(meta["model"])
-    vocab = Vocab.load(directory)
+    texts = {name: read_listed(directory, meta, name, "tokenizer") for name in Vocab.FILES.values()}
+    vocab = Vocab.from_texts(texts, directory)
     if (vocab.src_size, vocab.tgt_size) != (config.src_vocab_size, config.tgt_vocab_size):
         raise QkvError(f"{directory}: tokenizers have {vocab.src_size}/{vocab.tgt_size} words but "
                        f"the config says {config.src_vocab_size}/{config.tgt_vocab_size}")
     net = TranslationModel(config)
-    load_model_tensors(net, _load_tensors(directory, meta["weights"], "weights"), str(directory))
+    load_model_tensors(net, load_tensors(directory, meta, meta["weights"]["file"], "weights"),
+                       str(directory))
     net.eval()
     opt = None
     if with_optimizer:
         if not isinstance(meta.get("optimizer"), dict):
             raise QkvError(f"{directory}: the checkpoint has no optimizer state to resume from "
                            f"(it was saved with --slim)")
-        opt = _load_tensors(directory, meta["optimizer"], "optimizer")
+        opt = load_tensors(directory, meta, meta["optimizer"]["file"], "optimizer")
     return Checkpoint(net, vocab, meta, directory, opt)
 
 
@@ -214,27 +174,21 @@ def save_checkpoint(directory: str | Path, model: TranslationModel, vocab: Vocab
     """Write a checkpoint of ``model`` at ``step`` (and the optimizer, for ``--resume``).
 
     ``meta`` is merged into config.json (the training config, metrics, the command…). The
-    tensors go first, config.json last; older tensor files are removed once it names the new ones.
+    tokenizers and tensors go first, config.json (listing each with its sha256) last; older
+    tensor files are removed once it names the new ones.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tok_files = {lang: name for lang, name in Vocab.FILES.items()}
-    if not all((directory / n).is_file() for n in tok_files.values()):
-        vocab.save(directory)
     weights = f"model-{step:06d}.safetensors"
+    files = {name: text.encode("utf-8") for name, text in vocab.texts().items()}
+    files[weights] = save_tensors_writer(model_tensors(model))
     record = dict(meta)
     record.update(model_type=MODEL_TYPE, format_version=FORMAT_VERSION, step=step,
-                  model=model.config.to_dict(), tokenizers=tok_files,
-                  weights={"file": weights, "sha256": _save_tensors(directory / weights, model_tensors(model))},
-                  optimizer=None)
+                  model=model.config.to_dict(), tokenizers=dict(Vocab.FILES),
+                  weights={"file": weights}, optimizer=None)
     if optimizer is not None:
         tensors, groups = optimizer_tensors(optimizer)
         name = f"optimizer-{step:06d}.safetensors"
-        record["optimizer"] = {"file": name, "sha256": _save_tensors(directory / name, tensors),
-                               "param_groups": groups}
-    atomic_write_text(directory / "config.json", json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    keep = {weights, record["optimizer"]["file"] if record["optimizer"] else None}
-    for old in (*directory.glob("model-*.safetensors"), *directory.glob("optimizer-*.safetensors")):
-        if old.name not in keep:
-            old.unlink(missing_ok=True)
+        files[name] = save_tensors_writer(tensors)
+        record["optimizer"] = {"file": name, "param_groups": groups}
+    write_checkpoint(directory, files, record, kinds=KINDS)
     return directory

@@ -6,7 +6,8 @@
   (seed, step), so ``--resume`` replays exactly the batches an uninterrupted run would see.
 * :func:`evaluate` — validation loss, token accuracy and greedy exact match.
 * :func:`train` — AdamW, label smoothing, gradient clipping, a progress bar, periodic evaluation
-  and atomic checkpoints.
+  and atomic checkpoints: the loop is :func:`qkv.training.loop.run_loop`, shared with
+  ``qkv train lm``; the files are written by :mod:`qkv.training.checkpoint`.
 
 Dropout is made a pure function of (seed, step) too: the global RNG is re-seeded from them at
 every step (inside ``torch.random.fork_rng``, so the caller's RNG is left as it was). Resuming at
@@ -15,10 +16,9 @@ step k therefore gives the same parameters as never having stopped.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,8 +27,12 @@ import torch.nn.functional as F
 
 from qkv.errors import QkvError
 from qkv.models.translation import TranslationConfig, TranslationModel
+from qkv.training import loop
+from qkv.training.checkpoint import prepare_out_dir
+from qkv.training.config import changed_options, check_float, check_int, config_from_dict
+from qkv.training.loop import TrainState
 from qkv.translate.checkpoint import (
-    load_checkpoint, load_optimizer_tensors, read_meta, save_checkpoint,
+    KINDS, load_checkpoint, load_optimizer_tensors, read_meta, save_checkpoint,
 )
 from qkv.translate.data import EncodedCorpus, encode_pairs, get_batch, iter_batches, load_splits
 from qkv.translate.decode import greedy_decode
@@ -80,28 +84,29 @@ class TrainConfig:
     RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "save_every", "eval_size"})
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "d_model", "num_heads", "encoder_layers",
-                     "decoder_layers", "ff_dim"):
-            if getattr(self, name) <= 0:
-                raise QkvError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        for name in ("warmup", "eval_every", "save_every", "eval_size"):
-            if getattr(self, name) < 0:
-                raise QkvError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0 or self.clip <= 0:
-            raise QkvError(f"--lr ({self.lr}) and --clip ({self.clip}) must be positive")
-        if not 0.0 <= self.label_smoothing < 1.0 or not 0.0 <= self.dropout < 1.0:
-            raise QkvError(f"--label-smoothing ({self.label_smoothing}) and --dropout "
-                           f"({self.dropout}) must be in [0, 1)")
+        # Bounds: what a CPU run of this toy model can do, so a typo (--d-model 1000000,
+        # --batch-size 100000000) is refused at once instead of failing minutes later.
+        for name, high in (("steps", 10**7), ("batch_size", 4096), ("d_model", 2048),
+                           ("num_heads", 64), ("encoder_layers", 48), ("decoder_layers", 48),
+                           ("ff_dim", 8192)):
+            check_int(name, getattr(self, name), low=1, high=high)
+        for name, high in (("seed", 2**63 - 1), ("data_seed", 2**31 - 1), ("warmup", 10**7),
+                           ("eval_every", 10**7), ("save_every", 10**7), ("eval_size", 10**6)):
+            check_int(name, getattr(self, name), low=0, high=high)
+        check_float("lr", self.lr, low=0.0, high=10.0, low_open=True)
+        check_float("clip", self.clip, low=0.0, high=1e6, low_open=True)
+        check_float("weight_decay", self.weight_decay, low=0.0, high=10.0)
+        check_float("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_float("label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
+        check_float("dropout", self.dropout, low=0.0, high=1.0, high_open=True)
+        if not isinstance(self.norm_first, bool):
+            raise QkvError(f"--norm-first must be true or false, got {self.norm_first!r}")
         if self.d_model % self.num_heads:
             raise QkvError(f"--d-model ({self.d_model}) must be divisible by --num-heads ({self.num_heads})")
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = sorted(f.name for f in fields(cls))
-        for key in d:
-            if key not in known:
-                raise QkvError(f"unknown training option {key!r} (known: {', '.join(known)})")
-        return cls(**d)
+        return config_from_dict(cls, d)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,12 +126,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     >>> lr_at(49, cfg), lr_at(99, cfg), round(lr_at(999, cfg), 6)
     (0.0005, 0.001, 5e-05)
     """
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    span = max(cfg.steps - 1 - cfg.warmup, 1)
-    progress = min((step - cfg.warmup) / span, 1.0)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return loop.lr_at(step, lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps,
+                      min_lr_ratio=cfg.min_lr_ratio)
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -179,58 +180,63 @@ def _same(generated: torch.Tensor, target: torch.Tensor) -> bool:
     return bool((g == t).all())
 
 
-@dataclass
-class TrainState:
-    """What :func:`train` hands to its ``callback`` after every step (and returns at the end)."""
-
-    step: int  # steps done
-    loss: float  # this step's training loss
-    tokens: int  # tokens processed in this session
-    elapsed: float  # seconds of this session
-    last_eval: EvalResult | None = None
-    last_saved: int | None = None  # step of the newest checkpoint on disk
-
-
 def _check_resume(saved: dict, cfg: TrainConfig, out: Path) -> None:
     old = TrainConfig.from_dict(saved)
-    diffs = [f"{k}={getattr(old, k)!r} (now {getattr(cfg, k)!r})" for k in old.to_dict()
-             if k not in TrainConfig.RESUMABLE_CHANGES and getattr(old, k) != getattr(cfg, k)]
+    diffs = changed_options(old, cfg, TrainConfig.RESUMABLE_CHANGES)
     if diffs:
         raise QkvError(f"--resume: {out} was trained with a different configuration: {', '.join(diffs)}")
 
 
+def check_threads(meta: dict, out: Path, *, allow_inexact: bool) -> bool:
+    """Is the resumed run still exact? A different torch thread count changes how sums are split,
+    so the parameters would no longer be those of an uninterrupted run: refused unless
+    ``allow_inexact`` (``--force``), which says so on stderr and records ``"exact": false``."""
+    saved, now = meta.get("threads"), torch.get_num_threads()
+    if saved is None or saved == now:
+        return bool(meta.get("exact", True))
+    if not allow_inexact:
+        raise QkvError(f"--resume: {out} was trained with --threads {saved}, this run has {now}: "
+                       f"the result would differ from an uninterrupted run; pass --threads "
+                       f"{saved}, or --force to continue anyway (recorded as inexact)")
+    print(f"qkv: warning: resuming {out} with --threads {now} instead of {saved}: the run is no "
+          f"longer a pure function of its options (recorded in config.json as \"exact\": false)",
+          file=sys.stderr)
+    return False
+
+
 def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
-          command: str | None = None, slim: bool = False,
+          command: str | None = None, slim: bool = False, force: bool = False,
           callback: Callable[[TrainState], None] | None = None) -> TrainState:
     """Train (or, with ``resume``, continue training) a model into directory ``out``.
 
     ``callback(state)`` runs after every step; an exception it raises stops the run like a kill
     would, leaving the newest checkpoint in ``out`` intact. ``slim`` drops the optimizer state
-    from the final checkpoint (for shipping; such a checkpoint cannot be resumed).
+    from the final checkpoint (for shipping; such a checkpoint cannot be resumed). A new run
+    needs an empty (or missing) ``out`` unless ``force``; with ``resume``, ``force`` accepts a
+    different thread count (the run is then recorded as inexact).
+
+    Raises:
+        QkvError: a bad ``out``, a configuration that differs from the resumed run's.
+        qkv.training.loop.NonFiniteLoss: the loss became NaN or infinite (nothing saved).
     """
-    out = Path(out)
+    out = prepare_out_dir(out, resume=resume, force=force, kinds=KINDS)
     with torch.random.fork_rng(devices=[]):
         return _train(cfg, out, resume=resume, progress=progress, command=command, slim=slim,
-                      callback=callback)
+                      force=force, callback=callback)
 
 
-def _train(cfg, out: Path, *, resume, progress, command, slim, callback) -> TrainState:
-    from tqdm.auto import tqdm
-
+def _train(cfg, out: Path, *, resume, progress, command, slim, force, callback) -> TrainState:
     # 1) data and vocabularies (a resumed run keeps the vocabularies it started with)
     splits = load_splits(cfg.data_seed)
+    exact = True
     if resume:
-        if not (out / "config.json").is_file():
-            raise QkvError(f"--resume: {out} holds no checkpoint to continue")
         meta = read_meta(out)
         _check_resume(meta.get("train", {}), cfg, out)
+        exact = check_threads(meta, out, allow_inexact=force)
         ckpt = load_checkpoint(out, with_optimizer=True)
         vocab, start, history = ckpt.vocab, ckpt.step, list(meta.get("history", []))
         elapsed_before = float(meta.get("train_seconds", 0.0))
     else:
-        if (out / "config.json").exists():
-            raise QkvError(f"{out} already holds a checkpoint; pass --resume to continue it or "
-                           f"choose another --out")
         vocab = Vocab.train([p.en for p in splits.train], [p.fr for p in splits.train])
         start, history, elapsed_before = 0, [], 0.0
     train_set, valid_set = encode_pairs(splits.train, vocab), encode_pairs(splits.valid, vocab)
@@ -249,57 +255,37 @@ def _train(cfg, out: Path, *, resume, progress, command, slim, callback) -> Trai
             raise QkvError(f"--resume: {out} is already at step {start} of --steps {cfg.steps}; "
                            f"raise --steps to train further")
 
-    def save(step: int, last_eval: EvalResult | None, final: bool) -> None:
+    # 3) the loop: batches, evaluation and checkpoints of this model
+    t0 = time.perf_counter()
+
+    def step_loss(step: int) -> tuple[torch.Tensor, int]:
+        torch.manual_seed(cfg.seed * 1_000_003 + step + 1)  # dropout: a function of (seed, step)
+        batch = get_batch(train_set, cfg.batch_size, cfg.seed, step)
+        loss = loss_fn(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.label_smoothing)
+        return loss, batch.num_tokens
+
+    def evaluate_at(state: TrainState) -> tuple[EvalResult, str]:
+        ev = evaluate(model, valid_set, exact_size=cfg.eval_size)
+        history.append({"step": state.step, "seconds": round(elapsed_before + time.perf_counter() - t0, 1),
+                        "train_loss": round(state.loss, 4), **asdict(ev)})
+        return ev, (f"valid loss {ev.loss:.4f}, token acc {ev.token_accuracy:.4f}, exact match "
+                    f"{ev.exact_match:.4f} ({ev.sentences} sentences)")
+
+    def save(done: int, last_eval: EvalResult | None, final: bool) -> None:
         meta = {"train": cfg.to_dict(), "command": command, "history": history,
                 "train_seconds": round(elapsed_before + time.perf_counter() - t0, 1),
                 "metrics": asdict(last_eval) if last_eval else None,
-                "parameters": model.num_parameters()}
-        save_checkpoint(out, model, vocab, meta, step=step,
+                "parameters": model.num_parameters(), "threads": torch.get_num_threads(),
+                "exact": exact}
+        save_checkpoint(out, model, vocab, meta, step=done,
                         optimizer=None if (final and slim) else opt)
 
-    # 3) the loop
     model.train()
-    state = TrainState(step=start, loss=float("nan"), tokens=0, elapsed=0.0, last_saved=start or None)
-    t0 = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, unit="step", dynamic_ncols=True)
-    try:
-        for step in range(start, cfg.steps):
-            torch.manual_seed(cfg.seed * 1_000_003 + step + 1)  # dropout: a function of (seed, step)
-            batch = get_batch(train_set, cfg.batch_size, cfg.seed, step)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            loss = loss_fn(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            opt.step()
-
-            done = step + 1
-            state.step, state.loss = done, loss.item()
-            state.tokens += batch.num_tokens
-            state.elapsed = time.perf_counter() - t0
-            bar.update(1)
-            bar.set_postfix(loss=f"{state.loss:.3f}", tok_s=f"{state.tokens / state.elapsed:,.0f}",
-                            refresh=False)
-            last = done == cfg.steps
-            if last or (cfg.eval_every and done % cfg.eval_every == 0):
-                state.last_eval = evaluate(model, valid_set, exact_size=cfg.eval_size)
-                history.append({"step": done, "seconds": round(elapsed_before + state.elapsed, 1),
-                                "train_loss": round(state.loss, 4), **asdict(state.last_eval)})
-                bar.write(file=sys.stderr, s=f"step {done}: valid loss {state.last_eval.loss:.4f}, token acc "
-                          f"{state.last_eval.token_accuracy:.4f}, exact match "
-                          f"{state.last_eval.exact_match:.4f} ({state.last_eval.sentences} sentences)")
-            if last or (cfg.save_every and done % cfg.save_every == 0):
-                save(done, state.last_eval, final=last)
-                state.last_saved = done
-            if callback is not None:
-                callback(state)
-    except KeyboardInterrupt:
-        bar.write(file=sys.stderr, s=f"interrupted after step {state.step}; {out} holds the checkpoint of step "
-                  f"{state.last_saved} — continue with --resume")
-        raise
-    finally:
-        bar.close()
+    plan = loop.LoopPlan(start=start, steps=cfg.steps, clip=cfg.clip, eval_every=cfg.eval_every,
+                         save_every=cfg.save_every)
+    state = loop.run_loop(plan, params=model.parameters(), optimizer=opt,
+                          lr=lambda step: lr_at(step, cfg), step_loss=step_loss,
+                          evaluate=evaluate_at, save=save, progress=progress, where=str(out),
+                          callback=callback)
     model.eval()
     return state
-

@@ -161,16 +161,29 @@ class Vocab:
             atomic_write_text(Path(directory) / name, getattr(self, lang).to_str(pretty=True))
         return dict(self.FILES)
 
+    def texts(self) -> dict[str, str]:
+        """{file name: JSON text} of both tokenizers, as :meth:`save` writes them."""
+        return {name: getattr(self, lang).to_str(pretty=True) for lang, name in self.FILES.items()}
+
     @classmethod
     def load(cls, directory: str | Path) -> "Vocab":
         """Read both tokenizers; QkvError naming the file if one is missing or corrupt."""
-        toks = {}
-        for lang, name in cls.FILES.items():
+        texts = {}
+        for name in cls.FILES.values():
             path = Path(directory) / name
             if not path.is_file():
                 raise QkvError(f"{directory}: missing tokenizer file {name}")
+            texts[name] = path.read_bytes()
+        return cls.from_texts(texts, directory)
+
+    @classmethod
+    def from_texts(cls, texts: dict[str, bytes], directory: str | Path) -> "Vocab":
+        """Both tokenizers from their files' bytes ({file name: bytes}, checked by the caller)."""
+        toks = {}
+        for lang, name in cls.FILES.items():
+            path = Path(directory) / name
             try:
-                toks[lang] = Tokenizer.from_file(str(path))
+                toks[lang] = Tokenizer.from_str(texts[name].decode("utf-8"))
             except Exception as e:  # the tokenizers library raises plain Exception subclasses
                 raise QkvError(f"{path}: not a valid tokenizer file ({str(e).splitlines()[0][:120]})") from None
             for i, special in enumerate(SPECIALS):

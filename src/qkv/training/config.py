@@ -1,0 +1,70 @@
+"""Checks shared by every training configuration: types, finite floats, bounds, resumability.
+
+A training config is a frozen dataclass (``qkv.translate.train.TrainConfig``,
+``qkv.lm.train.LMTrainConfig``); its ``__post_init__`` calls :func:`check_int` /
+:func:`check_float` for every field, and ``from_dict`` is :func:`config_from_dict`, which also
+refuses unknown keys and values of the wrong JSON type (``"steps": "abc"`` in a config.json).
+Messages name the CLI flag (``--batch-size``), since that is where a user sets the value.
+
+Example:
+    >>> check_float("lr", float("inf"), low=0.0, high=10.0, low_open=True)
+    Traceback (most recent call last):
+    ...
+    qkv.errors.QkvError: --lr must be a finite number in (0.0, 10.0], got inf
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, fields
+from typing import get_type_hints
+
+from qkv.errors import QkvError
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_int(name: str, value: object, *, low: int, high: int) -> None:
+    """``value`` must be an int (not a bool) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QkvError(f"{flag(name)} must be a whole number, got {value!r}")
+    if not low <= value <= high:
+        raise QkvError(f"{flag(name)} must be between {low} and {high}, got {value}")
+
+
+def check_float(name: str, value: object, *, low: float, high: float, low_open: bool = False,
+                high_open: bool = False) -> None:
+    """``value`` must be a finite real number in the interval (open ends as asked)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise QkvError(f"{flag(name)} must be a number, got {value!r}")
+    inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not math.isfinite(value) or not inside:
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise QkvError(f"{flag(name)} must be a finite number in {interval}, got {value}")
+
+
+def config_from_dict(cls, d: object, *, where: str = "training options"):
+    """Build ``cls`` from a dict: unknown keys and wrong JSON types are one clear error."""
+    if not isinstance(d, dict):
+        raise QkvError(f"{where} must be a JSON object, got {type(d).__name__}")
+    hints = get_type_hints(cls)
+    known = sorted(f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING)
+    values = {}
+    for key, value in d.items():
+        if key not in known:
+            raise QkvError(f"unknown training option {key!r} (known: {', '.join(known)})")
+        kind = hints[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind in (int, float, bool, str) and (type(value) is not kind):
+            raise QkvError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
+        values[key] = value
+    return cls(**values)
+
+
+def changed_options(old, new, allowed: frozenset[str]) -> list[str]:
+    """``name=old (now new)`` for every field of two configs that differs and may not change."""
+    return [f"{f.name}={getattr(old, f.name)!r} (now {getattr(new, f.name)!r})" for f in fields(old)
+            if f.name not in allowed and getattr(old, f.name) != getattr(new, f.name)]

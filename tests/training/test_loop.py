@@ -1,0 +1,59 @@
+"""qkv.training.loop: the shared loop learns, evaluates and saves on schedule, and stops on NaN."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qkv.training.loop import LoopPlan, NonFiniteLoss, lr_at, run_loop
+
+
+def quadratic(target: float = 3.0):
+    w = torch.nn.Parameter(torch.zeros(2))
+    return w, (lambda step: (((w - target) ** 2).sum(), 2))
+
+
+def test_the_loop_minimises_and_keeps_its_schedule():
+    w, loss = quadratic()
+    saves, evals = [], []
+    opt = torch.optim.SGD([w], lr=0.1)
+    state = run_loop(LoopPlan(start=0, steps=60, clip=100.0, eval_every=20, save_every=25),
+                     params=[w], optimizer=opt, lr=lambda s: 0.1, step_loss=loss,
+                     evaluate=lambda st: (evals.append(st.step) or st.loss, "ok"),
+                     save=lambda step, ev, final: saves.append((step, final)), progress=False)
+    assert state.step == 60 and state.tokens == 120
+    assert evals == [20, 40, 60] and saves == [(25, False), (50, False), (60, True)]
+    # SGD on (w − 3)²: w_k = 3 − 3·0.8^k, so w_60 = 3 − 3·0.8⁶⁰ (≈ 4e-6 from 3).
+    assert torch.allclose(w, torch.full((2,), 3 - 3 * 0.8**60, dtype=w.dtype), rtol=0, atol=1e-6)
+
+
+def test_a_nan_loss_stops_before_anything_is_saved():
+    w, good = quadratic()
+    saves = []
+
+    def loss(step):
+        value, n = good(step)
+        return (value * float("nan"), n) if step == 7 else (value, n)
+
+    with pytest.raises(NonFiniteLoss, match=r"loss became nan at step 8 .*keeps the checkpoint of step 5"):
+        run_loop(LoopPlan(start=0, steps=20, clip=1.0, eval_every=0, save_every=5), params=[w],
+                 optimizer=torch.optim.SGD([w], lr=0.1), lr=lambda s: 0.1, step_loss=loss,
+                 save=lambda step, ev, final: saves.append(step), progress=False, where="run")
+    assert saves == [5]
+
+
+def test_a_parameter_that_becomes_inf_is_not_saved():
+    w, loss = quadratic()
+    opt = torch.optim.SGD([w], lr=1e38)  # a finite loss, then an update past float32's range
+    with pytest.raises(NonFiniteLoss, match="a parameter became NaN or infinite at step 1 .*no checkpoint"):
+        run_loop(LoopPlan(start=0, steps=3, clip=1e30, eval_every=0, save_every=1), params=[w],
+                 optimizer=opt, lr=lambda s: 1e38, step_loss=loss,
+                 save=lambda *a: pytest.fail("saved a non-finite model"), progress=False)
+
+
+def test_lr_schedule_ends():
+    kw = dict(lr=1.0, warmup=10, steps=110, min_lr_ratio=0.1)
+    assert lr_at(0, **kw) == 0.1 and lr_at(9, **kw) == 1.0
+    assert math.isclose(lr_at(109, **kw), 0.1, rel_tol=1e-15)
