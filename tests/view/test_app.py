@@ -151,3 +151,23 @@ def test_dark_and_light(watched, served):
     page.click("#theme")
     light = page.evaluate(background)
     assert dark == "rgb(15, 18, 22)" and light == "rgb(255, 255, 255)"
+
+
+def test_the_method_switch_drives_the_model_view(watched, served, model):
+    """Every method qkv.explain has is offered; a contribution method's ranking is the library's."""
+    from qkv.view.api import METHODS
+
+    page = watched.page
+    open_page(watched, served, text=TEXT)
+    offered = page.eval_on_selector_all("#method option", "os => os.map(o => o.value)")
+    assert offered == list(METHODS) and offered[0] == "weight"
+    if "norm" not in METHODS:
+        return  # this qkv has no contribution methods (qkv.explain.contributions) to switch to
+    page.select_option("#method", "norm")
+    page.wait_for_function("() => location.search.includes('method=norm') && "
+                           "document.querySelector('#model-hint').textContent.includes('method norm')")
+    ov = explain(model, TEXT, token="12", method="norm")
+    first = page.locator("#ranking li").first.text_content()
+    r = ov.rows[0]
+    assert first.startswith(f"L{r.layer} H{r.head} → {ov.units.labels[r.argmax]} ")
+    assert_shown(first.split()[4], r.max_weight, "norm: the best head's share")

@@ -31,6 +31,7 @@ back and forth between heads costs one forward per text.
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from collections import OrderedDict
@@ -48,7 +49,24 @@ MAX_TEXT_CHARS = 6000  # a 512-token BERT input is ~2,500 characters; the model'
 MAX_TOKEN_CHARS = 100
 MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts; longer ones go per head
 CACHE_BYTES = 256 * 2**20  # answers and per-text maps kept, at most
-METHODS = {"weight": "attention weights, as the forward computed them"}
+WEIGHT = "weight"  # the attention weights themselves; other methods: qkv.explain.contributions
+
+
+def methods() -> dict[str, str]:
+    """The method switch's choices: name → formula. ``"weight"``, then the contribution methods
+    of :mod:`qkv.explain.contributions` when this qkv has them (looked up by name so the viewer
+    runs with or without that package)."""
+    out = {WEIGHT: "A_ij: the attention weights, as the forward computed them"}
+    try:
+        contributions = importlib.import_module("qkv.explain.contributions")
+    except ModuleNotFoundError:
+        return out
+    for name, method in getattr(contributions, "METHODS", {}).items():
+        out.setdefault(name, getattr(method, "formula", name))
+    return out
+
+
+METHODS = methods()
 ENDPOINTS = ("overview", "steps", "map", "maps", "probe", "cross", "cross_steps")
 
 
@@ -237,7 +255,7 @@ class Api:
         text = _string(body, "text", limit=MAX_TEXT_CHARS, required=endpoint != "probe")
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
-        method = body.get("method", "weight")
+        method = body.get("method", WEIGHT)
         if method not in METHODS:
             raise ApiError("method", f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
         args = {"token": _token(body), "layer": _integer(body, "layer"),
@@ -246,7 +264,7 @@ class Api:
             if field in FIELDS[endpoint] and args[field] is None:
                 raise ApiError(field, f"{field} is required")
         try:
-            answer = getattr(self, "_" + endpoint)(loaded, text, **args)
+            answer = getattr(self, "_" + endpoint)(loaded, text, method=method, **args)
         except ArgumentError as e:
             raise ApiError(e.argument, str(e)) from None
         except ApiError:
@@ -267,11 +285,12 @@ class Api:
 
     # Each runs the library under the lock and returns its answer (:mod:`qkv.view.answers`).
     # ``args`` an endpoint does not take are None/False and ignored.
-    def _overview(self, model, text, *, token, words, **_):
+    def _overview(self, model, text, *, token, words, method, **_):
+        extra = {} if method == WEIGHT else {"method": method}  # rows as the method's shares
         with self.models.lock:
-            return answers.overview(explain(model, text, token=token, words=words))
+            return answers.overview(explain(model, text, token=token, words=words, **extra))
 
-    def _steps(self, model, text, *, token, layer, head, words):
+    def _steps(self, model, text, *, token, layer, head, words, **_):
         with self.models.lock:
             return answers.steps(explain_head(model, text, token=token, layer=layer, head=head,
                                               words=words))

@@ -213,36 +213,40 @@
   function drawModelView() {
     const grid = $("grid");
     grid.replaceChildren();
-    const L = numLayers(), H = numHeads(), rows = headRows();
+    // a per-layer method (rollout, alti, …) has one row per layer: one column, "all heads"
+    const perLayer = D.kind === "self" && D.overview.per === "layer";
+    const L = numLayers(), H = perLayer ? 1 : numHeads(), rows = headRows();
     const byHead = new Map(rows.map((r) => [r.layer + ":" + r.head, r]));
     grid.style.gridTemplateColumns = `2.5em repeat(${H}, minmax(0, 1fr))`;
     grid.append(h("span", { class: "collabel" }, ""));
-    for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, "H" + hh));
+    for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, perLayer ? "all heads" : "H" + hh));
     const layers = D.kind === "cross" ? D.cross.layers : [...Array(L).keys()];
-    const whole = D.kind === "self" && D.maps;
+    const whole = D.kind === "self" && D.maps && !isMethod();
     for (const l of layers) {
       grid.append(h("span", { class: "rowlabel" }, "L" + l));
       for (let hh = 0; hh < H; hh++) {
-        const r = byHead.get(l + ":" + hh);
+        const r = byHead.get(l + ":" + (perLayer ? null : hh));
         const cv = h("canvas", {});
         if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
         const label = D.kind === "cross"
           ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
             (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
-          : `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
+          : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
             (r.focus ? ", highlighted" : "") + (r.mark ? ", a best coref-probe head" : "");
+        const chosen = l === S.layer && (perLayer || hh === S.head);
         grid.append(h("button", { type: "button", class: "cell" + (whole ? " whole" : "") + (r.focus ? " focus" : "") +
-            (l === S.layer && hh === S.head ? " selected" : ""),
-          "data-layer": l, "data-head": hh, "aria-label": label, title: label,
-          "aria-pressed": l === S.layer && hh === S.head ? "true" : "false",
-          onclick: () => selectHead(l, hh) },
+            (chosen ? " selected" : ""),
+          "data-layer": l, "data-head": perLayer ? null : hh, "aria-label": label, title: label,
+          "aria-pressed": chosen ? "true" : "false",
+          onclick: () => selectHead(l, perLayer ? S.head : hh) },
           cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
           r.mark ? h("span", { class: "mark" }, D.kind === "cross" ? "★ gold" : "★ probe") : null));
       }
     }
     const hint = D.kind === "cross"
       ? "per head: the selected French token's weights over the English; ranked by words on the gold alignment (★: the best heads)"
-      : `ranked by the largest weight in the row (#1 = most focused), as qkv explain ranks them; ` +
+      : (isMethod() ? `method ${S.method}: ${D.info.methods[S.method]} — rows as shares of their total; ` : "") +
+        `ranked by the largest ${isMethod() ? "share" : "weight"} in the row (#1 = most focused), as qkv explain ranks them; ` +
         `${whole ? "whole maps (the selected row outlined)" : "bars: the selected token's row"}; ` +
         `★ probe: the coref probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
         (D.overview.focus ? `; bold border: heads whose largest weight is on “${D.overview.focus}”` : "");
@@ -251,12 +255,13 @@
     ol.replaceChildren();
     for (const r of rows.slice(0, 12)) {
       ol.append(h("li", {}, h("button", { type: "button", onclick: () => selectHead(r.layer, r.head) },
-        `L${r.layer} H${r.head} → ${r.argmax} ${fmt(r.max)}` +
+        `L${r.layer}${r.head === null ? " (all heads)" : " H" + r.head} → ${r.argmax} ${fmt(r.max)}` +
         (r.entropy !== undefined ? ` (entropy ${fmt(r.entropy, 2)} bits)` : "") +
         (r.count !== null && r.count !== undefined ? ` (gold ${r.count}/${D.cross.gold.length})` : "") +
         (r.focus ? " ◆" : "") + (r.mark ? " ★" : ""))));
     }
   }
+  function isMethod() { return D.kind === "self" && S.method !== "weight"; }
   function heatRgb() { return cssColor("--heat").split(",").map(Number); }
   function drawRowThumb(cv, w) {
     const n = w.length; cv.width = Math.max(n, 1); cv.height = 12;
@@ -321,6 +326,7 @@
     D.map = M;
     $("head-hint").textContent = (M.n > ALL_LINES_UNTIL ? "lines: the selected token's row only (long text); " : "lines: thickness = weight; ") +
       "heat map: row = from, column = to; hover a cell for its exact weight" +
+      (isMethod() ? `; the head view and the step panel show the attention weights (method ${S.method} drives the model view)` : "") +
       (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
     drawLines(M); drawHeat(M);
   }
