@@ -61,7 +61,7 @@ def _factor(backend: str) -> float:
 # -- the registry and the dispatch rule -----------------------------------------------------------
 
 def test_the_documented_backends_are_registered():
-    assert {"reference", "fused"} <= set(BACKENDS)
+    assert {"reference", "fused", "blockwise"} <= set(BACKENDS)
 
 
 def test_auto_picks_fused_and_reference_only_for_empty_sequences():
@@ -193,3 +193,56 @@ def test_every_backend_is_close_to_the_fp64_reference(problem):
         # and in fp64 the backends are the plain implementation, to float64's rounding
         out64 = qkv.scaled_dot_product_attention(q, k, v, backend=name, **kwargs)
         assert_agree(out64, ref, plain, factor=2 * _factor(name), what=f"{name} in fp64")
+    if "attn_mask" not in kwargs:  # blockwise takes structure only (flash-attention's factor 2)
+        out = qkv.scaled_dot_product_attention(q32, k32, v32, backend="blockwise", **kwargs32)
+        assert_within(out, ref, plain, what="blockwise")
+        out64 = qkv.scaled_dot_product_attention(q, k, v, backend="blockwise", **kwargs)
+        assert_agree(out64, ref, plain, factor=4.0, what="blockwise in fp64")
+
+
+# -- NaN and devices (issue 9: one behaviour on every backend) -----------------------------------
+
+ALL_BACKENDS = ("reference", "fused", "auto", "blockwise")
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("kwargs", [{}, dict(is_causal=True), dict(window=(3, 0), is_causal=True),
+                                    dict(key_padding_mask=torch.tensor([[True] * 6 + [False] * 2])),
+                                    dict(is_causal=True, causal_alignment="bottom_right")])
+def test_nan_in_a_query_gives_nan_in_that_row_on_every_backend(backend, kwargs):
+    """NaN in → NaN out (qkv's policy, documented in scaled_dot_product_attention): torch's CPU
+    kernel alone would give zeros for the row and hide the NaN from ``embed``."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
+    bad = q.clone()
+    bad[0, 1, 5, 2] = float("nan")
+    out = qkv.scaled_dot_product_attention(bad, k, v, backend=backend, **kwargs)
+    clean = qkv.scaled_dot_product_attention(q, k, v, backend=backend, **kwargs)
+    assert torch.isnan(out[0, 1, 5]).all()
+    others = torch.ones(1, 2, 8, dtype=torch.bool)
+    others[0, 1, 5] = False
+    assert torch.equal(out[others], clean[others])  # the other rows are untouched
+    trace = qkv.attention_trace(bad, k, v, **kwargs)
+    assert torch.isnan(trace.output[0, 1, 5]).all()
+    if backend in ("reference", "blockwise"):
+        _, lse = qkv.scaled_dot_product_attention(bad, k, v, backend=backend, return_lse=True, **kwargs)
+        assert torch.isnan(lse[0, 1, 5]) and not torch.isnan(lse[others]).any()
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_tensors_on_another_device_are_a_value_error_on_every_backend(backend):
+    q = torch.randn(1, 2, 4, 8)
+    other = torch.empty(1, 2, 4, 8, device="meta")
+    for args, kwargs, name in (((q, other, q), {}, "key"), ((q, q, other), {}, "value"),
+                               ((other, q, q), {}, "key"),
+                               ((q, q, q), dict(attn_mask=torch.ones(4, 4, dtype=torch.bool,
+                                                                    device="meta")), "attn_mask"),
+                               ((q, q, q), dict(bias=torch.zeros(4, 4, device="meta")), "bias")):
+        with pytest.raises(ValueError, match=f"{name} is on device meta but query is on cpu|"
+                                             f"{name} is on device cpu but query is on meta"):
+            qkv.scaled_dot_product_attention(*args, backend=backend, **kwargs)
+    mask = AttentionMask(key_padding=torch.ones(1, 4, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match="mask.key_padding is on device meta"):
+        qkv.scaled_dot_product_attention(q, q, q, mask=mask, backend=backend)
+    with pytest.raises(ValueError, match="key is on device meta"):
+        qkv.attention_trace(q, other, q)

@@ -59,6 +59,7 @@ class MaskMod:
     """
 
     batch: int | None = None   # B, when the mask differs per batch row (document ids per row)
+    shift_invariant = False    # depends only on kv_idx − q_idx (the same tile all along a band)
 
     def __call__(self, b, h, q_idx, kv_idx) -> torch.Tensor:
         raise NotImplementedError
@@ -96,6 +97,7 @@ class Band(MaskMod):
     right: int | None
     alignment: str = "top_left"
     offset: int | None = None
+    shift_invariant = True
 
     def _offset(self) -> int:
         if self.offset is not None:
@@ -235,6 +237,10 @@ class Combined(MaskMod):
     def batch(self):
         sizes = {p.batch for p in self.parts if isinstance(p, MaskMod) and p.batch is not None}
         return sizes.pop() if sizes else None
+
+    @property
+    def shift_invariant(self) -> bool:
+        return all(getattr(p, "shift_invariant", False) for p in self.parts)
 
     @property
     def analytic(self) -> bool:

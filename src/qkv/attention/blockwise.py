@@ -110,15 +110,51 @@ def _check_mask(bm: BlockMask, lay: _Layout) -> None:
     bm.check(lay.b, lay.h, lay.t, lay.s)
 
 
-def _run_mask(bm: BlockMask, lay: _Layout, row: int, c0: int, c1: int, device) -> torch.Tensor:
-    """The bool mask of one run in the scores' layout: broadcasts to (B, h_kv, g·bq, L)."""
-    m = bm.dense_block(row, c0, c1, device=device)  # (B', H', bq, L)
-    bq, L = m.shape[-2:]
-    if m.shape[1] == lay.h and lay.h > 1:
-        return m.reshape(m.shape[0], lay.h_kv, lay.g * bq, L)
-    if lay.g > 1:
-        return m.unsqueeze(2).expand(m.shape[0], 1, lay.g, bq, L).reshape(m.shape[0], 1, lay.g * bq, L)
-    return m
+class _RunMasks:
+    """The additive masks (0 / −inf) of partial runs, in the scores' 3-D layout.
+
+    Added by ``baddbmm`` in the same pass as q·kᵀ (no separate masking pass). For a mask that
+    depends only on k − q (causal, windows) every run at the same offset has the same mask:
+    it is built once and reused (a sliding window builds one or two per call).
+    """
+
+    def __init__(self, bm: BlockMask, lay: _Layout, dtype: torch.dtype, device):
+        self.bm, self.lay, self.dtype, self.device = bm, lay, dtype, device
+        self.invariant = getattr(bm.mask_mod, "shift_invariant", False) and bm.tiles is None
+        self.cache: dict = {}
+
+    def __call__(self, row: int, c0: int, c1: int) -> torch.Tensor:
+        bs, lay = self.bm.block_size, self.lay
+        q0, k0 = row * bs, c0 * bs
+        n, L = min(q0 + bs, lay.t) - q0, min(c1 * bs, lay.s) - k0
+        key = (k0 - q0, n, L) if self.invariant else None
+        got = self.cache.get(key) if key is not None else None
+        if got is None:
+            got = self._build(row, c0, c1)
+            if key is not None:
+                self.cache[key] = got
+        return got
+
+    def _build(self, row, c0, c1) -> torch.Tensor:
+        lay = self.lay
+        m = self.bm.dense_block(row, c0, c1, device=self.device)  # (B', H', bq, L) bool
+        Bm, Hm, bq, L = m.shape
+        if Hm == lay.h and lay.h > 1:
+            m = m.reshape(Bm, lay.h_kv, lay.g * bq, L)  # query heads grouped as the scores are
+        elif lay.g > 1:
+            m = m.unsqueeze(2).expand(Bm, 1, lay.g, bq, L).reshape(Bm, 1, lay.g * bq, L)
+        if Bm * m.shape[1] == 1:
+            m = m.reshape(1, m.shape[2], L)  # broadcasts over every (batch, head)
+        else:
+            m = m.expand(lay.b, lay.h_kv, m.shape[2], L).reshape(lay.b * lay.h_kv, m.shape[2], L)
+        return torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill_(~m, _NEG_INF)
+
+
+def _scores(qb: torch.Tensor, kr: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """qb (BH, n, d) · kr (BH, L, d)ᵀ (+ the additive mask): (BH, n, L)."""
+    if bias is None:
+        return torch.bmm(qb, kr.transpose(1, 2))
+    return torch.baddbmm(bias, qb, kr.transpose(1, 2))
 
 
 def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -128,30 +164,32 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     c = _compute_dtype(query.dtype)
-    bs, t, s = block_mask.block_size, lay.t, lay.s
+    bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
     q = lay.queries(query.to(c) * scale)  # (B, h_kv, g, t, d), scaled once here, not per block
-    k, v = lay.keys(key.to(c)), lay.keys(value.to(c))  # (B, h_kv, s, d), (B, h_kv, s, dv)
+    k = lay.keys(key.to(c)).reshape(BH, s, lay.d)  # (B·h_kv, s, d)
+    v = lay.keys(value.to(c))
     dv = v.shape[-1]
+    v = v.reshape(BH, s, dv)  # (B·h_kv, s, dv)
     out = q.new_zeros(lay.b, lay.h_kv, lay.g, t, dv)  # (B, h_kv, g, t, dv)
     lse = q.new_full((lay.b, lay.h_kv, lay.g, t), _NEG_INF)  # (B, h_kv, g, t)
+    masks = _RunMasks(block_mask, lay, c, q.device)
     for r, runs in enumerate(block_mask.runs):
         if not runs:
             continue  # no key for any row of the block: zeros, lse −inf
         r0, r1 = r * bs, min((r + 1) * bs, t)
-        qb = q[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, lay.g * (r1 - r0), lay.d)  # (B, h_kv, g·bq, d)
+        n = lay.g * (r1 - r0)
+        qb = q[:, :, :, r0:r1].reshape(BH, n, lay.d)  # (B·h_kv, g·bq, d)
         m = l = acc = m_safe_old = None
         for c0, c1, full in runs:
             k0, k1 = c0 * bs, min(c1 * bs, s)
-            scores = torch.matmul(qb, k[:, :, k0:k1].transpose(-1, -2))  # (B, h_kv, g·bq, L)
-            if not full:
-                scores.masked_fill_(~_run_mask(block_mask, lay, r, c0, c1, q.device), _NEG_INF)
-            m_new = scores.amax(-1, keepdim=True)  # (B, h_kv, g·bq, 1)
+            scores = _scores(qb, k[:, k0:k1], None if full else masks(r, c0, c1))  # (BH, n, L)
+            m_new = scores.amax(-1, keepdim=True)  # (BH, n, 1)
             if m is not None:
                 m_new = torch.maximum(m, m_new)
             # a row with no key so far has max −inf; subtract 0 there so exp gives 0, not NaN
             m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)
-            p = scores.sub_(m_safe).exp_()  # (B, h_kv, g·bq, L)
-            pv = torch.matmul(p, v[:, :, k0:k1])  # (B, h_kv, g·bq, dv)
+            p = scores.sub_(m_safe).exp_()  # (BH, n, L)
+            pv = torch.bmm(p, v[:, k0:k1])  # (BH, n, dv)
             if acc is None:
                 l, acc = p.sum(-1, keepdim=True), pv
             else:
@@ -188,9 +226,11 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     c = _compute_dtype(query.dtype)
-    bs, t, s = block_mask.block_size, lay.t, lay.s
+    bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
     q = lay.queries(query.to(c) * scale)  # (B, h_kv, g, t, d)
-    k, v = lay.keys(key.to(c)), lay.keys(value.to(c))  # (B, h_kv, s, ·)
+    k = lay.keys(key.to(c)).reshape(BH, s, lay.d)  # (BH, s, d)
+    v = lay.keys(value.to(c))
+    v = v.reshape(BH, s, v.shape[-1])  # (BH, s, dv)
     do = lay.queries(dout.to(c))  # (B, h_kv, g, t, dv)
     delta = (do * lay.queries(out.to(c))).sum(-1)  # (B, h_kv, g, t)  D = rowsum(dO ∘ O)
     if dlse is not None:
@@ -199,28 +239,27 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     lse4 = lse4.masked_fill(lse4 == _NEG_INF, float("inf"))  # rows with no key: P = exp(−inf) = 0
     dq = torch.zeros_like(q)
     dk, dvv = torch.zeros_like(k), torch.zeros_like(v)
+    masks = _RunMasks(block_mask, lay, c, q.device)
     for r, runs in enumerate(block_mask.runs):
         if not runs:
             continue
         r0, r1 = r * bs, min((r + 1) * bs, t)
         n = lay.g * (r1 - r0)
-        qb = q[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, lay.d)  # (B, h_kv, g·bq, d)
-        dob = do[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, do.shape[-1])  # (B, h_kv, g·bq, dv)
-        lse_b = lse4[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, 1)
-        delta_b = delta[:, :, :, r0:r1].reshape(lay.b, lay.h_kv, n, 1)
+        qb = q[:, :, :, r0:r1].reshape(BH, n, lay.d)  # (BH, g·bq, d)
+        dob = do[:, :, :, r0:r1].reshape(BH, n, do.shape[-1])  # (BH, g·bq, dv)
+        lse_b = lse4[:, :, :, r0:r1].reshape(BH, n, 1)
+        delta_b = delta[:, :, :, r0:r1].reshape(BH, n, 1)
         dq_b = None
         for c0, c1, full in runs:
             k0, k1 = c0 * bs, min(c1 * bs, s)
-            kr, vr = k[:, :, k0:k1], v[:, :, k0:k1]
-            p = torch.matmul(qb, kr.transpose(-1, -2))  # (B, h_kv, g·bq, L) scores
-            if not full:
-                p.masked_fill_(~_run_mask(block_mask, lay, r, c0, c1, q.device), _NEG_INF)
+            kr, vr = k[:, k0:k1], v[:, k0:k1]
+            p = _scores(qb, kr, None if full else masks(r, c0, c1))  # (BH, n, L)
             p = p.sub_(lse_b).exp_()  # P, recomputed from the saved lse
-            dvv[:, :, k0:k1].add_(torch.matmul(p.transpose(-1, -2), dob))
-            ds = torch.matmul(dob, vr.transpose(-1, -2)).sub_(delta_b).mul_(p)  # dS = P ∘ (dP − D)
-            part = torch.matmul(ds, kr)  # (B, h_kv, g·bq, d)
+            dvv[:, k0:k1].add_(torch.bmm(p.transpose(1, 2), dob))
+            ds = torch.bmm(dob, vr.transpose(1, 2)).sub_(delta_b).mul_(p)  # dS = P ∘ (dP − D)
+            part = torch.bmm(ds, kr)  # (BH, n, d)
             dq_b = part if dq_b is None else dq_b.add_(part)
-            dk[:, :, k0:k1].add_(torch.matmul(ds.transpose(-1, -2), qb))  # q already carries the scale
+            dk[:, k0:k1].add_(torch.bmm(ds.transpose(1, 2), qb))  # q already carries the scale
         dq[:, :, :, r0:r1] = dq_b.view(lay.b, lay.h_kv, lay.g, r1 - r0, lay.d)
     dq = dq.mul_(scale)
     return (lay.back_q(dq).to(query.dtype), lay.back_k(dk, key).to(key.dtype),
