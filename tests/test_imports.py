@@ -40,7 +40,8 @@ import qkv
 SOURCE = Path(qkv.__file__).resolve().parent  # src/qkv
 
 # (module, attribute) of every name → implementation table that qkv fills as it imports.
-REGISTRIES = (("qkv.attention.backends", "BACKENDS"), ("qkv.models.registry", "FAMILIES"))
+REGISTRIES = (("qkv.attention.backends", "BACKENDS"), ("qkv.models.registry", "FAMILIES"),
+              ("qkv.explain.contributions", "METHODS"))
 
 # A package's __main__ runs the program when imported (``python -m qkv``); it is a script, not a
 # module to import.

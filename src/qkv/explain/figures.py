@@ -23,15 +23,20 @@ from qkv.explain.plots import grid_map, head_map, new_figure
 
 def overview_figure(ov: Overview):
     """Every head's row for the chosen unit, in layer/head order; heads on the focus in red."""
-    ordered = sorted(ov.rows, key=lambda r: (r.layer, r.head))
-    rows = torch.stack([r.weights for r in ordered])  # (layers·heads, U)
+    ordered = sorted(ov.rows, key=lambda r: (r.layer, r.head or 0))
+    rows = torch.stack([r.weights for r in ordered])  # (layers·heads, U), or (layers, U)
     label = ov.units.labels[ov.unit]
-    title = f"{ov.model}: attention from {label!r}, every head (red dot: its largest weight)"
+    what = "attention from" if ov.method == "weight" else f"{ov.method} contributions into"
+    kind = "every layer" if ov.per == "layer" else "every head"
+    largest = "weight" if ov.method == "weight" else "share"
+    title = f"{ov.model}: {what} {label!r}, {kind} (red dot: its largest {largest})"
     if ov.focus is not None:
-        title += f"\nred labels: heads whose largest weight is on {ov.units.labels[ov.focus]!r}"
-    return grid_map(rows, ov.units.labels, heads=ov.num_heads, title=title,
-                    names=[f"L{r.layer} H{r.head}" for r in ordered],
-                    highlight=[ov.highlighted(r) for r in ordered])
+        title += (f"\nred labels: {kind.split()[1]}s whose largest {largest} is on "
+                  f"{ov.units.labels[ov.focus]!r}")
+    return grid_map(rows, ov.units.labels, heads=1 if ov.per == "layer" else ov.num_heads,
+                    title=title, highlight=[ov.highlighted(r) for r in ordered],
+                    names=[f"L{r.layer}" if r.head is None else f"L{r.layer} H{r.head}"
+                           for r in ordered])
 
 
 def map_figure(m: AttentionMap):

@@ -4,17 +4,21 @@ lands on its referent (:func:`probe`).
 
 Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
 (see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
+
+``method=`` ranks by a contribution method instead of the weights (see
+:mod:`qkv.explain.contributions`): each row as shares of its total; a per-layer method ranks
+layers (``head`` None).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 import torch
 
-from qkv.explain import forward
+from qkv.explain import contributions, forward
 from qkv.explain.overview import unit_rows
 from qkv.explain.select import Units, choose, word_units
 from qkv.explain.wording import ArgumentError, Message
@@ -24,10 +28,11 @@ PROBES = ("coref",)
 
 @dataclass(frozen=True)
 class HeadWeight:
-    """The weight one head sends from the ``source`` word to the ``target`` word."""
+    """The weight (or a method's share) one head sends from the ``source`` word to the
+    ``target`` word; ``head`` is None for a per-layer method's row."""
 
     layer: int
-    head: int
+    head: int | None
     weight: float
 
 
@@ -40,6 +45,7 @@ class HeadRanking:
         model, text: what was run; units: its words; source, target: indices into ``units``.
         heads: one :class:`HeadWeight` per head, largest weight first (ties by layer, head).
         notes: how an ambiguous ``source``/``target`` was resolved.
+        method, per: what ranks the heads (``"weight"``) and whether its rows are heads or layers.
     """
 
     model: str
@@ -49,11 +55,13 @@ class HeadRanking:
     target: int
     heads: list[HeadWeight]
     notes: tuple[Message, ...] = ()
+    method: str = "weight"
+    per: str = "head"
 
     def to_dict(self) -> dict:
         """The ranking; ``qkv heads TEXT --from A --to B --json`` prints its ``"heads"`` list."""
         return {"model": self.model, "text": self.text, "units": self.units.labels,
-                "source": self.source, "target": self.target,
+                "source": self.source, "target": self.target, "method": self.method,
                 "heads": [{"layer": h.layer, "head": h.head, "weight": h.weight} for h in self.heads]}
 
 
@@ -78,12 +86,26 @@ def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) ->
     return sorted(out, key=lambda h: (-h.weight, h.layer, h.head))
 
 
-def heads(model, text: str, *, source: str | None = None, target: str) -> HeadRanking:
+def _rows(model, encoding, units, unit: int, method: str, target_text: str | None):
+    """(L × (h or 1, r, s) rows of ``unit``'s tokens by ``method`` — shares unless ``weight``,
+    the method record)."""
+    m = contributions.check_method(model, method, target_text)
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    s = contributions.scores(model, ids, torch.tensor(units.groups[unit]), method=m.name,
+                             target_text=target_text)
+    per_layer = s.per_layer()
+    return (per_layer if m.name == "weight" else [contributions.shares(x) for x in per_layer]), m
+
+
+def heads(model, text: str, *, source: str | None = None, target: str, method: str = "weight",
+          target_text: str | None = None) -> HeadRanking:
     """Rank every head of ``model`` by the weight from word ``source`` to word ``target``.
 
     Args:
         source, target: a word (its last occurrence), ``"word@N"`` or an index over the words
             (see :func:`qkv.explain.select.choose`); ``source`` None: the last word.
+        method, target_text: rank by a contribution method's share instead of the weight
+            (see :func:`qkv.explain.explain`).
 
     Raises:
         ArgumentError: a word that is not in the text, an index out of range.
@@ -97,16 +119,18 @@ def heads(model, text: str, *, source: str | None = None, target: str) -> HeadRa
         >>> len(r.heads), (best.layer, best.head), round(best.weight, 2)
         (72, (3, 1), 0.75)
     """
+    contributions.check_method(model, method, target_text)
     encoding = forward.encode(model, text)
     units = word_units(encoding, text)
     src = choose(source, units, role="source")
     tgt = choose(target, units, role="target")
-    traced = forward.trace(model, text, torch.tensor(units.groups[src.unit]), words=True,
-                           encoding=encoding)
-    ranked = rank_pair(traced.layer_weights(), units, src.unit, tgt.unit)
+    per_layer, m = _rows(model, encoding, units, src.unit, method, target_text)
+    ranked = rank_pair(per_layer, units, src.unit, tgt.unit)
+    if m.per == "layer":
+        ranked = [replace(h, head=None) for h in ranked]
     return HeadRanking(model=forward.model_name(model), text=text, units=units, source=src.unit,
                        target=tgt.unit, heads=ranked,
-                       notes=tuple(c.note for c in (src, tgt) if c.note))
+                       notes=tuple(c.note for c in (src, tgt) if c.note), method=m.name, per=m.per)
 
 
 # -- the coreference probe ---------------------------------------------------------------------
@@ -130,6 +154,10 @@ class ProbeResult:
         hits: (n, layers, heads) bool — head's largest weight from the pronoun on the referent.
         candidates: (n,) how many words each argmax chose among (chance = 1/candidates).
         chosen: (n, layers, heads) the word each head picked, as text.
+        method, per: what the heads were scored by; with a per-layer method ``heads`` is 1 and
+            the rows are layers.
+        parked: (n,) the share of the pronoun's row on [CLS]/[SEP]/punctuation, mean over the
+            heads (layers), by ``method``; ``parked_weight`` the same for the raw weights.
     """
 
     model: str
@@ -138,6 +166,10 @@ class ProbeResult:
     hits: torch.Tensor
     candidates: torch.Tensor
     chosen: list[list[list[str]]]
+    method: str = "weight"
+    per: str = "head"
+    parked: torch.Tensor | None = None
+    parked_weight: torch.Tensor | None = None
 
     @property
     def accuracy(self) -> torch.Tensor:
@@ -173,10 +205,15 @@ class ProbeResult:
         (``weight`` repeats ``accuracy``, the figure heads are ranked by)."""
         n = len(self.items)
         (layer, head), even, odd = self.held_out()
+        per_head = self.per == "head"
         return {
             "model": self.model, "probe": self.name, "sentences": n, "chance": self.chance,
-            "held_out": {"layer": layer, "head": head, "even": even, "odd": odd},
-            "heads": [{"layer": l, "head": h, "weight": acc, "accuracy": acc, "correct": c, "n": n}
+            "method": self.method, "per": self.per,
+            "parked": None if self.parked is None else float(self.parked.mean()),
+            "parked_weight": None if self.parked_weight is None else float(self.parked_weight.mean()),
+            "held_out": {"layer": layer, "head": head if per_head else None, "even": even, "odd": odd},
+            "heads": [{"layer": l, "head": h if per_head else None, "weight": acc, "accuracy": acc,
+                       "correct": c, "n": n}
                       for l, h, acc, c in self.ranked()],
         }
 
@@ -195,31 +232,45 @@ def load_probe(name: str) -> list[ProbeItem]:
     return items
 
 
-def _probe_one(model, item: ProbeItem) -> tuple[torch.Tensor, int, list[list[str]]]:
-    """(layers, heads) hits, the number of candidate words, and each head's pick."""
+def _parked(per_layer: list[torch.Tensor], units: Units) -> float:
+    """The mean over heads (or layers) of the rows' share on [CLS]/[SEP]/punctuation."""
+    rows = torch.stack([unit_rows(w.double(), units) for w in per_layer])  # (L, h, U)
+    return float(contributions.parked(rows, units).mean())
+
+
+def _probe_one(model, item: ProbeItem, method: str = "weight"
+               ) -> tuple[torch.Tensor, int, list[list[str]], float, float]:
+    """(layers, heads) hits, the number of candidate words, each head's pick, and the share
+    parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
     encoding = forward.encode(model, item.text)
     units = word_units(encoding, item.text)
     pronoun = choose(item.pronoun, units, role="pronoun").unit
     referent = choose(item.referent, units, role="referent").unit
-    traced = forward.trace(model, item.text, torch.tensor(units.groups[pronoun]), words=True,
-                           encoding=encoding)
+    per_layer, _ = _rows(model, encoding, units, pronoun, method, None)
+    weights = per_layer if method == "weight" else _rows(model, encoding, units, pronoun, "weight", None)[0]
     # Candidates: every word except the pronoun itself; special tokens are not words.
     excluded = torch.tensor([s or u == pronoun for u, s in enumerate(units.special)])
     hits, picks = [], []
-    for layer in range(len(traced.traces)):
-        rows = unit_rows(traced.weights(layer).double(), units)  # (h, U)
+    for weights in per_layer:
+        rows = unit_rows(weights.double(), units)  # (h, U)
         best = rows.masked_fill(excluded, -1.0).argmax(-1)  # (h,)
         hits.append(best == referent)
         picks.append([units.labels[int(b)] for b in best])
-    return torch.stack(hits), int((~excluded).sum()), picks
+    return (torch.stack(hits), int((~excluded).sum()), picks, _parked(per_layer, units),
+            _parked(weights, units))
 
 
-def probe(model, name: str = "coref") -> ProbeResult:
+def probe(model, name: str = "coref", *, method: str = "weight") -> ProbeResult:
     """Each head's accuracy at putting its largest weight (from the pronoun, over the words of
     the sentence other than the pronoun itself) on the labelled referent.
 
+    ``method``: score by a contribution method's largest share instead (see
+    :mod:`qkv.explain.contributions`); a per-layer method scores each layer. ``grad`` on an
+    encoder does not apply (the probe has no second text to compare with).
+
     Raises:
-        ArgumentError: an unknown probe ``name`` (see :data:`PROBES`).
+        ArgumentError: an unknown probe ``name`` (see :data:`PROBES`), an unknown ``method`` or
+            one that does not apply.
 
     Example (49 forward passes, a few seconds; skipped in the doctest run):
         >>> import qkv
@@ -228,9 +279,12 @@ def probe(model, name: str = "coref") -> ProbeResult:
         >>> len(result.items), accuracy > 4 * result.chance         # doctest: +SKIP
         (49, True)
     """
+    m = contributions.check_method(model, method)
     items = load_probe(name)
-    results = [_probe_one(model, item) for item in items]
+    results = [_probe_one(model, item, m.name) for item in items]
     return ProbeResult(model=forward.model_name(model), name=name, items=items,
                        hits=torch.stack([r[0] for r in results]),
                        candidates=torch.tensor([r[1] for r in results]),
-                       chosen=[r[2] for r in results])
+                       chosen=[r[2] for r in results], method=m.name, per=m.per,
+                       parked=torch.tensor([r[3] for r in results]),
+                       parked_weight=torch.tensor([r[4] for r in results]))

@@ -1,5 +1,10 @@
 """The overview: for one token (or word), every layer and head, ranked by its largest weight.
 
+With ``method=`` (see :mod:`qkv.explain.contributions`) the rows are that method's scores
+instead of the weights, each row taken as shares of its total so heads compare on one scale:
+per-head methods (``norm``) keep one row per head, per-layer methods (``rollout``, ``alti``,
+``value-zeroing``, ``grad``) have one row per layer (``head`` None).
+
 Ranking rule: heads are sorted by the **largest weight** in the chosen token's row (most focused
 first); the entropy of the row (in bits) is shown beside it as a second measure of spread.
 
@@ -14,12 +19,13 @@ highlighted. ``to=WORD`` (``--to WORD``) names the focus instead.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from qkv.explain import contributions
 from qkv.explain.forward import (
-    check_layer_head, check_text, check_top, encode, model_name, num_heads, num_layers, trace,
+    check_layer_head, check_text, check_top, encode, model_name, num_heads, num_layers,
 )
 from qkv.explain.select import Units, choose, choose_in, group_columns
 from qkv.explain.wording import Message
@@ -27,19 +33,28 @@ from qkv.explain.wording import Message
 RANKING = "largest weight in the row (most focused first); entropy in bits beside it"
 
 
+def ranking(method: str) -> str:
+    """The ranking rule in words, for ``method``."""
+    if method == "weight":
+        return RANKING
+    return (f"largest share of the row's {method} contribution (most focused first); entropy in "
+            f"bits beside it")
+
+
 @dataclass(frozen=True)
 class HeadRow:
     """One head's attention from the chosen unit, over the units shown.
 
     Fields:
-        layer, head: counting from 0.
-        weights: (U,) the row of weights over units (sums to 1).
+        layer, head: counting from 0; ``head`` is None for a per-layer method's row.
+        weights: (U,) the row of weights (or of a method's shares) over units (sums to 1, or
+            is all 0 where a method found nothing).
         top: the ``k`` largest as (unit index, weight), largest first.
         entropy: of ``weights``, in bits.
     """
 
     layer: int
-    head: int
+    head: int | None
     weights: torch.Tensor
     top: list[tuple[int, float]]
     entropy: float
@@ -67,6 +82,11 @@ class Overview:
         focus_reason: why ``focus`` was highlighted, or why nothing was.
         num_layers, num_heads: the model's size.
         notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
+        method, per: the method the rows come from (``"weight"``: the attention weights) and
+            whether it scores heads or layers (see :mod:`qkv.explain.contributions`).
+        scores: the method's raw scores for the token's rows (``Scores.scores``: (L, h, r, s)
+            or (L, r, s)), or None.
+        target: what ``grad`` differentiated, or None.
     """
 
     model: str
@@ -80,13 +100,29 @@ class Overview:
     num_layers: int
     num_heads: int
     notes: tuple[Message, ...] = ()
+    method: str = "weight"
+    per: str = "head"
+    scores: torch.Tensor | None = None
+    target: str | None = None
 
     def highlighted(self, row: HeadRow) -> bool:
         return self.focus is not None and row.argmax == self.focus
 
+    def _repr_html_(self) -> str:
+        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
+        from qkv.view.page import result_html
+
+        return result_html(self)
+
     def to_dict(self) -> dict:
         """Every number of the overview (what ``qkv explain TEXT --json`` prints)."""
         units = self.units
+        group = units.groups[self.unit]
+        extra = {}
+        if self.scores is not None:  # token-level rows, averaged over the unit's tokens
+            extra["scores"] = self.scores.double().mean(-2).tolist()
+        if self.target is not None:
+            extra["target"] = self.target
         return {
             "model": self.model,
             "text": self.text,
@@ -98,7 +134,10 @@ class Overview:
             "unit_index": self.unit,
             "unit": units.labels[self.unit],
             "token_indices": list(units.groups[self.unit]),
-            "ranking": RANKING,
+            "token_index": group[0],
+            "method": self.method,
+            "per": self.per,
+            "ranking": ranking(self.method),
             "focus": units.labels[self.focus] if self.focus is not None else None,
             "heads": [
                 {"layer": r.layer, "head": r.head, "max_weight": r.max_weight,
@@ -108,6 +147,7 @@ class Overview:
                  "weights": r.weights.tolist()}
                 for r in self.rows
             ],
+            **extra,
         }
 
 
@@ -160,7 +200,7 @@ def rank(rows: list[HeadRow]) -> list[HeadRow]:
         >>> [(r.layer, r.head, r.top) for r in rank(head_rows(w, u, k=1))]
         [(0, 1, [(2, 0.75)]), (0, 0, [(0, 0.5)])]
     """
-    return sorted(rows, key=lambda r: (-round(r.max_weight, 12), r.layer, r.head))
+    return sorted(rows, key=lambda r: (-round(r.max_weight, 12), r.layer, r.head or 0))
 
 
 def _heads(n: int) -> str:
@@ -206,7 +246,8 @@ def chosen_focus(rows: list[HeadRow], units: Units, focus: int) -> Message:
 
 
 def explain(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
-            to: str | None = None, layer: int | None = None) -> Overview:
+            to: str | None = None, layer: int | None = None, method: str = "weight",
+            target_text: str | None = None) -> Overview:
     """Every layer and head of ``model`` for one token of ``text``, ranked (see the module doc).
 
     One forward pass, keeping only the chosen token's rows: O(layers · heads · s) numbers.
@@ -219,9 +260,14 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
         top: how many of each head's largest weights to keep in :attr:`HeadRow.top`.
         to: a unit to highlight (as ``token``); None picks the one most heads point to.
         layer: keep only this layer's heads.
+        method: what the rows hold: ``"weight"`` (the attention weights) or another name in
+            :data:`qkv.explain.contributions.METHODS`, each row as shares of its total.
+        target_text: ``method="grad"`` on an encoder: the second text (see
+            :mod:`qkv.explain.contributions.grad`).
 
     Raises:
-        ArgumentError: ``token``/``to`` not in the text, ``layer`` out of range, ``top`` < 1.
+        ArgumentError: ``token``/``to`` not in the text, ``layer`` out of range, ``top`` < 1,
+            an unknown ``method`` or one that does not apply.
         QkvError: an empty text.
 
     Example:
@@ -237,19 +283,27 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
     check_top(top)
     check_text(text)
     check_layer_head(model, layer, None)
+    m = contributions.check_method(model, method, target_text)
     encoding = encode(model, text)
     units, choice = choose_in(token, encoding, text, words=words, role="token")
     focus = None if to is None else choose(to, units, role="to").unit
-    traced = trace(model, text, torch.tensor(units.groups[choice.unit]), words=words,
-                   encoding=encoding)
-    rows = head_rows(traced.layer_weights(), units, top)
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    scores = contributions.scores(model, ids, torch.tensor(units.groups[choice.unit]),
+                                  method=m.name, target_text=target_text)
+    per_layer = scores.per_layer()  # L × (h or 1, r, s)
+    if m.name != "weight":
+        per_layer = [contributions.shares(x) for x in per_layer]
+    rows = head_rows(per_layer, units, top)
+    if m.per == "layer":
+        rows = [replace(r, head=None) for r in rows]
     if layer is not None:
         rows = [r for r in rows if r.layer == layer]
     if focus is None:
         focus, reason = choose_focus(rows, units, choice.unit)
     else:
         reason = chosen_focus(rows, units, focus)
-    return Overview(model=model_name(model), text=text, tokens=traced.tokens, units=units,
+    return Overview(model=model_name(model), text=text, tokens=list(encoding.tokens), units=units,
                     unit=choice.unit, rows=rank(rows), focus=focus, focus_reason=reason,
                     num_layers=num_layers(model), num_heads=num_heads(model),
-                    notes=(choice.note,) if choice.note else ())
+                    notes=(choice.note,) if choice.note else (), method=m.name, per=m.per,
+                    scores=scores.scores, target=scores.target)

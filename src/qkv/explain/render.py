@@ -23,7 +23,7 @@ from rich.text import Text
 
 from qkv.explain.ablation import NoProjection
 from qkv.explain.find_heads import HeadRanking, ProbeResult
-from qkv.explain.overview import RANKING, Overview
+from qkv.explain.overview import Overview, ranking
 from qkv.explain.saturation import Saturation
 from qkv.explain.select import WORD_RULE, Units
 from qkv.explain.steps import HeadSteps
@@ -41,9 +41,9 @@ def console(file=None) -> Console:
                    force_terminal=tty, highlight=False, soft_wrap=not tty)
 
 
-def head_name(layer: int, head: int) -> str:
-    """``L3 H1`` — layers and heads count from 0."""
-    return f"L{layer} H{head}"
+def head_name(layer: int, head: int | None) -> str:
+    """``L3 H1`` — layers and heads count from 0; ``L3`` for a per-layer method's row."""
+    return f"L{layer}" if head is None else f"L{layer} H{head}"
 
 
 def number(v: float, digits: int = 4) -> str:
@@ -96,9 +96,15 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
     units = ov.units
     _header(out, ov.model, units, ov.unit, f" ({ov.num_layers} layers × {ov.num_heads} heads)")
     tokens = ", ".join(str(t) for t in units.groups[ov.unit])
-    out.print(Text(f"attention from {units.kind} {ov.unit} {units.labels[ov.unit]!r}"
+    what = "attention from" if ov.method == "weight" else f"{ov.method} contributions into"
+    out.print(Text(f"{what} {units.kind} {ov.unit} {units.labels[ov.unit]!r}"
                    + (f" (tokens {tokens})" if units.words and len(units.groups[ov.unit]) > 1 else "")))
-    out.print(Text(f"ranked by: {RANKING}"))
+    if ov.method != "weight":
+        from qkv.explain.contributions import METHODS
+
+        out.print(Text(f"method: {ov.method} = {METHODS[ov.method].formula}"
+                       + (f"; y = {ov.target}" if ov.target else "")))
+    out.print(Text(f"ranked by: {ranking(ov.method)}"))
     out.print(Text(f"{MARK} {ov.focus_reason.spelled(names)}"),
               style=HIGHLIGHT if ov.focus is not None else None)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -114,7 +120,9 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
     out.print(table)
     votes = Counter(units.labels[r.argmax] for r in ov.rows)
     summary = " · ".join(f"{label} {n}" for label, n in votes.most_common())
-    out.print(Text(f"where the largest weight lands ({len(ov.rows)} heads): {summary}"))
+    rows = f"{len(ov.rows)} layers" if ov.per == "layer" else f"{len(ov.rows)} heads"
+    largest = "weight" if ov.method == "weight" else "share"
+    out.print(Text(f"where the largest {largest} lands ({rows}): {summary}"))
 
 
 # -- step by step --------------------------------------------------------------------------------
@@ -171,17 +179,21 @@ def render_pair(out: Console, ranking: HeadRanking, *, top: int) -> None:
     """The ``top`` heads of the ranking (the rest are counted)."""
     units, source, target, ranked = ranking.units, ranking.source, ranking.target, ranking.heads
     _header(out, ranking.model, units, source)
-    out.print(Text(f"weight from {units.labels[source]!r} ({units.kind} {source}) to "
-                   f"{units.labels[target]!r} ({units.kind} {target}), every layer and head, "
+    what = "weight" if ranking.method == "weight" else f"{ranking.method} share"
+    rows = "every layer" if ranking.per == "layer" else "every layer and head"
+    out.print(Text(f"{what} from {units.labels[source]!r} ({units.kind} {source}) to "
+                   f"{units.labels[target]!r} ({units.kind} {target}), {rows}, "
                    f"largest first"))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name, justify in (("rank", "right"), ("head", "left"), ("weight", "right")):
+    for name, justify in (("rank", "right"), ("head" if ranking.per == "head" else "layer", "left"),
+                          ("weight" if ranking.method == "weight" else "share", "right")):
         table.add_column(name, justify=justify)
     for rank, h in enumerate(ranked[:top], 1):
         table.add_row(str(rank), head_name(h.layer, h.head), number(h.weight, 4))
     out.print(table)
     if len(ranked) > top:
-        out.print(Text(f"… {len(ranked) - top} more heads (--top {len(ranked)} or --json for all)"))
+        kind = "heads" if ranking.per == "head" else "layers"
+        out.print(Text(f"… {len(ranked) - top} more {kind} (--top {len(ranked)} or --json for all)"))
 
 
 def render_probe(out: Console, result: ProbeResult, *, top: int) -> None:
@@ -189,23 +201,32 @@ def render_probe(out: Console, result: ProbeResult, *, top: int) -> None:
     n = len(result.items)
     out.print(Text(f"model: {result.model} · coref probe: {n} sentences, each a pronoun and its labelled "
                    f"referent with decoy words between them"))
-    out.print(Text("a head is right when its largest weight from the pronoun, over the words of "
-                   "the sentence other than the pronoun itself ([CLS]/[SEP] are not words), is on "
-                   "the referent"))
+    per_head = result.per == "head"
+    unit, largest = ("head" if per_head else "layer"), ("weight" if result.method == "weight"
+                                                         else f"{result.method} share")
+    out.print(Text(f"a {unit} is right when its largest {largest} from the pronoun, over the words "
+                   "of the sentence other than the pronoun itself ([CLS]/[SEP] are not words), is "
+                   "on the referent"))
     out.print(Text(f"chance (a word picked at random): {result.chance:.2f}"))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name, justify in (("rank", "right"), ("head", "left"), ("accuracy", "right"),
+    for name, justify in (("rank", "right"), (unit, "left"), ("accuracy", "right"),
                           ("correct", "right")):
         table.add_column(name, justify=justify)
     ranked = result.ranked()
     for rank, (layer, head, acc, correct) in enumerate(ranked[:top], 1):
-        table.add_row(str(rank), head_name(layer, head), f"{acc:.2f}", f"{correct}/{n}")
+        table.add_row(str(rank), head_name(layer, head if per_head else None), f"{acc:.2f}",
+                      f"{correct}/{n}")
     out.print(table)
     if len(ranked) > top:
-        out.print(Text(f"… {len(ranked) - top} more heads (--top {len(ranked)} or --json for all)"))
+        out.print(Text(f"… {len(ranked) - top} more {unit}s (--top {len(ranked)} or --json for all)"))
     (layer, head), even, odd = result.held_out()
-    out.print(Text(f"held out: the best head on the even-numbered sentences, {head_name(layer, head)} "
+    out.print(Text(f"held out: the best {unit} on the even-numbered sentences, "
+                   f"{head_name(layer, head if per_head else None)} "
                    f"({even:.2f} there), scores {odd:.2f} on the odd-numbered ones"))
+    if result.method != "weight" and result.parked is not None:
+        out.print(Text(f"on [CLS]/[SEP]/punctuation (the pronoun's row, mean over sentences and "
+                       f"{unit}s): weight {float(result.parked_weight.mean()):.2f} → "
+                       f"{result.method} {float(result.parked.mean()):.2f}"))
 
 
 # -- ablation ------------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""The contribution-method flags of ``qkv explain`` and ``qkv heads``: ``--method``, ``--target``
+and ``qkv explain --compare`` (see :mod:`qkv.explain.contributions`).
+
+    qkv explain TEXT --token it --method norm [--png FILE] [--json]
+    qkv explain TEXT --token it --method grad --target "a dog ate the pizza"
+    qkv explain TEXT --token it --compare [--target TEXT] [--layer L] [--top K]
+    qkv heads TEXT --from it --to pizza --method alti      qkv heads --probe coref --method norm
+
+Kept apart from :mod:`qkv.cli.explain` so the commands' own file only wires these in.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from qkv.cli import options
+from qkv.errors import QkvError
+
+# The names in qkv.explain.contributions.METHODS (tests/cli/test_methods.py keeps them equal);
+# spelled here so that building the parser imports no torch.
+METHOD_NAMES = ("weight", "norm", "rollout", "alti", "value-zeroing", "grad")
+
+FLAGS = {"method": "--method", "target_text": "--target"}
+
+
+def add_options(p: argparse.ArgumentParser, *, compare: bool) -> None:
+    """Add ``--method`` and ``--target`` (and ``--compare`` to ``qkv explain``)."""
+    p.add_argument("--method", type=options.name(), default=None, metavar="METHOD",
+                   help="rank by what each token contributes instead of the raw weight: "
+                        f"{', '.join(METHOD_NAMES)} (default weight; see docs/tutorial.md, "
+                        "\"Why values?\")")
+    p.add_argument("--target", dest="target_text", type=options.text(), default=None,
+                   metavar="TEXT", help="--method grad on an encoder: a second text; the cosine "
+                                        "similarity of the two sentence embeddings is differentiated")
+    if compare:
+        p.add_argument("--compare", action="store_true",
+                       help="the top words into --token by every method, side by side")
+
+
+def check_explain(args: argparse.Namespace) -> None:
+    """Refuse flag combinations the methods do not take, before a model loads."""
+    from qkv.explain.contributions import get_method
+
+    if args.method is not None:
+        get_method(args.method)  # an unknown name lists the known ones
+    if args.compare and (args.method is not None or args.head is not None or args.no_projection
+                         or args.png or args.to):
+        raise QkvError("--compare runs every method itself; it takes no --method, --head, "
+                       "--no-projection, --png or --to")
+    if args.method not in (None, "weight") and (args.head is not None or args.no_projection):
+        raise QkvError(f"--method {args.method} ranks the overview (every head or layer for "
+                       "--token); it takes no --head or --no-projection")
+
+
+def check_heads(args: argparse.Namespace) -> None:
+    from qkv.explain.contributions import get_method
+
+    if args.method is not None:
+        get_method(args.method)
+    if args.probe is not None and args.target_text is not None:
+        raise QkvError("--target is not read with --probe: each probe sentence is explained on "
+                       "its own (--method grad needs a decoder there)")
+
+
+def method_args(args: argparse.Namespace) -> dict:
+    """``method=`` and ``target_text=`` for :func:`qkv.explain.explain` / :func:`~qkv.explain.heads`."""
+    return {"method": args.method or "weight", "target_text": args.target_text}
+
+
+def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
+    """``qkv explain TEXT --compare``: every method's top words for ``--token``."""
+    from qkv.explain.contributions.compare import compare
+    from qkv.explain.render import console
+    from qkv.explain.render_contributions import render_compare
+
+    result = compare(model, args.text, token=args.token, words=args.words, top=args.top,
+                     layer=args.layer, target_text=args.target_text)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        render_compare(console(), result, names=flags)
+    return 0

@@ -1,0 +1,238 @@
+"""What every contribution method shares: the record a method returns, the traced forward with
+the tensors the methods read, each head's value vectors f^h(x_j), and rollout.
+
+Notation (the docs use it too):
+
+    A^{ℓ,h}      (t, s)  head h of layer ℓ's attention weights, as the forward computed them
+    x_j          (E,)    token j's vector entering layer ℓ (``hidden_states[ℓ]``)
+    h_j          (E,)    what the attention projected: x_j (post-norm) or norm1(x_j) (pre-norm)
+    f^h(h_j)     (E,)    (h_j W_V^h + b_V^h) W_O^h: head h's value of token j, already mixed by
+                         the output projection (W_O^h: the d columns of ``out_proj`` of head h)
+
+so the attention block's output is exactly ``Σ_h Σ_j A^{ℓ,h}_ij f^h(h_j) + b_O`` (Kobayashi et
+al., 2020, eq. 5): the output projection is linear, and each row of A sums to 1.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from qkv.explain.finite import check_layers as check_finite
+from qkv.explain.wording import ArgumentError
+
+PER = ("head", "layer")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered contribution method.
+
+    Fields:
+        name: what ``method=`` / ``--method`` calls it.
+        per: ``"head"`` (scores for every layer × head) or ``"layer"`` (one row per layer,
+            rolled out through that layer).
+        formula: one line, shown by the CLI and the docs.
+        compute: ``(model, ids (1, t), rows (r,), target_text) -> Scores``.
+        cost: what it costs beyond one forward, in words (shown in ``--help``).
+    """
+
+    name: str
+    per: str
+    formula: str
+    compute: Callable
+    cost: str
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What a method computed for the query rows ``rows``.
+
+    Fields:
+        method: the method's name; per: ``"head"`` or ``"layer"``.
+        rows: (r,) the token positions the scores are rows of.
+        scores: (L, h, r, s) for per-head methods, (L, r, s) for per-layer ones (row i of the
+            layer's matrix rolled out through that layer: R^ℓ = C^ℓ R^{ℓ−1}, R^0 = I).
+        layer_scores: a per-head method's per-layer companion (L, r, s), or None
+            (``norm``: ‖Σ_h A_ij f^h(h_j)‖).
+        target: what ``grad`` differentiated, in words; None for the other methods.
+    """
+
+    method: str
+    per: str
+    rows: torch.Tensor
+    scores: torch.Tensor
+    layer_scores: torch.Tensor | None = None
+    target: str | None = None
+
+    def per_layer(self) -> list[torch.Tensor]:
+        """The scores as the overview reads them: L tensors (n, r, s), n = heads or 1."""
+        s = self.scores if self.per == "head" else self.scores.unsqueeze(1)
+        return list(s.unbind(0))
+
+
+def shares(scores: torch.Tensor) -> torch.Tensor:
+    """Each row (last dim) as shares of its total: clamped at 0, divided by the row sum.
+
+    A row that is all zero stays zero. ``weight`` rows already sum to 1 and come back unchanged
+    (to rounding).
+
+    Example:
+        >>> shares(torch.tensor([[1.0, 3.0], [0.0, 0.0]])).tolist()
+        [[0.25, 0.75], [0.0, 0.0]]
+    """
+    s = scores.double().clamp_min(0.0)
+    total = s.sum(-1, keepdim=True)
+    return torch.where(total > 0, s / total.clamp_min(torch.finfo(s.dtype).tiny), s)
+
+
+def parked(row: torch.Tensor, units) -> torch.Tensor:
+    """(...,) how much of unit-level rows (..., U) lands on special tokens and punctuation —
+    where heads park weight they do not need ([CLS], [SEP], a full stop).
+
+    ``units`` is a :class:`~qkv.explain.select.Units`; punctuation is a unit with no letter or
+    digit in its label.
+    """
+    idle = torch.tensor([special or not any(ch.isalnum() for ch in label)
+                         for label, special in zip(units.labels, units.special)])
+    return row[..., idle].sum(-1)
+
+
+# -- the traced forward --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Forward:
+    """One forward of ``model`` on ``ids`` with everything the methods read.
+
+    Fields:
+        ids: (1, t). output: the model's own output record (logits for a decoder).
+        hidden_states: L + 1 tensors (1, t, E); ``hidden_states[ℓ]`` enters layer ℓ.
+        traces: one ``LayerTrace`` per layer (rows as asked).
+        residual_out: per layer, (1, t, E) what the self-attention sub-block hands on — the
+            output of ``norm1`` (post-norm) or the residual sum x + attn (pre-norm, read as the
+            input of ``norm3``): what ALTI decomposes.
+        head_outputs: per layer, (1, t, h·d) the heads' outputs concatenated (``out_proj``'s
+            input); kept in the autograd graph when the forward ran with ``grad=True``.
+        layer_calls: per layer, the keyword arguments the stack called it with (the mask the
+            model built), for re-running a layer (``value-zeroing``).
+    """
+
+    ids: torch.Tensor
+    output: object
+    hidden_states: tuple[torch.Tensor, ...]
+    traces: list
+    residual_out: list[torch.Tensor]
+    head_outputs: list[torch.Tensor]
+    layer_calls: list[dict]
+
+
+def check_layers(model, method: str) -> None:
+    """ArgumentError when a layer is not one a contribution method can read (cross-attention)."""
+    for layer in model.layers:
+        if getattr(layer, "cross_attn", None) is not None:
+            raise ArgumentError("method", "{name} {value!r} does not apply to {model}: its layers "
+                                "also attend to an encoder (cross-attention); the methods read "
+                                "self-attention models", value=method,
+                                model=getattr(model, "name", type(model).__name__))
+
+
+@contextmanager
+def _hooks(model, residual_out: list, head_outputs: list, layer_calls: list, grad: bool):
+    """Forward hooks that record, per layer, what :class:`Forward` keeps (removed on exit).
+
+    With ``grad`` the first layer's input is made a leaf that requires grad, so everything
+    after it is in the graph even when the weights do not require grad.
+    """
+    handles = []
+    for i, layer in enumerate(model.layers):
+        def keep_call(module, args, kwargs, i=i):
+            layer_calls[i] = dict(kwargs)
+            if grad and i == 0:
+                return (args[0].detach().requires_grad_(True), *args[1:]), kwargs
+            return None
+
+        def keep_heads(module, args, i=i):
+            head_outputs[i] = args[0]
+
+        def keep_output(module, args, output, i=i):  # post-norm: norm1(x + attn)
+            residual_out[i] = output
+
+        def keep_input(module, args, i=i):  # pre-norm: norm3 reads x + attn
+            residual_out[i] = args[0]
+
+        handles.append(layer.register_forward_pre_hook(keep_call, with_kwargs=True))
+        handles.append(layer.self_attn.out_proj.register_forward_pre_hook(keep_heads))
+        if layer.norm_first:
+            handles.append(layer.norm3.register_forward_pre_hook(keep_input))
+        else:
+            handles.append(layer.norm1.register_forward_hook(keep_output))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run(model, ids: torch.Tensor, rows: torch.Tensor | slice | None, *,
+        grad: bool = False) -> Forward:
+    """The model's own forward on ``ids`` (1, t), tracing ``rows`` (None: nothing), with hidden
+    states kept.
+
+    ``grad=True`` runs it with autograd on, so a scalar of ``output`` can be differentiated
+    with respect to ``head_outputs`` (``grad``); otherwise nothing keeps a graph.
+    """
+    n = len(model.layers)
+    residual_out, head_outputs, layer_calls = [None] * n, [None] * n, [None] * n
+    with _hooks(model, residual_out, head_outputs, layer_calls, grad), torch.set_grad_enabled(grad):
+        out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
+    name = getattr(model, "name", type(model).__name__)
+    check_finite(out.traces or (), model=name, output=out.hidden_states[-1])  # NaN: named
+    return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states),
+                   traces=list(out.traces or ()), residual_out=residual_out, head_outputs=head_outputs,
+                   layer_calls=layer_calls)
+
+
+# -- the pieces of the decomposition -------------------------------------------------------------
+def out_weight(attn) -> torch.Tensor:
+    """(h, d, E): W_O^h, head h's slice of the output projection (``out = heads · W_Oᵀ + b``)."""
+    E = attn.out_proj.weight.shape[0]
+    return attn.out_proj.weight.view(E, attn.num_heads, attn.head_dim).permute(1, 2, 0)  # (h, d, E)
+
+
+def out_bias(attn) -> torch.Tensor:
+    """(E,): b_O, or zeros when ``out_proj`` has no bias (Llama)."""
+    b = attn.out_proj.bias
+    return b if b is not None else attn.out_proj.weight.new_zeros(attn.out_proj.weight.shape[0])
+
+
+def value_vectors(attn, trace) -> torch.Tensor:
+    """(h, s, E): f^h(h_j) = v^h_j W_O^h for every head and key, from the forward's own values.
+
+    ``trace`` is the layer's :class:`~qkv.modules.multihead.MultiHeadTrace`; its values are
+    repeated per query head for GQA/MQA, so each query head gets its group's values.
+    """
+    v = trace.attention.value[0]  # (h, s, d), b_V included
+    w = out_weight(attn).to(v.dtype)  # (h, d, E)
+    return v @ w  # (h, s, E)
+
+
+def rollout(mats: list[torch.Tensor], *, add_identity: bool = False) -> list[torch.Tensor]:
+    """R^ℓ = M^ℓ R^{ℓ−1}, R^0 = I, for each layer's (t, t) matrix M^ℓ; returns [R^1 … R^L].
+
+    ``add_identity``: use R^ℓ = R^{ℓ−1} + M^ℓ R^{ℓ−1} instead (Chefer et al., 2021, eq. 6–7,
+    where M holds the gradient-weighted attention and the identity stands for the residual).
+
+    Example:
+        >>> half = torch.full((2, 2), 0.5)
+        >>> [r.tolist() for r in rollout([torch.eye(2), half])]
+        [[[1.0, 0.0], [0.0, 1.0]], [[0.5, 0.5], [0.5, 0.5]]]
+    """
+    out, r = [], None
+    for m in mats:
+        if r is None:
+            r = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+        r = r + m @ r if add_identity else m @ r
+        out.append(r)
+    return out

@@ -1,0 +1,60 @@
+"""``norm`` (Kobayashi et al., 2020, "Attention is Not Only a Weight"): how long a vector each
+key actually sends.
+
+Per head the output of token i is ``Σ_j A_ij f^h(h_j)`` (see :mod:`.base`), so token j's share
+is the vector ``A_ij f^h(h_j)`` and its size
+
+    per head:   ‖A^{ℓ,h}_ij f^h(h_j)‖ = A^{ℓ,h}_ij ‖f^h(h_j)‖
+    per layer:  ‖Σ_h A^{ℓ,h}_ij f^h(h_j)‖
+
+A head that puts 0.86 of its weight on [CLS] moves little if [CLS]'s ``f^h`` is short. The
+terms are exact: ``Σ_h Σ_j A_ij f^h(h_j) + b_O`` *is* the attention block's output
+(:func:`terms` returns them; the tests rebuild the block's output from them).
+
+Cost: one forward plus one (s × d) · (d × E) product per head and layer — the size of the
+output projection applied to every token once more.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.explain.contributions.base import Method, Scores, run, value_vectors
+
+FORMULA = "‖A^{ℓ,h}_ij f^h(h_j)‖ per head; ‖Σ_h A^{ℓ,h}_ij f^h(h_j)‖ per layer"
+
+
+def terms(attn, trace) -> torch.Tensor:
+    """(h, r, s, E): the vectors A^h_ij f^h(h_j) for the traced rows i of one layer.
+
+    Summed over heads and keys, plus ``out_proj``'s bias, they are the block's output rows.
+    """
+    a = trace.attention.weights[0]  # (h, r, s)
+    return a.unsqueeze(-1) * value_vectors(attn, trace).unsqueeze(1)  # (h, r, s, E)
+
+
+def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
+    """Per-head norms (L, h, r, s) and per-layer norms (L, r, s) for the query rows ``rows``.
+
+    Example:
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
+        >>> s = compute(model, ids, torch.tensor([3]))
+        >>> s.scores.shape, s.layer_scores.shape
+        (torch.Size([6, 12, 1, 5]), torch.Size([6, 1, 5]))
+    """
+    fwd = run(model, ids, rows)
+    per_head, per_layer = [], []
+    with torch.no_grad():
+        for layer, tr in zip(model.layers, fwd.traces):
+            a = tr.self_attn.attention.weights[0]  # (h, r, s)
+            f = value_vectors(layer.self_attn, tr.self_attn)  # (h, s, E)
+            per_head.append(a * f.norm(dim=-1).unsqueeze(1))  # (h, r, s): A ≥ 0, so ‖A f‖ = A‖f‖
+            per_layer.append(torch.einsum("hrs,hse->rse", a, f).norm(dim=-1))  # (r, s)
+    return Scores(method="norm", per="head", rows=torch.as_tensor(rows),
+                  scores=torch.stack(per_head), layer_scores=torch.stack(per_layer))
+
+
+METHOD = Method(name="norm", per="head", formula=FORMULA, compute=compute,
+                cost="one forward + f^h(h_j) for every key (the output projection once more)")

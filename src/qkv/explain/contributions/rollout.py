@@ -1,0 +1,55 @@
+"""``rollout`` (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): attention
+followed back through the layers.
+
+The residual connection carries each token on past the attention, so each layer's head-averaged
+weights are mixed half and half with the identity, and the layers are multiplied:
+
+    Â^ℓ = ½ Ā^ℓ + ½ I,   Ā^ℓ = (1/h) Σ_h A^{ℓ,h}
+    R^ℓ = Â^ℓ R^{ℓ−1},   R^0 = I
+
+Row i of R^ℓ says how much of token i after layer ℓ comes from each input token. Rows sum to 1.
+
+Memory: every layer's full (t × t) matrix (the row of R^ℓ needs all of R^{ℓ−1}), so the
+forward traces every row: O(L · h · t²) numbers, not the O(L · h · t) of the per-head methods.
+
+``flow`` (the paper's max-flow variant) is not built: it needs one max-flow problem per
+(layer, key) on a graph of (L + 1) · t nodes, which does not finish in seconds for a paragraph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.explain.contributions.base import Method, Scores, rollout, run
+
+FORMULA = "R^ℓ = (½Ā^ℓ + ½I) R^{ℓ−1}, R^0 = I, Ā^ℓ the head mean of A^{ℓ,h}"
+
+
+def matrices(fwd) -> list[torch.Tensor]:
+    """Each layer's Â^ℓ = ½Ā^ℓ + ½I (t, t), from a forward that traced every row."""
+    out = []
+    for tr in fwd.traces:
+        mean = tr.self_attn.attention.weights[0].mean(0)  # (t, s), t = s
+        out.append(0.5 * mean + 0.5 * torch.eye(mean.shape[-1], dtype=mean.dtype))
+    return out
+
+
+def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
+    """(L, r, s): row ``rows`` of R^1 … R^L.
+
+    Example:
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
+        >>> s = compute(model, ids, torch.tensor([3]))
+        >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
+        (torch.Size([6, 1, 5]), True)
+    """
+    fwd = run(model, ids, slice(None))
+    rolled = rollout(matrices(fwd))
+    return Scores(method="rollout", per="layer", rows=torch.as_tensor(rows),
+                  scores=torch.stack([r[rows] for r in rolled]))
+
+
+METHOD = Method(name="rollout", per="layer", formula=FORMULA, compute=compute,
+                cost="one forward tracing every row; (t × t) per layer")

@@ -1,0 +1,32 @@
+"""``weight``: the attention weights themselves, A^{ℓ,h}_ij — what ``qkv explain`` always showed.
+
+A weight says how much of head h's *average* token i takes from token j, not how much token j
+changes token i: a heavy weight on a short value vector moves little (see ``norm``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.explain.contributions.base import Method, Scores, run
+
+FORMULA = "A^{ℓ,h}_ij, the softmax weight (every row sums to 1)"
+
+
+def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
+    """(L, h, r, s): every layer's weights for the query rows ``rows``, from one forward.
+
+    Example:
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
+        >>> compute(model, ids, torch.tensor([3])).scores.shape      # 6 layers, 12 heads, 5 keys
+        torch.Size([6, 12, 1, 5])
+    """
+    fwd = run(model, ids, rows)
+    weights = torch.stack([tr.self_attn.attention.weights[0] for tr in fwd.traces])  # (L, h, r, s)
+    return Scores(method="weight", per="head", rows=torch.as_tensor(rows), scores=weights)
+
+
+METHOD = Method(name="weight", per="head", formula=FORMULA, compute=compute,
+                cost="one forward (the overview's)")
