@@ -181,7 +181,7 @@ def test_wrong_dtype_tensor_is_named(pythia_like, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, r"RoPE scaling 'linear' is not supported"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, r"rope_parameters type 'linear' is not supported"),
     ({"rotary_pct": 0.3, "hidden_size": 40, "num_attention_heads": 4}, r"rotary_pct .* = 3 rotary features"),
     ({"use_parallel_residual": "yes"}, r"use_parallel_residual must be true or false, got 'yes'"),
     ({"architectures": ["GPTNeoXForTokenClassification"]}, r"'GPTNeoXForTokenClassification' is not supported"),

@@ -246,3 +246,167 @@ def test_gpt2_fused_attention_shape_checked(tmp_path, gpt2_parts):
     write_gpt2(tmp_path, config, {**tensors, "h.1.attn.c_attn.weight": torch.zeros(96, 32)}, tok_dir)
     with pytest.raises(QkvError, match=r"'h.1.attn.c_attn.weight' has shape \(96, 32\) but config.json implies \(32, 96\)"):
         load(tmp_path)
+
+
+# -- config.json checked before anything is allocated (issue 9 item 6) ------------------------
+@pytest.fixture(scope="module")
+def neox_dir(tmp_path_factory):
+    """A tiny random GPT-NeoX checkpoint (transformers' save_pretrained) with a tokenizer.json."""
+    from hf_decoders import make_checkpoint
+
+    path, _ = make_checkpoint(tmp_path_factory.mktemp("neox"), "GPTNeoXConfig", "GPTNeoXForCausalLM",
+                              hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                              intermediate_size=40, max_position_embeddings=32, rotary_pct=0.5)
+    return path
+
+
+def edited_copy(src: str, dst, **changes):
+    """``src``'s files linked into ``dst``, config.json with ``changes``."""
+    dst.mkdir(exist_ok=True)
+    for f in os.listdir(src):
+        if f != "config.json":
+            os.symlink(os.path.join(src, f), dst / f)
+    with open(os.path.join(src, "config.json")) as f:
+        raw = json.load(f)
+    (dst / "config.json").write_text(json.dumps(raw | changes))
+    return dst
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": 10**9}, r"num_hidden_layers is 1000000000 but .*model.safetensors holds 2 layers \(0–1\)"),
+    ({"num_hidden_layers": 1e9}, r"num_hidden_layers must be an integer >= 1, got 1000000000.0"),
+    ({"hidden_size": 4 * 10**8}, r"'gpt_neox.embed_in.weight' has shape \(300, 32\) but config.json implies \(300, 400000000\)"),
+    ({"vocab_size": 10**12}, r"embed_in.weight' has shape \(300, 32\) but config.json implies \(1000000000000, 32\)"),
+    ({"intermediate_size": 10**9}, r"dense_h_to_4h.weight' has shape \(40, 32\) but config.json implies \(1000000000, 32\)"),
+    ({"vocab_size": 200}, r"has shape \(300, 32\) but config.json implies \(200, 32\)"),
+])
+def test_config_checked_against_the_header_first(neox_dir, tmp_path, change, message):
+    """Huge or wrong sizes fail at once, from the header, before any tensor or module exists."""
+    import time
+
+    path = edited_copy(neox_dir, tmp_path / "ckpt", **change)
+    start = time.perf_counter()
+    with pytest.raises(QkvError, match=message):
+        load(path)
+    assert time.perf_counter() - start < 2.0
+
+
+BAD_VALUES = ["x", [1], {"a": 1}, True, 2.5, -1, 10**30, None, float("nan")]
+
+
+@pytest.mark.parametrize("model_type", ["bert", "gpt2", "gpt_neox", "roberta", "distilbert"])
+def test_config_values_of_the_wrong_type_are_value_errors(model_type):
+    """Every key of a valid config.json, set to each wrong value: a ValueError naming the key
+    (QkvError), or a config that reads — never a TypeError, KeyError or AttributeError."""
+    from qkv.models import FAMILIES
+    from qkv.models.bert import BertConfig
+    from qkv.models.distilbert import DistilBertConfig
+    from qkv.models.gpt_neox import GPTNeoXConfig
+    from qkv.models.roberta import RobertaConfig
+
+    fields = {"bert": BertConfig(), "gpt2": GPT2Config(), "gpt_neox": GPTNeoXConfig(),
+              "roberta": RobertaConfig(), "distilbert": DistilBertConfig()}[model_type]
+    valid = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(fields).items()}
+    valid["hidden_act" if "hidden_act" in valid else "activation" if "activation" in valid
+          else "activation_function"] = "gelu"
+    family = FAMILIES[model_type]
+    keys = [*valid, "architectures", "rope_parameters", "rope_scaling", "use_parallel_residual",
+            "tie_word_embeddings", "attention_bias", "position_embedding_type", "sinusoidal_pos_embds"]
+    for key in keys:
+        for bad in BAD_VALUES:
+            d = {"model_type": model_type, **valid, key: bad}
+            try:
+                family.config_from_dict(d, where="config.json")
+            except QkvError as e:
+                assert key in str(e) or "divisible" in str(e) or "rotary" in str(e), (key, bad, str(e))
+
+
+def test_tokenizer_larger_than_the_vocabulary(neox_dir, tmp_path):
+    """A tokenizer from another model (ids past the embedding table) is refused at load."""
+    from hf_decoders import CORPUS
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = edited_copy(neox_dir, tmp_path / "ckpt")
+    os.remove(path / "tokenizer.json")
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(CORPUS * 5 + [" ".join(map(str, range(400)))], vocab_size=420, min_frequency=1)
+    tok.save(str(path / "tokenizer.json"))
+    with pytest.raises(QkvError, match=r"tokenizer in .* has 4\d\d tokens but the model's vocab_size is 300"):
+        load(path)
+
+
+def test_bad_name_dtype_and_device_are_named(neox_dir):
+    with pytest.raises(QkvError, match="name_or_path must be a model name or a directory, got NoneType"):
+        load(None)
+    with pytest.raises(QkvError, match="name_or_path is empty"):
+        load("")
+    with pytest.raises(QkvError, match="dtype must be a floating-point torch.dtype, got 'bf16'"):
+        load(neox_dir, dtype="bf16")
+    with pytest.raises(QkvError, match="device 'gpu:0' is not available here"):
+        load(neox_dir, device="gpu:0")
+    model = load(neox_dir, device="cpu", dtype=torch.float64)
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_load_onto_the_gpu(neox_dir):
+    model = load(neox_dir, device="cuda")
+    assert {p.device.type for p in model.parameters()} == {"cuda"}
+    assert all(b.device.type == "cuda" for b in model.buffers())
+    ids = torch.tensor([[1, 2, 3]], device="cuda")
+    with torch.no_grad():
+        on_gpu = model(ids).logits.cpu()
+        on_cpu = load(neox_dir)(ids.cpu()).logits
+    assert torch.allclose(on_gpu, on_cpu, atol=1e-4)  # CUDA matmuls (TF32 off) vs CPU, float32
+
+
+def mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file whose memory mapping holds ``tensor``'s data (Linux's /proc/self/maps), or None."""
+    ptr = tensor.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= ptr < hi:
+                return parts[5] if len(parts) > 5 else None
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_weights_kept_as_stored_are_views_of_the_file(neox_dir):
+    """Memory-mapped: a tensor used as stored is not copied (its data lies in a mapping of the
+    file); one that is converted (the split query_key_value, a cast) is a copy of its own."""
+    file = os.path.realpath(os.path.join(neox_dir, "model.safetensors"))
+    model = load(neox_dir)
+    assert mapped_file(model.embed_tokens.weight) == file
+    assert mapped_file(model.layers[0].feed_forward.fc1.weight) == file
+    assert mapped_file(model.layers[0].self_attn.q_proj.weight) != file
+    assert mapped_file(load(neox_dir, dtype=torch.float64).embed_tokens.weight) != file
+    with torch.no_grad():  # the mapping is private: a change stays in this process's memory
+        model.embed_tokens.weight[0, 0] += 1
+    assert not torch.equal(load(neox_dir).embed_tokens.weight[0], model.embed_tokens.weight[0])
+
+
+def test_peak_memory_while_loading_is_about_the_checkpoint(tmp_path):
+    """Peak RSS growth while loading ≤ 1.3 × the checkpoint (measured in a fresh process;
+    benchmarks/load_memory.py has the full-size figures)."""
+    import subprocess
+    import sys
+
+    from hf_decoders import make_checkpoint
+
+    make_checkpoint(tmp_path, "GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=512,
+                    num_attention_heads=8, num_hidden_layers=4, intermediate_size=2048,
+                    max_position_embeddings=64, rotary_pct=0.25, vocab_size=300)
+    size = os.path.getsize(tmp_path / "model.safetensors")
+    code = ("import resource, sys, qkv\n"
+            "def rss(): return int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize()\n"
+            "before = rss(); peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "m = qkv.load(sys.argv[1]); s = sum(float(p.sum()) for p in m.parameters())\n"
+            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "print(max(peak, peak0) - max(before, peak0), rss() - before)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout.split()
+    peak_growth = int(out[0])
+    assert peak_growth <= 1.3 * size, f"peak RSS grew {peak_growth / size:.2f}× the checkpoint ({size} bytes)"

@@ -125,15 +125,15 @@ class GPTNeoXConfig:
 
 def _read_rope(d: dict, where: str) -> tuple[float, float]:
     """(rotary_pct, base) from transformers ≥ 5's ``rope_parameters`` or the older keys."""
-    p = d.get("rope_parameters")
-    if p is not None and not isinstance(p, dict):
-        raise QkvError(f"{where}: rope_parameters must be an object, got {p!r}")
-    p = p or {}
-    scaling = d.get("rope_scaling")
-    kind = p.get("rope_type", (scaling or {}).get("rope_type", "default") if isinstance(scaling, dict) else scaling)
-    if kind not in (None, "default"):
-        raise QkvError(f"{where}: RoPE scaling {kind!r} is not supported for GPT-NeoX (qkv runs "
-                       f"its plain RoPE)")
+    for key in ("rope_parameters", "rope_scaling"):
+        value = d.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise QkvError(f"{where}: {key} must be an object or null, got {value!r}")
+        kind = (value or {}).get("rope_type", (value or {}).get("type", "default"))
+        if kind != "default":
+            raise QkvError(f"{where}: {key} type {kind!r} is not supported for GPT-NeoX (qkv "
+                           f"runs its plain RoPE)")
+    p = d.get("rope_parameters") or {}
     pct = p.get("partial_rotary_factor", d.get("rotary_pct", 0.25))
     base = p.get("rope_theta", d.get("rotary_emb_base", 10000.0))
     for key, value in (("rotary_pct", pct), ("rotary_emb_base", base)):
