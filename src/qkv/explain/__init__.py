@@ -17,6 +17,11 @@ plus printing: ``--json`` prints ``to_dict()``.
 * ``probe(model, name="coref")`` → :class:`ProbeResult` (``qkv heads --probe coref``: its
   ``"heads"`` list)
 * ``no_projection(model, text, *, layer)`` → :class:`NoProjection` (``--no-projection``)
+* ``contributions.contributions(model, text, *, method, token, words, target_text)`` →
+  :class:`Contributions`: what each token hands on by ``norm``,
+  ``rollout``, ``alti``, ``value-zeroing`` or ``grad`` (``qkv explain TEXT --method M --json``);
+  ``explain``, ``heads`` and ``probe`` take ``method=`` too, and
+  :func:`~qkv.explain.contributions.compare.compare` runs them all (``--compare``)
 * ``cross_attention(checkpoint, text, *, token, top, layer)`` → :class:`CrossAttention`
   (``qkv explain TEXT --model translate``)
 * ``cross_attention_head(checkpoint, text, *, token, layer, head)`` → :class:`CrossHeadSteps`
@@ -59,6 +64,9 @@ Where things are:
 * ``maps.py``     — :func:`attention_map`: one head's whole map
 * ``find_heads.py`` — :func:`heads` (from one word to another) and :func:`probe` (coreference)
 * ``ablation.py`` — :func:`no_projection`: attention with q = k = v = x
+* ``contributions/`` — one file per method (``weight.py``, ``norm.py``, ``rollout.py``,
+  ``alti.py``, ``value_zeroing.py``, ``grad.py``), the registry ``METHODS`` in its
+  ``__init__``, ``compare.py``; ``render_contributions.py`` prints the comparison
 * ``saturation.py`` — why divide by √d_k, on random vectors (``qkv softmax-demo``)
 * ``cross.py``    — :func:`cross_attention`: the same for a translation model's cross-attention
 * ``wording.py``, ``jsonable.py`` — how messages name arguments; how results become JSON
@@ -69,6 +77,7 @@ Where things are:
 
 from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
 from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
+from qkv.explain.contributions import Contributions
 from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
 from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
 from qkv.explain.overview import HeadRow, Overview, explain
@@ -79,5 +88,5 @@ __all__ = [
     "ArgumentError", "AttentionMap", "AttentionMaps", "CrossAttention", "CrossHeadSteps", "HeadRanking", "HeadRow",
     "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
     "attention_map", "attention_maps", "cross_attention", "cross_attention_head", "explain",
-    "explain_head", "heads", "no_projection", "probe",
+    "explain_head", "heads", "no_projection", "probe", "Contributions",
 ]
