@@ -171,6 +171,9 @@ class Models:
         if name not in self.names:
             raise ApiError("model", f"model {name!r} is not served here; choose one of: "
                            f"{', '.join(self.names)}")
+        loaded = self._loaded.get(name)
+        if loaded is not None:  # no lock: a cached answer must not wait for another's forward
+            return loaded
         with self.lock:
             if name not in self._loaded:
                 kind = self.kind(name)

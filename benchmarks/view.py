@@ -1,0 +1,231 @@
+"""``qkv view`` under load and in a browser: latency, memory, time to first paint, head switches.
+
+Four measurements, each against a peer taken in the same run (the machine is shared and noisy):
+
+1. **load**: a real ``qkv view`` server (its own process, one torch thread) and N clients × M
+   requests each (httpx, one thread per client), mixing ``steps``/``map``/``overview`` over
+   every layer, head and token of the example sentence. Reported: errors, median and p99
+   latency, requests per second, the server's resident memory (VmRSS) before and after and its
+   peak (VmHWM). Peer: the same requests answered by the library directly
+   (``Api.handle`` in this process, no HTTP, no cache) — the ratio says what HTTP, JSON and the
+   thread pool add.
+2. **first paint**: from starting ``qkv view TEXT --no-browser`` to the URL being printed
+   (the model loaded), then from navigating chromium to it to the first contentful paint and to
+   the step panel's numbers being on screen.
+3. **head switch at 512 tokens**: a 512-token text; the first head shown (its one forward for
+   every head's map), then K clicks on other heads, each timed from the click to the new head's
+   heat map drawn; and token switches (a new overview: one forward). Peer: the library's own
+   ``attention_map`` for one head on the same text (what a naive per-head server would pay).
+4. **page memory**: chromium's JS heap (CDP ``Performance.getMetrics``) after the 512-token page.
+
+    python benchmarks/view.py                 # 20 clients × 50 requests, 10 head switches
+    python benchmarks/view.py --quick         # 5 × 10, 3 switches
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TEXT = "The dog found some pizza next to the baby and ate it"
+WORDS = ("the cat sat on the mat while a dog found some pizza next to the baby and ate it after "
+         "the storm passed over the quiet town near the river").split()
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process, in KiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def start_server(text: str | None = None) -> tuple[subprocess.Popen, str, float]:
+    """``qkv view`` in its own process (one torch thread); (process, URL, seconds to the URL)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "qkv", "view", "--port", "0", "--no-browser"] + ([text] if text else [])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    url = re.search(r"http://\S+", line)[0]
+    return proc, url, time.perf_counter() - t0
+
+
+def requests_for(client: int, count: int) -> list[tuple[str, dict]]:
+    out = []
+    for k in range(count):
+        layer, head, token = (client + k) % 6, (client * 7 + k) % 12, (client * 3 + k) % 14
+        endpoint = ("steps", "map", "overview")[k % 3]
+        body = {"text": TEXT, "layer": layer, "head": head, "token": token}
+        if endpoint == "map":
+            del body["token"]
+        if endpoint == "overview":
+            body = {"text": TEXT, "token": token}
+        out.append((endpoint, body))
+    return out
+
+
+def percentile(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def load_test(clients: int, per_client: int) -> dict:
+    import httpx
+
+    proc, url, _ = start_server()
+    base = url.split("?")[0]
+    try:
+        httpx.post(base + "api/overview", json={"text": TEXT}, timeout=120)  # warm: first forward
+        before = rss_kib(proc.pid)
+        latencies, errors, lock = [], [], threading.Lock()
+
+        def client(c: int) -> None:
+            with httpx.Client(base_url=base, timeout=300) as http:
+                for endpoint, body in requests_for(c, per_client):
+                    t = time.perf_counter()
+                    r = http.post("api/" + endpoint, json=body)
+                    dt = time.perf_counter() - t
+                    with lock:
+                        latencies.append(dt)
+                        if r.status_code != 200:
+                            errors.append((endpoint, r.status_code))
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        after = rss_kib(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    # the peer: the same requests, answered by the library in this process (no HTTP, no cache)
+    import torch
+
+    from qkv.view.api import Api, Models
+
+    torch.set_num_threads(1)
+    api = Api(Models(["minilm"]))
+    api.handle("overview", {"text": TEXT})
+    direct = []
+    for c in range(min(clients, 4)):
+        for endpoint, body in requests_for(c, per_client):
+            t = time.perf_counter()
+            api.handle(endpoint, body)
+            direct.append(time.perf_counter() - t)
+    return {"requests": len(latencies), "errors": len(errors), "median_ms": 1e3 * statistics.median(latencies),
+            "p99_ms": 1e3 * percentile(latencies, 99), "rps": len(latencies) / wall,
+            "rss_before_mib": before[0] / 1024, "rss_after_mib": after[0] / 1024,
+            "peak_mib": after[1] / 1024, "direct_median_ms": 1e3 * statistics.median(direct),
+            "direct_serial_rps": len(direct) / sum(direct)}
+
+
+def browser_test(switches: int) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    long_text = " ".join(WORDS[i % len(WORDS)] for i in range(510))  # 512 tokens with [CLS]/[SEP]
+    out = {}
+    proc, url, to_url = start_server(TEXT)
+    out["launch_to_url_s"] = to_url
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"))
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url)
+            page.wait_for_selector("#steps-table", timeout=300_000)
+            out["navigate_to_numbers_s"] = time.perf_counter() - t0
+            out["first_contentful_paint_ms"] = page.evaluate(
+                "() => performance.getEntriesByName('first-contentful-paint')[0]?.startTime")
+
+            base = url.split("?")[0]
+            t0 = time.perf_counter()
+            page.goto(base + "?" + urllib.parse.urlencode({"text": long_text}))
+            page.wait_for_selector("#steps-table", timeout=300_000)
+            out["long_open_s"] = time.perf_counter() - t0
+            out["long_tokens"] = page.evaluate("() => window.qkvView.data.overview.tokens.length")
+            shown = "(k) => { const m = window.qkvView.data.map; return m && m.layer + ':' + m.head === k; }"
+            times = []
+            for k in range(switches + 1):
+                layer, head = (k * 5 + 1) % 6, (k * 7 + 3) % 12
+                t = time.perf_counter()
+                page.click(f'#grid button.cell[data-layer="{layer}"][data-head="{head}"]')
+                page.wait_for_function(shown, arg=f"{layer}:{head}", timeout=300_000)
+                times.append(time.perf_counter() - t)
+            out["first_head_s"] = times[0]  # every head's map: one forward at 512 tokens
+            out["head_switch_ms"] = [1e3 * x for x in times[1:]]
+            tok = []
+            for k in range(3):
+                t = time.perf_counter()
+                page.click(f'#tokens button[data-token="{100 + 50 * k}"]')
+                page.wait_for_function(f"() => document.querySelector('#steps-body p').textContent.includes('token {100 + 50 * k} ')",
+                                       timeout=300_000)
+                tok.append(time.perf_counter() - t)
+            out["token_switch_s"] = tok
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Performance.enable")
+            metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+            out["js_heap_mib"] = metrics["JSHeapUsedSize"] / 2**20
+            out["dom_nodes"] = int(metrics["Nodes"])
+            browser.close()
+        out["server_peak_mib"] = rss_kib(proc.pid)[1] / 1024
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    # the peer: one head's map straight from the library (a forward per head, no cache)
+    import torch
+
+    import qkv
+    from qkv.explain import attention_map
+
+    torch.set_num_threads(1)
+    model = qkv.load("minilm")
+    t = time.perf_counter()
+    attention_map(model, long_text, layer=1, head=3)
+    out["library_one_head_map_s"] = time.perf_counter() - t
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    clients, per, switches = (5, 10, 3) if args.quick else (20, 50, 10)
+    load = load_test(clients, per)
+    print(f"load: {clients} clients × {per} requests = {load['requests']}, errors {load['errors']}")
+    print(f"  HTTP latency median {load['median_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms, "
+          f"{load['rps']:.1f} requests/s")
+    print(f"  library directly (same requests, serial, no cache): median {load['direct_median_ms']:.1f} ms, "
+          f"{load['direct_serial_rps']:.1f} requests/s; ratio HTTP median / direct median "
+          f"{load['median_ms'] / load['direct_median_ms']:.2f}")
+    print(f"  server memory: {load['rss_before_mib']:.0f} MiB before, {load['rss_after_mib']:.0f} MiB after, "
+          f"peak {load['peak_mib']:.0f} MiB")
+    b = browser_test(switches)
+    hs = b["head_switch_ms"]
+    print(f"first paint: qkv view → URL printed (model loaded) {b['launch_to_url_s']:.2f} s; "
+          f"navigation → first contentful paint {b['first_contentful_paint_ms']:.0f} ms, → numbers on screen "
+          f"{b['navigate_to_numbers_s']:.2f} s")
+    print(f"512 tokens ({b['long_tokens']}): page open {b['long_open_s']:.2f} s; first head (every head's map, "
+          f"one forward) {b['first_head_s']:.2f} s; head switch median {statistics.median(hs):.0f} ms, "
+          f"max {max(hs):.0f} ms over {len(hs)}; token switch {', '.join(f'{x:.2f}' for x in b['token_switch_s'])} s")
+    print(f"  peer: the library's attention_map for one head at 512 tokens {b['library_one_head_map_s']:.2f} s "
+          f"(ratio to the viewer's median head switch: {1e3 * b['library_one_head_map_s'] / statistics.median(hs):.0f}×)")
+    print(f"page memory (512 tokens): JS heap {b['js_heap_mib']:.1f} MiB, {b['dom_nodes']} DOM nodes; "
+          f"server peak {b['server_peak_mib']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
