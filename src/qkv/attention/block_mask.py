@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -355,6 +356,8 @@ class BlockMask:
         q_offset, k_offset: the global index of query 0 and key 0 (chunks of a longer sequence).
         runs: per query block row, ``(c0, c1, full)``: consecutive non-empty key blocks
             c0 … c1−1 (non-empty for some batch row or head), ``full`` when all are full for all.
+        partial: per query block row, the sorted key blocks that are non-empty but not full
+            for every batch row and head (the ones a run's pieces must mask).
         tiles: the booleans (B', H', bq, bk) of partial blocks of a custom mask_mod,
             by (row, col); None for the built-ins (they are evaluated where needed).
     """
@@ -370,6 +373,16 @@ class BlockMask:
     k_offset: int = 0
     runs: list = field(default_factory=list, repr=False)
     tiles: dict | None = field(default=None, repr=False)
+    partial: list = field(default_factory=list, repr=False)
+
+    def pieces(self, row: int, max_blocks: int):
+        """The row's runs cut into pieces of at most ``max_blocks`` key blocks, each
+        ``(c0, c1, full)``: the blockwise loop's unit of work (a tile that stays in cache)."""
+        cols = self.partial[row]
+        for c0, c1, full in self.runs[row]:
+            for a in range(c0, c1, max_blocks):
+                b = min(a + max_blocks, c1)
+                yield a, b, full or bisect.bisect_left(cols, a) == bisect.bisect_left(cols, b)
 
     @property
     def shape(self) -> tuple:
@@ -504,8 +517,9 @@ def create_block_mask(mask_mod: Callable, B: int | None, H: int | None, Lq: int,
         kinds = mask_mod.kinds(q_lo + q_offset, q_hi + q_offset, k_lo + k_offset, k_hi + k_offset)
     else:
         kinds, tiles = _evaluate(mask_mod, B, H, Lq, Lk, block_size, q_offset, k_offset, device)
+    runs, partial = _runs(kinds)
     return BlockMask(B, H, Lq, Lk, block_size, kinds.contiguous(), mask_mod, q_offset, k_offset,
-                     runs=_runs(kinds), tiles=tiles)
+                     runs=runs, tiles=tiles, partial=partial)
 
 
 def _check_batch(mod, B):
@@ -518,15 +532,18 @@ def _evaluate(mask_mod, B, H, Lq, Lk, bs, q_offset, k_offset, device):
     """A custom mask_mod, one block row at a time: kinds (B', H', nq, nk) and partial tiles."""
     nq, nk = math.ceil(Lq / bs), math.ceil(Lk / bs)
     Bn, Hn = B or 1, H or 1
-    b = torch.arange(Bn, device=device).view(-1, 1, 1, 1)
-    h = torch.arange(Hn, device=device).view(1, -1, 1, 1)
-    kv = torch.arange(Lk, device=device).view(1, 1, 1, -1) + k_offset
+    # int32 indices, as FlexAttention passes them: half the memory traffic of int64 for the
+    # (block × Lk) arithmetic a mask_mod does (the bulk of the build time)
+    i32 = dict(dtype=torch.int32, device=device)
+    b = torch.arange(Bn, **i32).view(-1, 1, 1, 1)
+    h = torch.arange(Hn, **i32).view(1, -1, 1, 1)
+    kv = torch.arange(Lk, **i32).view(1, 1, 1, -1) + k_offset
     kinds = torch.empty(Bn, Hn, nq, nk, dtype=torch.int8, device=device)
     tiles = {}
     pad = nk * bs - Lk
     for r in range(nq):
         q0, q1 = r * bs, min((r + 1) * bs, Lq)
-        q = torch.arange(q0, q1, device=device).view(1, 1, -1, 1) + q_offset
+        q = torch.arange(q0, q1, **i32).view(1, 1, -1, 1) + q_offset
         got = mask_mod(b if B else 0, h if H else 0, q, kv)
         want = (Bn, Hn, q1 - q0, Lk)
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bool:
@@ -550,13 +567,14 @@ def _evaluate(mask_mod, B, H, Lq, Lk, bs, q_offset, k_offset, device):
     return kinds, tiles
 
 
-def _runs(kinds: torch.Tensor) -> list:
-    """Per block row: [(c0, c1, all_full), …], the consecutive non-empty key blocks."""
+def _runs(kinds: torch.Tensor) -> tuple[list, list]:
+    """Per block row: [(c0, c1, all_full), …], the consecutive non-empty key blocks; and the
+    sorted partial (non-empty, not all-full) key blocks of each row."""
     nonempty = (kinds != EMPTY).flatten(0, 1).any(0)  # (nq, nk) non-empty for some b, h
     full = (kinds == FULL).flatten(0, 1).all(0)  # (nq, nk) full for every b, h
     nq, nk = nonempty.shape
     if nq == 0:
-        return []
+        return [], []
     edges = torch.nn.functional.pad(nonempty.to(torch.int8), (1, 1)).diff(dim=-1)  # (nq, nk + 1)
     starts = (edges == 1).nonzero().tolist()
     ends = (edges == -1).nonzero()[:, 1].tolist()
@@ -566,7 +584,10 @@ def _runs(kinds: torch.Tensor) -> list:
     runs = [[] for _ in range(nq)]
     for (r, c0), c1, n in zip(starts, ends, counts):
         runs[r].append((c0, c1, n == 0))
-    return runs
+    partial = [[] for _ in range(nq)]
+    for r, c in (nonempty & ~full).nonzero().tolist():
+        partial[r].append(c)
+    return runs, partial
 
 
 # -- from an AttentionMask description (what the blockwise backend receives) ---------------------

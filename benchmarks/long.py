@@ -1,0 +1,200 @@
+"""Long sequences: qkv's blockwise backend against torch's SDPA (and, with --flex, FlexAttention).
+
+fp32, B = 1, H = 4 (H = 1 too for causal), d = 64. Every measurement runs in a fresh subprocess
+so that its peak RSS is its own: ``extra MB`` is the peak resident memory above what the inputs
+and the output hold. Times are the median of ``--rounds`` calls after one warm-up call; ratios
+are taken between medians of the same run (the machine is shared, so the absolute times drift
+from run to run, the ratios much less).
+
+Cases:
+    window     a causal sliding window of 512 (qkv: ``window=(512, 0), is_causal=True``)
+    document   packed documents of 2,048 tokens (bidirectional within each document)
+    causal     plain causal attention, H = 4 and H = 1 (torch: its ``is_causal`` kernel)
+
+Peers: ``sdpa+mask`` is torch's SDPA given the materialised (N, N) mask (what ``"fused"`` does
+for a window; skipped above 16k, where the mask alone is ≥ 1 GiB); ``flex`` is FlexAttention
+compiled (``torch.compile``), its compile time reported apart (``--flex``; minutes on 2 cores).
+"Useful GFLOP/s" counts 4·N·w·d·H per forward (w = keys per row that take part), against the
+fp32 matmul rate measured in the same run at the same thread count.
+
+    python benchmarks/long.py --threads 1                  # the table (a few minutes)
+    python benchmarks/long.py --threads 1 --quick          # N = 4k, 8k only
+    python benchmarks/long.py --threads 1 --flex           # with compiled FlexAttention
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+H, D = 4, 64
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def matmul_gflops() -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * 2048**3 / min(times) / 1e9
+
+
+def keys_per_row(case: str, n: int) -> float:
+    if case == "window":
+        return 512.5  # rows past the first 512 see 513 keys
+    if case == "document":
+        return 2048
+    return (n + 1) / 2
+
+
+def one(spec: dict) -> dict:
+    """Run one (case, N, heads, impl) in this process; return its times and memory."""
+    import qkv
+    torch.set_num_threads(spec["threads"])
+    case, n, h, impl = spec["case"], spec["n"], spec["h"], spec["impl"]
+    small = torch.randn(1, h, 256, D)  # libraries' one-time buffers, before the baseline
+    qkv.scaled_dot_product_attention(small, small, small, window=(8, 0), is_causal=True)
+    qkv.scaled_dot_product_attention(small, small, small, is_causal=True, backend="blockwise")
+    torch.nn.functional.scaled_dot_product_attention(small, small, small, is_causal=True)
+    q, k, v = (torch.randn(1, h, n, D) for _ in range(3))
+    base = rss_mb() + q.numel() * 4 / 2**20  # inputs held, plus the output to come
+    build = None
+    if case == "window":
+        mod = qkv.masks.sliding_window(512, 0)
+        kwargs = dict(window=(512, 0), is_causal=True)
+    elif case == "document":
+        mod = qkv.masks.document(torch.arange(n) // 2048)
+        varlen = qkv.VarLen.from_lengths([2048] * (n // 2048))
+        kwargs = dict(attn_mask=None)  # the (N, N) block diagonal, built inside the timed call
+        if impl == "sdpa+grid":  # qkv's packed-sequence path: each document its own batch row
+            impl, kwargs = "sdpa+mask", dict(mask=qkv.AttentionMask(varlen=varlen))
+    else:
+        mod = qkv.masks.causal()
+        kwargs = dict(is_causal=True)
+    if impl == "blockwise":
+        t0 = time.perf_counter()
+        bm = qkv.create_block_mask(mod, None, None, n, n)
+        build = time.perf_counter() - t0
+        call = lambda: qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)  # noqa: E731
+    elif impl == "blockwise+backward":
+        bm = qkv.create_block_mask(mod, None, None, n, n)
+        q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+
+        def call():
+            out = qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)
+            out.backward(torch.ones_like(out))
+            q.grad = k.grad = v.grad = None
+        base += 3 * q.numel() * 4 / 2**20  # the three gradients
+    elif impl == "sdpa+mask":  # qkv's "fused": torch's SDPA with the materialised (N, N) mask
+        def call():
+            extra = dict(attn_mask=varlen.block_diagonal()) if kwargs.get("attn_mask", 1) is None else kwargs
+            return qkv.scaled_dot_product_attention(q, k, v, backend="fused", **extra)
+    elif impl == "torch_causal":
+        call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    elif impl == "flex":
+        from torch.nn.attention import flex_attention as fa
+        t0 = time.perf_counter()
+        fbm = fa.create_block_mask(lambda b, hh, i, j: mod(b, hh, i, j), None, None, n, n, device="cpu")
+        build = time.perf_counter() - t0
+        compiled = torch.compile(fa.flex_attention)
+        t0 = time.perf_counter()
+        compiled(q, k, v, block_mask=fbm)
+        spec["compile_s"] = time.perf_counter() - t0
+        call = lambda: compiled(q, k, v, block_mask=fbm)  # noqa: E731
+    else:
+        raise SystemExit(f"unknown impl {impl}")
+    call()  # warm-up
+    times = []
+    for _ in range(spec["rounds"]):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return dict(spec, time_s=statistics.median(times), build_s=build,
+                extra_mb=max(0.0, peak_mb() - base))
+
+
+def run(spec: dict) -> dict | None:
+    proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  {spec['case']} N={spec['n']} {spec['impl']}: failed ({proc.stderr.strip()[-200:]})")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--flex", action="store_true")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.one:
+        print(json.dumps(one(json.loads(a.one))))
+        return
+    torch.set_num_threads(a.threads)
+    peak = matmul_gflops()
+    lengths = (4096, 8192) if a.quick else (4096, 8192, 16384, 32768, 65536)
+    print(f"torch {torch.__version__}, {a.threads} thread(s), fp32 matmul (2048³): {peak:.1f} GFLOP/s")
+    print(f"{'case':10} {'N':>6} {'impl':20} {'ms':>9} {'extra MB':>9} {'useful GF/s':>11} "
+          f"{'% matmul':>8} {'speed-up':>9} {'build ms':>9}")
+    for case, heads in (("window", H), ("document", H), ("causal", H), ("causal", 1)):
+        for n in lengths:
+            rounds = a.rounds if n <= 16384 else max(1, a.rounds - 1)
+            base = dict(case=case, n=n, h=heads, threads=a.threads, rounds=rounds)
+            impls = ["blockwise"]
+            if case == "causal":
+                impls.append("torch_causal")
+            elif n <= 16384:
+                impls.append("sdpa+mask")
+            if case == "document":
+                impls.append("sdpa+grid")
+            if a.flex and case != "causal" and n in (4096, 16384):
+                impls.append("flex")
+            if case == "window" and n in (16384, 65536) or case == "causal" and n == 16384 and heads == 4:
+                impls.append("blockwise+backward")
+            res = {impl: run(dict(base, impl=impl)) for impl in impls}
+            ours = res.get("blockwise")
+            for impl, r in res.items():
+                if r is None:
+                    continue
+                flops = 4 * n * keys_per_row(case, n) * D * heads
+                gf = flops / r["time_s"] / 1e9 if impl in ("blockwise", "flex", "torch_causal") else None
+                ratio = (r["time_s"] / ours["time_s"]) if ours and impl != "blockwise" else None
+                extra = f" compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
+                print(f"{case + ('/H1' if heads == 1 else ''):10} {n:6} {impl:20} {r['time_s'] * 1e3:9.1f} "
+                      f"{r['extra_mb']:9.1f} {gf if gf else float('nan'):11.1f} "
+                      f"{100 * gf / peak if gf else float('nan'):8.0f} "
+                      f"{ratio if ratio else float('nan'):8.2f}× "
+                      f"{r['build_s'] * 1e3 if r.get('build_s') is not None else float('nan'):9.1f}{extra}",
+                      flush=True)
+    # a custom mask_mod, evaluated block row by block row (target: <= 1 s at N = 16k)
+    import qkv
+    t0 = time.perf_counter()
+    qkv.create_block_mask(lambda b, h, i, j: (i - j).abs() <= 512, None, None, 16384, 16384)
+    print(f"custom mask_mod block mask at N=16384: {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    print("speed-up = peer's time / blockwise forward time (blockwise+backward: fwd+bwd / fwd)")
+
+
+if __name__ == "__main__":
+    main()
