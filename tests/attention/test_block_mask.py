@@ -141,7 +141,7 @@ def test_bad_arguments_name_the_value(bad, match):
 
 
 def test_bad_mask_mods_are_named():
-    with pytest.raises(ValueError, match="bool tensor, got torch.int64"):
+    with pytest.raises(ValueError, match="mask_mod must return a bool tensor, got torch.int32"):
         create_block_mask(lambda b, h, q, k: q - k, None, None, 8, 8)
     with pytest.raises(ValueError, match=r"returned shape \(3, 5\)"):
         create_block_mask(lambda b, h, q, k: torch.ones(3, 5, dtype=torch.bool), None, None, 8, 8)
