@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import pytest
 
 SKIP_VARIABLE = "QKV_SKIP_BROWSER_TESTS"
+MAP_TOKENS = 64  # the served app keeps whole maps up to 64 tokens (512 in qkv view), to test both paths
 
 
 @dataclass
@@ -35,7 +36,7 @@ def served(model):
 
     models = Models(["minilm", "translate"],
                     loader=lambda name: model if name == "minilm" else load_checkpoint(name))
-    api = Api(models)
+    api = Api(models, map_tokens=MAP_TOKENS)
     sock = bind("127.0.0.1", 0)
     server = make_server(create_app(api), sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

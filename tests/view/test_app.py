@@ -58,6 +58,7 @@ def test_a_head_and_a_token_show_explains_numbers(watched, served, model):
 
     # the heat map: exact values on hover
     amap = attention_map(model, TEXT, layer=3, head=1)
+    page.locator("#heat").scroll_into_view_if_needed()
     box = page.locator("#heat").bounding_box()
     cell = box["width"] / len(amap.units)
     for i, j in ((12, 5), (5, 5), (0, 13)):
@@ -132,14 +133,30 @@ def test_translation_cross_attention(watched, served):
     assert f"on gold for {int(counts[1, 0])} of {len(ca.gold)} French words" in label
 
 
-def test_long_input_is_fetched_per_head(watched, served):
+def test_long_inputs_are_fetched_per_head_or_per_row(watched, served, model):
     page = watched.page
-    text = " ".join(["the cat sat on the mat"] * 12)  # 74 tokens: over the whole-maps limit
+    text = " ".join(["the cat sat on the mat"] * 9)  # 56 tokens: over the whole-maps limit (48)
     open_page(watched, served, text=text)
     page.click('#grid button.cell[data-layer="1"][data-head="4"]')
     wait_steps(page, "Layer 1, head 4")
     endpoints = {u.rsplit("/", 1)[1] for u in watched.requests if "/api/" in u}
     assert "map" in endpoints and "maps" not in endpoints
+
+    # over the map limit (64 here, 512 in qkv view): the head view draws the token's row alone
+    text = " ".join(["the cat sat on the mat"] * 12)  # 74 tokens
+    open_page(watched, served, text=text, token=40, layer=2, head=5)
+    wait_steps(page, "Layer 2, head 5, token 40")
+    ov = explain(model, text, token="40")
+    row = next(r for r in ov.rows if (r.layer, r.head) == (2, 5))
+    page.locator("#heat").scroll_into_view_if_needed()
+    box = page.locator("#heat").bounding_box()
+    cell = box["width"] / len(ov.units)
+    for j in (0, 39, 40, 73):
+        page.mouse.move(box["x"] + (j + 0.5) * cell, box["y"] + box["height"] / 2)
+        tip = page.locator("#tip").text_content()
+        assert tip.startswith(f"{ov.units.labels[40]} → {ov.units.labels[j]}: "), tip
+        assert_shown(tip.split(": ")[1], float(row.weights[j]), f"row[{j}]")
+    assert "a long text" in page.locator("#head-hint").text_content()
 
 
 def test_dark_and_light(watched, served):

@@ -48,6 +48,10 @@ from qkv.view import answers
 MAX_TEXT_CHARS = 6000  # a 512-token BERT input is ~2,500 characters; the model's own limit applies too
 MAX_TOKEN_CHARS = 100
 MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts; longer ones go per head
+# ``map`` keeps every head's (t, t) map of a text (one forward): 6 × 12 × 512² float32 = 75 MB
+# for MiniLM. Longer texts (a 2,048-token decoder: 2.4 GB for GPT-2 small) get no map; the head
+# view then draws the selected token's row, which the overview already holds (O(L · H · t)).
+MAX_MAP_TOKENS = 512
 CACHE_BYTES = 256 * 2**20  # answers and per-text maps kept, at most
 WEIGHT = "weight"  # the attention weights themselves; other methods: qkv.explain.contributions
 
@@ -228,15 +232,18 @@ class _Lru:
 class Api:
     """``handle(endpoint, body)`` → the JSON-ready answer, or :class:`ApiError`."""
 
-    def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES):
+    def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES,
+                 map_tokens: int = MAX_MAP_TOKENS):
         self.models = models
+        self.map_tokens = map_tokens
         self._answers = _Lru(cache_bytes // 2)
         self._map_cache = _Lru(cache_bytes // 2)
 
     def info(self) -> dict:
         return {"models": [{"name": n, "kind": self.models.kind(n)} for n in self.models.names],
                 "default_model": self.models.default, "methods": METHODS,
-                "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS}}
+                "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
+                           "map_tokens": self.map_tokens}}
 
     def handle(self, endpoint: str, body: dict) -> dict:
         if endpoint not in ENDPOINTS:
@@ -301,8 +308,15 @@ class Api:
     def _all_maps(self, model, text, words):
         key = (id(model), text, words)
         maps = self._map_cache.get(key)
-        if maps is None:
+        if maps is None:  # only texts within the limit are ever cached: a hit needs no check
             with self.models.lock:
+                maps = self._map_cache.get(key)  # computed while this request waited?
+                if maps is not None:
+                    return maps
+                n = len(model.tokenizer.encode(text).ids)
+                if n > self.map_tokens:
+                    raise ApiError("text", f"text is {n} tokens; whole maps are kept for at most "
+                                   f"{self.map_tokens} (the overview holds each head's row of one token)")
                 maps = attention_maps(model, text, words=words)
             # float32 halves the cache; token-level weights are the forward's float32 anyway
             maps = replace(maps, weights=maps.weights.float())  # (L, H, U, U)

@@ -299,6 +299,13 @@
         get: (i, j) => w[i][j], gold: c.gold, layer: S.layer, head: S.head };
     }
     let data, U;
+    const units = D.overview.units;
+    if (D.overview.tokens.length > ((D.info.limits || {}).map_tokens || 512)) {
+      // a long text: no whole map; the selected token's row of this head, from the overview
+      const r = D.overview.heads.find((x) => x.layer === S.layer && x.head === S.head) || D.overview.heads[0];
+      return { rows: [units[S.token]], cols: units, n: 1, m: units.length, first: S.token,
+        get: (i, j) => r.weights[j], gold: null, layer: S.layer, head: S.head, rowOnly: true };
+    }
     if (D.maps) {
       U = D.maps.shape[2];
       const all = mapsData(), off = ((S.layer * D.maps.shape[1]) + S.head) * U * U;
@@ -307,9 +314,8 @@
       const a = await ask("map", { layer: S.layer, head: S.head, words: S.words, method: S.method });
       U = a.shape[0]; data = decodeF32(a.weights);
     }
-    const units = D.overview.units;
     return { rows: units, cols: units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null,
-      layer: S.layer, head: S.head };
+      layer: S.layer, head: S.head, first: 0 };
   }
   async function drawHeadView() {
     const title = D.kind === "cross" ? `Head view — cross-attention, decoder layer ${S.layer}, head ${S.head}`
@@ -324,28 +330,30 @@
       return;
     }
     D.map = M;
-    $("head-hint").textContent = (M.n > ALL_LINES_UNTIL ? "lines: the selected token's row only (long text); " : "lines: thickness = weight; ") +
+    $("head-hint").textContent = (M.rowOnly ? "a long text: the selected token's row of this head (from the overview; no whole map is kept); "
+      : M.n > ALL_LINES_UNTIL ? "lines: the selected token's row only (long text); " : "lines: thickness = weight; ") +
       "heat map: row = from, column = to; hover a cell for its exact weight" +
       (isMethod() ? `; the head view and the step panel show the attention weights (method ${S.method} drives the model view)` : "") +
       (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
     drawLines(M); drawHeat(M);
   }
   function drawLines(M) {
-    const svg = $("lines"), rowH = M.n > 100 ? 4 : 16, W = 300;
-    const height = Math.max(M.n, M.m) * rowH + 10;
+    const svg = $("lines"), rowH = Math.max(M.n, M.m) > 100 ? 4 : 16, W = 300;
+    const height = Math.max(M.n + (M.first || 0), M.m) * rowH + 10;
     svg.setAttribute("width", W); svg.setAttribute("height", height);
     svg.setAttribute("viewBox", `0 0 ${W} ${height}`);
     svg.replaceChildren();
     const accent = cssColor("--accent"), focus = cssColor("--focus"), gold = cssColor("--gold");
     const y = (i) => 10 + i * rowH;
     const g = h("g", {});
+    const first = M.first || 0;
     for (let i = 0; i < M.n; i++) {
-      if (M.n > ALL_LINES_UNTIL && i !== S.token) continue;
+      const sel = i + first === S.token;
+      if (M.n > ALL_LINES_UNTIL && !sel) continue;
       for (let j = 0; j < M.m; j++) {
         const w = M.get(i, j);
-        if (w < 0.01 && i !== S.token) continue;
-        const sel = i === S.token;
-        g.append(h("line", { x1: 90, y1: y(i) - 4, x2: 210, y2: y(j) - 4, stroke: sel ? focus : accent,
+        if (w < 0.01 && !sel) continue;
+        g.append(h("line", { x1: 90, y1: y(i + first) - 4, x2: 210, y2: y(j) - 4, stroke: sel ? focus : accent,
           "stroke-width": Math.max(0.3, w * 6), "stroke-opacity": sel ? Math.max(0.15, w) : w * 0.5 }));
       }
       if (M.gold && i < M.gold.length && (i === S.token || M.n <= ALL_LINES_UNTIL)) {
@@ -355,14 +363,16 @@
     }
     svg.append(g);
     if (rowH >= 10) {
-      M.rows.forEach((t, i) => svg.append(h("text", { x: 85, y: y(i), "text-anchor": "end",
-        class: i === S.token ? "selected" : null }, t)));
+      M.rows.forEach((t, i) => svg.append(h("text", { x: 85, y: y(i + (M.first || 0)), "text-anchor": "end",
+        class: i + (M.first || 0) === S.token ? "selected" : null }, t)));
       M.cols.forEach((t, j) => svg.append(h("text", { x: 215, y: y(j) }, t)));
     }
   }
   function cellSize(M) { return Math.max(1, Math.min(24, Math.floor(560 / Math.max(M.n, M.m)))); }
+  // a row-only map (a long text) is drawn as one strip of cells at least 8 px tall
+  function cellHeight(M) { return M.rowOnly ? Math.max(8, cellSize(M)) : cellSize(M); }
   function drawHeat(M, canvas) {
-    const cv = canvas || $("heat"), c = cellSize(M);
+    const cv = canvas || $("heat"), c = cellSize(M), ch = cellHeight(M);
     const off = document.createElement("canvas"); off.width = M.m; off.height = M.n;
     const octx = off.getContext("2d"), img = octx.createImageData(M.m, M.n), [r, g, b] = heatRgb();
     for (let i = 0; i < M.n; i++) for (let j = 0; j < M.m; j++) {
@@ -371,13 +381,13 @@
       img.data[k + 3] = Math.round(255 * Math.min(1, Math.max(0, M.get(i, j))));
     }
     octx.putImageData(img, 0, 0);
-    cv.width = M.m * c; cv.height = M.n * c;
+    cv.width = M.m * c; cv.height = M.n * ch;
     const ctx = cv.getContext("2d");
     ctx.imageSmoothingEnabled = false;
     ctx.fillStyle = cssColor("--bg"); ctx.fillRect(0, 0, cv.width, cv.height);
     ctx.drawImage(off, 0, 0, cv.width, cv.height);
     ctx.strokeStyle = cssColor("--focus"); ctx.lineWidth = Math.max(1, c / 6);
-    ctx.strokeRect(0, S.token * c, cv.width, c);
+    ctx.strokeRect(0, (S.token - (M.first || 0)) * ch, cv.width, ch);
     if (M.gold && c >= 4) {
       ctx.strokeStyle = cssColor("--gold");
       M.gold.forEach((js, i) => js.forEach((j) => ctx.strokeRect(j * c + 1, i * c + 1, c - 2, c - 2)));
@@ -387,7 +397,7 @@
   heat.addEventListener("mousemove", (ev) => {
     const M = D.map; if (!M) return;
     const c = cellSize(M), rect = heat.getBoundingClientRect();
-    const j = Math.floor((ev.clientX - rect.left) / c), i = Math.floor((ev.clientY - rect.top) / c);
+    const j = Math.floor((ev.clientX - rect.left) / c), i = Math.floor((ev.clientY - rect.top) / cellHeight(M));
     if (i < 0 || j < 0 || i >= M.n || j >= M.m) { tip.hidden = true; return; }
     tip.hidden = false;
     tip.textContent = `${M.rows[i]} → ${M.cols[j]}: ${fmt(M.get(i, j))}` +
@@ -398,8 +408,8 @@
   heat.addEventListener("mouseleave", () => { tip.hidden = true; });
   heat.addEventListener("click", (ev) => {
     const M = D.map; if (!M) return;
-    const i = Math.floor((ev.clientY - heat.getBoundingClientRect().top) / cellSize(M));
-    if (i >= 0 && i < M.n) selectToken(i);
+    const i = Math.floor((ev.clientY - heat.getBoundingClientRect().top) / cellHeight(M));
+    if (i >= 0 && i < M.n) selectToken(i + (M.first || 0));
   });
 
   // -- step panel: explain_head's numbers ---------------------------------------------------------
