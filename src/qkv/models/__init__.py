@@ -2,6 +2,8 @@
 
 * ``bert.py``      — :class:`BertModel` (encoder, post-norm) and ``embed`` (sentence vectors)
 * ``gpt2.py``      — :class:`GPT2Model` (decoder-only, pre-norm, causal) and ``generate``
+* ``gpt_neox.py``  — :class:`GPTNeoXModel` (Pythia: parallel residual, partial rotary)
+* ``roberta.py``, ``distilbert.py`` — BERT's encoder with RoBERTa's positions / DistilBERT's names
 * ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
 * ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
 * ``registry.py``  — :data:`FAMILIES` by ``model_type``; ``family.py``: the :class:`Family` record
@@ -18,6 +20,9 @@ No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.
 
 from qkv.models.bert import BertConfig, BertModel
 from qkv.models.gpt2 import GPT2Config, GPT2Model
+from qkv.models.gpt_neox import GPTNeoXConfig, GPTNeoXModel
+from qkv.models.roberta import RobertaConfig, RobertaModel
+from qkv.models.distilbert import DistilBertConfig, DistilBertModel
 from qkv.models.family import Family
 from qkv.models.loading import load
 from qkv.models.registry import FAMILIES, register_family
@@ -27,4 +32,6 @@ from qkv.models.tokenizer import BatchEncoding, Encoding, Tokenizer
 __all__ = [
     "BatchEncoding", "BertConfig", "BertModel", "DecoderOutput", "EncoderOutput", "Encoding",
     "FAMILIES", "Family", "GPT2Config", "GPT2Model", "Tokenizer", "load", "register_family",
+    "GPTNeoXConfig", "GPTNeoXModel", "RobertaConfig", "RobertaModel", "DistilBertConfig",
+    "DistilBertModel",
 ]
