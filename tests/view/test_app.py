@@ -188,3 +188,19 @@ def test_the_method_switch_drives_the_model_view(watched, served, model):
     r = ov.rows[0]
     assert first.startswith(f"L{r.layer} H{r.head} → {ov.units.labels[r.argmax]} ")
     assert_shown(first.split()[4], r.max_weight, "norm: the best head's share")
+
+
+def test_words_as_the_cli_groups_them(watched, served, model):
+    """The words toggle: weights into a word summed, from a word averaged — qkv explain --words."""
+    text = "The dog found some pizzeria leftovers and ate them"
+    page = watched.page
+    open_page(watched, served, text=text, words=1)
+    ov = explain(model, text, words=True)  # the last word, as the page opens
+    shown = page.eval_on_selector_all("#tokens button", "bs => bs.map(b => b.textContent)")
+    assert shown == ov.units.labels and "pizzeria" in shown
+    labels = page.eval_on_selector_all("#grid button.cell", "cs => cs.map(c => c.getAttribute('aria-label'))")
+    by_head = {tuple(map(int, re.match(r"layer (\d+) head (\d+)", s).groups())): s for s in labels}
+    for rank, row in enumerate(ov.rows, 1):
+        m = re.search(r"rank (\d+), largest weight (\S+) on (.+?), entropy", by_head[row.layer, row.head])
+        assert int(m[1]) == rank and m[3] == ov.units.labels[row.argmax]
+        assert_shown(m[2], row.max_weight, f"L{row.layer} H{row.head}")
