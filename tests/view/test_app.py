@@ -111,6 +111,20 @@ def test_exports_equal_the_library(watched, served, model, tmp_path):
     # float32 on the wire: the forward's weights are float32, so nothing is lost
     assert flat(got) == pytest.approx(flat(expected), abs=0, rel=1e-7)
 
+    # the model view: every head's row for the token, ranked; JSON is explain()'s to_dict()
+    ov = explain(model, TEXT, token="12")
+    for kind in ("csv", "json"):
+        with page.expect_download() as info:
+            page.click(f'[data-export-model="{kind}"]')
+        files["model-" + kind] = open(info.value.path(), "rb").read()
+    table = list(csv.reader(io.StringIO(files["model-csv"].decode())))
+    assert table[0] == ["rank", "layer", "head", "max_weight", "argmax", *ov.units.labels]
+    for rank, (line, row) in enumerate(zip(table[1:], ov.rows), 1):
+        assert [int(v) for v in line[:3]] == [rank, row.layer, row.head] and line[4] == ov.units.labels[row.argmax]
+        assert [float(v) for v in line[5:]] == row.weights.tolist()
+    exported = json.loads(files["model-json"])
+    assert {k: exported[k] for k in ov.to_dict()} == json.loads(json.dumps(ov.to_dict()))
+
     data = json.loads(files["json"])
     assert (data["layer"], data["head"], data["text"], data["columns"]) == (2, 7, TEXT, amap.units.labels)
     assert flat(data["weights"]) == pytest.approx(flat(expected), abs=0, rel=1e-7)

@@ -549,6 +549,24 @@
     if (kind === "png") download(stem + ".png", await exportPng(M));
   }));
 
+  // -- export of the model view: every head's row for the selected token, as ranked ----------------
+  document.querySelectorAll("[data-export-model]").forEach((b) => b.addEventListener("click", () => {
+    if (!D.overview && !D.cross) { status("nothing to export yet", true); return; }
+    const rows = headRows(), keys = keyLabels(), stem = `qkv-model-token${S.token}`;
+    if (b.dataset.exportModel === "json") {
+      // the answer itself: the library's to_dict() (explain() or cross_attention())
+      const obj = D.kind === "cross" ? D.cross : D.overview;
+      download(stem + ".json", new Blob([JSON.stringify(obj)], { type: "application/json" }));
+    } else {
+      const lines = [["rank", "layer", "head", "max_weight", "argmax", ...keys].map(csvCell).join(",")];
+      for (const r of rows) {
+        lines.push([r.rank, r.layer, r.head === null ? "" : r.head, r.max, csvCell(String(r.argmax)),
+          ...Array.from(r.weights, (w) => String(w))].join(","));
+      }
+      download(stem + ".csv", new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+    }
+  }));
+
   // -- the form --------------------------------------------------------------------------------
   function kindOf(name) {
     const m = D.info.models.find((x) => x.name === name);
