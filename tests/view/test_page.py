@@ -8,7 +8,7 @@ import re
 
 from view_checks import TEXT, assert_steps
 
-from qkv.explain import attention_map, explain_head
+from qkv.explain import attention_map, explain, explain_head
 
 
 def test_repr_html_is_an_isolated_iframe(model):
@@ -17,6 +17,8 @@ def test_repr_html_is_an_isolated_iframe(model):
     assert "allow-same-origin" not in out
     page = html.unescape(re.search(r'srcdoc="([^"]*)"', out)[1])
     assert "connect-src 'none'" in page and '"kind":"map"' in page
+    overview = html.unescape(explain(model, TEXT, token="it")._repr_html_())
+    assert '"kind":"overview"' in overview and "sandbox=" in overview
 
 
 def test_a_notebook_shows_the_steps(watched, model):
