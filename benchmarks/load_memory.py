@@ -69,7 +69,7 @@ torch.empty(1, device="meta").normal_()
 before = status("VmRSS")
 model = load()
 with torch.no_grad():
-    total = sum(float(p.float().sum()) for p in model.parameters())  # touch every weight
+    total = sum(float(p.sum()) for p in model.parameters())  # touch every weight, no copies
 params = sum(p.numel() * p.element_size() for p in model.parameters())
 print(json.dumps({"peak": status("VmHWM") - before, "after": status("VmRSS") - before, "params": params,
                   "dtype": str(next(model.parameters()).dtype)}))
@@ -104,8 +104,9 @@ def measure(which: str, path: str, dtype: str = "stored") -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smollm-135m only")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="these shapes only")
     args = parser.parse_args()
-    names = ["smollm-135m"] if args.quick else list(SHAPES)
+    names = ["smollm-135m"] if args.quick else args.shapes or list(SHAPES)
     rows = []
     with tempfile.TemporaryDirectory() as root:
         for name in names:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Callable
 
@@ -339,12 +340,19 @@ class LazyTensors(Mapping):
         self.checkpoint, self.dtype, self.device = checkpoint, dtype, device
         self.as_stored = {n for n in as_stored
                           if DTYPES[checkpoint.dtypes[n]] == dtype and device.type == "cpu"}
+        # a tensor read twice while the first is alive (GPT-2's wte, also its tied head) is
+        # one tensor, not two copies
+        self._alive: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.checkpoint.expected:
             raise KeyError(name)
-        x = self.checkpoint.read(name, shared=name in self.as_stored)
-        return x.to(device=self.device, dtype=self.dtype)
+        x = self._alive.get(name)
+        if x is None:
+            x = self.checkpoint.read(name, shared=name in self.as_stored)
+            x = x.to(device=self.device, dtype=self.dtype)
+            self._alive[name] = x
+        return x
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.checkpoint.expected)
