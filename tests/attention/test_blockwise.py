@@ -247,3 +247,19 @@ def test_return_lse_matches_reference_and_bad_combinations_are_named():
                                          backend="blockwise")
     with pytest.raises(ValueError, match="no score bias or dropout"):
         qkv.scaled_dot_product_attention(q, k, v, bias=torch.zeros(50, 50), backend="blockwise")
+
+
+def test_multihead_attention_takes_a_block_mask_and_shows_its_weights():
+    torch.manual_seed(0)
+    mha = qkv.MultiHeadAttention(32, 4, num_kv_heads=2, backend="blockwise").double()
+    x = torch.randn(2, 70, 32, dtype=torch.float64)
+    per_head = qkv.create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= 10 * (h + 1)), None, 4,
+                                     70, 70, block_size=16)
+    fast = mha(x, mask=AttentionMask(block=per_head))
+    slow = mha(x, mask=AttentionMask(block=per_head), need_weights=True, average_attn_weights=False)
+    low = qkv.MultiHeadAttention(32, 4, num_kv_heads=2).float()
+    low.load_state_dict(mha.state_dict())
+    plain = low(x.float(), mask=AttentionMask(block=per_head), need_weights=True).output
+    assert_within(fast.output.float(), slow.output, plain, what="block-masked MHA")
+    head3 = slow.weights[:, 3]  # (b, t, s): head 3 sees 40 keys back, head 0 only 10
+    assert int((head3[0, 69] > 0).sum()) == 41 and int((slow.weights[0, 0, 69] > 0).sum()) == 11

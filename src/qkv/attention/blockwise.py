@@ -176,12 +176,12 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     _check_mask(block_mask, lay)
     c = _compute_dtype(query.dtype)
     bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
-    q = lay.queries(query.to(c) * scale)  # (B, h_kv, g, t, d), scaled once here, not per block
+    # no copies of q, k, v in float32 (extra memory is the output, lse and one block's scores)
+    q = lay.queries(query.to(c))  # (B, h_kv, g, t, d)
     k = lay.keys(key.to(c)).reshape(BH, s, lay.d)  # (B·h_kv, s, d)
     v = lay.keys(value.to(c))
     dv = v.shape[-1]
-    # a column of ones after the values: p·[v, 1] gives Σ p·v and the row sum l in one matmul
-    v = torch.cat([v.reshape(BH, s, dv), v.new_ones(BH, s, 1)], -1)  # (B·h_kv, s, dv + 1)
+    v = v.reshape(BH, s, dv)  # (B·h_kv, s, dv)
     out = q.new_zeros(lay.b, lay.h_kv, lay.g, t, dv)  # (B, h_kv, g, t, dv)
     lse = q.new_full((lay.b, lay.h_kv, lay.g, t), _NEG_INF)  # (B, h_kv, g, t)
     masks = _RunMasks(block_mask, lay, c, q.device)
@@ -191,7 +191,7 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             continue  # no key for any row of the block: zeros, lse −inf
         r0, r1 = r * bs, min((r + 1) * bs, t)
         n = lay.g * (r1 - r0)
-        qb = q[:, :, :, r0:r1].reshape(BH, n, lay.d)  # (B·h_kv, g·bq, d)
+        qb = q[:, :, :, r0:r1].reshape(BH, n, lay.d) * scale  # (B·h_kv, g·bq, d), scaled once per block
         m = l = acc = m_safe_old = None
         for c0, c1, full in block_mask.pieces(r, pieces):
             k0, k1 = c0 * bs, min(c1 * bs, s)
@@ -202,15 +202,15 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             # a row with no key so far has max −inf; subtract 0 there so exp gives 0, not NaN
             m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)
             p = scores.sub_(m_safe).exp_()  # (BH, n, L)
-            pv = torch.bmm(p, v[:, k0:k1])  # (BH, n, dv + 1): Σ p·v, and l in the last column
+            pv = torch.bmm(p, v[:, k0:k1])  # (BH, n, dv)
             if acc is None:
-                acc = pv
+                l, acc = p.sum(-1, keepdim=True), pv
             else:
                 alpha = (m_safe_old - m_safe).exp_()  # rescale what the earlier pieces summed
+                l = l.mul_(alpha).add_(p.sum(-1, keepdim=True))
                 acc = acc.mul_(alpha).add_(pv)
             m, m_safe_old = m_new, m_safe
-        acc, l = acc[..., :dv], acc[..., dv:]  # (BH, n, dv), (BH, n, 1)
-        acc = acc / l.masked_fill(l == 0, 1.0)  # l = 0 only where acc = 0: the row stays 0
+        acc = acc.div_(l.masked_fill(l == 0, 1.0))  # l = 0 only where acc = 0: the row stays 0
         out[:, :, :, r0:r1] = acc.view(lay.b, lay.h_kv, lay.g, r1 - r0, dv)
         lse[:, :, :, r0:r1] = (m_safe_old + l.log()).view(lay.b, lay.h_kv, lay.g, r1 - r0)
     _nan_rows(query, lay, out, lse)
@@ -240,14 +240,13 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     _check_mask(block_mask, lay)
     c = _compute_dtype(query.dtype)
     bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
-    q = lay.queries(query.to(c) * scale)  # (B, h_kv, g, t, d)
+    q = lay.queries(query.to(c))  # (B, h_kv, g, t, d)
     k = lay.keys(key.to(c)).reshape(BH, s, lay.d)  # (BH, s, d)
     v = lay.keys(value.to(c))
     v = v.reshape(BH, s, v.shape[-1])  # (BH, s, dv)
     do = lay.queries(dout.to(c))  # (B, h_kv, g, t, dv)
-    delta = (do * lay.queries(out.to(c))).sum(-1)  # (B, h_kv, g, t)  D = rowsum(dO ∘ O)
-    if dlse is not None:
-        delta = delta - lay.rows(dlse.to(c))
+    o = lay.queries(out.to(c))  # (B, h_kv, g, t, dv)
+    dlse4 = lay.rows(dlse.to(c)) if dlse is not None else None
     lse4 = lay.rows(lse.to(c))
     lse4 = lse4.masked_fill(lse4 == _NEG_INF, float("inf"))  # rows with no key: P = exp(−inf) = 0
     dq = torch.zeros_like(q)
@@ -259,21 +258,23 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
             continue
         r0, r1 = r * bs, min((r + 1) * bs, t)
         n = lay.g * (r1 - r0)
-        qb = q[:, :, :, r0:r1].reshape(BH, n, lay.d)  # (BH, g·bq, d)
+        qb = q[:, :, :, r0:r1].reshape(BH, n, lay.d) * scale  # (BH, g·bq, d)
         dob = do[:, :, :, r0:r1].reshape(BH, n, do.shape[-1])  # (BH, g·bq, dv)
         lse_b = lse4[:, :, :, r0:r1].reshape(BH, n, 1)
-        delta_b = delta[:, :, :, r0:r1].reshape(BH, n, 1)
+        # D = rowsum(dO ∘ O), per block so that no (t, dv) temporary is held
+        delta_b = (dob * o[:, :, :, r0:r1].reshape(BH, n, -1)).sum(-1, keepdim=True)  # (BH, g·bq, 1)
+        if dlse4 is not None:
+            delta_b -= dlse4[:, :, :, r0:r1].reshape(BH, n, 1)
         dq_b = None
         for c0, c1, full in block_mask.pieces(r, pieces):
             k0, k1 = c0 * bs, min(c1 * bs, s)
             kr, vr = k[:, k0:k1], v[:, k0:k1]
             p = _scores(qb, kr, None if full else masks(r, c0, c1))  # (BH, n, L)
             p = p.sub_(lse_b).exp_()  # P, recomputed from the saved lse
-            dvv[:, k0:k1].add_(torch.bmm(p.transpose(1, 2), dob))
+            dvv[:, k0:k1].baddbmm_(p.transpose(1, 2), dob)  # dV += Pᵀ dO, in place
             ds = torch.bmm(dob, vr.transpose(1, 2)).sub_(delta_b).mul_(p)  # dS = P ∘ (dP − D)
-            part = torch.bmm(ds, kr)  # (BH, n, d)
-            dq_b = part if dq_b is None else dq_b.add_(part)
-            dk[:, k0:k1].add_(torch.bmm(ds.transpose(1, 2), qb))  # q already carries the scale
+            dq_b = torch.bmm(ds, kr) if dq_b is None else dq_b.baddbmm_(ds, kr)  # (BH, n, d)
+            dk[:, k0:k1].baddbmm_(ds.transpose(1, 2), qb)  # dK += dSᵀ Q (q carries the scale)
         dq[:, :, :, r0:r1] = dq_b.view(lay.b, lay.h_kv, lay.g, r1 - r0, lay.d)
     dq = dq.mul_(scale)
     return (lay.back_q(dq).to(query.dtype), lay.back_k(dk, key).to(key.dtype),
