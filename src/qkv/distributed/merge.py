@@ -42,9 +42,7 @@ def merge(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor,
     """
     dtype = merge_dtype(out1.dtype)
     lse1, lse2 = lse1.to(dtype), lse2.to(dtype)
-    m = torch.maximum(lse1, lse2)
-    m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no key on either side: exponents stay −inf
-    lse = m + torch.log(torch.exp(lse1 - m) + torch.exp(lse2 - m))  # (..., t), −inf where both are
+    lse = lse_of_union(lse1, lse2)  # (..., t), −inf where both are
     ref = lse.masked_fill(lse == float("-inf"), 0.0)
     w1 = torch.exp(lse1 - ref).unsqueeze(-1)  # (..., t, 1), in [0, 1]
     w2 = torch.exp(lse2 - ref).unsqueeze(-1)
@@ -53,7 +51,19 @@ def merge(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor,
 
 def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor,
                rows: slice) -> None:
-    """Merge a part that covers query rows ``rows`` into the running ``out``/``lse`` in place."""
-    new_out, new_lse = merge(out[..., rows, :], lse[..., rows], part_out, part_lse)
-    out[..., rows, :] = new_out
-    lse[..., rows] = new_lse
+    """:func:`merge` a part covering query rows ``rows`` into the running ``out`` (..., t, dv) and
+    ``lse`` (..., t), in place: rescale ``out``'s rows, then add the part's weighted rows
+    (``addcmul_``), so a merge allocates nothing of ``out``'s size (the ring's peak memory)."""
+    o, old = out[..., rows, :], lse[..., rows]  # views
+    new_lse = lse_of_union(old, part_lse.to(lse.dtype))
+    ref = new_lse.masked_fill(new_lse == float("-inf"), 0.0)
+    o.mul_(torch.exp(old - ref).unsqueeze(-1))
+    o.addcmul_(part_out.to(o.dtype), torch.exp(part_lse.to(lse.dtype) - ref).unsqueeze(-1))
+    old.copy_(new_lse)
+
+
+def lse_of_union(lse1: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """log(exp(lse1) + exp(lse2)), overflow-safe, −inf where both are −inf."""
+    m = torch.maximum(lse1, lse2)
+    m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no key on either side: exponents stay −inf
+    return m + torch.log(torch.exp(lse1 - m) + torch.exp(lse2 - m))
