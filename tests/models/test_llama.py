@@ -199,3 +199,67 @@ def test_prompt_longer_than_the_positions(variant):
         model(torch.zeros(1, n + 1, dtype=torch.long))
     with pytest.raises(QkvError, match=f"takes at most {n}"):
         model.generate(torch.zeros(1, n - 2, dtype=torch.long), max_new_tokens=3)
+
+
+# -- qkv explain / qkv heads on a Llama directory ------------------------------------------------
+def test_explain_says_causal_and_recomputes_rope(tiny_dir, capsys):
+    from qkv.cli import main
+    from qkv.explain import explain, explain_head
+
+    model = load(tiny_dir)
+    text = "The quick brown fox jumps"
+    ov = explain(model, text)
+    assert ov.causal and ov.to_dict()["causal"].startswith("decoder: each token attends to itself")
+    st = explain_head(model, text, token="fox", layer=1, head=3)
+    assert "rotated by RoPE" in st.qk_transform
+    assert torch.all(st.weights[st.token_index + 1:] == 0)  # nothing from later tokens
+    # the float64 recomputation (with the rotation) matches the forward's float32 numbers
+    assert st.max_abs_diff < 1e-5 and st.diffs["query"] < 1e-5 and st.diffs["keys"] < 1e-5
+    assert main(["explain", text, "--model", tiny_dir]) == 0
+    out = capsys.readouterr().out
+    assert "decoder: each token attends to itself and the tokens before it only" in out
+    assert main(["heads", text, "--model", tiny_dir, "--from", "brown", "--to", "jumps"]) == 0
+    assert "'jumps' comes after 'brown'" in capsys.readouterr().err
+
+
+def test_attention_sink_is_named(tiny_dir, capsys):
+    """Layer 0's heads made to park on the first token: every query gets a constant component
+    (embedding coordinate 0 is the same for all tokens) and only the first token's key
+    answers it (coordinate 1 is set for its id alone), in the last rotary pair of each head,
+    whose frequency is so low (θ = 10000^(−8/10) / 3) that RoPE barely turns it."""
+    from qkv.cli import main
+    from qkv.explain import explain
+
+    model = load(tiny_dir)
+    text = "The quick brown fox jumps"
+    ids = model.tokenizer.encode(text).ids
+    assert ids.count(ids[0]) == 1
+    d, h, h_kv = model.config.head_dim, model.config.num_attention_heads, model.config.num_key_value_heads
+    with torch.no_grad():
+        model.embed_tokens.weight[:, :2] = 0
+        model.embed_tokens.weight[:, 0] = 5.0
+        model.embed_tokens.weight[ids[0], 1] = 5.0
+        a = model.layers[0].self_attn
+        a.q_proj.weight.zero_()
+        a.k_proj.weight.zero_()
+        for head in range(h):
+            a.q_proj.weight[head * d + d // 2 - 1, 0] = 3.0
+        for head in range(h_kv):
+            a.k_proj.weight[head * d + d // 2 - 1, 1] = 3.0
+    ov = explain(model, text)
+    assert ov.sink is not None and ov.to_dict()["attention_sink"].startswith("attention sink: ")
+    assert ov.focus != 0  # the sink is not the focus
+    assert sum(r.argmax == 0 for r in ov.rows if r.layer == 0) == h
+    from rich.console import Console
+
+    from qkv.explain.render import render_overview
+
+    console = Console(record=True, width=300)
+    render_overview(console, ov)
+    assert f"attention sink: {sum(r.argmax == 0 for r in ov.rows)} of {len(ov.rows)} heads" in console.export_text()
+    ov_first = explain(model, text, token="0")  # the first token itself: no sink to name
+    assert ov_first.sink is None
+    capsys.readouterr()  # (the console above printed too)
+    assert main(["explain", text, "--model", tiny_dir]) == 0  # the CLI says what the library found
+    saved = explain(load(tiny_dir), text).sink
+    assert ("attention sink: " in capsys.readouterr().out) == (saved is not None)

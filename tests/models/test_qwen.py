@@ -64,3 +64,13 @@ def test_sliding_windows_are_refused_by_name(read):
     with pytest.raises(QkvError, match=r"layer_types \['sliding_attention'\] are not supported"):
         read({"hidden_size": 32, "num_attention_heads": 4,
               "layer_types": ["full_attention", "sliding_attention"]})
+
+
+def test_explain_head_recomputes_the_qk_norm_and_rotation(checkpoint):
+    from qkv.explain import explain_head
+
+    kind, path, hf, model = checkpoint
+    st = explain_head(model, "The quick brown fox", layer=1, head=4)
+    assert ("normalised per head (RMSNorm), then rotated" in st.qk_transform) == (kind == "qwen3")
+    # float64 recomputation against the forward's float32 numbers
+    assert st.diffs["query"] < 1e-5 and st.diffs["keys"] < 1e-5 and st.max_abs_diff < 1e-5

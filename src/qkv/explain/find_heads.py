@@ -128,9 +128,13 @@ def heads(model, text: str, *, source: str | None = None, target: str, method: s
     ranked = rank_pair(per_layer, units, src.unit, tgt.unit)
     if m.per == "layer":
         ranked = [replace(h, head=None) for h in ranked]
+    notes = tuple(c.note for c in (src, tgt) if c.note)
+    if getattr(model, "causal", False) and tgt.unit > src.unit:
+        notes += (Message("decoder: {target!r} comes after {source!r}, and a token attends only to "
+                          "itself and the tokens before it, so every weight here is 0",
+                          target=units.labels[tgt.unit], source=units.labels[src.unit]),)
     return HeadRanking(model=forward.model_name(model), text=text, units=units, source=src.unit,
-                       target=tgt.unit, heads=ranked,
-                       notes=tuple(c.note for c in (src, tgt) if c.note), method=m.name, per=m.per)
+                       target=tgt.unit, heads=ranked, notes=notes, method=m.name, per=m.per)
 
 
 # -- the coreference probe ---------------------------------------------------------------------

@@ -31,6 +31,8 @@ from qkv.explain.select import Units, choose, choose_in, group_columns
 from qkv.explain.wording import Message
 
 RANKING = "largest weight in the row (most focused first); entropy in bits beside it"
+CAUSAL = ("decoder: each token attends to itself and the tokens before it only (causal mask); "
+          "tokens after it get weight 0")
 
 
 def ranking(method: str) -> str:
@@ -87,6 +89,9 @@ class Overview:
         scores: the method's raw scores for the token's rows (``Scores.scores``: (L, h, r, s)
             or (L, r, s)), or None.
         target: what ``grad`` differentiated, or None.
+        causal: the model is a decoder: a token attends to itself and earlier tokens only.
+        sink: for a decoder, why the first token is named an attention sink (many heads put
+            their largest weight on it), or None.
     """
 
     model: str
@@ -104,6 +109,8 @@ class Overview:
     per: str = "head"
     scores: torch.Tensor | None = None
     target: str | None = None
+    causal: bool = False
+    sink: Message | None = None
 
     def highlighted(self, row: HeadRow) -> bool:
         return self.focus is not None and row.argmax == self.focus
@@ -123,6 +130,9 @@ class Overview:
             extra["scores"] = self.scores.double().mean(-2).tolist()
         if self.target is not None:
             extra["target"] = self.target
+        if self.causal:
+            extra["causal"] = CAUSAL
+            extra["attention_sink"] = str(self.sink) if self.sink is not None else None
         return {
             "model": self.model,
             "text": self.text,
@@ -205,6 +215,35 @@ def rank(rows: list[HeadRow]) -> list[HeadRow]:
 
 def _heads(n: int) -> str:
     return "the 1 head" if n == 1 else f"the {n} heads"
+
+
+# A decoder's first token is named an attention sink when at least this share of the heads put
+# their largest weight on it (a convention for the display; Xiao et al., 2023, "Efficient
+# Streaming Language Models with Attention Sinks", show trained LLMs park attention there).
+SINK_SHARE = 0.25
+
+
+def attention_sink(rows: list[HeadRow], units: Units, unit: int) -> Message | None:
+    """Why a decoder's first unit is an attention sink for ``unit``'s rows, or None.
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> from qkv.explain.select import token_units
+        >>> u = token_units(E(tokens=["<s>", "b", "c"], special=[0, 0, 0]))
+        >>> w = [torch.tensor([[[0.8, 0.1, 0.1]], [[0.1, 0.1, 0.8]]])]  # 1 layer, 2 heads
+        >>> str(attention_sink(head_rows(w, u, 1), u, 2)).split(":")[0]
+        'attention sink'
+    """
+    if unit == 0 or not rows:
+        return None
+    on_first = [r for r in rows if r.argmax == 0]
+    if len(on_first) < SINK_SHARE * len(rows):
+        return None
+    mean = sum(float(r.weights[0]) for r in rows) / len(rows)
+    return Message("attention sink: {n} of {m} heads put their largest weight on the first {kind} "
+                   "{first!r} (mean weight on it {mean:.2f}); decoders park attention they do not "
+                   "need there (Xiao et al., 2023), so it is not counted as the focus",
+                   n=len(on_first), m=len(rows), kind=units.kind, first=units.labels[0], mean=mean)
 
 
 def choose_focus(rows: list[HeadRow], units: Units, unit: int) -> tuple[int | None, Message]:
@@ -298,12 +337,15 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
         rows = [replace(r, head=None) for r in rows]
     if layer is not None:
         rows = [r for r in rows if r.layer == layer]
-    if focus is None:
-        focus, reason = choose_focus(rows, units, choice.unit)
+    causal = bool(getattr(model, "causal", False))
+    sink = attention_sink(rows, units, choice.unit) if causal else None
+    if focus is None:  # a named sink is not the focus: it says where attention parks, not what it finds
+        focus, reason = choose_focus([r for r in rows if r.argmax != 0] if sink else rows, units,
+                                     choice.unit)
     else:
         reason = chosen_focus(rows, units, focus)
     return Overview(model=model_name(model), text=text, tokens=list(encoding.tokens), units=units,
                     unit=choice.unit, rows=rank(rows), focus=focus, focus_reason=reason,
                     num_layers=num_layers(model), num_heads=num_heads(model),
                     notes=(choice.note,) if choice.note else (), method=m.name, per=m.per,
-                    scores=scores.scores, target=scores.target)
+                    scores=scores.scores, target=scores.target, causal=causal, sink=sink)

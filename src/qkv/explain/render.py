@@ -23,7 +23,7 @@ from rich.text import Text
 
 from qkv.explain.ablation import NoProjection
 from qkv.explain.find_heads import HeadRanking, ProbeResult
-from qkv.explain.overview import Overview, ranking
+from qkv.explain.overview import CAUSAL, Overview, ranking
 from qkv.explain.saturation import Saturation
 from qkv.explain.select import WORD_RULE, Units
 from qkv.explain.steps import HeadSteps
@@ -105,6 +105,10 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
         out.print(Text(f"method: {ov.method} = {METHODS[ov.method].formula}"
                        + (f"; y = {ov.target}" if ov.target else "")))
     out.print(Text(f"ranked by: {ranking(ov.method)}"))
+    if ov.causal:
+        out.print(Text(CAUSAL))
+    if ov.sink is not None:
+        out.print(Text(ov.sink.spelled(names)))
     out.print(Text(f"{MARK} {ov.focus_reason.spelled(names)}"),
               style=HIGHLIGHT if ov.focus is not None else None)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -147,8 +151,9 @@ def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGU
         out.print(Text(note.spelled(names)))
     E = st.x.numel()
     out.print(Text(f"1) x = {_x_source(st)}\n   x = {vector(st.x)}"))
+    then = f"; q and every k_j then {st.qk_transform}" if st.qk_transform else ""
     out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the query projection)"
-                   f"\n   q = {vector(st.query)}"))
+                   f"{then}\n   q = {vector(st.query)}"))
     out.print(Text(f"3) for every token j: k_j = x_j·W_K + b_K and v_j = x_j·W_V + b_V; "
                    f"score q·k_j, scaled by {number(st.scale, 6)} (= 1/√{d}), softmax"))
     masked = bool((st.mask != 0).any())

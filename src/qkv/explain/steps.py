@@ -49,6 +49,8 @@ class HeadSteps:
         word, word_tokens: with ``words=True``, the word chosen and its token positions (the
             arithmetic is for the last); None and () otherwise.
         notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
+        qk_transform: what happens to q and the k_j after the projection (Qwen3's per-head
+            RMSNorm, RoPE's rotation), in words; "" when nothing does.
     """
 
     model: str
@@ -74,6 +76,7 @@ class HeadSteps:
     word: str | None = None
     word_tokens: tuple[int, ...] = ()
     notes: tuple[Message, ...] = ()
+    qk_transform: str = ""
 
     @property
     def max_abs_diff(self) -> float:
@@ -173,10 +176,16 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     query = _project(x, module.q_proj, q_rows)  # (d,)
     keys = _project(xs_k, module.k_proj, kv_rows)  # (s, d)
     values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
+    transform = []
+    if getattr(module, "q_norm", None) is not None:
+        # Qwen3: each head's query and key vectors are RMS-normalised before the rotation.
+        query, keys = module.q_norm(query), module.k_norm(keys)
+        transform.append("normalised per head (RMSNorm)")
     if module.rotary is not None:
         # RoPE rotates queries and keys by their positions before the dot product.
         query = module.rotary(query[None, None, None], offset=position)[0, 0, 0]
         keys = module.rotary(keys[None, None])[0, 0]
+        transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)
@@ -200,7 +209,8 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
                      token_index=position, head_dim=module.head_dim, scale=float(att.scale), x=x,
                      query=query, keys=keys, values=values, scores=scores, scaled=scaled,
                      mask=mask, weights=weights, output=output,
-                     model_output=model_output.double(), diffs=diffs)
+                     model_output=model_output.double(), diffs=diffs,
+                     qk_transform=", then ".join(transform))
 
 
 def explain_head(model, text: str, *, token: str | None = None, layer: int, head: int,

@@ -168,6 +168,8 @@ def _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask
 class DecoderGenerationMixin:
     """``model.generate(...)`` (see :func:`generate`) and the input checks every decoder shares."""
 
+    causal = True  # a token attends to itself and earlier tokens only (what explanations say)
+
     def generate(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, **kwargs) -> torch.Tensor:
         """Continue ``ids`` (b, t) by up to ``max_new_tokens``; see :func:`qkv.models.generate.generate`."""
         return generate(self, ids, max_new_tokens, use_cache=use_cache, **kwargs)

@@ -104,6 +104,8 @@ class GPT2Model(nn.Module):
         torch.Size([1, 7])
     """
 
+    causal = True  # a token attends to itself and earlier tokens only (what explanations say)
+
     def __init__(self, config: GPT2Config, *, tokenizer=None, name: str = "gpt2"):
         super().__init__()
         self.config = config
