@@ -117,8 +117,8 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR) -> Starlette:
 
 def _page_headers() -> dict[str, str]:
     # The served page may talk to its own server only; the exported file gets a stricter policy.
-    return {"Content-Security-Policy": "default-src 'none'; script-src 'self' 'unsafe-inline'; "
-            "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; "
+    return {"Content-Security-Policy": "default-src 'none'; script-src 'self'; "
+            "style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
             "base-uri 'none'; form-action 'none'; frame-ancestors 'self'",
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 

@@ -159,7 +159,15 @@
   }
   async function selectHead(layer, head) {
     S.layer = layer; S.head = head;
-    writeUrl(); drawModelView(); await drawHeadView(); await drawSteps();
+    writeUrl(); markSelectedHead(); await drawHeadView(); await drawSteps();
+  }
+  // A head switch changes only which cell is selected: no need to redraw 72 thumbnails.
+  function markSelectedHead() {
+    for (const b of document.querySelectorAll("#grid button.cell")) {
+      const on = Number(b.dataset.layer) === S.layer && (b.dataset.head === undefined || Number(b.dataset.head) === S.head);
+      b.classList.toggle("selected", on);
+      b.setAttribute("aria-pressed", on ? "true" : "false");
+    }
   }
 
   // -- tokens ----------------------------------------------------------------------------------
@@ -322,6 +330,7 @@
       : `Head view — layer ${S.layer}, head ${S.head}`;
     $("head-title").textContent = title;
     let M;
+    const t0 = performance.now();
     try { M = await currentMap(); } catch (e) {
       D.map = null;
       $("head-hint").textContent = e.message; $("lines").replaceChildren();
@@ -335,7 +344,9 @@
       "heat map: row = from, column = to; hover a cell for its exact weight" +
       (isMethod() ? `; the head view and the step panel show the attention weights (method ${S.method} drives the model view)` : "") +
       (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
+    const t1 = performance.now();
     drawLines(M); drawHeat(M);
+    D.timings = { map_ms: t1 - t0, draw_ms: performance.now() - t1 }; // read by benchmarks/view.py
   }
   function drawLines(M) {
     const svg = $("lines"), rowH = Math.max(M.n, M.m) > 100 ? 4 : 16, W = 300;
