@@ -3,6 +3,9 @@
 * ``bert.py``      — :class:`BertModel` (encoder, post-norm) and ``embed`` (sentence vectors)
 * ``gpt2.py``      — :class:`GPT2Model` (decoder-only, pre-norm, causal) and ``generate``
 * ``gpt_neox.py``  — :class:`GPTNeoXModel` (Pythia: parallel residual, partial rotary)
+* ``llama.py``     — :class:`LlamaModel` (RMSNorm, SwiGLU, RoPE + scaling, GQA); ``mistral.py``,
+  ``qwen2.py``, ``qwen3.py`` map their configs onto :class:`LlamaConfig`
+* ``generate.py``  — :func:`generate`, the decoding loop of every decoder (greedy, sampling, EOS)
 * ``roberta.py``, ``distilbert.py`` — BERT's encoder with RoBERTa's positions / DistilBERT's names
 * ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
 * ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
@@ -21,6 +24,7 @@ No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.
 from qkv.models.bert import BertConfig, BertModel
 from qkv.models.gpt2 import GPT2Config, GPT2Model
 from qkv.models.gpt_neox import GPTNeoXConfig, GPTNeoXModel
+from qkv.models.llama import LlamaConfig, LlamaModel
 from qkv.models.roberta import RobertaConfig, RobertaModel
 from qkv.models.distilbert import DistilBertConfig, DistilBertModel
 from qkv.models.family import Family
@@ -33,5 +37,5 @@ __all__ = [
     "BatchEncoding", "BertConfig", "BertModel", "DecoderOutput", "EncoderOutput", "Encoding",
     "FAMILIES", "Family", "GPT2Config", "GPT2Model", "Tokenizer", "load", "register_family",
     "GPTNeoXConfig", "GPTNeoXModel", "RobertaConfig", "RobertaModel", "DistilBertConfig",
-    "DistilBertModel",
+    "DistilBertModel", "LlamaConfig", "LlamaModel",
 ]
