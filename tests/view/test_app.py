@@ -173,17 +173,6 @@ def test_long_inputs_are_fetched_per_head_or_per_row(watched, served, model):
     assert "a long text" in page.locator("#head-hint").text_content()
 
 
-def test_dark_and_light(watched, served):
-    page = watched.page
-    page.emulate_media(color_scheme="dark")
-    open_page(watched, served, text="the cat sat")
-    background = "() => getComputedStyle(document.body).backgroundColor"
-    dark = page.evaluate(background)
-    page.click("#theme")
-    light = page.evaluate(background)
-    assert dark == "rgb(15, 18, 22)" and light == "rgb(255, 255, 255)"
-
-
 def test_the_method_switch_drives_the_model_view(watched, served, model):
     """Every method qkv.explain has is offered; a contribution method's ranking is the library's."""
     from qkv.view.api import METHODS
@@ -204,10 +193,12 @@ def test_the_method_switch_drives_the_model_view(watched, served, model):
     assert_shown(first.split()[4], r.max_weight, "norm: the best head's share")
 
 
-def test_words_as_the_cli_groups_them(watched, served, model):
-    """The words toggle: weights into a word summed, from a word averaged — qkv explain --words."""
+def test_words_as_the_cli_groups_them_in_dark_and_light(watched, served, model):
+    """The words toggle: weights into a word summed, from a word averaged — qkv explain --words.
+    The page follows the system's dark scheme; the ◐ button switches to light."""
     text = "The dog found some pizzeria leftovers and ate them"
     page = watched.page
+    page.emulate_media(color_scheme="dark")
     open_page(watched, served, text=text, words=1)
     ov = explain(model, text, words=True)  # the last word, as the page opens
     shown = page.eval_on_selector_all("#tokens button", "bs => bs.map(b => b.textContent)")
@@ -218,3 +209,7 @@ def test_words_as_the_cli_groups_them(watched, served, model):
         m = re.search(r"rank (\d+), largest weight (\S+) on (.+?), entropy", by_head[row.layer, row.head])
         assert int(m[1]) == rank and m[3] == ov.units.labels[row.argmax]
         assert_shown(m[2], row.max_weight, f"L{row.layer} H{row.head}")
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    assert page.evaluate(background) == "rgb(15, 18, 22)"
+    page.click("#theme")
+    assert page.evaluate(background) == "rgb(255, 255, 255)"

@@ -18,7 +18,7 @@ def wait_steps(page, title: str) -> None:
 
 def test_the_exported_file_works_offline(watched, served, model, tmp_path):
     path = tmp_path / "view.html"
-    size = export_html(path, "minilm", TEXT, api=served.api)
+    size = export_html(path, "minilm", TEXT, api=served.api, probe=False)
     html = path.read_text(encoding="utf-8")
     assert size == len(html.encode())
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)[1]
