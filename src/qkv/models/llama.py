@@ -202,8 +202,8 @@ class RMSNorm(nn.Module):
     as Llama's reference code does (so bf16 models round where they were trained to).
 
     Example:
-        >>> RMSNorm(4)(torch.tensor([[3.0, -3.0, 3.0, -3.0]]))
-        tensor([[ 1., -1.,  1., -1.]], grad_fn=<MulBackward0>)
+        >>> RMSNorm(4, eps=0.0)(torch.tensor([[3.0, -3.0, 3.0, -3.0]])).tolist()
+        [[1.0, -1.0, 1.0, -1.0]]
     """
 
     def __init__(self, dim: int, eps: float = 1e-6):
