@@ -209,7 +209,11 @@ def test_explain_and_heads_run_on_a_neox_checkpoint(pythia_like, capsys):
 
     path, _ = pythia_like
     assert main(["explain", "The quick brown fox jumps.", "--model", path, "--words"]) == 0
-    assert "words: 0:The 1:quick 2:brown 3:fox 4:jumps 5:." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "words: 0:The 1:quick 2:brown 3:fox 4:jumps 5:." in out
+    assert "decoder: each token attends to itself and the tokens before it only" in out
+    assert main(["heads", "--probe", "induction", "--model", path]) == 0
+    assert "chance" in capsys.readouterr().out
     assert main(["heads", "The quick brown fox jumps", "--model", path, "--from", "jumps",
                  "--to", "fox"]) == 0
     assert "weight from 'jumps' (word 4) to 'fox' (word 3)" in capsys.readouterr().out

@@ -108,6 +108,9 @@ def test_explain_and_heads_run_on_an_encoder(checkpoint, capsys):
     path, _, model = checkpoint
     text = "The dog found some pizza next to the baby and ate it"
     assert main(["explain", text, "--model", path, "--words", "--token", "dog", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["explain", text, "--model", path, "--words", "--token", "dog"]) == 0
+    assert "decoder:" not in capsys.readouterr().out  # an encoder: no causal note
     assert main(["heads", text, "--model", path, "--from", "it", "--to", "dog"]) == 0
     assert "weight from 'it'" in capsys.readouterr().out
     enc = model.tokenizer.encode(text)
