@@ -31,6 +31,7 @@ BAD = [
     ("steps", {"text": TEXT, "layer": 0, "head": 0, "token": -3}, 422, "token"),
     ("steps", {"text": TEXT, "layer": 0, "head": 0, "token": [1]}, 422, "token"),
     ("overview", {"text": TEXT, "method": "magic"}, 422, "method"),
+    ("overview", {"text": TEXT, "method": {}}, 422, "method"),
     ("overview", {"text": TEXT, "words": "yes"}, 422, "words"),
     ("overview", {"text": ""}, 422, "text"),
     ("overview", {"text": "   "}, 422, "text"),

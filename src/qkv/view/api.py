@@ -266,7 +266,7 @@ class Api:
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
         method = body.get("method", WEIGHT)
-        if method not in METHODS:
+        if not isinstance(method, str) or method not in METHODS:
             raise ApiError("method", f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
         args = {"token": _token(body), "layer": _integer(body, "layer"),
                 "head": _integer(body, "head"), "words": _boolean(body, "words")}
