@@ -40,6 +40,11 @@ def _cases():
          torch.float32),
         ("gqa causal", {"is_causal": True, "enable_gqa": True}, (4, 2), 37, "zigzag", torch.float32),
         ("gqa mqa", {"enable_gqa": True}, (4, 1), 37, "contiguous", torch.float64),
+        # qkv.masks.document as a BlockMask: pairs of chunks classified from their bounds
+        ("qkv.masks documents", {"is_causal": True, "documents": [0] * 12 + [1] * 14 + [2] * 11,
+                                 "as_block_mask": True}, (4, 4), 37, "zigzag", torch.float32),
+        # queries 0..5 see no key at all: output 0, log-sum-exp −inf, no gradient
+        ("rows with no key", {"is_causal": True, "no_key_below": 6}, (4, 4), 37, "zigzag", torch.float32),
     ]
 
 
@@ -67,11 +72,16 @@ def _dense(kw, n):
         ids = torch.tensor(kw["documents"])
         same = ids[:, None] == ids[None, :]
         keep = same if keep is None else keep & same
+    if "no_key_below" in kw:
+        seen = (torch.arange(n) >= kw["no_key_below"])[:, None].expand(n, n)
+        keep = seen if keep is None else keep & seen
     return keep
 
 
 def _worker(rank, world, method):
     import torch.distributed as dist
+
+    import qkv
 
     from qkv.distributed import ring_attention, shard, ulysses_attention
 
@@ -89,10 +99,14 @@ def _worker(rank, world, method):
         ref = _single(Q, K, V, dO, kw, torch.float64)
         # float64 has no finer truth: its rounding is measured one precision down (assert_agree)
         plain = _single(Q, K, V, dO, kw, torch.float32)
-        call = {k: v for k, v in kw.items() if k != "documents"}
+        call = {k: v for k, v in kw.items() if k not in ("documents", "as_block_mask", "no_key_below")}
         if "documents" in kw:
             ids = torch.tensor(kw["documents"])
-            call["block_mask"] = lambda b, hh, qi, ki: ids[qi] == ids[ki]
+            call["block_mask"] = (qkv.create_block_mask(qkv.masks.document(ids), None, None, n, n)
+                                  if kw.get("as_block_mask") else lambda b, hh, qi, ki: ids[qi] == ids[ki])
+        if "no_key_below" in kw:
+            first = kw["no_key_below"]
+            call["block_mask"] = lambda b, hh, qi, ki: (qi >= first) & (ki >= 0)
         q, k, v = (shard(x.to(dtype), layout=layout).requires_grad_() for x in (Q, K, V))
         out, lse = fn(q, k, v, layout=layout, return_lse=True, **call)
         out.backward(shard(dO.to(dtype), layout=layout))
@@ -100,6 +114,11 @@ def _worker(rank, world, method):
         for what, g, r, p in zip(("out", "lse", "dq", "dk", "dv"), got, ref, plain):
             dim = -1 if what == "lse" else -2
             r, p = shard(r, layout=layout, dim=dim), shard(p, layout=layout, dim=dim)
+            if what == "lse":  # rows with no key: −inf exactly where the reference has it
+                report.append((name, "lse −inf rows", float(not torch.equal(g.isneginf(), r.isneginf())),
+                               0.0, 0.0))
+                keep = r.isfinite()
+                g, r, p = g[keep], r[keep], p[keep]
             err = max_err(g, r)
             if dtype == torch.float64:
                 tol = agree_bound(r, p, dtype=dtype, factor=FUSED_FACTOR)

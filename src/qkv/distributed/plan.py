@@ -18,71 +18,80 @@ Zigzag under a causal mask, P = 2 (chunks 0..3; rank 0 holds 0 and 3, rank 1 hol
              c2   ■       ·        ■       ◣
 
 Every rank computes 2 diagonals + 2 full blocks here: balanced. A ``mask_mod`` (FlexAttention's
-``mask_mod(b, h, q_idx, kv_idx) -> bool``, True = takes part; e.g. documents) is evaluated on the
-pair's global positions and the pair is skipped when it keeps nothing.
+``mask_mod(b, h, q_idx, kv_idx) -> bool``, True = takes part) from :mod:`qkv.masks` (documents,
+prefix LM, …) classifies a pair from its bounds alone (``kinds``); any other callable makes the
+pair PARTIAL and the blockwise kernel (:func:`qkv.attention.blockwise.forward_chunk`) skips the
+empty blocks inside it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import torch
 
-EMPTY, FULL, CAUSAL = "empty", "full", "causal"
+from qkv.attention.block_mask import MaskMod, and_masks, sliding_window
+
+EMPTY, FULL, CAUSAL, PARTIAL = "empty", "full", "causal", "partial"
 
 
 @dataclass(frozen=True)
 class GlobalMask:
-    """A mask over global positions: ``causal``, ``window`` (left, right) and an optional ``mask_mod``."""
+    """A mask over global positions: ``causal``, ``window`` (left, right) and an optional ``mask_mod``.
+
+    Called as a mask_mod itself (``mask(b, h, q_idx, kv_idx)``: all three together), which is
+    what the blockwise kernel receives for a partial pair of chunks.
+    """
 
     causal: bool = False
     window: tuple[int | None, int | None] | None = None
     mask_mod: Callable | None = None
 
-    def _sides(self) -> tuple[int | None, int | None]:
+    def sides(self) -> tuple[int | None, int | None]:
         left, right = self.window if self.window is not None else (None, None)
         if self.causal:
             right = 0 if right is None else min(right, 0)
         return left, right
 
-    def pair(self, q_range: tuple[int, int], k_range: tuple[int, int], batch: int = 1,
-             heads: int = 1):
-        """EMPTY, FULL, CAUSAL (square diagonal chunk) or a bool mask (t, s) / (B, H, t, s)."""
+    @cached_property
+    def combined(self) -> Callable | None:
+        """One qkv mask_mod for everything (None: no mask); analytic when the parts are."""
+        left, right = self.sides()
+        parts = ([sliding_window(left, right)] if (left, right) != (None, None) else []) + \
+            ([self.mask_mod] if self.mask_mod is not None else [])
+        return None if not parts else parts[0] if len(parts) == 1 else and_masks(*parts)
+
+    def __call__(self, b, h, q_idx, kv_idx) -> torch.Tensor:
+        q, k = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
+        if self.combined is None:
+            return torch.ones(torch.broadcast_shapes(q.shape, k.shape), dtype=torch.bool)
+        return self.combined(b, h, q, k)
+
+    def pair(self, q_range: tuple[int, int], k_range: tuple[int, int]) -> str:
+        """EMPTY (skipped), FULL, CAUSAL (square diagonal chunk: torch's causal kernel) or
+        PARTIAL (the blockwise kernel, which skips the empty blocks inside)."""
         (qa, qb), (ka, kb) = q_range, k_range
         if qb <= qa or kb <= ka:
             return EMPTY
-        left, right = self._sides()
+        left, right = self.sides()
         if (right is not None and ka > qb - 1 + right) or (left is not None and kb - 1 < qa - left):
             return EMPTY
         full = ((right is None or kb - 1 <= qa + right) and (left is None or ka >= qb - 1 - left))
-        kind = FULL if full else None
-        if kind is None and left is None and right == 0 and (qa, qb) == (ka, kb):
+        kind = FULL if full else PARTIAL
+        if kind == PARTIAL and left is None and right == 0 and (qa, qb) == (ka, kb):
             kind = CAUSAL
-        if self.mask_mod is not None and hasattr(self.mask_mod, "kinds"):  # qkv.masks: no evaluation
-            kinds = self.mask_mod.kinds(*(torch.tensor([x]) for x in (qa, qb, ka, kb)))
+        mod = self.mask_mod
+        if mod is None:
+            return kind
+        if isinstance(mod, MaskMod) and getattr(mod, "analytic", True):  # qkv.masks: no evaluation
+            kinds = mod.kinds(*(torch.tensor([x]) for x in (qa, qb, ka, kb)))  # (B', 1, 1, 1)
             if bool((kinds == 0).all()):
                 return EMPTY
-            if bool((kinds == 2).all()) and kind is not None:
+            if bool((kinds == 2).all()):
                 return kind
-        elif kind is not None and self.mask_mod is None:
-            return kind
-        i = torch.arange(qa, qb)[:, None]  # (t, 1) global query positions
-        j = torch.arange(ka, kb)[None, :]  # (1, s) global key positions
-        keep = torch.ones(qb - qa, kb - ka, dtype=torch.bool)
-        if right is not None:
-            keep &= j <= i + right
-        if left is not None:
-            keep &= j >= i - left
-        if self.mask_mod is not None:
-            b = torch.arange(batch)[:, None, None, None]
-            h = torch.arange(heads)[None, :, None, None]
-            keep = keep & self.mask_mod(b, h, i, j).to(torch.bool)  # (t, s) or (B, H, t, s)
-        if not bool(keep.any()):
-            return EMPTY
-        if bool(keep.all()):
-            return FULL
-        return keep
+        return PARTIAL
 
 
 def mask_mod_of(block_mask, length: int) -> Callable | None:

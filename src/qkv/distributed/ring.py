@@ -34,7 +34,8 @@ import torch.distributed as dist
 from qkv.distributed.checks import Agreed, agree
 from qkv.distributed.chunk import chunk_backward, chunk_forward
 from qkv.distributed.merge import merge_dtype, merge_into
-from qkv.distributed.plan import CAUSAL, EMPTY, GlobalMask, mask_mod_of
+from qkv.attention.blockwise import backward_chunk, forward_chunk
+from qkv.distributed.plan import CAUSAL, EMPTY, PARTIAL, GlobalMask, mask_mod_of
 
 # message tags: one per role, so K, V and the gradient accumulators never match each other
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 1, 2, 3, 4
@@ -82,13 +83,29 @@ class _Ring:
         self.messages.append(sum(t.numel() * t.element_size() for t in sends))
         return dist.batch_isend_irecv(ops)
 
-    def pairs(self, step: int, shape: tuple[int, int]):
-        """(query rows, key rows, kind) of every non-empty pair of runs at ``step``."""
+    def pairs(self, step: int):
+        """(query rows, key rows, kind, query start, key start) of every non-empty pair of runs
+        at ``step`` (starts are global positions)."""
         for q_rows, q_range in self.segments(self.agreed.rank):
             for k_rows, k_range in self.segments(self.owner(step)):
-                kind = self.mask.pair(q_range, k_range, *shape)
-                if not (isinstance(kind, str) and kind == EMPTY):
-                    yield q_rows, k_rows, kind
+                kind = self.mask.pair(q_range, k_range)
+                if kind != EMPTY:
+                    yield q_rows, k_rows, kind, q_range[0], k_range[0]
+
+    def attend(self, q, k, v, kind: str, q_start: int, k_start: int):
+        """(out, lse) of one pair: torch's flash kernel for full and diagonal chunks, the
+        blockwise kernel (mask in global positions) for partial ones."""
+        if kind == PARTIAL:
+            return forward_chunk(q, k, v, mask_mod=self.mask, q_offset=q_start, k_offset=k_start,
+                                 scale=self.agreed.scale)
+        return chunk_forward(q, k, v, scale=self.agreed.scale, causal=kind == CAUSAL)
+
+    def attend_backward(self, dout, q, k, v, out, lse, kind: str, q_start: int, k_start: int):
+        """(dq, dk, dv) of one pair from the merged ``out``/``lse`` of its query rows."""
+        if kind == PARTIAL:
+            return backward_chunk(q, k, v, out, dout, lse, mask_mod=self.mask, q_offset=q_start,
+                                  k_offset=k_start, scale=self.agreed.scale)
+        return chunk_backward(dout, q, k, v, out, lse, scale=self.agreed.scale, causal=kind == CAUSAL)
 
 
 def _wait(requests, what: str) -> None:
@@ -98,12 +115,6 @@ def _wait(requests, what: str) -> None:
     except RuntimeError as e:
         raise RuntimeError(f"{what}: a neighbour in the ring did not answer within the group's "
                            f"timeout: {e}") from e
-
-
-def _kind_args(kind) -> dict:
-    if isinstance(kind, str):
-        return {"causal": kind == CAUSAL, "mask": None}
-    return {"causal": False, "mask": kind}
 
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -132,9 +143,9 @@ def _forward(q, k, v, ring: _Ring):
             nxt = tuple(x.new_empty(*x.shape[:-2], n, x.shape[-1]) for x in cur)
             pending = ring.exchange(list(cur), list(nxt), (_TAG_K, _TAG_V))
         kc, vc = (_expand(x, ring.groups) for x in cur)  # (B, h, s_owner, d·)
-        for q_rows, k_rows, kind in ring.pairs(step, (q.shape[0], q.shape[1])):
-            part, part_lse = chunk_forward(q[:, :, q_rows], kc[:, :, k_rows], vc[:, :, k_rows],
-                                           scale=ring.agreed.scale, **_kind_args(kind))
+        for q_rows, k_rows, kind, q_start, k_start in ring.pairs(step):
+            part, part_lse = ring.attend(q[:, :, q_rows], kc[:, :, k_rows], vc[:, :, k_rows], kind,
+                                         q_start, k_start)
             merge_into(out, lse, part, part_lse, q_rows)
         _wait(pending, "ring_attention")
         cur = nxt if nxt is not None else cur
@@ -143,7 +154,7 @@ def _forward(q, k, v, ring: _Ring):
 
 def _backward(dout, q, k, v, out, lse, ring: _Ring):
     """The ring backward (see the module doc): (dq, dk, dv) for this rank's shard."""
-    world, groups, scale = ring.agreed.world, ring.groups, ring.agreed.scale
+    world, groups = ring.agreed.world, ring.groups
     acc = merge_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, h, t, d)
     cur, incoming, pending_grad = (k, v), None, ()
@@ -156,10 +167,10 @@ def _backward(dout, q, k, v, out, lse, ring: _Ring):
         kc, vc = (_expand(x, groups) for x in cur)  # (B, h, s_owner, d·)
         dk = torch.zeros(kc.shape, dtype=acc, device=q.device)  # this step's share, (B, h, s, d)
         dv = torch.zeros(vc.shape, dtype=acc, device=q.device)
-        for q_rows, k_rows, kind in ring.pairs(step, (q.shape[0], q.shape[1])):
-            g = chunk_backward(dout[:, :, q_rows], q[:, :, q_rows], kc[:, :, k_rows],
-                               vc[:, :, k_rows], out[:, :, q_rows], lse[:, :, q_rows], scale=scale,
-                               **_kind_args(kind))
+        for q_rows, k_rows, kind, q_start, k_start in ring.pairs(step):
+            g = ring.attend_backward(dout[:, :, q_rows], q[:, :, q_rows], kc[:, :, k_rows],
+                                     vc[:, :, k_rows], out[:, :, q_rows], lse[:, :, q_rows], kind,
+                                     q_start, k_start)
             dq[:, :, q_rows] += g[0]
             dk[:, :, k_rows] += g[1]
             dv[:, :, k_rows] += g[2]

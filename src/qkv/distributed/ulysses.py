@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from qkv.attention import scaled_dot_product_attention
+from qkv.attention import create_block_mask, scaled_dot_product_attention
 from qkv.distributed.checks import Agreed, agree
-from qkv.distributed.chunk import chunk_forward
-from qkv.distributed.plan import CAUSAL, EMPTY, GlobalMask, mask_mod_of
+from qkv.distributed.plan import CAUSAL, EMPTY, PARTIAL, GlobalMask, mask_mod_of
 
 
 def _all_to_all(x: torch.Tensor, agreed: Agreed, *, to_heads: bool) -> torch.Tensor:
@@ -122,22 +121,17 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 def _local(q, k, v, mask: GlobalMask, agreed: Agreed, gqa: bool, want_lse: bool):
-    """Attention of h/P heads over the whole sequence: out (differentiable in q, k, v) and, when
-    wanted, the log-sum-exp (not differentiated)."""
+    """Attention of h/P heads over the whole sequence with qkv's own attention: out, and the
+    log-sum-exp when wanted (blockwise backend), differentiable in q, k, v."""
     n = agreed.length
-    kind = mask.pair((0, n), (0, n), q.shape[0], q.shape[1])
-    if isinstance(kind, str):
-        keep = torch.zeros(n, n, dtype=torch.bool) if kind == EMPTY else None
-        causal = kind == CAUSAL
-    else:
-        keep, causal = kind, False
-    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
-                                       scale=agreed.scale, enable_gqa=gqa)
-    lse = None
-    if want_lse:
-        with torch.no_grad():
-            groups = q.shape[1] // k.shape[1]
-            _, lse = chunk_forward(q, k.repeat_interleave(groups, dim=1),
-                                   v.repeat_interleave(groups, dim=1), scale=agreed.scale,
-                                   causal=causal, mask=keep)
-    return out, lse
+    kind = mask.pair((0, n), (0, n))
+    extra = {}
+    if kind == CAUSAL:
+        extra["is_causal"] = True
+    elif kind == PARTIAL:
+        extra["block_mask"] = create_block_mask(mask.combined, None, None, n, n, device=q.device)
+    elif kind == EMPTY:
+        extra["attn_mask"] = torch.zeros(n, n, dtype=torch.bool, device=q.device)
+    res = scaled_dot_product_attention(q, k, v, scale=agreed.scale, enable_gqa=gqa,
+                                       return_lse=want_lse, **extra)
+    return res if want_lse else (res, None)
