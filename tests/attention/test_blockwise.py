@@ -231,6 +231,10 @@ def test_auto_routes_long_windows_blockwise_and_short_ones_fused():
     assert choose_backend(long_q, long_q, window, dropout_p=0.1) == "fused"
     bm = qkv.create_block_mask(causal(), None, None, 256, 256)
     assert choose_backend(short_q, short_q, AttentionMask(block=bm)) == "blockwise"
+    from qkv.attention import VarLen
+    long_docs, short_docs = VarLen.from_lengths([2048] * 4), VarLen.from_lengths([7, 9, 4])
+    assert choose_backend(long_q, long_q, AttentionMask(varlen=long_docs)) == "blockwise"
+    assert choose_backend(short_q[..., :20, :], short_q[..., :20, :], AttentionMask(varlen=short_docs)) == "fused"
 
 
 def test_return_lse_matches_reference_and_bad_combinations_are_named():

@@ -266,7 +266,8 @@ class Combined(MaskMod):
 
 
 def _kinds(full: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
-    return torch.where(full, FULL, torch.where(empty, EMPTY, PARTIAL)).to(torch.int8)
+    """EMPTY 0, PARTIAL 1, FULL 2 as (not empty) + full (a full block is never empty)."""
+    return (~empty).to(torch.int8) + (full & ~empty).to(torch.int8)
 
 
 def _analytic(mod) -> bool:
@@ -578,15 +579,13 @@ def _runs(kinds: torch.Tensor) -> tuple[list, list]:
     edges = torch.nn.functional.pad(nonempty.to(torch.int8), (1, 1)).diff(dim=-1)  # (nq, nk + 1)
     starts = (edges == 1).nonzero().tolist()
     ends = (edges == -1).nonzero()[:, 1].tolist()
-    notfull = torch.nn.functional.pad((nonempty & ~full).to(torch.int32).cumsum(-1), (1, 0))  # (nq, nk + 1)
-    counts = (notfull[[r for r, _ in starts], ends] - notfull[[r for r, _ in starts], [c for _, c in starts]]).tolist() \
-        if starts else []
-    runs = [[] for _ in range(nq)]
-    for (r, c0), c1, n in zip(starts, ends, counts):
-        runs[r].append((c0, c1, n == 0))
     partial = [[] for _ in range(nq)]
     for r, c in (nonempty & ~full).nonzero().tolist():
         partial[r].append(c)
+    runs = [[] for _ in range(nq)]
+    for (r, c0), c1 in zip(starts, ends):
+        cols = partial[r]  # the run is full when no partial block lies in [c0, c1)
+        runs[r].append((c0, c1, bisect.bisect_left(cols, c0) == bisect.bisect_left(cols, c1)))
     return runs, partial
 
 
