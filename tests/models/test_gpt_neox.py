@@ -149,22 +149,24 @@ def test_sharded_checkpoint_loads_the_same_weights(pythia_like, tmp_path):
         load(tmp_path)
 
 
-def test_bfloat16_checkpoint_loads_as_stored(pythia_like, tmp_path):
-    """dtype=None keeps bfloat16; the bf16 forward is held to transformers' bf16 error."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_checkpoint_loads_as_stored(pythia_like, tmp_path, dtype):
+    """dtype=None keeps the stored bf16/fp16; the forward is held to transformers' error in
+    that dtype (float64 truth from the same rounded weights)."""
     path, hf = pythia_like
-    hf16 = twin(hf, torch.bfloat16)
+    hf16 = twin(hf, dtype)
     hf16.save_pretrained(str(tmp_path))
     os.symlink(os.path.join(path, "tokenizer.json"), tmp_path / "tokenizer.json")
     model = load(tmp_path)
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {dtype}
     assert load(tmp_path, dtype=torch.float32).embed_tokens.weight.dtype == torch.float32
     ids = torch.tensor([model.tokenizer.encode(PROMPTS[2]).ids])
     with torch.no_grad():
         got = model(ids).logits
-        truth = twin(hf16, torch.float64)(ids).logits  # the bf16 weights, computed exactly
+        truth = twin(hf16, torch.float64)(ids).logits  # the rounded weights, computed exactly
         plain = hf16(ids).logits
-    assert got.dtype == torch.bfloat16
-    assert_within(got, truth, plain, what="bf16 logits")
+    assert got.dtype == dtype
+    assert_within(got, truth, plain, what=f"{dtype} logits")
 
 
 def test_wrong_dtype_tensor_is_named(pythia_like, tmp_path):
