@@ -213,3 +213,16 @@ def test_words_as_the_cli_groups_them_in_dark_and_light(watched, served, model):
     assert page.evaluate(background) == "rgb(15, 18, 22)"
     page.click("#theme")
     assert page.evaluate(background) == "rgb(255, 255, 255)"
+
+
+def test_a_decoder_shows_its_causal_mask(watched, served):
+    """Any model qkv loads: a (random) Llama decoder — keys after the token are masked, −∞."""
+    model = served.api.models.get("tiny-decoder")[1]
+    page = watched.page
+    open_page(watched, served, model="tiny-decoder", text=TEXT, layer=1, head=2, token=5)
+    wait_steps(page, "Layer 1, head 2, token 5")
+    st = explain_head(model, TEXT, token="5", layer=1, head=2).to_dict()
+    assert st["mask"][6] == "-inf" and st["mask"][5] == 0.0
+    assert_steps(page, st, st["tokens"])
+    masks = page.eval_on_selector_all("#steps-table td.mask", "cs => cs.map(c => c.textContent)")
+    assert masks[:6] == ["0.0000"] * 6 and set(masks[6:]) == {"−∞"}
