@@ -267,3 +267,29 @@ def test_multihead_attention_takes_a_block_mask_and_shows_its_weights():
     assert_within(fast.output.float(), slow.output, plain, what="block-masked MHA")
     head3 = slow.weights[:, 3]  # (b, t, s): head 3 sees 40 keys back, head 0 only 10
     assert int((head3[0, 69] > 0).sum()) == 41 and int((slow.weights[0, 0, 69] > 0).sum()) == 11
+
+
+@pytest.mark.parametrize("kwargs", [dict(is_causal=True, window=(5, 0)),
+                                    dict(is_causal=True, causal_alignment="bottom_right"),
+                                    dict(key_padding_mask=torch.tensor([[True] * 30 + [False] * 10] * 2)),
+                                    dict(attn_mask=torch.randn(2, 4, 25, 40, dtype=torch.float64), is_causal=False),
+                                    dict(block_mask="per_head")])
+def test_a_trace_of_some_rows_equals_those_rows_of_the_full_trace(kwargs):
+    from tolerance import assert_agree
+    q, k, v = qkv_tensors(2, 4, 2, 25, 40, 8, dtype=torch.float64)
+    if kwargs.get("block_mask") == "per_head":
+        kwargs = dict(block_mask=qkv.create_block_mask(lambda b, h, i, j: j <= i + 3 * h, None, 4, 25, 40,
+                                                       block_size=8))
+    rows = [0, 13, 24]
+    part = qkv.attention_trace(q, k, v, enable_gqa=True, rows=rows, **kwargs)
+    full = qkv.attention_trace(q, k, v, enable_gqa=True, **kwargs).select_rows(torch.tensor(rows))
+    low = qkv.attention_trace(q.float(), k.float(), v.float(), enable_gqa=True,
+                              **{n: (x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+                                 for n, x in kwargs.items()}).select_rows(torch.tensor(rows))
+    for field in ("weights", "output", "masked"):
+        got, want = getattr(part, field), getattr(full, field)
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got))
+        assert_agree(got, want, getattr(low, field), where=finite, what=field)
+    with pytest.raises(ValueError, match=r"rows must be query positions in \[-25, 25\), got \[25\]"):
+        qkv.attention_trace(q, k, v, enable_gqa=True, rows=[25])

@@ -15,8 +15,8 @@ import numbers
 import torch
 
 from qkv.attention.backends import BACKENDS, LSE_BACKENDS, choose_backend, gqa_groups, repeat_kv
-from qkv.attention.block_mask import BlockMask
-from qkv.attention.masks import ALIGNMENTS, AttentionMask
+from qkv.attention.block_mask import BlockMask, block_mask_for
+from qkv.attention.masks import ALIGNMENTS, AttentionMask, combine
 from qkv.attention.reference import reference_attention
 from qkv.attention.trace import AttentionTrace
 
@@ -307,6 +307,8 @@ def attention_trace(
     mask: AttentionMask | None = None,
     bias: torch.Tensor | None = None,
     backend: str = "reference",
+    block_mask: BlockMask | None = None,
+    rows: torch.Tensor | list[int] | slice | None = None,
 ) -> AttentionTrace:
     """Attention with every intermediate kept: scores, scaled, masked, weights, output, lse.
 
@@ -314,6 +316,11 @@ def attention_trace(
     the reference path (the only one that has the intermediates), so ``backend`` may only be
     ``"reference"`` (or ``"auto"``, which means it here). ``trace.output`` is the attention output;
     key and value in the trace are repeated to the query's head count under ``enable_gqa``.
+
+    ``rows`` (query positions): trace only those rows, (..., r, s) numbers instead of
+    (..., t, s) — the mask is drawn for those rows alone (through the block mask's
+    description), so one token of a 64k-token text costs O(s) per head. Each row's numbers are
+    the ones the full trace would hold for it (rows of attention are independent).
 
     Example:
         >>> import torch, qkv
@@ -327,8 +334,42 @@ def attention_trace(
     if backend not in ("reference", "auto"):
         raise ValueError(f"attention_trace computes with the 'reference' backend, got backend={backend!r}")
     description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
+    if block_mask is not None:
+        _check_block_mask(query, key, block_mask, given=not description.empty)
+        description = description.with_(block=block_mask)
     groups = gqa_groups(query, key, enable_gqa)
+    if rows is not None:
+        return _trace_rows(query, key, value, description, bias, rows, scale, float(dropout_p), groups)
     dense = description.materialize(query.shape[-2], key.shape[-2], rank=query.ndim,
                                     device=query.device)
     return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
                                scale=scale, dropout_p=float(dropout_p), bias=bias)
+
+
+def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, groups) -> AttentionTrace:
+    """The reference trace of some query rows, with the mask drawn for those rows only."""
+    t, s = query.shape[-2], key.shape[-2]
+    index = torch.arange(t, device=query.device)[rows] if isinstance(rows, slice) else \
+        torch.as_tensor(rows, device=query.device)
+    if index.ndim != 1 or index.is_floating_point() or index.dtype == torch.bool or (
+            index.numel() and (int(index.min()) < -t or int(index.max()) >= t)):
+        raise ValueError(f"rows must be query positions in [-{t}, {t}), got {rows!r}")
+    index = index % t if t else index
+
+    def row_part(x):  # a (..., t|1, s) tensor on the chosen rows
+        return x if x is None or x.shape[-2] == 1 else x.index_select(-2, index)
+
+    keep = None
+    structure = description.with_(dense=None)
+    if not structure.empty:
+        batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
+        heads = query.shape[-3] if query.ndim >= 3 else 1
+        keep = block_mask_for(structure, batch, heads, t, s, device=query.device).rows_mask(
+            index, device=query.device)  # (B', H', r, s)
+        lead = query.shape[:-3] if query.ndim >= 3 else ()
+        keep = keep.reshape(*lead, *keep.shape[1:]) if keep.shape[0] != 1 else \
+            keep.reshape(keep.shape[4 - min(query.ndim, 4):])  # broadcast over the batch dims
+    dense = combine(row_part(description.dense), keep)
+    return reference_attention(query.index_select(-2, index), repeat_kv(key, groups),
+                               repeat_kv(value, groups), dense, scale=scale, dropout_p=dropout_p,
+                               bias=row_part(bias))
