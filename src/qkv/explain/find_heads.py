@@ -251,7 +251,7 @@ def _probe_one(model, item: ProbeItem, method: str = "weight"
     pronoun = choose(item.pronoun, units, role="pronoun").unit
     referent = choose(item.referent, units, role="referent").unit
     per_layer, _ = _rows(model, encoding, units, pronoun, method, None)
-    weights = per_layer if method == "weight" else _rows(model, encoding, units, pronoun, "weight", None)[0]
+    plain = per_layer if method == "weight" else _rows(model, encoding, units, pronoun, "weight", None)[0]
     # Candidates: every word except the pronoun itself; special tokens are not words.
     excluded = torch.tensor([s or u == pronoun for u, s in enumerate(units.special)])
     hits, picks = [], []
@@ -261,7 +261,7 @@ def _probe_one(model, item: ProbeItem, method: str = "weight"
         hits.append(best == referent)
         picks.append([units.labels[int(b)] for b in best])
     return (torch.stack(hits), int((~excluded).sum()), picks, _parked(per_layer, units),
-            _parked(weights, units))
+            _parked(plain, units))
 
 
 def probe(model, name: str = "coref", *, method: str = "weight") -> ProbeResult:
@@ -290,5 +290,5 @@ def probe(model, name: str = "coref", *, method: str = "weight") -> ProbeResult:
                        hits=torch.stack([r[0] for r in results]),
                        candidates=torch.tensor([r[1] for r in results]),
                        chosen=[r[2] for r in results], method=m.name, per=m.per,
-                       parked=torch.tensor([r[3] for r in results]),
-                       parked_weight=torch.tensor([r[4] for r in results]))
+                       parked=torch.tensor([r[3] for r in results], dtype=torch.float64),
+                       parked_weight=torch.tensor([r[4] for r in results], dtype=torch.float64))

@@ -77,6 +77,18 @@ def test_heads_by_norm_puts_the_coreference_head_first(model):
     assert r.to_dict()["method"] == "norm"
 
 
+def test_probe_parks_what_compare_parks(model, monkeypatch):
+    """The probe's share on [CLS]/[SEP]/punctuation is the comparison's, sentence by sentence."""
+    from qkv.explain.contributions.compare import compare
+
+    item = find_heads.ProbeItem(TEXT, "it", "pizza", ())
+    monkeypatch.setattr(find_heads, "load_probe", lambda name: [item])
+    result = find_heads.probe(model, method="norm")
+    c = compare(model, TEXT, token="it", words=True, top=1)
+    assert abs(float(result.parked[0]) - c.parked["norm"]) < 1e-9
+    assert abs(float(result.parked_weight[0]) - c.parked["weight"]) < 1e-9
+
+
 def test_probe_by_a_method(model, monkeypatch):
     items = find_heads.load_probe("coref")[:4]
     monkeypatch.setattr(find_heads, "load_probe", lambda name: items)

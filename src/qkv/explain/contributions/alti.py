@@ -74,30 +74,40 @@ def check_applies(model) -> None:
                                 kind=type(layer).__name__)
 
 
-def layer_terms(layer, fwd: Forward, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(T (t, s, E), bias (t, E), y (t, E)) of layer ``index``: T[i, j] = T_i(x_j).
+def layer_terms(layer, fwd: Forward, index: int, rows: slice = slice(None),
+                per_key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(T (r, s, E), bias (r, E), y (r, E)) of layer ``index`` for the query rows ``rows``:
+    T[i, j] = T_i(x_j).
+
+    ``per_key``: the layer's f^h(h_j) laid out (s, h, E), when the caller already has them.
 
     Raises AssertionError when Σ_j T[i, j] + bias[i] is not the forward's y_i (see the module
     doc): the decomposition is then of something other than what the model computed.
     """
     tr = fwd.traces[index].self_attn
     attn = layer.self_attn
-    x = fwd.hidden_states[index][0]  # (t, E): the residual
-    y = fwd.residual_out[index][0]  # (t, E): what the forward computed
-    a = tr.attention.weights[0]  # (h, t, s)
-    z = torch.einsum("hts,hse->tse", a, value_vectors(attn, tr))  # (t, s, E)
-    z = z + torch.diag_embed(x.T).permute(1, 2, 0)  # δ_ij x_j on the diagonal
+    if per_key is None:  # contiguous operands, or bmm copies each of the s small matrices apart
+        per_key = value_vectors(attn, tr).transpose(0, 1).contiguous()  # (s, h, E)
+    a = tr.attention.weights[0][:, rows]  # (h, r, s)
+    y = fwd.residual_out[index][0][rows]  # (r, E): what the forward computed
+    first = rows.start or 0
+    r = a.shape[1]
+    # Σ_h A_ij f^h(h_j) for every (i, j): one (r × h)·(h × E) product per key j
+    z = torch.bmm(a.permute(2, 1, 0).contiguous(), per_key).transpose(0, 1)  # (r, s, E)
+    diag = z.diagonal(offset=first, dim1=0, dim2=1)  # (E, r): z[i, first + i]
+    diag += fwd.hidden_states[index][0][first:first + r].T  # δ_ij x_j: the residual
     b_out = out_bias(attn).to(z.dtype)  # (E,)
     if layer.norm_first:
-        terms, bias = z, b_out.expand_as(x)
+        terms, bias = z, b_out.expand_as(y)
     else:
         scale, centred, shift = _norm_affine(layer.norm1, z.sum(1) + b_out)
         if centred:
-            z, b_out = z - z.mean(-1, keepdim=True), b_out - b_out.mean()
-        terms = z * scale.unsqueeze(1)  # (t, s, E)
-        bias = b_out * scale + shift  # (t, E)
-    err = float((terms.sum(1) + bias - y).abs().max())
-    top = max(1.0, float(y.abs().max()))
+            z -= z.mean(-1, keepdim=True)
+            b_out = b_out - b_out.mean()
+        terms = z.mul_(scale.unsqueeze(1))  # (r, s, E)
+        bias = b_out * scale + shift  # (r, E)
+    err = float((terms.sum(1) + bias - y).abs().max()) if r else 0.0
+    top = max(1.0, float(y.abs().max())) if r else 1.0
     if err > RECONSTRUCTION_TOLERANCE * top:
         raise AssertionError(f"ALTI: layer {index}'s terms sum to within {err:.3g} of the "
                              f"forward's output (largest |y| {top:.3g}); allowed "
@@ -106,17 +116,41 @@ def layer_terms(layer, fwd: Forward, index: int) -> tuple[torch.Tensor, torch.Te
 
 
 def matrix(terms: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(t, s) C: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), rows normalised to sum 1."""
-    c = (y.abs().sum(-1, keepdim=True) - (y.unsqueeze(1) - terms).abs().sum(-1)).clamp_min(0)
+    """(r, s) C: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), rows normalised to sum 1.
+
+    ``terms`` (r, s, E) is overwritten (it is the largest tensor ALTI holds).
+    """
+    distance = terms.sub_(y.unsqueeze(1)).abs_().sum(-1)  # (r, s): ‖T_i(x_j) − y_i‖₁
+    c = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
     return c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
 
 
-def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's C^ℓ (t, t), before rollout."""
+# Query rows per chunk: the (r, s, E) terms of a chunk stay near 2**20 numbers (4 MB in float32),
+# so the elementwise passes over them run in cache instead of over one (t, t, E) tensor.
+CHUNK = 1 << 20
+
+
+def layer_matrix(layer, fwd: Forward, index: int, rows: slice = slice(None)) -> torch.Tensor:
+    """(r, t) rows ``rows`` (all: (t, t)) of layer ``index``'s C^ℓ, a chunk of rows at a time."""
+    f = value_vectors(layer.self_attn, fwd.traces[index].self_attn)  # (h, s, E)
+    per_key = f.transpose(0, 1).contiguous()  # (s, h, E)
+    s, E = f.shape[1], f.shape[2]
+    first, stop, _ = rows.indices(fwd.hidden_states[index].shape[1])
+    step = max(1, CHUNK // (s * E))
+    return torch.cat([matrix(*layer_terms(layer, fwd, index, slice(i, min(i + step, stop)),
+                                          per_key)[::2])
+                      for i in range(first, stop, step)])
+
+
+def matrices(model, ids: torch.Tensor, last: slice = slice(None)) -> list[torch.Tensor]:
+    """Each layer's C^ℓ (t, t), before rollout; only the rows ``last`` of the last layer's
+    (the token's rows are all that layer's rollout reads)."""
     check_applies(model)
     fwd = run(model, ids, slice(None))
+    n = len(model.layers)
     with torch.no_grad():
-        return [matrix(*layer_terms(layer, fwd, i)[::2]) for i, layer in enumerate(model.layers)]
+        return [layer_matrix(layer, fwd, i, last if i == n - 1 else slice(None))
+                for i, layer in enumerate(model.layers)]
 
 
 def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
@@ -130,9 +164,13 @@ def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | Non
         >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
         (torch.Size([6, 1, 5]), True)
     """
-    rolled = rollout(matrices(model, ids))
-    return Scores(method="alti", per="layer", rows=torch.as_tensor(rows),
-                  scores=torch.stack([r[rows] for r in rolled]))
+    rows = torch.as_tensor(rows)
+    first, stop = int(rows.min()), int(rows.max()) + 1
+    *below, top = matrices(model, ids, slice(first, stop))  # top: (stop − first, t)
+    rolled = rollout(below)
+    final = top[rows - first] @ (rolled[-1] if rolled else torch.eye(top.shape[1], dtype=top.dtype))
+    return Scores(method="alti", per="layer", rows=rows,
+                  scores=torch.stack([r[rows] for r in rolled] + [final]))
 
 
 METHOD = Method(name="alti", per="layer", formula=FORMULA, compute=compute,
