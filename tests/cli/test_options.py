@@ -1,6 +1,7 @@
 """qkv.cli.options: every option of every command is checked, and each check says why."""
 
 import argparse
+import json
 
 import pytest
 
@@ -110,3 +111,14 @@ def test_help_and_version_still_exit_0(capsys):
 def test_token_help_says_a_number_is_an_index(capsys):
     main(["explain", "--help"])
     assert "A whole number is always an index" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_number_is_an_index_and_the_messages_say_how_to_pick_the_word(capsys):
+    code, _, err = run(capsys, "explain", "I have 7 cats", "--token", "7")
+    assert code == 2 and err.endswith("; a number is always an index: for the word '7' (token 3) "
+                                      "write 7@0\n"), err
+    code, _, err = run(capsys, "explain", "I have 7 cats and 2 dogs", "--token", "2")
+    assert code == 0
+    assert "qkv: note: --token 2 is read as an index (token 2, 'have'); for the word '2' write 2@0" in err
+    code, out, _ = run(capsys, "explain", "I have 7 cats and 2 dogs", "--token", "2@0", "--json")
+    assert code == 0 and json.loads(out)["unit"] == "2"

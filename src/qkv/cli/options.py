@@ -133,7 +133,9 @@ def threads():
     """Torch threads: 1 … ``THREADS_PER_CORE`` × the CPU cores."""
     cores = cpu_cores()
     hi = THREADS_PER_CORE * cores
-    return integer(1, hi, why=f"{THREADS_PER_CORE} × this machine's {cores} CPU cores")
+    parse = integer(1, hi, why=f"{THREADS_PER_CORE} × this machine's {cores} CPU cores")
+    getattr(parse, MARK)["threads"] = True  # tests keep to few threads on a shared machine
+    return parse
 
 
 def seed():

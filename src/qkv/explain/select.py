@@ -208,10 +208,21 @@ def choose(spec: str | None, units: Units, *, role: str = "token") -> Choice:
                             listing=units.listing())
     if spec.lstrip("-").isdigit():
         index = int(spec)
+        # A number is always an index; when it is also a word of the text, say how to pick that.
+        also = ([i for i, label in enumerate(units.labels) if _matches(label, spec)]
+                if spec.isdigit() else [])
+        hint = (f"; a number is always an index: for the word {spec!r} (token {also[-1]}) write "
+                f"{spec}@0" if also else "")
         if not 0 <= index < len(units):
             raise ArgumentError(role, "{name} {index} is out of range: the text has {n} {kind}s "
-                                "(0–{last}): {listing}", index=index, n=len(units), kind=units.kind,
-                                last=len(units) - 1, listing=units.listing())
+                                "(0–{last}): {listing}{hint}", index=index, n=len(units),
+                                kind=units.kind, last=len(units) - 1, listing=units.listing(),
+                                hint=hint)
+        if also and index not in also:
+            return Choice(index, Message("{name} {index} is read as an index ({kind} {index}, "
+                                         "{label!r}); for the word {spec!r} write {spec}@0", role,
+                                         index=index, kind=units.kind, label=units.labels[index],
+                                         spec=spec))
         return Choice(index)
     word, occurrence = _split_occurrence(spec)
     found = [i for i, label in enumerate(units.labels) if _matches(label, word.lower())]

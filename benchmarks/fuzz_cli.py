@@ -1,0 +1,88 @@
+"""The long CLI fuzz run: many random command lines per command, the same contract as the test.
+
+    .venv/bin/python benchmarks/fuzz_cli.py [--examples 400] [--seed 0] [--command explain]
+
+Builds argument lists with ``tests/cli_fuzzing.py`` (from the parser: wrong types, extremes,
+Unicode, invalid bytes, missing/unknown arguments), runs each with ``qkv.cli.main`` in this
+process from an empty temporary directory, and checks the contract (exit 0 or 2, no traceback,
+at most one ``qkv: error:`` line, no file outside that directory, no ``.tmp`` left). Prints, per
+command, how many inputs were tried, how they ended (exit 0 / one error line / other exit 2),
+and the time; the first failure is printed with its argument list and the run exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--examples", type=int, default=400, help="inputs per command")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--command", default=None, help="only this command (e.g. 'explain')")
+    p.add_argument("--slow", type=float, default=5.0, help="print inputs that take longer (s)")
+    args = p.parse_args()
+
+    import torch
+    from hypothesis import HealthCheck, given, seed, settings
+
+    from cli_fuzzing import argv_for, check_result, commands, run_cli
+
+    torch.set_num_threads(1)
+    before = set(os.listdir(REPO))
+    total, failed = 0, False
+    print(f"{'command':<18}{'inputs':>8}{'exit 0':>8}{'error':>8}{'other 2':>9}{'seconds':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        for command in commands():
+            if args.command and command.name != args.command:
+                continue
+            tally: Counter = Counter()
+            start = time.perf_counter()
+
+            @seed(args.seed)
+            @settings(max_examples=args.examples, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(argv=argv_for(command))
+            def run(argv):
+                began = time.perf_counter()
+                r = run_cli(argv, parse_only=command.parse_only)
+                check_result(r)
+                if time.perf_counter() - began > args.slow:
+                    print(f"  slow ({time.perf_counter() - began:.1f} s): {argv!r}", flush=True)
+                tally["inputs"] += 1
+                tally["exit 0" if r.code == 0 else "error" if "qkv: error:" in r.err else "other 2"] += 1
+
+            try:
+                run()
+            except Exception as e:  # the first input that breaks the contract
+                print(f"{command.name}: FAILED\n{e}", file=sys.stderr)
+                failed = True
+            seconds = time.perf_counter() - start
+            total += tally["inputs"]
+            print(f"{command.name:<18}{tally['inputs']:>8}{tally['exit 0']:>8}{tally['error']:>8}"
+                  f"{tally['other 2']:>9}{seconds:>9.1f}", flush=True)
+            leftovers = list(Path(tmp).rglob("*.tmp"))
+            if leftovers:
+                print(f"{command.name}: temporary files left: {leftovers}", file=sys.stderr)
+                failed = True
+        os.chdir(REPO)
+    new = set(os.listdir(REPO)) - before
+    if new:
+        print(f"written into the repository: {sorted(new)}", file=sys.stderr)
+        failed = True
+    print(f"total: {total} inputs, {'FAILED' if failed else 'contract held for every one'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
