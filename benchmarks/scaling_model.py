@@ -149,11 +149,13 @@ def ring_work(n: int, p: int, layout: str) -> list[list[int]]:
              for step in range(p)] for r in range(p)]
 
 
-def predict_here(n: int, p: int, h: int, d: int, layout: str, core_f: float, bw: float, cores: int) -> dict:
-    """The ring on this machine: P ranks sharing ``cores`` cores, each step as slow as its slowest
-    rank (neighbours wait for each other's messages) and never faster than the transfer."""
+def predict_here(n: int, p: int, h: int, d: int, layout: str, core_f: float, bw: float, cores: int,
+                 share: float | None = None) -> dict:
+    """The ring on this machine: P ranks sharing ``cores`` cores (or, given ``share``, each rank
+    getting that fraction of a core), each step as slow as its slowest rank (neighbours wait for
+    each other's messages) and never faster than the transfer."""
     work = ring_work(n, p, layout)
-    f = core_f * min(1.0, cores / p)
+    f = core_f * (min(1.0, cores / p) if share is None else share)
     m = 2 * (n / p) * d * h * 4 / bw
     steps = [max(max(work[r][s] for r in range(p)) * 4 * d * h / f, m if s < p - 1 else 0.0)
              for s in range(p)]
@@ -181,16 +183,21 @@ def check(measured: str) -> str:
     bw = z["bandwidth"]
     lines = [f"F = {core_f / 1e9:.1f} GFLOP/s per core (CPU time of the chunk kernels, P = 2 zigzag run), "
              f"B = {bw / 1e9:.2f} GB/s (gloo loopback, same run); {cores} cores.", "",
-             "| N | P | layout | predicted CPU s per rank (max / min) | measured | predicted wall | measured wall |",
-             "|---|---|---|---|---|---|---|"]
+             "| N | P | layout | predicted CPU s per rank (max / min) | measured | predicted wall, idle cores "
+             "| core share the ranks got | predicted wall at that share | measured wall |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for rec in data["records"]:
         n, p = rec["n"], rec["world"]
         for layout in ("zigzag", "contiguous"):
             pred = predict_here(n, p, h, d, layout, core_f, bw, cores)
-            got = [r["compute"] for r in rec[layout]["ranks"]]
+            ranks = rec[layout]["ranks"]
+            got = [r["compute"] for r in ranks]
+            # other jobs on the machine: the CPU a rank got during the call over its wall time
+            share = sum(r["cpu"] / r["forward"] for r in ranks) / p
+            loaded = predict_here(n, p, h, d, layout, core_f, bw, cores, share=share)
             lines.append(f"| {n:,} | {p} | {layout} | {max(pred['cpu']):.3f} / {min(pred['cpu']):.3f} | "
-                         f"{max(got):.3f} / {min(got):.3f} | {fmt_time(pred['time'])} | "
-                         f"{fmt_time(rec[layout]['wall'])} |")
+                         f"{max(got):.3f} / {min(got):.3f} | {fmt_time(pred['time'])} | {share:.2f} | "
+                         f"{fmt_time(loaded['time'])} | {fmt_time(rec[layout]['wall'])} |")
     return "\n".join(lines)
 
 
