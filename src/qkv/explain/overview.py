@@ -246,7 +246,8 @@ def attention_sink(rows: list[HeadRow], units: Units, unit: int) -> Message | No
                    n=len(on_first), m=len(rows), kind=units.kind, first=units.labels[0], mean=mean)
 
 
-def choose_focus(rows: list[HeadRow], units: Units, unit: int) -> tuple[int | None, Message]:
+def choose_focus(rows: list[HeadRow], units: Units, unit: int, *,
+                 largest: str = "weight") -> tuple[int | None, Message]:
     """The unit most heads point at, other than the chosen one, its neighbours, specials.
 
     Example:
@@ -265,23 +266,25 @@ def choose_focus(rows: list[HeadRow], units: Units, unit: int) -> tuple[int | No
         near |= {plain[p] for p in (position - 1, position + 1) if 0 <= p < len(plain)}
     votes = Counter(r.argmax for r in rows if not units.special[r.argmax] and r.argmax not in near)
     if not votes:
-        return None, Message("no head puts its largest weight on a word away from the token")
+        return None, Message("no head puts its largest {largest} on a word away from the token",
+                             largest=largest)
     # Most heads first; ties go to the larger summed weight, then the earlier word.
     strength = Counter()
     for r in rows:
         strength[r.argmax] += r.max_weight
     focus = max(votes, key=lambda u: (votes[u], strength[u], -u))
-    return focus, Message("highlighted: {heads} whose largest weight is on {focus!r}, the {kind} "
+    return focus, Message("highlighted: {heads} whose largest {largest} is on {focus!r}, the {kind} "
                           "most heads point to (not counting {unit!r} itself, its neighbours or "
                           "[CLS]/[SEP]); choose another with {to}", heads=_heads(votes[focus]),
-                          focus=units.labels[focus], kind=units.kind, unit=units.labels[unit])
+                          focus=units.labels[focus], kind=units.kind, unit=units.labels[unit],
+                          largest=largest)
 
 
-def chosen_focus(rows: list[HeadRow], units: Units, focus: int) -> Message:
+def chosen_focus(rows: list[HeadRow], units: Units, focus: int, *, largest: str = "weight") -> Message:
     """Why ``focus``, named by the caller (``to``), is highlighted."""
     n = sum(r.argmax == focus for r in rows)
-    return Message("highlighted: {heads} whose largest weight is on {focus!r} ({to})",
-                   heads=_heads(n), focus=units.labels[focus])
+    return Message("highlighted: {heads} whose largest {largest} is on {focus!r} ({to})",
+                   heads=_heads(n), focus=units.labels[focus], largest=largest)
 
 
 def explain(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
@@ -339,11 +342,12 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
         rows = [r for r in rows if r.layer == layer]
     causal = bool(getattr(model, "causal", False))
     sink = attention_sink(rows, units, choice.unit) if causal else None
+    largest = "weight" if m.name == "weight" else "share"
     if focus is None:  # a named sink is not the focus: it says where attention parks, not what it finds
         focus, reason = choose_focus([r for r in rows if r.argmax != 0] if sink else rows, units,
-                                     choice.unit)
+                                     choice.unit, largest=largest)
     else:
-        reason = chosen_focus(rows, units, focus)
+        reason = chosen_focus(rows, units, focus, largest=largest)
     return Overview(model=model_name(model), text=text, tokens=list(encoding.tokens), units=units,
                     unit=choice.unit, rows=rank(rows), focus=focus, focus_reason=reason,
                     num_layers=num_layers(model), num_heads=num_heads(model),
