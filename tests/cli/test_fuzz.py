@@ -18,7 +18,7 @@ from cli_fuzzing import PARSE_ONLY, argv_for, check_result, commands, run_cli
 from hypothesis import HealthCheck, given, settings
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = 30  # per command; the benchmark's long run tries thousands
+EXAMPLES = 25  # per command; the benchmark's long run tries thousands
 
 COMMANDS = commands()
 
