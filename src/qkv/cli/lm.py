@@ -1,0 +1,127 @@
+"""``qkv train lm``: train the small Llama-architecture decoder whose heads learn induction.
+
+    qkv train lm [--out DIR] [--resume] [--slim] [--force] [--plot FILE] [--steps N] …
+
+Registered under ``qkv train`` next to ``translate`` (``qkv.cli.translate`` owns the ``train``
+group and calls :func:`register_train`). The options are :class:`qkv.lm.train.LMTrainConfig`'s
+fields, each parsed by a checked type from :mod:`qkv.cli.options`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from dataclasses import MISSING, fields
+
+from qkv.cli import options
+
+DEFAULT_OUT = "runs/lm"
+
+HELPS = {
+    "seed": "model initialisation and the training batches", "d_model": "width E of every token vector",
+    "num_heads": "attention heads per layer", "layers": "decoder layers (induction needs 2)",
+    "ff_dim": "SwiGLU width", "seq_len": "words per training sequence (after <bos>)",
+    "copy_prob": "chance, after each random word, that a copied span starts",
+    "rule_prob": "chance that a word is the fixed rule's function of the word two back",
+    "min_span": "shortest copied span", "max_span": "longest copied span",
+    "steps": "optimiser steps in all", "batch_size": "sequences per step",
+    "lr": "peak learning rate (after warm-up)", "warmup": "linear warm-up steps",
+    "min_lr_ratio": "the cosine decay ends at lr × this", "weight_decay": "AdamW weight decay",
+    "clip": "max gradient norm", "eval_every": "steps between evaluations",
+    "save_every": "steps between checkpoints", "eval_size": "validation sequences",
+    "probe_size": "repeated random sequences for the induction / previous-token scores",
+}
+
+
+def _options() -> list[tuple[str, type, object]]:
+    from qkv.lm.train import LMTrainConfig
+
+    return [(f.name, type(f.default), f.default) for f in fields(LMTrainConfig)
+            if not f.name.isupper() and f.default is not MISSING]
+
+
+def register_train(models: argparse._SubParsersAction) -> None:
+    """Add ``lm`` to the ``qkv train`` sub-commands."""
+    t = models.add_parser(
+        "lm", help="a small Llama-architecture decoder on text with repeated spans (induction heads)",
+        description="Train a 2-layer Llama (RMSNorm, SwiGLU, RoPE) on random words with repeated "
+                    "spans: the later words of a copy are predictable only by induction, so "
+                    "induction heads form. Every evaluation logs the loss on copied and random "
+                    "words and every head's induction and previous-token score. Checkpoints are "
+                    "Hugging Face Llama directories (qkv.load and qkv explain read them); a run "
+                    "is a pure function of its options and --resume continues it exactly.",
+        epilog="example: qkv train lm --out runs/lm --steps 3000 --plot runs/lm/curves.png")
+    t.add_argument("--out", type=options.path(), default=None, metavar="DIR",
+                   help=f"checkpoint directory (default {DEFAULT_OUT})")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (options not given are taken from it)")
+    t.add_argument("--slim", action="store_true",
+                   help="leave no optimizer state in the final checkpoint (smaller; not resumable)")
+    t.add_argument("--force", action="store_true",
+                   help="train into a non-empty --out (its old checkpoint files are deleted); with "
+                        "--resume, accept a different --threads (the run is recorded as inexact)")
+    t.add_argument("--plot", type=options.path(), default=None, metavar="FILE",
+                   help="draw the loss curves and the best induction score per evaluation (PNG/SVG)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--threads", type=options.threads(), default=1,
+                   help="CPU threads for torch (default 1: the model is tiny)")
+    for name, kind, default in _options():
+        flag = "--" + name.replace("_", "-")
+        if kind is int:
+            low = 0 if name in ("seed", "warmup", "eval_every", "save_every") else 1
+            kind_type = options.seed() if name == "seed" else options.integer(low, 10**7)
+        else:
+            kind_type = options.real(0.0, 10.0)
+        t.add_argument(flag, type=kind_type, default=None, metavar="N" if kind is int else "X",
+                       help=f"{HELPS.get(name, name.replace('_', ' '))} (default {default})")
+    t.set_defaults(func=run_train_lm)
+
+
+def run_train_lm(args: argparse.Namespace) -> int:
+    import torch
+
+    from qkv.lm.train import LMTrainConfig, print_summary, read_training, train
+    from qkv.training.checkpoint import check_out_dir
+
+    given = {name: getattr(args, name) for name, *_ in _options() if getattr(args, name) is not None}
+    out = check_out_dir(DEFAULT_OUT if args.out is None else args.out)
+    if args.plot is not None:
+        _check_plot(args.plot)
+    torch.set_num_threads(args.threads)
+    base = dict(read_training(out)["train"]) if args.resume else {}
+    cfg = LMTrainConfig.from_dict({**base, **given})
+    start = time.perf_counter()
+    state = train(cfg, out, resume=args.resume, progress=not args.quiet,
+                  command=_command(str(out), args, given), slim=args.slim, force=args.force)
+    if args.plot is not None:
+        from qkv.files import atomic_write
+        from qkv.lm.curves import training_curves
+
+        record = read_training(out)
+        fig = training_curves(record["history"], appeared=record.get("induction_appeared_at"))
+        atomic_write(args.plot, lambda tmp: fig.savefig(tmp, format=_format(args.plot), dpi=120))
+    print_summary(state, out, time.perf_counter() - start)
+    return 0
+
+
+def _check_plot(path: str) -> None:
+    from qkv.errors import QkvError
+
+    if _format(path) is None:
+        raise QkvError(f"--plot {path!r}: give a .png or .svg file name")
+
+
+def _format(path: str) -> str | None:
+    ext = str(path).rsplit(".", 1)[-1].lower()
+    return ext if ext in ("png", "svg") else None
+
+
+def _command(out: str, args: argparse.Namespace, given: dict) -> str:
+    """The command line that reproduces this run, options in a fixed order."""
+    parts = ["qkv", "train", "lm", "--out", out]
+    parts += ["--resume"] * args.resume + ["--slim"] * args.slim + ["--force"] * args.force
+    parts += ["--threads", str(args.threads)]
+    for name, value in given.items():
+        parts += ["--" + name.replace("_", "-"), str(value)]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -1,0 +1,230 @@
+"""Induction and previous-token heads, scored the way TransformerLens does.
+
+Feed the model *repeated random tokens*: a prefix the tokenizer puts first (``<bos>``, if it
+has one), n random tokens r, then the same n tokens again::
+
+    position:  0     1 … n        n+1 … 2n
+    token:     <bos> r₀ … rₙ₋₁    r₀  … rₙ₋₁
+                         ▲ └─ next ─┘   │
+                         └──────────────┘ query r_k (second copy) → key: the token after
+                                          r_k's first occurrence (position k + 2 with <bos>)
+
+* **induction score** of a head: its mean attention from each token of the second copy to the
+  token *after* that token's earlier occurrence — key = query − (n − 1) — averaged over the
+  second copy's n queries and all sequences. A head that has learned "find the earlier
+  occurrence of this token and look at what followed" scores near 1.
+* **previous-token score**: mean attention from every position ≥ 1 to the one just before it.
+
+**Chance level** is the score of a head that spreads its weight uniformly over the keys it may
+see (all earlier tokens and itself in a decoder: 1/(i+1) for query i; all t tokens in an
+encoder), averaged over the same queries.
+
+One difference from TransformerLens: the n random tokens are drawn *without* replacement when
+the vocabulary has enough ordinary tokens, so no token occurs twice inside r and "its earlier
+occurrence" is unique (with replacement, a small vocabulary would make the target ambiguous).
+Special tokens are never drawn.
+
+Example (the scores of a hand-built pattern; see :func:`induction_scores_of`):
+    >>> w = torch.zeros(1, 1, 7, 7)                     # <bos> a b c a b c, one head
+    >>> for q in range(7): w[0, 0, q, max(q - 2, 0)] = 1.0   # key = query − (n − 1), n = 3
+    >>> induction_scores_of(w, n=3).item()
+    1.0
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.explain import forward
+
+PROBES = ("induction", "previous-token")
+
+
+def _second_copy_queries(t: int, n: int) -> torch.Tensor:
+    """Positions of the second copy of r in a sequence of length t = prefix + 2n."""
+    return torch.arange(t - n, t)
+
+
+def induction_scores_of(weights: torch.Tensor, n: int) -> torch.Tensor:
+    """(…, h) mean attention from the second copy to "the token after the earlier occurrence".
+
+    Args:
+        weights: (b, h, t, t) attention weights on sequences ``prefix + r + r`` with ``len(r) = n``.
+
+    Returns:
+        (h,) the mean over sequences and the n queries of ``weights[:, :, q, q - (n - 1)]``.
+    """
+    b, h, t, s = weights.shape
+    if t != s or t < 2 * n or n < 2:
+        raise ValueError(f"weights must be (b, h, t, t) with t >= 2n and n >= 2, got "
+                         f"{tuple(weights.shape)} and n={n}")
+    q = _second_copy_queries(t, n)
+    return weights[:, :, q, q - (n - 1)].double().mean(dim=(0, 2))  # (h,)
+
+
+def previous_token_scores_of(weights: torch.Tensor) -> torch.Tensor:
+    """(h,) mean attention from every position i ≥ 1 to position i − 1. weights (b, h, t, t)."""
+    b, h, t, s = weights.shape
+    if t != s or t < 2:
+        raise ValueError(f"weights must be (b, h, t, t) with t >= 2, got {tuple(weights.shape)}")
+    q = torch.arange(1, t)
+    return weights[:, :, q, q - 1].double().mean(dim=(0, 2))
+
+
+def chance_of(probe: str, t: int, n: int, causal: bool) -> float:
+    """The score of a head that attends uniformly to every key it may see."""
+    q = _second_copy_queries(t, n) if probe == "induction" else torch.arange(1, t)
+    visible = (q + 1).double() if causal else torch.full((len(q),), float(t), dtype=torch.float64)
+    return float((1.0 / visible).mean())
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """Every head's score on one probe — what :func:`induction_probe` returns.
+
+    Fields:
+        model: the model's name; probe: ``"induction"`` or ``"previous-token"``.
+        scores: (layers, heads) float64 mean attention on the probe's target.
+        chance: the score of uniform attention over the visible keys.
+        sequences, length: how many repeated random sequences, each prefix + 2 × ``length``.
+        prefix: the tokens put first (e.g. ``["<bos>"]``); causal: a decoder's mask was used.
+    """
+
+    model: str
+    probe: str
+    scores: torch.Tensor
+    chance: float
+    sequences: int
+    length: int
+    prefix: tuple[str, ...]
+    causal: bool
+    seed: int
+
+    def ranked(self) -> list[tuple[int, int, float]]:
+        """(layer, head, score), highest first (ties by layer, head)."""
+        L, H = self.scores.shape
+        cells = [(layer, head, float(self.scores[layer, head])) for layer in range(L) for head in range(H)]
+        return sorted(cells, key=lambda c: (-c[2], c[0], c[1]))
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "probe": self.probe, "chance": self.chance,
+                "sequences": self.sequences, "length": self.length, "prefix": list(self.prefix),
+                "causal": self.causal, "seed": self.seed,
+                "heads": [{"layer": layer, "head": head, "score": score}
+                          for layer, head, score in self.ranked()]}
+
+
+def _ordinary_ids(model) -> list[int]:
+    """Token ids that are not special tokens (from the tokenizer, else the embedding size)."""
+    tok = getattr(model, "tokenizer", None)
+    raw = getattr(tok, "_tok", None)
+    if raw is not None:
+        special = {i for i, t in raw.get_added_tokens_decoder().items() if t.special}
+        return [i for i in range(tok.vocab_size) if i not in special]
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(size, int):
+        raise QkvError(f"{forward.model_name(model)} has no tokenizer or vocab_size to draw "
+                       f"random tokens from")
+    return list(range(size))
+
+
+def _prefix_ids(model) -> list[int]:
+    """The special tokens the tokenizer puts before any text (``<bos>``, ``[CLS]``), if any."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return []
+    raw = getattr(tok, "_tok", None)
+    if raw is None:
+        return []
+    word = raw.id_to_token(_ordinary_ids(model)[0])
+    enc = tok.encode(word if word else "a")
+    out = []
+    for i, special in zip(enc.ids, enc.special):
+        if not special:
+            break
+        out.append(i)
+    return out
+
+
+def _limit(model) -> int | None:
+    """The most tokens the model takes (its own ``max_length``, else its tokenizer's)."""
+    for owner in (model, getattr(model, "tokenizer", None)):
+        limit = getattr(owner, "max_length", None)
+        if isinstance(limit, int):
+            return limit
+    return None
+
+
+def repeated_random_tokens(model, *, sequences: int, length: int, seed: int) -> torch.Tensor:
+    """(sequences, prefix + 2·length) ids: prefix, r, r with r drawn from the ordinary tokens."""
+    ids = _ordinary_ids(model)
+    rng = random.Random(seed)
+    prefix = _prefix_ids(model)
+    rows = []
+    for _ in range(sequences):
+        r = rng.sample(ids, length) if len(ids) >= length else [rng.choice(ids) for _ in range(length)]
+        rows.append(prefix + r + r)
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _is_causal(model) -> bool:
+    """Decoders (GPT-2, Llama…) mask future tokens; encoders (BERT) do not."""
+    return not hasattr(getattr(model, "config", None), "type_vocab_size") and \
+        type(model).__name__ not in ("BertModel", "RobertaModel", "DistilBertModel")
+
+
+def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every layer's attention weights (b, h, t, t) on ``ids``, from the model's own forward."""
+    with torch.no_grad():
+        out = model(ids, torch.ones_like(ids), trace_rows=slice(None))
+    return [trace.self_attn.attention.weights for trace in out.traces]
+
+
+DEFAULT_LENGTH = 25  # TransformerLens's tutorials use 50; 25 fits small models' context too
+
+
+def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
+                    length: int | None = None, seed: int = 0) -> HeadScores:
+    """Score every head of ``model`` on repeated random tokens (see the module docstring).
+
+    Args:
+        probe: ``"induction"`` or ``"previous-token"``.
+        sequences, length: ``sequences`` random sequences, each prefix + r + r with ``len(r) = length``
+            (default 25, or less when the model takes fewer than prefix + 50 tokens).
+        seed: which random tokens.
+
+    Raises:
+        QkvError: an unknown probe, a length the model cannot take.
+
+    Example:
+        >>> import qkv                                               # doctest: +SKIP
+        >>> r = induction_probe(qkv.load("src/qkv/data/lm"))          # doctest: +SKIP
+        >>> r.ranked()[0][2] > 10 * r.chance                          # doctest: +SKIP
+        True
+    """
+    if probe not in PROBES:
+        raise QkvError(f"unknown probe {probe!r}; known: {', '.join(PROBES)} (and coref)")
+    if length is None:
+        limit = _limit(model)
+        room = (limit - len(_prefix_ids(model))) // 2 if limit is not None else DEFAULT_LENGTH
+        length = max(2, min(DEFAULT_LENGTH, room))
+    if not 1 <= sequences <= 1000 or not 2 <= length <= 4096:
+        raise QkvError(f"sequences must be in [1, 1000] and length in [2, 4096], got {sequences}, {length}")
+    ids = repeated_random_tokens(model, sequences=sequences, length=length, seed=seed)
+    limit = _limit(model)
+    if limit is not None and ids.shape[1] > limit:
+        raise QkvError(f"the probe's sequences are {ids.shape[1]} tokens; "
+                       f"{forward.model_name(model)} takes at most {limit}")
+    layers = attention_on(model, ids)
+    score = (lambda w: induction_scores_of(w, length)) if probe == "induction" else previous_token_scores_of
+    scores = torch.stack([score(w) for w in layers])  # (L, h)
+    causal = _is_causal(model)
+    prefix = tuple(model.tokenizer._tok.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist()) \
+        if getattr(model, "tokenizer", None) is not None else ()
+    return HeadScores(model=forward.model_name(model), probe=probe, scores=scores,
+                      chance=chance_of(probe, ids.shape[1], length, causal), sequences=sequences,
+                      length=length, prefix=prefix, causal=causal, seed=seed)
