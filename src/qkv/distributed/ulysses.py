@@ -90,7 +90,9 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """Exact attention over a sequence sharded across ``group``, by all-to-all head exchange.
 
     Same arguments, shapes and result as :func:`~qkv.distributed.ring_attention`; the head
-    count h must be divisible by the group size P.
+    count h must be divisible by the group size P. A ``block_mask`` is evaluated for the whole
+    sequence on every rank with the head index left out (a rank holds h/P of the heads): masks
+    that differ per head need :func:`ring_attention`.
 
     Raises:
         ValueError: on every rank, when h is not divisible by P, or as ``ring_attention``.
