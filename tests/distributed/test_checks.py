@@ -101,21 +101,32 @@ def _count_messages(rank, world):
         sent.append((len(sends), sum(op.tensor.numel() * op.tensor.element_size() for op in sends)))
         return real(ops)
 
-    dist.batch_isend_irecv = counting
+    import qkv.distributed.ring as ring
+
+    kinds, attend = [], ring._Ring.attend
+
+    def counting_attend(self, q, k, v, kind, q_start, k_start):  # every chunk pair computed
+        kinds.append(kind)
+        return attend(self, q, k, v, kind, q_start, k_start)
+
+    dist.batch_isend_irecv, ring._Ring.attend = counting, counting_attend
     try:
         q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=True) for _ in range(3))  # 6 tokens a rank
         out = ring_attention(q, k, v, is_causal=True)
         forward = list(sent)
         out.sum().backward()
     finally:
-        dist.batch_isend_irecv = real
-    return forward, sent[len(forward):]
+        dist.batch_isend_irecv, ring._Ring.attend = real, attend
+    return forward, sent[len(forward):], kinds
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_each_rank_sends_p_minus_1_messages_forward(world):
+def test_each_rank_sends_p_minus_1_messages_forward_and_skips_empty_chunks(world):
     kv_bytes = 2 * (1 * 2 * 6 * 8) * 4  # K and V of one shard, float32
-    for forward, backward in spawned.run(world, _count_messages):
+    for forward, backward, kinds in spawned.run(world, _count_messages):
         assert forward == [(2, kv_bytes)] * (world - 1)
+        # zigzag, causal: of the 4 pairs of chunks a step could compute, step 0 computes the two
+        # diagonals and one full pair, every other step two full pairs; the rest are skipped
+        assert sorted(kinds) == sorted(["causal"] * 2 + ["full"] * (1 + 2 * (world - 1)))
         # backward: K/V again (P − 1 steps) and the dK/dV accumulators (P steps, home included)
         assert sorted(backward) == sorted([(2, kv_bytes)] * (world - 1) + [(2, kv_bytes)] * world)
