@@ -50,7 +50,7 @@ CASES = commands(TUTORIAL.read_text(encoding="utf-8"))
 def test_the_tutorial_has_commands_for_every_question():
     text = TUTORIAL.read_text(encoding="utf-8")
     for heading in ("Why queries, keys and values", "What are the values for", "Why divide by √d_k",
-                    "Why several heads", "Does \"it\" find \"pizza\""):
+                    "Why several heads", "Does \"it\" find \"pizza\"", "Why values?"):
         assert heading in text
     assert len(CASES) >= 7
     assert all(expected for _, expected in CASES), "every command shows its output"
