@@ -206,11 +206,93 @@ def browser_test(switches: int) -> dict:
     return out
 
 
+def decoder_test(switches: int) -> dict:
+    """A 2,048-token input on a decoder of GPT-2 small's shape (12 layers × 12 heads, causal,
+    2,048 positions; random weights, d_model 384 — no decoder checkpoint is on this machine),
+    served in a thread of this process. Over 512 tokens no whole map is kept: the head view draws
+    the selected token's row from the overview (every head's row: 144 × 2,048 numbers)."""
+    import torch
+    from playwright.sync_api import sync_playwright
+
+    import qkv
+    from qkv.explain import explain
+    from qkv.models.llama import LlamaConfig, LlamaModel
+    from qkv.models.tokenizer import Tokenizer
+    from qkv.view.api import Api, Models
+    from qkv.view.server import bind, create_app, make_server, url_of
+
+    torch.set_num_threads(1)
+    bert = qkv.load("minilm")
+    tokenizer = Tokenizer(bert.tokenizer._tok, name="minilm's tokenizer", max_length=None)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=384, intermediate_size=1536,
+                         num_hidden_layers=12, num_attention_heads=12, max_position_embeddings=2048)
+    model = LlamaModel(config, tokenizer=tokenizer, name="decoder-2048").eval()
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(2046))  # 2,048 tokens with [CLS]/[SEP]
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(Api(Models(["decoder-2048"], loader=lambda name: model))), sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    out = {}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"))
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url_of(sock) + "?" + urllib.parse.urlencode({"text": text, "token": 1000}))
+            page.wait_for_selector("#steps-table", timeout=600_000)
+            out["open_s"] = time.perf_counter() - t0
+            out["tokens"] = page.evaluate("() => window.qkvView.data.overview.tokens.length")
+            inpage = []
+            for k in range(switches):
+                layer, head = (k * 5 + 1) % 12, (k * 7 + 3) % 12
+                page.click(f'#grid button.cell[data-layer="{layer}"][data-head="{head}"]')
+                page.wait_for_function("(k) => { const m = window.qkvView.data.map; return m && m.layer + ':' + m.head === k; }",
+                                       arg=f"{layer}:{head}", timeout=600_000)
+                timing = page.evaluate("() => window.qkvView.data.timings")
+                inpage.append(timing["map_ms"] + timing["draw_ms"])
+                page.wait_for_function(f"() => document.querySelector('#steps-body p').textContent"
+                                       f".includes('Layer {layer}, head {head},')", timeout=600_000)
+            out["head_switch_inpage_ms"] = inpage
+            t = time.perf_counter()
+            page.click('#tokens button[data-token="1500"]')
+            page.wait_for_function("() => document.querySelector('#steps-body p').textContent.includes('token 1500 ')",
+                                   timeout=600_000)
+            out["token_switch_s"] = time.perf_counter() - t
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Performance.enable")
+            metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+            out["js_heap_mib"] = metrics["JSHeapUsedSize"] / 2**20
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+    t = time.perf_counter()
+    explain(model, text, token="1500")
+    out["library_overview_s"] = time.perf_counter() - t
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--decoder-only", action="store_true", help="only the 2,048-token decoder part")
     args = ap.parse_args()
     clients, per, switches = (5, 10, 3) if args.quick else (20, 50, 10)
+    if not args.decoder_only:
+        report(clients, per, switches)
+    d = decoder_test(3 if args.quick else 5)
+    print(f"2,048-token decoder ({d['tokens']} tokens, 12 layers × 12 heads, random weights): page open "
+          f"{d['open_s']:.1f} s; head switch in the page (the token's row, no fetch) median "
+          f"{statistics.median(d['head_switch_inpage_ms']):.0f} ms; token switch {d['token_switch_s']:.1f} s; "
+          f"JS heap {d['js_heap_mib']:.1f} MiB")
+    print(f"  peer: the library's explain() for one token on the same text {d['library_overview_s']:.1f} s")
+
+
+def report(clients: int, per: int, switches: int) -> None:
     load = load_test(clients, per)
     print(f"load: {clients} clients × {per} requests = {load['requests']}, errors {load['errors']}")
     print(f"  HTTP latency median {load['median_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms, "

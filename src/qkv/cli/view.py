@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(q·k, /√d, softmax, Σ w·v with the model's own numbers). Nothing is loaded "
                     "from the network. With --html FILE: write one self-contained page instead.",
         epilog=f'example: qkv view "{EXAMPLE}"   ·   qkv view "{EXAMPLE}" --html it.html')
-    p.add_argument("text", nargs="?", default=None, type=options.text(most=6000),
+    p.add_argument("text", nargs="?", default=None, type=options.text(most=20000),
                    help="the text to open with (it can be typed in the page too)")
     p.add_argument("--model", type=options.name(), default="minilm",
                    help="a known name (minilm, translate) or a model directory (default minilm)")

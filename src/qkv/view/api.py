@@ -45,7 +45,7 @@ from qkv.explain import (
 from qkv.explain.forward import check_layer_head
 from qkv.view import answers
 
-MAX_TEXT_CHARS = 6000  # a 512-token BERT input is ~2,500 characters; the model's own limit applies too
+MAX_TEXT_CHARS = 20000  # a 2,048-token decoder input is ~10,000 characters; the model's own limit applies too
 MAX_TOKEN_CHARS = 100
 MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts; longer ones go per head
 # ``map`` keeps every head's (t, t) map of a text (one forward): 6 × 12 × 512² float32 = 75 MB
