@@ -88,3 +88,39 @@ def test_heads_by_method(capsys):
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.strip() == message
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A random GPT-2 checkpoint with a byte-level BPE tokenizer trained here (a decoder)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = tmp_path_factory.mktemp("tiny-gpt2-methods")
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator([TEXT, "the cat sat on the mat", "a dog ate the pizza"] * 3,
+                            vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
+    tok.save_model(str(path))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=300,
+                                     n_positions=64, bos_token_id=None, eos_token_id=None)
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(path))
+    return str(path)
+
+
+def test_a_decoder_runs_every_method(capsys, gpt2_dir):
+    code, out, err = run(capsys, "explain", TEXT, "--model", gpt2_dir, "--token", "it", "--compare")
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("rank"))
+    assert header.split()[1:] == ["weight", "norm", "rollout", "alti", "value-zeroing", "grad"]
+    code, out, err = run(capsys, "explain", TEXT, "--model", gpt2_dir, "--token", "it", "--method",
+                         "grad", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert "the logit of the predicted next token" in d["target"]
+    row = d["scores"][-1]  # causal: nothing from after the token
+    assert all(v == 0 for v in row[d["token_index"] + 1:])
+    code, _, err = run(capsys, "explain", TEXT, "--model", gpt2_dir, "--method", "grad",
+                       "--target", "a text")
+    assert code == 2 and "--target is for encoders" in err
