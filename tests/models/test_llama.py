@@ -263,3 +263,15 @@ def test_attention_sink_is_named(tiny_dir, capsys):
     assert main(["explain", text, "--model", tiny_dir]) == 0  # the CLI says what the library found
     saved = explain(load(tiny_dir), text).sink
     assert ("attention sink: " in capsys.readouterr().out) == (saved is not None)
+
+
+def test_logits_to_keep(variant):
+    """Generation asks for the last position's logits only: the same row as the full forward's
+    (truth: float64; plain: the full float32 forward)."""
+    name, path, hf, model = variant
+    ids = torch.randint(0, 300, (2, 9), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        kept = model(ids, logits_to_keep=1).logits
+        full, truth = model(ids).logits, twin(model, torch.float64)(ids).logits
+    assert kept.shape == (2, 1, 300)
+    assert_within(kept, truth[:, -1:], full[:, -1:], what="last logits")

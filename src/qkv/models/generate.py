@@ -17,6 +17,8 @@ with a private ``torch.Generator`` (``seed``), so nothing touches the global RNG
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from qkv.errors import QkvError
@@ -71,11 +73,13 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool =
     eos_t = torch.tensor(eos, dtype=ids.dtype, device=ids.device)
     done = torch.zeros(b, dtype=torch.bool, device=ids.device)
     caches = model.new_kv_caches(b, total) if use_cache else None
+    # only the last position's logits are needed; a model that can skip the rest is asked to
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out, step_input = ids, ids
     with torch.inference_mode():
         for _ in range(max_new_tokens):
             n = out.shape[1]
-            logits = model(step_input, mask[:, :n], kv_caches=caches).logits[:, -1]  # (b, V)
+            logits = model(step_input, mask[:, :n], kv_caches=caches, **last).logits[:, -1]  # (b, V)
             if do_sample:
                 next_id = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                  generator=generator)  # (b,)

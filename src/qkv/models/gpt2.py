@@ -138,7 +138,8 @@ class GPT2Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 kv_caches: list[KVCache] | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False) -> DecoderOutput:
+                output_hidden_states: bool = False,
+                logits_to_keep: int | None = None) -> DecoderOutput:
         """Next-token logits for every position.
 
         Args:
@@ -150,6 +151,7 @@ class GPT2Model(nn.Module):
                 tokens' keys and values are appended and attention is causal, bottom-right.
             trace_rows: query positions (among the t new tokens) to record in every layer.
             output_hidden_states: also return what enters each layer.
+            logits_to_keep: compute the logits of the last k positions only, (b, k, V).
 
         Returns:
             A :class:`DecoderOutput`.
@@ -177,7 +179,8 @@ class GPT2Model(nn.Module):
         out = self.decoder(x, mask=mask, kv_caches=kv_caches, trace_rows=trace_rows,
                            output_hidden_states=output_hidden_states)
         return DecoderOutput(
-            logits=self.lm_head(out.last_hidden_state),  # (b, t, V)
+            logits=self.lm_head(out.last_hidden_state if logits_to_keep is None
+                                else out.last_hidden_state[:, -logits_to_keep:]),  # (b, t or k, V)
             hidden_states=out.hidden_states,
             traces=out.traces,
         )

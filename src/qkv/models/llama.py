@@ -282,18 +282,23 @@ class LlamaModel(DecoderGenerationMixin, nn.Module):
         return [KVCache(batch_size, self.config.num_key_value_heads, self.config.head_dim, max_len,
                         dtype=p.dtype, device=p.device) for _ in self.layers]
 
-    def attention_mask(self, padding: torch.Tensor | None) -> AttentionMask:
+    def attention_mask(self, padding: torch.Tensor | None, t: int = 2) -> AttentionMask:
         """The one mask of every layer: causal (bottom-right, for the cache), the sliding window
-        if any, and the padding (b, s) (True = real token) when some token is padding."""
+        if any, and the padding (b, s) (True = real token) when some token is padding.
+
+        One new token (t = 1, a decoding step) is the last of all positions, so causality
+        excludes nothing: it is left out, and the fused kernel needs no mask at all.
+        """
         w = self.config.sliding_window
-        return AttentionMask(causal=True, alignment="bottom_right", key_padding=padding,
+        return AttentionMask(causal=t > 1, alignment="bottom_right", key_padding=padding,
                              window=None if w is None else (w - 1, None))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 kv_caches: list[KVCache] | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False) -> DecoderOutput:
-        """Next-token logits for every position.
+                output_hidden_states: bool = False,
+                logits_to_keep: int | None = None) -> DecoderOutput:
+        """Next-token logits for every position (or the last ``logits_to_keep``).
 
         Args:
             input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
@@ -303,6 +308,8 @@ class LlamaModel(DecoderGenerationMixin, nn.Module):
             kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`).
             trace_rows: query positions (among the t new tokens) to record in every layer.
             output_hidden_states: also return what enters each layer.
+            logits_to_keep: compute the logits of the last k positions only, (b, k, V)
+                (generation needs 1: the output head is a large matrix).
 
         Returns:
             A :class:`DecoderOutput` (logits (b, t, V)).
@@ -322,11 +329,12 @@ class LlamaModel(DecoderGenerationMixin, nn.Module):
                 padding = real
                 # each token's position = how many real tokens precede it
                 positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
-        out = self.decoder(self.embed_tokens(input_ids), mask=self.attention_mask(padding),
+        out = self.decoder(self.embed_tokens(input_ids), mask=self.attention_mask(padding, t),
                            kv_caches=kv_caches, trace_rows=trace_rows,
                            output_hidden_states=output_hidden_states, positions=positions)
+        h = out.last_hidden_state if logits_to_keep is None else out.last_hidden_state[:, -logits_to_keep:]
         return DecoderOutput(
-            logits=F.linear(out.last_hidden_state, self.output_weight),  # (b, t, V)
+            logits=F.linear(h, self.output_weight),  # (b, t or k, V)
             hidden_states=out.hidden_states,
             traces=out.traces,
         )
