@@ -13,7 +13,8 @@ For causal attention (fp32, b = 1, H heads, d = 64) at each N:
 * **communication**: bytes per step (one K/V shard), the gloo loopback bandwidth measured with a
   message of that size, and the overlap condition: compute per step ≥ transfer per step.
 
-Each configuration runs in fresh processes (peak RSS is a high-water mark), ``--rounds`` times
+Each configuration runs in fresh processes (peak RSS is a high-water mark), after one small
+warm-up call (first-call code loading is not measured), ``--rounds`` times
 interleaved; the best wall time of each is kept. The machine may be
 shared: compare only numbers from one run. ``--json`` writes every number for the scaling model
 (``benchmarks/scaling_model.py --measured``).
@@ -48,10 +49,20 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _warm_up(attend) -> None:
+    """One small forward and backward first, called as the measured ones are: the first call of a
+    kernel, and the first ``backward(grad)`` (torch imports sympy for its shape checks), load code
+    once per process (~0.4 s of CPU here), which is not what is being measured."""
+    x = torch.randn(1, 1, 64, 16, requires_grad=True)
+    o = attend(x)
+    o.backward(torch.ones_like(o))
+
+
 def _single(_rank, n, heads, dim, threads, backward, out):
     import qkv
 
     torch.set_num_threads(threads)
+    _warm_up(lambda x: qkv.scaled_dot_product_attention(x, x, x, is_causal=True))
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))  # (b, h, N, d)
     for x in (q, k, v):
@@ -60,12 +71,12 @@ def _single(_rank, n, heads, dim, threads, backward, out):
     start, cpu = time.perf_counter(), time.process_time()
     o = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
     fwd, cpu = time.perf_counter() - start, time.process_time() - cpu  # CPU: all threads together
-    bwd = None
+    bwd = bwd_cpu = None
     if backward:
-        start = time.perf_counter()
+        start, bwd_cpu = time.perf_counter(), time.process_time()
         o.backward(torch.ones_like(o))
-        bwd = time.perf_counter() - start
-    out.put({"forward": fwd, "cpu": cpu, "backward": bwd, "peak_mb": _rss_mb() - before,
+        bwd, bwd_cpu = time.perf_counter() - start, time.process_time() - bwd_cpu
+    out.put({"forward": fwd, "cpu": cpu, "backward": bwd, "backward_cpu": bwd_cpu, "peak_mb": _rss_mb() - before,
              "inputs_mb": 3 * q.numel() * 4 / 2**20})
 
 
@@ -88,6 +99,7 @@ def _ring(rank, world, port, n, heads, dim, layout, backward, out):
         return r
 
     ring.chunk_forward = timed
+    _warm_up(lambda x: ring_attention(x, x, x, is_causal=True, layout=layout))
     t = shard_length(n, world, rank, layout)
     gen = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, heads, t, dim, generator=gen) for _ in range(3))  # this rank's shard
@@ -110,13 +122,14 @@ def _ring(rank, world, port, n, heads, dim, layout, backward, out):
     o = ring_attention(q, k, v, is_causal=True, layout=layout)
     fwd, cpu = time.perf_counter() - t0, time.process_time() - cpu  # CPU: kernels, merges, gloo's threads
     fwd_compute = compute[0]
-    bwd = None
+    bwd = bwd_cpu = None
     if backward:
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, bwd_cpu = time.perf_counter(), time.process_time()
         o.backward(torch.ones_like(o))
-        bwd = time.perf_counter() - t0
+        bwd, bwd_cpu = time.perf_counter() - t0, time.process_time() - bwd_cpu
     out.put({"rank": rank, "forward": fwd, "cpu": cpu, "compute": fwd_compute, "backward": bwd,
+             "backward_cpu": bwd_cpu,
              "peak_mb": _rss_mb() - before, "inputs_mb": 3 * q.numel() * 4 / 2**20,
              "bytes_per_step": msg.numel() * 4,
              "exchange_s": best})
@@ -178,7 +191,8 @@ def main(argv=None) -> int:
                   f"(CPU {single['cpu']:.2f} s) "
                   f"({flops / single['forward'] / 1e9:.1f} GFLOP/s), memory: inputs {single['inputs_mb']:.0f} MB "
                   f"+ peak growth {single['peak_mb']:.0f} MB = {single_total:.0f} MB"
-                  + (f", backward {single['backward']:.2f} s" if args.backward else ""))
+                  + (f", backward {single['backward']:.2f} s (CPU {single['backward_cpu']:.2f} s)"
+                     if args.backward else ""))
             rec = {"n": n, "world": world, "heads": args.heads, "dim": args.dim, "single": single,
                    "load": os.getloadavg()[0]}
             for layout in ("zigzag", "contiguous"):
@@ -198,7 +212,9 @@ def main(argv=None) -> int:
                       f"{ranks[0]['inputs_mb']:.0f} + {max(r['peak_mb'] for r in ranks):.0f} = {total:.0f} MB "
                       f"({total / single_total:.2f}× single)"
                       + (f"; backward {max(r['backward'] for r in ranks):.2f} s = "
-                         f"{max(r['backward'] for r in ranks) / single['backward']:.2f}× single"
+                         f"{max(r['backward'] for r in ranks) / single['backward']:.2f}× single (CPU: Σ ranks "
+                         f"{sum(r['backward_cpu'] for r in ranks):.2f} s = "
+                         f"{sum(r['backward_cpu'] for r in ranks) / single['backward_cpu']:.2f}× single's)"
                          if args.backward else ""))
                 print(f"    step: {step_bytes / 2**20:.1f} MiB K/V, transfer {1e3 * xfer:.1f} ms "
                       f"({bw / 1e9:.2f} GB/s loopback), compute {1e3 * step_compute:.0f} ms → overlap "
