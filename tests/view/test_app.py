@@ -18,6 +18,7 @@ import pytest
 from view_checks import FRENCH_TEXT, TEXT, assert_shown, assert_steps
 
 from qkv.explain import attention_map, cross_attention, cross_attention_head, explain, explain_head
+from qkv.explain.induction import induction_probe
 
 
 def flat(rows: list[list[float]]) -> list[float]:
@@ -226,3 +227,17 @@ def test_a_decoder_shows_its_causal_mask(watched, served):
     assert_steps(page, st, st["tokens"])
     masks = page.eval_on_selector_all("#steps-table td.mask", "cs => cs.map(c => c.textContent)")
     assert masks[:6] == ["0.0000"] * 6 and set(masks[6:]) == {"−∞"}
+    # a decoder's marked heads come from the induction probe (an encoder's from coref)
+    page.wait_for_function("() => document.querySelector('#model-hint').textContent"
+                           ".includes(\"the induction probe's 3 best heads\")")
+    best = induction_probe(model, "induction").ranked()[:3]
+    marked = page.eval_on_selector_all("#grid button.cell:has(.mark)",
+                                       "cs => cs.map(c => [Number(c.dataset.layer), Number(c.dataset.head)])")
+    assert sorted(marked) == sorted([layer, head] for layer, head, _ in best)
+
+    # the form: another model, the same text
+    page.select_option("#model", "minilm")
+    wait_steps(page, "Layer 1, head 2, token 12")  # MiniLM's tokens; the last word again
+    page.wait_for_function("() => document.querySelector('#model-hint').textContent"
+                           ".includes(\"the coref probe's 3 best heads\")", timeout=60_000)
+    assert "model=minilm" in page.url

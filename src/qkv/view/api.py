@@ -8,7 +8,8 @@ name what to run, the other fields are the library's arguments)::
     steps        explain_head(model, text, token, layer, head, words) → HeadSteps.to_dict()
     map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
     maps         every head's map at once (short texts only: the model view's thumbnails)
-    probe        probe(model, "coref").to_dict()               (the best heads the model view marks)
+    probe        probe(model, "coref") — induction_probe(model) for a decoder — .to_dict()
+                 (the best heads the model view marks)
     cross        cross_attention(checkpoint, text, token).to_dict()     (translation model)
     cross_steps  cross_attention_head(checkpoint, text, token, layer, head).to_dict()
 
@@ -43,6 +44,7 @@ from qkv.explain import (
     ArgumentError, attention_maps, cross_attention, cross_attention_head, explain, explain_head, probe,
 )
 from qkv.explain.forward import check_layer_head
+from qkv.explain.induction import induction_probe
 from qkv.view import answers
 
 MAX_TEXT_CHARS = 20000  # a 2,048-token decoder input is ~10,000 characters; the model's own limit applies too
@@ -336,7 +338,12 @@ class Api:
         return answers.all_maps(self._all_maps(model, text, words))
 
     def _probe(self, model, text, **_):
+        """The heads the model view marks: the coref probe for an encoder, the induction probe
+        (repeated random tokens) for a decoder, where a pronoun cannot see its referent's
+        successors but an induction head has something to find."""
         with self.models.lock:
+            if getattr(model, "causal", False):
+                return answers.probe(induction_probe(model, "induction"))
             return answers.probe(probe(model, "coref"))
 
     def _cross(self, ckpt, text, *, token, **_):

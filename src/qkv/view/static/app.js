@@ -141,8 +141,11 @@
   }
   async function loadProbe() {
     if (D.probe) return;
+    const model = S.model;
     try {
-      D.probe = await ask("probe", {});
+      const answer = await ask("probe", {});
+      if (model !== S.model) return; // the page moved on to another model meanwhile
+      D.probe = answer;
       if (D.overview) drawModelView();
     } catch (e) { /* the probe is an extra (an exported file may lack it); the model view works without it */ }
   }
@@ -240,7 +243,7 @@
           ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
             (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
           : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
-            (r.focus ? ", highlighted" : "") + (r.mark ? ", a best coref-probe head" : "");
+            (r.focus ? ", highlighted" : "") + (r.mark ? `, a best ${probeName()}-probe head` : "");
         const chosen = l === S.layer && (perLayer || hh === S.head);
         grid.append(h("button", { type: "button", class: "cell" + (whole ? " whole" : "") + (r.focus ? " focus" : "") +
             (chosen ? " selected" : ""),
@@ -248,7 +251,7 @@
           "aria-pressed": chosen ? "true" : "false",
           onclick: () => selectHead(l, perLayer ? S.head : hh) },
           cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
-          r.mark ? h("span", { class: "mark" }, D.kind === "cross" ? "★ gold" : "★ probe") : null));
+          r.mark ? h("span", { class: "mark" }, D.kind === "cross" ? "★ gold" : "★ " + probeName()) : null));
       }
     }
     const hint = D.kind === "cross"
@@ -256,7 +259,7 @@
       : (isMethod() ? `method ${S.method}: ${D.info.methods[S.method]} — rows as shares of their total; ` : "") +
         `ranked by the largest ${isMethod() ? "share" : "weight"} in the row (#1 = most focused), as qkv explain ranks them; ` +
         `${whole ? "whole maps (the selected row outlined)" : "bars: the selected token's row"}; ` +
-        `★ probe: the coref probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
+        `★ ${probeName()}: the ${probeName()} probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
         (D.overview.focus ? `; bold border: heads whose largest weight is on “${D.overview.focus}”` : "");
     $("model-hint").textContent = "— " + hint;
     const ol = $("ranking");
@@ -269,6 +272,7 @@
         (r.focus ? " ◆" : "") + (r.mark ? " ★" : ""))));
     }
   }
+  function probeName() { return D.probe ? D.probe.probe : "probe"; }
   function isMethod() { return D.kind === "self" && S.method !== "weight"; }
   function heatRgb() { return cssColor("--heat").split(",").map(Number); }
   function drawRowThumb(cv, w) {
@@ -595,11 +599,11 @@
   $("run-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const text = $("text").value, model = $("model").value;
-    const changed = text !== S.text || model !== S.model;
+    const modelChanged = model !== S.model, changed = modelChanged || text !== S.text;
     S.text = text; S.model = model; S.method = $("method").value; S.words = $("words").checked;
     D.kind = kindOf(model);
-    if (changed) { S.token = null; D.probe = model === S.model && D.probe ? D.probe : null; }
-    if (changed && model !== S.model) D.probe = null;
+    if (changed) S.token = null;
+    if (modelChanged) { D.probe = null; D.overview = null; D.cross = null; D.maps = null; }
     fillForm(); run();
   });
   for (const id of ["words", "method", "model"]) $(id).addEventListener("change", () => $("run-form").requestSubmit());
