@@ -69,3 +69,51 @@ def test_json_is_whole_or_absent(capsys):
     assert capsys.readouterr().out == ""
     print_json({"a": [1, 2]})
     assert json.loads(capsys.readouterr().out) == {"a": [1, 2]}
+
+
+@pytest.fixture
+def broken_translation(monkeypatch):
+    import copy
+    import dataclasses
+
+    import qkv.translate.checkpoint as checkpoint
+
+    real = checkpoint.load_checkpoint
+
+    def load(path, *a, **kw):
+        ckpt = real(path, *a, **kw)
+        model = copy.deepcopy(ckpt.model)
+        with torch.no_grad():
+            model.decoder.layers[1].cross_attn.q_proj.weight[0, 0] = float("nan")
+        return dataclasses.replace(ckpt, model=model)
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", load)
+
+
+@pytest.mark.parametrize("argv", [["translate", "the cat is red"], ["translate", "--vocab"],
+                                  ["evaluate", "--json"]])
+def test_a_nan_translation_model_is_refused(capsys, broken_translation, argv):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("qkv: error: translate's weights hold NaN "
+                                 "(decoder.layers.1.cross_attn.q_proj.weight): the model was saved "
+                                 "broken (e.g. trained with a NaN loss); its output would mean nothing\n")
+
+
+def test_cross_attention_names_the_decoder_layer_and_head():
+    from qkv.translate.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint("translate")
+    model = ckpt.model
+    with torch.no_grad():
+        saved = model.decoder.layers[1].cross_attn.q_proj.weight[0, 0].item()
+        model.decoder.layers[1].cross_attn.q_proj.weight[0, 0] = float("nan")
+    try:
+        src = torch.tensor([ckpt.vocab.encode_en("the cat is red")])
+        _, trace = model.trace(src, torch.tensor([[1, 5, 6]]))
+        check_layers(trace.encoder, part="encoder ")
+        with pytest.raises(NonFiniteError, match="at decoder layer 1, head 0: its cross-attention weights"):
+            check_layers(trace.decoder, part="decoder ")
+    finally:
+        with torch.no_grad():
+            model.decoder.layers[1].cross_attn.q_proj.weight[0, 0] = saved

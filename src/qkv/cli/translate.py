@@ -184,6 +184,13 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def _check_finite(ckpt, model: str) -> None:
+    """A model whose weights hold NaN translates into garbage without a sign: refuse it."""
+    from qkv.explain.finite import check_parameters
+
+    check_parameters(ckpt.model, name=model)
+
+
 def _check_beam(beam: int) -> None:
     if beam < 1:
         raise QkvError(f"--beam must be at least 1, got {beam}")
@@ -196,6 +203,7 @@ def run_translate(args: argparse.Namespace) -> int:
     _check_beam(args.beam)
     _set_threads(args.threads)
     ckpt = load_checkpoint(args.model)
+    _check_finite(ckpt, args.model)
     if args.vocab:
         print(" ".join(ckpt.vocab.words("en")))
         return 0
@@ -274,6 +282,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     _check_beam(args.beam)
     _set_threads(args.threads)
     ckpt = load_checkpoint(args.model)
+    _check_finite(ckpt, args.model)
     report = test_report(ckpt, beam=args.beam)
     if args.json:
         print_json(report, ensure_ascii=False)

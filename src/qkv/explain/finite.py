@@ -88,3 +88,19 @@ def check_model(model, text: str) -> None:
     from qkv.explain.forward import trace  # forward checks its own traces with check_layers
 
     trace(model, text, slice(None))
+
+
+def check_parameters(model, *, name: str = "the model") -> None:
+    """:class:`NonFiniteError` naming the first parameter of ``model`` that holds NaN/inf.
+
+    For outputs that carry no trace to point into (a translation: NaN logits would decode to
+    plausible-looking garbage), a broken model is refused before it runs.
+
+    Example:
+        >>> check_parameters(torch.nn.Linear(2, 2))
+    """
+    for pname, p in model.named_parameters():
+        if not _finite(p.detach()):
+            raise NonFiniteError(f"{name}'s weights hold {describe(p.detach())} ({pname}): the "
+                                 f"model was saved broken (e.g. trained with a NaN loss); its "
+                                 f"output would mean nothing")
