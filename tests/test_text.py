@@ -3,6 +3,8 @@
 import io
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkv.errors import QkvError
 from qkv.text import TextError, check_text, clean_text, decode, read_lines
@@ -63,3 +65,44 @@ def test_the_tokenizer_and_embed_raise_valueerror(model):
         model.tokenizer.encode_batch(["fine", bad])
     with pytest.raises(ValueError, match=r"not valid UTF-8 \(byte 0xff at position 8\)"):
         model.embed(["fine", bad])
+
+
+ANY_CHARS = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)  # surrogates too
+
+
+@settings(max_examples=200)
+@given(data=st.binary(max_size=40))
+def test_bytes_either_decode_or_name_the_first_bad_byte(data):
+    try:
+        text = clean_text(data)
+    except TextError as e:
+        # the first bad byte ends the longest prefix that is valid UTF-8 on its own
+        first = max(i for i in range(len(data) + 1) if _valid(data[:i]))
+        assert str(e).endswith(f"(byte 0x{data[first]:02x} at position {first})"), data
+        with pytest.raises(TextError) as from_argv:  # the same bytes as sys.argv carries them
+            clean_text(data.decode("utf-8", "surrogateescape"))
+        assert str(from_argv.value) == str(e)
+    else:
+        assert text == data.decode("utf-8").removeprefix("\ufeff")
+        # argv carries the same bytes as surrogates: the same verdict, the same text
+        assert clean_text(data.decode("utf-8", "surrogateescape")) == text
+
+
+def _valid(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@settings(max_examples=200)
+@given(text=ANY_CHARS)
+def test_any_str_is_encoded_or_refused_with_valueerror(model, text):
+    try:
+        enc = model.tokenizer.encode(text)
+    except ValueError:
+        with pytest.raises(TextError):
+            check_text(text)
+    else:
+        assert len(enc.ids) == len(enc.tokens) >= 2  # [CLS] … [SEP]
