@@ -45,7 +45,8 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
     token = int(token) if isinstance(token, str) and token.isdigit() else token
     if api.models.kind(model) == "translation":
         ca = api.handle("cross", {"model": model, "text": text, "token": token})
-        j = ca["token"] if ca["token"] is not None else len(ca["french"]) - 1
+        french = ca["french"]  # default: the last French word (not [EOS]), as the library's token=None
+        j = ca["token"] if ca["token"] is not None else len(french) - (2 if len(french) > 1 and french[-1] == "[EOS]" else 1)
         ca = get("cross", token=j)
         L, H = ca["num_layers"], ca["num_heads"]
         layer, head = min(layer, L - 1), min(head, H - 1)

@@ -119,7 +119,8 @@
     try {
       if (D.kind === "cross") {
         D.cross = await ask("cross", { token: S.token });
-        if (S.token === null || S.token >= D.cross.french.length) S.token = D.cross.token ?? 0;
+        const fr = D.cross.french; // default: the last French word (not [EOS])
+        if (S.token === null || S.token >= fr.length) S.token = D.cross.token ?? Math.max(0, fr.length - (fr[fr.length - 1] === "[EOS]" ? 2 : 1));
       } else {
         D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
         S.token = D.overview.unit_index;
