@@ -56,9 +56,12 @@ def _train_options() -> list[tuple[str, type, object, str]]:
 
 
 def _train_type(name: str, kind: type):
-    """The checked type of a TrainConfig option: a whole number ≥ 0 or a finite float (nan and
-    inf refused). Tighter ranges per field belong here too (qkv.cli.options)."""
-    return options.integer(0, None) if kind is int else options.real()
+    """The checked type of a TrainConfig option: a seed (0 … 2**63 − 1), a whole number
+    0 … 10**9, or a finite float (nan and inf refused). TrainConfig checks what each value means
+    (e.g. a batch that fits in memory); these bounds only keep absurd numbers out."""
+    if kind is int:
+        return options.seed() if name.endswith("seed") else options.integer(0, 10**9)
+    return options.real()
 
 
 def _register_train(sub) -> None:
