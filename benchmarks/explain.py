@@ -119,7 +119,7 @@ def main() -> None:
                 "norm": f"h·t·E = {h * t * E:,} (f^h(h_j) for every key, one layer at a time)",
                 "rollout": f"h·t² = {h * t * t:,} weights per layer, t² = {t * t:,} kept per layer",
                 "alti": f"≤ 2**20 of the t²·E = {t * t * E:,} T_i(x_j) at a time (chunks of rows), t² kept per layer",
-                "value-zeroing": f"(t+1)·t·E = {(t + 1) * t * E:,} per layer run (+ its FF), t² kept",
+                "value-zeroing": f"(t+1)·t·E = {(t + 1) * t * E:,} per layer (one forward of t + 1 copies), t² kept",
                 "grad": f"h·t² = {h * t * t:,} per layer (weights and ∂y/∂A), t² kept per layer"}[m]
         print(f"  {m:<14} kept {kept:>7,} = {tuple(s.scores.shape)}; peak {peak}")
     print(f"  (L = {L}, h = {h}, t = {t}, E = {E}: O(L·h·t) = {L * h * t:,}; O(L·h·t²) = {L * h * t * t:,})")

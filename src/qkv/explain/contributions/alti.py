@@ -43,21 +43,26 @@ FORMULA = ("C_ij ∝ max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j
 RECONSTRUCTION_TOLERANCE = 1e-5
 
 
-def _norm_affine(norm: nn.Module, total: torch.Tensor):
-    """(scale (t, E) or (t, 1), centre, shift) with norm(total) = (total − centre)·scale + shift
-    per token, the statistics read from ``total`` (t, E) itself."""
+def _centres(norm: nn.Module) -> bool:
+    """Whether ``norm`` subtracts the mean (LayerNorm) or not (RMSNorm)."""
+    if isinstance(norm, nn.LayerNorm):
+        return True
+    if isinstance(norm, nn.RMSNorm) or "rms" in type(norm).__name__.lower():  # torch's or a family's
+        return False
+    raise TypeError(f"ALTI knows LayerNorm and RMSNorm, not {type(norm).__name__}")
+
+
+def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale (r, E), shift (E,)) with norm(v) = v_c · scale + shift per token, where ``total``
+    (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm)."""
     E = total.shape[-1]
     weight = norm.weight if getattr(norm, "weight", None) is not None else total.new_ones(E)
     bias = getattr(norm, "bias", None)
     bias = bias if bias is not None else total.new_zeros(E)
     eps = norm.eps if norm.eps is not None else torch.finfo(total.dtype).eps
-    if isinstance(norm, nn.LayerNorm):
-        std = (total.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (t, 1)
-        return weight / std, True, bias
-    if isinstance(norm, nn.RMSNorm) or "rms" in type(norm).__name__.lower():  # torch's or a family's
-        rms = (total.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (t, 1)
-        return weight / rms, False, bias
-    raise TypeError(f"ALTI knows LayerNorm and RMSNorm, not {type(norm).__name__}")
+    # LayerNorm's variance of a centred vector and RMSNorm's mean square are one formula
+    spread = (total.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (r, 1)
+    return weight / spread, bias
 
 
 def check_applies(model) -> None:
@@ -74,39 +79,49 @@ def check_applies(model) -> None:
                                 kind=type(layer).__name__)
 
 
+def value_layout(layer, trace) -> torch.Tensor:
+    """(s, h, E): f^h(h_j) per key, centred over E when the layer's norm1 is a post-norm
+    LayerNorm (centring is linear: the mean of Σ_h A_ij f^h(h_j) is Σ_h A_ij mean(f^h(h_j)), so
+    centring the values centres every T_i(x_j) at no cost per (i, j)). Contiguous: bmm would
+    otherwise copy each of the s small matrices apart."""
+    f = value_vectors(layer.self_attn, trace)  # (h, s, E)
+    if not layer.norm_first and _centres(layer.norm1):
+        f = f - f.mean(-1, keepdim=True)
+    return f.transpose(0, 1).contiguous()  # (s, h, E)
+
+
 def layer_terms(layer, fwd: Forward, index: int, rows: slice = slice(None),
                 per_key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(T (r, s, E), bias (r, E), y (r, E)) of layer ``index`` for the query rows ``rows``:
     T[i, j] = T_i(x_j).
 
-    ``per_key``: the layer's f^h(h_j) laid out (s, h, E), when the caller already has them.
+    ``per_key``: :func:`value_layout` of the layer, when the caller already has it.
 
     Raises AssertionError when Σ_j T[i, j] + bias[i] is not the forward's y_i (see the module
-    doc): the decomposition is then of something other than what the model computed.
+    doc): the decomposition is then of something other than what the model computed. (The sum
+    is taken over the same (r, s, E) tensor before the norm's per-token scale multiplies it.)
     """
     tr = fwd.traces[index].self_attn
-    attn = layer.self_attn
-    if per_key is None:  # contiguous operands, or bmm copies each of the s small matrices apart
-        per_key = value_vectors(attn, tr).transpose(0, 1).contiguous()  # (s, h, E)
+    per_key = value_layout(layer, tr) if per_key is None else per_key  # (s, h, E)
+    centred = not layer.norm_first and _centres(layer.norm1)
     a = tr.attention.weights[0][:, rows]  # (h, r, s)
     y = fwd.residual_out[index][0][rows]  # (r, E): what the forward computed
-    first = rows.start or 0
-    r = a.shape[1]
+    first, r = rows.start or 0, a.shape[1]
     # Σ_h A_ij f^h(h_j) for every (i, j): one (r × h)·(h × E) product per key j
     z = torch.bmm(a.permute(2, 1, 0).contiguous(), per_key).transpose(0, 1)  # (r, s, E)
+    x = fwd.hidden_states[index][0][first:first + r]  # (r, E): the residual
     diag = z.diagonal(offset=first, dim1=0, dim2=1)  # (E, r): z[i, first + i]
-    diag += fwd.hidden_states[index][0][first:first + r].T  # δ_ij x_j: the residual
-    b_out = out_bias(attn).to(z.dtype)  # (E,)
+    diag += (x - x.mean(-1, keepdim=True) if centred else x).T  # δ_ij x_j
+    b_out = out_bias(layer.self_attn).to(z.dtype)  # (E,)
+    b_out = b_out - b_out.mean() if centred else b_out
+    total = z.sum(1) + b_out  # (r, E): the block's output (centred for a LayerNorm)
     if layer.norm_first:
-        terms, bias = z, b_out.expand_as(y)
+        terms, bias, rebuilt = z, b_out.expand_as(y), total
     else:
-        scale, centred, shift = _norm_affine(layer.norm1, z.sum(1) + b_out)
-        if centred:
-            z -= z.mean(-1, keepdim=True)
-            b_out = b_out - b_out.mean()
+        scale, shift = _norm_affine(layer.norm1, total)
         terms = z.mul_(scale.unsqueeze(1))  # (r, s, E)
-        bias = b_out * scale + shift  # (r, E)
-    err = float((terms.sum(1) + bias - y).abs().max()) if r else 0.0
+        bias, rebuilt = b_out * scale + shift, total * scale + shift  # (r, E)
+    err = float((rebuilt - y).abs().max()) if r else 0.0
     top = max(1.0, float(y.abs().max())) if r else 1.0
     if err > RECONSTRUCTION_TOLERANCE * top:
         raise AssertionError(f"ALTI: layer {index}'s terms sum to within {err:.3g} of the "
@@ -132,9 +147,8 @@ CHUNK = 1 << 20
 
 def layer_matrix(layer, fwd: Forward, index: int, rows: slice = slice(None)) -> torch.Tensor:
     """(r, t) rows ``rows`` (all: (t, t)) of layer ``index``'s C^ℓ, a chunk of rows at a time."""
-    f = value_vectors(layer.self_attn, fwd.traces[index].self_attn)  # (h, s, E)
-    per_key = f.transpose(0, 1).contiguous()  # (s, h, E)
-    s, E = f.shape[1], f.shape[2]
+    per_key = value_layout(layer, fwd.traces[index].self_attn)  # (s, h, E)
+    s, E = per_key.shape[0], per_key.shape[2]
     first, stop, _ = rows.indices(fwd.hidden_states[index].shape[1])
     step = max(1, CHUNK // (s * E))
     return torch.cat([matrix(*layer_terms(layer, fwd, index, slice(i, min(i + step, stop)),
