@@ -68,6 +68,14 @@ def test_a_head_and_a_token_show_explains_numbers(watched, served, model):
         assert tip.startswith(f"{amap.units.labels[i]} → {amap.units.labels[j]}: "), tip
         assert_shown(tip.split(": ")[1].split()[0], float(amap.weights[i, j]), f"map[{i}, {j}]")
 
+    # the heat map by keyboard: focus it, the arrows move a cursor from the selected row
+    page.focus("#heat")
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    tip = page.locator("#tip").text_content()
+    assert tip.startswith(f"{amap.units.labels[5]} → {amap.units.labels[2]}: "), tip
+    assert_shown(tip.split(": ")[1], float(amap.weights[5, 2]), "map[5, 2] by keyboard")
+
     # the selection is in the URL, and the URL reopens it
     assert all(f"{k}={v}" in page.url for k, v in (("layer", 3), ("head", 1), ("token", 5)))
     page.goto(page.url)

@@ -410,18 +410,36 @@
     }
   }
   const heat = $("heat"), tip = $("tip");
-  heat.addEventListener("mousemove", (ev) => {
-    const M = D.map; if (!M) return;
-    const c = cellSize(M), rect = heat.getBoundingClientRect();
-    const j = Math.floor((ev.clientX - rect.left) / c), i = Math.floor((ev.clientY - rect.top) / cellHeight(M));
+  // The exact weight of cell (i, j), as text next to it (mouse or keyboard).
+  function showCell(M, i, j) {
     if (i < 0 || j < 0 || i >= M.n || j >= M.m) { tip.hidden = true; return; }
+    D.cursor = { i, j };
     tip.hidden = false;
     tip.textContent = `${M.rows[i]} → ${M.cols[j]}: ${fmt(M.get(i, j))}` +
       (M.gold && i < M.gold.length && M.gold[i].includes(j) ? " ✓ gold" : "");
     tip.dataset.row = i; tip.dataset.col = j;
-    tip.style.left = (ev.clientX - rect.left + 14) + "px"; tip.style.top = (ev.clientY - rect.top + 10) + "px";
+    tip.style.left = ((j + 1) * cellSize(M) + 8) + "px"; tip.style.top = ((i + 1) * cellHeight(M) + 4) + "px";
+  }
+  heat.addEventListener("mousemove", (ev) => {
+    const M = D.map; if (!M) return;
+    const rect = heat.getBoundingClientRect();
+    showCell(M, Math.floor((ev.clientY - rect.top) / cellHeight(M)), Math.floor((ev.clientX - rect.left) / cellSize(M)));
   });
   heat.addEventListener("mouseleave", () => { tip.hidden = true; });
+  heat.addEventListener("blur", () => { tip.hidden = true; });
+  heat.addEventListener("focus", () => { D.cursor = null; }); // the keys start at the selected row
+  heat.addEventListener("keydown", (ev) => {
+    const M = D.map; if (!M) return;
+    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    const at = D.cursor && D.cursor.i < M.n && D.cursor.j < M.m ? D.cursor : { i: Math.max(0, S.token - (M.first || 0)), j: -1 };
+    if (moves[ev.key]) {
+      ev.preventDefault();
+      const [di, dj] = moves[ev.key];
+      showCell(M, Math.min(M.n - 1, Math.max(0, at.i + di)), Math.min(M.m - 1, Math.max(0, at.j + dj)));
+    } else if (ev.key === "Enter" && D.cursor) {
+      selectToken(D.cursor.i + (M.first || 0));
+    }
+  });
   heat.addEventListener("click", (ev) => {
     const M = D.map; if (!M) return;
     const i = Math.floor((ev.clientY - heat.getBoundingClientRect().top) / cellHeight(M));
