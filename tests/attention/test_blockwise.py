@@ -293,3 +293,23 @@ def test_a_trace_of_some_rows_equals_those_rows_of_the_full_trace(kwargs):
         assert_agree(got, want, getattr(low, field), where=finite, what=field)
     with pytest.raises(ValueError, match=r"rows must be query positions in \[-25, 25\), got \[25\]"):
         qkv.attention_trace(q, k, v, enable_gqa=True, rows=[25])
+
+
+@pytest.mark.parametrize("name", ["causal_br", "document", "window"])
+def test_rows_cut_into_one_block_pieces_give_the_same_answer(name, monkeypatch):
+    """Long rows are cut into pieces (PIECE_BYTES) merged by the online softmax: one block per
+    piece must give the reference answer too, forward and backward."""
+    import qkv.attention.blockwise as blockwise
+    monkeypatch.setattr(blockwise, "PIECE_BYTES", 1)
+    q, k, v = qkv_tensors(1, 4, 2, 150, 200, 16)
+    bm = qkv.create_block_mask(MODS[name](150, 200), None, None, 150, 200, block_size=16)
+    check(q, k, v, bm, groups=2, what=f"{name}, one-block pieces")
+    x = [a.double().requires_grad_() for a in (q, k, v)]
+    out, _ = blockwise_attention(*x, bm, scale=0.3, enable_gqa=True)
+    ref = qkv.scaled_dot_product_attention(*x, block_mask=bm, backend="reference", scale=0.3,
+                                           enable_gqa=True)
+    dout = torch.randn_like(out)
+    got_g = torch.autograd.grad(out, x, dout)
+    ref_g = torch.autograd.grad(ref, x, dout)
+    for a, b in zip(got_g, ref_g):
+        assert torch.allclose(a, b, atol=1e-12)  # float64: both exact to rounding

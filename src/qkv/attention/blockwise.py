@@ -150,10 +150,12 @@ class _RunMasks:
         return torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill_(~m, _NEG_INF)
 
 
-# The scores of one piece, (B·h_kv, g·bq, L) floats, should stay in the core's cache across the
-# passes over them (mask+matmul, max, exp, matmul): 256 KiB (measured in
-# benchmarks/long.py at N = 8k: a window ~1.3× faster than as one 64 MiB piece, 1 MiB between).
-PIECE_BYTES = 1 << 18
+# The scores of one piece, (B·h_kv, g·bq, L) floats, are swept five times (mask + matmul, max,
+# exp, sum, matmul); cutting long rows into pieces keeps them near the cache, but each piece
+# costs Python calls and a smaller matmul. Measured (benchmarks/long.py's shapes, N = 8k, one
+# thread, 4 paired rounds): 2 MiB pieces (8 blocks of 128 keys for 4 heads) beat 256 KiB ones by
+# ~5-15 % on causal and document masks and tie on a window; longer rows than that gain nothing.
+PIECE_BYTES = 1 << 21
 
 
 def _max_blocks(bm: BlockMask, lay: _Layout) -> int:
