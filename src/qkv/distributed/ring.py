@@ -26,15 +26,15 @@ Example (every rank, inside a process group)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from qkv.attention.blockwise import backward_chunk, forward_chunk
 from qkv.distributed.checks import Agreed, agree
 from qkv.distributed.chunk import chunk_backward, chunk_forward
 from qkv.distributed.merge import merge_dtype, merge_into
-from qkv.attention.blockwise import backward_chunk, forward_chunk
 from qkv.distributed.plan import CAUSAL, EMPTY, PARTIAL, GlobalMask, mask_mod_of
 
 # message tags: one per role, so K, V and the gradient accumulators never match each other
@@ -48,7 +48,6 @@ class _Ring:
     agreed: Agreed
     mask: GlobalMask
     groups: int  # GQA: query heads per key/value head
-    messages: list = field(default_factory=list)  # (step, bytes) of each exchange this rank posted
 
     @property
     def next(self) -> int:
@@ -80,7 +79,6 @@ class _Ring:
                for t, tag in zip(sends, tags)]
         ops += [dist.P2POp(dist.irecv, t, group=group, tag=tag, group_peer=self.prev)
                 for t, tag in zip(recvs, tags)]
-        self.messages.append(sum(t.numel() * t.element_size() for t in sends))
         return dist.batch_isend_irecv(ops)
 
     def pairs(self, step: int):
