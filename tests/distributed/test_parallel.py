@@ -1,5 +1,7 @@
-"""A whole model sequence-parallel: a tiny GPT-2 and a tiny Llama (GQA, RoPE at global positions)
-give the same logits on 1 and on P processes, and one training step the same gradients.
+"""A whole model sequence-parallel: a tiny GPT-2, a tiny Llama (GQA, RoPE at global positions) and
+a tiny Mistral (its sliding window through the blockwise chunks) give the same logits on 1 and on
+P processes, and one training step the same gradients; what sequence parallelism cannot do is
+refused before anything is sent.
 
 Models run in float64; the bound is ``agree_bound`` (tests/tolerance.py): the float32 model's
 distance from the float64 one, scaled by eps64/eps32, × 4. The single-process float64 run is
@@ -30,7 +32,11 @@ def _models():
     llama = LlamaModel(LlamaConfig(vocab_size=61, hidden_size=24, intermediate_size=40,
                                    num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
                                    max_position_embeddings=64))
-    return {"gpt2": gpt2, "llama": llama}
+    torch.manual_seed(0)
+    mistral = LlamaModel(LlamaConfig(vocab_size=61, hidden_size=24, intermediate_size=40,
+                                     num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                                     max_position_embeddings=64, sliding_window=6))
+    return {"gpt2": gpt2, "llama": llama, "mistral": mistral}
 
 
 def _logits(name, model, ids, positions):
@@ -90,7 +96,8 @@ def _worker(rank, world, runs):
 
 
 @pytest.mark.parametrize("world, runs", [
-    (2, [("gpt2", "ring", "zigzag"), ("gpt2", "ulysses", "contiguous"), ("llama", "ring", "zigzag")]),
+    (2, [("gpt2", "ring", "zigzag"), ("gpt2", "ulysses", "contiguous"), ("llama", "ring", "zigzag"),
+         ("mistral", "ring", "zigzag")]),
     (3, [("gpt2", "ring", "contiguous"), ("llama", "ring", "zigzag"), ("llama", "ulysses", "zigzag")]),
 ])
 def test_model_same_logits_and_gradients_on_p_processes(world, runs):
@@ -98,3 +105,26 @@ def test_model_same_logits_and_gradients_on_p_processes(world, runs):
     bad = [(rank, *row) for rank, rows in enumerate(reports) for row in rows if not row[4] <= row[5]]
     assert not bad, "\n".join(f"rank {r}: {m} {meth} {lay} {what}: {err:.3g} > {tol:.3g}"
                               for r, m, meth, lay, what, err, tol in bad)
+
+
+def test_what_a_shard_cannot_do_is_refused_before_any_communication():
+    """No process group is needed: these are refused before the ranks are contacted."""
+    from qkv.attention.masks import AttentionMask
+    from qkv.distributed import SequenceParallel
+    from qkv.modules import MultiHeadAttention
+
+    sp = SequenceParallel()
+    q = torch.randn(1, 2, 4, 8)  # (b, h, t_r, d)
+    for mask, extra in ((AttentionMask(key_padding=torch.ones(1, 4, dtype=torch.bool)), {}),
+                        (AttentionMask(dense=torch.ones(4, 4, dtype=torch.bool)), {}),
+                        (AttentionMask(causal=True), {"bias": torch.zeros(2, 4, 4)}),
+                        (AttentionMask(causal=True), {"dropout_p": 0.1})):
+        with pytest.raises(ValueError, match="not supported"):
+            sp.attend(q, q, q, mask, **extra)
+    mha = sp.apply(MultiHeadAttention(16, 2))
+    with pytest.raises(ValueError, match="need_weights"):
+        mha(torch.randn(1, 4, 16), need_weights=True)
+    with pytest.raises(ValueError, match="layout"):
+        SequenceParallel(layout="striped")
+    with pytest.raises(ValueError, match="method"):
+        SequenceParallel(method="tree")
