@@ -43,7 +43,7 @@ def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
         return (x[t:].expand_as(x).contiguous(), *args[1:])
 
     def zero_values(module, args, output):
-        return output * keep.to(output.dtype)  # (t + 1, t, h_kv·d)
+        output.mul_(keep.to(output.dtype))  # (t + 1, t, h_kv·d), in place: no graph is kept
 
     def keep_output(i):
         def hook(module, args, output):
