@@ -275,3 +275,18 @@ def test_logits_to_keep(variant):
         full, truth = model(ids).logits, twin(model, torch.float64)(ids).logits
     assert kept.shape == (2, 1, 300)
     assert_within(kept, truth[:, -1:], full[:, -1:], what="last logits")
+
+
+def test_sharded_checkpoint_loads_the_same_model(tiny_dir, tmp_path):
+    """save_pretrained with a small max_shard_size writes model-0000k-of-0000n.safetensors and
+    model.safetensors.index.json: the same weights, the same logits (bit for bit)."""
+    hf = transformers.LlamaForCausalLM.from_pretrained(tiny_dir)
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    import shutil
+
+    shutil.copy(os.path.join(tiny_dir, "tokenizer.json"), tmp_path)
+    assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]) > 1
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        assert torch.equal(load(tmp_path)(ids).logits, load(tiny_dir)(ids).logits)
