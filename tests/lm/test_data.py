@@ -14,7 +14,7 @@ from qkv.lm.data import (
 
 def test_predictable_words_continue_an_earlier_occurrence():
     rng = random.Random(0)
-    cfg = DataConfig(seq_len=200)
+    cfg = DataConfig(seq_len=200, copy_prob=0.1)
     for _ in range(20):
         ids, pred = sample_sequence(rng, cfg)
         assert len(ids) == len(pred) == 200
@@ -22,6 +22,8 @@ def test_predictable_words_continue_an_earlier_occurrence():
             if p:  # some earlier j has ids[j - 1] == ids[i - 1] and ids[j] == ids[i]
                 assert any(ids[j - 1] == ids[i - 1] and ids[j] == ids[i] for j in range(1, i)), i
     assert 0.2 < sum(pred) / len(pred) < 0.6  # a real share of the words needs induction
+    ids, pred = sample_sequence(rng, DataConfig(seq_len=200))
+    assert sum(pred) / len(pred) > 0.6  # the shipped model's data: most words are copies
 
 
 def test_batches_are_pure_functions_of_seed_and_step():

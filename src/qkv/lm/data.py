@@ -7,9 +7,8 @@ span of earlier words is copied again::
     <bos> bika doma feta bona gisa  dela ...  fora  doma feta bona gisa dela  bapa ...
                    └──── span ────┘           └─── its copy ──┘
 
-Outside copies, a word is either drawn uniformly (unpredictable: ln 256 ≈ 5.55 nats) or, half of
-the time, given by a fixed rule from the word two back (``RULE``: predictable by a head that reads
-the previous token — the first half of an induction circuit). The first word of a copy is
+Outside copies, a word is drawn uniformly (unpredictable: ln 256 ≈ 5.55 nats) or, optionally
+(``rule_prob``), given by a fixed rule from the word two back. The first word of a copy is
 unpredictable (which earlier span is copied, and when, is random); every later word of a copy is
 predictable *only* by looking back: find the previous occurrence of the current word and copy
 the word after it. That is what an induction head does (Olsson et al., 2022), with a
@@ -50,12 +49,16 @@ RULE = tuple(random.Random("qkv.lm rule").sample(range(len(WORDS)), len(WORDS)))
 class DataConfig:
     """How sequences are drawn (the defaults are the shipped model's data)."""
 
-    seq_len: int = 96  # words after <bos>
-    copy_prob: float = 0.1  # after each random word, the chance that a copied span starts
+    seq_len: int = 64  # words after <bos>
+    # After each random word, the chance that a copied span starts. At 1.0 (the shipped model)
+    # a random word is followed at once by a copy when the sequence has enough words to copy:
+    # most words are copies, and induction is what predicts them.
+    copy_prob: float = 1.0
     # The chance that a new word is RULE[the word two back] instead of a uniform draw. It
-    # rewards attending to the previous token on its own, so a previous-token head forms early
-    # — the first half of an induction circuit (natural text's bigrams do this for real models).
-    rule_prob: float = 0.5
+    # rewards attending to the previous token on its own. Off by default: measured, it made
+    # *every* head of the last layer a previous-token head within 300 steps, and those heads
+    # did not become induction heads (2 and 3 layers, 900–1,700 steps).
+    rule_prob: float = 0.0
     min_span: int = 4  # words per copied span, drawn uniformly from [min_span, max_span]
     max_span: int = 16
 
