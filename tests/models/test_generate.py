@@ -124,6 +124,9 @@ def test_sampling_is_seeded_and_filtered(checkpoint):
     b = generate(model, ids, 10, do_sample=True, seed=3, temperature=1.5)
     c = generate(model, ids, 10, do_sample=True, seed=4, temperature=1.5)
     assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
+    state = torch.get_rng_state()
+    generate(model, ids, 3, do_sample=True)  # unseeded: its own generator, not the global one
+    assert torch.equal(torch.get_rng_state(), state)
     greedy = generate(model, ids, 10)
     assert generate(model, ids, 10, do_sample=True, top_k=1, seed=0).tolist() == greedy.tolist()
     assert generate(model, ids, 10, do_sample=True, top_p=1e-6, seed=0).tolist() == greedy.tolist()

@@ -69,7 +69,10 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool =
     generator = None
     if do_sample:
         generator = torch.Generator(device=ids.device)
-        generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+        if seed is None:
+            generator.seed()  # a non-deterministic seed for this generator only
+        else:
+            generator.manual_seed(seed)
     eos_t = torch.tensor(eos, dtype=ids.dtype, device=ids.device)
     done = torch.zeros(b, dtype=torch.bool, device=ids.device)
     caches = model.new_kv_caches(b, total) if use_cache else None
