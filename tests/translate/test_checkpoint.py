@@ -145,9 +145,9 @@ def test_bad_config_json(saved):
 def test_weights_that_do_not_fit_the_config(saved):
     directory, _ = saved
     meta = _config(directory)
-    meta["model"]["ff_dim"] = 64
+    meta["model"]["ff_dim"] = 16
     (directory / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(QkvError, match=r"fc1.* has shape \(32,?.*\), the config needs \(64,?.*\)"):
+    with pytest.raises(QkvError, match=r"fc1.* has shape \(32,?.*\), the config needs \(16,?.*\)"):
         load_checkpoint(directory)
 
 
@@ -176,3 +176,19 @@ def test_the_default_name_means_the_shipped_model(saved):
     assert resolve_model_dir(directory) == directory
     assert is_translation_model(directory)
     assert is_translation_model(DEFAULT_MODEL_NAME)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("d_model", 10**9, "d_model=1000000000 but no tensor of the weights has a dimension that large"),
+    ("encoder_layers", 10**9, "encoder_layers=1000000000 but the weights hold only"),
+    ("max_len", 10**9, "max_len=1000000000 is more positions"),
+])
+def test_huge_config_sizes_fail_before_anything_is_allocated(saved, key, value, message):
+    # Reproduces issue 9 item 6 for translation checkpoints: a config asking for 10⁹ of anything
+    # allocated (or looped) before the weights were compared with it.
+    directory, _ = saved
+    meta = _config(directory)
+    meta["model"][key] = value
+    (directory / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(QkvError, match=message):
+        load_checkpoint(directory)

@@ -79,8 +79,28 @@ def model_tensors(model: TranslationModel) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Copy ``tensors`` into ``model``; QkvError naming missing, unexpected or mis-shaped tensors."""
+def _check_sizes(config: TranslationConfig, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Sizes in config.json that no tensor of the checkpoint could hold are refused before the
+    model is built (``"d_model": 1000000000`` would otherwise ask for terabytes first)."""
+    largest = max((max(t.shape, default=1) for t in tensors.values()), default=1)
+    for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "ff_dim"):
+        if getattr(config, name) > largest:
+            raise QkvError(f"{where}: {name}={getattr(config, name)} but no tensor of the weights "
+                           f"has a dimension that large (largest {largest})")
+    for name in ("encoder_layers", "decoder_layers"):
+        if getattr(config, name) > len(tensors):
+            raise QkvError(f"{where}: {name}={getattr(config, name)} but the weights hold only "
+                           f"{len(tensors)} tensors")
+    if config.max_len > 1 << 16:
+        raise QkvError(f"{where}: max_len={config.max_len} is more positions than qkv's "
+                       f"translation models take (65536)")
+
+
+def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor], source: str,
+                       *, check_only: bool = False) -> None:
+    """Copy ``tensors`` into ``model``; QkvError naming missing, unexpected or mis-shaped tensors.
+
+    ``check_only``: compare names and shapes only (``model`` may be on the meta device)."""
     tensors = upgrade_state_dict(tensors)  # format-1 checkpoints: layers before the stack
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
@@ -93,7 +113,8 @@ def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor]
         if t.shape != expected[name].shape:
             raise QkvError(f"{source}: tensor {name} has shape {tuple(t.shape)}, the config "
                            f"needs {tuple(expected[name].shape)}")
-    model.load_state_dict(tensors, strict=False)
+    if not check_only:
+        model.load_state_dict(tensors, strict=False)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -156,9 +177,12 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
     if (vocab.src_size, vocab.tgt_size) != (config.src_vocab_size, config.tgt_vocab_size):
         raise QkvError(f"{directory}: tokenizers have {vocab.src_size}/{vocab.tgt_size} words but "
                        f"the config says {config.src_vocab_size}/{config.tgt_vocab_size}")
+    tensors = load_tensors(directory, meta, meta["weights"]["file"], "weights")
+    _check_sizes(config, tensors, f"{directory}/config.json")
+    with torch.device("meta"):  # the shapes the config implies, nothing allocated
+        load_model_tensors(TranslationModel(config), tensors, str(directory), check_only=True)
     net = TranslationModel(config)
-    load_model_tensors(net, load_tensors(directory, meta, meta["weights"]["file"], "weights"),
-                       str(directory))
+    load_model_tensors(net, tensors, str(directory))
     net.eval()
     opt = None
     if with_optimizer:
