@@ -158,11 +158,11 @@ def _refuse_non_finite(model, text: str, result: dict) -> None:
     """QkvError naming the first layer and head where the model computed NaN/inf, when the
     result to be shown holds one (a broken model; the numbers would mean nothing)."""
     from qkv.cli.output import first_non_finite
-    from qkv.explain.finite import check_model
+    from qkv.explain.forward import trace
 
     where = first_non_finite(result)
     if where is not None:
-        check_model(model, text)  # raises NonFiniteError at the first layer and head
+        trace(model, text, slice(None))  # traces every row; raises NonFiniteError at the first layer and head
         raise QkvError(f"the result holds a non-finite number at {where}: the model's weights "
                        f"or input give NaN or infinity, so there is nothing true to show")
 

@@ -82,14 +82,6 @@ def _input_message(model: str, part: str, previous: int | None, t: torch.Tensor,
             f"infinity, so there is nothing true to explain")
 
 
-def check_model(model, text: str) -> None:
-    """Run ``model`` on ``text`` tracing every row and raise :class:`NonFiniteError` at the first
-    non-finite number (for a result that turned out to hold NaN: says where it came from)."""
-    from qkv.explain.forward import trace  # forward checks its own traces with check_layers
-
-    trace(model, text, slice(None))
-
-
 def check_parameters(model, *, name: str = "the model") -> None:
     """:class:`NonFiniteError` naming the first parameter of ``model`` that holds NaN/inf.
 
