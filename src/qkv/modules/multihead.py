@@ -213,7 +213,9 @@ class MultiHeadAttention(nn.Module):
         v = self._split(self.v_proj(value), self.num_kv_heads)  # (b, h_kv, s_new, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
+        if hasattr(self.rotary, "pair"):  # RotaryEmbedding: one set of angles for q and k
+            q, k = self.rotary.pair(q, k, offset=offset, positions=positions)
+        elif self.rotary is not None:
             q = self.rotary(q, offset=offset, positions=positions)
             k = self.rotary(k, offset=offset, positions=positions)
         # 2) extend with the cached past

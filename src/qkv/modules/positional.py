@@ -164,22 +164,42 @@ class RotaryEmbedding(nn.Module):
         base = self.base * ((s.factor * seq / s.max_positions) - (s.factor - 1)) ** (d / (d - 2))
         return rope_frequencies(d, base, device=self.inv_freq.device)
 
-    def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (b, h, t, d) at positions offset … offset + t − 1, or at ``positions`` (b, t) (left
-        padding: each row's own positions) → rotated x, same shape."""
-        t = x.shape[-2]
+    def cos_sin(self, t: int, *, offset: int = 0, positions: torch.Tensor | None = None,
+                device=None, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every token's angles, (t, d) or (b, 1, t, d) with ``positions``,
+        computed in float32 and rounded to ``dtype``."""
         if positions is None:
-            pos = torch.arange(offset, offset + t, device=x.device)  # (t,)
+            pos = torch.arange(offset, offset + t, device=device)  # (t,)
         else:
             if positions.shape[-1] != t:
                 raise ValueError(f"positions {tuple(positions.shape)} must end in the {t} tokens of x")
             pos = positions[:, None, :] if positions.ndim == 2 else positions  # (b, 1, t)
-        length = int(pos.max()) + 1 if pos.numel() else 0
-        angles = pos.float()[..., None] * self.frequencies(length).to(x.device)  # (…, t, d/2)
+        dynamic = self.scaling is not None and self.scaling.kind == "dynamic"
+        # only dynamic NTK depends on how far the call reaches (a sync: read the largest position)
+        length = (int(pos.max()) + 1 if pos.numel() else 0) if dynamic else 0
+        angles = pos.float()[..., None] * self.frequencies(length).to(device)  # (…, t, d/2)
         emb = torch.cat([angles, angles], dim=-1)  # (…, t, d)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x · cos + rotate_half(x) · sin, feature i paired with feature i + d/2."""
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (b, h, t, d) at positions offset … offset + t − 1, or at ``positions`` (b, t) (left
+        padding: each row's own positions) → rotated x, same shape."""
+        cos, sin = self.cos_sin(x.shape[-2], offset=offset, positions=positions, device=x.device,
+                                dtype=x.dtype)
+        return self.rotate(x, cos, sin)
+
+    def pair(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0,
+             positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys of the same tokens rotated with one computation of the angles."""
+        cos, sin = self.cos_sin(q.shape[-2], offset=offset, positions=positions, device=q.device,
+                                dtype=q.dtype)
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
 
 class ALiBi(nn.Module):
