@@ -42,6 +42,8 @@ def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
         x = args[0]  # (t + 1, t, E)
         return (x[t:].expand_as(x).contiguous(), *args[1:])
 
+    first = model.layers[0]  # its copies are the embeddings of one text: equal already
+
     def zero_values(module, args, output):
         output.mul_(keep.to(output.dtype))  # (t + 1, t, h_kv·d), in place: no graph is kept
 
@@ -52,8 +54,9 @@ def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
 
     handles = []
     for i, layer in enumerate(model.layers):
-        handles += [layer.register_forward_pre_hook(plain_input),
-                    layer.self_attn.v_proj.register_forward_hook(zero_values),
+        if layer is not first:
+            handles.append(layer.register_forward_pre_hook(plain_input))
+        handles += [layer.self_attn.v_proj.register_forward_hook(zero_values),
                     layer.register_forward_hook(keep_output(i))]
     batch = ids.expand(t + 1, -1)  # (t + 1, t)
     try:
