@@ -232,9 +232,10 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
     return "fused"
 
 
-# Measured in benchmarks/long.py (fp32, 2 cores): the blockwise pass costs about as much per
-# *visited* score as the fused kernel per score of the whole (t × s) matrix, plus per-block
-# overhead; it wins when the band it visits is at most half the row and the rows are long.
+# Measured in benchmarks/long.py (fp32, one thread, window 512 at N = 16k): the fused kernel
+# with the materialised mask runs 19.8 GFLOP/s over the whole (t × s) matrix, blockwise ~21 over
+# the scores it visits — about the same cost per score, plus per-block overhead — so it wins
+# when the band it visits is at most half of each row, on rows long enough (5× at N = 4k).
 BLOCKWISE_MIN_KEYS = 1024
 BLOCKWISE_MAX_FRACTION = 0.5
 # Packed documents of 2,048 tokens: blockwise 2× (N = 4k) to 3.6× (N = 16k) faster than the
