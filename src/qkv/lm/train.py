@@ -37,7 +37,9 @@ from qkv.training.checkpoint import (
     get_field, load_optimizer_tensors, load_tensors, optimizer_tensors, prepare_out_dir,
     read_listed, read_manifest, save_tensors_writer, write_checkpoint,
 )
-from qkv.training.config import changed_options, check_float, check_int, config_from_dict
+from qkv.training.config import (
+    changed_options, check_float, check_int, check_threads, config_from_dict,
+)
 from qkv.training.loop import TrainState
 
 FORMAT_VERSION = 1
@@ -313,8 +315,6 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, progress
         QkvError: a bad ``out``, a configuration that differs from the resumed run's.
         qkv.training.loop.NonFiniteLoss: the loss became NaN or infinite (nothing saved).
     """
-    from qkv.translate.train import check_threads
-
     out = prepare_out_dir(out, resume=resume, force=force, kinds=KINDS)
     exact = True
     if resume:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import MISSING, fields
 from typing import get_type_hints
 
@@ -68,3 +69,22 @@ def changed_options(old, new, allowed: frozenset[str]) -> list[str]:
     """``name=old (now new)`` for every field of two configs that differs and may not change."""
     return [f"{f.name}={getattr(old, f.name)!r} (now {getattr(new, f.name)!r})" for f in fields(old)
             if f.name not in allowed and getattr(old, f.name) != getattr(new, f.name)]
+
+
+def check_threads(meta: dict, out: object, *, allow_inexact: bool) -> bool:
+    """Is the resumed run still exact? A different torch thread count changes how sums are split,
+    so the parameters would no longer be those of an uninterrupted run: refused unless
+    ``allow_inexact`` (``--force``), which says so on stderr and records ``"exact": false``."""
+    import torch
+
+    saved, now = meta.get("threads"), torch.get_num_threads()
+    if saved is None or saved == now:
+        return bool(meta.get("exact", True))
+    if not allow_inexact:
+        raise QkvError(f"--resume: {out} was trained with --threads {saved}, this run has {now}: "
+                       f"the result would differ from an uninterrupted run; pass --threads "
+                       f"{saved}, or --force to continue anyway (recorded as inexact)")
+    print(f"qkv: warning: resuming {out} with --threads {now} instead of {saved}: the run is no "
+          f"longer a pure function of its options (recorded in config.json as \"exact\": false)",
+          file=sys.stderr)
+    return False

@@ -16,7 +16,6 @@ step k therefore gives the same parameters as never having stopped.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +28,9 @@ from qkv.errors import QkvError
 from qkv.models.translation import TranslationConfig, TranslationModel
 from qkv.training import loop
 from qkv.training.checkpoint import prepare_out_dir
-from qkv.training.config import changed_options, check_float, check_int, config_from_dict
+from qkv.training.config import (
+    changed_options, check_float, check_int, check_threads, config_from_dict,
+)
 from qkv.training.loop import TrainState
 from qkv.translate.checkpoint import (
     KINDS, load_checkpoint, load_optimizer_tensors, read_meta, save_checkpoint,
@@ -185,23 +186,6 @@ def _check_resume(saved: dict, cfg: TrainConfig, out: Path) -> None:
     diffs = changed_options(old, cfg, TrainConfig.RESUMABLE_CHANGES)
     if diffs:
         raise QkvError(f"--resume: {out} was trained with a different configuration: {', '.join(diffs)}")
-
-
-def check_threads(meta: dict, out: Path, *, allow_inexact: bool) -> bool:
-    """Is the resumed run still exact? A different torch thread count changes how sums are split,
-    so the parameters would no longer be those of an uninterrupted run: refused unless
-    ``allow_inexact`` (``--force``), which says so on stderr and records ``"exact": false``."""
-    saved, now = meta.get("threads"), torch.get_num_threads()
-    if saved is None or saved == now:
-        return bool(meta.get("exact", True))
-    if not allow_inexact:
-        raise QkvError(f"--resume: {out} was trained with --threads {saved}, this run has {now}: "
-                       f"the result would differ from an uninterrupted run; pass --threads "
-                       f"{saved}, or --force to continue anyway (recorded as inexact)")
-    print(f"qkv: warning: resuming {out} with --threads {now} instead of {saved}: the run is no "
-          f"longer a pure function of its options (recorded in config.json as \"exact\": false)",
-          file=sys.stderr)
-    return False
 
 
 def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
