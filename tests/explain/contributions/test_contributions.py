@@ -23,7 +23,7 @@ def test_registry_names_and_kinds():
 
 def test_unknown_method_lists_the_known_ones():
     with pytest.raises(ArgumentError, match=r"unknown method 'attention'; known methods: weight, "
-                                            r"norm, rollout, alti, value-zeroing, grad"):
+                                            r"norm, rollout, flow, alti, value-zeroing, grad"):
         get_method("attention")
 
 

@@ -5,6 +5,7 @@ One method per file, each a documented formula (notation in :mod:`.base`):
 * ``weight``  (:mod:`.weight`) — A^{ℓ,h}_ij itself, per head
 * ``norm``    (:mod:`.norm`, Kobayashi et al. 2020) — ‖A_ij f^h(h_j)‖ per head (and per layer)
 * ``rollout`` (:mod:`.rollout`, Abnar & Zuidema 2020) — (½Ā + ½I) multiplied through the layers
+* ``flow``    (:mod:`.flow`, the same paper) — max-flow through those capacities (≤ 24 tokens)
 * ``alti``    (:mod:`.alti`, Ferrando et al. 2022) — residual and norm included, rolled out
 * ``value-zeroing`` (:mod:`.value_zeroing`, Mohebbi et al. 2023) — re-run with v_j = 0
 * ``grad``    (:mod:`.grad`, Chefer et al. 2021) — (A ⊙ ∂y/∂A)⁺, rolled out
@@ -31,14 +32,15 @@ from dataclasses import dataclass
 import torch
 
 from qkv.explain import forward
-from qkv.explain.contributions import alti, base, grad, norm, rollout, value_zeroing, weight
+from qkv.explain.contributions import alti, base, flow, grad, norm, rollout, value_zeroing, weight
 from qkv.explain.contributions.base import Method, Scores, parked, shares
 from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError, Message
 
 #: name → method, in the order the CLI lists them.
 METHODS: dict[str, Method] = {m.name: m for m in (
-    weight.METHOD, norm.METHOD, rollout.METHOD, alti.METHOD, value_zeroing.METHOD, grad.METHOD)}
+    weight.METHOD, norm.METHOD, rollout.METHOD, flow.METHOD, alti.METHOD, value_zeroing.METHOD,
+    grad.METHOD)}
 
 
 def get_method(name: str) -> Method:

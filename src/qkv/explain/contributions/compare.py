@@ -8,8 +8,8 @@ One row per method, read off its scores for the chosen token:
   layer (R^L), or after ``layer``.
 
 Rows are over units (words with ``words=True``: into a word summed, from a word averaged).
-``grad`` runs only where it has a target (a decoder, or ``target_text`` on an encoder); otherwise
-it is left out with a note saying why.
+``grad`` runs only where it has a target (a decoder, or ``target_text`` on an encoder), ``flow``
+only on short texts; otherwise they are left out with a note saying why.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
         >>> import qkv
         >>> c = compare(qkv.load("minilm"), "the cat sat on the mat", token="sat", top=1)
         >>> list(c.rows), str(c.skipped["grad"]).split(":")[0]
-        (['weight', 'norm', 'rollout', 'alti', 'value-zeroing'], "method 'grad' does not apply to all-MiniLM-L6-v2 without a target")
+        (['weight', 'norm', 'rollout', 'flow', 'alti', 'value-zeroing'], "method 'grad' does not apply to all-MiniLM-L6-v2 without a target")
     """
     forward.check_top(top)
     forward.check_layer_head(model, layer, None)
@@ -96,12 +96,13 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
     rows_t = torch.tensor(units.groups[choice.unit])
     rows, best, skipped = {}, {}, {}
     for name in METHODS:
-        try:
+        try:  # a method that does not apply (grad without a target, flow on a long text)
             check_method(model, name, target_text if name == "grad" else None)
+            s = scores(model, ids, rows_t, method=name,
+                       target_text=target_text if name == "grad" else None)
         except ArgumentError as e:
             skipped[name] = e.message
             continue
-        s = scores(model, ids, rows_t, method=name, target_text=target_text if name == "grad" else None)
         row = group_columns(_row(s, layer), units)  # (U,)
         rows[name] = row
         values, index = row.topk(min(top, len(row)))

@@ -12,8 +12,7 @@ Row i of R^ℓ says how much of token i after layer ℓ comes from each input to
 Memory: every layer's full (t × t) matrix (the row of R^ℓ needs all of R^{ℓ−1}), so the
 forward traces every row: O(L · h · t²) numbers, not the O(L · h · t) of the per-head methods.
 
-``flow`` (the paper's max-flow variant) is not built: it needs one max-flow problem per
-(layer, key) on a graph of (L + 1) · t nodes, which does not finish in seconds for a paragraph.
+``flow`` (:mod:`.flow`) is the paper's max-flow variant over the same capacities.
 """
 
 from __future__ import annotations
