@@ -51,3 +51,18 @@ def test_the_shipped_run_records_when_induction_appeared():
     assert appeared is not None and 0 < appeared < record["step"]
     meta = json.loads(open(os.path.join(lm_dir(), "config.json")).read())
     assert meta["model_type"] == "llama" and meta["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_transformers_reads_the_shipped_directory_as_a_llama(lm):
+    # The checkpoint is a Hugging Face Llama directory: transformers loads it (through the
+    # safetensors index) and computes the same logits. Reference: qkv in float64; qkv's float32
+    # error may be at most twice transformers' float32 error (+2 ulp).
+    import torch
+    from tolerance import assert_within
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(lm_dir(), attn_implementation="eager").eval()
+    ref = qkv.load("lm", dtype=torch.float64)
+    ids = torch.tensor([lm.tokenizer.encode("baka bela dima fona gisa baka bela dima fona gisa").ids])
+    with torch.no_grad():
+        assert_within(lm(ids).logits.double(), ref(ids).logits, hf(ids).logits.double(), what="logits")
