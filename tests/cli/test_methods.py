@@ -82,6 +82,9 @@ def test_heads_by_method(capsys):
     (["heads", "--probe", "coref", "--method", "grad"],
      "qkv: error: --method 'grad' does not apply to all-MiniLM-L6-v2 without a target: an encoder has no "
      "next token to score; give --target TEXT (the similarity of the two sentence embeddings is differentiated)"),
+    (["explain", "the cat sleeps", "--model", "translate", "--method", "norm"],
+     "qkv: error: --method, --compare and --target explain self-attention models; a translation model's "
+     "cross-attention is shown per French token (--token, --layer, --head)"),
     (["heads", "--probe", "coref", "--method", "bogus"],
      "qkv: error: unknown --method 'bogus'; known methods: weight, norm, rollout, flow, alti, value-zeroing, grad"),
 ])

@@ -280,10 +280,13 @@ def _explain_translation(args) -> int:
     from qkv.explain.render import console
     from qkv.explain.render_cross import render_cross_overview, render_cross_steps
 
-    if args.to is not None or args.no_projection or args.method or args.compare or args.target_text:
-        raise QkvError("--to, --no-projection, --method, --compare and --target are for "
-                       "self-attention models; a translation "
+    if args.to is not None or args.no_projection:
+        raise QkvError("--to and --no-projection are for self-attention models; a translation "
                        "model's cross-attention is shown per French token (--token, --layer, --head)")
+    if args.method or args.compare or args.target_text:
+        raise QkvError("--method, --compare and --target explain self-attention models; a "
+                       "translation model's cross-attention is shown per French token (--token, "
+                       "--layer, --head)")
     check_top(args.top)
     if args.head is not None and args.layer is None:
         raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
