@@ -19,7 +19,7 @@ plus printing: ``--json`` prints ``to_dict()``.
 * ``no_projection(model, text, *, layer)`` → :class:`NoProjection` (``--no-projection``)
 * ``contributions.contributions(model, text, *, method, token, words, target_text)`` →
   :class:`Contributions`: what each token hands on by ``norm``,
-  ``rollout``, ``alti``, ``value-zeroing`` or ``grad`` (``qkv explain TEXT --method M --json``);
+  ``rollout``, ``flow``, ``alti``, ``value-zeroing`` or ``grad`` (``qkv explain TEXT --method M --json``);
   ``explain``, ``heads`` and ``probe`` take ``method=`` too, and
   :func:`~qkv.explain.contributions.compare.compare` runs them all (``--compare``)
 * ``cross_attention(checkpoint, text, *, token, top, layer)`` → :class:`CrossAttention`
@@ -65,7 +65,7 @@ Where things are:
 * ``find_heads.py`` — :func:`heads` (from one word to another) and :func:`probe` (coreference)
 * ``ablation.py`` — :func:`no_projection`: attention with q = k = v = x
 * ``contributions/`` — one file per method (``weight.py``, ``norm.py``, ``rollout.py``,
-  ``alti.py``, ``value_zeroing.py``, ``grad.py``), the registry ``METHODS`` in its
+  ``flow.py``, ``alti.py``, ``value_zeroing.py``, ``grad.py``), the registry ``METHODS`` in its
   ``__init__``, ``compare.py``; ``render_contributions.py`` prints the comparison
 * ``saturation.py`` — why divide by √d_k, on random vectors (``qkv softmax-demo``)
 * ``cross.py``    — :func:`cross_attention`: the same for a translation model's cross-attention
