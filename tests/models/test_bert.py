@@ -145,8 +145,14 @@ def test_trace_rows_subset(model, batch, ours):
     for full, part in zip(ours.traces, out.traces):
         assert torch.equal(part.self_attn.rows, rows)
         assert part.self_attn.attention.weights.shape[-2] == 2
-        # exact: a traced forward computes every row alike and keeps the asked-for ones
-        assert torch.equal(part.self_attn.attention.weights, full.self_attn.attention.weights[:, :, rows])
+    # a trace of 2 rows runs other matrix shapes than the full trace (and the untraced rows the fast
+    # path): both are fp32 answers, each as close to the fp64 truth as the plain computation is
+    with torch.no_grad():
+        truth = twin(model, torch.float64)(batch.input_ids, batch.attention_mask, trace_rows=rows)
+    for full, part, ref in zip(ours.traces, out.traces, truth.traces):
+        w = ref.self_attn.attention.weights
+        assert_within(part.self_attn.attention.weights.double(), w,
+                      full.self_attn.attention.weights[:, :, rows].double(), factor=4.0, what="weights")
 
 
 def test_padding_and_batching_change_nothing(model, batch, ours, hf_ref):

@@ -227,13 +227,14 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
 
-        # 3) attend: the traced (reference) path when weights or a trace are wanted
-        trace = None
+        # 3) attend: the traced (reference) path for weights; a trace of some rows beside the fast path
+        trace, rows_only = None, False  # rows_only: the trace holds just the rows asked for
         if self.sequence_parallel is not None:  # this rank's shard of one sequence (qkv.distributed)
             heads = self.sequence_parallel.attend(
                 q, k, v, description, bias=bias, dropout_p=dropout_p, enable_gqa=gqa,
                 needs_local=need_weights or trace_rows is not None or kv_cache is not None or key is not query)
-        elif need_weights or trace_rows is not None:
+        elif need_weights or (trace_rows is not None and dropout_p > 0):
+            # every weight wanted (or dropout, whose draw the trace must share): trace all rows
             trace = attention_trace(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
                                     enable_gqa=gqa)
             heads = trace.output  # (b, h, t, d)
@@ -241,6 +242,13 @@ class MultiHeadAttention(nn.Module):
             heads = scaled_dot_product_attention(q, k, v, mask=description, bias=bias,
                                                  dropout_p=dropout_p, enable_gqa=gqa,
                                                  backend=self.backend)
+            if trace_rows is not None:
+                # trace only the rows asked for: O(r·s) numbers, not O(t·s), for a long text; the
+                # traced rows of the output are the trace's own, so an explanation equals the forward
+                rows = _trace_rows(t, trace_rows, query.device)
+                trace = attention_trace(q, k, v, mask=description, bias=bias, enable_gqa=gqa, rows=rows)
+                rows_only = True
+                heads = heads.index_copy(-2, rows, trace.output.to(heads.dtype))  # (b, h, t, d)
         # 4) concatenate the heads and mix them
         out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
@@ -251,11 +259,12 @@ class MultiHeadAttention(nn.Module):
         if trace_rows is None:
             return AttentionOutput(out, weights)
         rows = _trace_rows(t, trace_rows, query.device)
+        traced = trace.detach() if rows_only else trace.detach().select_rows(rows)
         new = key.shape[1]
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
                                 value_input=value if new == s else value.new_empty(0),
-                                attention=trace.detach().select_rows(rows))
+                                attention=traced)
         return AttentionOutput(out, weights, record)
 
     # -- interop -----------------------------------------------------------------------------

@@ -85,8 +85,11 @@ def test_probe_parks_what_compare_parks(model, monkeypatch):
     monkeypatch.setattr(find_heads, "load_probe", lambda name: [item])
     result = find_heads.probe(model, method="norm")
     c = compare(model, TEXT, token="it", words=True, top=1)
-    assert abs(float(result.parked[0]) - c.parked["norm"]) < 1e-9
-    assert abs(float(result.parked_weight[0]) - c.parked["weight"]) < 1e-9
+    # the two trace different rows of an fp32 model (a rows-only trace rounds like its own matmul
+    # shapes): shares of a row of ~14 keys, so a few fp32 ulps each
+    tol = 16 * torch.finfo(torch.float32).eps
+    assert abs(float(result.parked[0]) - c.parked["norm"]) < tol
+    assert abs(float(result.parked_weight[0]) - c.parked["weight"]) < tol
 
 
 def test_probe_by_a_method(model, monkeypatch):
