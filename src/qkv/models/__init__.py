@@ -5,6 +5,7 @@
 * ``gpt_neox.py``  — :class:`GPTNeoXModel` (Pythia: parallel residual, partial rotary)
 * ``llama.py``     — :class:`LlamaModel` (RMSNorm, SwiGLU, RoPE + scaling, GQA); ``mistral.py``,
   ``qwen2.py``, ``qwen3.py`` map their configs onto :class:`LlamaConfig`
+* ``decoder.py``   — :class:`DecoderLM`, the forward, caches and checks GPT-2, GPT-NeoX and Llama share
 * ``generate.py``  — :func:`generate`, the decoding loop of every decoder (greedy, sampling, EOS)
 * ``roberta.py``, ``distilbert.py`` — BERT's encoder with RoBERTa's positions / DistilBERT's names
 * ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids

@@ -173,28 +173,18 @@ def _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask
 
 
 class DecoderGenerationMixin:
-    """``model.generate(...)`` (see :func:`generate`) and the input checks every decoder shares."""
+    """``model.generate(...)`` (see :func:`generate`); :class:`qkv.models.decoder.DecoderLM` is
+    the decoder base that mixes it in."""
 
     causal = True  # a token attends to itself and earlier tokens only (what explanations say)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, **kwargs) -> torch.Tensor:
-        """Continue ``ids`` (b, t) by up to ``max_new_tokens``; see :func:`qkv.models.generate.generate`."""
+        """Continue ``ids`` (b, t), left-padded with ``attention_mask`` when the prompts differ
+        in length: greedy by default, or sampled (``do_sample``, ``temperature``, ``top_k``,
+        ``top_p``, ``seed``); see :func:`qkv.models.generate.generate`, the one loop every
+        decoder shares.
+
+        Returns:
+            (b, t + n) the prompts followed by the generated tokens.
+        """
         return generate(self, ids, max_new_tokens, use_cache=use_cache, **kwargs)
-
-    def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
-            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got {shape}")
-        V = self.config.vocab_size
-        if input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < V:
-            raise QkvError(f"token ids must be in [0, {V}), got "
-                           f"{int(input_ids.min())}..{int(input_ids.max())}")
-        return tuple(input_ids.shape)
-
-    def _check_caches(self, kv_caches) -> int:
-        if kv_caches is None:
-            return 0
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"kv_caches must hold one KVCache per layer ({len(self.layers)}), "
-                             f"got {len(kv_caches)}")
-        return len(kv_caches[0])

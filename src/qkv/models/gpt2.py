@@ -23,11 +23,9 @@ from torch import nn
 
 from qkv.errors import QkvError
 from qkv.models import config as cfg
-from qkv.attention.masks import AttentionMask
+from qkv.models.decoder import DecoderLM
 from qkv.models.family import Family, Shapes, Tensors
-from qkv.models.generate import generate
-from qkv.models.outputs import DecoderOutput
-from qkv.modules import KVCache, LearnedPositionalEmbedding, TransformerLayer, TransformerStack
+from qkv.modules import LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
 GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 
@@ -87,11 +85,14 @@ class GPT2Config:
         )
 
 
-class GPT2Model(nn.Module):
+class GPT2Model(DecoderLM):
     """GPT-2 with its language-model head (tied to the token embedding).
 
     Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
     and values (pre-norm); :class:`qkv.modules.LayerTrace`'s ``self_attn.query_input`` holds it.
+    Forward, caches and generation are :class:`qkv.models.decoder.DecoderLM`'s; GPT-2's own part
+    is :meth:`embed` (learned position vectors). Generation stops at an EOS token only when
+    ``eos_token_id`` is given (GPT-2's config here names none).
 
     Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name`` (for
     messages), given to the constructor (``qkv.models.load`` passes them).
@@ -104,7 +105,7 @@ class GPT2Model(nn.Module):
         torch.Size([1, 7])
     """
 
-    causal = True  # a token attends to itself and earlier tokens only (what explanations say)
+    max_length_field = "n_positions"
 
     def __init__(self, config: GPT2Config, *, tokenizer=None, name: str = "gpt2"):
         super().__init__()
@@ -125,99 +126,20 @@ class GPT2Model(nn.Module):
         self.lm_head.weight = self.wte.weight  # tied: the output head reads the embedding table
 
     @property
-    def layers(self) -> nn.ModuleList:
-        """The decoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
-        return self.decoder.layers
-
-    def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer, for ``max_len`` tokens (prompt included)."""
-        p = self.wte.weight
-        return [KVCache(batch_size, self.config.n_head, self.config.head_dim, max_len,
-                        dtype=p.dtype, device=p.device) for _ in self.layers]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                kv_caches: list[KVCache] | None = None,
-                trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False,
-                logits_to_keep: int | None = None) -> DecoderOutput:
-        """Next-token logits for every position.
-
-        Args:
-            input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
-            attention_mask: (b, past + t), 1/True for real tokens, 0/False for padding (either
-                side). Positions count real tokens only, so padding never changes a real
-                token's result (left-padded prompts decode like unpadded ones).
-            kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`); the new
-                tokens' keys and values are appended and attention is causal, bottom-right.
-            trace_rows: query positions (among the t new tokens) to record in every layer.
-            output_hidden_states: also return what enters each layer.
-            logits_to_keep: compute the logits of the last k positions only, (b, k, V).
-
-        Returns:
-            A :class:`DecoderOutput`.
-        """
-        b, t = self._check_ids(input_ids)
-        past = self._check_caches(kv_caches)
-        if past + t > self.config.n_positions:
-            raise QkvError(f"input is {past + t} tokens; {self.name} takes at most "
-                           f"{self.config.n_positions} (n_positions)")
-        padding = None
-        x = self.wte(input_ids)  # (b, t, E)
-        if attention_mask is None:
-            x = self.wpe(x, offset=past)
-        else:
-            if attention_mask.shape != (b, past + t):
-                raise ValueError(f"attention_mask must be (batch, past + new tokens) = "
-                                 f"{(b, past + t)}, got {tuple(attention_mask.shape)}")
-            real = attention_mask.bool()
-            # each token's position = how many real tokens precede it
-            positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
-            x = x + self.wpe.weight[positions]
-            padding = None if bool(real.all()) else real
-        # causal, bottom-right: with a cache the t new tokens are the last of past + t positions
-        mask = AttentionMask(causal=True, alignment="bottom_right", key_padding=padding)
-        out = self.decoder(x, mask=mask, kv_caches=kv_caches, trace_rows=trace_rows,
-                           output_hidden_states=output_hidden_states)
-        return DecoderOutput(
-            logits=self.lm_head(out.last_hidden_state if logits_to_keep is None
-                                else out.last_hidden_state[:, -logits_to_keep:]),  # (b, t or k, V)
-            hidden_states=out.hidden_states,
-            traces=out.traces,
-        )
+    def embed_tokens(self) -> nn.Embedding:
+        """The token embedding, ``wte`` (Hugging Face's name, kept in the state dict)."""
+        return self.wte
 
     @property
     def max_length(self) -> int:
         """The most tokens (prompt + generated) the model takes: ``n_positions``."""
         return self.config.n_positions
 
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
-                 **kwargs) -> torch.Tensor:
-        """Continue ``prompt_ids`` (b, t), left-padded with ``attention_mask`` when they differ
-        in length: greedy by default, or sampled (``do_sample``, ``temperature``, ``top_k``,
-        ``top_p``, ``seed``); see :func:`qkv.models.generate.generate`, the one loop every
-        decoder shares. GPT-2 stops at an EOS token only when ``eos_token_id`` is given.
-
-        Returns:
-            (b, t + n) the prompts followed by the generated tokens.
-        """
-        return generate(self, prompt_ids, max_new_tokens, use_cache=use_cache, **kwargs)
-
-    def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
-            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got {shape}")
-        if input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < self.config.vocab_size:
-            raise QkvError(f"token ids must be in [0, {self.config.vocab_size}), got "
-                           f"{int(input_ids.min())}..{int(input_ids.max())}")
-        return tuple(input_ids.shape)
-
-    def _check_caches(self, kv_caches: list[KVCache] | None) -> int:
-        if kv_caches is None:
-            return 0
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"kv_caches must hold one KVCache per layer ({len(self.layers)}), "
-                             f"got {len(kv_caches)}")
-        return len(kv_caches[0])
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: int) -> torch.Tensor:
+        """(b, t) ids → (b, t, E) token + position vectors; ``positions`` (b, t) when some token
+        is padding (each counts the real tokens before it), else ``past``, past + 1, …"""
+        x = self.wte(input_ids)  # (b, t, E)
+        return self.wpe(x, offset=past) if positions is None else x + self.wpe.weight[positions]
 
 
 # -- the checkpoint mapping ---------------------------------------------------------------------

@@ -32,8 +32,7 @@ from qkv.attention.masks import AttentionMask
 from qkv.errors import QkvError
 from qkv.models import config as cfg
 from qkv.models.family import Family, Shapes, Tensors
-from qkv.models.generate import DecoderGenerationMixin
-from qkv.models.outputs import DecoderOutput
+from qkv.models.decoder import DecoderLM
 from qkv.modules import FeedForward, KVCache, MultiHeadAttention, TransformerLayer, TransformerStack
 from qkv.modules.positional import RotaryEmbedding
 from qkv.modules.transformer import LayerOutput, LayerTrace
@@ -218,12 +217,15 @@ def build_layer(c: GPTNeoXConfig, backend: str = "auto") -> TransformerLayer:
                 norm_first=True)
 
 
-class GPTNeoXModel(DecoderGenerationMixin, nn.Module):
+class GPTNeoXModel(DecoderLM):
     """A GPT-NeoX / Pythia decoder with its language-model head.
 
     Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
     and values; the first ``config.rotary_dim`` features of each query and key are then rotated
     by their position. A token attends to itself and the tokens before it.
+
+    Forward, caches and generation are :class:`qkv.models.decoder.DecoderLM`'s (the rotary
+    layers take each token's position from it).
 
     Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name``.
 
@@ -247,69 +249,6 @@ class GPTNeoXModel(DecoderGenerationMixin, nn.Module):
                                         norm=nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps))
         # HF's embed_out; tied: the logits read embed_tokens.weight (nothing to re-tie)
         self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        """The decoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
-        return self.decoder.layers
-
-    @property
-    def max_length(self) -> int:
-        return self.config.max_length
-
-    @property
-    def output_weight(self) -> torch.Tensor:
-        """(V, E) the matrix the logits are read with."""
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer for ``max_len`` tokens."""
-        p = self.embed_tokens.weight
-        return [KVCache(batch_size, self.config.num_attention_heads, self.config.head_dim, max_len,
-                        dtype=p.dtype, device=p.device) for _ in self.layers]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                kv_caches: list[KVCache] | None = None,
-                trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False) -> DecoderOutput:
-        """Next-token logits for every position.
-
-        Args:
-            input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
-            attention_mask: (b, past + t), 1/True for real tokens, 0/False for padding (either
-                side). Positions count real tokens only, so a left-padded prompt gets the
-                rotations it has alone.
-            kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`).
-            trace_rows: query positions (among the t new tokens) to record in every layer.
-            output_hidden_states: also return what enters each layer.
-
-        Returns:
-            A :class:`DecoderOutput` (logits (b, t, V)).
-        """
-        b, t = self._check_ids(input_ids)
-        past = self._check_caches(kv_caches)
-        if past + t > self.max_length:
-            raise QkvError(f"input is {past + t} tokens; {self.name} takes at most "
-                           f"{self.max_length} (max_position_embeddings)")
-        positions = padding = None
-        if attention_mask is not None:
-            if attention_mask.shape != (b, past + t):
-                raise ValueError(f"attention_mask must be (batch, past + new tokens) = "
-                                 f"{(b, past + t)}, got {tuple(attention_mask.shape)}")
-            real = attention_mask.bool()
-            if not bool(real.all()):
-                padding = real
-                # each token's position = how many real tokens precede it
-                positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
-        mask = AttentionMask(causal=True, alignment="bottom_right", key_padding=padding)
-        out = self.decoder(self.embed_tokens(input_ids), mask=mask, kv_caches=kv_caches,
-                           trace_rows=trace_rows, output_hidden_states=output_hidden_states,
-                           **({} if positions is None else {"positions": positions}))
-        return DecoderOutput(
-            logits=nn.functional.linear(out.last_hidden_state, self.output_weight),  # (b, t, V)
-            hidden_states=out.hidden_states,
-            traces=out.traces,
-        )
 
 
 # -- the checkpoint mapping ---------------------------------------------------------------------

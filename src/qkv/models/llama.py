@@ -22,16 +22,14 @@ import re
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qkv.attention.masks import AttentionMask
 from qkv.errors import QkvError
 from qkv.models import config as cfg
 from qkv.models.family import Family, Shapes, Tensors
-from qkv.models.generate import DecoderGenerationMixin
-from qkv.models.outputs import DecoderOutput
-from qkv.modules import GatedFeedForward, KVCache, MultiHeadAttention, TransformerLayer, TransformerStack
+from qkv.models.decoder import DecoderLM
+from qkv.modules import GatedFeedForward, MultiHeadAttention, TransformerLayer, TransformerStack
 from qkv.modules.positional import RopeScaling, RotaryEmbedding
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM", "LlamaModel")
@@ -232,12 +230,15 @@ def build_layer(c: LlamaConfig, backend: str = "auto") -> TransformerLayer:
                             norm_first=True)
 
 
-class LlamaModel(DecoderGenerationMixin, nn.Module):
+class LlamaModel(DecoderLM):
     """A Llama-family decoder with its language-model head.
 
     Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
     and values; queries and keys are then rotated (RoPE) by their position. A token attends to
     itself and the tokens before it (within ``sliding_window`` for Mistral).
+
+    Forward, caches and generation are :class:`qkv.models.decoder.DecoderLM`'s; Llama's own part
+    is :meth:`attention_mask` (Mistral's window, no causal mask for a one-token step).
 
     Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name``.
 
@@ -262,26 +263,6 @@ class LlamaModel(DecoderGenerationMixin, nn.Module):
         # tied: the logits read embed_tokens.weight directly (one tensor, nothing to re-tie)
         self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
-    @property
-    def layers(self) -> nn.ModuleList:
-        """The decoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
-        return self.decoder.layers
-
-    @property
-    def max_length(self) -> int:
-        return self.config.max_length
-
-    @property
-    def output_weight(self) -> torch.Tensor:
-        """(V, E) the matrix the logits are read with (``embed_tokens.weight`` when tied)."""
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer for ``max_len`` tokens, h_kv heads each."""
-        p = self.embed_tokens.weight
-        return [KVCache(batch_size, self.config.num_key_value_heads, self.config.head_dim, max_len,
-                        dtype=p.dtype, device=p.device) for _ in self.layers]
-
     def attention_mask(self, padding: torch.Tensor | None, t: int = 2) -> AttentionMask:
         """The one mask of every layer: causal (bottom-right, for the cache), the sliding window
         if any, and the padding (b, s) (True = real token) when some token is padding.
@@ -292,52 +273,6 @@ class LlamaModel(DecoderGenerationMixin, nn.Module):
         w = self.config.sliding_window
         return AttentionMask(causal=t > 1, alignment="bottom_right", key_padding=padding,
                              window=None if w is None else (w - 1, None))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                kv_caches: list[KVCache] | None = None,
-                trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False,
-                logits_to_keep: int | None = None) -> DecoderOutput:
-        """Next-token logits for every position (or the last ``logits_to_keep``).
-
-        Args:
-            input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
-            attention_mask: (b, past + t), 1/True for real tokens, 0/False for padding (either
-                side). Positions count real tokens only, so a left-padded prompt gets the
-                rotations it has alone.
-            kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`).
-            trace_rows: query positions (among the t new tokens) to record in every layer.
-            output_hidden_states: also return what enters each layer.
-            logits_to_keep: compute the logits of the last k positions only, (b, k, V)
-                (generation needs 1: the output head is a large matrix).
-
-        Returns:
-            A :class:`DecoderOutput` (logits (b, t, V)).
-        """
-        b, t = self._check_ids(input_ids)
-        past = self._check_caches(kv_caches)
-        if past + t > self.max_length:
-            raise QkvError(f"input is {past + t} tokens; {self.name} takes at most "
-                           f"{self.max_length} (max_position_embeddings)")
-        positions = padding = None
-        if attention_mask is not None:
-            if attention_mask.shape != (b, past + t):
-                raise ValueError(f"attention_mask must be (batch, past + new tokens) = "
-                                 f"{(b, past + t)}, got {tuple(attention_mask.shape)}")
-            real = attention_mask.bool()
-            if not bool(real.all()):
-                padding = real
-                # each token's position = how many real tokens precede it
-                positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
-        out = self.decoder(self.embed_tokens(input_ids), mask=self.attention_mask(padding, t),
-                           kv_caches=kv_caches, trace_rows=trace_rows,
-                           output_hidden_states=output_hidden_states, positions=positions)
-        h = out.last_hidden_state if logits_to_keep is None else out.last_hidden_state[:, -logits_to_keep:]
-        return DecoderOutput(
-            logits=F.linear(h, self.output_weight),  # (b, t or k, V)
-            hidden_states=out.hidden_states,
-            traces=out.traces,
-        )
 
 
 # -- the checkpoint mapping ---------------------------------------------------------------------
