@@ -14,7 +14,7 @@ It reads Hugging Face BERT checkpoints (``qkv.models.load``) and computes the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 import json
 import os
 import re
@@ -66,24 +66,36 @@ class BertConfig:
             >>> BertConfig.from_dict({"hidden_size": 384, "num_hidden_layers": 6}).head_dim
             32
         """
-        if not isinstance(d, dict):
-            raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
-        cfg.check_architecture(d, "bert", BERT_ARCHITECTURES, where=where)
-        cfg.require(d, "position_embedding_type", "absolute", where=where)
-        cfg.require(d, "is_decoder", False, where=where)
-        cfg.require(d, "add_cross_attention", False, where=where)
-        return cls(
-            vocab_size=cfg.get_int(d, "vocab_size", 30522, where=where),
-            hidden_size=cfg.get_int(d, "hidden_size", 768, where=where),
-            num_hidden_layers=cfg.get_int(d, "num_hidden_layers", 12, where=where),
-            num_attention_heads=cfg.get_int(d, "num_attention_heads", 12, where=where),
-            intermediate_size=cfg.get_int(d, "intermediate_size", 3072, where=where),
-            hidden_act=cfg.activation(d, "hidden_act", "gelu", where=where),
-            max_position_embeddings=cfg.get_int(d, "max_position_embeddings", 512, where=where),
-            type_vocab_size=cfg.get_int(d, "type_vocab_size", 2, where=where),
-            layer_norm_eps=cfg.get_float(d, "layer_norm_eps", 1e-12, where=where),
-            pad_token_id=cfg.get_int(d, "pad_token_id", 0, minimum=0, where=where),
-        )
+        return read_config(cls, d, "bert", BERT_ARCHITECTURES, where=where)
+
+
+def read_config(cls: type, d: dict, model_type: str, architectures: tuple[str, ...], *,
+                where: str = "config.json"):
+    """A BERT-layout ``config.json`` (BERT, RoBERTa) → ``cls``; a missing field takes ``cls``'s
+    own default, and the variants qkv's encoder does not implement raise."""
+    if not isinstance(d, dict):
+        raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
+    cfg.check_architecture(d, model_type, architectures, where=where)
+    cfg.require(d, "position_embedding_type", "absolute", where=where)
+    cfg.require(d, "is_decoder", False, where=where)
+    cfg.require(d, "add_cross_attention", False, where=where)
+    default = {f.name: f.default for f in fields(cls)}
+
+    def get_int(key: str, **bounds) -> int:
+        return cfg.get_int(d, key, default[key], where=where, **bounds)
+
+    return cls(
+        vocab_size=get_int("vocab_size"),
+        hidden_size=get_int("hidden_size"),
+        num_hidden_layers=get_int("num_hidden_layers"),
+        num_attention_heads=get_int("num_attention_heads"),
+        intermediate_size=get_int("intermediate_size"),
+        hidden_act=cfg.activation(d, "hidden_act", default["hidden_act"], where=where),
+        max_position_embeddings=get_int("max_position_embeddings"),
+        type_vocab_size=get_int("type_vocab_size"),
+        layer_norm_eps=cfg.get_float(d, "layer_norm_eps", default["layer_norm_eps"], where=where),
+        pad_token_id=get_int("pad_token_id", minimum=0),
+    )
 
 
 class BertEmbeddings(nn.Module):

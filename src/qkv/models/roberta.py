@@ -22,7 +22,6 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.models import bert
-from qkv.models import config as cfg
 from qkv.models.bert import BertConfig, BertEmbeddings, BertModel
 from qkv.models.family import Family
 
@@ -69,24 +68,7 @@ class RobertaConfig(BertConfig):
             >>> RobertaConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}).position_offset
             2
         """
-        if not isinstance(d, dict):
-            raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
-        cfg.check_architecture(d, "roberta", ROBERTA_ARCHITECTURES, where=where)
-        cfg.require(d, "position_embedding_type", "absolute", where=where)
-        cfg.require(d, "is_decoder", False, where=where)
-        cfg.require(d, "add_cross_attention", False, where=where)
-        return cls(
-            vocab_size=cfg.get_int(d, "vocab_size", 50265, where=where),
-            hidden_size=cfg.get_int(d, "hidden_size", 768, where=where),
-            num_hidden_layers=cfg.get_int(d, "num_hidden_layers", 12, where=where),
-            num_attention_heads=cfg.get_int(d, "num_attention_heads", 12, where=where),
-            intermediate_size=cfg.get_int(d, "intermediate_size", 3072, where=where),
-            hidden_act=cfg.activation(d, "hidden_act", "gelu", where=where),
-            max_position_embeddings=cfg.get_int(d, "max_position_embeddings", 514, where=where),
-            type_vocab_size=cfg.get_int(d, "type_vocab_size", 1, where=where),
-            layer_norm_eps=cfg.get_float(d, "layer_norm_eps", 1e-5, where=where),
-            pad_token_id=cfg.get_int(d, "pad_token_id", 1, minimum=0, where=where),
-        )
+        return bert.read_config(cls, d, "roberta", ROBERTA_ARCHITECTURES, where=where)
 
 
 class RobertaEmbeddings(BertEmbeddings):
