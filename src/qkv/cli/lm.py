@@ -10,11 +10,11 @@ fields, each parsed by a checked type from :mod:`qkv.cli.options`.
 from __future__ import annotations
 
 import argparse
-import shlex
 import time
 from dataclasses import MISSING, fields
 
 from qkv.cli import options
+from qkv.cli.train_run import add_run_options, run_command
 
 DEFAULT_OUT = "runs/lm"
 
@@ -52,20 +52,10 @@ def register_train(models: argparse._SubParsersAction) -> None:
                     "Hugging Face Llama directories (qkv.load and qkv explain read them); a run "
                     "is a pure function of its options and --resume continues it exactly.",
         epilog="example: qkv train lm --out runs/lm --steps 3000 --plot runs/lm/curves.png")
-    t.add_argument("--out", type=options.path(), default=None, metavar="DIR",
-                   help=f"checkpoint directory (default {DEFAULT_OUT})")
-    t.add_argument("--resume", action="store_true",
-                   help="continue the run in --out (options not given are taken from it)")
-    t.add_argument("--slim", action="store_true",
-                   help="leave no optimizer state in the final checkpoint (smaller; not resumable)")
-    t.add_argument("--force", action="store_true",
-                   help="train into a non-empty --out (its old checkpoint files are deleted); with "
-                        "--resume, accept a different --threads (the run is recorded as inexact)")
+    add_run_options(t, default_out=DEFAULT_OUT,
+                    threads_help="CPU threads for torch (default 1: the model is tiny)")
     t.add_argument("--plot", type=options.path(), default=None, metavar="FILE",
                    help="draw the loss curves and the best induction score per evaluation (PNG/SVG)")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--threads", type=options.threads(), default=1,
-                   help="CPU threads for torch (default 1: the model is tiny)")
     for name, kind, default in _options():
         flag = "--" + name.replace("_", "-")
         if kind is int:
@@ -93,7 +83,7 @@ def run_train_lm(args: argparse.Namespace) -> int:
     cfg = LMTrainConfig.from_dict({**base, **given})
     start = time.perf_counter()
     state = train(cfg, out, resume=args.resume, progress=not args.quiet,
-                  command=_command(str(out), args, given), slim=args.slim, force=args.force)
+                  command=run_command("lm", str(out), args, given), slim=args.slim, force=args.force)
     if args.plot is not None:
         from qkv.files import atomic_write
         from qkv.lm.curves import training_curves
@@ -115,13 +105,3 @@ def _check_plot(path: str) -> None:
 def _format(path: str) -> str | None:
     ext = str(path).rsplit(".", 1)[-1].lower()
     return ext if ext in ("png", "svg") else None
-
-
-def _command(out: str, args: argparse.Namespace, given: dict) -> str:
-    """The command line that reproduces this run, options in a fixed order."""
-    parts = ["qkv", "train", "lm", "--out", out]
-    parts += ["--resume"] * args.resume + ["--slim"] * args.slim + ["--force"] * args.force
-    parts += ["--threads", str(args.threads)]
-    for name, value in given.items():
-        parts += ["--" + name.replace("_", "-"), str(value)]
-    return " ".join(shlex.quote(p) for p in parts)

@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from dataclasses import MISSING, fields
 
 from qkv.cli import options
+from qkv.cli.train_run import add_run_options, run_command
 from qkv.cli.output import print_json
 from qkv.errors import QkvError
 
@@ -76,19 +76,9 @@ def _register_train(sub) -> None:
                     "--resume continues a stopped run exactly where its last checkpoint was.",
         epilog="examples: qkv train translate --out runs/translate    "
                "qkv train translate --out runs/translate --resume")
-    t.add_argument("--out", type=options.path(), default=None, metavar="DIR",
-                   help=f"checkpoint directory (default {DEFAULT_OUT})")
-    t.add_argument("--resume", action="store_true",
-                   help="continue the run in --out (options not given are taken from it)")
-    t.add_argument("--slim", action="store_true",
-                   help="leave no optimizer state in the final checkpoint (smaller; not resumable)")
-    t.add_argument("--force", action="store_true",
-                   help="train into a non-empty --out (its old checkpoint files are deleted); with "
-                        "--resume, accept a different --threads (the run is recorded as inexact)")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--threads", type=options.threads(), default=1,
-                   help="CPU threads for torch (default 1: the matrices are small, and a second "
-                        "thread makes every op wait for it on a busy machine)")
+    add_run_options(t, default_out=DEFAULT_OUT,
+                    threads_help="CPU threads for torch (default 1: the matrices are small, and a "
+                                 "second thread makes every op wait for it on a busy machine)")
     for name, kind, default, text in _train_options():
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -123,7 +113,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.resume:
         base = dict(read_meta(out).get("train") or {})
     cfg = TrainConfig.from_dict({**base, **given})
-    command = _command(out, args, given)
+    command = run_command("translate", out, args, given)
     start = time.perf_counter()
     state = train(cfg, out, resume=args.resume, progress=not args.quiet, command=command,
                   slim=args.slim, force=args.force)
@@ -134,21 +124,6 @@ def run_train(args: argparse.Namespace) -> int:
                     f"loss {ev.loss:.4f}")
     print(f"{summary}; checkpoint in {out}")
     return 0
-
-
-def _command(out: str, args: argparse.Namespace, given: dict) -> str:
-    """The command line that reproduces this run, options in a fixed order."""
-    parts = ["qkv", "train", "translate", "--out", out]
-    parts += ["--resume"] * args.resume + ["--slim"] * args.slim + ["--force"] * args.force
-    if args.threads is not None:
-        parts += ["--threads", str(args.threads)]
-    for name, value in given.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else "--no-" + flag[2:])
-        else:
-            parts += [flag, str(value)]
-    return " ".join(shlex.quote(p) for p in parts)
 
 
 # -- qkv translate ---------------------------------------------------------------------------------
