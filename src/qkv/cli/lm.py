@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import MISSING, fields
 
 from qkv.cli import options
-from qkv.cli.train_run import add_run_options, run_command
+from qkv.cli.train_run import add_run_options, config_options, run_command
 
 DEFAULT_OUT = "runs/lm"
 
@@ -37,8 +36,7 @@ HELPS = {
 def _options() -> list[tuple[str, type, object]]:
     from qkv.lm.train import LMTrainConfig
 
-    return [(f.name, type(f.default), f.default) for f in fields(LMTrainConfig)
-            if not f.name.isupper() and f.default is not MISSING]
+    return config_options(LMTrainConfig)
 
 
 def register_train(models: argparse._SubParsersAction) -> None:

@@ -10,8 +10,22 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import MISSING, fields
 
 from qkv.cli import options
+
+
+def config_options(config_class: type) -> list[tuple[str, type, object]]:
+    """(field, type, default) for every field of a training config dataclass that becomes a
+    ``--flag``: all with a default, except the upper-case class constants.
+
+    Example:
+        >>> from qkv.lm.train import LMTrainConfig
+        >>> config_options(LMTrainConfig)[0]
+        ('seed', <class 'int'>, 0)
+    """
+    return [(f.name, type(f.default), f.default) for f in fields(config_class)
+            if not f.name.isupper() and f.default is not MISSING]
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, default_out: str, threads_help: str) -> None:

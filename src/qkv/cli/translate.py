@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import MISSING, fields
 
 from qkv.cli import options
-from qkv.cli.train_run import add_run_options, run_command
+from qkv.cli.train_run import add_run_options, config_options, run_command
 from qkv.cli.output import print_json
 from qkv.errors import QkvError
 
@@ -47,12 +46,8 @@ def _train_options() -> list[tuple[str, type, object, str]]:
         "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
         "ff_dim": "hidden width of the feed-forward blocks", "weight_decay": "AdamW weight decay",
     }
-    out = []
-    for f in fields(TrainConfig):
-        if f.name.isupper() or f.default is MISSING:
-            continue
-        out.append((f.name, type(f.default), f.default, helps.get(f.name, f.name.replace("_", " "))))
-    return out
+    return [(name, kind, default, helps.get(name, name.replace("_", " ")))
+            for name, kind, default in config_options(TrainConfig)]
 
 
 def _train_type(name: str, kind: type):
