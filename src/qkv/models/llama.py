@@ -129,10 +129,10 @@ def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
         rms_norm_eps=cfg.get_float(d, "rms_norm_eps", 1e-6, where=where),
         rope_theta=theta,
         rope_scaling=scaling,
-        attention_bias=_get_bool(d, "attention_bias", False, where),
-        mlp_bias=_get_bool(d, "mlp_bias", False, where),
+        attention_bias=cfg.get_bool(d, "attention_bias", False, where=where),
+        mlp_bias=cfg.get_bool(d, "mlp_bias", False, where=where),
         hidden_act=cfg.activation(d, "hidden_act", "silu", where=where),
-        tie_word_embeddings=_get_bool(d, "tie_word_embeddings", False, where),
+        tie_word_embeddings=cfg.get_bool(d, "tie_word_embeddings", False, where=where),
         eos_token_id=_token_ids(d.get("eos_token_id"), "eos_token_id", where),
         bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
         **overrides,
@@ -173,15 +173,6 @@ def read_rope(d: dict, max_positions: int, *, where: str) -> tuple[float, RopeSc
         return float(theta), RopeScaling(kind, factor, max_positions=max_positions)
     except ValueError as e:
         raise QkvError(f"{where}: {e}") from None
-
-
-def _get_bool(d: dict, key: str, default: bool, where: str) -> bool:
-    value = d.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise QkvError(f"{where}: {key} must be true or false, got {value!r}")
-    return value
 
 
 def _token_ids(value, key: str, where: str) -> tuple[int, ...]:
