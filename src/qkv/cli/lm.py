@@ -13,7 +13,7 @@ import argparse
 import time
 
 from qkv.cli import options
-from qkv.cli.train_run import add_run_options, config_options, run_command
+from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 
 DEFAULT_OUT = "runs/lm"
 
@@ -33,10 +33,12 @@ HELPS = {
 }
 
 
-def _options() -> list[tuple[str, type, object]]:
-    from qkv.lm.train import LMTrainConfig
-
-    return config_options(LMTrainConfig)
+def _option_type(name: str, kind: type):
+    """The checked argparse type of one LMTrainConfig option."""
+    if kind is int:
+        low = 0 if name in ("seed", "warmup", "eval_every", "save_every") else 1
+        return options.seed() if name == "seed" else options.integer(low, 10**7)
+    return options.real(0.0, 10.0)
 
 
 def register_train(models: argparse._SubParsersAction) -> None:
@@ -54,15 +56,9 @@ def register_train(models: argparse._SubParsersAction) -> None:
                     threads_help="CPU threads for torch (default 1: the model is tiny)")
     t.add_argument("--plot", type=options.path(), default=None, metavar="FILE",
                    help="draw the loss curves and the best induction score per evaluation (PNG/SVG)")
-    for name, kind, default in _options():
-        flag = "--" + name.replace("_", "-")
-        if kind is int:
-            low = 0 if name in ("seed", "warmup", "eval_every", "save_every") else 1
-            kind_type = options.seed() if name == "seed" else options.integer(low, 10**7)
-        else:
-            kind_type = options.real(0.0, 10.0)
-        t.add_argument(flag, type=kind_type, default=None, metavar="N" if kind is int else "X",
-                       help=f"{HELPS.get(name, name.replace('_', ' '))} (default {default})")
+    from qkv.lm.train import LMTrainConfig
+
+    add_config_options(t, LMTrainConfig, helps=HELPS, type_of=_option_type)
     t.set_defaults(func=run_train_lm)
 
 
@@ -72,7 +68,7 @@ def run_train_lm(args: argparse.Namespace) -> int:
     from qkv.lm.train import LMTrainConfig, print_summary, read_training, train
     from qkv.training.checkpoint import check_out_dir
 
-    given = {name: getattr(args, name) for name, *_ in _options() if getattr(args, name) is not None}
+    given = given_options(args, LMTrainConfig)
     out = check_out_dir(DEFAULT_OUT if args.out is None else args.out)
     if args.plot is not None:
         _check_plot(args.plot)

@@ -1,9 +1,11 @@
-"""What every ``qkv train MODEL`` shares: the options of a run and the command line that repeats it.
+"""What every ``qkv train MODEL`` shares: the options of a run, one ``--flag`` per field of the
+model's training config, and the command line that repeats the run.
 
-    qkv train MODEL [--out DIR] [--resume] [--slim] [--force] [--quiet] [--threads N] [MODEL's options]
+    qkv train MODEL [--out DIR] [--resume] [--slim] [--force] [--quiet] [--threads N] [--<field> V …]
 
 ``qkv.cli.translate`` (``qkv train translate``) and ``qkv.cli.lm`` (``qkv train lm``) add these
-to their parsers and record :func:`run_command` in each checkpoint, so a run can be repeated.
+to their parsers (each with its own help texts and value bounds) and record
+:func:`run_command` in each checkpoint, so a run can be repeated.
 """
 
 from __future__ import annotations
@@ -26,6 +28,27 @@ def config_options(config_class: type) -> list[tuple[str, type, object]]:
     """
     return [(f.name, type(f.default), f.default) for f in fields(config_class)
             if not f.name.isupper() and f.default is not MISSING]
+
+
+def add_config_options(parser: argparse.ArgumentParser, config_class: type, *,
+                       helps: dict[str, str], type_of) -> None:
+    """One ``--flag`` per :func:`config_options` field, default None (= not given, so a resumed
+    run keeps its recorded value): a bool as ``--flag`` / ``--no-flag``, any other value parsed
+    by ``type_of(name, kind)``; the help is ``helps[name]`` (or the name in words) and the default."""
+    for name, kind, default in config_options(config_class):
+        flag = "--" + name.replace("_", "-")
+        text = f"{helps.get(name, name.replace('_', ' '))} (default {default})"
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, type=type_of(name, kind), default=None,
+                                metavar="N" if kind is int else "X", help=text)
+
+
+def given_options(args: argparse.Namespace, config_class: type) -> dict:
+    """{field: value} for the config options given on the command line, in field order."""
+    return {name: getattr(args, name) for name, *_ in config_options(config_class)
+            if getattr(args, name) is not None}
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, default_out: str, threads_help: str) -> None:

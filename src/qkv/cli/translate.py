@@ -14,7 +14,7 @@ import sys
 import time
 
 from qkv.cli import options
-from qkv.cli.train_run import add_run_options, config_options, run_command
+from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 from qkv.cli.output import print_json
 from qkv.errors import QkvError
 
@@ -29,25 +29,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # -- qkv train translate --------------------------------------------------------------------------
-def _train_options() -> list[tuple[str, type, object, str]]:
-    """(field, type, default, help) for every TrainConfig field, help from its source comment."""
-    from qkv.translate.train import TrainConfig
-
-    helps = {
-        "seed": "model initialisation, batch order and dropout", "data_seed": "the grammar's splits",
-        "steps": "optimiser steps in all", "batch_size": "sentences per step",
-        "lr": "peak learning rate (after warm-up)", "warmup": "linear warm-up steps",
-        "min_lr_ratio": "the cosine decay ends at lr × this", "clip": "max gradient norm",
-        "label_smoothing": "label smoothing of the cross-entropy", "dropout": "dropout everywhere",
-        "eval_every": "steps between validation passes", "save_every": "steps between checkpoints",
-        "eval_size": "validation sentences decoded for exact match",
-        "norm_first": "pre-norm layers instead of the paper's post-norm",
-        "d_model": "width E of every token vector", "num_heads": "attention heads per layer",
-        "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
-        "ff_dim": "hidden width of the feed-forward blocks", "weight_decay": "AdamW weight decay",
-    }
-    return [(name, kind, default, helps.get(name, name.replace("_", " ")))
-            for name, kind, default in config_options(TrainConfig)]
+TRAIN_HELPS = {  # the help of each TrainConfig option, from its source comment
+    "seed": "model initialisation, batch order and dropout", "data_seed": "the grammar's splits",
+    "steps": "optimiser steps in all", "batch_size": "sentences per step",
+    "lr": "peak learning rate (after warm-up)", "warmup": "linear warm-up steps",
+    "min_lr_ratio": "the cosine decay ends at lr × this", "clip": "max gradient norm",
+    "label_smoothing": "label smoothing of the cross-entropy", "dropout": "dropout everywhere",
+    "eval_every": "steps between validation passes", "save_every": "steps between checkpoints",
+    "eval_size": "validation sentences decoded for exact match",
+    "norm_first": "pre-norm layers instead of the paper's post-norm",
+    "d_model": "width E of every token vector", "num_heads": "attention heads per layer",
+    "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
+    "ff_dim": "hidden width of the feed-forward blocks", "weight_decay": "AdamW weight decay",
+}
 
 
 def _train_type(name: str, kind: type):
@@ -74,15 +68,9 @@ def _register_train(sub) -> None:
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1: the matrices are small, and a "
                                  "second thread makes every op wait for it on a busy machine)")
-    for name, kind, default, text in _train_options():
-        flag = "--" + name.replace("_", "-")
-        if kind is bool:
-            t.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                           help=f"{text} (default {default})")
-        else:
-            t.add_argument(flag, type=_train_type(name, kind), default=None,
-                           metavar="N" if kind is int else "X",
-                           help=f"{text} (default {default})")
+    from qkv.translate.train import TrainConfig
+
+    add_config_options(t, TrainConfig, helps=TRAIN_HELPS, type_of=_train_type)
     t.set_defaults(func=run_train)
     from qkv.cli.lm import register_train as register_train_lm  # qkv train lm (induction heads)
 
@@ -100,8 +88,7 @@ def run_train(args: argparse.Namespace) -> int:
     from qkv.translate.checkpoint import read_meta
     from qkv.translate.train import TrainConfig, train
 
-    given = {name: getattr(args, name) for name, *_ in _train_options()
-             if getattr(args, name) is not None}
+    given = given_options(args, TrainConfig)
     out = str(check_out_dir(DEFAULT_OUT if args.out is None else args.out))
     _set_threads(args.threads)
     base = {}
