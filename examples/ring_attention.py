@@ -25,15 +25,13 @@ import torch
 import torch.distributed as dist
 
 import qkv
-from qkv.attention.masks import AttentionMask
 from qkv.distributed import SequenceParallel, ring_attention, shard, shard_positions, ulysses_attention
 from qkv.models.gpt2 import GPT2Config, GPT2Model
 
 
 def gpt2_logits(model: GPT2Model, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """GPT-2's forward with explicit (global) positions: ids (b, t) → logits (b, t, V)."""
-    x = model.wte(ids) + model.wpe.weight[positions]  # (b, t, E)
-    return model.lm_head(model.decoder(x, mask=AttentionMask(causal=True)).last_hidden_state)
+    return model(ids, position_ids=positions).logits
 
 
 def main() -> None:

@@ -8,9 +8,8 @@ distance from the float64 one, scaled by eps64/eps32, × 4. The single-process f
 the reference; every rank compares its shard of the logits, and the all-reduced (summed)
 parameter gradients of Σ over ranks of its shard's loss against the full loss's gradients.
 
-GPT-2's learned position table and Llama's RoPE must see global positions: both are fed
-``shard_positions`` (GPT-2's forward has no position argument, so its three parts — embeddings,
-stack, head — are called here in its order; see ``examples/ring_attention.py``).
+GPT-2's learned position table and Llama's RoPE must see global positions: each rank passes
+``shard_positions`` as the model's ``position_ids``.
 """
 
 from __future__ import annotations
@@ -41,16 +40,7 @@ def _models():
 
 def _logits(name, model, ids, positions):
     """The model's forward with explicit global positions (b, t) → logits (b, t, V)."""
-    import torch.nn.functional as F
-
-    from qkv.attention.masks import AttentionMask
-
-    if name == "gpt2":
-        x = model.wte(ids) + model.wpe.weight[positions]  # (b, t, E)
-        out = model.decoder(x, mask=AttentionMask(causal=True))
-        return model.lm_head(out.last_hidden_state)
-    out = model.decoder(model.embed_tokens(ids), mask=model.attention_mask(None), positions=positions)
-    return F.linear(out.last_hidden_state, model.output_weight)
+    return model(ids, position_ids=positions).logits
 
 
 def _step(name, model, ids, positions, targets):

@@ -85,3 +85,37 @@ def test_bad_input_is_named(name):
         model(torch.tensor([[1]]), kv_caches=model.new_kv_caches(1, 4)[:1])
     with pytest.raises(ValueError, match=r"attention_mask must be \(batch, past \+ new tokens\)"):
         model(torch.tensor([[1, 2]]), torch.ones(1, 3))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_position_ids_are_the_positions_the_model_sees(name):
+    """Explicit positions 0…t−1 are the default exactly; a padded row's counted positions given
+    explicitly change nothing; shifted positions move GPT-2's learned table (absolute) but not a
+    rotary model's scores (RoPE is relative: q·k depends on the distance alone)."""
+    model = MODELS[name].eval()
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain = model(ids).logits
+        assert torch.equal(model(ids, position_ids=torch.arange(9)).logits, plain)
+        mask = torch.ones(2, 9, dtype=torch.long)
+        mask[0, :3] = 0  # left padding: row 0's real tokens sit at positions 0…5
+        padded = model(ids, mask).logits
+        counted = (mask.cumsum(-1) - 1).clamp(min=0)
+        assert torch.equal(model(ids, mask, position_ids=counted).logits, padded)
+        shifted = model(ids, position_ids=torch.arange(9) + 11).logits
+    if name == "gpt2":
+        assert (shifted - plain).abs().max() > 1e-3  # other rows of the position table
+    else:
+        truth = twin(model, torch.float64)
+        with torch.no_grad():
+            ref = truth(ids).logits
+        # shifted in fp32 is as close to the unshifted fp64 truth as the plain fp32 forward is
+        assert_within(shifted.double(), ref, plain.double(), factor=4.0)
+
+
+@pytest.mark.parametrize("bad", [torch.arange(8), torch.arange(9.0), torch.arange(9) + 20,
+                                 torch.arange(9) - 1, [0, 1]])
+def test_bad_position_ids_are_value_errors(bad):
+    model = MODELS["llama-gqa"]
+    with pytest.raises(ValueError, match="position_ids"):
+        model(torch.zeros(1, 9, dtype=torch.long), position_ids=bad)

@@ -82,7 +82,8 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
                 kv_caches: list[KVCache] | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
                 output_hidden_states: bool = False,
-                logits_to_keep: int | None = None) -> DecoderOutput:
+                logits_to_keep: int | None = None,
+                position_ids: torch.Tensor | None = None) -> DecoderOutput:
         """Next-token logits for every position (or the last ``logits_to_keep``).
 
         Args:
@@ -96,6 +97,10 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
             output_hidden_states: also return what enters each layer.
             logits_to_keep: compute the logits of the last k positions only, (b, k, V)
                 (generation needs 1: the output head is a large matrix).
+            position_ids: (b, t) or (t,) each new token's position, when it is not its place in
+                ``input_ids`` — e.g. a shard of one long sequence under sequence parallelism
+                (:func:`qkv.distributed.shard_positions`: learned tables and RoPE must see global
+                positions). Default: counted from the cache and the padding.
 
         Returns:
             A :class:`DecoderOutput` (logits (b, t, V), or (b, k, V)).
@@ -108,6 +113,8 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
                            f"{self.max_length} ({self.max_length_field})")
         # 2) padding and each token's position
         padding, positions = self._padding_positions(attention_mask, b, t, past)
+        if position_ids is not None:
+            positions = self._check_position_ids(position_ids, b, t)
         # 3) embed → layers (the stack ends in the final norm) → logits
         out = self.decoder(self.embed(input_ids, positions, past), mask=self.attention_mask(padding, t),
                            kv_caches=kv_caches, trace_rows=trace_rows,
@@ -132,6 +139,18 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
             return None, None
         # each token's position = how many real tokens precede it
         return real, (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (b, t)
+
+    def _check_position_ids(self, position_ids: torch.Tensor, b: int, t: int) -> torch.Tensor:
+        """(b, t) integer positions in [0, max_length); ValueError naming the problem otherwise."""
+        if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or \
+                position_ids.dtype == torch.bool or position_ids.shape not in ((t,), (b, t)):
+            raise ValueError(f"position_ids must be an integer tensor of shape {(b, t)} or {(t,)}, got "
+                             f"{getattr(position_ids, 'dtype', type(position_ids).__name__)} "
+                             f"{tuple(getattr(position_ids, 'shape', ()))}")
+        if position_ids.numel() and (int(position_ids.min()) < 0 or int(position_ids.max()) >= self.max_length):
+            raise ValueError(f"position_ids must lie in [0, {self.max_length}) for {self.name}, got "
+                             f"{int(position_ids.min())}…{int(position_ids.max())}")
+        return position_ids.to(torch.long).expand(b, t)
 
     def _check_ids(self, input_ids: torch.Tensor) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
