@@ -83,3 +83,14 @@ def mean_pooled(hf, ids, attention_mask) -> torch.Tensor:
         x = hf(input_ids=ids, attention_mask=attention_mask).last_hidden_state
     m = attention_mask[..., None].to(x.dtype)
     return torch.nn.functional.normalize((x * m).sum(1) / m.sum(1), dim=-1)
+
+
+def assert_packed_embeddings_equal_transformers(model, hf, texts) -> None:
+    """``model.embed(texts)`` runs packed (varlen, positions restarting per text): the same vectors
+    as transformers' padded forward, mean-pooled (float64 truth, float32 transformers plain)."""
+    batch = model.tokenizer.encode_batch(texts)
+    got = model.embed(texts)
+    plain = mean_pooled(hf, batch.input_ids, batch.attention_mask)
+    truth = mean_pooled(hf.double(), batch.input_ids, batch.attention_mask)
+    hf.float()
+    assert_within(got, truth, plain, what="sentence embeddings")

@@ -24,17 +24,11 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.models import DecoderOutput, GPT2Config, GPT2Model, load
+from hf_decoders import CORPUS, PROMPTS
 from tolerance import assert_within, twin
 
 transformers = pytest.importorskip("transformers")
 
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Attention is all you need, said the paper.",
-    "Queries, keys and values: the model attends to every earlier token.",
-    "Ünïcödé text — with dashes and a café.",
-] * 3
-PROMPTS = ["The quick brown fox", "Attention is", "Queries, keys and values: the model"]
 
 
 @pytest.fixture(scope="module")

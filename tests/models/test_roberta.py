@@ -15,11 +15,11 @@ import os
 import pytest
 import torch
 
-from hf_encoders import CORPUS, TEXTS, assert_equals_transformers, mean_pooled, save_model
+from hf_encoders import (CORPUS, TEXTS, assert_equals_transformers,
+                         assert_packed_embeddings_equal_transformers, save_model)
 from qkv.errors import QkvError
 from qkv.models import load
 from qkv.models.roberta import RobertaConfig, RobertaModel
-from tolerance import assert_within
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,15 +67,8 @@ def test_hidden_states_and_attention_equal_transformers(checkpoint, traced):
 
 
 def test_packed_sentence_embeddings_equal_the_padded_forward(checkpoint):
-    """embed() runs packed (varlen, positions restarting per text): the same vectors as
-    transformers' padded forward, mean-pooled (float64 truth, float32 transformers plain)."""
     _, hf, model = checkpoint
-    batch = model.tokenizer.encode_batch(TEXTS)
-    got = model.embed(TEXTS)
-    plain = mean_pooled(hf, batch.input_ids, batch.attention_mask)
-    truth = mean_pooled(hf.double(), batch.input_ids, batch.attention_mask)
-    hf.float()
-    assert_within(got, truth, plain, what="sentence embeddings")
+    assert_packed_embeddings_equal_transformers(model, hf, TEXTS)
 
 
 def test_too_long_input_names_the_reserved_rows(checkpoint):
