@@ -91,6 +91,8 @@ def _torch_logits(model, peer, src, tgt):
     return model.generator(h)
 
 
+# torch warns that its nested-tensor fast path is off for an odd head count: the peer's own note
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 def test_equals_torch_transformer_with_the_same_weights():
     model = tiny().double()
     ref = to_torch(model).double()

@@ -20,7 +20,7 @@ Example:
     >>> s = run_loop(LoopPlan(start=0, steps=50, clip=10.0, eval_every=0, save_every=0),
     ...              params=[w], optimizer=opt, lr=lambda step: 0.1,
     ...              step_loss=lambda step: ((w ** 2).sum(), 1), progress=False)
-    >>> s.step, round(float(w), 3)
+    >>> s.step, round(w.item(), 3)
     (50, 0.0)
 """
 
