@@ -95,6 +95,10 @@ def one(spec: dict) -> dict:
         bm = qkv.create_block_mask(mod, None, None, n, n)
         build = time.perf_counter() - t0
         call = lambda: qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)  # noqa: E731
+        if case == "window":  # what a user writes: "auto" routes it blockwise (64-row tiles for a band)
+            assert qkv.attention.backends.choose_backend(q, k, qkv.AttentionMask(causal=True, window=(512, 0))) \
+                == "blockwise"
+            call = lambda: qkv.scaled_dot_product_attention(q, k, v, **kwargs)  # noqa: E731
     elif impl == "blockwise+backward":
         bm = qkv.create_block_mask(mod, None, None, n, n)
         q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
