@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import sys
 import time
@@ -55,9 +56,11 @@ def _child(cfg: TrainConfig, out: Path, ready: int) -> None:
 
 
 def kill_runs(cfg: TrainConfig, out: Path, runs: int, *, seed: int = 0,
-              max_delay: float = 0.5) -> KillReport:
+              max_delay: float = 0.5, first_step_timeout: float = 120.0) -> KillReport:
     """Kill ``runs`` children of the run in ``out``, each ``U(0, max_delay)`` seconds after its
-    first step; AssertionError when a checkpoint is lost."""
+    first step; AssertionError when a checkpoint is lost, or when a child does no step within
+    ``first_step_timeout`` seconds. Every child is killed and reaped before this returns or
+    raises."""
     # Warm what every child would otherwise redo: the grammar's splits (cached) and AdamW's
     # first construction (it imports torch._dynamo, seconds on a busy machine).
     load_splits(cfg.data_seed)
@@ -74,11 +77,16 @@ def kill_runs(cfg: TrainConfig, out: Path, runs: int, *, seed: int = 0,
             os.close(read)
             _child(cfg, out, write)
         os.close(write)
-        os.read(read, 1)  # the child has done one step (or ended: then this reads b"")
-        os.close(read)
-        time.sleep(rng.uniform(0.0, max_delay))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        try:
+            # the child has done one step (or ended: then the pipe reads b"")
+            if not select.select([read], [], [], first_step_timeout)[0]:
+                raise AssertionError(f"the child did no step in {first_step_timeout} s")
+            os.read(read, 1)
+            time.sleep(rng.uniform(0.0, max_delay))
+        finally:  # always killed and reaped, whatever went wrong above
+            os.close(read)
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
         if os.WIFSIGNALED(status):
             report.kills += 1
         else:
