@@ -74,11 +74,15 @@ def run(world: int, fn, *args, deadline: float = 60.0, timeout_s: float | None =
                     raise AssertionError("distributed test: a rank died without reporting")
                 continue
             (got if status == "ok" else errors)[rank] = value
-    finally:
+    finally:  # 5 s in all for the ranks to exit; a rank still alive is killed and reaped
+        stop = time.monotonic() + 5
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, stop - time.monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
+        results.close()
     if errors:
         raise AssertionError("\n".join(f"rank {r} raised:\n{tb}" for r, tb in sorted(errors.items())))
     return [got[r] for r in range(world)]
