@@ -43,13 +43,22 @@ def test_long_sequence_rows_cost_rows_times_keys():
     bm = qkv.create_block_mask(and_masks(sliding_window(100, 0), document(torch.arange(t) // 7000)),
                                None, None, t, t)
     out, lse = qkv.scaled_dot_product_attention(q, k, v, block_mask=bm, return_lse=True)
-    w = qkv.attention_weights(q, k, lse, rows=[7000, t - 1], block_mask=bm)  # (2, 1, 2, t)
+    rows = [7000, t - 1]
+    w = qkv.attention_weights(q, k, lse, rows=rows, block_mask=bm)  # (2, 1, 2, t)
     assert w.shape == (2, 1, 2, t)
-    assert torch.allclose(w.sum(-1), torch.ones(2, 1, 2), atol=1e-5)
+    # float64 truth for those rows, and the plain float32 softmax of them as the yardstick
+    x64 = [a.double() for a in (q, k, v)]
+    out64, lse64 = qkv.scaled_dot_product_attention(*x64, block_mask=bm, return_lse=True)
+    w64 = qkv.attention_weights(x64[0], x64[1], lse64, rows=rows, block_mask=bm)
+    scores = (q[:, :, rows] @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (2, 1, 2, t)
+    plain = torch.softmax(scores.masked_fill(~bm.rows_mask(torch.tensor(rows)), -torch.inf), -1)
+    assert_within(w, w64, plain, what="weights")
+    assert_within(w.sum(-1), w64.sum(-1), plain.sum(-1), what="row sums")
     assert int((w[0, 0, 0] > 0).sum()) == 1  # the first token of its document sees only itself
     assert int((w[0, 0, 1] > 0).sum()) == 101
     # the output is the weights times the values
-    assert torch.allclose((w[:, :, 1] @ v[:, 0]).squeeze(1), out[:, 0, t - 1], atol=1e-5)
+    assert_within((w[:, :, 1] @ v[:, 0]).squeeze(1), out64[:, 0, t - 1],  # (2, d)
+                  (plain[:, :, 1] @ v[:, 0]).squeeze(1), what="w @ v")
 
 
 def test_rows_with_no_key_are_zero_and_nan_rows_stay_nan():
