@@ -6,17 +6,18 @@ Random models of three real shapes are built by ``transformers`` and saved with
 * ``smollm-135m``  — a Llama of SmolLM-135M's shape (30 layers, E = 576, 9 heads / 3 kv heads,
   tied head): every tensor is used as stored;
 * ``gpt2-small``   — GPT-2 small (12 layers, E = 768): ``Conv1D`` weights stored (in, out),
-  q/k/v fused — qkv uses them as transposed *views* of the file, ``c_attn`` split in three;
+  q/k/v fused — qkv transposes each into a copy (``gpt2_convert``) and splits ``c_attn`` in three;
 * ``pythia-160m``  — a GPT-NeoX of Pythia-160m's shape (12 layers, E = 768, untied head): the
   per-head fused ``query_key_value`` is split into three copies.
 
 Each load runs in a fresh process: RSS is read after the imports (and after the one-time import
 of torch's meta-tensor machinery, which both libraries use), then the model is loaded and
 every parameter read once (so the pages of the file that the model uses are resident, as they
-are after a first forward), and the peak RSS (``ru_maxrss``) and the RSS after loading are
-reported as multiples of the checkpoint file's size. A memory-mapped weight counts in RSS when
-it has been read (the page cache's pages, shared with other processes), so 1.0× is what holding
-the weights once costs. ``--dtype`` loads convert (bf16 file → fp32 model: the model alone is 2×).
+are after a first forward), and the growth of the peak RSS (``VmHWM``) and of the RSS after
+loading (``VmRSS``) are reported as multiples of the checkpoint file's size. A memory-mapped
+weight counts in RSS when it has been read (the page cache's pages, shared with other
+processes), so 1.0× is what holding the weights once costs. Each bfloat16 file is also loaded
+with ``dtype=torch.float32``, which converts (the model alone is then 2× the file).
 
     python benchmarks/load_memory.py               # all shapes, fp32 and bf16 files
     python benchmarks/load_memory.py --quick       # smollm-135m only
