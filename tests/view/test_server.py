@@ -123,6 +123,7 @@ def test_a_chunked_body_is_cut_at_the_limit(served):
     (b"{not json", "application/json", 400), (b"[1, 2]", "application/json", 400),
     (b"\xff\xfe", "application/json", 400), (b'{"text": "x"}', "text/plain", 415),
     (b'{"text": NaN}', "application/json", 422),
+    (b"[" * 100_000, "application/json", 400), (b'{"a":' * 20_000 + b"1" + b"}" * 20_000, "application/json", 400),
 ])
 def test_malformed_bodies(served, content, kind, status):
     r = httpx.post(served.url + "api/overview", content=content, headers={"Content-Type": kind})

@@ -67,6 +67,8 @@ async def read_json(request: Request) -> dict:
         body = json.loads(b"".join(chunks).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise ApiError("body", f"the body is not valid JSON ({str(e)[:80]})", 400) from None
+    except RecursionError:  # [[[[… nested deeper than the parser's stack, well inside the size limit
+        raise ApiError("body", "the body nests arrays or objects too deeply", 400) from None
     if not isinstance(body, dict):
         raise ApiError("body", "the body must be a JSON object", 400)
     return body
