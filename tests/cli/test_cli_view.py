@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -57,8 +58,11 @@ def test_ctrl_c_stops_the_server_cleanly():
                              "--no-browser", "--model", "translate"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
+        assert select.select([proc.stdout], [], [], 120)[0], "qkv view printed no URL in 120 s"
         line = proc.stdout.readline()
-        url = re.search(r"http://127\.0\.0\.1:\d+/", line)[0]
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, f"no URL in {line!r}"
+        url = url[0]
         deadline = time.monotonic() + 60
         while True:  # the URL is printed just before uvicorn starts listening
             try:
@@ -71,6 +75,8 @@ def test_ctrl_c_stops_the_server_cleanly():
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
-        proc.kill()
+        if proc.poll() is None:  # a failed assertion above: no server is left on the port
+            proc.kill()
+            proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "qkv view: stopped" in err and "Traceback" not in err

@@ -58,14 +58,16 @@ def served(model):
     server = make_server(create_app(api), sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield Served(api=api, url=url_of(sock), port=sock.getsockname()[1])
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    try:  # stopped and the port freed however the session ends, a failed start included
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        yield Served(api=api, url=url_of(sock), port=sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
 
 
 @pytest.fixture(scope="session")
@@ -85,8 +87,10 @@ def browser(chromium_path):
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium_path)
-        yield b
-        b.close()
+        try:
+            yield b
+        finally:
+            b.close()
 
 
 @dataclass
@@ -115,11 +119,13 @@ def watched(browser):
             r.abort()
 
     context.route("**/*", route)
-    page = context.new_page()
-    page.on("request", lambda r: requests.append(r.url))
-    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    yield Watched(page, requests, outside, errors)
-    context.close()
+    try:
+        page = context.new_page()
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        yield Watched(page, requests, outside, errors)
+    finally:
+        context.close()
     assert not outside, f"requests that left 127.0.0.1: {outside}"
     assert not errors, f"errors in the page: {errors}"
