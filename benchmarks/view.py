@@ -56,8 +56,21 @@ def start_server(text: str | None = None) -> tuple[subprocess.Popen, str, float]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
-    url = re.search(r"http://\S+", line)[0]
-    return proc, url, time.perf_counter() - t0
+    url = re.search(r"http://\S+", line)
+    if url is None:  # it failed to start: leave no process behind, show why
+        stop(proc)
+        sys.exit(f"qkv view did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc, url[0], time.perf_counter() - t0
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (uvicorn shuts down cleanly on it), then a kill if it still runs after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def requests_for(client: int, count: int) -> list[tuple[str, dict]]:
@@ -109,8 +122,7 @@ def load_test(clients: int, per_client: int) -> dict:
         wall = time.perf_counter() - t0
         after = rss_kib(proc.pid)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
     # the peer: the same requests, answered by the library in this process (no HTTP, no cache)
     import torch
@@ -189,8 +201,7 @@ def browser_test(switches: int) -> dict:
             browser.close()
         out["server_peak_mib"] = rss_kib(proc.pid)[1] / 1024
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
     # the peer: one head's map straight from the library (a forward per head, no cache)
     import torch
@@ -233,10 +244,12 @@ def decoder_test(switches: int) -> dict:
     server = make_server(create_app(Api(Models(["decoder-2048"], loader=lambda name: model))), sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.05)
     out = {}
     try:
+        while not server.started:
+            if not thread.is_alive():
+                sys.exit("the server did not start")
+            time.sleep(0.05)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=shutil.which("chromium"))
             page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -23,10 +23,23 @@ TEXT = "The dog found some pizza next to the baby and ate it"
 def main() -> None:
     sock = bind("127.0.0.1", 0)
     server = make_server(create_app(Api(Models(["minilm", "translate"]))), sock)
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    url = url_of(sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise SystemExit("the server did not start")
+            time.sleep(0.05)
+        shoot(url_of(sock))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    print("wrote", ", ".join(sorted(p.name for p in OUT.glob("view-*.png"))))
+
+
+def shoot(url: str) -> None:
+    """Every screenshot of the page at ``url``; the browser is closed however this ends."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"))
         page = browser.new_page(viewport={"width": 1400, "height": 900}, device_scale_factor=1)
@@ -54,8 +67,6 @@ def main() -> None:
         show(model="translate", text="the red apple is next to the black cats", layer=1, head=0, token=2)
         page.screenshot(path=OUT / "view-cross.png")
         browser.close()
-    server.should_exit = True
-    print("wrote", ", ".join(sorted(p.name for p in OUT.glob("view-*.png"))))
 
 
 if __name__ == "__main__":
