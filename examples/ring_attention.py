@@ -29,11 +29,6 @@ from qkv.distributed import SequenceParallel, ring_attention, shard, shard_posit
 from qkv.models.gpt2 import GPT2Config, GPT2Model
 
 
-def gpt2_logits(model: GPT2Model, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """GPT-2's forward with explicit (global) positions: ids (b, t) → logits (b, t, V)."""
-    return model(ids, position_ids=positions).logits
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--length", type=int, default=4096, help="tokens in the sequence")
@@ -64,10 +59,11 @@ def main() -> None:
     model = GPT2Model(GPT2Config(vocab_size=100, n_positions=512, n_embd=64, n_layer=2, n_head=4)).eval()
     ids = torch.randint(0, 100, (1, 300), generator=gen)
     with torch.no_grad():
-        whole = gpt2_logits(model, ids, torch.arange(300))
+        whole = model(ids).logits  # (1, 300, V)
         SequenceParallel(layout=args.layout).apply(model)
-        mine = gpt2_logits(model, shard(ids, layout=args.layout, dim=1),
-                           shard_positions(300, layout=args.layout))
+        # this rank's tokens at their global positions: (1, 300/P) → logits (1, 300/P, V)
+        mine = model(shard(ids, layout=args.layout, dim=1),
+                     position_ids=shard_positions(300, layout=args.layout)).logits
     model_err = torch.tensor([(mine - shard(whole, layout=args.layout, dim=1)).abs().max().item()])
     dist.all_reduce(model_err, op=dist.ReduceOp.MAX)
     if rank == 0:
