@@ -190,7 +190,7 @@ def test_softmax_demo(capsys):
     (["explain", TEXT, "--model", "nosuchmodel"], "nosuchmodel"),
     (["heads", TEXT, "--from", "it"], "--to is needed"),
     (["heads", TEXT, "--from", "it", "--to", "cat"], "--to 'cat' is not a word of the text"),
-    (["heads", "--probe", "winograd"], "unknown probe 'winograd'; known probes: coref"),
+    (["heads", "--probe", "winograd"], "unknown probe 'winograd'; known probes: coref, induction, previous-token"),
     (["heads"], "give a TEXT with --from/--to"),
     (["softmax-demo", "--dims", "4,x"], "--dims must be comma-separated whole numbers from 1 to 16384, got 'x'"),
 ])

@@ -332,12 +332,14 @@ def run_heads(args: argparse.Namespace) -> int:
     if args.probe is not None:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
-        from qkv.explain.find_heads import load_probe
+        from qkv.explain.find_heads import PROBES as SENTENCE_PROBES
         from qkv.explain.induction import PROBES as ATTENTION_PROBES
 
+        if args.probe not in SENTENCE_PROBES + ATTENTION_PROBES:  # fail before the model loads
+            raise QkvError(f"unknown probe {args.probe!r}; known probes: "
+                           f"{', '.join(SENTENCE_PROBES + ATTENTION_PROBES)}")
         if args.probe in ATTENTION_PROBES:  # induction / previous-token: repeated random tokens
             return _heads_induction(_load(args.model), args)
-        load_probe(args.probe)  # an unknown name fails before the model loads
         return _heads_probe(_load(args.model), args)
     if args.text is None:
         raise QkvError('give a TEXT with --from/--to (qkv heads "TEXT" --from it --to pizza), '
