@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("text", nargs="?", default=None, type=options.text(most=20000),
                    help="the text to open with (it can be typed in the page too)")
     p.add_argument("--model", type=options.name(), default="minilm",
-                   help="a known name (minilm, translate) or a model directory (default minilm)")
+                   help="a known name (minilm, lm, translate) or a model directory (default minilm)")
     p.add_argument("--port", type=options.integer(0, 65535), default=DEFAULT_PORT,
                    help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--host", type=options.name(), default="127.0.0.1",
