@@ -218,8 +218,8 @@ def browser_test(switches: int) -> dict:
 
 
 def decoder_test(switches: int) -> dict:
-    """A 2,048-token input on a decoder of GPT-2 small's shape (12 layers × 12 heads, causal,
-    2,048 positions; random weights, d_model 384 — no decoder checkpoint is on this machine),
+    """A 2,048-token input on a decoder with GPT-2 small's depth and heads (12 layers × 12 heads,
+    causal, 2,048 positions; random weights, d_model 384 — no decoder checkpoint is on this machine),
     served in a thread of this process. Over 512 tokens no whole map is kept: the head view draws
     the selected token's row from the overview (every head's row: 144 × 2,048 numbers)."""
     import torch
