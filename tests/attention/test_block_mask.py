@@ -172,3 +172,19 @@ def test_a_block_mask_refuses_other_lengths_batch_and_heads():
         qkv.scaled_dot_product_attention(q, k, v, block_mask=torch.ones(16, 16, dtype=torch.bool))
     with pytest.raises(ValueError, match="pass either block_mask= or"):
         qkv.scaled_dot_product_attention(q, k, v, block_mask=bm, is_causal=True)
+
+
+def test_descriptions_get_64_row_tiles_for_a_window_and_128_otherwise():
+    from qkv.attention import AttentionMask, VarLen
+    from qkv.attention.block_mask import block_mask_for
+
+    def tile(mask):
+        return block_mask_for(mask, 1, 1, 1000, 1000).block_size
+
+    assert tile(AttentionMask(causal=True, window=(512, 0))) == 64
+    assert tile(AttentionMask(window=(16, 16))) == 64
+    assert tile(AttentionMask(causal=True)) == 128
+    assert tile(AttentionMask(varlen=VarLen.from_lengths([500, 500]), window=(16, 0))) == 128
+    window = AttentionMask(causal=True, window=(40, 0))
+    assert torch.equal(block_mask_for(window, 1, 1, 300, 300).materialize(),
+                       create_block_mask(sliding_window(40, 0), None, None, 300, 300).materialize())
