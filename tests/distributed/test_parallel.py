@@ -38,14 +38,11 @@ def _models():
     return {"gpt2": gpt2, "llama": llama, "mistral": mistral}
 
 
-def _logits(name, model, ids, positions):
-    """The model's forward with explicit global positions (b, t) → logits (b, t, V)."""
-    return model(ids, position_ids=positions).logits
-
-
-def _step(name, model, ids, positions, targets):
+def _step(model, ids, positions, targets):
+    """One forward at global ``positions`` (b, t) and the backward of its summed loss: the
+    logits (b, t, V) and every parameter's gradient."""
     model.zero_grad()
-    logits = _logits(name, model, ids, positions)
+    logits = model(ids, position_ids=positions).logits
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
     loss.backward()
     return logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
@@ -67,12 +64,12 @@ def _worker(rank, world, runs):
     full_pos = torch.arange(n).expand(2, n)
     for name, method, layout in runs:
         model = models[name]
-        ref = _step(name, copy.deepcopy(model).double(), inputs, full_pos, targets)
-        low = _step(name, copy.deepcopy(model).float(), inputs, full_pos, targets)
+        ref = _step(copy.deepcopy(model).double(), inputs, full_pos, targets)
+        low = _step(copy.deepcopy(model).float(), inputs, full_pos, targets)
         sp = SequenceParallel(layout=layout, method=method).apply(copy.deepcopy(model).double())
         pos = shard_positions(n, layout=layout).expand(2, -1)  # (b, t_r)
         local = [shard(x, layout=layout, dim=1) for x in (inputs, targets)]
-        logits, grads = _step(name, sp, local[0], pos, local[1])
+        logits, grads = _step(sp, local[0], pos, local[1])
         for g in grads.values():
             dist.all_reduce(g)  # Σ over ranks of each shard's loss = the full loss
         r_logits, l_logits = (shard(x, layout=layout, dim=1) for x in (ref[0], low[0]))
