@@ -89,3 +89,24 @@ def assert_equals_transformers(model, hf, ids, attention_mask=None):
         assert_within(w, r, p, where=pair, what=f"layer {i} attention probabilities")
         assert torch.all(w.triu(diagonal=1) == 0)  # causal: nothing from the future
     return ours
+
+
+def assert_explain_rounding(path, text: str, **where) -> None:
+    """``qkv explain``'s float64 recomputation of one head matches the float32 forward's stages
+    (query, keys, values, scores, weights, output) within the forward's own rounding.
+
+    Each ``diffs`` entry is the rounding that one stage of the forward made (its inputs are
+    the forward's own). The same code run on the model loaded in float64 makes the same
+    roundings 2⁻²⁹ times smaller, so tolerance.py's :func:`agree_bound` rule applies the other
+    way round: the float32 difference may be 4 × the float64 one × eps32/eps64, + 2 ulp.
+    """
+    from qkv.explain import explain_head
+    from qkv.models import load
+    from tolerance import ulp, unit_roundoff_ratio
+
+    st = explain_head(load(path), text, **where)
+    fine = explain_head(load(path, dtype=torch.float64), text, **where)
+    ratio = unit_roundoff_ratio(torch.float32, torch.float64)  # 2²⁹
+    for stage, diff in st.diffs.items():
+        tol = 4 * fine.diffs[stage] * ratio + 2 * ulp(getattr(st, stage), torch.float32)
+        assert diff <= tol, f"{stage}: float32 forward vs float64 recomputation {diff:.3g} > {tol:.3g}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_decoders import PROMPTS, assert_equals_transformers, make_checkpoint
+from hf_decoders import PROMPTS, assert_equals_transformers, assert_explain_rounding, make_checkpoint
 from qkv.errors import QkvError
 from qkv.models import load
 from qkv.models.qwen2 import qwen2_config
@@ -73,4 +73,4 @@ def test_explain_head_recomputes_the_qk_norm_and_rotation(checkpoint):
     st = explain_head(model, "The quick brown fox", layer=1, head=4)
     assert ("normalised per head (RMSNorm), then rotated" in st.qk_transform) == (kind == "qwen3")
     # float64 recomputation against the forward's float32 numbers
-    assert st.diffs["query"] < 1e-5 and st.diffs["keys"] < 1e-5 and st.max_abs_diff < 1e-5
+    assert_explain_rounding(path, "The quick brown fox", layer=1, head=4)
