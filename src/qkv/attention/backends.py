@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.attention.block_mask import block_mask_for
-from qkv.attention.blockwise import blockwise_attention
+from qkv.attention.blockwise import blockwise_attention, compute_dtype
 from qkv.attention.masks import AttentionMask, combine
 from qkv.attention.reference import reference_attention
 
@@ -99,7 +99,7 @@ def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enabl
     dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
     trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
                                 scale=scale, dropout_p=dropout_p, bias=bias)
-    lse = trace.lse.to(torch.float64 if query.dtype == torch.float64 else torch.float32)
+    lse = trace.lse.to(compute_dtype(query.dtype))
     return trace.output, lse.expand(*trace.output.shape[:-1])
 
 

@@ -60,7 +60,8 @@ from qkv.attention.block_mask import BlockMask, create_block_mask, sliding_windo
 _NEG_INF = float("-inf")
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention arithmetic and its lse run in: float64 stays float64, all else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -176,7 +177,7 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """The online-softmax forward: ``(out (..., h, t, dv), lse (..., h, t))`` (see the module doc)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
-    c = _compute_dtype(query.dtype)
+    c = compute_dtype(query.dtype)
     bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
     # no copies of q, k, v in float32 (extra memory is the output, lse and one block's scores)
     q = lay.queries(query.to(c))  # (B, h_kv, g, t, d)
@@ -240,7 +241,7 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     """
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
-    c = _compute_dtype(query.dtype)
+    c = compute_dtype(query.dtype)
     bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
     q = lay.queries(query.to(c))  # (B, h_kv, g, t, d)
     k = lay.keys(key.to(c)).reshape(BH, s, lay.d)  # (BH, s, d)

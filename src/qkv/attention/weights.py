@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from qkv.attention.block_mask import BlockMask
+from qkv.attention.blockwise import compute_dtype
 
 
 def _select(name: str, sel, n: int, device) -> torch.Tensor:
@@ -79,7 +80,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                          f"grouped-query attention")
     rows = _select("rows", rows, t, query.device)
     heads = _select("heads", heads, h, query.device)
-    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(query.dtype)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     q = query.index_select(-3, heads).index_select(-2, rows).to(compute)  # (..., H, r, d)
     k = key.index_select(-3, heads // groups).to(compute)  # (..., H, s, d)

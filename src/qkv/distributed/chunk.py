@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from qkv.attention.blockwise import compute_dtype
+
 _FLASH_DTYPES = (torch.float32, torch.float64)
 
 
@@ -27,7 +29,7 @@ def _flash(q: torch.Tensor) -> bool:
 
 
 def _plain_scores(q, k, scale, causal):
-    f = torch.float64 if q.dtype == torch.float64 else torch.float32
+    f = compute_dtype(q.dtype)
     s = (q.to(f) @ k.to(f).transpose(-1, -2)) * scale  # (B, h, t, s)
     if causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(),

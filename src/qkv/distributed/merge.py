@@ -25,11 +25,6 @@ from __future__ import annotations
 import torch
 
 
-def merge_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else merges in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor,
                rows: slice) -> None:
     """Merge a part covering query rows ``rows`` into the running ``out`` (..., t, dv) and

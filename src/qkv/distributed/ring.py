@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from qkv.attention.blockwise import backward_chunk, forward_chunk
+from qkv.attention.blockwise import backward_chunk, compute_dtype, forward_chunk
 from qkv.distributed.checks import Agreed, agree
 from qkv.distributed.chunk import chunk_backward, chunk_forward
-from qkv.distributed.merge import merge_dtype, merge_into
+from qkv.distributed.merge import merge_into
 from qkv.distributed.plan import CAUSAL, EMPTY, PARTIAL, GlobalMask, mask_mod_of
 
 # message tags: one per role, so K, V and the gradient accumulators never match each other
@@ -130,7 +130,7 @@ def _reduce(dx: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _forward(q, k, v, ring: _Ring):
     """q (B, h, t, d), k/v (B, h_kv, t, d·) → out (B, h, t, dv) in q's dtype, lse (B, h, t) fp32+."""
-    acc = merge_dtype(q.dtype)
+    acc = compute_dtype(q.dtype)
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=acc, device=q.device)  # (B, h, t, dv)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)  # (B, h, t)
     world, cur = ring.agreed.world, (k, v)
@@ -153,7 +153,7 @@ def _forward(q, k, v, ring: _Ring):
 def _backward(dout, q, k, v, out, lse, ring: _Ring):
     """The ring backward (see the module doc): (dq, dk, dv) for this rank's shard."""
     world, groups = ring.agreed.world, ring.groups
-    acc = merge_dtype(q.dtype)
+    acc = compute_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, h, t, d)
     cur, incoming, pending_grad = (k, v), None, ()
     for step in range(world):
