@@ -47,6 +47,16 @@ def get_bool(d: dict, key: str, default: bool, *, where: str = "config.json") ->
     return value
 
 
+def get_token_ids(d: dict, key: str, *, where: str = "config.json") -> tuple[int, ...]:
+    """``d[key]`` as a tuple of token ids: one id or a list of them (``eos_token_id``); () when
+    absent or null."""
+    value = d.get(key)
+    values = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise QkvError(f"{where}: {key} must be a token id or a list of them, got {value!r}")
+    return tuple(values)
+
+
 def activation(d: dict, key: str, default: str, *, where: str = "config.json") -> str:
     """The qkv name of the activation ``d[key]``; unsupported ones are a QkvError."""
     name = d.get(key, default)

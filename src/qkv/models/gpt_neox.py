@@ -118,7 +118,7 @@ class GPTNeoXConfig:
             use_parallel_residual=cfg.get_bool(d, "use_parallel_residual", True, where=where),
             attention_bias=cfg.get_bool(d, "attention_bias", True, where=where),
             tie_word_embeddings=cfg.get_bool(d, "tie_word_embeddings", False, where=where),
-            eos_token_id=_token_ids(d.get("eos_token_id"), where),
+            eos_token_id=cfg.get_token_ids(d, "eos_token_id", where=where),
         )
 
 
@@ -141,13 +141,6 @@ def _read_rope(d: dict, where: str) -> tuple[float, float]:
     if not base > 0:
         raise QkvError(f"{where}: rotary_emb_base must be positive, got {base!r}")
     return float(pct), float(base)
-
-
-def _token_ids(value, where: str) -> tuple[int, ...]:
-    values = [] if value is None else value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise QkvError(f"{where}: eos_token_id must be a token id or a list of them, got {value!r}")
-    return tuple(values)
 
 
 class PartialRotary(nn.Module):

@@ -133,7 +133,7 @@ def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
         mlp_bias=cfg.get_bool(d, "mlp_bias", False, where=where),
         hidden_act=cfg.activation(d, "hidden_act", "silu", where=where),
         tie_word_embeddings=cfg.get_bool(d, "tie_word_embeddings", False, where=where),
-        eos_token_id=_token_ids(d.get("eos_token_id"), "eos_token_id", where),
+        eos_token_id=cfg.get_token_ids(d, "eos_token_id", where=where),
         bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
         **overrides,
     )
@@ -173,15 +173,6 @@ def read_rope(d: dict, max_positions: int, *, where: str) -> tuple[float, RopeSc
         return float(theta), RopeScaling(kind, factor, max_positions=max_positions)
     except ValueError as e:
         raise QkvError(f"{where}: {e}") from None
-
-
-def _token_ids(value, key: str, where: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise QkvError(f"{where}: {key} must be a token id or a list of them, got {value!r}")
-    return tuple(values)
 
 
 class RMSNorm(nn.Module):
