@@ -188,6 +188,7 @@ def test_wrong_dtype_tensor_is_named(pythia_like, tmp_path):
     ({"use_parallel_residual": "yes"}, r"use_parallel_residual must be true or false, got 'yes'"),
     ({"architectures": ["GPTNeoXForTokenClassification"]}, r"'GPTNeoXForTokenClassification' is not supported"),
     ({"hidden_act": ["gelu"]}, r"hidden_act \['gelu'\] is not supported"),
+    ({"eos_token_id": [0, "1"]}, r"eos_token_id must be a token id or a list of them, got \[0, '1'\]"),
 ])
 def test_config_rejects_unsupported(change, message):
     with pytest.raises(QkvError, match=message):
