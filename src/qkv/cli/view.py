@@ -56,7 +56,7 @@ def _served_models(model: str) -> list[str]:
 
 
 def run_view(args: argparse.Namespace) -> int:
-    from qkv.view.api import Api, ApiError, Models
+    from qkv.view.api import Api, Models
 
     if args.html is not None:
         return _export(args)
@@ -70,7 +70,7 @@ def run_view(args: argparse.Namespace) -> int:
     models = Models(_served_models(args.model))
     try:
         models.get(args.model)  # load once now: a bad --model fails here, not in the page
-    except (ApiError, QkvError):
+    except BaseException:  # a bad --model (QkvError, ApiError among them) or Ctrl-C while loading
         sock.close()
         raise
     query = {"model": args.model} | ({"text": args.text} if args.text else {})
