@@ -157,8 +157,8 @@ class Vocab:
     # -- files -------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> dict[str, str]:
         """Write both tokenizers atomically; return {language: file name}."""
-        for lang, name in self.FILES.items():
-            atomic_write_text(Path(directory) / name, getattr(self, lang).to_str(pretty=True))
+        for name, text in self.texts().items():
+            atomic_write_text(Path(directory) / name, text)
         return dict(self.FILES)
 
     def texts(self) -> dict[str, str]:
