@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from qkv.attention.block_mask import EMPTY as EMPTY_BLOCK, FULL as FULL_BLOCK
 from qkv.attention.block_mask import MaskMod, and_masks, sliding_window
 
 EMPTY, FULL, CAUSAL, PARTIAL = "empty", "full", "causal", "partial"
@@ -87,9 +88,9 @@ class GlobalMask:
             return kind
         if isinstance(mod, MaskMod) and getattr(mod, "analytic", True):  # qkv.masks: no evaluation
             kinds = mod.kinds(*(torch.tensor([x]) for x in (qa, qb, ka, kb)))  # (B', 1, 1, 1)
-            if bool((kinds == 0).all()):
+            if bool((kinds == EMPTY_BLOCK).all()):
                 return EMPTY
-            if bool((kinds == 2).all()):
+            if bool((kinds == FULL_BLOCK).all()):
                 return kind
         return PARTIAL
 
