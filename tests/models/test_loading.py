@@ -416,6 +416,7 @@ def test_peak_memory_while_loading_is_about_the_checkpoint(tmp_path):
             "m = qkv.load(sys.argv[1]); s = sum(float(p.sum()) for p in m.parameters())\n"
             "print(status('VmHWM') - before)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout.split()
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         timeout=300).stdout.split()  # on a timeout, run() kills and reaps the child
     peak_growth = int(out[0])
     assert peak_growth <= 1.3 * size, f"peak RSS grew {peak_growth / size:.2f}× the checkpoint ({size} bytes)"
