@@ -45,6 +45,7 @@ BAD = [
     ("cross", {"text": "the purple dragon", "model": "translate"}, 422, "text"),
     ("cross_steps", {"text": "the red apple", "model": "translate", "layer": 5, "head": 0}, 422, "layer"),
     ("maps", {"text": LONG}, 422, "text"),
+    ("map", {"text": TEXT, "layer": 0, "head": 0, "method": "norm"}, 422, "method"),  # weights only
     ("map", {"text": " ".join(["word"] * 70), "layer": 0, "head": 0}, 422, "text"),  # over MAP_TOKENS
     ("nothing", {"text": TEXT}, 404, "endpoint"),
 ]

@@ -84,8 +84,8 @@ def of_result(result) -> tuple[str, dict, dict]:
         fields = {"token": index, "layer": result.layer, "head": result.head, "words": False}
         return "steps", fields, steps(result)
     if name == "AttentionMap":
-        return "map", {"layer": result.layer, "head": result.head, "words": result.units.words,
-                       "method": "weight"}, head_map(result)
+        return "map", {"layer": result.layer, "head": result.head, "words": result.units.words}, \
+            head_map(result)
     if name == "CrossAttention":
         return "cross", {"token": result.token}, cross(result)
     if name == "CrossHeadSteps":

@@ -138,8 +138,8 @@ def _token(body: dict) -> str | None:
 FIELDS = {
     "overview": {"token", "words", "method"},
     "steps": {"token", "layer", "head", "words"},
-    "map": {"layer", "head", "words", "method"},
-    "maps": {"words", "method"},
+    "map": {"layer", "head", "words"},  # the attention weights: the method drives the model view only
+    "maps": {"words"},
     "probe": set(),
     "cross": {"token"},
     "cross_steps": {"token", "layer", "head"},

@@ -65,7 +65,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
     layer, head = min(layer, L - 1), min(head, H - 1)
     short = len(first["tokens"]) <= MAX_WHOLE_MAPS_UNITS
     if short:
-        get("maps", words=words, method=DEFAULT_METHOD)
+        get("maps", words=words)
         for u in range(len(ov["units"])):
             get("overview", token=u, words=words, method=DEFAULT_METHOD)
             get("steps", token=u, layer=layer, head=head, words=words)
@@ -75,7 +75,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         if probe:
             get("probe")
     else:
-        get("map", layer=layer, head=head, words=words, method=DEFAULT_METHOD)
+        get("map", layer=layer, head=head, words=words)
         get("steps", token=t, layer=layer, head=head, words=words)
     return answers, {"token": t, "layer": layer, "head": head, "words": words,
                      "method": DEFAULT_METHOD}

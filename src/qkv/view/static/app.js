@@ -126,7 +126,7 @@
         S.token = D.overview.unit_index;
         D.maps = null;
         if (D.overview.units.length <= ((D.info.limits || {}).whole_maps_units || 48)) {
-          try { D.maps = await ask("maps", { words: S.words, method: S.method }); } catch (e) { D.maps = null; }
+          try { D.maps = await ask("maps", { words: S.words }); } catch (e) { D.maps = null; }
         }
         loadProbe();
       }
@@ -324,7 +324,7 @@
       const all = mapsData(), off = ((S.layer * D.maps.shape[1]) + S.head) * U * U;
       data = all.subarray(off, off + U * U);
     } else {
-      const a = await ask("map", { layer: S.layer, head: S.head, words: S.words, method: S.method });
+      const a = await ask("map", { layer: S.layer, head: S.head, words: S.words });
       U = a.shape[0]; data = decodeF32(a.weights);
     }
     return { rows: units, cols: units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null,
@@ -655,7 +655,7 @@
         // a notebook's single result: only its own panel has numbers
         status("a single qkv.explain result: only its numbers are in this page");
         if (view === "map") {
-          const a = EMBED.answers[answerKey("map", { layer: S.layer, head: S.head, words: S.words, method: "weight" })];
+          const a = EMBED.answers[answerKey("map", { layer: S.layer, head: S.head, words: S.words })];
           D.overview = { units: a.units, special: a.special, num_layers: S.layer + 1, num_heads: S.head + 1, heads: [], words: a.words };
           D.maps = null;
           const data = decodeF32(a.weights), U = a.shape[0];
