@@ -49,3 +49,14 @@ def test_trace_rows_through_a_model(model):
 def test_load_names_its_argument(arg):
     with pytest.raises(ValueError, match="name_or_path"):
         qkv.load(arg)
+
+
+def test_explain_token_as_a_python_int(model):
+    from qkv.explain import explain
+
+    text = "the cat sat on the mat"
+    assert explain(model, text, token=2).to_dict() == explain(model, text, token="2").to_dict()
+    with pytest.raises(ValueError, match="token 99 is out of range"):
+        explain(model, text, token=99)
+    with pytest.raises(ValueError, match="token must be a word or an index, got 2.5"):
+        explain(model, text, token=2.5)

@@ -176,11 +176,20 @@ def _split_occurrence(spec: str) -> tuple[str, int | None]:
     return spec, None
 
 
-def choose(spec: str | None, units: Units, *, role: str = "token") -> Choice:
+def _spec(spec: object, role: str) -> str:
+    """``spec`` as the text :func:`choose` reads: a whole number (from Python) is an index."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return str(spec)
+    if not isinstance(spec, str):
+        raise ArgumentError(role, "{name} must be a word or an index, got {value!r}", value=spec)
+    return spec
+
+
+def choose(spec: str | int | None, units: Units, *, role: str = "token") -> Choice:
     """Resolve a user's choice of unit.
 
     ``spec`` is None (the last unit with a letter or digit, i.e. the last word, not a final
-    full stop), an index (``"12"``, counting from 0 over the
+    full stop), an index (``"12"`` or ``12``, counting from 0 over the
     units shown), a word (``"it"``: its last occurrence, with a note when there are several) or
     ``"it@0"`` (the first occurrence; occurrences count from 0). Matching ignores case.
     ``role`` is the argument ``spec`` came from; messages name it (see :mod:`qkv.explain.wording`).
@@ -202,7 +211,7 @@ def choose(spec: str | None, units: Units, *, role: str = "token") -> Choice:
         # The last *word*: skip a final "." or "?" — punctuation is rarely what one asks about.
         wordy = [i for i in plain if any(ch.isalnum() for ch in units.labels[i])]
         return Choice((wordy or plain or [len(units) - 1])[-1])
-    spec = spec.strip()
+    spec = _spec(spec, role).strip()
     if not spec:
         raise ArgumentError(role, "{name} is empty; give a word or an index ({listing})",
                             listing=units.listing())
@@ -244,7 +253,7 @@ def choose(spec: str | None, units: Units, *, role: str = "token") -> Choice:
     return Choice(found[-1], note)
 
 
-def choose_in(spec: str | None, encoding, text: str, *, words: bool,
+def choose_in(spec: str | int | None, encoding, text: str, *, words: bool,
               role: str = "token") -> tuple[Units, Choice]:
     """The units to show and the one ``spec`` picks.
 
@@ -253,6 +262,7 @@ def choose_in(spec: str | None, encoding, text: str, *, words: bool,
     suggesting ``words=True`` (``--words``).
     """
     units = units_for(encoding, text, words)
+    spec = None if spec is None else _spec(spec, role)
     if words or spec is None or spec.strip().lstrip("-").isdigit():
         return units, choose(spec, units, role=role)
     word, _ = _split_occurrence(spec.strip())
