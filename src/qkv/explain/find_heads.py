@@ -225,7 +225,8 @@ class ProbeResult:
 def load_probe(name: str) -> list[ProbeItem]:
     """The probe set shipped with qkv (``qkv/data/<name>.jsonl``)."""
     if name not in PROBES:
-        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
+        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known} (induction and "
+                            "previous-token: qkv.explain.induction.induction_probe)", value=name,
                             known=", ".join(PROBES))
     text = resources.files("qkv").joinpath("data", f"{name}.jsonl").read_text(encoding="utf-8")
     items = []
