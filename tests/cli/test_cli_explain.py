@@ -204,7 +204,7 @@ def test_user_errors_are_one_line(capsys, argv, message):
 def test_subprocess_errors_have_no_traceback(tmp_path):
     for argv in (["explain", TEXT, "--token", "cat"], ["explain", TEXT, "--png", "/proc/x/y.png"]):
         r = subprocess.run([sys.executable, "-m", "qkv", *argv], capture_output=True, text=True,
-                           cwd=tmp_path)
+                           cwd=tmp_path, timeout=300)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert r.stderr.startswith("qkv: error: ") and r.stderr.count("\n") == 1
     assert os.listdir(tmp_path) == []
@@ -212,7 +212,7 @@ def test_subprocess_errors_have_no_traceback(tmp_path):
 
 def test_subprocess_overview_is_plain_text():
     r = subprocess.run([sys.executable, "-m", "qkv", "explain", TEXT, "--layer", "3", "--top", "1"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "\x1b[" not in r.stdout  # no colour codes in a pipe
     assert contains_line("*      2   L3 H1    0.750      1.41   pizza 0.750", r.stdout)
 

@@ -71,7 +71,7 @@ def test_random_command_lines_never_crash(command, in_tmp_cwd):
 def qkv(*argv, stdin: bytes = b"", stdout=subprocess.PIPE, cwd=None):
     env = {**os.environ, "PYTHONIOENCODING": ""}
     return subprocess.run([sys.executable, "-m", "qkv", *argv], input=stdin, stdout=stdout,
-                          stderr=subprocess.PIPE, cwd=cwd, env=env)
+                          stderr=subprocess.PIPE, cwd=cwd, env=env, timeout=300)
 
 
 def test_invalid_utf8_in_argv_is_one_line(tmp_path):
