@@ -192,6 +192,7 @@ def test_softmax_demo(capsys):
     (["heads", TEXT, "--from", "it", "--to", "cat"], "--to 'cat' is not a word of the text"),
     (["heads", "--probe", "winograd"], "unknown probe 'winograd'; known probes: coref, induction, previous-token"),
     (["heads"], "give a TEXT with --from/--to"),
+    (["heads", "--probe", "coref", "--model", "lm"], "--probe coref cannot run on qkv-lm: its tokenizer"),
     (["softmax-demo", "--dims", "4,x"], "--dims must be comma-separated whole numbers from 1 to 16384, got 'x'"),
 ])
 def test_user_errors_are_one_line(capsys, argv, message):

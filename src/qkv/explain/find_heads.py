@@ -249,8 +249,14 @@ def _probe_one(model, item: ProbeItem, method: str = "weight"
     parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
     encoding = forward.encode(model, item.text)
     units = word_units(encoding, item.text)
-    pronoun = choose(item.pronoun, units, role="pronoun").unit
-    referent = choose(item.referent, units, role="referent").unit
+    try:
+        pronoun = choose(item.pronoun, units, role="pronoun").unit
+        referent = choose(item.referent, units, role="referent").unit
+    except ArgumentError as e:  # a tokenizer that keeps "it." as one word (the shipped lm's)
+        raise ArgumentError("probe", "{name} coref cannot run on {model}: its tokenizer does not "
+                            "split the probe sentence {text!r} into words holding the labelled "
+                            "ones ({reason})", model=forward.model_name(model), text=item.text,
+                            reason=str(e)) from e
     per_layer, _ = _rows(model, encoding, units, pronoun, method, None)
     plain = per_layer if method == "weight" else _rows(model, encoding, units, pronoun, "weight", None)[0]
     # Candidates: every word except the pronoun itself; special tokens are not words.
