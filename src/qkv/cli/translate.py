@@ -139,8 +139,6 @@ def _set_threads(threads: int | None) -> None:
 
     if threads is None:
         return
-    if threads < 1:
-        raise QkvError(f"--threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)
 
 
@@ -151,16 +149,10 @@ def _check_finite(ckpt, model: str) -> None:
     check_parameters(ckpt.model, name=model)
 
 
-def _check_beam(beam: int) -> None:
-    if beam < 1:
-        raise QkvError(f"--beam must be at least 1, got {beam}")
-
-
 def run_translate(args: argparse.Namespace) -> int:
     from qkv.translate.checkpoint import load_checkpoint
     from qkv.translate.decode import translate
 
-    _check_beam(args.beam)
     _set_threads(args.threads)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)
@@ -239,7 +231,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from qkv.translate.checkpoint import load_checkpoint
     from qkv.translate.report import test_report
 
-    _check_beam(args.beam)
     _set_threads(args.threads)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)
