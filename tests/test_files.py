@@ -76,3 +76,104 @@ def test_an_overwritten_file_keeps_its_permissions(tmp_path, umask, mode):
     path.chmod(mode)
     atomic_write_bytes(path, b"new")
     assert path.read_bytes() == b"new" and stat.S_IMODE(path.stat().st_mode) == mode
+
+
+# -- links and devices: written through, as a shell redirection writes them (issue 23, item 1) ---
+def test_a_symlink_is_written_through_and_stays_a_link(tmp_path):
+    real, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("old")
+    link.symlink_to(real)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to(tmp_path / "created.txt")
+    atomic_write_text(dangling, "made")  # `> dangling` creates the file the link names
+    assert dangling.is_symlink() and (tmp_path / "created.txt").read_text() == "made"
+    assert sorted(os.listdir(tmp_path)) == ["created.txt", "dangling.txt", "link.txt", "real.txt"]
+
+
+def test_a_device_stays_a_device(tmp_path):
+    before = os.stat("/dev/null")
+    atomic_write_bytes("/dev/null", b"x" * 1000)
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+    assert stat.S_IMODE(after.st_mode) == stat.S_IMODE(before.st_mode)
+
+
+def test_a_fifo_is_written_in_place(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    atomic_write_text(fifo, "through the pipe")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_directory_is_refused_naming_it(tmp_path):
+    with pytest.raises(IsADirectoryError) as e:
+        atomic_write_text(tmp_path, "x")
+    assert e.value.filename == str(tmp_path)
+
+
+def test_a_failed_write_names_the_target_not_the_temporary_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError) as e:
+        atomic_write_text(tmp_path / "file" / "page.html", "x")  # a file where a directory must be
+    assert e.value.filename == str(tmp_path / "file" / "page.html")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("root writes into a 0500 directory")
+        with pytest.raises(PermissionError) as e:
+            atomic_write_text(locked / "page.html", "x")
+        assert e.value.filename == str(locked / "page.html") and ".tmp" not in str(e.value)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_check_writable_refuses_what_cannot_be_written(tmp_path):
+    from qkv.errors import QkvError
+    from qkv.files import check_writable
+
+    check_writable(tmp_path / "new" / "deeper" / "x.png", "--plot")  # parents made later: fine
+    assert os.listdir(tmp_path) == []  # the probe left nothing behind
+    (tmp_path / "file").write_text("x")
+    for bad, reason in [(tmp_path, "directory"), (tmp_path / "file" / "x.png", "not a directory"),
+                        ("/proc/qkv-test/x.png", "")]:
+        with pytest.raises(QkvError, match=r"--plot .* cannot be written"):
+            check_writable(bad, "--plot")
+
+
+# -- reading from outside: regular files, bounded JSON (issue 23, item 4 and the FIFO) ----------
+def test_read_json_refuses_deep_nesting_fifos_and_non_numbers(tmp_path):
+    import time
+
+    from qkv.errors import QkvError
+    from qkv.files import MAX_JSON_DEPTH, read_json
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(QkvError, match=f"more than {MAX_JSON_DEPTH} levels"):
+        read_json(deep)
+    ok = tmp_path / "ok.json"
+    ok.write_text("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH)
+    read_json(ok)  # at the limit: read
+    quoted = tmp_path / "quoted.json"
+    quoted.write_text('{"a": "' + "[" * 500 + '\\"["}')  # brackets inside strings do not nest
+    assert read_json(quoted) == {"a": "[" * 500 + '"['}
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    with pytest.raises(QkvError, match="not a regular file"):
+        read_json(fifo)
+    assert time.monotonic() - start < 5
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        (tmp_path / "c.json").write_text('{"rope_theta": %s}' % constant)
+        with pytest.raises(QkvError, match=f"holds {constant}"):
+            read_json(tmp_path / "c.json")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Command modules, in the order ``qkv --help`` lists them. A module that is missing (a feature
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qkv", description="Transformer self-attention, computed and explained number by number.")
     parser.add_argument("--version", action="version", version=f"qkv {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(func=lambda args: missing_command("qkv", sub))
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -39,19 +41,37 @@ def _version() -> str:
     return __version__
 
 
+def missing_command(prog: str, sub: argparse._SubParsersAction) -> int:
+    """``qkv`` or ``qkv train`` alone: one error line naming the commands, not a usage block."""
+    print(f"qkv: error: {prog} needs a command: {', '.join(sub.choices)} (see {prog} --help)",
+          file=sys.stderr)
+    return 2
+
+
+def _closed_streams() -> bool:
+    """Whether stdout was closed by the caller (``qkv … >&-``): Python then sets ``sys.stdout``
+    to None. A closed stderr becomes /dev/null, so an error line cannot fall through to stdout."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdin is None:  # <&-: read as empty input
+        sys.stdin = open(os.devnull)
+    return sys.stdout is None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``qkv`` console script and ``python -m qkv``."""
     from qkv.cli.output import finish_output, write_failed
     from qkv.errors import QkvError
 
+    if _closed_streams():
+        print("qkv: error: standard output is closed, so no result could be written (give it a "
+              "file or a pipe)", file=sys.stderr)
+        return 2
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad option (already printed on one line)
         return finish_output(e.code if isinstance(e.code, int) else 2)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
         return finish_output(int(args.func(args) or 0))
     except (QkvError, FileNotFoundError, PermissionError, IsADirectoryError) as e:

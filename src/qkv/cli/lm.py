@@ -92,8 +92,11 @@ def run_train_lm(args: argparse.Namespace) -> int:
 def _check_plot(path: str) -> None:
     from qkv.errors import QkvError
 
+    from qkv.files import check_writable
+
     if _format(path) is None:
         raise QkvError(f"--plot {path!r}: give a .png or .svg file name")
+    check_writable(path, "--plot")  # before training, so a bad path costs nothing
 
 
 def _format(path: str) -> str | None:

@@ -75,12 +75,13 @@ def _register_train(sub) -> None:
     from qkv.cli.lm import register_train as register_train_lm  # qkv train lm (induction heads)
 
     register_train_lm(models)
-    p.set_defaults(func=lambda args: _missing_model(p))
+    p.set_defaults(func=lambda args: _missing_model(models))
 
 
-def _missing_model(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+def _missing_model(models: argparse._SubParsersAction) -> int:
+    from qkv.cli import missing_command
+
+    return missing_command("qkv train", models)
 
 
 def run_train(args: argparse.Namespace) -> int:

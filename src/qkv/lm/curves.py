@@ -25,8 +25,8 @@ def training_curves(history: list[dict], *, appeared: int | None = None) -> Figu
     steps = [h["step"] for h in history]
     fig = Figure(figsize=(7.5, 5.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(steps, [h["copy_loss"] for h in history], label="copied words (need induction)")
-    top.plot(steps, [h["random_loss"] for h in history], label="random words (ln 256 at best)")
+    top.plot(steps, [_nan_if_none(h["copy_loss"]) for h in history], label="copied words (need induction)")
+    top.plot(steps, [_nan_if_none(h["random_loss"]) for h in history], label="random words (ln 256 at best)")
     top.plot(steps, [h["train_loss"] for h in history], label="training batch", alpha=0.5)
     top.set_ylabel("loss (nats)")
     top.legend(loc="upper right", fontsize=8)
@@ -44,3 +44,8 @@ def training_curves(history: list[dict], *, appeared: int | None = None) -> Figu
                         xytext=(5, 0), textcoords="offset points", fontsize=8)
     bottom.legend(loc="center right", fontsize=8)
     return fig
+
+
+def _nan_if_none(x: float | None) -> float:
+    """A loss recorded as null (no such words in the validation data) is a gap in the curve."""
+    return float("nan") if x is None else x

@@ -161,8 +161,8 @@ class LMEval:
     """
 
     loss: float
-    copy_loss: float
-    random_loss: float
+    copy_loss: float | None  # None: the validation data has no such words
+    random_loss: float | None
     induction: list[list[float]]
     previous_token: list[list[float]]
 
@@ -186,8 +186,18 @@ def evaluate(model: LlamaModel, cfg: LMTrainConfig) -> LMEval:
                                      length=cfg.probe_length, seed=cfg.seed).scores.tolist()
               for probe in ("induction", "previous-token")}
     model.train(was_training)
-    return LMEval(float(loss), float(per[copy].mean()), float(per[~copy].mean()),
+    return LMEval(float(loss), _mean_or_none(per[copy]), _mean_or_none(per[~copy]),
                   scores["induction"], scores["previous-token"])
+
+
+def _mean_or_none(losses: torch.Tensor) -> float | None:
+    """The mean, or None when there is nothing to average (``--copy-prob 0``: no copied words;
+    a NaN would be written into config.json, which strict JSON cannot hold)."""
+    return float(losses.mean()) if losses.numel() else None
+
+
+def _loss(x: float | None) -> str:
+    return "n/a (none in the validation data)" if x is None else f"{x:.4f}"
 
 
 # -- the checkpoint (Hugging Face Llama layout) --------------------------------------------------
@@ -356,8 +366,8 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, progress
         history.append({"step": state.step, "seconds": round(elapsed_before + time.perf_counter() - t0, 1),
                         "train_loss": round(state.loss, 4), **asdict(ev)})
         prev = max(max(row) for row in ev.previous_token)
-        return ev, (f"valid loss {ev.loss:.4f} (copied words {ev.copy_loss:.4f}, random words "
-                    f"{ev.random_loss:.4f}); best induction head L{layer} H{head} {score:.3f}, "
+        return ev, (f"valid loss {ev.loss:.4f} (copied words {_loss(ev.copy_loss)}, random words "
+                    f"{_loss(ev.random_loss)}); best induction head L{layer} H{head} {score:.3f}, "
                     f"best previous-token score {prev:.3f}")
 
     def save(done: int, last_eval: LMEval | None, final: bool) -> None:
@@ -394,6 +404,6 @@ def print_summary(state: TrainState, out: Path, seconds: float, file=None) -> No
     ev = state.last_eval
     if isinstance(ev, LMEval):
         layer, head, score = ev.best_induction
-        line += (f"; validation loss {ev.loss:.4f} (copied words {ev.copy_loss:.4f}); best "
+        line += (f"; validation loss {ev.loss:.4f} (copied words {_loss(ev.copy_loss)}); best "
                  f"induction head L{layer} H{head} ({score:.3f})")
     print(f"{line}; checkpoint in {out}", file=file)

@@ -15,7 +15,6 @@ It reads Hugging Face BERT checkpoints (``qkv.models.load``) and computes the sa
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-import json
 import os
 import re
 from typing import Sequence
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from qkv.errors import QkvError
+from qkv.files import read_json
 from qkv.models import config as cfg
 from qkv.attention.masks import AttentionMask, VarLen
 from qkv.models.family import Family, Shapes, Tensors
@@ -232,8 +232,12 @@ class BertModel(nn.Module):
         :class:`QkvError`, or with ``truncate=True`` is cut to it with a warning
         (sentence-transformers cuts silently).
 
+        ``texts``: a sequence of strings, or one string — one text, as sentence-transformers
+        reads it (never its characters).
+
         Returns:
-            (n, E) float tensor, rows in the order of ``texts``, each of unit length.
+            (n, E) float tensor, rows in the order of ``texts``, each of unit length; (E,) for
+            one string.
 
         Example:
             >>> model = qkv.models.load("minilm")                     # doctest: +SKIP
@@ -245,6 +249,11 @@ class BertModel(nn.Module):
             raise QkvError("embed needs a tokenizer: load the model with qkv.models.load(...)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(texts, str):  # one text; list("the cat") would embed 7 characters
+            return self.embed([texts], batch_size, truncate=truncate)[0]
+        if texts is None or isinstance(texts, (bytes, bytearray)) or not hasattr(texts, "__iter__"):
+            raise QkvError(f"texts must be a string or a list of strings, got "
+                           f"{type(texts).__name__} {texts!r:.60}")
         texts = list(texts)
         encodings = self.tokenizer.encode_batch(texts, max_length=self.max_seq_length,
                                                 truncate=truncate).encodings if texts else []
@@ -335,11 +344,8 @@ def sentence_length(directory: str | None, limit: int) -> int:
     file = os.path.join(directory, "sentence_bert_config.json") if directory else None
     if file is None or not os.path.isfile(file):
         return limit
-    try:
-        with open(file, encoding="utf-8") as f:
-            value = json.load(f).get("max_seq_length")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
-        raise QkvError(f"{file} is not valid JSON: {e}") from None
+    config = read_json(file)
+    value = config.get("max_seq_length") if isinstance(config, dict) else None
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit:
         return value
     return limit

@@ -26,7 +26,6 @@ Every failure is one :class:`QkvError` line naming the file, tensor or limit.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import weakref
@@ -38,6 +37,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from qkv.errors import QkvError
+from qkv.files import manifest_files, read_json, verify_listed_files
 from qkv.models.family import Family
 from qkv.models.registry import FAMILIES
 from qkv.models.tokenizer import Tokenizer
@@ -99,17 +99,20 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     path, name = resolve(name_or_path)
     config_file = os.path.join(path, "config.json")
     raw = _read_json(config_file)
+    listed = manifest_files(raw, config_file)  # a qkv checkpoint: exactly these files, verified
+    if listed is not None:
+        verify_listed_files(path, listed)
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise QkvError(f"{config_file}: model_type {model_type!r} is not supported; qkv runs "
                        f"{', '.join(sorted(FAMILIES))}")
     family = FAMILIES[model_type]
     config = family.config_from_dict(raw, where=config_file)
-    checkpoint = Checkpoint.open(path, family.prefix)
+    checkpoint = Checkpoint.open(path, family.prefix, listed)
     checkpoint.check_layers(family, config, config_file)  # before shapes(config) lists them all
     checkpoint.check(family.shapes(config), family.ignored)
     dtype = dtype or checkpoint.stored_dtype()
-    tokenizer = Tokenizer.from_dir(path, name=name, max_length=family.max_length(config))
+    tokenizer = Tokenizer.from_dir(path, name=name, max_length=family.max_length(config), files=listed)
     _check_vocabulary(tokenizer, config, path)
     model = _build_without_parameters(family, config, tokenizer=tokenizer, name=name, directory=path)
     state = family.convert(checkpoint.tensors(family, config, dtype, device), config)
@@ -186,13 +189,9 @@ def _build_without_parameters(family: Family, config, **kwargs) -> nn.Module:
 
 
 def _read_json(file: str) -> dict:
-    if not os.path.isfile(file):
+    if not os.path.lexists(file):
         raise QkvError(f"{file} is missing (a checkpoint directory needs config.json)")
-    try:
-        with open(file, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise QkvError(f"{file} is not valid JSON: {e}") from None
+    data = read_json(file)
     if not isinstance(data, dict):
         raise QkvError(f"{file} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -204,12 +203,17 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
 _LAYER = re.compile(r"(?:^|\.)(\d+)\.")  # the first number in a name: its layer
 
 
-def _weight_files(path: str) -> list[str]:
+def _weight_files(path: str, listed: dict[str, str] | None = None) -> list[str]:
+    """The safetensors files to read. With a manifest (``listed``), only files it lists count:
+    a stray ``model.safetensors`` beside a qkv run's listed index is never read."""
+    def present(name: str) -> bool:
+        return os.path.isfile(os.path.join(path, name)) and (listed is None or name in listed)
+
     single = os.path.join(path, "model.safetensors")
-    if os.path.isfile(single):
+    if present("model.safetensors"):
         return [single]
     index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    if present("model.safetensors.index.json"):
         weight_map = _read_json(index).get("weight_map")
         if (not isinstance(weight_map, dict) or not weight_map
                 or not all(isinstance(f, str) for f in weight_map.values())):
@@ -221,6 +225,9 @@ def _weight_files(path: str) -> list[str]:
                 raise QkvError(f"{index} names the shard {f!r}, which is not a file in {path}")
             if not os.path.isfile(file):
                 raise QkvError(f"{file} is missing (a shard listed in {index})")
+            if listed is not None and f not in listed:
+                raise QkvError(f"{index} names the shard {f!r}, which config.json does not list "
+                               f"with a sha256 (an unlisted file is never read)")
             files.append(file)
         return files
     if any(os.path.isfile(os.path.join(path, f)) for f in ("pytorch_model.bin", "model.pt")):
@@ -246,9 +253,10 @@ class Checkpoint:
         self._handles: dict[str, object] = {}  # file → the shared safe_open handle
 
     @classmethod
-    def open(cls, path: str, prefix: str) -> "Checkpoint":
-        """Read every file's header (names, shapes, dtypes; no tensor data)."""
-        ckpt = cls(path, _weight_files(path))
+    def open(cls, path: str, prefix: str, listed: dict[str, str] | None = None) -> "Checkpoint":
+        """Read every file's header (names, shapes, dtypes; no tensor data); with a manifest
+        (``listed``: name → sha256), only the files it lists."""
+        ckpt = cls(path, _weight_files(path, listed))
         for file in ckpt.files:
             f = ckpt._open(file)
             for stored in f.keys():

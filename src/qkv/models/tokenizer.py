@@ -11,17 +11,17 @@ A thin wrapper around the Hugging Face ``tokenizers`` library (Rust, fast). What
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Container, Sequence
 
 import tokenizers
 import torch
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from qkv.errors import QkvError
+from qkv.files import parse_json, read_json, read_regular
 from qkv.text import check_text
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -103,22 +103,24 @@ class Tokenizer:
     # -- loading ---------------------------------------------------------------------------
     @classmethod
     def from_dir(cls, path: str | os.PathLike, *, name: str | None = None,
-                 max_length: int | None = None) -> "Tokenizer":
+                 max_length: int | None = None, files: Container[str] | None = None) -> "Tokenizer":
         """Load from a checkpoint directory: ``tokenizer.json``, else ``vocab.json`` +
         ``merges.txt`` (GPT-2 byte-level BPE), else ``vocab.txt`` (BERT WordPiece).
 
         ``max_length`` defaults to ``model_max_length`` in ``tokenizer_config.json`` when present.
+        ``files``: the names a manifest lists; a file not among them is treated as absent.
         """
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise QkvError(f"tokenizer directory {path} does not exist")
-        config = _read_tokenizer_config(path)
+        present = lambda n: _present(path, n, files)  # noqa: E731
+        config = _read_tokenizer_config(path) if present("tokenizer_config.json") else {}
         if max_length is None:
             limit = config.get("model_max_length")
             # HF writes a huge sentinel (1e30) when the limit is unknown.
             max_length = int(limit) if isinstance(limit, (int, float)) and 0 < limit < 1e9 else None
         name = name or os.path.basename(os.path.normpath(path))
-        return cls(_load_tokenizer(path, config), name=name, max_length=max_length)
+        return cls(_load_tokenizer(path, config, present), name=name, max_length=max_length)
 
     # -- encoding ----------------------------------------------------------------------------
     @property
@@ -271,30 +273,31 @@ def _pad_id(tok: tokenizers.Tokenizer) -> int:
     return 0
 
 
+def _present(path: str, name: str, files: Container[str] | None) -> bool:
+    return os.path.lexists(os.path.join(path, name)) and (files is None or name in files)
+
+
 def _read_tokenizer_config(path: str) -> dict:
-    file = os.path.join(path, "tokenizer_config.json")
-    if not os.path.isfile(file):
-        return {}
-    try:
-        with open(file, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise QkvError(f"{file} is not valid JSON: {e}") from None
+    config = read_json(os.path.join(path, "tokenizer_config.json"))
     return config if isinstance(config, dict) else {}
 
 
-def _load_tokenizer(path: str, config: dict) -> tokenizers.Tokenizer:
+def _load_tokenizer(path: str, config: dict, present: Callable[[str], bool]) -> tokenizers.Tokenizer:
     file = os.path.join(path, "tokenizer.json")
-    if os.path.isfile(file):
+    if present("tokenizer.json"):
+        text = read_regular(file)  # a FIFO would block the Rust reader forever
+        parse_json(text, file)  # depth and syntax checked here, so errors name the file
         try:
-            return tokenizers.Tokenizer.from_file(file)
+            return tokenizers.Tokenizer.from_str(text.decode("utf-8-sig"))
         except Exception as e:  # the Rust side raises a bare Exception
             raise QkvError(f"{file} could not be read as a tokenizer: {e}") from None
     vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
-    if os.path.isfile(vocab) and os.path.isfile(merges):
+    if present("vocab.json") and present("merges.txt"):
+        read_regular(vocab), read_regular(merges)  # regular files only: a FIFO blocks the reader
         return byte_level_bpe(vocab, merges)
     vocab_txt = os.path.join(path, "vocab.txt")
-    if os.path.isfile(vocab_txt):
+    if present("vocab.txt"):
+        read_regular(vocab_txt)
         return wordpiece(vocab_txt, lowercase=bool(config.get("do_lower_case", True)))
     raise QkvError(f"no tokenizer in {path}: expected tokenizer.json, vocab.json + merges.txt "
                    f"(GPT-2) or vocab.txt (BERT)")

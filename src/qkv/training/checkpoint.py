@@ -41,13 +41,14 @@ from typing import Callable
 import torch
 
 from qkv.errors import QkvError
-from qkv.files import atomic_write, atomic_write_bytes, atomic_write_text
+from qkv.files import (
+    FILES_KEY, atomic_write, atomic_write_bytes, atomic_write_text, check_name, check_writable,
+    manifest_files, read_json, read_regular,
+)
 
 MANIFEST = "config.json"
-FILES_KEY = "files"
 # What qkv.files names its temporary files: ".<target>.<12 hex>.tmp".
 _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 # A file's content: bytes, or a function that writes the file at the path it is given.
 Content = bytes | Callable[[str], None]
@@ -63,15 +64,6 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def check_name(name: object, where: str) -> str:
-    """``name`` must be a plain file name (no directory part, not hidden, not ``..``)."""
-    if (not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
-            or "/" in name or "\\" in name or "\x00" in name):
-        raise QkvError(f"{where}: file name {name!r} is not a plain file name inside the "
-                       f"checkpoint directory")
-    return name
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[str]:
@@ -112,9 +104,15 @@ def prepare_out_dir(out: object, *, resume: bool, force: bool, kinds: tuple[str,
       goes first (so nothing of the old run is ever read again) and the files of the
       checkpoint's ``kinds`` (glob patterns) after it. Other files are left alone.
 
-    Stale temporary files are removed in every case.
+    The directory is created and must take a new file (checked by creating one), so an
+    unwritable ``out`` fails before training. Stale temporary files are removed in every case.
     """
     path = check_out_dir(out, flag=flag)
+    try:  # create it and a file in it now, not after an hour of training (a read-only mount, /sys)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QkvError(f"{flag} {str(out)!r} cannot be created ({e.strerror or e})") from None
+    check_writable(path / MANIFEST, flag)
     remove_stale_temporaries(path)
     if resume:
         if not (path / MANIFEST).is_file():
@@ -159,7 +157,9 @@ def write_checkpoint(directory: str | os.PathLike, files: dict[str, Content], ma
             atomic_write(path, content)
         hashes[name] = sha256_file(path)
     record = {**manifest, FILES_KEY: hashes}
-    atomic_write_text(directory / MANIFEST, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    # allow_nan=False: a NaN literal is not JSON, and strict readers (read_json) refuse it
+    atomic_write_text(directory / MANIFEST,
+                      json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     for path in directory.iterdir():
         if (path.name not in hashes and path.name != MANIFEST and path.is_file()
                 and any(fnmatch.fnmatch(path.name, k) for k in kinds)):
@@ -186,22 +186,17 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     if not directory.is_dir():
         raise QkvError(f"model directory {str(directory)!r} does not exist")
     path = directory / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise QkvError(f"{directory} is not a qkv model directory (no config.json)")
     try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise QkvError(f"{path}: corrupt checkpoint (config.json is not valid JSON: {e})") from None
+        manifest = read_json(path)
+    except QkvError as e:
+        raise QkvError(f"corrupt checkpoint: {e}") from None
     if not isinstance(manifest, dict):
         raise QkvError(f"{path}: corrupt checkpoint (config.json must hold a JSON object, got "
                        f"{type(manifest).__name__})")
-    files = manifest.get(FILES_KEY, {})
-    if not isinstance(files, dict):
-        raise QkvError(f"{path}: corrupt checkpoint (\"files\" must map file names to sha256)")
-    for name, digest in files.items():
-        check_name(name, str(path))
-        if not isinstance(digest, str) or not _SHA256.match(digest):
-            raise QkvError(f"{path}: no valid sha256 recorded for {name!r} (got {digest!r})")
+    if manifest_files(manifest, str(path)) is None:
+        manifest[FILES_KEY] = {}
     return manifest
 
 
@@ -215,9 +210,9 @@ def read_listed(directory: str | os.PathLike, manifest: dict, name: object, what
         raise QkvError(f"{directory}: {what} file {name!r} is not listed with a sha256 in "
                        f"config.json (a stale or foreign file is never read)")
     path = directory / name
-    if path.is_symlink() or not path.is_file():
+    if path.is_symlink() or not os.path.lexists(path):
         raise QkvError(f"{directory}: {what} file {name!r} named in config.json is missing")
-    data = path.read_bytes()
+    data = read_regular(path)
     if sha256_bytes(data) != files[name]:
         raise QkvError(f"{path}: corrupt checkpoint ({what} file does not match its sha256 in "
                        f"config.json)")

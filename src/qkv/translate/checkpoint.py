@@ -16,7 +16,6 @@ so tokenizers left by another run are never picked up. Nothing is ever unpickled
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from qkv.errors import QkvError
+from qkv.files import read_json
 from qkv.models.translation import TranslationConfig, TranslationModel, upgrade_state_dict
 from qkv.training.checkpoint import (
     get_field, load_optimizer_tensors, load_tensors, optimizer_tensors, read_listed, read_manifest,
@@ -64,10 +64,10 @@ def is_translation_model(model: str | os.PathLike | None) -> bool:
     The explain command uses this to route ``--model`` to :mod:`qkv.cli.explain` (which calls :func:`qkv.explain.cross_attention`).
     """
     path = resolve_model_dir(model) / "config.json"
-    try:
-        return json.loads(path.read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError, AttributeError):
+    if not path.is_file():
         return False
+    config = read_json(path)  # a bad file is named here, not taken for "some other model"
+    return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE
 
 
 # -- model weights -------------------------------------------------------------------------------
