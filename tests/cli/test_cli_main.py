@@ -6,9 +6,12 @@ import sys
 from qkv.cli import main
 
 
-def test_no_command_prints_help_and_fails(capsys):
-    assert main([]) == 2
-    assert "usage: qkv" in capsys.readouterr().out
+def test_a_group_without_its_command_is_one_error_line(capsys):
+    for argv, prog in [([], "qkv"), (["train"], "qkv train")]:
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.count("\n") == 1 and captured.err.startswith(f"qkv: error: {prog} needs a command: ")
 
 
 def test_walkthrough_runs(capsys):
