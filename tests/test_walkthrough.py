@@ -90,3 +90,19 @@ def test_seed_changes_the_numbers_and_is_reproducible():
 def test_bad_input(tokens, dim):
     with pytest.raises(QkvError):
         worked_example(tokens, dim=dim)
+
+
+def test_a_repeated_word_is_one_embedding_and_the_weights_ignore_the_token_count():
+    """issue 23: `walkthrough a a a a` gave one word four embeddings; W_Q changed with t."""
+    from qkv.modules.positional import SinusoidalPositionalEncoding
+    from qkv.walkthrough import worked_example
+
+    w = worked_example(["a", "b", "a", "a"], dim=6, seed=3)
+    pos = SinusoidalPositionalEncoding(6, max_len=4).double()(torch.zeros(4, 6, dtype=torch.float64))
+    emb = w.x - pos  # (t, E): what each token's word contributes
+    torch.testing.assert_close(emb[0], emb[2], rtol=0, atol=0)
+    torch.testing.assert_close(emb[0], emb[3], rtol=0, atol=0)
+    assert not torch.equal(emb[0], emb[1])
+    short = worked_example(["b"], dim=6, seed=3)
+    torch.testing.assert_close(short.w_q, w.w_q, rtol=0, atol=0)
+    torch.testing.assert_close(short.x[0] - pos[0], emb[1], rtol=0, atol=1e-15)

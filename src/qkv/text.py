@@ -28,9 +28,53 @@ Example:
 
 from __future__ import annotations
 
+import unicodedata
+
 from qkv.errors import QkvError
 
 BOM = "\ufeff"
+# Characters that end a line for someone (str.splitlines, editors, Unicode) but not for a stream
+# split on "\n": inside one line they would silently join two sentences into one.
+LINE_BREAKS = "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+SHOWN = 40  # characters of a user's word quoted back in a message (a 5 MB word stays 5 MB no more)
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` has nothing a model could read: only white space, control characters
+    and invisible format characters (zero-width spaces and joiners, BOMs, direction marks).
+
+    Example:
+        >>> is_blank("\u200b\u200d \x07\ufeff"), is_blank("a\u200b")
+        (True, False)
+    """
+    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in text)
+
+
+def shown(text: str, most: int = SHOWN) -> str:
+    """``repr(text)``, cut to ``most`` characters with its length said: for messages.
+
+    Example:
+        >>> shown("x" * 100, most=5)
+        "'xxxxx…' (100 characters)"
+    """
+    return repr(text) if len(text) <= most else f"{text[:most]!r}"[:-1] + f"…' ({len(text)} characters)"
+
+
+def check_one_line(text: str, *, what: str = "the text") -> str:
+    """``text`` unchanged, or :class:`TextError` when it holds a line break other than ``\n``
+    handling would see (``\r``, ``\v``, ``\f``, U+0085, U+2028 …): where one sentence per line
+    is read, two sentences would otherwise be merged into one without a word.
+
+    Example:
+        >>> check_one_line("the cat\u2028the dog")
+        Traceback (most recent call last):
+        qkv.text.TextError: the text holds a line break (U+2028) at character 7; put one sentence per line
+    """
+    for i, c in enumerate(text):
+        if c in LINE_BREAKS:
+            raise TextError(f"{what} holds a line break (U+{ord(c):04X}) at character {i}; put "
+                            f"one sentence per line")
+    return text
 
 
 class TextError(QkvError):
@@ -87,8 +131,8 @@ def read_lines(stream, *, what: str = "line"):
     """``(number, text_or_error)`` for each line of a binary stream (numbers from 1).
 
     Each line is decoded on its own, so one bad line does not end the stream: it comes back as
-    a :class:`TextError` in place of its text. The first line's BOM is dropped; line ends are
-    removed.
+    a :class:`TextError` in place of its text. A BOM at the start of any line is dropped (``cat
+    a.txt b.txt`` puts the second file's in the middle of the stream); line ends are removed.
 
     Example:
         >>> import io
@@ -102,4 +146,4 @@ def read_lines(stream, *, what: str = "line"):
         except TextError as e:
             yield number, e
             continue
-        yield number, line[1:] if number == 1 and line.startswith(BOM) else line
+        yield number, line[1:] if line.startswith(BOM) else line

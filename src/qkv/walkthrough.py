@@ -8,6 +8,7 @@ learns (``qkv explain`` shows that on a real model).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -41,13 +42,26 @@ def worked_example(tokens: list[str], *, dim: int = 4, seed: int = 0) -> Walkthr
         raise QkvError("walkthrough needs at least one token")
     if dim < 2 or dim % 2:
         raise QkvError(f"--dim must be an even number >= 2, got {dim}")
+    # The weights come first from the seed alone, so they do not change with the token count;
+    # each word's embedding from the seed and the word, so a repeated word is one vector (its
+    # copies differ only by their positions), as in a model's embedding table.
     g = torch.Generator().manual_seed(seed)
-    emb = torch.randn(len(tokens), dim, generator=g, dtype=torch.float64)  # (t, E)
-    x = SinusoidalPositionalEncoding(dim, max_len=len(tokens)).double()(emb)  # (t, E)
     w_q, w_k, w_v = (torch.randn(dim, dim, generator=g, dtype=torch.float64) for _ in range(3))
+    table = {word: _embedding(word, dim, seed) for word in tokens}
+    emb = torch.stack([table[word] for word in tokens])  # (t, E)
+    x = SinusoidalPositionalEncoding(dim, max_len=len(tokens)).double()(emb)  # (t, E)
     q, k, v = x @ w_q, x @ w_k, x @ w_v  # (t, d) each
     trace = attention_trace(q[None], k[None], v[None])  # (1, t, ·)
     return Walkthrough(tokens, x, w_q, w_k, w_v, trace)
+
+
+def _embedding(word: str, dim: int, seed: int) -> torch.Tensor:
+    """A word's random (E,) embedding, the same wherever and however often the word appears.
+
+    Seeded by sha256 of the seed and the word (``hash()`` is salted per process)."""
+    digest = hashlib.sha256(f"{seed}\x00{word}".encode("utf-8", "surrogatepass")).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.randn(dim, generator=g, dtype=torch.float64)
 
 
 def _vec(v: torch.Tensor) -> str:

@@ -151,6 +151,7 @@ def _check_finite(ckpt, model: str) -> None:
 
 
 def run_translate(args: argparse.Namespace) -> int:
+    from qkv.text import check_one_line
     from qkv.translate.checkpoint import load_checkpoint
     from qkv.translate.decode import translate
 
@@ -161,7 +162,9 @@ def run_translate(args: argparse.Namespace) -> int:
         print(" ".join(ckpt.vocab.words("en")))
         return 0
     if args.text is not None:
+        check_one_line(args.text)
         print(translate(ckpt.model, ckpt.vocab, [args.text], beam=args.beam)[0])
+        _note_outside_grammar(args.text)
         return 0
     return _translate_stream(ckpt, args.beam)
 
@@ -174,7 +177,7 @@ def _translate_stream(ckpt, beam: int) -> int:
     next line is translated. At the end one ``qkv: error:`` line counts the failures (exit 2),
     so a script sees both every good translation and that some lines failed.
     """
-    from qkv.text import read_lines
+    from qkv.text import check_one_line, read_lines
     from qkv.translate.decode import translate
 
     failed: list[int] = []
@@ -190,7 +193,9 @@ def _translate_stream(ckpt, beam: int) -> int:
             print("", flush=True)  # keep output lines in step with input lines
             continue
         try:
+            check_one_line(line, what=f"line {number}")
             french = translate(ckpt.model, ckpt.vocab, [line], beam=beam)[0]
+            _note_outside_grammar(line, f"line {number}: ")
         except QkvError as e:
             failed.append(number)
             print(f"qkv: line {number}: {e}; its output line is empty", file=sys.stderr)
@@ -201,6 +206,20 @@ def _translate_stream(ckpt, beam: int) -> int:
         raise QkvError(f"{len(failed)} of {total} lines not translated (line{'s' * (len(failed) > 1)} "
                        f"{shown}); their output lines are empty")
     return 0
+
+
+def _note_outside_grammar(text: str, where: str = "") -> None:
+    """Known words in an order the grammar never makes ("the" alone, "cat the red") translate
+    into whatever the decoder drifts to ("les les les …"): say so on stderr, next to the guess."""
+    from qkv.translate.grammar import parse
+    from qkv.translate.vocab import normalize_en
+
+    try:
+        parse(normalize_en(text))
+    except ValueError as e:
+        why = str(e).split(": ", 1)[-1]
+        print(f"qkv: note: {where}the sentence is outside the grammar the model learned ({why}); "
+              f"its translation is a guess", file=sys.stderr)
 
 
 def _stdin_bytes():

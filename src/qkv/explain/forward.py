@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.errors import QkvError
+from qkv.text import is_blank, shown
 from qkv.explain.finite import check_layers
 from qkv.explain.select import Units, units_for
 from qkv.explain.wording import ArgumentError
@@ -89,8 +90,8 @@ def check_top(top: int) -> None:
 
 def check_text(text: str) -> None:
     """QkvError for an empty or blank text (checked before a model is loaded)."""
-    if not text or not text.strip():
-        raise QkvError(f"the text is empty ({text!r}); give a sentence, e.g. qkv explain "
+    if not text or is_blank(text):  # zero-width and control characters are no words either
+        raise QkvError(f"the text is empty ({shown(text)}); give a sentence, e.g. qkv explain "
                        "\"The dog found some pizza next to the baby and ate it\"")
 
 
@@ -99,7 +100,11 @@ def encode(model, text: str):
     check_text(text)
     encoding = model.tokenizer.encode(text)
     if not encoding.ids:
-        raise QkvError(f"the text {text!r} has no tokens for {model_name(model)}")
+        raise QkvError(f"the text {shown(text)} has no tokens for {model_name(model)}")
+    if model.tokenizer.all_unknown(encoding):
+        raise QkvError(f"every word of {shown(text)} is unknown to {model_name(model)} (each "
+                       f"becomes {model.tokenizer.unk_token}), so its attention would say nothing "
+                       f"about the text; give words from its vocabulary, or use another model")
     return encoding
 
 

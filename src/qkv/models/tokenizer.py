@@ -127,6 +127,20 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def unk_token(self) -> str | None:
+        """The token an unknown word becomes (``[UNK]``, ``<unk>``), or None (byte-level BPE
+        has no unknown words)."""
+        token = getattr(self._tok.model, "unk_token", None)
+        return token if isinstance(token, str) and self._tok.token_to_id(token) is not None else None
+
+    def all_unknown(self, encoding: "Encoding") -> bool:
+        """True when the text had tokens and every one of them is the unknown token: the model
+        would see nothing of the text (English words given to a made-up-word vocabulary)."""
+        unk = self.unk_token
+        tokens = [t for t, sp in zip(encoding.tokens, encoding.special) if not sp]
+        return unk is not None and bool(tokens) and all(t == unk for t in tokens)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

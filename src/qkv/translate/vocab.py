@@ -22,6 +22,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from qkv.errors import QkvError
+from qkv.text import is_blank, shown
 from qkv.files import atomic_write_text
 from qkv.translate.grammar import detokenize_fr
 
@@ -112,12 +113,13 @@ class Vocab:
         True
         """
         clean = normalize_en(text)
-        if not clean:
-            raise QkvError(f"nothing to translate: the text {text!r} has no words")
+        if not clean or is_blank(clean):
+            raise QkvError(f"nothing to translate: the text {shown(text)} has no words")
         unknown = self.unknown_words(clean)
         if unknown:
+            listed = ", ".join(map(shown, unknown[:10])) + (", …" if len(unknown) > 10 else "")
             raise QkvError(f"unknown English word{'s' * (len(unknown) > 1)} "
-                           f"{', '.join(map(repr, unknown))} in {clean!r}; the model knows "
+                           f"{listed} in {shown(clean, 200)}; the model knows "
                            f"{self.src_size - len(SPECIALS)} words (qkv translate --vocab lists them)")
         return self.en.encode(clean, add_special_tokens=False).ids + [EOS_ID]
 
