@@ -106,3 +106,41 @@ def test_any_str_is_encoded_or_refused_with_valueerror(model, text):
             check_text(text)
     else:
         assert len(enc.ids) == len(enc.tokens) >= 2  # [CLS] … [SEP]
+
+
+# -- issue 23: text that says nothing, lines inside lines, BOMs mid-stream, huge words ---------
+import io as _io
+
+import pytest as _pytest
+
+from qkv.text import LINE_BREAKS, check_one_line, is_blank, read_lines, shown
+
+
+@_pytest.mark.parametrize("text", ["", " \t\n", "\u200b", "\u200c\u200d\u2060\ufeff", "\x07\x00\x1b",
+                                   "\u200e\u200f \u00a0\u3000"])
+def test_only_invisible_or_control_characters_is_blank(text):
+    assert is_blank(text)
+
+
+@_pytest.mark.parametrize("text", ["a", "\u200bcat", "٣", "😀", "é"])
+def test_a_visible_character_is_not_blank(text):
+    assert not is_blank(text)
+
+
+@_pytest.mark.parametrize("brk", list(LINE_BREAKS))
+def test_every_line_break_inside_a_line_is_refused_naming_it(brk):
+    with _pytest.raises(TextError, match=f"U\\+{ord(brk):04X}"):
+        check_one_line(f"the cat{brk}the dog", what="line 3")
+    assert check_one_line("the cat\tthe dog") == "the cat\tthe dog"  # a tab is a space
+
+
+def test_a_bom_at_the_start_of_any_line_is_dropped():
+    data = b"\xef\xbb\xbfa\n\xef\xbb\xbfb\nc\xef\xbb\xbf\n"
+    assert [t for _, t in read_lines(_io.BytesIO(data))] == ["a", "b", "c\ufeff"]
+
+
+def test_a_long_word_is_cut_in_messages():
+    word = "z" * 5_000_000
+    s = shown(word)
+    assert len(s) < 80 and "5000000 characters" in s
+    assert shown("cat") == "'cat'"

@@ -84,3 +84,18 @@ def test_png_to_a_link_writes_the_file_it_points_to(tmp_path):
     r = qkv("explain", "the cat", "--layer", "0", "--head", "0", "--png", str(png_link))
     assert r.returncode == 0, r.stderr
     assert png_link.is_symlink() and (tmp_path / "real.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_translate_says_when_input_is_outside_what_the_model_knows():
+    r = qkv("translate", "the")
+    assert r.returncode == 0 and r.stdout.strip()  # the guess is still printed …
+    assert r.stderr.count("\n") == 1 and "outside the grammar" in r.stderr  # … and called one
+    r = qkv("translate", input="the cat is red\n\ufeffthe cat is red\nthe cat\u2028the dog\nthe " + "z" * 1_000_000 + "\n")
+    out = r.stdout.split("\n")
+    assert out[:4] == ["le chat est rouge", "le chat est rouge", "", ""], out[:4]
+    assert "U+2028" in r.stderr and len(r.stderr) < 2000 and r.returncode == 2
+
+
+def test_explain_refuses_text_the_model_cannot_see():
+    one_error_line(qkv("explain", "the cat sat on the mat", "--model", "lm"), "unknown to", "<unk>")
+    one_error_line(qkv("explain", "\u200b\u200d\x07"), "the text is empty")
