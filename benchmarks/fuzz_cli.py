@@ -8,6 +8,12 @@ process from an empty temporary directory, and checks the contract (exit 0 or 2,
 at most one ``qkv: error:`` line, no file outside that directory, no ``.tmp`` left). Prints, per
 command, how many inputs were tried, how they ended (exit 0 / one error line / other exit 2),
 and the time; the first failure is printed with its argument list and the run exits 1.
+
+The working directory holds hostile files the fuzz draws as paths (``make_hostile_files``: links
+and a dangling link as outputs, a directory named ``.png``, a model directory whose config.json
+nests 50,000 levels deep, one whose config.json is a FIFO, one with a stray unlisted
+``model.safetensors``; ``/dev/null``, ``/proc/…`` and ``/sys/…`` as unwritable outputs). After the
+random runs, every command runs once more as a real process with its stdout closed.
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ def main() -> int:
     import torch
     from hypothesis import HealthCheck, given, seed, settings
 
-    from cli_fuzzing import argv_for, check_result, commands, run_cli
+    from cli_fuzzing import (
+        argv_for, check_result, closed_stdout_argvs, commands, make_hostile_files, run_cli,
+        run_with_stdout_closed,
+    )
 
     torch.set_num_threads(1)
     before = set(os.listdir(REPO))
@@ -43,6 +52,7 @@ def main() -> int:
     print(f"{'command':<18}{'inputs':>8}{'exit 0':>8}{'error':>8}{'other 2':>9}{'seconds':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
+        make_hostile_files(tmp)
         for command in commands():
             if args.command and command.name != args.command:
                 continue
@@ -75,6 +85,19 @@ def main() -> int:
             if leftovers:
                 print(f"{command.name}: temporary files left: {leftovers}", file=sys.stderr)
                 failed = True
+        if not args.command:
+            start, closed = time.perf_counter(), 0
+            for argv in closed_stdout_argvs():
+                r = run_with_stdout_closed(argv)
+                try:
+                    check_result(r)
+                    assert r.code == 2 and r.err.startswith("qkv: error: standard output is closed")
+                    closed += 1
+                except AssertionError as e:
+                    print(f"stdout closed: FAILED {argv!r}\n{e}", file=sys.stderr)
+                    failed = True
+            print(f"{'stdout closed':<18}{len(closed_stdout_argvs()):>8}{0:>8}{closed:>8}{0:>9}"
+                  f"{time.perf_counter() - start:>9.1f}", flush=True)
         os.chdir(REPO)
     new = set(os.listdir(REPO)) - before
     if new:

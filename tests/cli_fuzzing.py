@@ -104,11 +104,43 @@ def int_lists_for(limits: dict) -> st.SearchStrategy[str]:
     return st.lists(one, min_size=0, max_size=4).map(",".join)
 
 
+# Hostile files (issue 23), made by make_hostile_files in the run's working directory: links
+# and devices as outputs, model directories whose config.json is nested too deep or a FIFO,
+# outputs that cannot be written.
+HOSTILE_NAMES = ["link.png", "dangling.svg", "dir.png", "link.html", "/dev/null", "nested_model",
+                 "fifo_model", "stray_model", "/proc/qkv-cannot/x.png", "/sys/qkv-cannot",
+                 "file/below.png"]
+
+
+def make_hostile_files(directory) -> None:
+    """Create :data:`HOSTILE_NAMES`' files in ``directory`` (a fresh temporary one)."""
+    import os
+    import shutil
+    from importlib import resources
+    from pathlib import Path
+
+    d = Path(directory)
+    (d / "target.png").write_bytes(b"old")
+    (d / "link.png").symlink_to(d / "target.png")
+    (d / "link.html").symlink_to(d / "target.html")
+    (d / "dangling.svg").symlink_to(d / "made_by_a_link.svg")
+    (d / "dir.png").mkdir()
+    (d / "file").write_text("a file where a directory is expected")
+    (d / "nested_model").mkdir()
+    (d / "nested_model" / "config.json").write_text(
+        '{"model_type": "llama", "x": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    (d / "fifo_model").mkdir()
+    os.mkfifo(d / "fifo_model" / "config.json")
+    shutil.copytree(str(resources.files("qkv") / "data" / "lm"), d / "stray_model")
+    (d / "stray_model" / "model.safetensors").write_bytes(b"not the listed weights")
+
+
 def names_for(limits: dict) -> st.SearchStrategy[str]:
     return st.one_of(
         st.sampled_from(["minilm", "translate", "coref", "nope", ".", "..", "/nonexistent/dir",
                          "~", "", "a\x00b", "out.png", "map.svg", "x.pdf", "x.txt", "sub/x.png",
                          "/proc/x.png", "é.png", "\udcff.png", "-", "127.0.0.1", "x" * 300]),
+        st.sampled_from(HOSTILE_NAMES),
         st.text(max_size=12),
         surrogate_text(),
     )
@@ -288,3 +320,21 @@ def check_result(r: Result) -> None:
     errors = [line for line in r.err.splitlines() if line.startswith("qkv: error:")]
     assert len(errors) <= 1, where
     assert "usage:" not in r.err or r.code == 2 and not errors, where  # no usage block with errors
+
+
+# -- a closed stdout (``qkv … >&-``): only a real process can have one --------------------------
+def closed_stdout_argvs() -> list[list[str]]:
+    """One cheap command line per command: each, run with stdout closed, must end in one
+    ``qkv: error:`` line and exit 2 (the check comes before any parsing or work)."""
+    return [list(c.words) + (["the cat"] if c.words in (("explain",), ("translate",)) else [])
+            for c in commands()]
+
+
+def run_with_stdout_closed(argv: list[str], timeout: float = 120) -> Result:
+    """``python -m qkv argv`` with file descriptor 1 closed; the contract plus that error line."""
+    import os
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "qkv", *argv], stderr=subprocess.PIPE, text=True,
+                       timeout=timeout, preexec_fn=lambda: os.close(1))
+    return Result(argv, r.returncode, "", r.stderr, None)

@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_fuzzing import PARSE_ONLY, argv_for, check_result, commands, run_cli
+from cli_fuzzing import (
+    PARSE_ONLY, argv_for, check_result, closed_stdout_argvs, commands, make_hostile_files, run_cli,
+    run_with_stdout_closed,
+)
 from hypothesis import HealthCheck, given, settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +50,7 @@ def in_tmp_cwd(tmp_path_factory):
     before = _repo_listing()
     cwd = os.getcwd()
     tmp = tmp_path_factory.mktemp("fuzz_cwd")
+    make_hostile_files(tmp)  # links, a FIFO config.json, a nested one: names the fuzz draws
     os.chdir(tmp)
     yield tmp
     os.chdir(cwd)
@@ -101,3 +105,10 @@ def test_a_latin1_file_on_translate_stdin(tmp_path):
         b"qkv: line 2 is not valid UTF-8 (byte 0xe9 at position 7); its output line is empty",
         b"qkv: error: 1 of 3 lines not translated (line 2); their output lines are empty"]
 
+
+
+@pytest.mark.parametrize("argv", closed_stdout_argvs(), ids=lambda a: "-".join(a[:2]) or "qkv")
+def test_every_command_with_stdout_closed_is_one_error_line(argv):
+    r = run_with_stdout_closed(argv)
+    check_result(r)
+    assert r.code == 2 and r.err.startswith("qkv: error: standard output is closed"), r.err

@@ -99,3 +99,24 @@ def test_translate_says_when_input_is_outside_what_the_model_knows():
 def test_explain_refuses_text_the_model_cannot_see():
     one_error_line(qkv("explain", "the cat sat on the mat", "--model", "lm"), "unknown to", "<unk>")
     one_error_line(qkv("explain", "\u200b\u200d\x07"), "the text is empty")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["translate", "--model", "lm", "the cat"], ["'lm' is not a translation model"]),
+    (["train", "lm", "--resume", "--steps", "5", "--out", str(resources.files("qkv") / "data" / "translate")],
+     ["is not a run of qkv train lm", "qkv-translation"]),
+    (["translate", "--vocab", "the cat"], ["--vocab", "no TEXT"]),
+    (["explain", "the cat sat", "--layer", "0", "--head", "1", "--to", "cat"], ["--top and --to"]),
+    (["explain", "the cat sat", "--layer", "0", "--head", "1", "--top", "5"], ["--top and --to"]),
+    (["explain", "the cat is red", "--model", "translate", "--words"], ["--words"]),
+])
+def test_an_option_that_would_be_ignored_or_misnamed_is_one_clear_line(argv, fragments):
+    one_error_line(qkv(*argv), *fragments)
+
+
+def test_heads_json_honours_top():
+    import json
+
+    args = ["heads", "the cat sat on the mat", "--to", "cat", "--json"]
+    every, three = json.loads(qkv(*args).stdout), json.loads(qkv(*args, "--top", "3").stdout)
+    assert len(every) == 72 and three == every[:3]

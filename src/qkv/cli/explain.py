@@ -43,6 +43,8 @@ MAX_TRIALS = 100_000
 # softmax-demo draws 256 queries' keys at a time (256 · keys · d float64) and keeps every
 # query's weights for the Jacobian (trials · keys² float64): both are kept under this.
 DEMO_BYTES = 1 << 30
+EXPLAIN_TOP = 3  # attended words listed per head
+HEADS_TOP = 10  # heads listed by qkv heads (--json: all unless --top)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +72,7 @@ def _register_explain(sub) -> None:
                    help="head within the layer, from 0 (needs --layer)")
     p.add_argument("--words", action="store_true",
                    help="group sub-word tokens into words (weights into a word summed, from a word averaged)")
-    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=3,
+    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=EXPLAIN_TOP,
                    help="how many attended words to list per head (default 3)")
     p.add_argument("--to", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="highlight the heads whose largest weight is on this word (a whole number "
@@ -105,8 +107,8 @@ def _register_heads(sub) -> None:
     p.add_argument("--probe", type=options.name(), default=None, metavar="NAME",
                    help="run a probe set instead: coref, induction or previous-token (the "
                         "last two on repeated random tokens, for decoders)")
-    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=10,
-                   help="how many heads to list (default 10)")
+    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=None,
+                   help=f"how many heads to list (default {HEADS_TOP}; with --json every head)")
     p.add_argument("--json", action="store_true", help="print a JSON list, largest first")
     methods.add_options(p, compare=False)
     p.set_defaults(func=run_heads)
@@ -197,6 +199,9 @@ def run_explain(args: argparse.Namespace) -> int:
     check_top(args.top)
     if args.head is not None and args.layer is None:
         raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
+    if args.head is not None and (args.to is not None or args.top != EXPLAIN_TOP):
+        raise QkvError("--top and --to rank every head; with --layer/--head one head is shown step "
+                       "by step, so leave them out (or drop --head)")
     if args.no_projection and (args.head is not None or args.png or args.to or args.token or args.words):
         raise QkvError("--no-projection takes no --token, --head, --to, --words or --png "
                        "(it reports every token of every layer, or of --layer L)")
@@ -280,8 +285,8 @@ def _explain_translation(args) -> int:
     from qkv.explain.render import console
     from qkv.explain.render_cross import render_cross_overview, render_cross_steps
 
-    if args.to is not None or args.no_projection:
-        raise QkvError("--to and --no-projection are for self-attention models; a translation "
+    if args.to is not None or args.no_projection or args.words:
+        raise QkvError("--to, --words and --no-projection are for self-attention models; a translation "
                        "model's cross-attention is shown per French token (--token, --layer, --head)")
     if args.method or args.compare or args.target_text:
         raise QkvError("--method, --compare and --target explain self-attention models; a "
@@ -323,6 +328,8 @@ def _explain_translation(args) -> int:
 def run_heads(args: argparse.Namespace) -> int:
     from qkv.explain.forward import check_text, check_top
 
+    args.top_given = args.top is not None
+    args.top = HEADS_TOP if args.top is None else args.top
     check_top(args.top)
     methods.check_heads(args)
     if _translation_dir(args.model):
@@ -358,8 +365,8 @@ def _heads_pair(model, args) -> int:
                     **methods.method_args(args))
     _refuse_non_finite(model, args.text, ranking.to_dict())
     _notes(ranking.notes)
-    if args.json:
-        _print_json(ranking.to_dict()["heads"])
+    if args.json:  # every head, unless --top was given
+        _print_json(ranking.to_dict()["heads"][:args.top if args.top_given else None])
     else:
         render_pair(console(), ranking, top=args.top)
     return 0

@@ -155,6 +155,10 @@ def run_translate(args: argparse.Namespace) -> int:
     from qkv.translate.checkpoint import load_checkpoint
     from qkv.translate.decode import translate
 
+    if args.vocab and (args.text is not None or args.beam != 1):
+        given = "TEXT" if args.text is not None else "--beam"
+        raise QkvError(f"--vocab lists the words the model knows and translates nothing: it takes "
+                       f"no {given} (run the two commands one after the other)")
     _set_threads(args.threads)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)

@@ -247,7 +247,7 @@ def _probe_one(model, item: ProbeItem, method: str = "weight"
                ) -> tuple[torch.Tensor, int, list[list[str]], float, float]:
     """(layers, heads) hits, the number of candidate words, each head's pick, and the share
     parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
-    encoding = forward.encode(model, item.text)
+    encoding = forward.encode(model, item.text, unknown_ok=True)  # the probe says why below
     units = word_units(encoding, item.text)
     try:
         pronoun = choose(item.pronoun, units, role="pronoun").unit

@@ -95,13 +95,14 @@ def check_text(text: str) -> None:
                        "\"The dog found some pizza next to the baby and ate it\"")
 
 
-def encode(model, text: str):
-    """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text."""
+def encode(model, text: str, *, unknown_ok: bool = False):
+    """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text, or (unless
+    ``unknown_ok``) one whose every token is the unknown token."""
     check_text(text)
     encoding = model.tokenizer.encode(text)
     if not encoding.ids:
         raise QkvError(f"the text {shown(text)} has no tokens for {model_name(model)}")
-    if model.tokenizer.all_unknown(encoding):
+    if not unknown_ok and model.tokenizer.all_unknown(encoding):
         raise QkvError(f"every word of {shown(text)} is unknown to {model_name(model)} (each "
                        f"becomes {model.tokenizer.unk_token}), so its attention would say nothing "
                        f"about the text; give words from its vocabulary, or use another model")

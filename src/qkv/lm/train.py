@@ -260,6 +260,11 @@ def read_training(out: str | Path) -> dict:
     out = Path(out)
     manifest = read_manifest(out)
     where = str(out / "config.json")
+    if manifest.get("model_type") != "llama" or "qkv_training" not in manifest:
+        raise QkvError(f"{out} is not a run of qkv train lm (its config.json has model_type "
+                       f"{manifest.get('model_type')!r}"
+                       + (" and no 'qkv_training' record" if manifest.get("model_type") == "llama" else "")
+                       + "); --resume continues a directory that qkv train lm wrote")
     section = get_field(manifest, "qkv_training", dict, where)
     if section.get("format_version") != FORMAT_VERSION:
         raise QkvError(f"{where}: unsupported qkv_training format_version "
