@@ -335,6 +335,11 @@ def run_with_stdout_closed(argv: list[str], timeout: float = 120) -> Result:
     import os
     import subprocess
 
+    import qkv
+
+    # this qkv, whatever the working directory (the fuzz runs in a temporary one)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(qkv.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-m", "qkv", *argv], stderr=subprocess.PIPE, text=True,
-                       timeout=timeout, preexec_fn=lambda: os.close(1))
+                       timeout=timeout, preexec_fn=lambda: os.close(1), env=env)
     return Result(argv, r.returncode, "", r.stderr, None)

@@ -14,9 +14,16 @@ LM = str(resources.files("qkv") / "data" / "lm")
 TIMEOUT = 120
 
 
+import qkv as _qkv
+
+# this qkv, whatever the working directory and however PYTHONPATH was spelled
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(_qkv.__file__)))
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+
+
 def qkv(*args, **kw):
     return subprocess.run([sys.executable, "-m", "qkv", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT, **kw)
+                          timeout=TIMEOUT, env=ENV, **kw)
 
 
 def one_error_line(result, *fragments):
@@ -32,13 +39,13 @@ def one_error_line(result, *fragments):
                                   ["translate", "the cat is red"]])
 def test_a_closed_stdout_is_one_error_line(argv):
     r = subprocess.run([sys.executable, "-m", "qkv", *argv], stdout=None, stderr=subprocess.PIPE,
-                       text=True, timeout=TIMEOUT, preexec_fn=lambda: os.close(1))
+                       text=True, timeout=TIMEOUT, env=ENV, preexec_fn=lambda: os.close(1))
     one_error_line(r, "standard output is closed")
 
 
 def test_a_closed_stderr_sends_nothing_to_stdout():
     r = subprocess.run([sys.executable, "-m", "qkv", "explain", "--top", "-3", "x"],
-                       stdout=subprocess.PIPE, text=True, timeout=TIMEOUT,
+                       stdout=subprocess.PIPE, text=True, timeout=TIMEOUT, env=ENV,
                        preexec_fn=lambda: os.close(2))
     assert r.returncode == 2 and r.stdout == ""
 

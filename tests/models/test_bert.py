@@ -326,3 +326,15 @@ def test_config_reads_hf_keys():
         c = BertConfig.from_dict(json.load(f))
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size) == (384, 6, 12, 1536)
     assert (c.layer_norm_eps, c.max_position_embeddings, c.hidden_act) == (1e-12, 512, "gelu")
+
+
+def test_a_string_is_one_text_as_sentence_transformers_reads_it(model, st_model):
+    """issue 23: embed("the cat") embedded each character ((7, 384)); a str is one text."""
+    one = model.embed("the cat")
+    assert one.shape == (384,)
+    torch.testing.assert_close(one, model.embed(["the cat"])[0], rtol=0, atol=0)
+    peer = st_model.encode("the cat", convert_to_tensor=True)  # (E,) for a str, too
+    assert peer.shape == one.shape
+    for bad in (None, 3, b"the cat"):
+        with pytest.raises(ValueError, match="texts must be a string or a list of strings"):
+            model.embed(bad)
