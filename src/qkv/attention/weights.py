@@ -49,7 +49,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                       rows: int | Sequence[int] | slice | torch.Tensor | None = None,
                       heads: int | Sequence[int] | slice | torch.Tensor | None = None,
                       block_mask: BlockMask | None = None, scale: float | None = None,
-                      enable_gqa: bool = False) -> torch.Tensor:
+                      enable_gqa: bool = False, softcap: float | None = None) -> torch.Tensor:
     """The softmax weights of query ``rows`` for ``heads``: (..., len(heads), len(rows), s).
 
     Args:
@@ -58,6 +58,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         rows, heads: which query rows and heads (None = all).
         block_mask: the mask the forward used (None = every key takes part).
         scale: the forward's scale (default 1/√d).
+        softcap: the forward's logit cap (Gemma 2), if any. Sinks need nothing here: the
+            forward's lse already counts them, so the weights sum to 1 − the sink's share.
 
     Returns:
         float32 weights (float64 for float64 inputs), each kept row summing to 1 (0 for a row
@@ -86,6 +88,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     k = key.index_select(-3, heads // groups).to(compute)  # (..., H, s, d)
     row_lse = lse.index_select(-2, heads).index_select(-1, rows).to(compute)  # (..., H, r)
     scores = (q @ k.transpose(-1, -2)) * scale  # (..., H, r, s)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):
             raise ValueError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")
