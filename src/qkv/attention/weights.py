@@ -49,7 +49,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                       rows: int | Sequence[int] | slice | torch.Tensor | None = None,
                       heads: int | Sequence[int] | slice | torch.Tensor | None = None,
                       block_mask: BlockMask | None = None, scale: float | None = None,
-                      enable_gqa: bool = False, softcap: float | None = None) -> torch.Tensor:
+                      enable_gqa: bool = False, softcap: float | None = None,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """The softmax weights of query ``rows`` for ``heads``: (..., len(heads), len(rows), s).
 
     Args:
@@ -58,6 +59,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         rows, heads: which query rows and heads (None = all).
         block_mask: the mask the forward used (None = every key takes part).
         scale: the forward's scale (default 1/√d).
+        bias: the forward's float score bias (ALiBi, T5's position bias, a float mask),
+            broadcastable to (..., h, t, s), if any.
         softcap: the forward's logit cap (Gemma 2), if any. Sinks need nothing here: the
             forward's lse already counts them, so the weights sum to 1 − the sink's share.
 
@@ -90,6 +93,9 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     scores = (q @ k.transpose(-1, -2)) * scale  # (..., H, r, s)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        full = bias.expand(*query.shape[:-1], s)  # (..., h, t, s), a view
+        scores = scores + full.index_select(-3, heads).index_select(-2, rows).to(compute)
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):
             raise ValueError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")
