@@ -22,7 +22,7 @@ def _window(mask_function) -> tuple[int | None, int | None] | None:
     """transformers' built-in mask functions as a qkv window ``(left, right)``; None if unknown.
 
     causal → (None, 0); bidirectional → (None, None); sliding window w (keys q−w < k ≤ q) →
-    (w−1, 0); an ``and_masks`` of these → their intersection.
+    (w−1, 0); bidirectional window w (|q − k| ≤ w) → (w, w); an ``and_masks`` of these → their intersection.
     """
     from transformers import masking_utils as mu
 
@@ -36,9 +36,9 @@ def _window(mask_function) -> tuple[int | None, int | None] | None:
         if hasattr(mask_function, "__code__") else {}
     if name == "sliding_window_overlay.<locals>.inner_mask":  # kv > q − w
         return (cells["sliding_window"] - 1, None)
-    if name == "sliding_window_bidirectional_overlay.<locals>.inner_mask":  # |q − kv| < w
+    if name == "sliding_window_bidirectional_overlay.<locals>.inner_mask":  # |q − kv| ≤ w
         w = cells["sliding_window"]
-        return (w - 1, w - 1)
+        return (w, w)
     if name == "and_masks.<locals>.and_mask":
         left, right = None, None
         for part in cells.get("mask_functions", ()):
@@ -59,9 +59,9 @@ def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, 
     from transformers import masking_utils as mu
 
     mask_function = mask_function or mu.causal_mask_function
-    padding = None
+    padding = None  # (b, ≥ kv_offset + s) bool, indexed by global key position
     if attention_mask is not None and not bool(attention_mask.all()):
-        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)  # (b, s) bool
+        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
     if use_vmap:
         return AttentionMask(dense=mu.sdpa_mask(
             batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
@@ -72,15 +72,16 @@ def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, 
         left, right = window
         causal = right == 0
         keep = (left, None if causal else right)
-        return AttentionMask(causal=causal, alignment="bottom_right", key_padding=padding,
+        keys = padding[:, kv_offset:kv_offset + kv_length] if padding is not None else None  # (b, s)
+        return AttentionMask(causal=causal, alignment="bottom_right", key_padding=keys,
                              window=None if keep == (None, None) else keep)
-    mod = mask_function if padding is None else _with_padding(mask_function, padding, kv_offset)
+    mod = mask_function if padding is None else _with_padding(mask_function, padding)
     return AttentionMask(block=create_block_mask(mod, batch_size, None, q_length, kv_length,
                                                  q_offset=q_offset, k_offset=kv_offset, device=device))
 
 
-def _with_padding(mod, padding: torch.Tensor, kv_offset: int):
-    """A custom mask_mod and the key padding (b, s), whose index is the key's local position."""
+def _with_padding(mod, padding: torch.Tensor):
+    """A custom mask_mod and the key padding (b, ≥ kv_offset + s), indexed by global position."""
     def both(b, h, q, kv):
-        return mod(b, h, q, kv) & padding[b, kv - kv_offset]
+        return mod(b, h, q, kv) & padding[b, kv]
     return both
