@@ -22,9 +22,10 @@ a no-op (the same functions).
 from __future__ import annotations
 
 from qkv.hf.attention import NAME, qkv_attention_forward
+from qkv.hf.load import load
 from qkv.hf.masks import qkv_mask
 
-__all__ = ["NAME", "qkv_attention_forward", "qkv_mask", "register"]
+__all__ = ["NAME", "load", "qkv_attention_forward", "qkv_mask", "register"]
 
 
 def register() -> None:
