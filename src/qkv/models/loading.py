@@ -102,7 +102,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise QkvError(f"{config_file}: model_type {model_type!r} is not supported; qkv runs "
-                       f"{', '.join(sorted(FAMILIES))}")
+                       f"{', '.join(sorted(FAMILIES))} (any architecture transformers implements "
+                       f"runs on qkv's attention through qkv.hf.load, with qkv[hf] installed)")
     family = FAMILIES[model_type]
     config = family.config_from_dict(raw, where=config_file)
     checkpoint = Checkpoint.open(path, family.prefix)
