@@ -4,12 +4,13 @@ attention weights equal eager's within derived tolerances (truth: eager in float
 from __future__ import annotations
 
 import pytest
-import torch
 
-from archs import DECODERS, ENCODERS, SEQ2SEQ, build, twins
-from tolerance import assert_within
+pytest.importorskip("transformers")  # the qkv[hf] extra
+import torch  # noqa: E402
 
-pytest.importorskip("transformers")
+from archs import DECODERS, ENCODERS, SEQ2SEQ, build, twins  # noqa: E402
+from tolerance import assert_within  # noqa: E402
+
 
 IDS = torch.tensor([[5, 17, 3, 44, 9, 81, 23, 6, 70, 12, 8, 31, 2],
                     [7, 7, 19, 60, 4, 33, 90, 15, 11, 52, 28, 3, 41]])  # 13 > every window

@@ -5,12 +5,13 @@ through qkv."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-import qkv.hf.attention
-from archs import DECODERS, SEQ2SEQ, build, twins
+pytest.importorskip("transformers")  # the qkv[hf] extra
+import torch  # noqa: E402
 
-pytest.importorskip("transformers")
+import qkv.hf.attention  # noqa: E402
+from archs import DECODERS, SEQ2SEQ, build, twins  # noqa: E402
+
 
 PROMPT = torch.tensor([[5, 17, 3, 44, 9, 81, 23], [0, 0, 19, 60, 4, 33, 90]])
 PADDING = torch.tensor([[1] * 7, [0, 0] + [1] * 5])  # left padding: key padding in qkv

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-import qkv.hf
-from archs import DECODERS, build
-from qkv.errors import QkvError
-from tolerance import assert_within
+pytest.importorskip("transformers")  # the qkv[hf] extra
+import torch  # noqa: E402
 
-pytest.importorskip("transformers")
+import qkv.hf  # noqa: E402
+from archs import DECODERS, build  # noqa: E402
+from qkv.errors import QkvError  # noqa: E402
+from tolerance import assert_within  # noqa: E402
+
 
 
 def test_load_runs_on_qkv_and_equals_eager(tmp_path):

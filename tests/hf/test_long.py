@@ -5,12 +5,13 @@ structure and every layer runs blockwise (O(N · window) scores; eager/sdpa woul
 from __future__ import annotations
 
 import pytest
-import torch
 
-import qkv.attention.functional as functional
-from archs import DECODERS, build, twins
+pytest.importorskip("transformers")  # the qkv[hf] extra
+import torch  # noqa: E402
 
-pytest.importorskip("transformers")
+import qkv.attention.functional as functional  # noqa: E402
+from archs import DECODERS, build, twins  # noqa: E402
+
 
 N = 16384
 

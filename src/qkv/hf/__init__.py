@@ -30,8 +30,11 @@ __all__ = ["NAME", "load", "qkv_attention_forward", "qkv_mask", "register"]
 
 def register() -> None:
     """Register ``"qkv"`` with transformers' attention and mask interfaces."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:
+        raise ImportError(f"qkv.hf needs transformers >= 5 (pip install 'qkv[hf]'): {e}") from None
 
     AttentionInterface.register(NAME, qkv_attention_forward)
     AttentionMaskInterface.register(NAME, qkv_mask)
