@@ -59,3 +59,21 @@ def test_seq2seq_matches_eager(name):
     dec = IDS[:, :9]
     outs = [run(m, input_ids=IDS, decoder_input_ids=dec) for m in models]
     check(*outs, ["logits", "encoder_attentions", "decoder_attentions", "cross_attentions"])
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss", "mistral"])
+def test_padded_decoder_matches_eager(name):
+    """Padding reaches qkv as key padding. Right padding: a left-padded row has no key at all,
+    and the float64 truth (eager in float64) turns its mask's float64 minimum into −inf in its
+    float32 softmax, so that row is NaN and its next layer spreads it to every row (0 · NaN);
+    generate() covers left padding (test_generate.py). Padded rows are left out."""
+    models = twins(build(DECODERS, name))
+    mask = torch.ones_like(IDS)
+    mask[1, -4:] = 0
+    outs = [run(m, input_ids=IDS, attention_mask=mask) for m in models]
+    real = mask.bool()
+    a, b, c = (o.logits for o in outs)
+    assert_within(c, a, b, where=real[:, :, None].expand_as(a), what="logits")
+    for layer, (x, y, z) in enumerate(zip(*(o.attentions for o in outs))):
+        rows = real[:, None, :, None].expand_as(x)
+        assert_within(z, x, y, where=rows, what=f"attentions[{layer}]")
