@@ -116,3 +116,25 @@ def test_bad_softcap_and_sinks(kw, msg):
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match=msg):
         qkv.scaled_dot_product_attention(q, q, q, **kw)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(softcap=-1.0), "softcap must be a finite number > 0"),
+    (dict(bias=torch.zeros(3, 3)), r"bias must be a floating-point tensor broadcastable to \(..., h, t, s\)"),
+    (dict(bias=torch.zeros(4, 4, dtype=torch.long)), "bias must be a floating-point"),
+])
+def test_bad_attention_weights_extras(kw, msg):
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=msg):
+        qkv.attention_weights(q, q, torch.zeros(1, 2, 4), **kw)
+
+
+def test_attention_weights_bias_is_added():
+    """A score bias (T5's position bias) enters the weights as it entered the forward."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 6, 8, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(1, 2, 6, 6, dtype=torch.float64)
+    _, lse = qkv.scaled_dot_product_attention(q, k, v, bias=bias, return_lse=True)
+    w = qkv.attention_weights(q, k, lse, bias=bias)
+    want = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5 + bias, -1)
+    torch.testing.assert_close(w, want, rtol=1e-12, atol=1e-14)  # float64, a few roundings

@@ -83,6 +83,18 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     if groups * key.shape[-3] != h:
         raise ValueError(f"query has {h} heads and key {key.shape[-3]}; pass enable_gqa=True for "
                          f"grouped-query attention")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
+    if bias is not None:
+        want = (*query.shape[:-1], s)
+        try:
+            ok = bias.is_floating_point() and torch.broadcast_shapes(bias.shape, want) == want
+        except (AttributeError, RuntimeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"bias must be a floating-point tensor broadcastable to (..., h, t, s) = "
+                             f"{want}, got {getattr(bias, 'shape', type(bias).__name__)}")
     rows = _select("rows", rows, t, query.device)
     heads = _select("heads", heads, h, query.device)
     compute = compute_dtype(query.dtype)
