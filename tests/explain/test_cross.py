@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 
+import qkv
 from qkv.cli import main
 from qkv.explain import cross_attention, cross_attention_head
 from qkv.translate.checkpoint import default_model_dir, load_checkpoint
+from qkv.translate.gold import grammar_gold
 from qkv.translate.decode import greedy_decode
 from qkv.translate.vocab import BOS_ID, EOS_ID
 
@@ -17,9 +19,31 @@ SENTENCE = "the red apple is next to the black cats"
 MODEL = str(default_model_dir())
 
 
+GOLD = grammar_gold(SENTENCE)
+
+
 @pytest.fixture(scope="module")
 def ckpt():
     return load_checkpoint(MODEL)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return qkv.load("translate")
+
+
+def test_qkv_load_gives_the_translation_model_described_by_capabilities(model, ckpt):
+    assert model.capabilities.cross_attention and not model.capabilities.self_attention
+    assert model.name == "translate (shipped)" and model.vocab is not None
+    for (name, a), (_, b) in zip(model.state_dict().items(), ckpt.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    ca = cross_attention(model, SENTENCE, gold=GOLD)
+    assert ca.translation == "la pomme rouge est à côté des chats noirs" and ca.gold is not None
+
+
+def test_a_self_attention_model_is_refused_naming_the_argument():
+    with pytest.raises(ValueError, match="^model 'qkv-lm' has no cross-attention"):
+        cross_attention(qkv.load("lm"), SENTENCE)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -88,9 +112,17 @@ def test_png_overview_and_single_head(capsys, tmp_path):
 
 
 def test_gold_is_absent_for_text_outside_the_grammar(ckpt):
-    ca = cross_attention(ckpt, "the cat the dog")
+    ca = cross_attention(ckpt, "the cat the dog", gold=grammar_gold("the cat the dog"))
     assert ca.gold is None and "not a sentence of the grammar" in ca.gold_note
     assert ca.alignment() is None
+    ca = cross_attention(ckpt, SENTENCE)  # no gold given: none used
+    assert ca.gold is None and ca.gold_note is None
+
+
+def test_gold_for_another_translation_is_not_used(ckpt):
+    french, links = GOLD
+    ca = cross_attention(ckpt, SENTENCE, gold=(["le", *french[1:]], links))
+    assert ca.gold is None and "differs from the gold's" in ca.gold_note
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -112,11 +144,11 @@ def test_unknown_words(capsys):
 def test_library_results_are_what_the_cli_prints(capsys, ckpt):
     """to_dict() is JSON without NaN/inf and equals ``--json``; a checkpoint or its name works."""
     for argv, result in (
-        ([], cross_attention(ckpt, SENTENCE)),
+        ([], cross_attention(ckpt, SENTENCE, gold=GOLD)),
         (["--token", "chats", "--layer", "1", "--top", "2"],
-         cross_attention("translate", SENTENCE, token="chats", layer=1, top=2)),
+         cross_attention("translate", SENTENCE, token="chats", layer=1, top=2, gold=GOLD)),
         (["--layer", "2", "--head", "1", "--token", "rouge"],
-         cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1)),
+         cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1, gold=GOLD)),
     ):
         code, out, _ = run(capsys, SENTENCE, "--model", MODEL, "--json", *argv)
         assert code == 0
@@ -127,7 +159,7 @@ def test_library_results_are_what_the_cli_prints(capsys, ckpt):
 
 
 def test_the_head_is_the_decoders_own(ckpt):
-    cs = cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1)
+    cs = cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1, gold=GOLD)
     assert cs.french_index == 2 and cs.gold == (1,) and cs.steps.tokens == cs.attention.english
     torch.testing.assert_close(cs.steps.weights, model_cross_weights(ckpt, SENTENCE)[2, 1, 2].double(),
                                rtol=0, atol=1e-5)

@@ -46,13 +46,13 @@ def tiny_decoder(bert):
 @pytest.fixture(scope="session")
 def served(model):
     """The viewer's app on a free port of 127.0.0.1, uvicorn in a thread (minilm + translate)."""
-    from qkv.translate.checkpoint import load_checkpoint
+    import qkv
     from qkv.view.api import Api, Models
     from qkv.view.server import bind, create_app, make_server, url_of
 
     models = Models(["minilm", "translate", DECODER],
                     loader=lambda name: model if name == "minilm" else tiny_decoder(model)
-                    if name == DECODER else load_checkpoint(name))
+                    if name == DECODER else qkv.load(name))
     api = Api(models, map_tokens=MAP_TOKENS)
     sock = bind("127.0.0.1", 0)
     server = make_server(create_app(api), sock)

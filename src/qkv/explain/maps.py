@@ -8,6 +8,8 @@ see :mod:`qkv.explain.select`).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +22,8 @@ from qkv.explain.select import Units, group_columns, group_rows
 class AttentionMap:
     """Head ``head`` of layer ``layer``: ``weights`` (U, U), rows from, columns to ``units``."""
 
+    kind: ClassVar[str] = "map"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     units: Units
@@ -29,7 +33,7 @@ class AttentionMap:
 
     def to_dict(self) -> dict:
         """``weights[i][j]``: from unit i to unit j (finite: every row sums to 1)."""
-        return {"model": self.model, "text": self.text, "units": self.units.labels,
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "words": self.units.words, "layer": self.layer, "head": self.head,
                 "weights": self.weights.tolist()}
 
@@ -68,6 +72,8 @@ class AttentionMaps:
 
     :meth:`head` gives one head as the :class:`AttentionMap` :func:`attention_map` returns.
     """
+
+    kind: ClassVar[str] = "maps"  # its row in qkv.explain.kinds.KINDS
 
     model: str
     text: str

@@ -18,11 +18,14 @@ highlighted. ``to=WORD`` (``--to WORD``) names the focus instead.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch
 
+from qkv.models.protocol import capabilities_of
 from qkv.explain import contributions
 from qkv.explain.forward import (
     check_layer_head, check_text, check_top, encode, model_name, num_heads, num_layers,
@@ -94,6 +97,8 @@ class Overview:
             their largest weight on it), or None.
     """
 
+    kind: ClassVar[str] = "overview"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     tokens: list[str]
@@ -133,7 +138,7 @@ class Overview:
         if self.causal:
             extra["causal"] = CAUSAL
             extra["attention_sink"] = str(self.sink) if self.sink is not None else None
-        return {
+        return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
             "tokens": self.tokens,
@@ -340,7 +345,7 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
         rows = [replace(r, head=None) for r in rows]
     if layer is not None:
         rows = [r for r in rows if r.layer == layer]
-    causal = bool(getattr(model, "causal", False))
+    causal = capabilities_of(model).causal
     sink = attention_sink(rows, units, choice.unit) if causal else None
     largest = "weight" if m.name == "weight" else "share"
     if focus is None:  # a named sink is not the focus: it says where attention parks, not what it finds

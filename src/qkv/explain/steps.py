@@ -23,6 +23,8 @@ cross-attention included).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass, replace
 
 import torch
@@ -52,6 +54,8 @@ class HeadSteps:
         qk_transform: what happens to q and the k_j after the projection (Qwen3's per-head
             RMSNorm, RoPE's rotation), in words; "" when nothing does.
     """
+
+    kind: ClassVar[str] = "steps"  # its row in qkv.explain.kinds.KINDS
 
     model: str
     text: str
@@ -91,7 +95,7 @@ class HeadSteps:
     def to_dict(self) -> dict:
         """Every number in full (what ``qkv explain … --layer L --head H --json`` prints);
         −inf as :mod:`qkv.explain.jsonable` says."""
-        return {
+        return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
             "tokens": self.tokens,

@@ -8,10 +8,14 @@ name what to run, the other fields are the library's arguments)::
     steps        explain_head(model, text, token, layer, head, words) → HeadSteps.to_dict()
     map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
     maps         every head's map at once (short texts only: the model view's thumbnails)
-    probe        probe(model, "coref") — induction_probe(model) for a decoder — .to_dict()
-                 (the best heads the model view marks)
-    cross        cross_attention(checkpoint, text, token).to_dict()     (translation model)
-    cross_steps  cross_attention_head(checkpoint, text, token, layer, head).to_dict()
+    probe        probe(model) — the model's default probe (coref; induction for a causal
+                 model) — .to_dict() (the best heads the model view marks)
+    cross        cross_attention(model, text, token, gold).to_dict()     (translation model)
+    cross_steps  cross_attention_head(model, text, token, layer, head, gold).to_dict()
+
+Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`): ``cross*``
+need ``cross_attention``, the others ``self_attention``; ``/api/info`` sends each model's
+capabilities to the page.
 
 Every field is checked before anything runs; a bad one is an :class:`ApiError` (HTTP 4xx) whose
 JSON names the field: ``{"error": {"field": "layer", "message": "layer 9 is out of range …"}}``.
@@ -44,7 +48,7 @@ from qkv.explain import (
     ArgumentError, attention_maps, cross_attention, cross_attention_head, explain, explain_head, probe,
 )
 from qkv.explain.forward import check_layer_head
-from qkv.explain.induction import induction_probe
+from qkv.translate.gold import grammar_gold
 from qkv.view import answers
 
 MAX_TEXT_CHARS = 20000  # a 2,048-token decoder input is ~10,000 characters; the model's own limit applies too
@@ -151,8 +155,7 @@ class Models:
     """The models a viewer may run (names or directories given at start), each loaded once.
 
     A page may only name one of ``names``: a request cannot make the server read another path.
-    ``kind(name)`` is ``"self"`` (BERT, GPT-2: :func:`qkv.load`) or ``"translation"`` (a
-    :class:`~qkv.translate.checkpoint.Checkpoint`).
+    Every model loads with :func:`qkv.load` and is described by its ``capabilities``.
     """
 
     def __init__(self, names: Sequence[str], *, loader: Callable[[str], Any] | None = None):
@@ -167,13 +170,8 @@ class Models:
     def default(self) -> str:
         return self.names[0]
 
-    def kind(self, name: str) -> str:
-        from qkv.translate.checkpoint import is_translation_model
-
-        return "translation" if is_translation_model(name) else "self"
-
-    def get(self, name: str) -> tuple[str, Any]:
-        """(kind, model or checkpoint), loading it the first time (under the lock)."""
+    def get(self, name: str) -> Any:
+        """The model, loading it the first time (under the lock)."""
         if name not in self.names:
             raise ApiError("model", f"model {name!r} is not served here; choose one of: "
                            f"{', '.join(self.names)}")
@@ -182,27 +180,18 @@ class Models:
             return loaded
         with self.lock:
             if name not in self._loaded:
-                kind = self.kind(name)
                 if self._loader is not None:
                     loaded = self._loader(name)
-                elif kind == "translation":
-                    from qkv.translate.checkpoint import load_checkpoint
-
-                    loaded = load_checkpoint(name)
                 else:
                     from qkv.models import load
 
                     loaded = load(name)
-                self._loaded[name] = (kind, loaded)
+                self._loaded[name] = loaded
             return self._loaded[name]
 
     def info(self, name: str) -> dict:
-        kind, m = self.get(name)
-        if kind == "translation":
-            c = m.model.config
-            return {"name": name, "kind": kind, "layers": c.decoder_layers, "heads": c.num_heads}
-        return {"name": name, "kind": kind, "layers": len(m.layers),
-                "heads": m.layers[0].self_attn.num_heads}
+        """The model's name and capabilities (what the page chooses its panels by)."""
+        return {"name": name, "capabilities": self.get(name).capabilities.to_dict()}
 
 
 class _Lru:
@@ -242,7 +231,7 @@ class Api:
         self._map_cache = _Lru(cache_bytes // 2)
 
     def info(self) -> dict:
-        return {"models": [{"name": n, "kind": self.models.kind(n)} for n in self.models.names],
+        return {"models": [self.models.info(n) for n in self.models.names],
                 "default_model": self.models.default, "methods": METHODS,
                 "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
                            "map_tokens": self.map_tokens}}
@@ -259,11 +248,11 @@ class Api:
             raise ApiError(unknown[0], f"unknown field {unknown[0]!r} for {endpoint}; it takes: "
                            f"{', '.join(sorted(allowed))}")
         model = _string(body, "model", limit=4096) or self.models.default
-        kind, loaded = self.models.get(model)
-        wants = "translation" if endpoint.startswith("cross") else "self"
-        if kind != wants:
-            raise ApiError("model", f"model {model!r} is a {kind} model; {endpoint} needs a "
-                           f"{'translation' if wants == 'translation' else 'self-attention'} model")
+        loaded = self.models.get(model)
+        wants = "cross_attention" if endpoint.startswith("cross") else "self_attention"
+        if not getattr(loaded.capabilities, wants):
+            raise ApiError("model", f"model {model!r} has no {wants.replace('_', '-')}; "
+                           f"{endpoint} needs a model with one")
         text = _string(body, "text", limit=MAX_TEXT_CHARS, required=endpoint != "probe")
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
@@ -338,19 +327,16 @@ class Api:
         return answers.all_maps(self._all_maps(model, text, words))
 
     def _probe(self, model, text, **_):
-        """The heads the model view marks: the coref probe for an encoder, the induction probe
-        (repeated random tokens) for a decoder, where a pronoun cannot see its referent's
-        successors but an induction head has something to find."""
+        """The heads the model view marks: the model's default probe (see
+        :func:`qkv.explain.find_heads.default_probe`)."""
         with self.models.lock:
-            if getattr(model, "causal", False):
-                return answers.probe(induction_probe(model, "induction"))
-            return answers.probe(probe(model, "coref"))
+            return answers.probe(probe(model))
 
-    def _cross(self, ckpt, text, *, token, **_):
+    def _cross(self, model, text, *, token, **_):
         with self.models.lock:
-            return answers.cross(cross_attention(ckpt, text, token=token))
+            return answers.cross(cross_attention(model, text, token=token, gold=grammar_gold(text)))
 
-    def _cross_steps(self, ckpt, text, *, token, layer, head, **_):
+    def _cross_steps(self, model, text, *, token, layer, head, **_):
         with self.models.lock:
-            return answers.cross_steps(cross_attention_head(ckpt, text, token=token, layer=layer,
-                                                            head=head))
+            return answers.cross_steps(cross_attention_head(model, text, token=token, layer=layer,
+                                                            head=head, gold=grammar_gold(text)))

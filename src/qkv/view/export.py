@@ -43,7 +43,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         return a
 
     token = int(token) if isinstance(token, str) and token.isdigit() else token
-    if api.models.kind(model) == "translation":
+    if api.models.get(model).capabilities.cross_attention:
         ca = api.handle("cross", {"model": model, "text": text, "token": token})
         french = ca["french"]  # default: the last French word (not [EOS]), as the library's token=None
         j = ca["token"] if ca["token"] is not None else len(french) - (2 if len(french) > 1 and french[-1] == "[EOS]" else 1)

@@ -78,8 +78,9 @@ def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
 
 def standalone(answers: dict, *, model: str, text: str, state: dict, info: dict | None = None) -> str:
     """A self-contained page showing ``answers`` (``{answer_key: answer}``), opened at ``state``."""
-    info = info or {"models": [{"name": model, "kind": "translation" if any(
-        a.get("kind", "").startswith("cross") for a in answers.values()) else "self"}],
+    cross = any(a.get("kind", "").startswith("cross") for a in answers.values())
+    info = info or {"models": [{"name": model, "capabilities": {"cross_attention": cross,
+                                                                "self_attention": not cross}}],
         "default_model": model, "methods": {"weight": "attention weights"}, "limits": {}}
     return page_html(embed={"model": model, "text": text, "state": state, "info": info,
                             "answers": answers})

@@ -602,13 +602,14 @@
   }));
 
   // -- the form --------------------------------------------------------------------------------
+  // Which panels a model gets: its capabilities (qkv.models.protocol), sent by /api/info.
   function kindOf(name) {
     const m = D.info.models.find((x) => x.name === name);
-    return m && m.kind === "translation" ? "cross" : "self";
+    return m && m.capabilities.cross_attention ? "cross" : "self";
   }
   function fillForm() {
     const sel = $("model");
-    sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.kind === "translation" ? " (translation)" : ""))));
+    sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.capabilities.cross_attention ? " (translation)" : ""))));
     $("method").replaceChildren(...Object.entries(D.info.methods).map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
     $("text").value = S.text; $("words").checked = S.words;
     $("words").disabled = D.kind === "cross";
