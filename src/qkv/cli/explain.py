@@ -223,69 +223,72 @@ def run_explain(args: argparse.Namespace) -> int:
     return _explain_overview(model, args)
 
 
+def _show(args, result, *, model=None, figure=None) -> int:
+    """Print ``result`` as its row of :data:`qkv.explain.kinds.KINDS` says (``--json``: the row's
+    ``json`` of ``to_dict()``); ``figure()`` draws ``--png``. A result holding NaN/inf from a
+    self-attention ``model`` is refused, naming where the model first computed one."""
+    import inspect
+    from importlib import import_module
+
+    from qkv.explain.kinds import kind_of
+    from qkv.explain.render import console
+
+    row, doc, png = kind_of(result), result.to_dict(), getattr(args, "png", None)
+    if model is not None:
+        _refuse_non_finite(model, args.text, doc)
+    _notes(getattr(result, "notes", ()))
+    if png and figure is not None:
+        _save(figure(), png)
+    if args.json:
+        _print_json(row.json(doc), ensure_ascii=False)  # UTF-8 out, as the text came in
+    else:
+        module, _, name = row.render.partition(":")
+        render = getattr(import_module(module), name)
+        options = {"names": FLAGS, "top": args.top, "model_arg": shlex.quote(str(args.model))}
+        wanted = inspect.signature(render).parameters
+        render(console(), result, **{k: v for k, v in options.items() if k in wanted})
+    if png and figure is not None:
+        print(f"wrote {png}", file=sys.stderr)
+    return 0
+
+
 def _explain_overview(model, args) -> int:
     from qkv.explain import explain
-    from qkv.explain.render import console, render_overview
 
     ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
                  layer=args.layer, **methods.method_args(args))
-    _refuse_non_finite(model, args.text, ov.to_dict())
-    _notes(ov.notes)
-    if args.png:
+
+    def figure():
         from qkv.explain.figures import overview_figure
 
-        _save(overview_figure(ov), args.png)
-    if args.json:
-        _print_json(ov.to_dict())
-    else:
-        render_overview(console(), ov, names=FLAGS)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+        return overview_figure(ov)
+    return _show(args, ov, model=model, figure=figure)
 
 
 def _explain_steps(model, args) -> int:
-    from qkv.explain import explain_head
-    from qkv.explain.render import console, render_steps
+    from qkv.explain import attention_map, explain_head
 
     st = explain_head(model, args.text, token=args.token, layer=args.layer, head=args.head,
                       words=args.words)
-    _refuse_non_finite(model, args.text, st.to_dict())
-    _notes(st.notes)
-    if args.png:
-        from qkv.explain import attention_map
+
+    def figure():
         from qkv.explain.figures import map_figure
 
-        _save(map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
-                                       words=args.words)), args.png)
-    if args.json:
-        _print_json(st.to_dict())
-    else:
-        render_steps(console(), st, names=FLAGS)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+        return map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
+                                        words=args.words))
+    return _show(args, st, model=model, figure=figure)
 
 
 def _explain_ablation(model, args) -> int:
     from qkv.explain import no_projection
-    from qkv.explain.render import console, render_ablation
 
-    result = no_projection(model, args.text, layer=args.layer)
-    _refuse_non_finite(model, args.text, result.to_dict())
-    if args.json:
-        _print_json(result.to_dict())
-    else:
-        render_ablation(console(), result)
-    return 0
+    return _show(args, no_projection(model, args.text, layer=args.layer), model=model)
 
 
 def _explain_translation(model, args) -> int:
     """``qkv explain`` for a translation model: its cross-attention (see qkv.explain.cross),
     checked against the toy grammar's gold alignment."""
     from qkv.explain import cross_attention, cross_attention_head
-    from qkv.explain.render import console
-    from qkv.explain.render_cross import render_cross_overview, render_cross_steps
     from qkv.translate.gold import grammar_gold
 
     if args.to is not None or args.no_projection:
@@ -303,21 +306,13 @@ def _explain_translation(model, args) -> int:
     else:
         result = ca = cross_attention(model, args.text, token=args.token, top=args.top,
                                       layer=args.layer, gold=gold)
-    _notes(ca.notes)
-    if args.png:
+
+    def figure():
         from qkv.explain.figures import cross_figure, cross_head_figure
 
-        _save(cross_head_figure(ca, args.layer, args.head) if args.head is not None
-              else cross_figure(ca), args.png)
-    if args.json:
-        _print_json(result.to_dict(), ensure_ascii=False)
-    elif args.head is not None:
-        render_cross_steps(console(), result)
-    else:
-        render_cross_overview(console(), ca, model_arg=shlex.quote(str(args.model)))
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+        return (cross_head_figure(ca, args.layer, args.head) if args.head is not None
+                else cross_figure(ca))
+    return _show(args, result, figure=figure)
 
 
 # -- qkv heads -------------------------------------------------------------------------------------
@@ -346,34 +341,16 @@ def run_heads(args: argparse.Namespace) -> int:
 
 def _heads_pair(model, args) -> int:
     from qkv.explain import heads
-    from qkv.explain.render import console, render_pair
 
     ranking = heads(model, args.text, source=args.source, target=args.target,
                     **methods.method_args(args))
-    _refuse_non_finite(model, args.text, ranking.to_dict())
-    _notes(ranking.notes)
-    if args.json:
-        _print_json(ranking.to_dict()["heads"])
-    else:
-        render_pair(console(), ranking, top=args.top)
-    return 0
+    return _show(args, ranking, model=model)
 
 
 def _heads_probe(model, args) -> int:
     from qkv.explain import probe
-    from qkv.explain.render import console, render_probe
 
-    result = probe(model, args.probe, method=args.method or "weight")
-    if args.json:  # the coref probe prints its heads list (as documented), the others everything
-        doc = result.to_dict()
-        _print_json(doc["heads"] if doc["kind"] == "probe" else doc)
-    elif result.kind == "probe":
-        render_probe(console(), result, top=args.top)
-    else:
-        from qkv.explain.render_induction import render_head_scores
-
-        render_head_scores(console(), result, top=args.top)
-    return 0
+    return _show(args, probe(model, args.probe, method=args.method or "weight"))
 
 
 # -- qkv softmax-demo ----------------------------------------------------------------------------

@@ -69,6 +69,8 @@ class CrossAttention:
         gold_note: why ``gold`` is None (or None).
         trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer).
         token: the French token chosen for a closer look (its top English tokens), or None.
+        focus: the French token a viewer opens at: ``token``, else the last French word (the
+            default :func:`~qkv.explain.select.choose` resolves).
         top: how many English tokens that closer look lists per head.
         layers: the decoder layers shown (all, or the one asked for).
         notes: how an ambiguous ``token`` was resolved.
@@ -86,6 +88,7 @@ class CrossAttention:
     gold_note: str | None
     trace: TranslationTrace
     token: int | None = None
+    focus: int = 0
     top: int = 3
     layers: tuple[int, ...] = ()
     notes: tuple[Message, ...] = ()
@@ -93,12 +96,6 @@ class CrossAttention:
     @property
     def num_heads(self) -> int:
         return self.weights.shape[1]
-
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
 
     @property
     def argmax(self) -> torch.Tensor:
@@ -127,10 +124,22 @@ class CrossAttention:
         values, index = w.topk(min(self.top, w.numel()))
         return [(int(i), float(v)) for v, i in zip(values, index)]
 
-    def to_dict(self) -> dict:
-        """Every weight shown (``weights[l][h][j][i]`` for the ``layers``) and each head's
-        summary (what ``qkv explain TEXT --model translate --json`` prints)."""
+    def ranking(self, j: int) -> list[tuple[int, int]]:
+        """The shown heads as (layer, head) for French token j, best first: most French tokens
+        on gold (when there is gold), then the largest weight at j, then layer, head."""
         counts = self.alignment()
+        def key(lh):
+            l, h = lh
+            return (-(int(counts[l, h]) if counts is not None else 0),
+                    -float(self.weights[l, h, j].max()), l, h)
+        return sorted(((l, h) for l in self.layers for h in range(self.num_heads)), key=key)
+
+    def to_dict(self) -> dict:
+        """Every weight shown (``weights[l][h][j][i]`` for the ``layers``), each head's summary
+        (what ``qkv explain TEXT --model translate --json`` prints) and, per French token j,
+        ``ranking[j]``: the heads best first (:meth:`ranking`)."""
+        counts = self.alignment()
+        best = int(counts[list(self.layers)].max()) if counts is not None else None
         heads = []
         for l in self.layers:
             for h in range(self.num_heads):
@@ -138,6 +147,7 @@ class CrossAttention:
                 if counts is not None:
                     entry["aligned"] = int(counts[l, h])
                     entry["alignment_accuracy"] = int(counts[l, h]) / len(self.gold)
+                    entry["best_aligned"] = int(counts[l, h]) == best
                 if self.token is not None:
                     entry["top"] = [{"index": i, "token": self.english[i], "weight": w,
                                      "gold": self.is_gold(self.token, i)}
@@ -148,7 +158,12 @@ class CrossAttention:
             "translation": self.translation, "layers": list(self.layers), "num_heads": self.num_heads,
             "weights": self.weights[list(self.layers)].tolist(),
             "gold": [list(g) for g in self.gold] if self.gold else None,
-            "gold_note": self.gold_note, "token": self.token, "heads": heads,
+            "gold_note": self.gold_note, "token": self.token, "focus": self.focus, "heads": heads,
+            "num_layers": len(self.layers),
+            "alignment": counts[list(self.layers)].tolist() if counts is not None else None,
+            "ranking": [[{"layer": l, "head": h} for l, h in self.ranking(j)]
+                        for j in range(len(self.french))],
+            "notes": [str(n) for n in self.notes],
         }
 
 
@@ -174,11 +189,9 @@ class CrossHeadSteps:
     def french_index(self) -> int:
         return self.steps.token_index
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
+    @property
+    def notes(self) -> tuple[Message, ...]:
+        return self.attention.notes
 
     @property
     def gold(self) -> tuple[int, ...] | None:
@@ -320,10 +333,10 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
     model = translation_model(model)
     check_layer_head(model, layer, None)
     ca = _translate_and_trace(model, text, gold)
-    choice = choose(token, _french_units(ca), role="token") if token is not None else None
-    return replace(ca, token=choice.unit if choice else None, top=top,
+    choice = choose(token, _french_units(ca), role="token")  # token=None: the default, resolved here
+    return replace(ca, token=choice.unit if token is not None else None, focus=choice.unit, top=top,
                    layers=ca.layers if layer is None else (layer,),
-                   notes=(choice.note,) if choice and choice.note else ())
+                   notes=(choice.note,) if token is not None and choice.note else ())
 
 
 def cross_attention_head(model, text: str, *, token: str | None = None, layer: int, head: int,
@@ -354,5 +367,5 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
     j = choice.unit
     steps = head_steps(model.decoder[layer].cross_attn, ca.trace.decoder[layer].cross_attn,
                        layer=layer, head=head, row=j, tokens=ca.english, model=ca.model, text=text)
-    ca = replace(ca, token=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
+    ca = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
     return CrossHeadSteps(attention=ca, steps=steps, norm_first=model.config.norm_first)

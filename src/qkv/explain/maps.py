@@ -37,12 +37,6 @@ class AttentionMap:
                 "words": self.units.words, "layer": self.layer, "head": self.head,
                 "weights": self.weights.tolist()}
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
-
 
 def attention_map(model, text: str, *, layer: int, head: int, words: bool = False) -> AttentionMap:
     """The (U, U) attention map of one head on ``text``, as the forward computed it.

@@ -120,12 +120,6 @@ class Overview:
     def highlighted(self, row: HeadRow) -> bool:
         return self.focus is not None and row.argmax == self.focus
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
-
     def to_dict(self) -> dict:
         """Every number of the overview (what ``qkv explain TEXT --json`` prints)."""
         units = self.units
@@ -147,6 +141,9 @@ class Overview:
             "word_rule": "weights into a word summed over its tokens, from a word averaged"
             if units.words else None,
             "unit_index": self.unit,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "special": list(units.special),
             "unit": units.labels[self.unit],
             "token_indices": list(units.groups[self.unit]),
             "token_index": group[0],

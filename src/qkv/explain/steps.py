@@ -86,12 +86,6 @@ class HeadSteps:
     def max_abs_diff(self) -> float:
         return self.diffs["output"]
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
-
     def to_dict(self) -> dict:
         """Every number in full (what ``qkv explain … --layer L --head H --json`` prints);
         −inf as :mod:`qkv.explain.jsonable` says."""
@@ -118,6 +112,9 @@ class HeadSteps:
             "model_output": numbers(self.model_output),
             "max_abs_diff": self.max_abs_diff,
             "stage_max_abs_diff": self.diffs,
+            "notes": [str(n) for n in self.notes],
+            "word": self.word,
+            "word_tokens": list(self.word_tokens),
         }
 
 

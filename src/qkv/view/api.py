@@ -1,21 +1,23 @@
 """The viewer's JSON API: a request's fields checked, a :mod:`qkv.explain` result returned.
 
 The page never computes attention: every number it shows is a field of a ``to_dict()`` answered
-here. One endpoint per kind of result (the request body is a JSON object; ``model`` and ``text``
-name what to run, the other fields are the library's arguments)::
+here. The endpoints are the rows of :data:`qkv.explain.kinds.KINDS` (the request body is a JSON
+object; ``model`` and ``text`` name what to run, the other fields are the row's ``fields``, the
+library's arguments)::
 
-    overview     explain(model, text, token, words)           → Overview.to_dict() + sizes
-    steps        explain_head(model, text, token, layer, head, words) → HeadSteps.to_dict()
+    overview     explain(model, text, token, words, method)              → Overview
+    steps        explain_head(model, text, token, layer, head, words)    → HeadSteps
     map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
     maps         every head's map at once (short texts only: the model view's thumbnails)
+    received     attention_received(model, text, layer, head, words)     → each key's Σ_i w_ij
     probe        probe(model) — the model's default probe (coref; induction for a causal
-                 model) — .to_dict() (the best heads the model view marks)
-    cross        cross_attention(model, text, token, gold).to_dict()     (translation model)
-    cross_steps  cross_attention_head(model, text, token, layer, head, gold).to_dict()
+                 model) (the best heads the model view marks)
+    cross        cross_attention(model, text, token, gold)               (translation model)
+    cross_steps  cross_attention_head(model, text, token, layer, head, gold)
 
-Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`): ``cross*``
-need ``cross_attention``, the others ``self_attention``; ``/api/info`` sends each model's
-capabilities to the page.
+Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`) against the
+row's ``needs``; ``/api/info`` sends each model's capabilities to the page. The gold alignment of
+a translation is the toy grammar's (:func:`qkv.translate.gold.grammar_gold`).
 
 Every field is checked before anything runs; a bad one is an :class:`ApiError` (HTTP 4xx) whose
 JSON names the field: ``{"error": {"field": "layer", "message": "layer 9 is out of range …"}}``.
@@ -44,10 +46,9 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
-from qkv.explain import (
-    ArgumentError, attention_maps, cross_attention, cross_attention_head, explain, explain_head, probe,
-)
+from qkv.explain import ArgumentError, attention_maps
 from qkv.explain.forward import check_layer_head
+from qkv.explain.kinds import KINDS, WEIGHT
 from qkv.translate.gold import grammar_gold
 from qkv.view import answers
 
@@ -59,7 +60,6 @@ MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts;
 # view then draws the selected token's row, which the overview already holds (O(L · H · t)).
 MAX_MAP_TOKENS = 512
 CACHE_BYTES = 256 * 2**20  # answers and per-text maps kept, at most
-WEIGHT = "weight"  # the attention weights themselves; other methods: qkv.explain.contributions
 
 
 def methods() -> dict[str, str]:
@@ -77,7 +77,9 @@ def methods() -> dict[str, str]:
 
 
 METHODS = methods()
-ENDPOINTS = ("overview", "steps", "map", "maps", "probe", "cross", "cross_steps")
+# endpoint → the row of qkv.explain.kinds.KINDS that answers it (the one with a run, or a whole map)
+ROWS = {k.endpoint: k for k in KINDS.values() if k.endpoint and (k.run or k.name == k.endpoint)}
+ENDPOINTS = tuple(ROWS)
 
 
 class ApiError(QkvError):
@@ -138,16 +140,8 @@ def _token(body: dict) -> str | None:
     return _string(body, "token", limit=MAX_TOKEN_CHARS)
 
 
-# The fields each endpoint takes (``model`` and ``text`` aside).
-FIELDS = {
-    "overview": {"token", "words", "method"},
-    "steps": {"token", "layer", "head", "words"},
-    "map": {"layer", "head", "words"},  # the attention weights: the method drives the model view only
-    "maps": {"words"},
-    "probe": set(),
-    "cross": {"token"},
-    "cross_steps": {"token", "layer", "head"},
-}
+# The fields each endpoint takes (``model`` and ``text`` aside): its row's.
+FIELDS = {endpoint: set(row.fields) for endpoint, row in ROWS.items()}
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -249,11 +243,11 @@ class Api:
                            f"{', '.join(sorted(allowed))}")
         model = _string(body, "model", limit=4096) or self.models.default
         loaded = self.models.get(model)
-        wants = "cross_attention" if endpoint.startswith("cross") else "self_attention"
-        if not getattr(loaded.capabilities, wants):
-            raise ApiError("model", f"model {model!r} has no {wants.replace('_', '-')}; "
+        row = ROWS[endpoint]
+        if not getattr(loaded.capabilities, row.needs):
+            raise ApiError("model", f"model {model!r} has no {row.needs.replace('_', '-')}; "
                            f"{endpoint} needs a model with one")
-        text = _string(body, "text", limit=MAX_TEXT_CHARS, required=endpoint != "probe")
+        text = _string(body, "text", limit=MAX_TEXT_CHARS, required=row.text)
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
         method = body.get("method", WEIGHT)
@@ -264,8 +258,11 @@ class Api:
         for field in ("layer", "head"):
             if field in FIELDS[endpoint] and args[field] is None:
                 raise ApiError(field, f"{field} is required")
+        args["method"] = method
+        args = {k: v for k, v in args.items() if k in row.fields}
         try:
-            answer = getattr(self, "_" + endpoint)(loaded, text, method=method, **args)
+            special = getattr(self, "_" + endpoint, None)  # whole maps: cached, limited
+            answer = special(loaded, text, **args) if special else self._run(row, loaded, text, args)
         except ArgumentError as e:
             raise ApiError(e.argument, str(e)) from None
         except ApiError:
@@ -284,17 +281,23 @@ class Api:
             self._answers.put(key, cached, len(cached))
         return cached
 
-    # Each runs the library under the lock and returns its answer (:mod:`qkv.view.answers`).
-    # ``args`` an endpoint does not take are None/False and ignored.
-    def _overview(self, model, text, *, token, words, method, **_):
-        extra = {} if method == WEIGHT else {"method": method}  # rows as the method's shares
+    def _run(self, row, model, text, args: dict) -> dict:
+        """The row's library call under the lock, its result as the page receives it. A
+        translation model's gold alignment is the toy grammar's (the library takes it as given)."""
+        if row.needs == "cross_attention":
+            args["gold"] = grammar_gold(text)
+        if row.whole_map:
+            self._check_map_tokens(model, text)
         with self.models.lock:
-            return answers.overview(explain(model, text, token=token, words=words, **extra))
+            result = row.run(model, text, **args) if row.text else row.run(model, None)
+        return answers.answer(result)
 
-    def _steps(self, model, text, *, token, layer, head, words, **_):
+    def _check_map_tokens(self, model, text) -> None:
         with self.models.lock:
-            return answers.steps(explain_head(model, text, token=token, layer=layer, head=head,
-                                              words=words))
+            n = len(model.tokenizer.encode(text).ids)
+        if n > self.map_tokens:
+            raise ApiError("text", f"text is {n} tokens; whole maps are kept for at most "
+                           f"{self.map_tokens} (the overview holds each head's row of one token)")
 
     def _all_maps(self, model, text, words):
         key = (id(model), text, words)
@@ -304,39 +307,21 @@ class Api:
                 maps = self._map_cache.get(key)  # computed while this request waited?
                 if maps is not None:
                     return maps
-                n = len(model.tokenizer.encode(text).ids)
-                if n > self.map_tokens:
-                    raise ApiError("text", f"text is {n} tokens; whole maps are kept for at most "
-                                   f"{self.map_tokens} (the overview holds each head's row of one token)")
+                self._check_map_tokens(model, text)
                 maps = attention_maps(model, text, words=words)
             # float32 halves the cache; token-level weights are the forward's float32 anyway
             maps = replace(maps, weights=maps.weights.float())  # (L, H, U, U)
             self._map_cache.put(key, maps, maps.weights.numel() * 4)
         return maps
 
-    def _map(self, model, text, *, layer, head, words, **_):
+    def _map(self, model, text, *, layer, head, words):
         check_layer_head(model, layer, head)
         return answers.head_map(self._all_maps(model, text, words).head(layer, head))
 
-    def _maps(self, model, text, *, words, **_):
+    def _maps(self, model, text, *, words):
         with self.models.lock:
             n = len(model.tokenizer.encode(text).ids)
         if n > MAX_WHOLE_MAPS_UNITS:
             raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
                            f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
         return answers.all_maps(self._all_maps(model, text, words))
-
-    def _probe(self, model, text, **_):
-        """The heads the model view marks: the model's default probe (see
-        :func:`qkv.explain.find_heads.default_probe`)."""
-        with self.models.lock:
-            return answers.probe(probe(model))
-
-    def _cross(self, model, text, *, token, **_):
-        with self.models.lock:
-            return answers.cross(cross_attention(model, text, token=token, gold=grammar_gold(text)))
-
-    def _cross_steps(self, model, text, *, token, layer, head, **_):
-        with self.models.lock:
-            return answers.cross_steps(cross_attention_head(model, text, token=token, layer=layer,
-                                                            head=head, gold=grammar_gold(text)))

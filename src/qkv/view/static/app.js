@@ -119,8 +119,7 @@
     try {
       if (D.kind === "cross") {
         D.cross = await ask("cross", { token: S.token });
-        const fr = D.cross.french; // default: the last French word (not [EOS])
-        if (S.token === null || S.token >= fr.length) S.token = D.cross.token ?? Math.max(0, fr.length - (fr[fr.length - 1] === "[EOS]" ? 2 : 1));
+        if (S.token === null || S.token >= D.cross.french.length) S.token = D.cross.focus; // the library's default
       } else {
         D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
         S.token = D.overview.unit_index;
@@ -200,17 +199,14 @@
     // [{layer, head, weights (row over keys), max, argmax, rank, note, mark}] for the selected token
     const rows = [];
     if (D.kind === "cross") {
+      // the library ranks the heads for each French token (CrossAttention.ranking)
       const c = D.cross, j = S.token, gold = c.gold && j < c.gold.length ? c.gold[j] : null;
-      let best = -1;
-      if (c.alignment) for (const r of c.alignment) for (const v of r) best = Math.max(best, v);
-      for (let l = 0; l < c.num_layers; l++) for (let hh = 0; hh < c.num_heads; hh++) {
-        const w = c.weights[l][hh][j];
-        let am = 0; w.forEach((v, i) => { if (v > w[am]) am = i; });
-        const count = c.alignment ? c.alignment[l][hh] : null;
-        rows.push({ layer: c.layers[l], head: hh, weights: w, max: w[am], argmax: c.english[am],
-          onGold: gold ? gold.includes(am) : null, count, mark: count !== null && count === best });
+      for (const { layer, head } of c.ranking[j]) {
+        const li = c.layers.indexOf(layer), e = c.heads[li * c.num_heads + head];
+        const w = c.weights[li][head][j], am = e.argmax[j];
+        rows.push({ layer, head, weights: w, max: w[am], argmax: c.english[am],
+          onGold: gold ? gold.includes(am) : null, count: e.aligned ?? null, mark: !!e.best_aligned });
       }
-      rows.sort((a, b) => (b.count ?? 0) - (a.count ?? 0) || b.max - a.max || a.layer - b.layer || a.head - b.head);
     } else {
       const probeBest = new Set();
       if (D.probe) D.probe.heads.slice(0, 3).forEach((p) => probeBest.add(p.layer + ":" + p.head));
@@ -446,9 +442,40 @@
     if (i >= 0 && i < M.n) selectToken(i + (M.first || 0));
   });
 
+  // -- attention received: each key's Σ_i w_ij in the selected head (qkv.explain.received) ----------
+  async function drawReceived() {
+    let sec = $("received");
+    if (!sec) {
+      sec = h("section", { id: "received", "aria-labelledby": "received-title" },
+        h("h2", { id: "received-title" }, "Attention received ",
+          h("span", { class: "hint" }, "— each key's total weight Σᵢ wᵢⱼ over every query, in the selected head")),
+        h("table", { id: "received-table" }));
+      $("steps").before(sec);
+    }
+    sec.hidden = D.kind !== "self" || !D.overview; // a notebook's single result has no text's panels
+    if (sec.hidden) return;
+    const table = $("received-table"), limit = (D.info.limits || {}).map_tokens || 512;
+    if (D.overview.tokens.length > limit) {  // every row of a head is kept for short texts only
+      table.replaceChildren(h("caption", { class: "missing" }, `a long text: kept for at most ${limit} tokens`));
+      return;
+    }
+    let r;
+    try { r = await ask("received", { layer: S.layer, head: S.head, words: S.words }); } catch (e) {
+      table.replaceChildren(h("caption", { class: "missing" }, e.message)); // an extra: the rest still draws
+      return;
+    }
+    table.replaceChildren(
+      h("caption", {}, `layer ${r.layer}, head ${r.head}: the ${r.rows} rows' weights summed per key`),
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "j"), h("th", { scope: "col" }, "key"),
+        h("th", { scope: "col" }, "received Σᵢ wᵢⱼ"))),
+      h("tbody", {}, r.units.map((u, j) => h("tr", { "data-j": j },
+        h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j]))))));
+  }
+
   // -- step panel: explain_head's numbers ---------------------------------------------------------
   function vec(v, id) { return h("div", { class: "vec", id }, v.map((x) => fmt(x)).join("  ")); }
   async function drawSteps() {
+    await drawReceived();
     const body = $("steps-body");
     let st;
     try {
