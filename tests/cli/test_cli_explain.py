@@ -298,3 +298,23 @@ def test_notes_name_flags(capsys, model):
     assert code == 0 and "Pick another with --from the@0 (occurrences count from 0) or --from 1." in err
     ranking = qkv.explain.heads(model, "the cat saw the dog", source="the", target="cat")
     assert "Pick another with source the@0 (occurrences count from 0) or source 1." in str(ranking.notes[0])
+
+
+@pytest.mark.parametrize("probe", ["induction", "previous-token", "coref"])
+def test_every_probe_refuses_a_nan_model_naming_layer_and_head(capsys, monkeypatch, probe):
+    """issue 23, item 5: a NaN model passed the induction and previous-token probes (printing nan)."""
+    import torch
+
+    import qkv
+    import qkv.cli.explain as cli_explain
+
+    model = qkv.load("lm" if probe != "coref" else "minilm")
+    d = model.layers[1].self_attn.head_dim
+    with torch.no_grad():
+        model.layers[1].self_attn.q_proj.weight[d:2 * d] = float("nan")  # head 1's queries
+    monkeypatch.setattr(cli_explain, "_load", lambda name: model)
+    for json_flag in ([], ["--json"]):
+        code = main(["heads", "--probe", probe, *json_flag])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and err.count("\n") == 1, (out[:200], err)
+        assert "computes NaN at layer 1, head 1" in err, err

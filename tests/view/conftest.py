@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pytest
+from view_checks import DECODER, tiny_decoder
 
 SKIP_VARIABLE = "QKV_SKIP_BROWSER_TESTS"
 MAP_TOKENS = 64  # the served app keeps whole maps up to 64 tokens (512 in qkv view), to test both paths
@@ -25,22 +26,6 @@ class Served:
     api: object
     url: str  # http://127.0.0.1:PORT/
     port: int
-
-
-DECODER = "tiny-decoder"
-
-
-def tiny_decoder(bert):
-    """A random 2-layer Llama (causal, RoPE, 4 heads) reading MiniLM's tokenizer: a decoder to
-    view without a decoder checkpoint on disk."""
-    import torch
-
-    from qkv.models.llama import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=bert.tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
-    return LlamaModel(config, tokenizer=bert.tokenizer, name=DECODER).eval()
 
 
 @pytest.fixture(scope="session")

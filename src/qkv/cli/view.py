@@ -60,7 +60,7 @@ def run_view(args: argparse.Namespace) -> int:
 
     if args.html is not None:
         return _export(args)
-    from qkv.view.server import LOCAL_HOSTS, bind, create_app, serve, url_of
+    from qkv.view.server import LOCAL_HOSTS, allowed_hosts, bind, create_app, serve, url_of
 
     if args.host not in LOCAL_HOSTS:
         print(f"qkv: warning: listening on {args.host}: anyone who can reach this machine can "
@@ -83,7 +83,8 @@ def run_view(args: argparse.Namespace) -> int:
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
 
     try:
-        serve(create_app(Api(models)), sock, on_started=None if args.no_browser else open_browser)
+        app = create_app(Api(models, text=args.text), hosts=allowed_hosts(args.host))
+        serve(app, sock, on_started=None if args.no_browser else open_browser)
     except KeyboardInterrupt:
         pass  # uvicorn has closed the connections; Ctrl-C is how this command ends
     finally:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
 from qkv.explain import ArgumentError, attention_maps
+from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
 from qkv.explain.kinds import KINDS, WEIGHT
 from qkv.translate.gold import grammar_gold
@@ -184,8 +185,25 @@ class Models:
             return self._loaded[name]
 
     def info(self, name: str) -> dict:
-        """The model's name and capabilities (what the page chooses its panels by)."""
-        return {"name": name, "capabilities": self.get(name).capabilities.to_dict()}
+        """The model's name, capabilities (what the page chooses its panels by) and the methods
+        that apply to it as the page can ask (no ``target_text``: ``grad`` needs a decoder)."""
+        model = self.get(name)
+        caps = model.capabilities
+        return {"name": name, "capabilities": caps.to_dict(),
+                "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)]}
+
+
+def _applies(model, method: str) -> bool:
+    """Whether the library runs ``method`` on ``model`` (it is asked, not second-guessed here)."""
+    if method == WEIGHT:
+        return True
+    from qkv.explain.contributions import check_method
+
+    try:
+        check_method(model, method)
+    except ArgumentError:
+        return False
+    return True
 
 
 class _Lru:
@@ -218,15 +236,15 @@ class Api:
     """``handle(endpoint, body)`` → the JSON-ready answer, or :class:`ApiError`."""
 
     def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES,
-                 map_tokens: int = MAX_MAP_TOKENS):
-        self.models = models
+                 map_tokens: int = MAX_MAP_TOKENS, text: str | None = None):
+        self.models, self.text = models, text  # text: what the bare page opens with
         self.map_tokens = map_tokens
         self._answers = _Lru(cache_bytes // 2)
         self._map_cache = _Lru(cache_bytes // 2)
 
     def info(self) -> dict:
         return {"models": [self.models.info(n) for n in self.models.names],
-                "default_model": self.models.default, "methods": METHODS,
+                "default_model": self.models.default, "default_text": self.text, "methods": METHODS,
                 "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
                            "map_tokens": self.map_tokens}}
 
@@ -260,6 +278,9 @@ class Api:
                 raise ApiError(field, f"{field} is required")
         args["method"] = method
         args = {k: v for k, v in args.items() if k in row.fields}
+        if args.get("method", WEIGHT) != WEIGHT and not _applies(loaded, method):
+            raise ApiError("method", f"method {method} does not apply to {model}: the methods for "
+                           f"it are {', '.join(self.models.info(model)['methods'])}")
         try:
             special = getattr(self, "_" + endpoint, None)  # whole maps: cached, limited
             answer = special(loaded, text, **args) if special else self._run(row, loaded, text, args)
@@ -267,6 +288,8 @@ class Api:
             raise ApiError(e.argument, str(e)) from None
         except ApiError:
             raise
+        except NonFiniteError as e:  # a broken model: named by layer and head, whatever the endpoint
+            raise ApiError("model", str(e)) from None
         except QkvError as e:  # an empty text, too many tokens, a word the model does not know
             raise ApiError("text", str(e)) from None
         return answer
@@ -276,8 +299,12 @@ class Api:
         key = json.dumps([endpoint, body], sort_keys=True) if isinstance(body, dict) else None
         cached = self._answers.get(key) if key is not None else None
         if cached is None:
-            cached = json.dumps(self.handle(endpoint, body), allow_nan=False,
-                                ensure_ascii=False).encode()
+            answer = self.handle(endpoint, body)
+            try:
+                cached = json.dumps(answer, allow_nan=False, ensure_ascii=False).encode()
+            except ValueError:  # NaN/inf that no trace check caught: refused, never a 500
+                raise ApiError("model", "the answer holds NaN or infinity: the model's weights or "
+                               "input give non-finite numbers, so there is nothing true to show") from None
             self._answers.put(key, cached, len(cached))
         return cached
 

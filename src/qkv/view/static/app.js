@@ -637,7 +637,11 @@
   function fillForm() {
     const sel = $("model");
     sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.capabilities.cross_attention ? " (translation)" : ""))));
-    $("method").replaceChildren(...Object.entries(D.info.methods).map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
+    // the methods the library runs on this model (/api/info asks it per model)
+    const offered = (D.info.models.find((m) => m.name === S.model) || {}).methods;
+    const methods = Object.entries(D.info.methods).filter(([k]) => !offered || offered.includes(k));
+    if (!methods.some(([k]) => k === S.method)) S.method = "weight";
+    $("method").replaceChildren(...methods.map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
     $("text").value = S.text; $("words").checked = S.words;
     $("words").disabled = D.kind === "cross";
     const ro = !!EMBED;
@@ -672,6 +676,7 @@
         const r = await fetch("api/info");
         D.info = await r.json();
         S.model = D.info.default_model;
+        if (D.info.default_text) S.text = D.info.default_text; // qkv view TEXT: the bare URL shows TEXT
         readUrl();
         if (!D.info.models.some((m) => m.name === S.model)) S.model = D.info.default_model;
       }
