@@ -18,7 +18,7 @@ def test_the_panel_shows_the_librarys_column_sums(watched, served, model):
     r = attention_received(model, TEXT, layer=3, head=1)
     cells = page.eval_on_selector_all("#received-table tbody tr",
                                       "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
-    assert [c[1] for c in cells] == r.units.labels
+    assert [c[1] for c in cells] == r.map.units.labels
     for j, (_, label, shown) in enumerate(cells):
         assert_shown(shown, float(r.received[j]), f"received[{j}] ({label})")
     page.click('#grid button.cell[data-layer="0"][data-head="2"]')  # another head: its own sums

@@ -18,34 +18,32 @@ from typing import ClassVar
 
 import torch
 
-from qkv.explain.maps import attention_map
-from qkv.explain.select import Units
+from qkv.explain.maps import AttentionMap, attention_map
 
 
 @dataclass(frozen=True)
 class AttentionReceived:
-    """Head ``head`` of layer ``layer``: ``received`` (U,) float64, Σ over queries of each key's weight."""
+    """One head's map (:class:`~qkv.explain.maps.AttentionMap`) read by its columns:
+    ``received`` (U,) float64, Σ over the query rows of each key's weight."""
 
     kind: ClassVar[str] = "received"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    units: Units
-    layer: int
-    head: int
-    received: torch.Tensor
+    map: AttentionMap
+
+    @property
+    def received(self) -> torch.Tensor:
+        return self.map.weights.sum(0)  # (U, U) → (U,): summed over the query rows
 
     def to_dict(self) -> dict:
         """``received[j]`` = Σ_i w_ij; ``rows``: how many queries that sums over."""
-        return {"kind": self.kind, "model": self.model, "text": self.text,
-                "units": self.units.labels, "words": self.units.words, "layer": self.layer,
-                "head": self.head, "rows": len(self.units), "received": self.received.tolist()}
+        m = self.map
+        return {"kind": self.kind, "model": m.model, "text": m.text, "units": m.units.labels,
+                "words": m.units.words, "layer": m.layer, "head": m.head, "rows": len(m.units),
+                "received": self.received.tolist()}
 
 
 def attention_received(model, text: str, *, layer: int, head: int,
                        words: bool = False) -> AttentionReceived:
     """Each key's total weight Σ_i w_ij in one head, from the forward's own map
     (:func:`~qkv.explain.maps.attention_map`; ``words=True``: over words)."""
-    m = attention_map(model, text, layer=layer, head=head, words=words)
-    return AttentionReceived(model=m.model, text=text, units=m.units, layer=layer, head=head,
-                             received=m.weights.sum(0))  # (U, U) → (U,): sum over query rows
+    return AttentionReceived(attention_map(model, text, layer=layer, head=head, words=words))
