@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tolerance import bound, softmax_sum_tolerance, twin
 
 import qkv
 from qkv.cli import main
@@ -52,14 +53,54 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def model_cross_weights(ckpt, text: str) -> torch.Tensor:
-    """Independently: translate, run the model's forward over its output, stack the weights."""
+def torch_attention(att, dtype: torch.dtype) -> torch.nn.MultiheadAttention:
+    """A qkv MultiHeadAttention's weights in torch.nn.MultiheadAttention (the peer), in ``dtype``."""
+    E = att.q_proj.weight.shape[1]
+    peer = torch.nn.MultiheadAttention(E, att.num_heads, batch_first=True, dtype=dtype)
+    with torch.no_grad():
+        peer.in_proj_weight.copy_(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
+        peer.in_proj_bias.copy_(torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]))
+        peer.out_proj.weight.copy_(att.out_proj.weight)
+        peer.out_proj.bias.copy_(att.out_proj.bias)
+    return peer
+
+
+def peer_cross_weights(ckpt, src: torch.Tensor, tgt: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(L, H, t, s) cross-attention weights with every attention run by torch.nn.MultiheadAttention
+    (qkv's embeddings, norms and feed-forwards, in ``dtype``): the shipped model is post-norm,
+    x = norm(x + block(x)) for each block, the decoder's self-attention causal."""
+    model = twin(ckpt.model, dtype)
+    def post_norm(x, norm, y):
+        return norm(x + y)
+    with torch.no_grad():
+        x = model.embed(model.src_embed, src)  # (1, s, E); one sentence: no padding
+        for layer in model.encoder.layers:
+            sa = torch_attention(layer.self_attn, dtype)
+            x = post_norm(x, layer.norm1, sa(x, x, x, need_weights=False)[0])
+            x = post_norm(x, layer.norm3, layer.feed_forward(x))
+        memory, y, weights = x, model.embed(model.tgt_embed, tgt), []
+        t = tgt.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)  # True: may not attend
+        for layer in model.decoder.layers:
+            sa, ca = torch_attention(layer.self_attn, dtype), torch_attention(layer.cross_attn, dtype)
+            y = post_norm(y, layer.norm1, sa(y, y, y, attn_mask=causal, need_weights=False)[0])
+            out, w = ca(y, memory, memory, need_weights=True, average_attn_weights=False)
+            weights.append(w[0])  # (H, t, s)
+            y = post_norm(y, layer.norm2, out)
+            y = post_norm(y, layer.norm3, layer.feed_forward(y))
+    return torch.stack(weights).double()  # (L, H, t, s)
+
+
+def model_cross_weights(ckpt, text: str) -> tuple[torch.Tensor, float]:
+    """Independently of qkv.explain.cross: the French the model produces (greedy decoding), then
+    (torch's float64 cross-attention weights over it, the derived bound on qkv's float32 ones:
+    2 × torch's own float32 error + 2 ulp)."""
     src = torch.tensor([ckpt.vocab.encode_en(text)])
     gen = greedy_decode(ckpt.model, src)[0].tolist()
     gen = gen[: gen.index(EOS_ID) + 1]
-    with torch.no_grad():
-        _, trace = ckpt.model.trace(src, torch.tensor([[BOS_ID] + gen[:-1]]))
-    return torch.stack([t.cross_attn.attention.weights[0] for t in trace.decoder])  # (L, H, t, s)
+    tgt = torch.tensor([[BOS_ID] + gen[:-1]])
+    ref = peer_cross_weights(ckpt, src, tgt, torch.float64)
+    return ref, bound(ref, peer_cross_weights(ckpt, src, tgt, torch.float32), dtype=torch.float32)
 
 
 def test_json_weights_are_the_models_cross_attention(capsys, ckpt):
@@ -69,8 +110,9 @@ def test_json_weights_are_the_models_cross_attention(capsys, ckpt):
     assert doc["translation"] == "la pomme rouge est à côté des chats noirs"
     assert doc["english"] == SENTENCE.split() + ["[EOS]"]
     assert doc["french"][-1] == "[EOS]" and len(doc["french"]) == 10
-    weights = torch.tensor(doc["weights"])  # (L, H, t, s)
-    assert torch.equal(weights, model_cross_weights(ckpt, SENTENCE))
+    weights = torch.tensor(doc["weights"], dtype=torch.float64)  # (L, H, t, s)
+    ref, tol = model_cross_weights(ckpt, SENTENCE)
+    torch.testing.assert_close(weights, ref, atol=tol, rtol=0)
     # The gold alignment is the grammar's, and each head's count is re-derivable from the weights.
     assert doc["gold"][6] == [5, 6]  # "des" ← "to" + "the"
     for head in doc["heads"]:
@@ -85,10 +127,14 @@ def test_steps_json_recomputes_the_head_in_float64(capsys, ckpt):
     assert code == 0
     doc = json.loads(out)
     assert doc["french_token"] == "rouge" and doc["french_index"] == 2 and doc["gold"] == [1]
-    model_row = model_cross_weights(ckpt, SENTENCE)[2, 1, 2]
-    torch.testing.assert_close(torch.tensor(doc["weights"], dtype=torch.float64), model_row.double(),
-                               rtol=0, atol=1e-5)
-    assert doc["max_abs_diff"] < 1e-4 and abs(doc["weights_sum"] - 1) < 1e-12
+    ref, tol = model_cross_weights(ckpt, SENTENCE)
+    torch.testing.assert_close(torch.tensor(doc["weights"], dtype=torch.float64), ref[2, 1, 2],
+                               rtol=0, atol=tol)
+    # the float64 redo's output against torch's float64 cross-attention of the same query:
+    q, k, v = (torch.tensor(doc[n], dtype=torch.float64) for n in ("query", "keys", "values"))
+    w = torch.softmax(k @ q * doc["scale"], -1)
+    torch.testing.assert_close(torch.tensor(doc["output"], dtype=torch.float64), w @ v)
+    assert abs(doc["weights_sum"] - 1) <= softmax_sum_tolerance(len(doc["english"]), torch.float64)
     # q·k_i / √d is what the softmax saw.
     q, k = torch.tensor(doc["query"]), torch.tensor(doc["keys"])
     torch.testing.assert_close(torch.tensor(doc["scaled"]), (k @ q) * doc["scale"])
@@ -161,8 +207,8 @@ def test_library_results_are_what_the_cli_prints(capsys, ckpt):
 def test_the_head_is_the_decoders_own(ckpt):
     cs = cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1, gold=GOLD)
     assert cs.french_index == 2 and cs.gold == (1,) and cs.steps.tokens == cs.attention.english
-    torch.testing.assert_close(cs.steps.weights, model_cross_weights(ckpt, SENTENCE)[2, 1, 2].double(),
-                               rtol=0, atol=1e-5)
+    ref, tol = model_cross_weights(ckpt, SENTENCE)
+    torch.testing.assert_close(cs.steps.weights, ref[2, 1, 2], rtol=0, atol=tol)
     assert "position 2 reads 'pomme' and produces 'rouge'" in cs.x_source
     default = cross_attention_head(ckpt, SENTENCE, layer=0, head=0)  # the last French word
     assert default.attention.french[default.french_index] == "noirs"
