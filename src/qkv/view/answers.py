@@ -5,23 +5,11 @@ Used by the API (:mod:`qkv.view.api`), the export and the notebook display
 (:mod:`qkv.view.notebook`) alike, so a notebook and a browser get the same answer for the same
 result.
 
-:func:`answer_key` is how the page looks an answer up in an exported file: the endpoint and the
-request's fields other than ``model`` and ``text``, as canonical JSON — the same string
-``app.js``'s ``answerKey`` builds.
-
-    >>> answer_key("steps", {"head": 1, "layer": 0, "token": 2, "words": False, "text": "x"})
-    'steps{"head":1,"layer":0,"token":2,"words":false}'
 """
 
 from __future__ import annotations
 
 import base64
-import json
-
-
-def answer_key(endpoint: str, fields: dict) -> str:
-    kept = {k: v for k, v in fields.items() if k not in ("model", "text") and v is not None}
-    return endpoint + json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def encode_f32(t) -> str:

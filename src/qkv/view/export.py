@@ -15,7 +15,7 @@ Anything else the page asks for says "not in this exported file" instead of a nu
 
     >>> from qkv.view.api import Api, Models
     >>> answers, state = collect(Api(Models(["minilm"])), "minilm", "the cat sat", probe=False)
-    >>> state["token"], sorted({k.split("{")[0] for k in answers})
+    >>> state["token"], sorted({endpoint for endpoint, _, _ in answers})
     (3, ['maps', 'overview', 'received', 'steps'])
 """
 
@@ -25,7 +25,6 @@ import os
 
 from qkv.explain.kinds import KINDS
 from qkv.files import atomic_write_text
-from qkv.view.answers import answer_key
 from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models
 from qkv.view.page import standalone
 
@@ -38,13 +37,14 @@ HEAD_PANELS = tuple(k.endpoint for k in KINDS.values() if k.run and k.needs == "
 
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
             head: int = 0, words: bool = False, probe: bool = True) -> tuple[dict, dict]:
-    """({answer_key: answer}, the page's opening state) for ``text`` on ``model``."""
-    answers: dict = {}
+    """([[endpoint, request fields, answer], …], the page's opening state) for ``text`` on
+    ``model`` (the page finds an answer by its request; it alone spells the lookup key)."""
+    answers: dict = {}  # (endpoint, fields) → [endpoint, fields, answer]: each request once
 
     def get(endpoint: str, **fields) -> dict:
         fields = {k: v for k, v in fields.items() if v is not None}
         a = api.handle(endpoint, {"model": model, "text": text, **fields})
-        answers[answer_key(endpoint, fields)] = a
+        answers[(endpoint, tuple(sorted(fields.items())))] = [endpoint, fields, a]
         return a
 
     token = int(token) if isinstance(token, str) and token.isdigit() else token
@@ -58,7 +58,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
                 get("cross_steps", token=j, layer=l, head=h)
         for i in range(len(ca["french"])):
             get("cross_steps", token=i, layer=layer, head=head)
-        return answers, {"token": j, "layer": layer, "head": head, "words": False,
+        return list(answers.values()), {"token": j, "layer": layer, "head": head, "words": False,
                          "method": DEFAULT_METHOD}
 
     first = api.handle("overview", {"model": model, "text": text, "token": token, "words": words})
@@ -82,7 +82,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
     else:
         get("map", layer=layer, head=head, words=words)
         get("steps", token=t, layer=layer, head=head, words=words)
-    return answers, {"token": t, "layer": layer, "head": head, "words": words,
+    return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
                      "method": DEFAULT_METHOD}
 
 

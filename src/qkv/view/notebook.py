@@ -36,7 +36,7 @@ def html(result) -> str:
     caps["self_attention"] = not caps["cross_attention"]
     info = {"models": [{"name": model, "capabilities": caps}], "default_model": model,
             "methods": {"weight": "attention weights"}, "limits": {}}
-    return iframe(standalone({answers.answer_key(endpoint, fields): answer}, model=model,
+    return iframe(standalone([[endpoint, fields, answer]], model=model,
                              text=text or "", state=state, info=info))
 
 

@@ -53,7 +53,7 @@ def _json_in_html(data) -> str:
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
     """The page: served (``embed`` None) or standalone with ``embed`` inlined (see the module doc).
 
-    ``embed``: ``{"model", "text", "state", "info", "answers": {answer_key: answer}}``.
+    ``embed``: ``{"model", "text", "state", "info", "answers": [[endpoint, fields, answer], …]}``.
     """
     static_dir = Path(static_dir)
     template = (static_dir / "index.html").read_text(encoding="utf-8")
@@ -75,8 +75,9 @@ def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
     return template
 
 
-def standalone(answers: dict, *, model: str, text: str, state: dict, info: dict) -> str:
-    """A self-contained page showing ``answers`` (``{answer_key: answer}``), opened at ``state``;
+def standalone(answers: list, *, model: str, text: str, state: dict, info: dict) -> str:
+    """A self-contained page showing ``answers`` (``[[endpoint, request fields, answer], …]``:
+    the page looks each up by its request), opened at ``state``;
     ``info`` is what ``/api/info`` would answer (the model and its capabilities)."""
     return page_html(embed={"model": model, "text": text, "state": state, "info": info,
                             "answers": answers})

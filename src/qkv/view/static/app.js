@@ -51,8 +51,8 @@
   function cssColor(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
 
   // -- data: the API, or the answers embedded in an exported file --------------------------------
-  // The key of an answer: endpoint + the request's fields other than model/text, as canonical
-  // JSON (qkv/view/answers.py: answer_key builds the same string).
+  // An exported file holds [endpoint, request fields, answer] triples; the page indexes them by
+  // endpoint + the fields other than model/text, as canonical JSON (this is the only spelling).
   function answerKey(endpoint, fields) {
     const kept = {};
     for (const k of Object.keys(fields).sort()) {
@@ -60,11 +60,12 @@
     }
     return endpoint + JSON.stringify(kept);
   }
+  const EMBEDDED = EMBED ? new Map(EMBED.answers.map(([e, f, a]) => [answerKey(e, f), a])) : null;
   class Missing extends Error {}
   const inflight = new Map();
   async function ask(endpoint, fields) {
     if (EMBED) {
-      const a = EMBED.answers[answerKey(endpoint, fields)];
+      const a = EMBEDDED.get(answerKey(endpoint, fields));
       if (!a) throw new Missing("not in this exported file — run qkv view to explore every token and head");
       return a;
     }
@@ -688,7 +689,7 @@
         // a notebook's single result: only its own panel has numbers
         status("a single qkv.explain result: only its numbers are in this page");
         if (view === "map") {
-          const a = EMBED.answers[answerKey("map", { layer: S.layer, head: S.head, words: S.words })];
+          const a = EMBEDDED.get(answerKey("map", { layer: S.layer, head: S.head, words: S.words }));
           D.overview = { units: a.units, special: a.special, num_layers: S.layer + 1, num_heads: S.head + 1, heads: [], words: a.words };
           D.maps = null;
           const data = decodeF32(a.weights), U = a.shape[0];
