@@ -49,3 +49,19 @@ def test_errors_name_the_arguments(model):
         attention_map(model, TEXT, layer=0, head=12)
     with pytest.raises(ValueError, match="^layer 6 is out of range"):
         attention_map(model, TEXT, layer=6, head=0)
+
+
+def test_every_result_kind_says_its_kind_in_to_dict(model):
+    """The table of result kinds is keyed by what to_dict() says, for every result with a panel."""
+    from qkv.explain import attention_maps, explain, explain_head
+    from qkv.explain.kinds import KINDS, kind_of
+    from qkv.explain.received import attention_received
+
+    for result in (explain(model, TEXT), explain_head(model, TEXT, layer=0, head=0),
+                   attention_map(model, TEXT, layer=0, head=0), attention_maps(model, TEXT),
+                   attention_received(model, TEXT, layer=0, head=0)):
+        d = result.to_dict()
+        assert d["kind"] == result.kind and kind_of(result) is KINDS[d["kind"]]
+        assert json.loads(json.dumps(d, allow_nan=False)) == d
+    with pytest.raises(ValueError, match="^result must be a qkv.explain result"):
+        kind_of(object())

@@ -74,6 +74,11 @@ class AttentionMaps:
     units: Units
     weights: torch.Tensor
 
+    def to_dict(self) -> dict:
+        """``weights[l][h][i][j]``: layer l, head h, from unit i to unit j."""
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+                "words": self.units.words, "weights": self.weights.tolist()}
+
     def head(self, layer: int, head: int) -> AttentionMap:
         return AttentionMap(model=self.model, text=self.text, units=self.units, layer=layer,
                             head=head, weights=self.weights[layer, head])
