@@ -67,8 +67,9 @@ def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, 
             batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
             allow_is_causal_skip=False, use_vmap=True, device=device))
     window = _window(mask_function)
-    if window is not None and q_offset - kv_offset == kv_length - q_length:
+    if window == (None, None) or (window is not None and q_offset - kv_offset == kv_length - q_length):
         # global positions q_offset + i, kv_offset + j: the diagonal is bottom-right aligned
+        # (without a window, as in cross-attention, there is no diagonal to place)
         left, right = window
         causal = right == 0
         keep = (left, None if causal else right)
