@@ -169,10 +169,17 @@ def test_missing_tokenizer_files(tmp_path):
     with pytest.raises(QkvError, match=f"no tokenizer in {tmp_path}: expected tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
-    with pytest.raises(QkvError, match="tokenizer.json could not be read"):
+    with pytest.raises(QkvError, match="tokenizer.json (could not be read|is not valid JSON)"):
         Tokenizer.from_dir(tmp_path)
     with pytest.raises(QkvError, match="does not exist"):
         Tokenizer.from_dir(tmp_path / "nope")
+    # a manifest's list: a file it does not name is absent, whatever lies in the directory
+    with pytest.raises(QkvError, match="no tokenizer in"):
+        Tokenizer.from_dir(tmp_path, files={"model.safetensors": "0" * 64})
+    (tmp_path / "tokenizer.json").unlink()
+    os.mkfifo(tmp_path / "tokenizer.json")  # never read: it would block the reader forever
+    with pytest.raises(QkvError, match="not a regular file"):
+        Tokenizer.from_dir(tmp_path)
 
 
 def test_rejects_non_strings(bert_tok):

@@ -73,6 +73,7 @@ def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
     from qkv.explain.render import console
     from qkv.explain.render_contributions import render_compare
 
+    _estimate_compare(model, args.text)
     result = compare(model, args.text, token=args.token, words=args.words, top=args.top,
                      layer=args.layer, target_text=args.target_text)
     if args.json:
@@ -80,3 +81,39 @@ def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
     else:
         render_compare(console(), result, names=flags)
     return 0
+
+
+NOTE_FROM_TOKENS = 128  # below this --compare takes seconds; above it, say up front what it costs
+
+
+def _estimate_compare(model, text: str, file=None) -> float | None:
+    """On a long text, time one forward pass and say on stderr what ``--compare`` will cost
+    before it starts (it ran ~2 minutes silently on 500 tokens). Value-zeroing alone runs one
+    forward of t + 1 copies of the text, so (t + 1) × one (warm) pass is the estimate given — a
+    rough one: a batch of copies runs faster per copy, the other methods add their own passes.
+    Returns it in seconds, or None for a short text."""
+    import sys
+    import time
+
+    import torch
+
+    from qkv.explain import forward
+
+    ids = torch.tensor([forward.encode(model, text).ids], dtype=torch.long)  # (1, t)
+    t = ids.shape[1]
+    if t < NOTE_FROM_TOKENS:
+        return None
+    with torch.no_grad():
+        model(ids, torch.ones_like(ids))  # the first pass also pages the weights in: not timed
+        start = time.perf_counter()
+        model(ids, torch.ones_like(ids))
+    one = time.perf_counter() - start
+    guess = (t + 1) * one
+    print(f"qkv: note: --compare on {t} tokens runs every method; value-zeroing alone runs "
+          f"{t + 1} copies of the text and one pass takes {one:.2f} s here: expect on the order "
+          f"of {_duration(guess)}", file=file or sys.stderr, flush=True)
+    return guess
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"

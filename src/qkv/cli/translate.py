@@ -143,6 +143,20 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def _not_a_load_name(model) -> None:
+    """``--model lm``/``minilm`` (names ``qkv.load`` knows) are no translation directories: say
+    what they are instead of "does not exist". (Here, not in translate/: models.loading imports
+    that package.)"""
+    from pathlib import Path
+
+    from qkv.models.loading import KNOWN_MODELS
+
+    if model is not None and str(model) in KNOWN_MODELS and not Path(str(model)).is_dir():
+        raise QkvError(f"--model {str(model)!r} is not a translation model (it is one of the models "
+                       f"qkv explain and qkv heads run); give 'translate' or a directory written "
+                       f"by qkv train translate")
+
+
 def _check_finite(ckpt, model: str) -> None:
     """A model whose weights hold NaN translates into garbage without a sign: refuse it."""
     from qkv.explain.finite import check_parameters
@@ -160,6 +174,7 @@ def run_translate(args: argparse.Namespace) -> int:
         raise QkvError(f"--vocab lists the words the model knows and translates nothing: it takes "
                        f"no {given} (run the two commands one after the other)")
     _set_threads(args.threads)
+    _not_a_load_name(args.model)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)
     if args.vocab:
@@ -256,6 +271,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from qkv.translate.report import test_report
 
     _set_threads(args.threads)
+    _not_a_load_name(args.model)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)
     report = test_report(ckpt, beam=args.beam)

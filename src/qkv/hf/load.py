@@ -9,10 +9,10 @@ naming the architecture and why it cannot run on qkv (nothing downloaded, no rem
 
 from __future__ import annotations
 
-import json
 import os
 
 from qkv.errors import QkvError
+from qkv.files import read_json
 
 
 def load(path: str | os.PathLike, *, dtype=None):
@@ -27,11 +27,13 @@ def load(path: str | os.PathLike, *, dtype=None):
     from qkv.hf.attention import NAME
 
     config_file = os.path.join(os.fspath(path), "config.json")
-    try:
-        with open(config_file, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError) as e:
-        raise QkvError(f"{config_file}: cannot read a transformers config ({e})") from None
+    try:  # a regular file, nested at most MAX_JSON_DEPTH: never a hang or a RecursionError
+        raw = read_json(config_file)
+    except QkvError as e:
+        raise QkvError(f"cannot read a transformers config: {e}") from None
+    if not isinstance(raw, dict):
+        raise QkvError(f"{config_file}: cannot read a transformers config (a JSON object is "
+                       f"needed, got {type(raw).__name__})")
     model_type = raw.get("model_type")
     architectures = raw.get("architectures") or []
     name = architectures[0] if architectures else model_type

@@ -139,17 +139,6 @@ class Checkpoint:
         return int(self.meta.get("step", 0))
 
 
-def _not_a_load_name(model, directory: Path) -> None:
-    """``--model lm``/``minilm`` (names ``qkv.load`` knows) are not directories here: say what
-    they are instead of "does not exist"."""
-    from qkv.models.loading import KNOWN_MODELS
-
-    if model is not None and str(model) in KNOWN_MODELS and not directory.is_dir():
-        raise QkvError(f"model {str(model)!r} is not a translation model (it is one of the models "
-                       f"qkv explain and qkv heads run); give {DEFAULT_MODEL_NAME!r} or a directory "
-                       f"written by qkv train translate")
-
-
 def read_meta(directory: str | Path) -> dict:
     """config.json of a translation checkpoint, its fields type-checked; QkvError when it is not one."""
     directory = Path(directory)
@@ -187,7 +176,6 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
     :class:`~qkv.errors.QkvError`.
     """
     directory = resolve_model_dir(model)
-    _not_a_load_name(model, directory)
     meta = read_meta(directory)
     config = TranslationConfig.from_dict(meta["model"])
     texts = {name: read_listed(directory, meta, name, "tokenizer") for name in Vocab.FILES.values()}
