@@ -185,14 +185,15 @@ class ParallelResidualLayer(TransformerLayer):
                 memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None, **torch_style) -> LayerOutput:
+                positions: torch.Tensor | None = None, intervention=None,
+                **torch_style) -> LayerOutput:
         """x: (b, t, E) → a :class:`LayerOutput`; arguments as :meth:`TransformerLayer.forward`
         (no cross-attention: ``memory`` must be None)."""
         if memory is not None or self.cross_attn is not None:
             raise ValueError("a parallel-residual layer has no cross-attention (memory must be None)")
         at = {} if positions is None else {"positions": positions}
         attn = self.self_attn(self.norm1(x), mask=mask, kv_cache=kv_cache, trace_rows=trace_rows,
-                              **torch_style, **at)
+                              intervention=intervention, **torch_style, **at)
         ff = self.feed_forward(self.norm3(x))
         x = self.dropout(ff) + self.dropout(attn.output) + x
         return LayerOutput(x, LayerTrace(attn.trace) if trace_rows is not None else None)

@@ -23,6 +23,7 @@ from torch import nn
 
 from qkv.attention.masks import AttentionMask
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
+from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 
@@ -123,7 +124,8 @@ class TransformerLayer(nn.Module):
                 memory_key_padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None) -> LayerOutput:
+                positions: torch.Tensor | None = None,
+                intervention: AttentionEdit | None = None) -> LayerOutput:
         """x: (b, t, E) → a :class:`LayerOutput` (hidden (b, t, E); a trace with ``trace_rows``).
 
         Masks: ``mask`` (an :class:`~qkv.attention.AttentionMask`, as the stack passes it) or
@@ -132,14 +134,16 @@ class TransformerLayer(nn.Module):
         is the encoder output that ``cross_attn`` reads; ``positions`` (b, t) go to the
         self-attention's rotary embedding. ``memory_kv_cache`` (decoding) holds
         the cross-attention's keys and values of ``memory``: the first call projects ``memory``
-        into it, later calls reuse it instead of projecting ``memory`` again.
+        into it, later calls reuse it instead of projecting ``memory`` again. ``intervention``
+        (an :class:`~qkv.modules.intervention.AttentionEdit`) goes to the self-attention.
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the layer has cross-attention")
         # 1) self-attention
         x, self_trace = self._residual(x, self.norm1, lambda h: self.self_attn(
             h, mask=mask, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-            is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions))
+            is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
+            intervention=intervention))
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
