@@ -34,6 +34,9 @@ class MultiHeadTrace:
         value_input: (b, s, vdim) the vectors x_j projected into values.
         attention: the :class:`AttentionTrace` per head, (b, h, r, ·); its ``output`` is each
             head's output before the heads are concatenated and mixed by ``out_proj``.
+        heads: (b, t, h·d) every row's heads concatenated, exactly ``out_proj``'s input (after
+            any :class:`~qkv.modules.intervention.AttentionEdit`); not detached, so a forward
+            run with autograd on can be differentiated with respect to it.
     """
 
     rows: torch.Tensor
@@ -41,6 +44,7 @@ class MultiHeadTrace:
     key_input: torch.Tensor
     value_input: torch.Tensor
     attention: AttentionTrace
+    heads: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -262,7 +266,8 @@ class MultiHeadAttention(nn.Module):
         # 4) concatenate the heads and mix them
         if intervention is not None:
             heads = intervention.edit_heads(heads)  # (b, h, t, d)
-        out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (b, t, h·d)
+        out = self.out_proj(concat)
 
         weights = None
         if need_weights:
@@ -276,7 +281,7 @@ class MultiHeadAttention(nn.Module):
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
                                 value_input=value if new == s else value.new_empty(0),
-                                attention=traced)
+                                attention=traced, heads=concat)
         return AttentionOutput(out, weights, record)
 
     # -- interop -----------------------------------------------------------------------------

@@ -35,10 +35,18 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
 
 @dataclass(frozen=True)
 class LayerTrace:
-    """The attention traces of one layer (rows as requested)."""
+    """The attention traces of one layer (rows as requested), and its residual stream.
+
+    Fields:
+        self_attn, cross_attn: the attentions' :class:`MultiHeadTrace` s (cross: decoders only).
+        residual: (b, t, E) what the self-attention sub-block hands on, every row: ``x + attn``
+            (pre-norm) or ``norm1(x + attn)`` (post-norm); None for a layer that never forms it
+            (GPT-NeoX's parallel residual). Not detached (see ``MultiHeadTrace.heads``).
+    """
 
     self_attn: MultiHeadTrace
     cross_attn: MultiHeadTrace | None = None
+    residual: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,7 @@ class TransformerLayer(nn.Module):
             h, mask=mask, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
             is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
             intervention=intervention))
+        residual = x  # (b, t, E): what the self-attention sub-block hands on
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
@@ -154,5 +163,5 @@ class TransformerLayer(nn.Module):
                 kv_cache=memory_kv_cache, trace_rows=trace_rows))
         # 3) feed-forward
         x, _ = self._residual(x, self.norm3, self.feed_forward)
-        trace = LayerTrace(self_trace, cross_trace) if trace_rows is not None else None
+        trace = LayerTrace(self_trace, cross_trace, residual) if trace_rows is not None else None
         return LayerOutput(x, trace)
