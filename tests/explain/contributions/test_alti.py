@@ -47,7 +47,7 @@ def test_rows_are_distributions(which, model, gpt2_pair, llama, rms_post, ids):
         torch.testing.assert_close(c.sum(-1), torch.ones(t), atol=softmax_sum_tolerance(t, c.dtype), rtol=0)
     if which in ("gpt2", "llama"):
         assert all(bool((torch.triu(c, diagonal=1) == 0).all()) for c in mats)
-    s = alti.compute(m, x, torch.tensor([t - 1]))
+    s = alti.METHOD.run(m, x, torch.tensor([t - 1]))
     torch.testing.assert_close(s.scores[-1], base.rollout(mats)[-1][[t - 1]])
 
 

@@ -35,7 +35,7 @@ def test_on_minilm_the_first_layer_is_rollouts(model):
     ids = torch.tensor([model.tokenizer.encode("the cat sat on the mat").ids])
     rows = torch.tensor([3])
     f = flow.compute(model, ids, rows).scores
-    r = rollout.compute(model, ids, rows).scores
+    r = rollout.METHOD.run(model, ids, rows).scores
     assert f.shape == r.shape == (6, 1, ids.shape[1])
     torch.testing.assert_close(f[0], r[0].double(), atol=1e-6, rtol=0)  # one layer: the capacity
     assert bool((f >= -1e-12).all())

@@ -50,14 +50,14 @@ def test_value_zeroing_equals_hooked_transformers(model, minilm64, hf):
     ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
     ref = hooked_transformers(twin(hf, torch.float64), ids)
     low = hooked_transformers(hf, ids)  # the same in float32: how much rounding costs
-    got = torch.stack(value_zeroing.matrices(minilm64, ids))
+    got = torch.stack(value_zeroing.matrices(minilm64, ids).layers)
     assert_agree(got, ref, low, what="value-zeroing C^ℓ")
 
 
 def test_rolled_out_rows(model, minilm64):
     ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
-    mats = value_zeroing.matrices(minilm64, ids)
-    s = value_zeroing.compute(minilm64, ids, torch.tensor([2]))
+    mats = value_zeroing.matrices(minilm64, ids).layers
+    s = value_zeroing.METHOD.run(minilm64, ids, torch.tensor([2]))
     torch.testing.assert_close(s.scores[0], mats[0][[2]])
     torch.testing.assert_close(s.scores[1], (mats[1] @ mats[0])[[2]])
     torch.testing.assert_close(s.scores.sum(-1), torch.ones(6, 1, dtype=torch.float64))
@@ -65,5 +65,5 @@ def test_rolled_out_rows(model, minilm64):
 
 def test_causal_model_zeroing_a_later_value_changes_nothing(gpt2_pair, llama, ids):
     for m in (gpt2_pair[0], llama):
-        for c in value_zeroing.matrices(m, ids):
+        for c in value_zeroing.matrices(m, ids).layers:
             assert bool((torch.triu(c, diagonal=1) == 0).all())

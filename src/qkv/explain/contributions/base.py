@@ -28,23 +28,67 @@ PER = ("head", "layer")
 
 
 @dataclass(frozen=True)
+class Matrices:
+    """A rolled-out method's per-layer matrices C^ℓ, before rollout (what ``Method.matrices``
+    returns; the registry rolls them out once, :meth:`Method.run`).
+
+    Fields:
+        layers: L tensors (t, t); the last may hold only the rows ``first …`` that the query rows
+            need (ALTI computes just those of the last layer): (r', t).
+        first: the first row the last matrix holds.
+        target: what was differentiated, in words (``grad``), else None.
+    """
+
+    layers: list
+    first: int = 0
+    target: str | None = None
+
+
+@dataclass(frozen=True)
 class Method:
-    """One registered contribution method.
+    """One registered contribution method and what it needs (its capabilities).
 
     Fields:
         name: what ``method=`` / ``--method`` calls it.
         per: ``"head"`` (scores for every layer × head) or ``"layer"`` (one row per layer,
             rolled out through that layer).
         formula: one line, shown by the CLI and the docs.
-        compute: ``(model, ids (1, t), rows (r,), target_text) -> Scores``.
         cost: what it costs beyond one forward, in words (shown in ``--help``).
+        compute: ``(model, ids (1, t), rows (r,), target_text) -> Scores`` for a method that
+            does not roll out (per-head methods, ``flow``); or
+        matrices: ``(model, ids, rows, target_text) -> Matrices`` for one the registry rolls out.
+        add_identity: roll out as R^ℓ = R^{ℓ−1} + C^ℓ R^{ℓ−1} and report R^ℓ − I (the residual
+            kept apart; Chefer et al., 2021).
+        gradients: runs a backward pass (autograd on); else everything runs under no_grad.
+        reads_target: takes ``target_text`` (``grad`` on an encoder).
+        applies: ``(model) -> None``, raising ArgumentError where the method cannot read the
+            model's layers (beyond the common cross-attention check), or None.
+        raw: the scores are the attention weights themselves (rows already sum to 1, no shares).
     """
 
     name: str
     per: str
     formula: str
-    compute: Callable
     cost: str
+    compute: Callable | None = None
+    matrices: Callable | None = None
+    add_identity: bool = False
+    gradients: bool = False
+    reads_target: bool = False
+    applies: Callable | None = None
+    raw: bool = False
+
+    def run(self, model, ids: torch.Tensor, rows: torch.Tensor,
+            target_text: str | None = None) -> "Scores":
+        """The method's :class:`Scores` on ids (1, t) for the query rows ``rows`` (no checks:
+        see ``contributions.check_method``); a rolled-out method's rows of R^1 … R^L (L, r, t)."""
+        rows = torch.as_tensor(rows)
+        with torch.enable_grad() if self.gradients else torch.no_grad():
+            if self.matrices is None:
+                return self.compute(model, ids, rows, target_text)
+            mats = self.matrices(model, ids, rows, target_text)
+        return Scores(method=self.name, per=self.per, rows=rows, target=mats.target,
+                      scores=rolled_rows(mats, rows, add_identity=self.add_identity))
 
 
 @dataclass(frozen=True)
@@ -187,6 +231,28 @@ def value_vectors(attn, trace) -> torch.Tensor:
     v = trace.attention.value[0]  # (h, s, d), b_V included
     w = out_weight(attn).to(v.dtype)  # (h, d, E)
     return v @ w  # (h, s, E)
+
+
+def rolled_rows(mats: Matrices, rows: torch.Tensor, *, add_identity: bool = False) -> torch.Tensor:
+    """(L, r, t): rows ``rows`` of R^1 … R^L (:func:`rollout` of ``mats.layers``; with
+    ``add_identity`` R^ℓ − I, the attention's part). The last layer may be given for some rows only
+    (``mats.first``): R^L's rows are then that layer's rows times R^{L−1}, never the full product.
+    """
+    *below, top = mats.layers
+    t = top.shape[-1]
+    if top.shape[0] == t:  # every row: the whole product, then its rows
+        out = [r[rows] for r in rollout(mats.layers, add_identity=add_identity)]
+    else:
+        rolled = rollout(below, add_identity=add_identity)
+        before = rolled[-1] if rolled else torch.eye(t, dtype=top.dtype)  # R^{L−1} (t, t)
+        last = top[rows - mats.first] @ before  # (r, t): rows of C^L R^{L−1}
+        if add_identity:
+            last = last + before[rows]
+        out = [r[rows] for r in rolled] + [last]
+    if add_identity:
+        eye = torch.eye(t, dtype=top.dtype)[rows]  # (r, t)
+        out = [r - eye for r in out]
+    return torch.stack(out)
 
 
 def rollout(mats: list[torch.Tensor], *, add_identity: bool = False) -> list[torch.Tensor]:

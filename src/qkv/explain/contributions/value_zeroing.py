@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import torch
 
-from qkv.explain.contributions.base import Method, Scores, check_layers, rollout
+from qkv.explain.contributions.base import Matrices, Method, check_layers
 from qkv.explain.finite import check_layers as check_finite
 from qkv.modules import Interventions
 
 FORMULA = "C_ij ∝ 1 − cos(x̃_i, x̃_i with v_j = 0 in every head); R^ℓ = C^ℓ R^{ℓ−1}"
 
 
-def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's C^ℓ (t, t), before rollout, from one forward of a batch of t + 1 copies.
+def matrices(model, ids: torch.Tensor, rows: torch.Tensor | None = None,
+             target_text: str | None = None) -> Matrices:
+    """Each layer's C^ℓ (t, t), before rollout, from one forward of a batch of t + 1 copies
+    (``METHOD.run`` rolls them out).
 
     Copy j (< t) has v_j zeroed in every layer; copy t is the plain text. Every layer's input is
     patched with the plain copy's (``Interventions.inputs``), so each layer's variants start from
@@ -47,7 +49,7 @@ def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
         out = model(batch, torch.ones_like(batch), output_hidden_states=True, interventions=edits)
     outputs = out.hidden_states[1:]  # L tensors (t + 1, t, E)
     check_finite((), model=getattr(model, "name", type(model).__name__), output=outputs[-1])
-    return [_matrix(o, t) for o in outputs]
+    return Matrices([_matrix(o, t) for o in outputs])
 
 
 def _matrix(out: torch.Tensor, t: int) -> torch.Tensor:
@@ -60,21 +62,5 @@ def _matrix(out: torch.Tensor, t: int) -> torch.Tensor:
     return c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
 
 
-def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, s): row ``rows`` of R^1 … R^L.
-
-    Example:
-        >>> import qkv
-        >>> model = qkv.load("minilm")
-        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> s = compute(model, ids, torch.tensor([3]))
-        >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
-        (torch.Size([6, 1, 5]), True)
-    """
-    rolled = rollout(matrices(model, ids))
-    return Scores(method="value-zeroing", per="layer", rows=torch.as_tensor(rows),
-                  scores=torch.stack([r[rows] for r in rolled]))
-
-
-METHOD = Method(name="value-zeroing", per="layer", formula=FORMULA, compute=compute,
+METHOD = Method(name="value-zeroing", per="layer", formula=FORMULA, matrices=matrices,
                 cost="t + 1 runs of every layer, batched (≈ t + 1 forwards); (t × t) per layer")
