@@ -118,6 +118,15 @@ class Schedule:
     # the step where the first run stopped (a subclass adds its own evaluation sizes).
     RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "save_every"})
 
+    # The CLI's help of the options whose meaning is the same for every trainer (``qkv train
+    # translate|lm`` add theirs: what a batch holds, what an evaluation does).
+    HELPS = {
+        "steps": "optimiser steps in all", "lr": "peak learning rate (after warm-up)",
+        "warmup": "linear warm-up steps", "min_lr_ratio": "the cosine decay ends at lr × this",
+        "weight_decay": "AdamW weight decay", "clip": "max gradient norm",
+        "save_every": "steps between checkpoints",
+    }
+
     def __post_init__(self) -> None:
         # Bounds: what a CPU run of these toy models can do, so a typo (--batch-size 100000000)
         # is refused at once instead of failing minutes later.
