@@ -89,13 +89,15 @@ def require(d: dict, key: str, allowed: Any, *, where: str = "config.json") -> N
 
 
 def read_fields(cls: type, d: dict, names: Iterable[str], *, where: str = "config.json",
-                activations: dict[str, str] | None = None) -> dict[str, Any]:
+                activations: dict[str, str] | None = None,
+                may_be_zero: Iterable[str] = ()) -> dict[str, Any]:
     """``{name: value}`` for the dataclass ``cls``'s fields ``names``, read from ``d`` by each
     field's type (int, float, bool, ``int | None``); a key missing from ``d`` takes the field's
     own default, so a family states its defaults once, on its config dataclass.
 
     ``activations``: fields holding an activation name → the Hugging Face default name (the
     dataclass holds qkv's name, which may differ: ``gelu_new`` → ``gelu_tanh``).
+    ``may_be_zero``: int fields for which 0 is valid (a token id); the others must be ≥ 1.
 
     Example:
         >>> from qkv.models.gpt2 import GPT2Config
@@ -116,7 +118,8 @@ def read_fields(cls: type, d: dict, names: Iterable[str], *, where: str = "confi
         elif kind is bool:
             out[name] = get_bool(d, name, fallback, where=where)
         elif kind is int:
-            out[name] = get_int(d, name, fallback, where=where)
+            out[name] = get_int(d, name, fallback, minimum=0 if name in may_be_zero else 1,
+                                where=where)
         elif kind is float:
             out[name] = get_float(d, name, fallback, where=where)
         elif kind == (int | None):
