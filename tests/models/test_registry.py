@@ -58,10 +58,37 @@ def test_registering_a_taken_name_raises_and_keeps_the_first():
     assert FAMILIES["bert"] is first
 
 
-def test_a_new_family_is_found_by_its_model_type():
+def test_a_new_family_is_found_by_its_model_type(tmp_path):
+    """A checkpoint whose config.json names an unknown model_type loads once a family is
+    registered for it, and is built by that family (its build is the one called)."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from qkv.models import load
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=24,
+                                     max_position_embeddings=12)
+    transformers.BertModel(config).save_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"model_type": "tiny-test-bert"}))
+    with pytest.raises(Exception, match="tiny-test-bert"):  # unknown before it is registered
+        load(str(tmp_path))
+    built = []
+
+    def build(*args, **kw):
+        built.append(args[0])
+        return bert.FAMILY.build(*args, **kw)
+
     try:
-        register_family("tiny-test-bert", dataclasses.replace(bert.FAMILY))
-        assert isinstance(FAMILIES["tiny-test-bert"], Family)
+        # BERT's own config reader insists on model_type "bert": the new family reads it as one
+        read = lambda d, **kw: bert.FAMILY.config_from_dict(d | {"model_type": "bert"}, **kw)  # noqa: E731
+        register_family("tiny-test-bert", dataclasses.replace(bert.FAMILY, build=build,
+                                                              config_from_dict=read))
+        model = load(str(tmp_path))
+        assert len(built) == 1 and built[0].hidden_size == 16 and len(model.layers) == 2
         with pytest.raises(ValueError, match="'tiny-test-bert' is already registered"):
             register_family("tiny-test-bert", bert.FAMILY)
     finally:

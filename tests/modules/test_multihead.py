@@ -184,8 +184,11 @@ def test_alibi_bias_reaches_the_scores_apart_from_the_mask():
     x = torch.randn(1, 6, 16, dtype=torch.float64)
     att = mha(x, is_causal=True, trace_rows=slice(None)).trace.attention
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
-    # exact: the slopes of 4 heads are powers of two (2^-2 … 2^-8), times integer distances
-    bias = -ALiBi.slopes_for(4).double().view(4, 1, 1) * (i - j).abs()  # (h, t, s)
+    # Press et al. (2022), §3: n heads get the geometric sequence starting at 2^(-8/n) with that
+    # ratio; for 4 heads 2^-2, 2^-4, 2^-6, 2^-8 — written here from the paper, not from the code.
+    # Exact: powers of two times integer distances.
+    slopes = torch.tensor([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8], dtype=torch.float64)
+    bias = -slopes.view(4, 1, 1) * (i - j).abs()  # (h, t, s)
     assert torch.equal(att.bias, bias)
     keep = j <= i  # (t, s)
     # the mask broadcasts over (b, h): a trace of chosen rows draws it as (1, 1, t, s)

@@ -14,6 +14,7 @@ import time
 
 from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
+from qkv.training.config import Schedule
 
 DEFAULT_OUT = "runs/lm"
 
@@ -24,13 +25,10 @@ HELPS = {
     "copy_prob": "chance, after each random word, that a copied span starts",
     "rule_prob": "chance that a word is the fixed rule's function of the word two back",
     "min_span": "shortest copied span", "max_span": "longest copied span",
-    "steps": "optimiser steps in all", "batch_size": "sequences per step",
-    "lr": "peak learning rate (after warm-up)", "warmup": "linear warm-up steps",
-    "min_lr_ratio": "the cosine decay ends at lr × this", "weight_decay": "AdamW weight decay",
-    "clip": "max gradient norm", "eval_every": "steps between evaluations",
-    "save_every": "steps between checkpoints", "eval_size": "validation sequences",
+    "batch_size": "sequences per step", "eval_every": "steps between evaluations",
+    "eval_size": "validation sequences",
     "probe_size": "repeated random sequences for the induction / previous-token scores",
-}
+} | Schedule.HELPS
 
 
 def _option_type(name: str, kind: type):

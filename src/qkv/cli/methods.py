@@ -19,6 +19,7 @@ from qkv.errors import QkvError
 # The names in qkv.explain.contributions.METHODS (tests/cli/test_methods.py keeps them equal);
 # spelled here so that building the parser imports no torch.
 METHOD_NAMES = ("weight", "norm", "rollout", "flow", "alti", "value-zeroing", "grad")
+DEFAULT = METHOD_NAMES[0]  # contributions.DEFAULT: the attention weights themselves
 
 FLAGS = {"method": "--method", "target_text": "--target"}
 
@@ -27,7 +28,7 @@ def add_options(p: argparse.ArgumentParser, *, compare: bool) -> None:
     """Add ``--method`` and ``--target`` (and ``--compare`` to ``qkv explain``)."""
     p.add_argument("--method", type=options.name(), default=None, metavar="METHOD",
                    help="rank by what each token contributes instead of the raw weight: "
-                        f"{', '.join(METHOD_NAMES)} (default weight; see docs/tutorial.md, "
+                        f"{', '.join(METHOD_NAMES)} (default {DEFAULT}; see docs/tutorial.md, "
                         "\"Why values?\")")
     p.add_argument("--target", dest="target_text", type=options.text(), default=None,
                    metavar="TEXT", help="--method grad on an encoder: a second text; the cosine "
@@ -47,7 +48,7 @@ def check_explain(args: argparse.Namespace) -> None:
                          or args.png or args.to):
         raise QkvError("--compare runs every method itself; it takes no --method, --head, "
                        "--no-projection, --png or --to")
-    if args.method not in (None, "weight") and (args.head is not None or args.no_projection):
+    if args.method not in (None, DEFAULT) and (args.head is not None or args.no_projection):
         raise QkvError(f"--method {args.method} ranks the overview (every head or layer for "
                        "--token); it takes no --head or --no-projection")
 
@@ -64,7 +65,7 @@ def check_heads(args: argparse.Namespace) -> None:
 
 def method_args(args: argparse.Namespace) -> dict:
     """``method=`` and ``target_text=`` for :func:`qkv.explain.explain` / :func:`~qkv.explain.heads`."""
-    return {"method": args.method or "weight", "target_text": args.target_text}
+    return {"method": args.method or DEFAULT, "target_text": args.target_text}
 
 
 def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:

@@ -17,6 +17,7 @@ from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 from qkv.cli.output import print_json
 from qkv.errors import QkvError
+from qkv.training.config import Schedule
 
 DEFAULT_OUT = "runs/translate"
 MAX_BEAM = 64  # beams beyond the French vocabulary's few dozen words only cost time (100000: 72 s)
@@ -31,17 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 # -- qkv train translate --------------------------------------------------------------------------
 TRAIN_HELPS = {  # the help of each TrainConfig option, from its source comment
     "seed": "model initialisation, batch order and dropout", "data_seed": "the grammar's splits",
-    "steps": "optimiser steps in all", "batch_size": "sentences per step",
-    "lr": "peak learning rate (after warm-up)", "warmup": "linear warm-up steps",
-    "min_lr_ratio": "the cosine decay ends at lr × this", "clip": "max gradient norm",
+    "batch_size": "sentences per step",
     "label_smoothing": "label smoothing of the cross-entropy", "dropout": "dropout everywhere",
-    "eval_every": "steps between validation passes", "save_every": "steps between checkpoints",
+    "eval_every": "steps between validation passes",
     "eval_size": "validation sentences decoded for exact match",
     "norm_first": "pre-norm layers instead of the paper's post-norm",
     "d_model": "width E of every token vector", "num_heads": "attention heads per layer",
     "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
-    "ff_dim": "hidden width of the feed-forward blocks", "weight_decay": "AdamW weight decay",
-}
+    "ff_dim": "hidden width of the feed-forward blocks",
+} | Schedule.HELPS
 
 
 def _train_type(name: str, kind: type):

@@ -38,7 +38,7 @@ from qkv.training.checkpoint import (
     read_listed, read_manifest, save_tensors_writer, write_checkpoint,
 )
 from qkv.training.config import (
-    changed_options, check_float, check_int, check_threads, config_from_dict,
+    Schedule, changed_options, check_float, check_int, check_threads, config_from_dict,
 )
 from qkv.training.loop import TrainState
 
@@ -51,7 +51,7 @@ APPEARED = 0.5
 
 
 @dataclass(frozen=True)
-class LMTrainConfig:
+class LMTrainConfig(Schedule):
     """Everything an LM training run depends on. Defaults: the shipped model's run.
 
     Example:
@@ -74,37 +74,21 @@ class LMTrainConfig:
     rule_prob: float = 0.0
     min_span: int = 4
     max_span: int = 16
-    # optimisation
-    steps: int = 2000
-    batch_size: int = 32  # sequences per step
-    lr: float = 3e-3  # peak learning rate, reached after `warmup` steps
-    warmup: int = 100
-    min_lr_ratio: float = 0.1  # cosine decay ends at lr · min_lr_ratio
-    weight_decay: float = 0.01
-    clip: float = 1.0  # max global gradient norm
-    # bookkeeping
-    eval_every: int = 100  # steps between evaluations (0: only at the end)
-    save_every: int = 100  # steps between checkpoints (the last step is always saved)
+    # optimisation and bookkeeping: Schedule's (steps, batch_size, lr, warmup, min_lr_ratio,
+    # weight_decay, clip, eval_every, save_every), at its defaults
     eval_size: int = 64  # validation sequences
     probe_size: int = 20  # repeated random sequences for the head scores
 
-    # Options that may change when resuming: they do not change the parameters' trajectory.
-    RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "save_every", "eval_size", "probe_size"})
+    RESUMABLE_CHANGES = Schedule.RESUMABLE_CHANGES | {"eval_size", "probe_size"}
 
     def __post_init__(self) -> None:
         for name, high in (("d_model", 1024), ("num_heads", 64), ("layers", 24), ("ff_dim", 4096),
-                           ("seq_len", 1024), ("min_span", 1024), ("max_span", 1024),
-                           ("steps", 10**7), ("batch_size", 4096)):
+                           ("seq_len", 1024), ("min_span", 1024), ("max_span", 1024)):
             check_int(name, getattr(self, name), low=1, high=high)
-        for name, high in (("seed", 2**63 - 1), ("warmup", 10**7), ("eval_every", 10**7),
-                           ("save_every", 10**7)):
-            check_int(name, getattr(self, name), low=0, high=high)
+        check_int("seed", self.seed, low=0, high=2**63 - 1)
+        super().__post_init__()
         check_int("eval_size", self.eval_size, low=1, high=10**5)
         check_int("probe_size", self.probe_size, low=1, high=1000)
-        check_float("lr", self.lr, low=0.0, high=10.0, low_open=True)
-        check_float("clip", self.clip, low=0.0, high=1e6, low_open=True)
-        check_float("weight_decay", self.weight_decay, low=0.0, high=10.0)
-        check_float("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_float("copy_prob", self.copy_prob, low=0.0, high=1.0)
         check_float("rule_prob", self.rule_prob, low=0.0, high=1.0)
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
@@ -140,7 +124,7 @@ class LMTrainConfig:
 
 
 def lr_at(step: int, cfg: LMTrainConfig) -> float:
-    return loop.lr_at(step, lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps, min_lr_ratio=cfg.min_lr_ratio)
+    return cfg.lr_at(step)
 
 
 def loss_fn(model: LlamaModel, batch: LMBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ from qkv.attention.masks import AttentionMask, VarLen
 from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import EncoderOutput
 from qkv.models.protocol import ENCODER
-from qkv.modules import LearnedPositionalEmbedding, TransformerLayer, TransformerStack
+from qkv.modules import Interventions, LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
 # Hugging Face classes whose checkpoints hold a plain BERT encoder (heads, if any, are ignored).
 BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
@@ -170,7 +170,8 @@ class BertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, varlen: VarLen | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False) -> EncoderOutput:
+                output_hidden_states: bool = False,
+                interventions: Interventions | None = None) -> EncoderOutput:
         """Encode a batch of token ids.
 
         Args:
@@ -186,6 +187,8 @@ class BertModel(nn.Module):
                 reference attention path: the same numbers up to float roundings (tests bound them
                 by transformers' own float32 error).
             output_hidden_states: also return what enters each layer.
+            interventions: heads zeroed or replaced, value vectors zeroed, layer inputs patched
+                (:class:`~qkv.modules.Interventions`, handed to the layer stack).
 
         Returns:
             An :class:`EncoderOutput`.
@@ -204,7 +207,7 @@ class BertModel(nn.Module):
             mask, positions = AttentionMask(key_padding=_key_padding_mask(attention_mask, b, t)), None
         x = self.embeddings(input_ids, token_type_ids, positions)  # (b, t, E)
         out = self.encoder(x, mask=mask, trace_rows=trace_rows,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states, interventions=interventions)
         return EncoderOutput(out.last_hidden_state, out.hidden_states, out.traces)
 
     def _check_ids(self, input_ids: torch.Tensor, varlen: VarLen | None = None) -> tuple[int, int]:

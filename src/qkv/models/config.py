@@ -86,3 +86,44 @@ def require(d: dict, key: str, allowed: Any, *, where: str = "config.json") -> N
     """``d[key]``, when present, must equal ``allowed`` (a feature qkv does not implement)."""
     if key in d and d[key] is not None and d[key] != allowed:
         raise QkvError(f"{where}: {key}={d[key]!r} is not supported (qkv needs {allowed!r})")
+
+
+def read_fields(cls: type, d: dict, names: Iterable[str], *, where: str = "config.json",
+                activations: dict[str, str] | None = None,
+                may_be_zero: Iterable[str] = ()) -> dict[str, Any]:
+    """``{name: value}`` for the dataclass ``cls``'s fields ``names``, read from ``d`` by each
+    field's type (int, float, bool, ``int | None``); a key missing from ``d`` takes the field's
+    own default, so a family states its defaults once, on its config dataclass.
+
+    ``activations``: fields holding an activation name → the Hugging Face default name (the
+    dataclass holds qkv's name, which may differ: ``gelu_new`` → ``gelu_tanh``).
+    ``may_be_zero``: int fields for which 0 is valid (a token id); the others must be ≥ 1.
+
+    Example:
+        >>> from qkv.models.gpt2 import GPT2Config
+        >>> read_fields(GPT2Config, {"n_embd": 64}, ["n_embd", "n_layer", "n_inner"])
+        {'n_embd': 64, 'n_layer': 12, 'n_inner': None}
+    """
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    default = {f.name: f.default for f in dataclasses.fields(cls)}
+    activations = activations or {}
+    out: dict[str, Any] = {}
+    for name in names:
+        kind, fallback = hints[name], default[name]
+        if name in activations:
+            out[name] = activation(d, name, activations[name], where=where)
+        elif kind is bool:
+            out[name] = get_bool(d, name, fallback, where=where)
+        elif kind is int:
+            out[name] = get_int(d, name, fallback, minimum=0 if name in may_be_zero else 1,
+                                where=where)
+        elif kind is float:
+            out[name] = get_float(d, name, fallback, where=where)
+        elif kind == (int | None):
+            out[name] = None if d.get(name) is None else get_int(d, name, where=where)
+        else:
+            raise TypeError(f"read_fields: {cls.__name__}.{name} has type {kind}")
+    return out

@@ -15,7 +15,7 @@ The layers are BERT's (:class:`~qkv.models.bert.BertModel` runs them); what diff
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -82,16 +82,9 @@ class DistilBertConfig:
             raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
         cfg.check_architecture(d, "distilbert", DISTILBERT_ARCHITECTURES, where=where)
         cfg.get_bool(d, "sinusoidal_pos_embds", False, where=where)  # either way: stored weights
-        return cls(
-            vocab_size=cfg.get_int(d, "vocab_size", 30522, where=where),
-            dim=cfg.get_int(d, "dim", 768, where=where),
-            n_layers=cfg.get_int(d, "n_layers", 6, where=where),
-            n_heads=cfg.get_int(d, "n_heads", 12, where=where),
-            hidden_dim=cfg.get_int(d, "hidden_dim", 3072, where=where),
-            activation=cfg.activation(d, "activation", "gelu", where=where),
-            max_position_embeddings=cfg.get_int(d, "max_position_embeddings", 512, where=where),
-            pad_token_id=cfg.get_int(d, "pad_token_id", 0, minimum=0, where=where),
-        )
+        return cls(**cfg.read_fields(cls, d, [f.name for f in fields(cls)], where=where,
+                                     activations={"activation": "gelu"},
+                                     may_be_zero=("pad_token_id",)))
 
 
 class DistilBertEmbeddings(nn.Module):

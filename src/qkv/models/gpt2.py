@@ -16,7 +16,7 @@ as ``transformers`` (tested).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -72,17 +72,8 @@ class GPT2Config:
         cfg.require(d, "reorder_and_upcast_attn", False, where=where)
         cfg.require(d, "add_cross_attention", False, where=where)
         cfg.require(d, "tie_word_embeddings", True, where=where)
-        n_inner = d.get("n_inner")
-        return cls(
-            vocab_size=cfg.get_int(d, "vocab_size", 50257, where=where),
-            n_positions=cfg.get_int(d, "n_positions", 1024, where=where),
-            n_embd=cfg.get_int(d, "n_embd", 768, where=where),
-            n_layer=cfg.get_int(d, "n_layer", 12, where=where),
-            n_head=cfg.get_int(d, "n_head", 12, where=where),
-            n_inner=None if n_inner is None else cfg.get_int(d, "n_inner", where=where),
-            activation_function=cfg.activation(d, "activation_function", "gelu_new", where=where),
-            layer_norm_epsilon=cfg.get_float(d, "layer_norm_epsilon", 1e-5, where=where),
-        )
+        return cls(**cfg.read_fields(cls, d, [f.name for f in fields(cls)], where=where,
+                                     activations={"activation_function": "gelu_new"}))
 
 
 class GPT2Model(DecoderLM):

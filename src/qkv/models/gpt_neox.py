@@ -104,20 +104,15 @@ class GPTNeoXConfig:
         cfg.check_architecture(d, "gpt_neox", GPT_NEOX_ARCHITECTURES, where=where)
         cfg.require(d, "is_encoder_decoder", False, where=where)
         pct, base = _read_rope(d, where)
+        sizes = cfg.read_fields(cls, d, (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "max_position_embeddings", "layer_norm_eps",
+            "use_parallel_residual", "attention_bias", "tie_word_embeddings"), where=where)
         return cls(
-            vocab_size=cfg.get_int(d, "vocab_size", 50432, where=where),
-            hidden_size=cfg.get_int(d, "hidden_size", 6144, where=where),
-            num_hidden_layers=cfg.get_int(d, "num_hidden_layers", 44, where=where),
-            num_attention_heads=cfg.get_int(d, "num_attention_heads", 64, where=where),
-            intermediate_size=cfg.get_int(d, "intermediate_size", 24576, where=where),
+            **sizes,
             hidden_act=cfg.activation(d, "hidden_act", "gelu", where=where),
             rotary_pct=pct,
             rotary_emb_base=base,
-            max_position_embeddings=cfg.get_int(d, "max_position_embeddings", 2048, where=where),
-            layer_norm_eps=cfg.get_float(d, "layer_norm_eps", 1e-5, where=where),
-            use_parallel_residual=cfg.get_bool(d, "use_parallel_residual", True, where=where),
-            attention_bias=cfg.get_bool(d, "attention_bias", True, where=where),
-            tie_word_embeddings=cfg.get_bool(d, "tie_word_embeddings", False, where=where),
             eos_token_id=cfg.get_token_ids(d, "eos_token_id", where=where),
         )
 
@@ -185,14 +180,15 @@ class ParallelResidualLayer(TransformerLayer):
                 memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None, **torch_style) -> LayerOutput:
+                positions: torch.Tensor | None = None, intervention=None,
+                **torch_style) -> LayerOutput:
         """x: (b, t, E) → a :class:`LayerOutput`; arguments as :meth:`TransformerLayer.forward`
         (no cross-attention: ``memory`` must be None)."""
         if memory is not None or self.cross_attn is not None:
             raise ValueError("a parallel-residual layer has no cross-attention (memory must be None)")
         at = {} if positions is None else {"positions": positions}
         attn = self.self_attn(self.norm1(x), mask=mask, kv_cache=kv_cache, trace_rows=trace_rows,
-                              **torch_style, **at)
+                              intervention=intervention, **torch_style, **at)
         ff = self.feed_forward(self.norm3(x))
         x = self.dropout(ff) + self.dropout(attn.output) + x
         return LayerOutput(x, LayerTrace(attn.trace) if trace_rows is not None else None)

@@ -113,26 +113,16 @@ def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
         raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
     cfg.check_architecture(d, model_type, architectures, where=where)
     cfg.require(d, "is_encoder_decoder", False, where=where)
-    max_pos = cfg.get_int(d, "max_position_embeddings", 2048, where=where)
-    theta, scaling = read_rope(d, max_pos, where=where)
-    head_dim = d.get("head_dim")
-    kv = d.get("num_key_value_heads")
+    sizes = cfg.read_fields(LlamaConfig, d, (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "rms_norm_eps", "attention_bias", "mlp_bias", "tie_word_embeddings"), where=where)
+    theta, scaling = read_rope(d, sizes["max_position_embeddings"], where=where)
     return LlamaConfig(
-        vocab_size=cfg.get_int(d, "vocab_size", 32000, where=where),
-        hidden_size=cfg.get_int(d, "hidden_size", 4096, where=where),
-        intermediate_size=cfg.get_int(d, "intermediate_size", 11008, where=where),
-        num_hidden_layers=cfg.get_int(d, "num_hidden_layers", 32, where=where),
-        num_attention_heads=cfg.get_int(d, "num_attention_heads", 32, where=where),
-        num_key_value_heads=None if kv is None else cfg.get_int(d, "num_key_value_heads", where=where),
-        head_dim=None if head_dim is None else cfg.get_int(d, "head_dim", where=where),
-        max_position_embeddings=max_pos,
-        rms_norm_eps=cfg.get_float(d, "rms_norm_eps", 1e-6, where=where),
+        **sizes,
         rope_theta=theta,
         rope_scaling=scaling,
-        attention_bias=cfg.get_bool(d, "attention_bias", False, where=where),
-        mlp_bias=cfg.get_bool(d, "mlp_bias", False, where=where),
         hidden_act=cfg.activation(d, "hidden_act", "silu", where=where),
-        tie_word_embeddings=cfg.get_bool(d, "tie_word_embeddings", False, where=where),
         eos_token_id=cfg.get_token_ids(d, "eos_token_id", where=where),
         bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
         **overrides,

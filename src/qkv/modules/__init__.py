@@ -6,9 +6,11 @@
 * ``feedforward.py`` — :class:`FeedForward`, :class:`GatedFeedForward` (SwiGLU)
 * ``transformer.py`` — :class:`TransformerLayer` (pre-/post-norm, optional cross-attention)
 * ``stack.py``       — :class:`TransformerStack`, the one layer loop every model uses
+* ``intervention.py`` — :class:`Interventions`: heads zeroed/replaced, values zeroed, inputs patched
 """
 
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
+from qkv.modules.intervention import AttentionEdit, Interventions
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 from qkv.modules.positional import (
@@ -18,7 +20,7 @@ from qkv.modules.stack import StackOutput, TransformerStack
 from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
 
 __all__ = [
-    "ALiBi", "AttentionOutput", "FeedForward", "GatedFeedForward", "KVCache", "LayerOutput",
+    "ALiBi", "AttentionEdit", "AttentionOutput", "FeedForward", "GatedFeedForward", "Interventions", "KVCache", "LayerOutput",
     "LayerTrace", "LearnedPositionalEmbedding", "MultiHeadAttention", "MultiHeadTrace",
     "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
     "TransformerStack",

@@ -18,6 +18,7 @@ from torch import nn
 
 from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
 from qkv.attention.masks import AttentionMask, combine
+from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.positional import ALiBi, RotaryEmbedding
 
@@ -33,6 +34,9 @@ class MultiHeadTrace:
         value_input: (b, s, vdim) the vectors x_j projected into values.
         attention: the :class:`AttentionTrace` per head, (b, h, r, ·); its ``output`` is each
             head's output before the heads are concatenated and mixed by ``out_proj``.
+        heads: (b, t, h·d) every row's heads concatenated, exactly ``out_proj``'s input (after
+            any :class:`~qkv.modules.intervention.AttentionEdit`); not detached, so a forward
+            run with autograd on can be differentiated with respect to it.
     """
 
     rows: torch.Tensor
@@ -40,6 +44,7 @@ class MultiHeadTrace:
     key_input: torch.Tensor
     value_input: torch.Tensor
     attention: AttentionTrace
+    heads: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,8 @@ class MultiHeadAttention(nn.Module):
                 kv_cache: KVCache | None = None, need_weights: bool = False,
                 average_attn_weights: bool = True,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None) -> AttentionOutput:
+                positions: torch.Tensor | None = None,
+                intervention: AttentionEdit | None = None) -> AttentionOutput:
         """Attend from ``query`` (b, t, E) to ``key`` (b, s, kdim) / ``value`` (b, s, vdim).
 
         ``key``/``value`` default to ``query`` (self-attention). With ``kv_cache`` the new keys
@@ -190,6 +196,11 @@ class MultiHeadAttention(nn.Module):
         apart from the mask. A long sequence with a window, document or any ``mask_mod`` passes
         ``mask=AttentionMask(block=qkv.create_block_mask(...))`` (or a window/padding/packed
         description) and runs blockwise in O(t) memory (``backend="blockwise"``, or ``"auto"``).
+
+        ``intervention``: an :class:`~qkv.modules.intervention.AttentionEdit` — value vectors
+        scaled (b, h_kv, s) before attending, heads' outputs (b, t, d) replaced or zeroed before
+        ``out_proj``. The trace records the attention as computed (edited values included); a
+        replaced head's new output reaches ``output`` only.
 
         Returns:
             An :class:`AttentionOutput`: ``output`` (b, t, E) always; ``weights`` when
@@ -221,6 +232,9 @@ class MultiHeadAttention(nn.Module):
         # 2) extend with the cached past
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)
+        if intervention is not None:
+            intervention.check(self.num_heads)
+            v = intervention.edit_values(v)  # (b, h_kv, s, d); the cache keeps the unedited ones
         s = k.shape[-2]
         description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
         bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
@@ -250,7 +264,10 @@ class MultiHeadAttention(nn.Module):
                 rows_only = True
                 heads = heads.index_copy(-2, rows, trace.output.to(heads.dtype))  # (b, h, t, d)
         # 4) concatenate the heads and mix them
-        out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        if intervention is not None:
+            heads = intervention.edit_heads(heads)  # (b, h, t, d)
+        concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (b, t, h·d)
+        out = self.out_proj(concat)
 
         weights = None
         if need_weights:
@@ -264,7 +281,7 @@ class MultiHeadAttention(nn.Module):
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
                                 value_input=value if new == s else value.new_empty(0),
-                                attention=traced)
+                                attention=traced, heads=concat)
         return AttentionOutput(out, weights, record)
 
     # -- interop -----------------------------------------------------------------------------

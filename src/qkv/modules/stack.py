@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from qkv.attention.masks import AttentionMask
+from qkv.modules.intervention import Interventions
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.transformer import LayerTrace, TransformerLayer
 
@@ -74,7 +75,8 @@ class TransformerStack(nn.Module):
                 memory_kv_caches: list[KVCache] | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
                 output_hidden_states: bool = False,
-                positions: torch.Tensor | None = None) -> StackOutput:
+                positions: torch.Tensor | None = None,
+                interventions: Interventions | None = None) -> StackOutput:
         """x: (b, t, E) → a :class:`StackOutput`.
 
         Args:
@@ -88,17 +90,27 @@ class TransformerStack(nn.Module):
             output_hidden_states: also return what enters each layer.
             positions: (b, t) each token's position, for rotary embeddings (default: counted
                 from the caches' length).
+            interventions: an :class:`~qkv.modules.intervention.Interventions`: heads zeroed or
+                replaced, value vectors zeroed, what enters a layer patched. ``hidden_states``
+                stay what each stage computed (``hidden_states[ℓ]`` is layer ℓ−1's output, or the
+                embeddings); an ``inputs[ℓ]`` patch replaces it on its way into layer ℓ.
         """
         for name, caches in (("kv_caches", kv_caches), ("memory_kv_caches", memory_kv_caches)):
             if caches is not None and len(caches) != len(self.layers):
                 raise ValueError(f"{name} must hold one KVCache per layer ({len(self.layers)}), "
                                  f"got {len(caches)}")
+        if interventions is not None:
+            interventions.check(len(self.layers))
         hidden, traces = [x], []
         for i, layer in enumerate(self.layers):
+            edit = None
+            if interventions is not None:
+                x, edit = interventions.input(i, x), interventions.attention(i)
             out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
                         kv_cache=kv_caches[i] if kv_caches is not None else None,
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
-                        trace_rows=trace_rows, positions=positions)
+                        trace_rows=trace_rows, positions=positions,
+                        **({} if edit is None else {"intervention": edit}))
             x = out.hidden
             hidden.append(x)
             traces.append(out.trace)

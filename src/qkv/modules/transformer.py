@@ -23,6 +23,7 @@ from torch import nn
 
 from qkv.attention.masks import AttentionMask
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
+from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 
@@ -34,10 +35,18 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
 
 @dataclass(frozen=True)
 class LayerTrace:
-    """The attention traces of one layer (rows as requested)."""
+    """The attention traces of one layer (rows as requested), and its residual stream.
+
+    Fields:
+        self_attn, cross_attn: the attentions' :class:`MultiHeadTrace` s (cross: decoders only).
+        residual: (b, t, E) what the self-attention sub-block hands on, every row: ``x + attn``
+            (pre-norm) or ``norm1(x + attn)`` (post-norm); None for a layer that never forms it
+            (GPT-NeoX's parallel residual). Not detached (see ``MultiHeadTrace.heads``).
+    """
 
     self_attn: MultiHeadTrace
     cross_attn: MultiHeadTrace | None = None
+    residual: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +132,8 @@ class TransformerLayer(nn.Module):
                 memory_key_padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None) -> LayerOutput:
+                positions: torch.Tensor | None = None,
+                intervention: AttentionEdit | None = None) -> LayerOutput:
         """x: (b, t, E) → a :class:`LayerOutput` (hidden (b, t, E); a trace with ``trace_rows``).
 
         Masks: ``mask`` (an :class:`~qkv.attention.AttentionMask`, as the stack passes it) or
@@ -132,14 +142,17 @@ class TransformerLayer(nn.Module):
         is the encoder output that ``cross_attn`` reads; ``positions`` (b, t) go to the
         self-attention's rotary embedding. ``memory_kv_cache`` (decoding) holds
         the cross-attention's keys and values of ``memory``: the first call projects ``memory``
-        into it, later calls reuse it instead of projecting ``memory`` again.
+        into it, later calls reuse it instead of projecting ``memory`` again. ``intervention``
+        (an :class:`~qkv.modules.intervention.AttentionEdit`) goes to the self-attention.
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the layer has cross-attention")
         # 1) self-attention
         x, self_trace = self._residual(x, self.norm1, lambda h: self.self_attn(
             h, mask=mask, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-            is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions))
+            is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
+            intervention=intervention))
+        residual = x  # (b, t, E): what the self-attention sub-block hands on
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
@@ -150,5 +163,5 @@ class TransformerLayer(nn.Module):
                 kv_cache=memory_kv_cache, trace_rows=trace_rows))
         # 3) feed-forward
         x, _ = self._residual(x, self.norm3, self.feed_forward)
-        trace = LayerTrace(self_trace, cross_trace) if trace_rows is not None else None
+        trace = LayerTrace(self_trace, cross_trace, residual) if trace_rows is not None else None
         return LayerOutput(x, trace)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import get_type_hints
 
 from qkv.errors import QkvError
@@ -88,3 +88,61 @@ def check_threads(meta: dict, out: object, *, allow_inexact: bool) -> bool:
           f"longer a pure function of its options (recorded in config.json as \"exact\": false)",
           file=sys.stderr)
     return False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The optimiser and bookkeeping options every trainer has — one place for their meaning,
+    bounds and resumability. ``qkv.translate.train.TrainConfig`` and ``qkv.lm.train.LMTrainConfig``
+    extend it with their model and data options (and give some of these other defaults).
+
+    Example:
+        >>> s = Schedule(steps=1000, warmup=100, lr=1e-3)
+        >>> s.lr_at(49), s.lr_at(99), round(s.lr_at(999), 6)     # warm-up, peak, last step
+        (0.0005, 0.001, 0.0001)
+    """
+
+    # optimisation
+    steps: int = 2000
+    batch_size: int = 32  # sequences per step
+    lr: float = 3e-3  # peak learning rate, reached after `warmup` steps
+    warmup: int = 100
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr · min_lr_ratio on the last step
+    weight_decay: float = 0.01
+    clip: float = 1.0  # max global gradient norm
+    # bookkeeping
+    eval_every: int = 100  # steps between evaluations (0: only at the end)
+    save_every: int = 100  # steps between checkpoints (the last step is always saved)
+
+    # Options that may change when resuming: they do not change the parameters' trajectory up to
+    # the step where the first run stopped (a subclass adds its own evaluation sizes).
+    RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "save_every"})
+
+    # The CLI's help of the options whose meaning is the same for every trainer (``qkv train
+    # translate|lm`` add theirs: what a batch holds, what an evaluation does).
+    HELPS = {
+        "steps": "optimiser steps in all", "lr": "peak learning rate (after warm-up)",
+        "warmup": "linear warm-up steps", "min_lr_ratio": "the cosine decay ends at lr × this",
+        "weight_decay": "AdamW weight decay", "clip": "max gradient norm",
+        "save_every": "steps between checkpoints",
+    }
+
+    def __post_init__(self) -> None:
+        # Bounds: what a CPU run of these toy models can do, so a typo (--batch-size 100000000)
+        # is refused at once instead of failing minutes later.
+        check_int("steps", self.steps, low=1, high=10**7)
+        check_int("batch_size", self.batch_size, low=1, high=4096)
+        for name in ("warmup", "eval_every", "save_every"):
+            check_int(name, getattr(self, name), low=0, high=10**7)
+        check_float("lr", self.lr, low=0.0, high=10.0, low_open=True)
+        check_float("clip", self.clip, low=0.0, high=1e6, low_open=True)
+        check_float("weight_decay", self.weight_decay, low=0.0, high=10.0)
+        check_float("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for (0-based) ``step``: linear warm-up to ``lr``, cosine down to
+        ``lr · min_lr_ratio`` (:func:`qkv.training.loop.lr_at`)."""
+        from qkv.training import loop
+
+        return loop.lr_at(step, lr=self.lr, warmup=self.warmup, steps=self.steps,
+                          min_lr_ratio=self.min_lr_ratio)

@@ -29,7 +29,7 @@ from qkv.models.translation import TranslationConfig, TranslationModel
 from qkv.training import loop
 from qkv.training.checkpoint import prepare_out_dir
 from qkv.training.config import (
-    changed_options, check_float, check_int, check_threads, config_from_dict,
+    Schedule, changed_options, check_float, check_int, check_threads, config_from_dict,
 )
 from qkv.training.loop import TrainState
 from qkv.translate.checkpoint import (
@@ -41,7 +41,7 @@ from qkv.translate.vocab import PAD_ID, Vocab
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Schedule):
     """Everything a training run depends on. Defaults: the shipped model's run.
 
     Example:
@@ -66,38 +66,27 @@ class TrainConfig:
     # without it (measured), and on CPU its random masks cost ~40% of a step.
     dropout: float = 0.0
     norm_first: bool = False
-    # optimisation
+    # optimisation and bookkeeping: Schedule's fields; these defaults differ from its
     steps: int = 1200
     batch_size: int = 64  # sentences per step
-    lr: float = 1e-3  # peak learning rate, reached after `warmup` steps
-    warmup: int = 100
-    min_lr_ratio: float = 0.05  # cosine decay ends at lr · min_lr_ratio on the last step
-    weight_decay: float = 0.01
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.05
+    eval_every: int = 200
+    save_every: int = 200
     label_smoothing: float = 0.1
-    clip: float = 1.0  # max global gradient norm
-    # bookkeeping
-    eval_every: int = 200  # steps between validation passes (0: only at the end)
-    save_every: int = 200  # steps between checkpoints (the last step is always saved)
     eval_size: int = 500  # validation sentences decoded for exact match during training
 
-    # Options that may change when resuming: they do not affect the parameters' trajectory
-    # up to the step where the first run stopped.
-    RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "save_every", "eval_size"})
+    RESUMABLE_CHANGES = Schedule.RESUMABLE_CHANGES | {"eval_size"}
 
     def __post_init__(self) -> None:
-        # Bounds: what a CPU run of this toy model can do, so a typo (--d-model 1000000,
-        # --batch-size 100000000) is refused at once instead of failing minutes later.
-        for name, high in (("steps", 10**7), ("batch_size", 4096), ("d_model", 2048),
-                           ("num_heads", 64), ("encoder_layers", 48), ("decoder_layers", 48),
-                           ("ff_dim", 8192)):
+        # Bounds: what a CPU run of this toy model can do, so a typo (--d-model 1000000) is
+        # refused at once instead of failing minutes later.
+        super().__post_init__()
+        for name, high in (("d_model", 2048), ("num_heads", 64), ("encoder_layers", 48),
+                           ("decoder_layers", 48), ("ff_dim", 8192)):
             check_int(name, getattr(self, name), low=1, high=high)
-        for name, high in (("seed", 2**63 - 1), ("data_seed", 2**31 - 1), ("warmup", 10**7),
-                           ("eval_every", 10**7), ("save_every", 10**7), ("eval_size", 10**6)):
+        for name, high in (("seed", 2**63 - 1), ("data_seed", 2**31 - 1), ("eval_size", 10**6)):
             check_int(name, getattr(self, name), low=0, high=high)
-        check_float("lr", self.lr, low=0.0, high=10.0, low_open=True)
-        check_float("clip", self.clip, low=0.0, high=1e6, low_open=True)
-        check_float("weight_decay", self.weight_decay, low=0.0, high=10.0)
-        check_float("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         check_float("label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
         check_float("dropout", self.dropout, low=0.0, high=1.0, high_open=True)
         if not isinstance(self.norm_first, bool):
@@ -127,8 +116,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     >>> lr_at(49, cfg), lr_at(99, cfg), round(lr_at(999, cfg), 6)
     (0.0005, 0.001, 5e-05)
     """
-    return loop.lr_at(step, lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps,
-                      min_lr_ratio=cfg.min_lr_ratio)
+    return cfg.lr_at(step)
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:

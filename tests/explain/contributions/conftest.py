@@ -69,9 +69,10 @@ class PostNormRMS(nn.Module):
     def layers(self):
         return self.stack.layers
 
-    def forward(self, ids, attention_mask=None, *, trace_rows=None, output_hidden_states=False):
+    def forward(self, ids, attention_mask=None, *, trace_rows=None, output_hidden_states=False,
+                interventions=None):
         out = self.stack(self.embed(ids), mask=AttentionMask(), trace_rows=trace_rows,
-                         output_hidden_states=output_hidden_states)
+                         output_hidden_states=output_hidden_states, interventions=interventions)
         return EncoderOutput(out.last_hidden_state, out.hidden_states, out.traces)
 
 

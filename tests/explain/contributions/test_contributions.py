@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qkv.cli import methods as cli_methods
 from qkv.cli.methods import METHOD_NAMES
 from qkv.explain import explain, heads
 from qkv.explain import find_heads
+from qkv.explain import contributions as registry
 from qkv.explain.contributions import METHODS, check_method, contributions, get_method, shares
 from qkv.explain.wording import ArgumentError
 
@@ -17,6 +19,7 @@ TEXT = "The dog found some pizza next to the baby and ate it"
 
 def test_registry_names_and_kinds():
     assert tuple(METHODS) == METHOD_NAMES  # the CLI's help lists the same names, torch-free
+    assert cli_methods.DEFAULT == registry.DEFAULT and METHODS[registry.DEFAULT].raw
     assert {n for n, m in METHODS.items() if m.per == "head"} == {"weight", "norm"}
     assert all(m.formula and m.cost and m.name == n for n, m in METHODS.items())
 

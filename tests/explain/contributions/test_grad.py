@@ -53,7 +53,7 @@ def test_grad_equals_transformers_autograd_encoder(model, hf):
     t = ids.shape[1]
     ref = transformers_encoder(twin(hf, torch.float64), ids, other)
     low = transformers_encoder(twin(hf, torch.float32), ids, other)
-    got = grad.compute(twin(model, torch.float64), ids, torch.arange(t), target_text=OTHER)
+    got = grad.METHOD.run(twin(model, torch.float64), ids, torch.arange(t), target_text=OTHER)
     assert "similarity" in got.target
     assert_agree(got.scores, ref, low, what="grad R^ℓ − I (encoder)")
 
@@ -63,14 +63,14 @@ def test_grad_equals_transformers_autograd_decoder(gpt2_pair, ids):
     t, row = ids.shape[1], 7
     ref = transformers_decoder(twin(hf, torch.float64), ids, row)
     low = transformers_decoder(twin(hf, torch.float32), ids, row)
-    got = grad.compute(twin(model, torch.float64), ids, torch.arange(t)[: row + 1])
+    got = grad.METHOD.run(twin(model, torch.float64), ids, torch.arange(t)[: row + 1])
     assert "next token" in got.target and f"at token {row}" in got.target
     assert_agree(got.scores, ref[:, : row + 1], low[:, : row + 1], what="grad R^ℓ − I (decoder)")
 
 
 def test_grad_leaves_no_graph_and_no_grads_behind(model):
     ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-    s = grad.compute(model, ids, torch.tensor([2]), target_text="a cat")
+    s = grad.METHOD.run(model, ids, torch.tensor([2]), target_text="a cat")
     assert not s.scores.requires_grad
     assert all(p.grad is None for p in model.parameters())
 

@@ -24,7 +24,7 @@ def plain_rollout(attentions) -> torch.Tensor:
 def test_rollout_equals_transformers_in_float64(model, hf):
     ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
     t = ids.shape[1]
-    got = rollout.compute(model, ids, torch.arange(t)).scores  # (L, t, t), float32 forward
+    got = rollout.METHOD.run(model, ids, torch.arange(t)).scores  # (L, t, t), float32 forward
     with torch.no_grad():
         ref = plain_rollout(twin(hf, torch.float64)(ids, output_attentions=True).attentions)
         plain = plain_rollout(hf(ids, output_attentions=True).attentions)
@@ -39,13 +39,13 @@ def test_rollout_equals_transformers_in_float64(model, hf):
 
 def test_rows_are_the_rows_of_the_full_matrix(model):
     ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
-    full = rollout.compute(model, ids, torch.arange(ids.shape[1])).scores
+    full = rollout.METHOD.run(model, ids, torch.arange(ids.shape[1])).scores
     rows = torch.tensor([12, 3])
-    assert torch.equal(rollout.compute(model, ids, rows).scores, full[:, rows])  # same operations
+    assert torch.equal(rollout.METHOD.run(model, ids, rows).scores, full[:, rows])  # same operations
 
 
 def test_causal_rollout_stays_causal(gpt2_pair, ids):
-    r = rollout.compute(gpt2_pair[0], ids, torch.arange(ids.shape[1])).scores  # (L, t, t)
+    r = rollout.METHOD.run(gpt2_pair[0], ids, torch.arange(ids.shape[1])).scores  # (L, t, t)
     assert bool((torch.triu(r, diagonal=1) == 0).all())
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.explain import forward
-from qkv.explain.contributions import alti, base, flow, grad, norm, rollout, value_zeroing, weight
+from qkv.explain.contributions import alti, base, flow, grad, norm, rollout, value_zeroing, weight  # noqa: F401
 from qkv.explain.contributions.base import Method, Scores, parked, shares
 from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError, Message
@@ -41,6 +41,12 @@ from qkv.explain.wording import ArgumentError, Message
 METHODS: dict[str, Method] = {m.name: m for m in (
     weight.METHOD, norm.METHOD, rollout.METHOD, flow.METHOD, alti.METHOD, value_zeroing.METHOD,
     grad.METHOD)}
+
+#: The methods that read ``target_text``.
+READS_TARGET = tuple(name for name, m in METHODS.items() if m.reads_target)
+
+#: What ``method=`` means when none is given: the attention weights themselves.
+DEFAULT = weight.METHOD.name
 
 
 def get_method(name: str) -> Method:
@@ -62,23 +68,21 @@ def check_method(model, name: str, target_text: str | None = None) -> Method:
     """
     method = get_method(name)
     base.check_layers(model, method.name)
-    if method.name == "alti":
-        alti.check_applies(model)
-    if method.name == "grad":
+    if method.applies is not None:
+        method.applies(model)
+    if method.reads_target:
         grad.check_target(model, target_text)
     elif target_text is not None:
-        raise ArgumentError("target_text", "{name} is only read by {method} grad (the text whose "
-                            "similarity is differentiated), not by {method} {value}",
-                            value=method.name)
+        raise ArgumentError("target_text", "{name} is only read by {method} {reader} (the text "
+                            "whose similarity is differentiated), not by {method} {value}",
+                            value=method.name, reader=", ".join(READS_TARGET))
     return method
 
 
 def scores(model, ids: torch.Tensor, rows: torch.Tensor, *, method: str,
            target_text: str | None = None) -> Scores:
     """Run ``method`` on token ids (1, t) for the query rows ``rows`` (token positions)."""
-    m = check_method(model, method, target_text)
-    with torch.no_grad() if m.name != "grad" else torch.enable_grad():
-        return m.compute(model, ids, rows, target_text)
+    return check_method(model, method, target_text).run(model, ids, rows, target_text)
 
 
 @dataclass(frozen=True)
@@ -155,5 +159,5 @@ def contributions(model, text: str, *, method: str, token: str | None = None,
                          notes=(choice.note,) if choice.note else ())
 
 
-__all__ = ["METHODS", "Contributions", "Method", "Scores", "check_method", "contributions",
+__all__ = ["DEFAULT", "METHODS", "READS_TARGET", "Contributions", "Method", "Scores", "check_method", "contributions",
            "get_method", "parked", "scores", "shares"]

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from qkv.explain.contributions.base import (
-    Forward, Method, Scores, check_layers, out_bias, rollout, run, value_vectors,
+    Forward, Matrices, Method, check_layers, out_bias, run, value_vectors,
 )
 from qkv.explain.wording import ArgumentError
 from qkv.modules.transformer import TransformerLayer
@@ -167,25 +167,22 @@ def matrices(model, ids: torch.Tensor, last: slice = slice(None)) -> list[torch.
                 for i, layer in enumerate(model.layers)]
 
 
-def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, s): row ``rows`` of R^1 … R^L.
+def for_rows(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Matrices:
+    """:func:`matrices` with the last layer's rows cut to the span of ``rows``; ``METHOD.run``
+    rolls them out.
 
     Example:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> s = compute(model, ids, torch.tensor([3]))
+        >>> s = METHOD.run(model, ids, torch.tensor([3]))
         >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
         (torch.Size([6, 1, 5]), True)
     """
-    rows = torch.as_tensor(rows)
     first, stop = int(rows.min()), int(rows.max()) + 1
-    *below, top = matrices(model, ids, slice(first, stop))  # top: (stop − first, t)
-    rolled = rollout(below)
-    final = top[rows - first] @ (rolled[-1] if rolled else torch.eye(top.shape[1], dtype=top.dtype))
-    return Scores(method="alti", per="layer", rows=rows,
-                  scores=torch.stack([r[rows] for r in rolled] + [final]))
+    return Matrices(matrices(model, ids, slice(first, stop)), first=first)  # last: (stop − first, t)
 
 
-METHOD = Method(name="alti", per="layer", formula=FORMULA, compute=compute,
+METHOD = Method(name="alti", per="layer", formula=FORMULA, matrices=for_rows,
+                applies=check_applies,
                 cost="one forward tracing every row; (t × t × E) for one layer at a time")

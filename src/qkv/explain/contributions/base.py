@@ -15,7 +15,6 @@ al., 2020, eq. 5): the output projection is linear, and each row of A sums to 1.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,28 +22,73 @@ import torch
 
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.wording import ArgumentError
+from qkv.modules import Interventions
 
 PER = ("head", "layer")
 
 
 @dataclass(frozen=True)
+class Matrices:
+    """A rolled-out method's per-layer matrices C^ℓ, before rollout (what ``Method.matrices``
+    returns; the registry rolls them out once, :meth:`Method.run`).
+
+    Fields:
+        layers: L tensors (t, t); the last may hold only the rows ``first …`` that the query rows
+            need (ALTI computes just those of the last layer): (r', t).
+        first: the first row the last matrix holds.
+        target: what was differentiated, in words (``grad``), else None.
+    """
+
+    layers: list
+    first: int = 0
+    target: str | None = None
+
+
+@dataclass(frozen=True)
 class Method:
-    """One registered contribution method.
+    """One registered contribution method and what it needs (its capabilities).
 
     Fields:
         name: what ``method=`` / ``--method`` calls it.
         per: ``"head"`` (scores for every layer × head) or ``"layer"`` (one row per layer,
             rolled out through that layer).
         formula: one line, shown by the CLI and the docs.
-        compute: ``(model, ids (1, t), rows (r,), target_text) -> Scores``.
         cost: what it costs beyond one forward, in words (shown in ``--help``).
+        compute: ``(model, ids (1, t), rows (r,), target_text) -> Scores`` for a method that
+            does not roll out (per-head methods, ``flow``); or
+        matrices: ``(model, ids, rows, target_text) -> Matrices`` for one the registry rolls out.
+        add_identity: roll out as R^ℓ = R^{ℓ−1} + C^ℓ R^{ℓ−1} and report R^ℓ − I (the residual
+            kept apart; Chefer et al., 2021).
+        gradients: runs a backward pass (autograd on); else everything runs under no_grad.
+        reads_target: takes ``target_text`` (``grad`` on an encoder).
+        applies: ``(model) -> None``, raising ArgumentError where the method cannot read the
+            model's layers (beyond the common cross-attention check), or None.
+        raw: the scores are the attention weights themselves (rows already sum to 1, no shares).
     """
 
     name: str
     per: str
     formula: str
-    compute: Callable
     cost: str
+    compute: Callable | None = None
+    matrices: Callable | None = None
+    add_identity: bool = False
+    gradients: bool = False
+    reads_target: bool = False
+    applies: Callable | None = None
+    raw: bool = False
+
+    def run(self, model, ids: torch.Tensor, rows: torch.Tensor,
+            target_text: str | None = None) -> "Scores":
+        """The method's :class:`Scores` on ids (1, t) for the query rows ``rows`` (no checks:
+        see ``contributions.check_method``); a rolled-out method's rows of R^1 … R^L (L, r, t)."""
+        rows = torch.as_tensor(rows)
+        with torch.enable_grad() if self.gradients else torch.no_grad():
+            if self.matrices is None:
+                return self.compute(model, ids, rows, target_text)
+            mats = self.matrices(model, ids, rows, target_text)
+        return Scores(method=self.name, per=self.per, rows=rows, target=mats.target,
+                      scores=rolled_rows(mats, rows, add_identity=self.add_identity))
 
 
 @dataclass(frozen=True)
@@ -104,28 +148,32 @@ def parked(row: torch.Tensor, units) -> torch.Tensor:
 # -- the traced forward --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Forward:
-    """One forward of ``model`` on ``ids`` with everything the methods read.
+    """One forward of ``model`` on ``ids`` with everything the methods read — all of it recorded
+    by the model's own traced forward (``LayerTrace.residual``, ``MultiHeadTrace.heads``), no
+    module hooked from outside.
 
     Fields:
         ids: (1, t). output: the model's own output record (logits for a decoder).
         hidden_states: L + 1 tensors (1, t, E); ``hidden_states[ℓ]`` enters layer ℓ.
         traces: one ``LayerTrace`` per layer (rows as asked).
-        residual_out: per layer, (1, t, E) what the self-attention sub-block hands on — the
-            output of ``norm1`` (post-norm) or the residual sum x + attn (pre-norm, read as the
-            input of ``norm3``): what ALTI decomposes.
-        head_outputs: per layer, (1, t, h·d) the heads' outputs concatenated (``out_proj``'s
-            input); kept in the autograd graph when the forward ran with ``grad=True``.
-        layer_calls: per layer, the keyword arguments the stack called it with (the mask the
-            model built), for re-running a layer (``value-zeroing``).
     """
 
     ids: torch.Tensor
     output: object
     hidden_states: tuple[torch.Tensor, ...]
     traces: list
-    residual_out: list[torch.Tensor]
-    head_outputs: list[torch.Tensor]
-    layer_calls: list[dict]
+
+    @property
+    def residual_out(self) -> list[torch.Tensor | None]:
+        """Per layer, (1, t, E) what the self-attention sub-block hands on — ``norm1(x + attn)``
+        (post-norm) or ``x + attn`` (pre-norm): what ALTI decomposes."""
+        return [tr.residual for tr in self.traces]
+
+    @property
+    def head_outputs(self) -> list[torch.Tensor]:
+        """Per layer, (1, t, h·d) the heads' outputs concatenated (``out_proj``'s input); in the
+        autograd graph when the forward ran with ``grad=True``."""
+        return [tr.self_attn.heads for tr in self.traces]
 
 
 def check_layers(model, method: str) -> None:
@@ -138,60 +186,27 @@ def check_layers(model, method: str) -> None:
                                 model=getattr(model, "name", type(model).__name__))
 
 
-@contextmanager
-def _hooks(model, residual_out: list, head_outputs: list, layer_calls: list, grad: bool):
-    """Forward hooks that record, per layer, what :class:`Forward` keeps (removed on exit).
-
-    With ``grad`` the first layer's input is made a leaf that requires grad, so everything
-    after it is in the graph even when the weights do not require grad.
-    """
-    handles = []
-    for i, layer in enumerate(model.layers):
-        def keep_call(module, args, kwargs, i=i):
-            layer_calls[i] = dict(kwargs)
-            if grad and i == 0:
-                return (args[0].detach().requires_grad_(True), *args[1:]), kwargs
-            return None
-
-        def keep_heads(module, args, i=i):
-            head_outputs[i] = args[0]
-
-        def keep_output(module, args, output, i=i):  # post-norm: norm1(x + attn)
-            residual_out[i] = output
-
-        def keep_input(module, args, i=i):  # pre-norm: norm3 reads x + attn
-            residual_out[i] = args[0]
-
-        handles.append(layer.register_forward_pre_hook(keep_call, with_kwargs=True))
-        handles.append(layer.self_attn.out_proj.register_forward_pre_hook(keep_heads))
-        if layer.norm_first:
-            handles.append(layer.norm3.register_forward_pre_hook(keep_input))
-        else:
-            handles.append(layer.norm1.register_forward_hook(keep_output))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+def _leaf(x: torch.Tensor) -> torch.Tensor:
+    """The first layer's input as a leaf that requires grad: everything after it is then in the
+    graph even when the weights do not require grad."""
+    return x.detach().requires_grad_(True)
 
 
-def run(model, ids: torch.Tensor, rows: torch.Tensor | slice | None, *,
-        grad: bool = False) -> Forward:
-    """The model's own forward on ``ids`` (1, t), tracing ``rows`` (None: nothing), with hidden
-    states kept.
+def run(model, ids: torch.Tensor, rows: torch.Tensor | slice, *, grad: bool = False) -> Forward:
+    """The model's own forward on ``ids`` (1, t), keeping the attention rows ``rows`` (positions,
+    or ``slice(None)``), the residual stream and the heads' outputs of every row, and the hidden
+    states.
 
     ``grad=True`` runs it with autograd on, so a scalar of ``output`` can be differentiated
     with respect to ``head_outputs`` (``grad``); otherwise nothing keeps a graph.
     """
-    n = len(model.layers)
-    residual_out, head_outputs, layer_calls = [None] * n, [None] * n, [None] * n
-    with _hooks(model, residual_out, head_outputs, layer_calls, grad), torch.set_grad_enabled(grad):
-        out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
+    leaf = {"interventions": Interventions(inputs={0: _leaf})} if grad else {}
+    with torch.set_grad_enabled(grad):
+        out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True, **leaf)
     name = getattr(model, "name", type(model).__name__)
     check_finite(out.traces or (), model=name, output=out.hidden_states[-1])  # NaN: named
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states),
-                   traces=list(out.traces or ()), residual_out=residual_out, head_outputs=head_outputs,
-                   layer_calls=layer_calls)
+                   traces=list(out.traces or ()))
 
 
 # -- the pieces of the decomposition -------------------------------------------------------------
@@ -216,6 +231,28 @@ def value_vectors(attn, trace) -> torch.Tensor:
     v = trace.attention.value[0]  # (h, s, d), b_V included
     w = out_weight(attn).to(v.dtype)  # (h, d, E)
     return v @ w  # (h, s, E)
+
+
+def rolled_rows(mats: Matrices, rows: torch.Tensor, *, add_identity: bool = False) -> torch.Tensor:
+    """(L, r, t): rows ``rows`` of R^1 … R^L (:func:`rollout` of ``mats.layers``; with
+    ``add_identity`` R^ℓ − I, the attention's part). The last layer may be given for some rows only
+    (``mats.first``): R^L's rows are then that layer's rows times R^{L−1}, never the full product.
+    """
+    *below, top = mats.layers
+    t = top.shape[-1]
+    if top.shape[0] == t:  # every row: the whole product, then its rows
+        out = [r[rows] for r in rollout(mats.layers, add_identity=add_identity)]
+    else:
+        rolled = rollout(below, add_identity=add_identity)
+        before = rolled[-1] if rolled else torch.eye(t, dtype=top.dtype)  # R^{L−1} (t, t)
+        last = top[rows - mats.first] @ before  # (r, t): rows of C^L R^{L−1}
+        if add_identity:
+            last = last + before[rows]
+        out = [r[rows] for r in rolled] + [last]
+    if add_identity:
+        eye = torch.eye(t, dtype=top.dtype)[rows]  # (r, t)
+        out = [r - eye for r in out]
+    return torch.stack(out)
 
 
 def rollout(mats: list[torch.Tensor], *, add_identity: bool = False) -> list[torch.Tensor]:

@@ -95,11 +95,11 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
     rows_t = torch.tensor(units.groups[choice.unit])
     rows, best, skipped = {}, {}, {}
-    for name in METHODS:
+    for name, method in METHODS.items():
+        given = target_text if method.reads_target else None
         try:  # a method that does not apply (grad without a target, flow on a long text)
-            check_method(model, name, target_text if name == "grad" else None)
-            s = scores(model, ids, rows_t, method=name,
-                       target_text=target_text if name == "grad" else None)
+            check_method(model, name, given)
+            s = scores(model, ids, rows_t, method=name, target_text=given)
         except ArgumentError as e:
             skipped[name] = e.message
             continue

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from qkv.explain.contributions.base import Method, Scores, run
-from qkv.explain.contributions.rollout import matrices as rollout_matrices
+from qkv.explain.contributions.rollout import layer_matrices as rollout_matrices
 from qkv.explain.wording import ArgumentError
 
 FORMULA = "F^ℓ_ij = max-flow from input j to token i after layer ℓ, capacities ½Ā^ℓ + ½I"

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from qkv.explain.contributions.base import Forward, Method, Scores, check_layers, rollout, run
+from qkv.explain.contributions.base import Forward, Matrices, Method, check_layers, run
 from qkv.explain.wording import ArgumentError
 
 FORMULA = "R^ℓ = R^{ℓ−1} + mean_h (A ⊙ ∂y/∂A)⁺ R^{ℓ−1}, R^0 = I; y a next-token logit or a similarity"
@@ -79,11 +79,22 @@ def target(model, fwd: Forward, row: int, target_text: str | None) -> tuple[torc
     return y, f"the cosine similarity of the sentence embeddings to {target_text!r}"
 
 
-def matrices(model, ids: torch.Tensor, row: int, target_text: str | None = None
-             ) -> tuple[list[torch.Tensor], str]:
-    """Each layer's Ā^ℓ = mean_h (A ⊙ ∂y/∂A)⁺ (t, t), and the target in words."""
+def matrices(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None
+             ) -> Matrices:
+    """Each layer's Ā^ℓ = mean_h (A ⊙ ∂y/∂A)⁺ (t, t), and the target in words (taken at the
+    last of ``rows``); ``METHOD.run`` rolls them out as R^ℓ − I.
+
+    Example:
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
+        >>> s = METHOD.run(model, ids, torch.tensor([3]), target_text="a cat")
+        >>> s.scores.shape, s.target
+        (torch.Size([6, 1, 5]), "the cosine similarity of the sentence embeddings to 'a cat'")
+    """
     check_layers(model, "grad")
     check_target(model, target_text)
+    row = int(torch.as_tensor(rows).reshape(-1)[-1])
     fwd = run(model, ids, slice(None), grad=True)
     y, what = target(model, fwd, row, target_text)
     grads = torch.autograd.grad(y, fwd.head_outputs)  # L × (1, t, h·d): ∂y/∂o
@@ -94,27 +105,9 @@ def matrices(model, ids: torch.Tensor, row: int, target_text: str | None = None
         g = g[0].view(t, attn.num_heads, attn.head_dim).transpose(0, 1)  # (h, t, d)
         grad_a = g @ tr.self_attn.attention.value[0].transpose(-1, -2)  # (h, t, s): ∂y/∂A
         out.append((a * grad_a).clamp_min(0).mean(0).detach())  # (t, s)
-    return out, what
+    return Matrices(out, target=what)
 
 
-def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, s): row ``rows`` of R^1 − I … R^L − I (the target taken at the last of ``rows``).
-
-    Example:
-        >>> import qkv
-        >>> model = qkv.load("minilm")
-        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> s = compute(model, ids, torch.tensor([3]), target_text="a cat")
-        >>> s.scores.shape, s.target
-        (torch.Size([6, 1, 5]), "the cosine similarity of the sentence embeddings to 'a cat'")
-    """
-    rows = torch.as_tensor(rows)
-    mats, what = matrices(model, ids, int(rows[-1]), target_text)
-    eye = torch.eye(ids.shape[1], dtype=mats[0].dtype)
-    rolled = [r - eye for r in rollout(mats, add_identity=True)]  # the attention's part of R
-    return Scores(method="grad", per="layer", rows=rows,
-                  scores=torch.stack([r[rows] for r in rolled]), target=what)
-
-
-METHOD = Method(name="grad", per="layer", formula=FORMULA, compute=compute,
+METHOD = Method(name="grad", per="layer", formula=FORMULA, matrices=matrices,
+                add_identity=True, gradients=True, reads_target=True,
                 cost="one forward and one backward; (t × t) per layer")

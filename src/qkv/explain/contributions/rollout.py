@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from qkv.explain.contributions.base import Method, Scores, rollout, run
+from qkv.explain.contributions.base import Matrices, Method, run
 
 FORMULA = "R^ℓ = (½Ā^ℓ + ½I) R^{ℓ−1}, R^0 = I, Ā^ℓ the head mean of A^{ℓ,h}"
 
 
-def matrices(fwd) -> list[torch.Tensor]:
-    """Each layer's Â^ℓ = ½Ā^ℓ + ½I (t, t), from a forward that traced every row."""
+def layer_matrices(fwd) -> list[torch.Tensor]:
+    """Each layer's Â^ℓ = ½Ā^ℓ + ½I (t, t), from a forward that traced every row (flow reads them too)."""
     out = []
     for tr in fwd.traces:
         mean = tr.self_attn.attention.weights[0].mean(0)  # (t, s), t = s
@@ -33,22 +33,19 @@ def matrices(fwd) -> list[torch.Tensor]:
     return out
 
 
-def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, s): row ``rows`` of R^1 … R^L.
+def matrices(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Matrices:
+    """Every layer's Â^ℓ (t, t) from one forward tracing every row; ``METHOD.run`` rolls them out.
 
     Example:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> s = compute(model, ids, torch.tensor([3]))
+        >>> s = METHOD.run(model, ids, torch.tensor([3]))
         >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
         (torch.Size([6, 1, 5]), True)
     """
-    fwd = run(model, ids, slice(None))
-    rolled = rollout(matrices(fwd))
-    return Scores(method="rollout", per="layer", rows=torch.as_tensor(rows),
-                  scores=torch.stack([r[rows] for r in rolled]))
+    return Matrices(layer_matrices(run(model, ids, slice(None))))
 
 
-METHOD = Method(name="rollout", per="layer", formula=FORMULA, compute=compute,
+METHOD = Method(name="rollout", per="layer", formula=FORMULA, matrices=matrices,
                 cost="one forward tracing every row; (t × t) per layer")

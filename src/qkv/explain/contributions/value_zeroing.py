@@ -8,10 +8,10 @@ nothing); token i's output x̃_i^{¬j} is compared with the unchanged run's x̃_
     C^ℓ_ij = 1 − cos(x̃_i, x̃_i^{¬j}),   rows normalised to sum 1,   R^ℓ = C^ℓ R^{ℓ−1}
 
 The whole layer runs (attention, residual, norms, feed-forward), through the model's own
-modules: one forward of a batch of t + 1 copies of the text, where a forward hook on each
-``self_attn.v_proj`` zeroes token j's value in copy j, and a hook before each layer gives every
-copy the plain copy's (t's) input — so each layer's variants start from the unperturbed hidden
-states, and the comparison shares one kernel and its roundings. Cost: one forward of t + 1
+modules: one forward of a batch of t + 1 copies of the text, with
+:class:`~qkv.modules.Interventions` passed to the forward — copy j's value of token j zeroed, and
+every copy given the plain copy's (t's) input to each layer — so each layer's variants start from
+the unperturbed hidden states, and the comparison shares one kernel and its roundings. Cost: one forward of t + 1
 copies.
 """
 
@@ -19,54 +19,37 @@ from __future__ import annotations
 
 import torch
 
-from qkv.explain.contributions.base import Method, Scores, check_layers, rollout
+from qkv.explain.contributions.base import Matrices, Method, check_layers
 from qkv.explain.finite import check_layers as check_finite
+from qkv.modules import Interventions
 
 FORMULA = "C_ij ∝ 1 − cos(x̃_i, x̃_i with v_j = 0 in every head); R^ℓ = C^ℓ R^{ℓ−1}"
 
 
-def matrices(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's C^ℓ (t, t), before rollout, from one forward of a batch of t + 1 copies.
+def matrices(model, ids: torch.Tensor, rows: torch.Tensor | None = None,
+             target_text: str | None = None) -> Matrices:
+    """Each layer's C^ℓ (t, t), before rollout, from one forward of a batch of t + 1 copies
+    (``METHOD.run`` rolls them out).
 
-    Copy j (< t) has v_j zeroed in every layer; copy t is the plain text. Before each layer a
-    hook hands every copy the plain copy's input, so each layer's variants start from the
-    unchanged hidden states, exactly as re-running that layer alone would.
+    Copy j (< t) has v_j zeroed in every layer; copy t is the plain text. Every layer's input is
+    patched with the plain copy's (``Interventions.inputs``), so each layer's variants start from
+    the unchanged hidden states, exactly as re-running that layer alone would; the layers'
+    outputs are the stack's ``hidden_states[ℓ + 1]`` (what each layer computed, before a patch).
     """
     check_layers(model, "value-zeroing")
-    t = ids.shape[1]
-    keep = torch.ones(t + 1, t, 1)  # (copy, token, 1): copy j zeroes token j's value
+    t, n_layers = ids.shape[1], len(model.layers)
+    keep = torch.ones(t + 1, t)  # (copy, token): copy j zeroes token j's value in every head
     keep[torch.arange(t), torch.arange(t)] = 0
-    outputs = [None] * len(model.layers)
-
-    def plain_input(module, args):
-        x = args[0]  # (t + 1, t, E)
-        return (x[t:].expand_as(x).contiguous(), *args[1:])
-
-    first = model.layers[0]  # its copies are the embeddings of one text: equal already
-
-    def zero_values(module, args, output):
-        output.mul_(keep.to(output.dtype))  # (t + 1, t, h_kv·d), in place: no graph is kept
-
-    def keep_output(i):
-        def hook(module, args, output):
-            outputs[i] = output.hidden  # (t + 1, t, E)
-        return hook
-
-    handles = []
-    for i, layer in enumerate(model.layers):
-        if layer is not first:
-            handles.append(layer.register_forward_pre_hook(plain_input))
-        handles += [layer.self_attn.v_proj.register_forward_hook(zero_values),
-                    layer.register_forward_hook(keep_output(i))]
+    plain = lambda x: x[t:].expand_as(x)  # noqa: E731  (t + 1, t, E): every copy gets copy t's
+    # layer 0's copies are the embeddings of one text: equal already, nothing to patch
+    edits = Interventions(values={i: keep for i in range(n_layers)},
+                          inputs={i: plain for i in range(1, n_layers)})
     batch = ids.expand(t + 1, -1)  # (t + 1, t)
-    try:
-        with torch.no_grad():
-            model(batch, torch.ones_like(batch))
-    finally:
-        for h in handles:
-            h.remove()
+    with torch.no_grad():
+        out = model(batch, torch.ones_like(batch), output_hidden_states=True, interventions=edits)
+    outputs = out.hidden_states[1:]  # L tensors (t + 1, t, E)
     check_finite((), model=getattr(model, "name", type(model).__name__), output=outputs[-1])
-    return [_matrix(out, t) for out in outputs]
+    return Matrices([_matrix(o, t) for o in outputs])
 
 
 def _matrix(out: torch.Tensor, t: int) -> torch.Tensor:
@@ -79,21 +62,5 @@ def _matrix(out: torch.Tensor, t: int) -> torch.Tensor:
     return c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
 
 
-def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, s): row ``rows`` of R^1 … R^L.
-
-    Example:
-        >>> import qkv
-        >>> model = qkv.load("minilm")
-        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> s = compute(model, ids, torch.tensor([3]))
-        >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
-        (torch.Size([6, 1, 5]), True)
-    """
-    rolled = rollout(matrices(model, ids))
-    return Scores(method="value-zeroing", per="layer", rows=torch.as_tensor(rows),
-                  scores=torch.stack([r[rows] for r in rolled]))
-
-
-METHOD = Method(name="value-zeroing", per="layer", formula=FORMULA, compute=compute,
+METHOD = Method(name="value-zeroing", per="layer", formula=FORMULA, matrices=matrices,
                 cost="t + 1 runs of every layer, batched (≈ t + 1 forwards); (t × t) per layer")

@@ -28,5 +28,5 @@ def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | Non
     return Scores(method="weight", per="head", rows=torch.as_tensor(rows), scores=weights)
 
 
-METHOD = Method(name="weight", per="head", formula=FORMULA, compute=compute,
+METHOD = Method(name="weight", per="head", formula=FORMULA, compute=compute, raw=True,
                 cost="one forward (the overview's)")
