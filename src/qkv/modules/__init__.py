@@ -1,6 +1,7 @@
 """Modules assembled from the attention core.
 
 * ``multihead.py``   — :class:`MultiHeadAttention` (self, cross, GQA, MQA)
+* ``lse_trace.py``   — ``trace_rows=LSE``: every row's log-sum-exp with q, k, v (:class:`LseTrace`)
 * ``kv_cache.py``    — :class:`KVCache` for incremental decoding
 * ``positional.py``  — sinusoidal, learned, rotary (RoPE), ALiBi
 * ``feedforward.py`` — :class:`FeedForward`, :class:`GatedFeedForward` (SwiGLU)
@@ -10,6 +11,7 @@
 
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
 from qkv.modules.kv_cache import KVCache
+from qkv.modules.lse_trace import LSE, LseTrace
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 from qkv.modules.positional import (
     ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
@@ -19,7 +21,7 @@ from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
 
 __all__ = [
     "ALiBi", "AttentionOutput", "FeedForward", "GatedFeedForward", "KVCache", "LayerOutput",
-    "LayerTrace", "LearnedPositionalEmbedding", "MultiHeadAttention", "MultiHeadTrace",
+    "LayerTrace", "LearnedPositionalEmbedding", "LSE", "LseTrace", "MultiHeadAttention", "MultiHeadTrace",
     "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
     "TransformerStack",
 ]
