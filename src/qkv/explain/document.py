@@ -44,7 +44,7 @@ import torch
 
 from qkv.attention.block_mask import BlockMask, block_mask_for
 from qkv.attention.received import attention_block_sums, attention_received
-from qkv.attention.weights import attention_weights
+from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import contributions
 from qkv.explain.contributions.base import Scores, out_weight
@@ -141,15 +141,25 @@ class Document:
             >>> doc.weights(0, 0, [5, 9]).sum(-1)                      # doctest: +SKIP
             tensor([1.0000, 1.0000])
         """
-        rec = self._check(layer, head)
-        return attention_weights(rec.query[None], rec.key[None], rec.lse[None], rows=rows,
-                                 heads=[head], **self._kw(layer))[0, 0]
+        self._check(layer, head)
+        return self._all_heads(layer, rows, head)[0]
 
-    def _all_heads(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
-        """(h, r, N): every head's weights of ``rows``."""
+    def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
+        """(h, r, N): every head's weights of ``rows`` ((1, r, N): head ``head``'s).
+
+        A row is the softmax of its own scores (the reference path that ``trace_rows`` runs, on
+        the recorded q and k): O(r · N), and as exact as the traced forward — exp(s − lse) would
+        add the rounding of lse, ~|lse| · eps relative, 4 × the softmax's on MiniLM's layer 0.
+        """
         rec = self.layers[layer]
-        return attention_weights(rec.query[None], rec.key[None], rec.lse[None], rows=rows,
-                                 **self._kw(layer))[0]
+        t = rec.query.shape[1]
+        try:
+            index = torch.arange(t)[torch.as_tensor(rows, dtype=torch.long).reshape(-1)]
+        except (IndexError, TypeError, ValueError, RuntimeError):
+            raise QkvError(f"rows must be token indices in 0–{t - 1}, got {rows!r}") from None
+        trace = attention_trace(rec.query[None], rec.key[None], rec.key[None], mask=rec.mask,
+                                scale=rec.scale, enable_gqa=rec.enable_gqa, rows=index)
+        return trace.weights[0] if head is None else trace.weights[0, head:head + 1]  # (h or 1, r, N)
 
     def received(self, layer: int, head: int) -> torch.Tensor:
         """(N,): Σ_i w_ij, the total weight each key receives from every query row (exact).
@@ -167,7 +177,7 @@ class Document:
         """
         rec = self._check(layer, head)
         if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise ArgumentError("block", "{name} must be a positive int, got {value!r}", value=block)
+            raise QkvError(f"block must be a positive int, got {block!r}")
         return attention_block_sums(rec.query[None], rec.key[None], rec.lse[None], heads=[head],
                                     block=block, **self._kw(layer))[0, 0]
 
@@ -179,8 +189,7 @@ class Document:
         rec = self._check(layer)
         n = rec.key.shape[1]
         if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < n:
-            raise ArgumentError("key", "{name} must be a token index in 0–{last}, got {value!r}",
-                                value=key, last=n - 1)
+            raise QkvError(f"key must be a token index in 0–{n - 1}, got {key!r}")
         groups = rec.query.shape[0] // rec.key.shape[0]
         scale = rec.scale if rec.scale is not None else 1.0 / math.sqrt(rec.query.shape[-1])
         k = rec.key[:, key].repeat_interleave(groups, 0).float()  # (h, d)
