@@ -33,7 +33,7 @@ import torch
 
 from qkv.attention.block_mask import BlockMask, create_block_mask, sliding_window
 from qkv.attention.blockwise import PIECE_BYTES, compute_dtype
-from qkv.attention.weights import _select
+from qkv.attention.weights import _select, check_query_key_lse
 
 
 def _mask(block_mask: BlockMask | None, t: int, s: int, block: int | None, device) -> BlockMask:
@@ -57,22 +57,9 @@ def _sweep(query, key, lse, *, heads, block_mask, block, scale, enable_gqa, row_
 
     Blocks of rows where ``row_weights`` (m, t) are all zero are skipped (nothing of them counts).
     """
-    for name, x in (("query", query), ("key", key), ("lse", lse)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if query.ndim < 3 or key.ndim != query.ndim or query.shape[-1] != key.shape[-1] \
-            or query.shape[:-3] != key.shape[:-3]:
-        raise ValueError(f"query (..., h, t, d) and key (..., h_kv, s, d) must agree, got query "
-                         f"{tuple(query.shape)}, key {tuple(key.shape)}")
+    groups = check_query_key_lse(query, key, lse, enable_gqa)
     h, t, d = query.shape[-3:]
     h_kv, s = key.shape[-3], key.shape[-2]
-    if tuple(lse.shape) != tuple(query.shape[:-1]):
-        raise ValueError(f"lse must have shape (..., h, t) = {tuple(query.shape[:-1])}, got "
-                         f"{tuple(lse.shape)}")
-    groups = h // h_kv if enable_gqa else 1
-    if groups * h_kv != h:
-        raise ValueError(f"query has {h} heads and key {h_kv}; pass enable_gqa=True for "
-                         f"grouped-query attention")
     bm = _mask(block_mask, t, s, block, query.device)
     batch = math.prod(query.shape[:-3])
     bm.check(batch, h, t, s)
