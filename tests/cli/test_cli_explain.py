@@ -219,20 +219,19 @@ def test_subprocess_overview_is_plain_text():
 
 
 def test_translation_model_dir_is_dispatched(capsys, tmp_path):
-    """A directory whose config.json says qkv-translation goes to qkv.explain.cross, which
-    reports the missing checkpoint files as a one-line error (not the BERT loader's error)."""
+    """A directory whose config.json says qkv-translation is read by qkv.load as a translation
+    checkpoint, which reports what is wrong with it as a one-line error (not the BERT/GPT-2
+    loader's "model_type is not supported")."""
     (tmp_path / "config.json").write_text('{"model_type": "qkv-translation"}')
     code, out, err = run(capsys, "explain", "the red apple", "--model", str(tmp_path))
     assert code == 2 and err.startswith("qkv: error: ") and err.count("\n") == 1
+    assert "unsupported format_version" in err and "is not supported" not in err
     from qkv.errors import QkvError
     from qkv.models import load
 
-    with pytest.raises(QkvError) as bert_error:  # what the BERT/GPT-2 loader would have said
+    with pytest.raises(QkvError) as error:  # the library says the same
         load(str(tmp_path))
-    assert str(bert_error.value) not in err
-    from qkv.cli.explain import _translation_dir
-
-    assert _translation_dir(str(tmp_path)) and not _translation_dir("minilm")
+    assert err == f"qkv: error: {error.value}\n"
 
 
 def test_heads_on_a_translation_model_says_what_to_use_instead(capsys):
@@ -299,3 +298,23 @@ def test_notes_name_flags(capsys, model):
     assert code == 0 and "Pick another with --from the@0 (occurrences count from 0) or --from 1." in err
     ranking = qkv.explain.heads(model, "the cat saw the dog", source="the", target="cat")
     assert "Pick another with source the@0 (occurrences count from 0) or source 1." in str(ranking.notes[0])
+
+
+@pytest.mark.parametrize("probe", ["induction", "previous-token", "coref"])
+def test_every_probe_refuses_a_nan_model_naming_layer_and_head(capsys, monkeypatch, probe):
+    """issue 23, item 5: a NaN model passed the induction and previous-token probes (printing nan)."""
+    import torch
+
+    import qkv
+    import qkv.cli.explain as cli_explain
+
+    model = qkv.load("lm" if probe != "coref" else "minilm")
+    d = model.layers[1].self_attn.head_dim
+    with torch.no_grad():
+        model.layers[1].self_attn.q_proj.weight[d:2 * d] = float("nan")  # head 1's queries
+    monkeypatch.setattr(cli_explain, "_load", lambda name: model)
+    for json_flag in ([], ["--json"]):
+        code = main(["heads", "--probe", probe, *json_flag])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and err.count("\n") == 1, (out[:200], err)
+        assert "computes NaN at layer 1, head 1" in err, err

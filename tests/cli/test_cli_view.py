@@ -3,6 +3,7 @@ server cleanly, ``--html`` writes one self-contained file."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 from qkv.cli import main
@@ -68,10 +70,18 @@ def test_ctrl_c_stops_the_server_cleanly():
             try:
                 with urllib.request.urlopen(url + "api/info", timeout=5) as r:
                     assert r.status == 200
+                    info = json.loads(r.read())
                 break
             except OSError:
                 assert time.monotonic() < deadline, "the server never answered"
                 time.sleep(0.1)
+        assert info["default_text"] == "the cat sat"  # the bare URL opens at TEXT (issue 23)
+        rebound = urllib.request.Request(url, headers={"Host": "attacker.example"})
+        try:  # DNS rebinding: a name that is not this server's is refused (issue 23, item 10)
+            urllib.request.urlopen(rebound, timeout=5)
+            raise AssertionError("a foreign Host was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from explain_peers import reference
 
 from qkv.explain import explain, forward
 from qkv.explain.overview import entropy_bits
@@ -14,22 +15,16 @@ TEXT = "The dog found some pizza next to the baby and ate it"
 SPLIT = "The pizzeria's owner found it"  # "pizzeria" is several word pieces
 
 
-def hf_attentions(hf, ids):
-    with torch.no_grad():
-        out = hf(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                 output_attentions=True)
-    return torch.stack(out.attentions)[:, 0]  # (layers, h, t, s)
-
-
 @pytest.mark.parametrize("text", [TEXT, SPLIT])
 def test_traced_weights_equal_hugging_face(model, hf, text):
     enc = forward.encode(model, text)
     i = len(enc.ids) - 2  # the last word's token
     traced = forward.trace(model, text, torch.tensor([i]))
     ours = torch.stack([traced.weights(L)[:, 0] for L in range(6)])  # (layers, h, s)
-    theirs = hf_attentions(hf, enc.ids)[:, :, i]  # (layers, h, s)
+    ref, tol = reference(hf, enc.ids)
+    theirs = ref[:, :, i]  # (layers, h, s)
     assert ours.shape == theirs.shape == (6, 12, len(enc.ids))
-    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=0)
+    torch.testing.assert_close(ours.double(), theirs, atol=tol, rtol=0)
 
 
 def test_overview_keeps_one_row_per_head(model):
@@ -55,13 +50,16 @@ def test_overview_ranks_by_largest_weight_and_finds_pizza(model, hf):
     assert len(ov.rows) == 72
     maxes = [r.max_weight for r in ov.rows]
     assert maxes == sorted(maxes, reverse=True)
-    ref = hf_attentions(hf, enc.ids)[:, :, it].double()  # (layers, h, s)
+    ref, tol = reference(hf, enc.ids)
+    ref = ref[:, :, it]  # (layers, h, s)
     for r in ov.rows:
         row = ref[r.layer, r.head]
-        assert r.max_weight == pytest.approx(float(row.max()), abs=2e-6)
-        assert r.entropy == pytest.approx(float(-(row * row.log2()).sum()), abs=1e-4)
-        assert [w for _, w in r.top] == pytest.approx(row.topk(3).values.tolist(), abs=2e-6)
-        assert row[r.argmax] == pytest.approx(r.max_weight, abs=2e-6)
+        assert r.max_weight == pytest.approx(float(row.max()), abs=tol)
+        # entropy moves by Σ_j |δw_j| · |log2 w_j + 1/ln 2| for weight errors δw_j ≤ tol
+        slope = float((row.clamp_min(tol).log2() + 1 / torch.log(torch.tensor(2.0))).abs().sum())
+        assert r.entropy == pytest.approx(float(-(row * row.log2()).sum()), abs=tol * slope)
+        assert [w for _, w in r.top] == pytest.approx(row.topk(3).values.tolist(), abs=tol)
+        assert row[r.argmax] == pytest.approx(r.max_weight, abs=2 * tol)  # both ends within tol
     # the focus is pizza, and the highlighted heads are exactly those whose argmax is pizza
     assert ov.focus == pizza
     lit = {(r.layer, r.head) for r in ov.rows if ov.highlighted(r)}
@@ -79,10 +77,12 @@ def test_words_average_rows_of_a_split_word(model, hf):
     assert traced.weights(0).shape == (12, len(rows), len(enc.ids))
     ov = explain(model, SPLIT, token="pizzeria", words=True, top=2)
     assert ov.unit == u and ov.units == units
-    ref = hf_attentions(hf, enc.ids)[:, :, rows].double().mean(2)  # (layers, h, s)
+    ref, tol = reference(hf, enc.ids)
+    ref = ref[:, :, rows].mean(2)  # (layers, h, s)
     for r in ov.rows:
         want = torch.stack([ref[r.layer, r.head, list(g)].sum() for g in units.groups])
-        torch.testing.assert_close(r.weights, want, atol=2e-6, rtol=0)
+        # a word's weight sums at most max|g| token weights, each within tol
+        torch.testing.assert_close(r.weights, want, atol=tol * max(map(len, units.groups)), rtol=0)
 
 
 def test_entropy_bits_reference():
@@ -106,12 +106,14 @@ def test_to_dict_is_json_with_every_number(model, hf):
     assert d["token_indices"] == list(ov.units.groups[ov.unit]) and len(d["heads"]) == 72
     enc = forward.encode(model, SPLIT)
     rows = list(ov.units.groups[ov.unit])
-    ref = hf_attentions(hf, enc.ids)[:, :, rows].double().mean(2)  # (layers, h, s)
+    ref, tol = reference(hf, enc.ids)
+    ref = ref[:, :, rows].mean(2)  # (layers, h, s)
+    tol *= max(map(len, ov.units.groups))  # a word's weight sums that many token weights
     for h in d["heads"]:
         want = [float(ref[h["layer"], h["head"], list(g)].sum()) for g in ov.units.groups]
-        assert h["weights"] == pytest.approx(want, abs=2e-6)
-        assert h["max_weight"] == pytest.approx(max(want), abs=2e-6)
-        assert want[ov.units.labels.index(h["argmax"])] == pytest.approx(max(want), abs=2e-6)
+        assert h["weights"] == pytest.approx(want, abs=tol)
+        assert h["max_weight"] == pytest.approx(max(want), abs=tol)
+        assert want[ov.units.labels.index(h["argmax"])] == pytest.approx(max(want), abs=2 * tol)
 
 
 @pytest.mark.parametrize("kwargs, message", [

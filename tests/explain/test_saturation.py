@@ -17,8 +17,14 @@ def test_saturation_grows_without_scaling():
     grads = [r.grad_raw for r in rows]
     assert grads == sorted(grads, reverse=True) and grads[-1] < 0.25 * rows[-1].grad_scaled
     for r in rows:
-        assert r.score_std == pytest.approx(math.sqrt(r.d), rel=0.06)
-        assert r.scaled_std == pytest.approx(1.0, rel=0.06)
+        # q·k of unit normals: variance d, kurtosis κ = 3 + 6/d; the sample standard deviation
+        # of N = trials · keys scores has a relative standard error of √((κ − 1) / 4N). Six of
+        # those (a 1-in-10⁹ miss for a correct demo; keys sharing a query only widen it slightly,
+        # hence the ×√2 for the dependence).
+        n = 1000 * 10
+        rel = 6 * math.sqrt(2) * math.sqrt((2 + 6 / r.d) / (4 * n))
+        assert r.score_std == pytest.approx(math.sqrt(r.d), rel=rel)
+        assert r.scaled_std == pytest.approx(1.0, rel=rel)
 
 
 def test_jacobian_norm_matches_autograd():

@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
-import transformers
+from explain_peers import reference
+from tolerance import assert_agree, assert_within, softmax_sum_tolerance, twin
 
 import qkv
 from qkv.explain import explain_head, forward
 from qkv.explain.steps import head_steps
-from qkv.models.loading import minilm_dir
 
 TEXT = "The dog found some pizza next to the baby and ate it"
 
@@ -20,49 +20,67 @@ def model():
     return qkv.load("minilm")
 
 
+def head_by_hand(att, x: torch.Tensor, head: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (t,), output (d,)) of ``head`` for query row ``i`` from the layer input x (t, E),
+    in x's dtype, straight from the projection matrices: softmax(q·Kᵀ/√d)·V."""
+    d = att.head_dim
+    rows = slice(head * d, (head + 1) * d)
+
+    def project(linear):
+        return x @ linear.weight[rows].to(x.dtype).T + linear.bias[rows].to(x.dtype)  # (t, d)
+
+    q, k, v = project(att.q_proj)[i], project(att.k_proj), project(att.v_proj)
+    w = torch.softmax(k @ q / d ** 0.5, -1)  # (t,)
+    return w, w @ v
+
+
 @pytest.mark.parametrize("layer, head", [(0, 0), (3, 1), (5, 11)])
-def test_steps_sum_equals_model_head_output(model, layer, head):
+def test_steps_equal_the_head_computed_by_hand(model, layer, head):
     enc = forward.encode(model, TEXT)
     i = enc.tokens.index("it")
     traced = forward.trace(model, TEXT, torch.tensor([i]))
     st = head_steps(model.layers[layer].self_attn, traced.traces[layer].self_attn, layer=layer,
                     head=head, row=0, tokens=traced.tokens, model="minilm", text=TEXT)
-    model_out = traced.traces[layer].self_attn.attention.output[0, head, 0]
-    assert st.max_abs_diff < 1e-5
-    torch.testing.assert_close(st.output, model_out.double(), atol=1e-5, rtol=0)
-    assert float(st.weights.sum()) == pytest.approx(1.0, abs=1e-12)
-    # each step is what the docstring says, in float64
-    torch.testing.assert_close(st.x, traced.hidden_states[layer][0, i].double())  # post-norm
-    assert st.scale == pytest.approx(32 ** -0.5)
-    torch.testing.assert_close(st.scaled, st.scores * st.scale)
-    torch.testing.assert_close(st.output, (st.weights[:, None] * st.values).sum(0))
-    # the head output is also what the layer's out_proj consumed: rebuild the layer's attention
-    # block from all heads' traced outputs and compare with the layer's own result.
-    att = model.layers[layer].self_attn
-    heads = traced.traces[layer].self_attn.attention.output[0, :, 0].reshape(-1)  # (h·d,)
+    att, x = model.layers[layer].self_attn, traced.hidden_states[layer][0]  # (t, E): post-norm input
     with torch.no_grad():
-        block = att.out_proj(heads)
-        rebuilt = model.layers[layer].norm1(traced.hidden_states[layer][0, i] + block)
-        full = att(traced.hidden_states[layer]).output
-        ref = model.layers[layer].norm1(traced.hidden_states[layer][0, i] + full[0, i])
-    torch.testing.assert_close(rebuilt, ref, atol=1e-5, rtol=0)
+        ref_w, ref = head_by_hand(att, x.double(), head, i)
+        low_w, low = head_by_hand(att, x, head, i)  # the same arithmetic in float32
+    # float64 steps and the float64 oracle: one answer, two orders of summation
+    assert_agree(st.weights, ref_w, low_w, what="weights")
+    assert_agree(st.output, ref, low, what="head output")
+    # the forward's own float32 output: as close to the truth as plain float32 arithmetic is
+    model_out = traced.traces[layer].self_attn.attention.output[0, head, 0]
+    assert_within(model_out, ref, low, what="the forward's head output")
+    assert abs(float(st.weights.sum()) - 1) <= softmax_sum_tolerance(len(enc.ids), torch.float64)
+    torch.testing.assert_close(st.x, x[i].double(), rtol=0, atol=0)  # post-norm: x is the input
+    # 1/√32 however it is spelled (√ then ÷, or a power): each way one or two roundings apart
+    assert st.scale == pytest.approx(32 ** -0.5, rel=2 * torch.finfo(torch.float64).eps)
+    # the head output is also what the layer's out_proj consumed: rebuild the layer's attention
+    # block from all heads' traced outputs and compare with the layer run in float64.
+    heads = traced.traces[layer].self_attn.attention.output[0, :, 0].reshape(-1)  # (h·d,)
+    layer64 = twin(model.layers[layer], torch.float64)
+    with torch.no_grad():
+        rebuilt = model.layers[layer].norm1(x[i] + att.out_proj(heads))
+        plain = model.layers[layer].norm1(x[i] + att(x[None]).output[0, i])
+        truth = layer64.norm1(x[i].double() + layer64.self_attn(x[None].double()).output[0, i])
+    assert_within(rebuilt, truth, plain, what="the rebuilt attention block")
 
 
-def test_steps_weights_equal_hugging_face(model):
-    hf = transformers.BertModel.from_pretrained(minilm_dir(), attn_implementation="eager").eval()
+def test_steps_weights_equal_hugging_face(model, hf):
     enc = forward.encode(model, TEXT)
     i = enc.tokens.index("it")
-    ids = torch.tensor([enc.ids])
     captured = {}
-    hook = hf.encoder.layer[3].attention.self.query.register_forward_hook(
-        lambda m, inp, out: captured.__setitem__("q", out))
-    with torch.no_grad():
-        out = hf(input_ids=ids, output_attentions=True)
-    hook.remove()
+    ref, tol = reference(hf, enc.ids)  # float64 peer's weights, derived bound
+    for dtype, peer in ((torch.float32, hf), (torch.float64, twin(hf, torch.float64))):
+        hook = peer.encoder.layer[3].attention.self.query.register_forward_hook(
+            lambda m, inp, out, dtype=dtype: captured.__setitem__(dtype, out[0, i, 32:64]))
+        with torch.no_grad():
+            peer(input_ids=torch.tensor([enc.ids]))
+        hook.remove()
     st = explain_head(model, TEXT, token="it", layer=3, head=1)
     assert st.token_index == i and st.x_is_layer_input is True  # BERT is post-norm
-    torch.testing.assert_close(st.weights, out.attentions[3][0, 1, i].double(), atol=2e-6, rtol=0)
-    torch.testing.assert_close(st.query, captured["q"][0, i, 32:64].double(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(st.weights, ref[3, 1, i], atol=tol, rtol=0)
+    assert_within(st.query, captured[torch.float64], captured[torch.float32], what="query")
 
 
 @pytest.mark.parametrize("kw", [dict(num_kv_heads=2), dict(rotary=qkv.RotaryEmbedding(8)),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pytest
+from view_checks import DECODER, tiny_decoder
 
 SKIP_VARIABLE = "QKV_SKIP_BROWSER_TESTS"
 MAP_TOKENS = 64  # the served app keeps whole maps up to 64 tokens (512 in qkv view), to test both paths
@@ -27,32 +28,16 @@ class Served:
     port: int
 
 
-DECODER = "tiny-decoder"
-
-
-def tiny_decoder(bert):
-    """A random 2-layer Llama (causal, RoPE, 4 heads) reading MiniLM's tokenizer: a decoder to
-    view without a decoder checkpoint on disk."""
-    import torch
-
-    from qkv.models.llama import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=bert.tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
-    return LlamaModel(config, tokenizer=bert.tokenizer, name=DECODER).eval()
-
-
 @pytest.fixture(scope="session")
 def served(model):
     """The viewer's app on a free port of 127.0.0.1, uvicorn in a thread (minilm + translate)."""
-    from qkv.translate.checkpoint import load_checkpoint
+    import qkv
     from qkv.view.api import Api, Models
     from qkv.view.server import bind, create_app, make_server, url_of
 
     models = Models(["minilm", "translate", DECODER],
                     loader=lambda name: model if name == "minilm" else tiny_decoder(model)
-                    if name == DECODER else load_checkpoint(name))
+                    if name == DECODER else qkv.load(name))
     api = Api(models, map_tokens=MAP_TOKENS)
     sock = bind("127.0.0.1", 0)
     server = make_server(create_app(api), sock)

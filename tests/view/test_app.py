@@ -18,6 +18,7 @@ from view_checks import FRENCH_TEXT, TEXT, assert_shown, assert_steps
 
 from qkv.explain import attention_map, cross_attention, cross_attention_head, explain, explain_head
 from qkv.explain.induction import induction_probe
+from qkv.translate.gold import grammar_gold
 
 
 def open_page(watched, served, **query) -> None:
@@ -140,12 +141,13 @@ def test_translation_cross_attention(watched, served):
     page.click('#grid button.cell[data-layer="2"][data-head="1"]')
     page.click('#tokens button[data-token="2"]')  # "rouge"
     wait_steps(page, "decoder layer 2, head 1, French token 2")
-    cs = cross_attention_head("translate", FRENCH_TEXT, token="2", layer=2, head=1).to_dict()
+    cs = cross_attention_head("translate", FRENCH_TEXT, token="2", layer=2, head=1,
+                              gold=grammar_gold(FRENCH_TEXT)).to_dict()
     assert_steps(page, cs, cs["english"])
     gold = page.eval_on_selector_all("#steps-table tbody tr.gold", "rs => rs.map(r => Number(r.dataset.j))")
     assert gold == cs["gold"] == [1]  # rouge ← red
 
-    ca = cross_attention("translate", FRENCH_TEXT)
+    ca = cross_attention("translate", FRENCH_TEXT, gold=grammar_gold(FRENCH_TEXT))
     counts = ca.alignment()
     label = page.get_attribute('#grid button.cell[data-layer="1"][data-head="0"]', "aria-label")
     assert f"on gold for {int(counts[1, 0])} of {len(ca.gold)} French words" in label
@@ -178,13 +180,14 @@ def test_long_inputs_are_fetched_per_head_or_per_row(watched, served, model):
 
 
 def test_the_method_switch_drives_the_model_view(watched, served, model):
-    """Every method qkv.explain has is offered; a contribution method's ranking is the library's."""
+    """Every method qkv.explain runs on the model is offered (grad on an encoder needs a second
+    text the page does not ask for: not offered); a contribution method's ranking is the library's."""
     from qkv.view.api import METHODS
 
     page = watched.page
     open_page(watched, served, text=TEXT)
     offered = page.eval_on_selector_all("#method option", "os => os.map(o => o.value)")
-    assert offered == list(METHODS) and offered[0] == "weight" and "norm" in offered
+    assert offered == [m for m in METHODS if m != "grad"] and offered[0] == "weight" and "norm" in offered
     page.select_option("#method", "norm")
     page.wait_for_function("() => location.search.includes('method=norm') && "
                            "document.querySelector('#model-hint').textContent.includes('method norm')")
@@ -219,7 +222,7 @@ def test_words_as_the_cli_groups_them_in_dark_and_light(watched, served, model):
 
 def test_a_decoder_shows_its_causal_mask(watched, served):
     """Any model qkv loads: a (random) Llama decoder — keys after the token are masked, −∞."""
-    model = served.api.models.get("tiny-decoder")[1]
+    model = served.api.models.get("tiny-decoder")
     page = watched.page
     open_page(watched, served, model="tiny-decoder", text=TEXT, layer=1, head=2, token=5)
     wait_steps(page, "Layer 1, head 2, token 5")

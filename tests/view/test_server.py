@@ -77,7 +77,7 @@ def raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
     "/static/..\\api.py", "/static/../../../../../../etc/passwd", "/../../etc/passwd",
 ])
 def test_static_files_stay_in_the_package(served, path):
-    status, body = raw_request(served.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    status, body = raw_request(served.port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
     assert status == 404
     assert b"import" not in body and b"root:" not in body
 
@@ -91,7 +91,7 @@ def test_static_files_are_served(served):
 
 def test_a_huge_body_is_refused_from_its_length_without_being_read(served):
     # Content-Length says 1 GB; nothing of the body is sent: the answer must come anyway.
-    head = (f"POST /api/overview HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {2**30}\r\nConnection: close\r\n\r\n").encode()
     status, body = raw_request(served.port, head)
     assert status == 413 and json.loads(body)["error"]["field"] == "body"
@@ -103,7 +103,7 @@ def test_a_chunked_body_is_cut_at_the_limit(served):
     chunk = b" " * 65536
     sent, answer = 0, b""
     with socket.create_connection(("127.0.0.1", served.port), timeout=5) as s:
-        s.sendall(b"POST /api/overview HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n")
         while sent < 64 * 2**20:
             if select.select([s], [], [], 0)[0]:
@@ -174,3 +174,24 @@ def test_body_limit_is_what_the_text_limit_needs():
     # a text at the limit, even of 4-byte characters escaped by JSON, fits in one body
     assert len(json.dumps({"text": "é" * MAX_TEXT_CHARS})) < MAX_BODY_BYTES
     assert len(json.dumps({"text": "é" * MAX_TEXT_CHARS})) > MAX_BODY_BYTES / 2  # not far above it
+
+
+def test_a_method_is_offered_only_where_the_library_runs_it(served):
+    """issue 23 (minor): grad was offered on MiniLM, then refused asking for a field the API lacks."""
+    info = httpx.get(served.url + "api/info").json()
+    methods = {m["name"]: m["methods"] for m in info["models"]}
+    assert "grad" not in methods["minilm"] and "grad" in methods["tiny-decoder"]
+    assert methods["translate"] == [] and "norm" in methods["minilm"]
+    r = httpx.post(served.url + "api/overview", json={"text": TEXT, "method": "grad"}, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "method"
+    assert "does not apply to minilm" in r.json()["error"]["message"]
+    r = httpx.post(served.url + "api/overview", json={"text": TEXT, "method": "grad", "model": "tiny-decoder"},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["method"] == "grad"
+
+
+def test_info_names_the_text_the_bare_page_opens_with(model):
+    from qkv.view.api import Api, Models
+
+    assert Api(Models(["minilm"], loader=lambda n: model), text="the cat sat").info()["default_text"] == "the cat sat"
+    assert Api(Models(["minilm"], loader=lambda n: model)).info()["default_text"] is None

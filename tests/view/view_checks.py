@@ -67,3 +67,19 @@ def assert_steps(page, d: dict, keys: list[str]) -> None:
     assert_vector(shown["out"], d["output"], "Σ w_j v_j")
     assert_vector(shown["model_out"], d["model_output"], "the model's head output")
     assert_shown(shown["diff"], d["max_abs_diff"], "max |difference|")  # toExponential(2): ±half a unit of its last digit
+
+
+DECODER = "tiny-decoder"
+
+
+def tiny_decoder(bert):
+    """A random 2-layer Llama (causal, RoPE, 4 heads) reading MiniLM's tokenizer: a decoder to
+    view without a decoder checkpoint on disk."""
+    import torch
+
+    from qkv.models.llama import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=bert.tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+    return LlamaModel(config, tokenizer=bert.tokenizer, name=DECODER).eval()

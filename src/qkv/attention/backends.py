@@ -93,12 +93,13 @@ def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable
                               scale=scale, enable_gqa=enable_gqa)[0]
 
 
-def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
-    """The reference path's ``(output, lse)``; lse (..., h, t) in float32 (float64 inputs: float64)."""
+def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
+    """The reference path's ``(output, lse)``; lse (..., h, t) in float32 (float64 inputs: float64).
+    ``softcap``: Gemma 2's logit cap (see :func:`~qkv.attention.reference.reference_attention`)."""
     groups = gqa_groups(query, key, enable_gqa)
     dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
     trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
-                                scale=scale, dropout_p=dropout_p, bias=bias)
+                                scale=scale, dropout_p=dropout_p, bias=bias, softcap=softcap)
     lse = trace.lse.to(compute_dtype(query.dtype))
     return trace.output, lse.expand(*trace.output.shape[:-1])
 
@@ -109,7 +110,7 @@ def blockwise_backend(query, key, value, *, mask, bias, dropout_p, scale, enable
                               scale=scale, enable_gqa=enable_gqa)[0]
 
 
-def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
     """The blockwise backend's ``(output, lse)`` (see :mod:`qkv.attention.blockwise`)."""
     if bias is not None or dropout_p:
         raise ValueError(f"the blockwise backend takes no score bias or dropout (got bias "
@@ -120,7 +121,8 @@ def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enabl
     batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
     heads = query.shape[-3] if query.ndim >= 3 else 1
     block = block_mask_for(mask, batch, heads, t, s, device=query.device)
-    return blockwise_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1)
+    return blockwise_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1,
+                               softcap=softcap)
 
 
 LSE_BACKENDS = {"reference": reference_with_lse, "blockwise": blockwise_with_lse}

@@ -171,10 +171,22 @@ def _scores(qb: torch.Tensor, kr: torch.Tensor, bias: torch.Tensor | None) -> to
     return torch.baddbmm(bias, qb, kr.transpose(1, 2))
 
 
+def _capped(qb: torch.Tensor, kr: torch.Tensor, mask: torch.Tensor | None,
+            softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scores with Gemma 2's soft-capping ``c·tanh(s/c)`` before the mask: (scores, tanh)
+    — the tanh kept for the backward's ``1 − tanh²`` (None without a cap)."""
+    if softcap is None:
+        return _scores(qb, kr, mask), None
+    th = torch.bmm(qb, kr.transpose(1, 2)).div_(softcap).tanh_()  # (BH, n, L)
+    scores = th * softcap
+    return (scores if mask is None else scores.add_(mask)), th
+
+
 def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      block_mask: BlockMask, *, scale: float,
-                      enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The online-softmax forward: ``(out (..., h, t, dv), lse (..., h, t))`` (see the module doc)."""
+                      block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
+                      softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online-softmax forward: ``(out (..., h, t, dv), lse (..., h, t))`` (see the module doc).
+    ``softcap``: scaled scores become ``softcap·tanh(s/softcap)`` before the mask (Gemma 2)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
@@ -198,7 +210,7 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         m = l = acc = m_safe_old = None
         for c0, c1, full in block_mask.pieces(r, pieces):
             k0, k1 = c0 * bs, min(c1 * bs, s)
-            scores = _scores(qb, k[:, k0:k1], None if full else masks(r, c0, c1))  # (BH, n, L)
+            scores, _ = _capped(qb, k[:, k0:k1], None if full else masks(r, c0, c1), softcap)  # (BH, n, L)
             m_new = scores.amax(-1, keepdim=True)  # (BH, n, 1)
             if m is not None:
                 m_new = torch.maximum(m, m_new)
@@ -233,7 +245,8 @@ def _nan_rows(query: torch.Tensor, lay: _Layout, out: torch.Tensor, lse: torch.T
 def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
                        block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
-                       dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       dlse: torch.Tensor | None = None,
+                       softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's backward: ``(dq, dk, dv)`` shaped like query, key, value.
 
     ``dlse`` (..., h, t), optional: the gradient reaching ``lse`` (∂lse/∂S = P adds
@@ -272,10 +285,12 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         for c0, c1, full in block_mask.pieces(r, pieces):
             k0, k1 = c0 * bs, min(c1 * bs, s)
             kr, vr = k[:, k0:k1], v[:, k0:k1]
-            p = _scores(qb, kr, None if full else masks(r, c0, c1))  # (BH, n, L)
+            p, th = _capped(qb, kr, None if full else masks(r, c0, c1), softcap)  # (BH, n, L)
             p = p.sub_(lse_b).exp_()  # P, recomputed from the saved lse
             dvv[:, k0:k1].baddbmm_(p.transpose(1, 2), dob)  # dV += Pᵀ dO, in place
             ds = torch.bmm(dob, vr.transpose(1, 2)).sub_(delta_b).mul_(p)  # dS = P ∘ (dP − D)
+            if th is not None:  # through the cap: d(c·tanh(s/c))/ds = 1 − tanh²
+                ds.mul_(th.square_().neg_().add_(1.0))
             dq_b = torch.bmm(ds, kr) if dq_b is None else dq_b.baddbmm_(ds, kr)  # (BH, n, d)
             dk[:, k0:k1].baddbmm_(ds.transpose(1, 2), qb)  # dK += dSᵀ Q (q carries the scale)
         dq[:, :, :, r0:r1] = dq_b.view(lay.b, lay.h_kv, lay.g, r1 - r0, lay.d)
@@ -288,10 +303,11 @@ class BlockwiseAttention(torch.autograd.Function):
     """``(out, lse)`` with FlashAttention-2's backward; ``block_mask``, scale and GQA are constants."""
 
     @staticmethod
-    def forward(ctx, query, key, value, block_mask, scale, enable_gqa):
-        out, lse = blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
+    def forward(ctx, query, key, value, block_mask, scale, enable_gqa, softcap=None):
+        out, lse = blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa,
+                                     softcap=softcap)
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.block_mask, ctx.scale, ctx.enable_gqa = block_mask, scale, enable_gqa
+        ctx.block_mask, ctx.scale, ctx.enable_gqa, ctx.softcap = block_mask, scale, enable_gqa, softcap
         return out, lse
 
     @staticmethod
@@ -301,17 +317,20 @@ class BlockwiseAttention(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = blockwise_backward(query, key, value, out, dout, lse, ctx.block_mask,
-                                        scale=ctx.scale, enable_gqa=ctx.enable_gqa, dlse=dlse)
-        return dq, dk, dv, None, None, None
+                                        scale=ctx.scale, enable_gqa=ctx.enable_gqa, dlse=dlse,
+                                        softcap=ctx.softcap)
+        return dq, dk, dv, None, None, None, None
 
 
 def blockwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        block_mask: BlockMask, *, scale: float,
-                        enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
+                        softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable blockwise attention: ``(out (..., h, t, dv), lse (..., h, t))``."""
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        return BlockwiseAttention.apply(query, key, value, block_mask, float(scale), bool(enable_gqa))
-    return blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
+        return BlockwiseAttention.apply(query, key, value, block_mask, float(scale), bool(enable_gqa),
+                                        softcap)
+    return blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa,
+                             softcap=softcap)
 
 
 # -- one chunk of a longer sequence (ring attention) ---------------------------------------------

@@ -18,6 +18,7 @@ from qkv.attention.backends import BACKENDS, LSE_BACKENDS, choose_backend, gqa_g
 from qkv.attention.block_mask import BlockMask, block_mask_for
 from qkv.attention.masks import ALIGNMENTS, AttentionMask, combine
 from qkv.attention.reference import reference_attention
+from qkv.attention.sinks import check_sinks, merge_sinks
 from qkv.attention.trace import AttentionTrace
 
 
@@ -216,6 +217,8 @@ def scaled_dot_product_attention(
     backend: str = "auto",
     block_mask: BlockMask | None = None,
     return_lse: bool = False,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q·kᵀ · scale + mask) · v`` — a drop-in for torch's SDPA, plus what it lacks.
 
@@ -251,6 +254,12 @@ def scaled_dot_product_attention(
             built-ins) for this call's (b, h, t, s), instead of the mask arguments above; the
             blockwise backend then visits only its non-empty blocks (O(N) memory).
         return_lse: also return the log-sum-exp of each row's masked, scaled scores.
+        softcap: logit soft-capping (Gemma 2): scaled scores become ``softcap·tanh(s/softcap)``
+            before bias and mask. Runs on an lse backend ("blockwise", or "reference" with a
+            dense mask, bias or dropout); torch's kernel has no cap.
+        sinks: (h,) learned sink logits (gpt-oss): each adds ``exp(sink_h)`` to its head's
+            softmax denominator and nothing to the output; merged from the lse
+            (:mod:`qkv.attention.sinks`), and the returned lse includes them.
 
     Returns:
         (..., h, t, dv); with ``return_lse`` the pair ``(output, lse)``, lse (..., h, t) float32
@@ -274,6 +283,9 @@ def scaled_dot_product_attention(
     elif description.block is not None:  # mask=AttentionMask(block=...), as models pass it
         _check_block_mask(query, key, description.block,
                           given=not description.with_(block=None).empty)
+    if softcap is not None or sinks is not None:
+        return _capped_or_sunk(query, key, value, description, bias, float(dropout_p), scale,
+                               bool(enable_gqa), backend, bool(return_lse), softcap, sinks)
     if backend == "auto":
         backend = choose_backend(query, key, description, bias=bias, dropout_p=float(dropout_p),
                                  return_lse=bool(return_lse))
@@ -289,6 +301,30 @@ def scaled_dot_product_attention(
         raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")
     return fn(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
               scale=scale, enable_gqa=bool(enable_gqa))
+
+
+def _capped_or_sunk(query, key, value, description, bias, dropout_p, scale, enable_gqa, backend,
+                    return_lse, softcap, sinks):
+    """softcap= / sinks=: an lse backend (the cap lives inside its scores), then the sinks merged."""
+    if softcap is not None and not (_is_number(softcap) and math.isfinite(float(softcap))
+                                    and float(softcap) > 0):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
+    if sinks is not None:
+        check_sinks(sinks, tuple(query.shape))
+        _check_devices(query, sinks=sinks)
+    if backend == "auto":
+        backend = choose_backend(query, key, description, bias=bias, dropout_p=dropout_p,
+                                 return_lse=True)
+    with_lse = LSE_BACKENDS.get(backend)
+    if with_lse is None:
+        raise ValueError(f"softcap= and sinks= need a backend that gives the log-sum-exp "
+                         f"({list(LSE_BACKENDS)}), got backend={backend!r}")
+    out, lse = with_lse(query, key, value, mask=description, bias=bias, dropout_p=dropout_p,
+                        scale=scale, enable_gqa=enable_gqa,
+                        softcap=None if softcap is None else float(softcap))
+    if sinks is not None:
+        out, lse = merge_sinks(out, lse, sinks)
+    return (out, lse) if return_lse else out
 
 
 def attention_trace(

@@ -20,6 +20,7 @@ def reference_attention(
     scale: float,
     dropout_p: float = 0.0,
     bias: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> AttentionTrace:
     """Attention, step by step, returning every intermediate.
 
@@ -32,6 +33,8 @@ def reference_attention(
         scale: the factor applied to q·kᵀ (usually 1/√d).
         bias: a float score bias (ALiBi) broadcastable to (..., t, s), added to the scaled
             scores before the mask; kept apart from the mask so the trace shows both.
+        softcap: logit soft-capping (Gemma 2): the scaled scores become
+            ``softcap · tanh(scaled / softcap)`` before bias and mask (``scaled`` keeps the capped ones).
         dropout_p: dropout on the weights (training only); the trace keeps the weights
             before dropout, and ``output`` is what the forward used.
 
@@ -48,6 +51,8 @@ def reference_attention(
     scores = q @ k.transpose(-2, -1)  # (..., t, s)
     # 2) scale by 1/√d so the softmax does not saturate as d grows
     scaled = scores * scale  # (..., t, s)
+    if softcap is not None:  # squash into (−softcap, softcap), smoothly (Gemma 2)
+        scaled = torch.tanh(scaled / softcap) * softcap
     # 3) bias and mask: a score bias (ALiBi) is added, excluded keys get −inf
     bias = bias.to(compute) if bias is not None else None
     additive = as_additive(mask, compute)  # (..., t, s) broadcastable: 0, −inf, or the float mask

@@ -70,7 +70,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                       rows: int | Sequence[int] | slice | torch.Tensor | None = None,
                       heads: int | Sequence[int] | slice | torch.Tensor | None = None,
                       block_mask: BlockMask | None = None, scale: float | None = None,
-                      enable_gqa: bool = False) -> torch.Tensor:
+                      enable_gqa: bool = False, softcap: float | None = None,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """The softmax weights of query ``rows`` for ``heads``: (..., len(heads), len(rows), s).
 
     Args:
@@ -79,6 +80,10 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         rows, heads: which query rows and heads (None = all).
         block_mask: the mask the forward used (None = every key takes part).
         scale: the forward's scale (default 1/√d).
+        bias: the forward's float score bias (ALiBi, T5's position bias, a float mask),
+            broadcastable to (..., h, t, s), if any.
+        softcap: the forward's logit cap (Gemma 2), if any. Sinks need nothing here: the
+            forward's lse already counts them, so the weights sum to 1 − the sink's share.
 
     Returns:
         float32 weights (float64 for float64 inputs), each kept row summing to 1 (0 for a row
@@ -86,6 +91,18 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     """
     groups = check_query_key_lse(query, key, lse, enable_gqa)
     h, t, s = query.shape[-3], query.shape[-2], key.shape[-2]
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
+    if bias is not None:
+        want = (*query.shape[:-1], s)
+        try:
+            ok = bias.is_floating_point() and torch.broadcast_shapes(bias.shape, want) == want
+        except (AttributeError, RuntimeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"bias must be a floating-point tensor broadcastable to (..., h, t, s) = "
+                             f"{want}, got {getattr(bias, 'shape', type(bias).__name__)}")
     rows = _select("rows", rows, t, query.device)
     heads = _select("heads", heads, h, query.device)
     compute = compute_dtype(query.dtype)
@@ -94,6 +111,11 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     k = key.index_select(-3, heads // groups).to(compute)  # (..., H, s, d)
     row_lse = lse.index_select(-2, heads).index_select(-1, rows).to(compute)  # (..., H, r)
     scores = (q @ k.transpose(-1, -2)) * scale  # (..., H, r, s)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        full = bias.expand(*query.shape[:-1], s)  # (..., h, t, s), a view
+        scores = scores + full.index_select(-3, heads).index_select(-2, rows).to(compute)
     if block_mask is not None:
         if not isinstance(block_mask, BlockMask):
             raise ValueError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")

@@ -29,7 +29,7 @@ from qkv.errors import QkvError
 FLAGS = {
     "token": "--token", "to": "--to", "layer": "--layer", "head": "--head", "words": "--words",
     "top": "--top", "source": "--from", "target": "--to", "probe": "--probe", "dims": "--dims",
-    "keys": "--keys", "trials": "--trials", **methods.FLAGS,
+    "keys": "--keys", "trials": "--trials", "model": "--model", **methods.FLAGS,
 }
 
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
@@ -173,18 +173,28 @@ def _save(fig, path: str) -> None:
     save_atomic(fig, path)
 
 
-def _translation_dir(model: str) -> bool:
-    """Whether ``--model`` names a qkv translation model (a directory whose config.json has
-    ``"model_type": "qkv-translation"``, or the shipped model's name)."""
-    from qkv.translate.checkpoint import is_translation_model
-
-    return is_translation_model(model)
-
-
 def _load(name: str):
+    """The model ``--model`` names (any kind: qkv.load reads them all)."""
     from qkv.models import load
 
     return load(name)
+
+
+def _self_attention_model(name: str):
+    """The model ``--model`` names, refused when ``qkv heads`` has no self-attention to rank."""
+    model = _load(name)
+    if not model.capabilities.self_attention:
+        raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
+                       f"{name!r} is a translation model: use qkv explain TEXT --model "
+                       f"{name} for its cross-attention")
+    return model
+
+
+def _check_png(path: str | None) -> None:
+    if path:
+        from qkv.explain.plots import check_writable
+
+        check_writable(path)  # before the model runs, so a typo costs nothing
 
 
 # -- qkv explain -----------------------------------------------------------------------------------
@@ -192,21 +202,18 @@ def _load(name: str):
 def run_explain(args: argparse.Namespace) -> int:
     from qkv.explain.forward import check_text, check_top
 
-    if _translation_dir(args.model):
-        return _explain_translation(args)
     check_top(args.top)
     if args.head is not None and args.layer is None:
         raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
+    _check_png(args.png)
+    model = _load(args.model)
+    if model.capabilities.cross_attention:
+        return _explain_translation(model, args)
     if args.no_projection and (args.head is not None or args.png or args.to or args.token or args.words):
         raise QkvError("--no-projection takes no --token, --head, --to, --words or --png "
                        "(it reports every token of every layer, or of --layer L)")
     methods.check_explain(args)
-    if args.png:
-        from qkv.explain.plots import check_writable
-
-        check_writable(args.png)  # before the model runs, so a typo costs nothing
     check_text(args.text)
-    model = _load(args.model)
     if args.compare:
         return methods.run_compare(model, args, flags=FLAGS, print_json=_print_json)
     if args.no_projection:
@@ -216,69 +223,73 @@ def run_explain(args: argparse.Namespace) -> int:
     return _explain_overview(model, args)
 
 
+def _show(args, result, *, model=None, figure=None) -> int:
+    """Print ``result`` as its row of :data:`qkv.explain.kinds.KINDS` says (``--json``: the row's
+    ``json`` of ``to_dict()``); ``figure()`` draws ``--png``. A result holding NaN/inf from a
+    self-attention ``model`` is refused, naming where the model first computed one."""
+    import inspect
+    from importlib import import_module
+
+    from qkv.explain.kinds import kind_of
+    from qkv.explain.render import console
+
+    row, doc, png = kind_of(result), result.to_dict(), getattr(args, "png", None)
+    if model is not None:
+        _refuse_non_finite(model, args.text, doc)
+    _notes(getattr(result, "notes", ()))
+    if png and figure is not None:
+        _save(figure(), png)
+    if args.json:
+        _print_json(row.json(doc), ensure_ascii=False)  # UTF-8 out, as the text came in
+    else:
+        module, _, name = row.render.partition(":")
+        render = getattr(import_module(module), name)
+        options = {"names": FLAGS, "top": args.top, "model_arg": shlex.quote(str(args.model))}
+        wanted = inspect.signature(render).parameters
+        render(console(), result, **{k: v for k, v in options.items() if k in wanted})
+    if png and figure is not None:
+        print(f"wrote {png}", file=sys.stderr)
+    return 0
+
+
 def _explain_overview(model, args) -> int:
     from qkv.explain import explain
-    from qkv.explain.render import console, render_overview
 
     ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
                  layer=args.layer, **methods.method_args(args))
-    _refuse_non_finite(model, args.text, ov.to_dict())
-    _notes(ov.notes)
-    if args.png:
+
+    def figure():
         from qkv.explain.figures import overview_figure
 
-        _save(overview_figure(ov), args.png)
-    if args.json:
-        _print_json(ov.to_dict())
-    else:
-        render_overview(console(), ov, names=FLAGS)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+        return overview_figure(ov)
+    return _show(args, ov, model=model, figure=figure)
 
 
 def _explain_steps(model, args) -> int:
-    from qkv.explain import explain_head
-    from qkv.explain.render import console, render_steps
+    from qkv.explain import attention_map, explain_head
 
     st = explain_head(model, args.text, token=args.token, layer=args.layer, head=args.head,
                       words=args.words)
-    _refuse_non_finite(model, args.text, st.to_dict())
-    _notes(st.notes)
-    if args.png:
-        from qkv.explain import attention_map
+
+    def figure():
         from qkv.explain.figures import map_figure
 
-        _save(map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
-                                       words=args.words)), args.png)
-    if args.json:
-        _print_json(st.to_dict())
-    else:
-        render_steps(console(), st, names=FLAGS)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+        return map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
+                                        words=args.words))
+    return _show(args, st, model=model, figure=figure)
 
 
 def _explain_ablation(model, args) -> int:
     from qkv.explain import no_projection
-    from qkv.explain.render import console, render_ablation
 
-    result = no_projection(model, args.text, layer=args.layer)
-    _refuse_non_finite(model, args.text, result.to_dict())
-    if args.json:
-        _print_json(result.to_dict())
-    else:
-        render_ablation(console(), result)
-    return 0
+    return _show(args, no_projection(model, args.text, layer=args.layer), model=model)
 
 
-def _explain_translation(args) -> int:
-    """``qkv explain`` for a translation model: its cross-attention (see qkv.explain.cross)."""
+def _explain_translation(model, args) -> int:
+    """``qkv explain`` for a translation model: its cross-attention (see qkv.explain.cross),
+    checked against the toy grammar's gold alignment."""
     from qkv.explain import cross_attention, cross_attention_head
-    from qkv.explain.forward import check_top
-    from qkv.explain.render import console
-    from qkv.explain.render_cross import render_cross_overview, render_cross_steps
+    from qkv.translate.gold import grammar_gold
 
     if args.to is not None or args.no_projection:
         raise QkvError("--to and --no-projection are for self-attention models; a translation "
@@ -287,35 +298,21 @@ def _explain_translation(args) -> int:
         raise QkvError("--method, --compare and --target explain self-attention models; a "
                        "translation model's cross-attention is shown per French token (--token, "
                        "--layer, --head)")
-    check_top(args.top)
-    if args.head is not None and args.layer is None:
-        raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
-    if args.png:
-        from qkv.explain.plots import check_writable
-
-        check_writable(args.png)
+    gold = grammar_gold(args.text)
     if args.head is not None:
-        result = cross_attention_head(args.model, args.text, token=args.token, layer=args.layer,
-                                      head=args.head)
+        result = cross_attention_head(model, args.text, token=args.token, layer=args.layer,
+                                      head=args.head, gold=gold)
         ca = result.attention
     else:
-        result = ca = cross_attention(args.model, args.text, token=args.token, top=args.top,
-                                      layer=args.layer)
-    _notes(ca.notes)
-    if args.png:
+        result = ca = cross_attention(model, args.text, token=args.token, top=args.top,
+                                      layer=args.layer, gold=gold)
+
+    def figure():
         from qkv.explain.figures import cross_figure, cross_head_figure
 
-        _save(cross_head_figure(ca, args.layer, args.head) if args.head is not None
-              else cross_figure(ca), args.png)
-    if args.json:
-        _print_json(result.to_dict(), ensure_ascii=False)
-    elif args.head is not None:
-        render_cross_steps(console(), result)
-    else:
-        render_cross_overview(console(), ca, model_arg=shlex.quote(str(args.model)))
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+        return (cross_head_figure(ca, args.layer, args.head) if args.head is not None
+                else cross_figure(ca))
+    return _show(args, result, figure=figure)
 
 
 # -- qkv heads -------------------------------------------------------------------------------------
@@ -325,72 +322,35 @@ def run_heads(args: argparse.Namespace) -> int:
 
     check_top(args.top)
     methods.check_heads(args)
-    if _translation_dir(args.model):
-        raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
-                       f"{args.model!r} is a translation model: use qkv explain TEXT --model "
-                       f"{args.model} for its cross-attention")
     if args.probe is not None:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
-        from qkv.explain.find_heads import PROBES as SENTENCE_PROBES
-        from qkv.explain.induction import PROBES as ATTENTION_PROBES
+        from qkv.explain.find_heads import PROBES
 
-        if args.probe not in SENTENCE_PROBES + ATTENTION_PROBES:  # fail before the model loads
-            raise QkvError(f"unknown probe {args.probe!r}; known probes: "
-                           f"{', '.join(SENTENCE_PROBES + ATTENTION_PROBES)}")
-        if args.probe in ATTENTION_PROBES:  # induction / previous-token: repeated random tokens
-            return _heads_induction(_load(args.model), args)
-        return _heads_probe(_load(args.model), args)
+        if args.probe not in PROBES:  # fail before the model loads
+            raise QkvError(f"unknown probe {args.probe!r}; known probes: {', '.join(PROBES)}")
+        return _heads_probe(_self_attention_model(args.model), args)
     if args.text is None:
         raise QkvError('give a TEXT with --from/--to (qkv heads "TEXT" --from it --to pizza), '
                        "or --probe coref")
     if args.target is None:
         raise QkvError("--to is needed: the word whose incoming weight ranks the heads")
     check_text(args.text)
-    return _heads_pair(_load(args.model), args)
+    return _heads_pair(_self_attention_model(args.model), args)
 
 
 def _heads_pair(model, args) -> int:
     from qkv.explain import heads
-    from qkv.explain.render import console, render_pair
 
     ranking = heads(model, args.text, source=args.source, target=args.target,
                     **methods.method_args(args))
-    _refuse_non_finite(model, args.text, ranking.to_dict())
-    _notes(ranking.notes)
-    if args.json:
-        _print_json(ranking.to_dict()["heads"])
-    else:
-        render_pair(console(), ranking, top=args.top)
-    return 0
-
-
-def _heads_induction(model, args) -> int:
-    from qkv.explain.induction import induction_probe
-    from qkv.explain.render import console
-    from qkv.explain.render_induction import render_head_scores
-
-    if args.method not in (None, "weight"):
-        raise QkvError(f"--probe {args.probe} scores attention weights; --method {args.method} "
-                       f"does not apply")
-    result = induction_probe(model, args.probe)
-    if args.json:
-        _print_json(result.to_dict())
-    else:
-        render_head_scores(console(), result, top=args.top)
-    return 0
+    return _show(args, ranking, model=model)
 
 
 def _heads_probe(model, args) -> int:
     from qkv.explain import probe
-    from qkv.explain.render import console, render_probe
 
-    result = probe(model, args.probe, method=args.method or "weight")
-    if args.json:
-        _print_json(result.to_dict()["heads"])
-    else:
-        render_probe(console(), result, top=args.top)
-    return 0
+    return _show(args, probe(model, args.probe, method=args.method or "weight"))
 
 
 # -- qkv softmax-demo ----------------------------------------------------------------------------

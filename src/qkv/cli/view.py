@@ -10,13 +10,13 @@ Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and ex
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import urllib.parse
 
 from qkv.cli import options
 from qkv.errors import QkvError
+from qkv.paths import check_output_path
 
 DEFAULT_PORT = 8765
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
@@ -60,7 +60,7 @@ def run_view(args: argparse.Namespace) -> int:
 
     if args.html is not None:
         return _export(args)
-    from qkv.view.server import LOCAL_HOSTS, bind, create_app, serve, url_of
+    from qkv.view.server import LOCAL_HOSTS, allowed_hosts, bind, create_app, serve, url_of
 
     if args.host not in LOCAL_HOSTS:
         print(f"qkv: warning: listening on {args.host}: anyone who can reach this machine can "
@@ -83,7 +83,8 @@ def run_view(args: argparse.Namespace) -> int:
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
 
     try:
-        serve(create_app(Api(models)), sock, on_started=None if args.no_browser else open_browser)
+        app = create_app(Api(models, text=args.text), hosts=allowed_hosts(args.host))
+        serve(app, sock, on_started=None if args.no_browser else open_browser)
     except KeyboardInterrupt:
         pass  # uvicorn has closed the connections; Ctrl-C is how this command ends
     finally:
@@ -99,7 +100,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.text is None:
         raise QkvError("--html needs a TEXT to put in the page, e.g. qkv view "
                        f"\"{EXAMPLE}\" --html it.html")
-    _check_writable(args.html)  # before the model runs, so a typo costs nothing
+    check_output_path(args.html, flag="--html", example="view.html")  # before the model runs
     try:
         size = export_html(args.html, args.model, args.text)
     except ApiError as e:
@@ -107,13 +108,3 @@ def _export(args: argparse.Namespace) -> int:
     print(f"qkv view: wrote {args.html} ({size / 1e6:.1f} MB): open it in any browser, no server "
           "and no network needed")
     return 0
-
-
-def _check_writable(path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise QkvError(f"--html {path!r} is a directory; give a file name such as view.html")
-    if not os.path.isdir(directory):
-        raise QkvError(f"--html {path!r}: the directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise QkvError(f"--html {path!r}: the directory {directory!r} is not writable")

@@ -14,8 +14,9 @@ plus printing: ``--json`` prints ``to_dict()``.
   ``attention_maps(model, text, *, words)`` → :class:`AttentionMaps`: every head's, one forward
 * ``heads(model, text, *, source, target)`` → :class:`HeadRanking` (``qkv heads TEXT --from A
   --to B`` prints its ``"heads"`` list)
-* ``probe(model, name="coref")`` → :class:`ProbeResult` (``qkv heads --probe coref``: its
-  ``"heads"`` list)
+* ``probe(model, name=None)`` → :class:`ProbeResult` for ``"coref"``, :class:`HeadScores` for
+  ``"induction"`` / ``"previous-token"`` (None: the model's default, coref or — causal — induction;
+  ``qkv heads --probe NAME``)
 * ``no_projection(model, text, *, layer)`` → :class:`NoProjection` (``--no-projection``)
 * ``contributions.contributions(model, text, *, method, token, words, target_text)`` →
   :class:`Contributions`: what each token hands on by ``norm``,
@@ -25,15 +26,19 @@ plus printing: ``--json`` prints ``to_dict()``.
 * ``document(model, text)`` → :class:`Document`: a long text after one forward that kept each
   layer's q, k and log-sum-exp (O(N)); ``doc.explain(token=…)`` is ``explain``'s overview, plus
   ``weights``, ``received``, ``block_map`` — exact, blockwise
-* ``cross_attention(checkpoint, text, *, token, top, layer)`` → :class:`CrossAttention`
+* ``cross_attention(model, text, *, token, top, layer, gold)`` → :class:`CrossAttention`
   (``qkv explain TEXT --model translate``)
-* ``cross_attention_head(checkpoint, text, *, token, layer, head)`` → :class:`CrossHeadSteps`
+* ``cross_attention_head(model, text, *, token, layer, head, gold)`` → :class:`CrossHeadSteps`
   (``… --model translate --layer L --head H``)
+* ``received.attention_received(model, text, *, layer, head, words)`` → each key's Σ_i w_ij
 
-``model`` is a self-attention model from :func:`qkv.load` (pass it in; nothing here loads or
-caches models); ``checkpoint`` a :class:`~qkv.translate.checkpoint.Checkpoint` or a checkpoint
-directory (``"translate"``: the shipped one). Layers, heads, indices and occurrences
-(``token="it@0"``) count from 0.
+``model`` is a model from :func:`qkv.load` (pass it in; nothing here loads or caches models),
+asked for its ``capabilities`` (:mod:`qkv.models.protocol`): self-attention models for the
+first functions, a model with cross-attention (``qkv.load("translate")``) for the last two.
+Layers, heads, indices and occurrences (``token="it@0"``) count from 0.
+
+Every result has a ``kind`` (``to_dict()["kind"]``) and a row in :data:`kinds.KINDS`, the one
+table the CLI, the viewer, the export and a notebook read (nothing here imports them).
 
 Errors: a bad argument raises :class:`ArgumentError` (a :class:`~qkv.errors.QkvError`, so a
 ``ValueError``) whose message names the argument as this library spells it — ``token 'cat' is not
@@ -72,6 +77,8 @@ Where things are:
   ``__init__``, ``compare.py``; ``render_contributions.py`` prints the comparison
 * ``saturation.py`` — why divide by √d_k, on random vectors (``qkv softmax-demo``)
 * ``cross.py``    — :func:`cross_attention`: the same for a translation model's cross-attention
+* ``received.py`` — :func:`~qkv.explain.received.attention_received`: each key's total weight
+* ``kinds.py``    — the table of result kinds
 * ``wording.py``, ``jsonable.py`` — how messages name arguments; how results become JSON
 * ``render.py``, ``render_cross.py`` — terminal tables (rich); ``figures.py`` — a result's heat
   map (matplotlib), drawn with ``plots.py``. None is imported here: the computation does not
@@ -83,6 +90,7 @@ from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, c
 from qkv.explain.contributions import Contributions
 from qkv.explain.document import Document, document
 from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
+from qkv.explain.induction import HeadScores
 from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
 from qkv.explain.overview import HeadRow, Overview, explain
 from qkv.explain.steps import HeadSteps, explain_head
@@ -90,7 +98,7 @@ from qkv.explain.wording import ArgumentError, Message
 
 __all__ = [
     "ArgumentError", "AttentionMap", "AttentionMaps", "CrossAttention", "CrossHeadSteps", "HeadRanking", "HeadRow",
-    "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
+    "HeadScores", "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
     "attention_map", "attention_maps", "cross_attention", "cross_attention_head", "explain",
     "explain_head", "heads", "no_projection", "probe", "Contributions", "Document", "document",
 ]

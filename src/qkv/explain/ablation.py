@@ -15,6 +15,8 @@ entry point for a model and a text.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +63,8 @@ class NoProjection:
         layers: one :class:`LayerSelf` per layer (only ``layer``'s when one was asked for).
     """
 
+    kind: ClassVar[str] = "no-projection"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     tokens: list[str]
@@ -69,7 +73,7 @@ class NoProjection:
 
     def to_dict(self) -> dict:
         """Every figure (what ``qkv explain TEXT --no-projection --json`` prints)."""
-        return {
+        return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
             "tokens": self.tokens,

@@ -14,21 +14,25 @@ decoder position that *produces* French token j (its input is token j−1), so r
     [EOS]                               ■
 
 :func:`cross_attention` returns every weight, each head's most-attended English token per French
-token, checked against the grammar's gold alignment when the text is a sentence of the grammar,
-and — with ``token`` — that French token's top English tokens per head.
+token, checked against a gold alignment when the caller gives one (``gold=``: the CLI and the viewer
+pass the toy grammar's, :func:`qkv.translate.gold.grammar_gold`), and — with ``token`` — that
+French token's top English tokens per head.
 :func:`cross_attention_head` redoes one head's arithmetic for one French token — the decoder's
 query against the encoder's keys and values — in float64 with :func:`~qkv.explain.steps.head_steps`
 and compares it with the forward's own numbers.
 
-Both take a loaded :class:`~qkv.translate.checkpoint.Checkpoint` (model + vocabularies) or a
-checkpoint directory / ``"translate"`` for the shipped one. ``qkv explain TEXT --model
+Both take a model whose ``capabilities.cross_attention`` is true (``qkv.load("translate")``:
+the shipped one), or a name/directory :func:`qkv.load` reads. ``qkv explain TEXT --model
 translate`` prints these results (:mod:`qkv.explain.render_cross`) and draws them
 (:mod:`qkv.explain.figures`).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -39,11 +43,13 @@ from qkv.explain.jsonable import numbers
 from qkv.explain.select import Units, choose
 from qkv.explain.steps import HeadSteps, head_steps
 from qkv.explain.wording import ArgumentError, Message
-from qkv.models.translation import TranslationTrace
-from qkv.translate.checkpoint import Checkpoint, default_model_dir, load_checkpoint
+from qkv.models.protocol import capabilities_of
+from qkv.models.translation import TranslationModel, TranslationTrace
 from qkv.translate.decode import greedy_decode
-from qkv.translate.grammar import make_pair
-from qkv.translate.vocab import BOS_ID, EOS, EOS_ID, normalize_en
+from qkv.translate.vocab import BOS_ID, EOS, EOS_ID
+
+# gold= : (the reference French tokens, per French token its English indices), or why there is none
+Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
 
 GOLD_MARK = "✓"
 
@@ -58,15 +64,19 @@ class CrossAttention:
         french: the t generated French tokens, ending with [EOS] (the queries).
         translation: the French sentence.
         weights: (L, H, t, s) cross-attention weights, exactly as the forward computed them.
-        gold: per French token (not [EOS]), the gold English token indices; None when the text is
-            not a sentence of the grammar or the model's French differs from the grammar's.
+        gold: per French token (not [EOS]), the gold English token indices; None when the caller
+            gave none or the model's French differs from the gold's.
         gold_note: why ``gold`` is None (or None).
         trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer).
         token: the French token chosen for a closer look (its top English tokens), or None.
+        focus: the French token a viewer opens at: ``token``, else the last French word (the
+            default :func:`~qkv.explain.select.choose` resolves).
         top: how many English tokens that closer look lists per head.
         layers: the decoder layers shown (all, or the one asked for).
         notes: how an ambiguous ``token`` was resolved.
     """
+
+    kind: ClassVar[str] = "cross"  # its row in qkv.explain.kinds.KINDS
 
     model: str
     text: str
@@ -78,6 +88,7 @@ class CrossAttention:
     gold_note: str | None
     trace: TranslationTrace
     token: int | None = None
+    focus: int = 0
     top: int = 3
     layers: tuple[int, ...] = ()
     notes: tuple[Message, ...] = ()
@@ -85,12 +96,6 @@ class CrossAttention:
     @property
     def num_heads(self) -> int:
         return self.weights.shape[1]
-
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
 
     @property
     def argmax(self) -> torch.Tensor:
@@ -119,10 +124,22 @@ class CrossAttention:
         values, index = w.topk(min(self.top, w.numel()))
         return [(int(i), float(v)) for v, i in zip(values, index)]
 
-    def to_dict(self) -> dict:
-        """Every weight shown (``weights[l][h][j][i]`` for the ``layers``) and each head's
-        summary (what ``qkv explain TEXT --model translate --json`` prints)."""
+    def ranking(self, j: int) -> list[tuple[int, int]]:
+        """The shown heads as (layer, head) for French token j, best first: most French tokens
+        on gold (when there is gold), then the largest weight at j, then layer, head."""
         counts = self.alignment()
+        def key(lh):
+            l, h = lh
+            return (-(int(counts[l, h]) if counts is not None else 0),
+                    -float(self.weights[l, h, j].max()), l, h)
+        return sorted(((l, h) for l in self.layers for h in range(self.num_heads)), key=key)
+
+    def to_dict(self) -> dict:
+        """Every weight shown (``weights[l][h][j][i]`` for the ``layers``), each head's summary
+        (what ``qkv explain TEXT --model translate --json`` prints) and, per French token j,
+        ``ranking[j]``: the heads best first (:meth:`ranking`)."""
+        counts = self.alignment()
+        best = int(counts[list(self.layers)].max()) if counts is not None else None
         heads = []
         for l in self.layers:
             for h in range(self.num_heads):
@@ -130,17 +147,23 @@ class CrossAttention:
                 if counts is not None:
                     entry["aligned"] = int(counts[l, h])
                     entry["alignment_accuracy"] = int(counts[l, h]) / len(self.gold)
+                    entry["best_aligned"] = int(counts[l, h]) == best
                 if self.token is not None:
                     entry["top"] = [{"index": i, "token": self.english[i], "weight": w,
                                      "gold": self.is_gold(self.token, i)}
                                     for i, w in self.top_weights(l, h, self.token)]
                 heads.append(entry)
-        return {
+        return {"kind": self.kind,
             "model": self.model, "text": self.text, "english": self.english, "french": self.french,
             "translation": self.translation, "layers": list(self.layers), "num_heads": self.num_heads,
             "weights": self.weights[list(self.layers)].tolist(),
             "gold": [list(g) for g in self.gold] if self.gold else None,
-            "gold_note": self.gold_note, "token": self.token, "heads": heads,
+            "gold_note": self.gold_note, "token": self.token, "focus": self.focus, "heads": heads,
+            "num_layers": len(self.layers),
+            "alignment": counts[list(self.layers)].tolist() if counts is not None else None,
+            "ranking": [[{"layer": l, "head": h} for l, h in self.ranking(j)]
+                        for j in range(len(self.french))],
+            "notes": [str(n) for n in self.notes],
         }
 
 
@@ -156,6 +179,8 @@ class CrossHeadSteps:
         norm_first: whether the decoder is pre-norm (it says where ``steps.x`` comes from).
     """
 
+    kind: ClassVar[str] = "cross_steps"  # its row in qkv.explain.kinds.KINDS
+
     attention: CrossAttention
     steps: HeadSteps
     norm_first: bool
@@ -164,11 +189,9 @@ class CrossHeadSteps:
     def french_index(self) -> int:
         return self.steps.token_index
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
+    @property
+    def notes(self) -> tuple[Message, ...]:
+        return self.attention.notes
 
     @property
     def gold(self) -> tuple[int, ...] | None:
@@ -192,7 +215,7 @@ class CrossHeadSteps:
         st, ca, j = self.steps, self.attention, self.french_index
         gold = self.gold
         return {
-            "model": ca.model, "text": ca.text, "kind": "cross-attention", "english": ca.english,
+            "model": ca.model, "text": ca.text, "kind": self.kind, "english": ca.english,
             "french": ca.french, "translation": ca.translation, "layer": st.layer, "head": st.head,
             "french_index": j, "french_token": ca.french[j], "x_source": self.x_source,
             "gold": list(gold) if gold is not None else None,
@@ -207,19 +230,26 @@ class CrossHeadSteps:
         }
 
 
-def checkpoint(model: Checkpoint | str | os.PathLike) -> Checkpoint:
-    """``model`` itself when loaded, else :func:`~qkv.translate.checkpoint.load_checkpoint` of it."""
-    return model if isinstance(model, Checkpoint) else load_checkpoint(model)
+def translation_model(model) -> TranslationModel:
+    """``model`` itself when it has cross-attention, else :func:`qkv.load` of a name/directory.
+
+    (A :class:`~qkv.translate.checkpoint.Checkpoint` is read as its ``model``.)
+    """
+    if isinstance(model, (str, os.PathLike)):
+        from qkv.models.loading import load
+
+        model = load(model)
+    model = getattr(model, "model", model)  # a translate Checkpoint → its model
+    if not capabilities_of(model).cross_attention:
+        raise ArgumentError("model", "{name} {value!r} has no cross-attention (it is not an "
+                            "encoder-decoder); explain its self-attention instead",
+                            value=getattr(model, "name", type(model).__name__))
+    return model
 
 
-def model_name(ckpt: Checkpoint) -> str:
-    shipped = ckpt.directory.resolve() == default_model_dir().resolve()
-    return "translate (shipped)" if shipped else str(ckpt.directory)
-
-
-def check_layer_head(ckpt: Checkpoint, layer: int | None, head: int | None) -> None:
+def check_layer_head(model: TranslationModel, layer: int | None, head: int | None) -> None:
     """ArgumentError when the decoder has no such ``layer`` or ``head``."""
-    L, H = ckpt.model.config.decoder_layers, ckpt.model.config.num_heads
+    L, H = model.config.decoder_layers, model.config.num_heads
     if layer is not None and not 0 <= layer < L:
         raise ArgumentError("layer", "{name} {value} is out of range: the decoder has {n} layers "
                             "(0–{last})", value=layer, n=L, last=L - 1)
@@ -229,35 +259,37 @@ def check_layer_head(ckpt: Checkpoint, layer: int | None, head: int | None) -> N
 
 
 @torch.no_grad()
-def _translate_and_trace(ckpt: Checkpoint, text: str) -> CrossAttention:
+def _translate_and_trace(model: TranslationModel, text: str, gold: Gold) -> CrossAttention:
     """Translate ``text`` and trace the forward pass over the translation (see the module doc)."""
-    model, vocab = ckpt.model, ckpt.vocab
+    vocab = model.vocab
     src = torch.tensor([vocab.encode_en(text)])  # (1, s); QkvError for empty text / unknown words
     generated = greedy_decode(model, src)[0].tolist()
     ids = generated[: generated.index(EOS_ID) + 1] if EOS_ID in generated else generated
     tgt_in = torch.tensor([[BOS_ID] + ids[:-1]])  # (1, t): position j reads token j−1
     _, trace = model.trace(src, tgt_in)
-    check_layers(trace.encoder, model=model_name(ckpt), part="encoder ")  # the first NaN, named
-    check_layers(trace.decoder, model=model_name(ckpt), part="decoder ")
+    check_layers(trace.encoder, model=model.name, part="encoder ")  # the first NaN, named
+    check_layers(trace.decoder, model=model.name, part="decoder ")
     weights = torch.stack([layer.cross_attn.attention.weights[0] for layer in trace.decoder])  # (L, H, t, s)
     english = vocab.en_tokens(src[0].tolist()) + [EOS]
     french_words = vocab.fr_tokens(ids)
     french = french_words + ([EOS] if ids and ids[-1] == EOS_ID else [])
-    gold, note = _gold(text, french_words)
-    return CrossAttention(model=model_name(ckpt), text=text, english=english, french=french,
+    gold, note = _gold(gold, french_words)
+    return CrossAttention(model=model.name, text=text, english=english, french=french,
                           translation=vocab.decode_fr(ids), weights=weights, gold=gold,
                           gold_note=note, trace=trace, layers=tuple(range(weights.shape[0])))
 
 
-def _gold(text: str, french: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
-    try:
-        pair = make_pair(normalize_en(text))
-    except ValueError as e:
-        return None, f"no gold alignment: the text is not a sentence of the grammar ({e})"
-    if list(pair.fr_tokens) != french:
-        return None, (f"no gold alignment: the model's French differs from the grammar's "
-                      f"({pair.fr!r})")
-    return list(pair.alignment), None
+def _gold(gold: Gold, french: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
+    """The caller's gold as (links, None) when it is for the model's French, else (None, why)."""
+    if gold is None:
+        return None, None
+    if isinstance(gold, str):
+        return None, gold
+    reference, links = gold
+    if list(reference) != french:
+        return None, (f"no gold alignment: the model's French differs from the gold's "
+                      f"({' '.join(reference)!r})")
+    return [tuple(int(i) for i in g) for g in links], None
 
 
 def _french_units(ca: CrossAttention) -> Units:
@@ -265,23 +297,31 @@ def _french_units(ca: CrossAttention) -> Units:
                  special=[t == EOS for t in ca.french], words=False, num_tokens=len(ca.french))
 
 
-def cross_attention(model: Checkpoint | str | os.PathLike, text: str, *, token: str | None = None,
-                    top: int = 3, layer: int | None = None) -> CrossAttention:
+def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
+                    layer: int | None = None, gold: Gold = None) -> CrossAttention:
     """Translate ``text`` and return every cross-attention weight of the pass that scored it.
 
     Args:
-        model: a loaded :class:`Checkpoint`, a checkpoint directory, or ``"translate"``.
+        model: a model with cross-attention (``qkv.load("translate")``), or a name/directory
+            :func:`qkv.load` reads.
         token: a French token to look at closer (a word, ``"word@N"`` or an index, as in
             :func:`~qkv.explain.select.choose`); its top English tokens go into ``to_dict()``.
         top: how many English tokens to list for ``token``, per head.
         layer: show only this decoder layer.
+        gold: ``(french_tokens, links)``: a reference translation and, per French token, the
+            English token indices it translates (:func:`qkv.translate.gold.grammar_gold` for the
+            toy grammar), used when the model's French equals it; or a string saying why there
+            is none (kept as ``gold_note``); None: no gold.
 
     Raises:
         ArgumentError: ``token`` not in the translation, ``layer`` out of range, ``top`` < 1.
         QkvError: an empty text, a word the model does not know, a bad checkpoint.
 
     Example:
-        >>> ca = cross_attention("translate", "the red apple is next to the black cats")
+        >>> import qkv
+        >>> from qkv.translate.gold import grammar_gold
+        >>> text = "the red apple is next to the black cats"
+        >>> ca = cross_attention(qkv.load("translate"), text, gold=grammar_gold(text))
         >>> ca.translation, ca.weights.shape                      # (L, H, t, s)
         ('la pomme rouge est à côté des chats noirs', torch.Size([3, 4, 10, 10]))
         >>> ca.english[int(ca.argmax[1, 0, 2])], ca.french[2]    # L1 H0 while producing "rouge"
@@ -290,21 +330,21 @@ def cross_attention(model: Checkpoint | str | os.PathLike, text: str, *, token: 
         (9, 9)
     """
     check_top(top)
-    ckpt = checkpoint(model)
-    check_layer_head(ckpt, layer, None)
-    ca = _translate_and_trace(ckpt, text)
-    choice = choose(token, _french_units(ca), role="token") if token is not None else None
-    return replace(ca, token=choice.unit if choice else None, top=top,
+    model = translation_model(model)
+    check_layer_head(model, layer, None)
+    ca = _translate_and_trace(model, text, gold)
+    choice = choose(token, _french_units(ca), role="token")  # token=None: the default, resolved here
+    return replace(ca, token=choice.unit if token is not None else None, focus=choice.unit, top=top,
                    layers=ca.layers if layer is None else (layer,),
-                   notes=(choice.note,) if choice and choice.note else ())
+                   notes=(choice.note,) if token is not None and choice.note else ())
 
 
-def cross_attention_head(model: Checkpoint | str | os.PathLike, text: str, *,
-                         token: str | None = None, layer: int, head: int) -> CrossHeadSteps:
+def cross_attention_head(model, text: str, *, token: str | None = None, layer: int, head: int,
+                         gold: Gold = None) -> CrossHeadSteps:
     """One cross-attention head's arithmetic for one French token, redone in float64.
 
     Args:
-        model: as for :func:`cross_attention`.
+        model, gold: as for :func:`cross_attention`.
         token: the French token (None: the last French word).
         layer, head: the decoder layer and the head within it, counting from 0.
 
@@ -313,17 +353,19 @@ def cross_attention_head(model: Checkpoint | str | os.PathLike, text: str, *,
         QkvError: as for :func:`cross_attention`.
 
     Example:
-        >>> cs = cross_attention_head("translate", "the red apple is next to the black cats",
-        ...                           token="rouge", layer=2, head=1)
+        >>> from qkv.translate.gold import grammar_gold
+        >>> text = "the red apple is next to the black cats"
+        >>> cs = cross_attention_head("translate", text, token="rouge", layer=2, head=1,
+        ...                           gold=grammar_gold(text))
         >>> cs.french_index, cs.gold, cs.steps.max_abs_diff < 1e-4
         (2, (1,), True)
     """
-    ckpt = checkpoint(model)
-    check_layer_head(ckpt, layer, head)
-    ca = _translate_and_trace(ckpt, text)
+    model = translation_model(model)
+    check_layer_head(model, layer, head)
+    ca = _translate_and_trace(model, text, gold)
     choice = choose(token, _french_units(ca), role="token")
     j = choice.unit
-    steps = head_steps(ckpt.model.decoder[layer].cross_attn, ca.trace.decoder[layer].cross_attn,
+    steps = head_steps(model.decoder[layer].cross_attn, ca.trace.decoder[layer].cross_attn,
                        layer=layer, head=head, row=j, tokens=ca.english, model=ca.model, text=text)
-    ca = replace(ca, token=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
-    return CrossHeadSteps(attention=ca, steps=steps, norm_first=ckpt.model.config.norm_first)
+    ca = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
+    return CrossHeadSteps(attention=ca, steps=steps, norm_first=model.config.norm_first)

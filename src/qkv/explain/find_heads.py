@@ -1,6 +1,7 @@
 """Head finding: which (layer, head) sends the most weight from one word to another
-(:func:`heads`), and the coreference probe — how often each head's largest weight from a pronoun
-lands on its referent (:func:`probe`).
+(:func:`heads`), and the probes (:func:`probe`, the one entry for all of them): ``coref`` — how
+often each head's largest weight from a pronoun lands on its referent — and ``induction`` /
+``previous-token`` on repeated random tokens (:mod:`qkv.explain.induction`).
 
 Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
 (see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
@@ -12,18 +13,22 @@ layers (``head`` None).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import json
 from dataclasses import dataclass, replace
 from importlib import resources
 
 import torch
 
-from qkv.explain import contributions, forward
+from qkv.explain import contributions, forward, induction
 from qkv.explain.overview import unit_rows
 from qkv.explain.select import Units, choose, word_units
 from qkv.explain.wording import ArgumentError, Message
+from qkv.models.protocol import capabilities_of
 
-PROBES = ("coref",)
+SENTENCE_PROBES = ("coref",)  # over sentences shipped with qkv (qkv/data/<name>.jsonl)
+PROBES = SENTENCE_PROBES + induction.PROBES  # every name probe() takes, the default first
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class HeadRanking:
         method, per: what ranks the heads (``"weight"``) and whether its rows are heads or layers.
     """
 
+    kind: ClassVar[str] = "heads"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     units: Units
@@ -60,7 +67,7 @@ class HeadRanking:
 
     def to_dict(self) -> dict:
         """The ranking; ``qkv heads TEXT --from A --to B --json`` prints its ``"heads"`` list."""
-        return {"model": self.model, "text": self.text, "units": self.units.labels,
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "source": self.source, "target": self.target, "method": self.method,
                 "heads": [{"layer": h.layer, "head": h.head, "weight": h.weight} for h in self.heads]}
 
@@ -129,7 +136,7 @@ def heads(model, text: str, *, source: str | None = None, target: str, method: s
     if m.per == "layer":
         ranked = [replace(h, head=None) for h in ranked]
     notes = tuple(c.note for c in (src, tgt) if c.note)
-    if getattr(model, "causal", False) and tgt.unit > src.unit:
+    if capabilities_of(model).causal and tgt.unit > src.unit:
         notes += (Message("decoder: {target!r} comes after {source!r}, and a token attends only to "
                           "itself and the tokens before it, so every weight here is 0",
                           target=units.labels[tgt.unit], source=units.labels[src.unit]),)
@@ -163,6 +170,8 @@ class ProbeResult:
         parked: (n,) the share of the pronoun's row on [CLS]/[SEP]/punctuation, mean over the
             heads (layers), by ``method``; ``parked_weight`` the same for the raw weights.
     """
+
+    kind: ClassVar[str] = "probe"  # its row in qkv.explain.kinds.KINDS
 
     model: str
     name: str
@@ -211,7 +220,8 @@ class ProbeResult:
         (layer, head), even, odd = self.held_out()
         per_head = self.per == "head"
         return {
-            "model": self.model, "probe": self.name, "sentences": n, "chance": self.chance,
+            "kind": self.kind, "model": self.model, "probe": self.name, "sentences": n,
+            "chance": self.chance,
             "method": self.method, "per": self.per,
             "parked": None if self.parked is None else float(self.parked.mean()),
             "parked_weight": None if self.parked_weight is None else float(self.parked_weight.mean()),
@@ -224,9 +234,8 @@ class ProbeResult:
 
 def load_probe(name: str) -> list[ProbeItem]:
     """The probe set shipped with qkv (``qkv/data/<name>.jsonl``)."""
-    if name not in PROBES:
-        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known} (induction and "
-                            "previous-token: qkv.explain.induction.induction_probe)", value=name,
+    if name not in SENTENCE_PROBES:
+        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
                             known=", ".join(PROBES))
     text = resources.files("qkv").joinpath("data", f"{name}.jsonl").read_text(encoding="utf-8")
     items = []
@@ -271,9 +280,21 @@ def _probe_one(model, item: ProbeItem, method: str = "weight"
             _parked(plain, units))
 
 
-def probe(model, name: str = "coref", *, method: str = "weight") -> ProbeResult:
-    """Each head's accuracy at putting its largest weight (from the pronoun, over the words of
-    the sentence other than the pronoun itself) on the labelled referent.
+def default_probe(model) -> str:
+    """The probe that has something to find in ``model``: ``coref`` for an encoder, ``induction``
+    for a causal model (a pronoun cannot see its referent's successors there, an induction head
+    has its earlier occurrence to find)."""
+    return "induction" if capabilities_of(model).causal else "coref"
+
+
+def probe(model, name: str | None = None, *, method: str = "weight"
+          ) -> "ProbeResult | induction.HeadScores":
+    """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
+
+    ``coref`` → :class:`ProbeResult`: each head's accuracy at putting its largest weight (from
+    the pronoun, over the words of the sentence other than the pronoun itself) on the labelled
+    referent. ``induction`` / ``previous-token`` → :class:`~qkv.explain.induction.HeadScores`
+    (:func:`~qkv.explain.induction.induction_probe`, weights only).
 
     ``method``: score by a contribution method's largest share instead (see
     :mod:`qkv.explain.contributions`); a per-layer method scores each layer. ``grad`` on an
@@ -282,6 +303,7 @@ def probe(model, name: str = "coref", *, method: str = "weight") -> ProbeResult:
     Raises:
         ArgumentError: an unknown probe ``name`` (see :data:`PROBES`), an unknown ``method`` or
             one that does not apply.
+        NonFiniteError: the model computes NaN/inf (named by layer and head).
 
     Example (49 forward passes, a few seconds; skipped in the doctest run):
         >>> import qkv
@@ -290,6 +312,15 @@ def probe(model, name: str = "coref", *, method: str = "weight") -> ProbeResult:
         >>> len(result.items), accuracy > 4 * result.chance         # doctest: +SKIP
         (49, True)
     """
+    name = default_probe(model) if name is None else name
+    if name not in PROBES:
+        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
+                            known=", ".join(PROBES))
+    if name in induction.PROBES:
+        if method not in (None, "weight"):
+            raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
+                                "scores attention weights", value=method, probe=name)
+        return induction.induction_probe(model, name)
     m = contributions.check_method(model, method)
     items = load_probe(name)
     results = [_probe_one(model, item, m.name) for item in items]

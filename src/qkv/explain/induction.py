@@ -33,6 +33,8 @@ Example (the scores of a hand-built pattern; see :func:`induction_scores_of`):
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import random
 from dataclasses import dataclass
 
@@ -40,6 +42,8 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import forward
+from qkv.explain.finite import check_layers
+from qkv.models.protocol import capabilities_of
 
 PROBES = ("induction", "previous-token")
 
@@ -94,6 +98,8 @@ class HeadScores:
         prefix: the tokens put first (e.g. ``["<bos>"]``); causal: a decoder's mask was used.
     """
 
+    kind: ClassVar[str] = "head-scores"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     probe: str
     scores: torch.Tensor
@@ -111,7 +117,7 @@ class HeadScores:
         return sorted(cells, key=lambda c: (-c[2], c[0], c[1]))
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "probe": self.probe, "chance": self.chance,
+        return {"kind": self.kind, "model": self.model, "probe": self.probe, "chance": self.chance,
                 "sequences": self.sequences, "length": self.length, "prefix": list(self.prefix),
                 "causal": self.causal, "seed": self.seed,
                 "heads": [{"layer": layer, "head": head, "score": score}
@@ -171,16 +177,13 @@ def repeated_random_tokens(model, *, sequences: int, length: int, seed: int) -> 
     return torch.tensor(rows, dtype=torch.long)
 
 
-def _is_causal(model) -> bool:
-    """Decoders (GPT-2, Llama…) mask future tokens; encoders (BERT) do not."""
-    return not hasattr(getattr(model, "config", None), "type_vocab_size") and \
-        type(model).__name__ not in ("BertModel", "RobertaModel", "DistilBertModel")
-
-
 def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's attention weights (b, h, t, t) on ``ids``, from the model's own forward."""
+    """Every layer's attention weights (b, h, t, t) on ``ids``, from the model's own forward;
+    :class:`~qkv.explain.finite.NonFiniteError` naming the first layer and head that computes
+    NaN/inf (a broken model's scores would be NaN and rank nothing)."""
     with torch.no_grad():
-        out = model(ids, torch.ones_like(ids), trace_rows=slice(None))
+        out = model(ids, torch.ones_like(ids), trace_rows=slice(None), output_hidden_states=True)
+    check_layers(out.traces, model=forward.model_name(model), output=out.hidden_states[-1])
     return [trace.self_attn.attention.weights for trace in out.traces]
 
 
@@ -222,7 +225,7 @@ def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
     layers = attention_on(model, ids)
     score = (lambda w: induction_scores_of(w, length)) if probe == "induction" else previous_token_scores_of
     scores = torch.stack([score(w) for w in layers])  # (L, h)
-    causal = _is_causal(model)
+    causal = capabilities_of(model).causal
     prefix = tuple(model.tokenizer._tok.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist()) \
         if getattr(model, "tokenizer", None) is not None else ()
     return HeadScores(model=forward.model_name(model), probe=probe, scores=scores,

@@ -8,6 +8,8 @@ see :mod:`qkv.explain.select`).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +22,8 @@ from qkv.explain.select import Units, group_columns, group_rows
 class AttentionMap:
     """Head ``head`` of layer ``layer``: ``weights`` (U, U), rows from, columns to ``units``."""
 
+    kind: ClassVar[str] = "map"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     units: Units
@@ -29,15 +33,9 @@ class AttentionMap:
 
     def to_dict(self) -> dict:
         """``weights[i][j]``: from unit i to unit j (finite: every row sums to 1)."""
-        return {"model": self.model, "text": self.text, "units": self.units.labels,
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "words": self.units.words, "layer": self.layer, "head": self.head,
                 "weights": self.weights.tolist()}
-
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
 
 
 def attention_map(model, text: str, *, layer: int, head: int, words: bool = False) -> AttentionMap:
@@ -69,10 +67,17 @@ class AttentionMaps:
     :meth:`head` gives one head as the :class:`AttentionMap` :func:`attention_map` returns.
     """
 
+    kind: ClassVar[str] = "maps"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     units: Units
     weights: torch.Tensor
+
+    def to_dict(self) -> dict:
+        """``weights[l][h][i][j]``: layer l, head h, from unit i to unit j."""
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+                "words": self.units.words, "weights": self.weights.tolist()}
 
     def head(self, layer: int, head: int) -> AttentionMap:
         return AttentionMap(model=self.model, text=self.text, units=self.units, layer=layer,

@@ -18,11 +18,14 @@ highlighted. ``to=WORD`` (``--to WORD``) names the focus instead.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch
 
+from qkv.models.protocol import capabilities_of
 from qkv.explain import contributions
 from qkv.explain.forward import (
     check_layer_head, check_text, check_top, encode, model_name, num_heads, num_layers,
@@ -94,6 +97,8 @@ class Overview:
             their largest weight on it), or None.
     """
 
+    kind: ClassVar[str] = "overview"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     tokens: list[str]
@@ -115,12 +120,6 @@ class Overview:
     def highlighted(self, row: HeadRow) -> bool:
         return self.focus is not None and row.argmax == self.focus
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
-
     def to_dict(self) -> dict:
         """Every number of the overview (what ``qkv explain TEXT --json`` prints)."""
         units = self.units
@@ -133,7 +132,7 @@ class Overview:
         if self.causal:
             extra["causal"] = CAUSAL
             extra["attention_sink"] = str(self.sink) if self.sink is not None else None
-        return {
+        return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
             "tokens": self.tokens,
@@ -142,6 +141,9 @@ class Overview:
             "word_rule": "weights into a word summed over its tokens, from a word averaged"
             if units.words else None,
             "unit_index": self.unit,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "special": list(units.special),
             "unit": units.labels[self.unit],
             "token_indices": list(units.groups[self.unit]),
             "token_index": group[0],
@@ -356,7 +358,7 @@ def overview_of(model, text: str, encoding, units: Units, choice, scores, *, foc
         rows = [replace(r, head=None) for r in rows]
     if layer is not None:
         rows = [r for r in rows if r.layer == layer]
-    causal = bool(getattr(model, "causal", False))
+    causal = capabilities_of(model).causal
     sink = attention_sink(rows, units, choice.unit) if causal else None
     largest = "weight" if m.name == "weight" else "share"
     if focus is None:  # a named sink is not the focus: it says where attention parks, not what it finds

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from qkv.errors import QkvError
 from qkv.files import atomic_write
+from qkv.paths import check_output_path
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -35,13 +36,7 @@ def _format(path: str) -> str:
 def check_writable(path: str) -> None:
     """Fail early (before any model runs) when ``path`` cannot be written."""
     _format(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise QkvError(f"--png {path!r} is a directory; give a file name such as map.png")
-    if not os.path.isdir(directory):
-        raise QkvError(f"--png {path!r}: the directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise QkvError(f"--png {path!r}: the directory {directory!r} is not writable")
+    check_output_path(path, flag="--png", example="map.png")
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,

@@ -23,6 +23,8 @@ cross-attention included).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dataclasses import dataclass, replace
 
 import torch
@@ -53,6 +55,8 @@ class HeadSteps:
             RMSNorm, RoPE's rotation), in words; "" when nothing does.
     """
 
+    kind: ClassVar[str] = "steps"  # its row in qkv.explain.kinds.KINDS
+
     model: str
     text: str
     tokens: list[str]
@@ -82,16 +86,10 @@ class HeadSteps:
     def max_abs_diff(self) -> float:
         return self.diffs["output"]
 
-    def _repr_html_(self) -> str:
-        """This result in the viewer's page, in a sandboxed iframe (what a notebook shows)."""
-        from qkv.view.page import result_html
-
-        return result_html(self)
-
     def to_dict(self) -> dict:
         """Every number in full (what ``qkv explain … --layer L --head H --json`` prints);
         −inf as :mod:`qkv.explain.jsonable` says."""
-        return {
+        return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
             "tokens": self.tokens,
@@ -114,6 +112,9 @@ class HeadSteps:
             "model_output": numbers(self.model_output),
             "max_abs_diff": self.max_abs_diff,
             "stage_max_abs_diff": self.diffs,
+            "notes": [str(n) for n in self.notes],
+            "word": self.word,
+            "word_tokens": list(self.word_tokens),
         }
 
 

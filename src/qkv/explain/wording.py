@@ -37,7 +37,7 @@ from qkv.errors import QkvError
 ARGUMENTS: Mapping[str, str] = {
     "token": "token", "to": "to", "layer": "layer", "head": "head", "words": "words=True",
     "top": "top", "source": "source", "target": "target", "probe": "name", "dims": "dims",
-    "keys": "keys", "trials": "trials",
+    "keys": "keys", "trials": "trials", "model": "model",
     "method": "method", "target_text": "target_text",  # qkv.explain.contributions
     # fields of a probe file (qkv/data/coref.jsonl), named when one does not match its sentence
     "pronoun": "pronoun", "referent": "referent",

@@ -28,6 +28,7 @@ from qkv.models import config as cfg
 from qkv.attention.masks import AttentionMask, VarLen
 from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import EncoderOutput
+from qkv.models.protocol import ENCODER
 from qkv.modules import LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
 # Hugging Face classes whose checkpoints hold a plain BERT encoder (heads, if any, are ignored).
@@ -142,6 +143,8 @@ class BertModel(nn.Module):
         >>> out.last_hidden_state.shape, len(out.hidden_states)
         (torch.Size([1, 4, 32]), 3)
     """
+
+    capabilities = ENCODER  # the one model protocol (qkv.models.protocol)
 
     def __init__(self, config: BertConfig, *, tokenizer=None, name: str = "bert",
                  max_seq_length: int | None = None):

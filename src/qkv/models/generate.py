@@ -22,6 +22,7 @@ import inspect
 import torch
 
 from qkv.errors import QkvError
+from qkv.models.protocol import DECODER
 
 _FROM_CONFIG = object()  # eos_token_id's default: the model's config says
 
@@ -177,6 +178,7 @@ class DecoderGenerationMixin:
     the decoder base that mixes it in."""
 
     causal = True  # a token attends to itself and earlier tokens only (what explanations say)
+    capabilities = DECODER  # the one model protocol (qkv.models.protocol)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, **kwargs) -> torch.Tensor:
         """Continue ``ids`` (b, t), left-padded with ``attention_mask`` when the prompts differ

@@ -76,9 +76,11 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     the family's model class); nothing is attached afterwards.
 
     Args:
-        name_or_path: a known name (``"minilm"`` / ``"all-MiniLM-L6-v2"``) or a directory in
-            Hugging Face format: ``config.json``, ``model.safetensors`` (or sharded
-            ``model.safetensors.index.json``) and tokenizer files.
+        name_or_path: a known name (``"minilm"`` / ``"all-MiniLM-L6-v2"``, ``"lm"``,
+            ``"translate"``: the shipped translation model) or a directory in Hugging Face
+            format: ``config.json``, ``model.safetensors`` (or sharded
+            ``model.safetensors.index.json``) and tokenizer files; or a translation checkpoint
+            directory (``qkv train translate --out``).
         dtype: the floating-point dtype of the weights (e.g. ``torch.bfloat16``); None keeps
             the dtype the checkpoint stores (the widest, if its tensors differ).
         device: where the weights go (``"cpu"``, ``"cuda:0"``, ``"mps"`` …); None is the CPU.
@@ -96,13 +98,17 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise QkvError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     device = _check_device(device)
+    translation = _translation_model(name_or_path)
+    if translation is not None:
+        return translation.to(device=device, dtype=dtype)
     path, name = resolve(name_or_path)
     config_file = os.path.join(path, "config.json")
     raw = _read_json(config_file)
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise QkvError(f"{config_file}: model_type {model_type!r} is not supported; qkv runs "
-                       f"{', '.join(sorted(FAMILIES))}")
+                       f"{', '.join(sorted(FAMILIES))} (any architecture transformers implements "
+                       f"runs on qkv's attention through qkv.hf.load, with qkv[hf] installed)")
     family = FAMILIES[model_type]
     config = family.config_from_dict(raw, where=config_file)
     checkpoint = Checkpoint.open(path, family.prefix)
@@ -119,6 +125,20 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
         setattr(model.get_submodule(owner), attr, model.get_parameter(source))
     checkpoint.check_tied(family, dtype)
     return model.to(device).eval()  # the parameters are there already; this moves the buffers
+
+
+def _translation_model(name_or_path):
+    """The translation model (weights, vocabularies) when ``name_or_path`` is ``"translate"`` or a
+    directory whose config.json says ``"model_type": "qkv-translation"``; else None.
+
+    Its checkpoint format is :mod:`qkv.translate.checkpoint`'s (hashed files, two vocabularies),
+    read there; the model is :class:`~qkv.models.translation.TranslationModel`.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        return None
+    from qkv.translate.checkpoint import is_translation_model, load_checkpoint
+
+    return load_checkpoint(name_or_path).model if is_translation_model(name_or_path) else None
 
 
 def resolve(name_or_path: str | os.PathLike) -> tuple[str, str]:

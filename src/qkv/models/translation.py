@@ -28,6 +28,7 @@ from torch import nn
 
 from qkv.attention.masks import AttentionMask
 from qkv.errors import QkvError
+from qkv.models.protocol import TRANSLATION
 from qkv.modules import (
     KVCache, LayerTrace, SinusoidalPositionalEncoding, StackOutput, TransformerLayer, TransformerStack,
 )
@@ -132,6 +133,9 @@ class TranslationTrace:
 class TranslationModel(nn.Module):
     """Encoder-decoder Transformer: English ids (b, s) and French ids (b, t) → logits (b, t, V).
 
+    ``qkv.load("translate")`` gives the shipped model with ``vocab``, ``name`` and ``directory``
+    set (its constructor's keywords).
+
     Example:
         >>> cfg = TranslationConfig(src_vocab_size=20, tgt_vocab_size=30, d_model=16, num_heads=2,
         ...                         encoder_layers=1, decoder_layers=1, ff_dim=32)
@@ -141,9 +145,15 @@ class TranslationModel(nn.Module):
         torch.Size([2, 5, 30])
     """
 
-    def __init__(self, config: TranslationConfig):
+    capabilities = TRANSLATION  # the one model protocol (qkv.models.protocol)
+
+    def __init__(self, config: TranslationConfig, *, vocab=None, name: str = "translation",
+                 directory=None):
         super().__init__()
         c = self.config = config
+        # what qkv.load sets from the checkpoint: its English/French vocabularies
+        # (qkv.translate.vocab.Vocab), a name for messages and the directory it came from
+        self.vocab, self.name, self.directory = vocab, name, directory
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
         self.positions = SinusoidalPositionalEncoding(c.d_model, c.max_len)

@@ -58,10 +58,16 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     return Path(model)
 
 
+def model_name(directory: Path) -> str:
+    """How messages and results name a translation model: ``"translate (shipped)"`` or its path."""
+    shipped = Path(directory).resolve() == default_model_dir().resolve()
+    return "translate (shipped)" if shipped else str(directory)
+
+
 def is_translation_model(model: str | os.PathLike | None) -> bool:
     """True when ``model`` names a directory whose config.json says ``"model_type": "qkv-translation"``.
 
-    The explain command uses this to route ``--model`` to :mod:`qkv.cli.explain` (which calls :func:`qkv.explain.cross_attention`).
+    :func:`qkv.load` uses this to hand such a directory to :func:`load_checkpoint`.
     """
     path = resolve_model_dir(model) / "config.json"
     try:
@@ -181,7 +187,7 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
     _check_sizes(config, tensors, f"{directory}/config.json")
     with torch.device("meta"):  # the shapes the config implies, nothing allocated
         load_model_tensors(TranslationModel(config), tensors, str(directory), check_only=True)
-    net = TranslationModel(config)
+    net = TranslationModel(config, vocab=vocab, name=model_name(directory), directory=directory)
     load_model_tensors(net, tensors, str(directory))
     net.eval()
     opt = None

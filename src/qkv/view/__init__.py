@@ -11,9 +11,12 @@ computed" in two different files):
   Content-Security-Policy, and (for ``--html`` and notebooks) the API's answers embedded.
 * ``export.py`` — ``qkv view TEXT --html FILE``: precompute the answers a page needs, write one
   self-contained file.
+* ``answers.py`` — a result as the page receives it (its ``to_dict()``; whole maps as float32).
+* ``notebook.py`` — a result in a notebook (``%load_ext qkv.view.notebook``): the page in an iframe.
 * ``static/``   — ``index.html``, ``style.css``, ``app.js``: plain HTML/SVG/canvas, no build step,
   no network access beyond the server that sent them.
 
-Nothing is imported here, so ``qkv.explain`` can reach :mod:`qkv.view.page` (for
-``_repr_html_``) without pulling in the server.
+Nothing is imported here, so the export and the notebook display do not pull in the server.
+The endpoints, the fields they take and which model they need are the rows of
+:data:`qkv.explain.kinds.KINDS`; ``qkv.explain`` never imports this package.
 """

@@ -1,17 +1,23 @@
 """The viewer's JSON API: a request's fields checked, a :mod:`qkv.explain` result returned.
 
 The page never computes attention: every number it shows is a field of a ``to_dict()`` answered
-here. One endpoint per kind of result (the request body is a JSON object; ``model`` and ``text``
-name what to run, the other fields are the library's arguments)::
+here. The endpoints are the rows of :data:`qkv.explain.kinds.KINDS` (the request body is a JSON
+object; ``model`` and ``text`` name what to run, the other fields are the row's ``fields``, the
+library's arguments)::
 
-    overview     explain(model, text, token, words)           → Overview.to_dict() + sizes
-    steps        explain_head(model, text, token, layer, head, words) → HeadSteps.to_dict()
+    overview     explain(model, text, token, words, method)              → Overview
+    steps        explain_head(model, text, token, layer, head, words)    → HeadSteps
     map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
     maps         every head's map at once (short texts only: the model view's thumbnails)
-    probe        probe(model, "coref") — induction_probe(model) for a decoder — .to_dict()
-                 (the best heads the model view marks)
-    cross        cross_attention(checkpoint, text, token).to_dict()     (translation model)
-    cross_steps  cross_attention_head(checkpoint, text, token, layer, head).to_dict()
+    received     attention_received(model, text, layer, head, words)     → each key's Σ_i w_ij
+    probe        probe(model) — the model's default probe (coref; induction for a causal
+                 model) (the best heads the model view marks)
+    cross        cross_attention(model, text, token, gold)               (translation model)
+    cross_steps  cross_attention_head(model, text, token, layer, head, gold)
+
+Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`) against the
+row's ``needs``; ``/api/info`` sends each model's capabilities to the page. The gold alignment of
+a translation is the toy grammar's (:func:`qkv.translate.gold.grammar_gold`).
 
 Every field is checked before anything runs; a bad one is an :class:`ApiError` (HTTP 4xx) whose
 JSON names the field: ``{"error": {"field": "layer", "message": "layer 9 is out of range …"}}``.
@@ -40,11 +46,11 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
-from qkv.explain import (
-    ArgumentError, attention_maps, cross_attention, cross_attention_head, explain, explain_head, probe,
-)
+from qkv.explain import ArgumentError, attention_maps
+from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
-from qkv.explain.induction import induction_probe
+from qkv.explain.kinds import KINDS, WEIGHT
+from qkv.translate.gold import grammar_gold
 from qkv.view import answers
 
 MAX_TEXT_CHARS = 20000  # a 2,048-token decoder input is ~10,000 characters; the model's own limit applies too
@@ -55,7 +61,6 @@ MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts;
 # view then draws the selected token's row, which the overview already holds (O(L · H · t)).
 MAX_MAP_TOKENS = 512
 CACHE_BYTES = 256 * 2**20  # answers and per-text maps kept, at most
-WEIGHT = "weight"  # the attention weights themselves; other methods: qkv.explain.contributions
 
 
 def methods() -> dict[str, str]:
@@ -73,7 +78,9 @@ def methods() -> dict[str, str]:
 
 
 METHODS = methods()
-ENDPOINTS = ("overview", "steps", "map", "maps", "probe", "cross", "cross_steps")
+# endpoint → the row of qkv.explain.kinds.KINDS that answers it (the one with a run, or a whole map)
+ROWS = {k.endpoint: k for k in KINDS.values() if k.endpoint and (k.run or k.name == k.endpoint)}
+ENDPOINTS = tuple(ROWS)
 
 
 class ApiError(QkvError):
@@ -134,16 +141,8 @@ def _token(body: dict) -> str | None:
     return _string(body, "token", limit=MAX_TOKEN_CHARS)
 
 
-# The fields each endpoint takes (``model`` and ``text`` aside).
-FIELDS = {
-    "overview": {"token", "words", "method"},
-    "steps": {"token", "layer", "head", "words"},
-    "map": {"layer", "head", "words"},  # the attention weights: the method drives the model view only
-    "maps": {"words"},
-    "probe": set(),
-    "cross": {"token"},
-    "cross_steps": {"token", "layer", "head"},
-}
+# The fields each endpoint takes (``model`` and ``text`` aside): its row's.
+FIELDS = {endpoint: set(row.fields) for endpoint, row in ROWS.items()}
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -151,8 +150,7 @@ class Models:
     """The models a viewer may run (names or directories given at start), each loaded once.
 
     A page may only name one of ``names``: a request cannot make the server read another path.
-    ``kind(name)`` is ``"self"`` (BERT, GPT-2: :func:`qkv.load`) or ``"translation"`` (a
-    :class:`~qkv.translate.checkpoint.Checkpoint`).
+    Every model loads with :func:`qkv.load` and is described by its ``capabilities``.
     """
 
     def __init__(self, names: Sequence[str], *, loader: Callable[[str], Any] | None = None):
@@ -167,13 +165,8 @@ class Models:
     def default(self) -> str:
         return self.names[0]
 
-    def kind(self, name: str) -> str:
-        from qkv.translate.checkpoint import is_translation_model
-
-        return "translation" if is_translation_model(name) else "self"
-
-    def get(self, name: str) -> tuple[str, Any]:
-        """(kind, model or checkpoint), loading it the first time (under the lock)."""
+    def get(self, name: str) -> Any:
+        """The model, loading it the first time (under the lock)."""
         if name not in self.names:
             raise ApiError("model", f"model {name!r} is not served here; choose one of: "
                            f"{', '.join(self.names)}")
@@ -182,27 +175,35 @@ class Models:
             return loaded
         with self.lock:
             if name not in self._loaded:
-                kind = self.kind(name)
                 if self._loader is not None:
                     loaded = self._loader(name)
-                elif kind == "translation":
-                    from qkv.translate.checkpoint import load_checkpoint
-
-                    loaded = load_checkpoint(name)
                 else:
                     from qkv.models import load
 
                     loaded = load(name)
-                self._loaded[name] = (kind, loaded)
+                self._loaded[name] = loaded
             return self._loaded[name]
 
     def info(self, name: str) -> dict:
-        kind, m = self.get(name)
-        if kind == "translation":
-            c = m.model.config
-            return {"name": name, "kind": kind, "layers": c.decoder_layers, "heads": c.num_heads}
-        return {"name": name, "kind": kind, "layers": len(m.layers),
-                "heads": m.layers[0].self_attn.num_heads}
+        """The model's name, capabilities (what the page chooses its panels by) and the methods
+        that apply to it as the page can ask (no ``target_text``: ``grad`` needs a decoder)."""
+        model = self.get(name)
+        caps = model.capabilities
+        return {"name": name, "capabilities": caps.to_dict(),
+                "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)]}
+
+
+def _applies(model, method: str) -> bool:
+    """Whether the library runs ``method`` on ``model`` (it is asked, not second-guessed here)."""
+    if method == WEIGHT:
+        return True
+    from qkv.explain.contributions import check_method
+
+    try:
+        check_method(model, method)
+    except ArgumentError:
+        return False
+    return True
 
 
 class _Lru:
@@ -235,15 +236,15 @@ class Api:
     """``handle(endpoint, body)`` → the JSON-ready answer, or :class:`ApiError`."""
 
     def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES,
-                 map_tokens: int = MAX_MAP_TOKENS):
-        self.models = models
+                 map_tokens: int = MAX_MAP_TOKENS, text: str | None = None):
+        self.models, self.text = models, text  # text: what the bare page opens with
         self.map_tokens = map_tokens
         self._answers = _Lru(cache_bytes // 2)
         self._map_cache = _Lru(cache_bytes // 2)
 
     def info(self) -> dict:
-        return {"models": [{"name": n, "kind": self.models.kind(n)} for n in self.models.names],
-                "default_model": self.models.default, "methods": METHODS,
+        return {"models": [self.models.info(n) for n in self.models.names],
+                "default_model": self.models.default, "default_text": self.text, "methods": METHODS,
                 "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
                            "map_tokens": self.map_tokens}}
 
@@ -259,12 +260,12 @@ class Api:
             raise ApiError(unknown[0], f"unknown field {unknown[0]!r} for {endpoint}; it takes: "
                            f"{', '.join(sorted(allowed))}")
         model = _string(body, "model", limit=4096) or self.models.default
-        kind, loaded = self.models.get(model)
-        wants = "translation" if endpoint.startswith("cross") else "self"
-        if kind != wants:
-            raise ApiError("model", f"model {model!r} is a {kind} model; {endpoint} needs a "
-                           f"{'translation' if wants == 'translation' else 'self-attention'} model")
-        text = _string(body, "text", limit=MAX_TEXT_CHARS, required=endpoint != "probe")
+        loaded = self.models.get(model)
+        row = ROWS[endpoint]
+        if not getattr(loaded.capabilities, row.needs):
+            raise ApiError("model", f"model {model!r} has no {row.needs.replace('_', '-')}; "
+                           f"{endpoint} needs a model with one")
+        text = _string(body, "text", limit=MAX_TEXT_CHARS, required=row.text)
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
         method = body.get("method", WEIGHT)
@@ -275,12 +276,20 @@ class Api:
         for field in ("layer", "head"):
             if field in FIELDS[endpoint] and args[field] is None:
                 raise ApiError(field, f"{field} is required")
+        args["method"] = method
+        args = {k: v for k, v in args.items() if k in row.fields}
+        if args.get("method", WEIGHT) != WEIGHT and not _applies(loaded, method):
+            raise ApiError("method", f"method {method} does not apply to {model}: the methods for "
+                           f"it are {', '.join(self.models.info(model)['methods'])}")
         try:
-            answer = getattr(self, "_" + endpoint)(loaded, text, method=method, **args)
+            special = getattr(self, "_" + endpoint, None)  # whole maps: cached, limited
+            answer = special(loaded, text, **args) if special else self._run(row, loaded, text, args)
         except ArgumentError as e:
             raise ApiError(e.argument, str(e)) from None
         except ApiError:
             raise
+        except NonFiniteError as e:  # a broken model: named by layer and head, whatever the endpoint
+            raise ApiError("model", str(e)) from None
         except QkvError as e:  # an empty text, too many tokens, a word the model does not know
             raise ApiError("text", str(e)) from None
         return answer
@@ -290,22 +299,32 @@ class Api:
         key = json.dumps([endpoint, body], sort_keys=True) if isinstance(body, dict) else None
         cached = self._answers.get(key) if key is not None else None
         if cached is None:
-            cached = json.dumps(self.handle(endpoint, body), allow_nan=False,
-                                ensure_ascii=False).encode()
+            answer = self.handle(endpoint, body)
+            try:
+                cached = json.dumps(answer, allow_nan=False, ensure_ascii=False).encode()
+            except ValueError:  # NaN/inf that no trace check caught: refused, never a 500
+                raise ApiError("model", "the answer holds NaN or infinity: the model's weights or "
+                               "input give non-finite numbers, so there is nothing true to show") from None
             self._answers.put(key, cached, len(cached))
         return cached
 
-    # Each runs the library under the lock and returns its answer (:mod:`qkv.view.answers`).
-    # ``args`` an endpoint does not take are None/False and ignored.
-    def _overview(self, model, text, *, token, words, method, **_):
-        extra = {} if method == WEIGHT else {"method": method}  # rows as the method's shares
+    def _run(self, row, model, text, args: dict) -> dict:
+        """The row's library call under the lock, its result as the page receives it. A
+        translation model's gold alignment is the toy grammar's (the library takes it as given)."""
+        if row.needs == "cross_attention":
+            args["gold"] = grammar_gold(text)
+        if row.whole_map:
+            self._check_map_tokens(model, text)
         with self.models.lock:
-            return answers.overview(explain(model, text, token=token, words=words, **extra))
+            result = row.run(model, text, **args) if row.text else row.run(model, None)
+        return answers.answer(result)
 
-    def _steps(self, model, text, *, token, layer, head, words, **_):
+    def _check_map_tokens(self, model, text) -> None:
         with self.models.lock:
-            return answers.steps(explain_head(model, text, token=token, layer=layer, head=head,
-                                              words=words))
+            n = len(model.tokenizer.encode(text).ids)
+        if n > self.map_tokens:
+            raise ApiError("text", f"text is {n} tokens; whole maps are kept for at most "
+                           f"{self.map_tokens} (the overview holds each head's row of one token)")
 
     def _all_maps(self, model, text, words):
         key = (id(model), text, words)
@@ -315,42 +334,21 @@ class Api:
                 maps = self._map_cache.get(key)  # computed while this request waited?
                 if maps is not None:
                     return maps
-                n = len(model.tokenizer.encode(text).ids)
-                if n > self.map_tokens:
-                    raise ApiError("text", f"text is {n} tokens; whole maps are kept for at most "
-                                   f"{self.map_tokens} (the overview holds each head's row of one token)")
+                self._check_map_tokens(model, text)
                 maps = attention_maps(model, text, words=words)
             # float32 halves the cache; token-level weights are the forward's float32 anyway
             maps = replace(maps, weights=maps.weights.float())  # (L, H, U, U)
             self._map_cache.put(key, maps, maps.weights.numel() * 4)
         return maps
 
-    def _map(self, model, text, *, layer, head, words, **_):
+    def _map(self, model, text, *, layer, head, words):
         check_layer_head(model, layer, head)
         return answers.head_map(self._all_maps(model, text, words).head(layer, head))
 
-    def _maps(self, model, text, *, words, **_):
+    def _maps(self, model, text, *, words):
         with self.models.lock:
             n = len(model.tokenizer.encode(text).ids)
         if n > MAX_WHOLE_MAPS_UNITS:
             raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
                            f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
         return answers.all_maps(self._all_maps(model, text, words))
-
-    def _probe(self, model, text, **_):
-        """The heads the model view marks: the coref probe for an encoder, the induction probe
-        (repeated random tokens) for a decoder, where a pronoun cannot see its referent's
-        successors but an induction head has something to find."""
-        with self.models.lock:
-            if getattr(model, "causal", False):
-                return answers.probe(induction_probe(model, "induction"))
-            return answers.probe(probe(model, "coref"))
-
-    def _cross(self, ckpt, text, *, token, **_):
-        with self.models.lock:
-            return answers.cross(cross_attention(ckpt, text, token=token))
-
-    def _cross_steps(self, ckpt, text, *, token, layer, head, **_):
-        with self.models.lock:
-            return answers.cross_steps(cross_attention_head(ckpt, text, token=token, layer=layer,
-                                                            head=head))

@@ -6,8 +6,8 @@ numbers are the ones the server would send. What is included:
 
 * self-attention: the overview of the chosen token; for a short text (at most
   :data:`~qkv.view.api.MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
-  map, the step panel of every head for the chosen token and of the chosen head for every token,
-  and the coref probe's best heads; for a longer text the chosen head's map and steps only;
+  map and per-head panels (:data:`HEAD_PANELS`), the step panel of every head for the chosen
+  token and of the chosen head for every token, and the model's probe's best heads; for a longer text the chosen head's map and steps only;
 * translation: the cross-attention (every head's map), and the step panel of every head for the
   chosen French token and of the chosen head for every French token.
 
@@ -15,38 +15,41 @@ Anything else the page asks for says "not in this exported file" instead of a nu
 
     >>> from qkv.view.api import Api, Models
     >>> answers, state = collect(Api(Models(["minilm"])), "minilm", "the cat sat", probe=False)
-    >>> state["token"], sorted({k.split("{")[0] for k in answers})
-    (3, ['maps', 'overview', 'steps'])
+    >>> state["token"], sorted({endpoint for endpoint, _, _ in answers})
+    (3, ['maps', 'overview', 'received', 'steps'])
 """
 
 from __future__ import annotations
 
 import os
 
+from qkv.explain.kinds import KINDS
 from qkv.files import atomic_write_text
-from qkv.view.answers import answer_key
 from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models
 from qkv.view.page import standalone
 
 DEFAULT_METHOD = "weight"
+# Panels of one head asked for by layer and head alone (the "attention received" panel …): every
+# head's is exported for a short text. From the table of result kinds, so a new one comes along.
+HEAD_PANELS = tuple(k.endpoint for k in KINDS.values() if k.run and k.needs == "self_attention"
+                    and set(k.fields) == {"layer", "head", "words"})
 
 
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
             head: int = 0, words: bool = False, probe: bool = True) -> tuple[dict, dict]:
-    """({answer_key: answer}, the page's opening state) for ``text`` on ``model``."""
-    answers: dict = {}
+    """([[endpoint, request fields, answer], …], the page's opening state) for ``text`` on
+    ``model`` (the page finds an answer by its request; it alone spells the lookup key)."""
+    answers: dict = {}  # (endpoint, fields) → [endpoint, fields, answer]: each request once
 
     def get(endpoint: str, **fields) -> dict:
         fields = {k: v for k, v in fields.items() if v is not None}
         a = api.handle(endpoint, {"model": model, "text": text, **fields})
-        answers[answer_key(endpoint, fields)] = a
+        answers[(endpoint, tuple(sorted(fields.items())))] = [endpoint, fields, a]
         return a
 
     token = int(token) if isinstance(token, str) and token.isdigit() else token
-    if api.models.kind(model) == "translation":
-        ca = api.handle("cross", {"model": model, "text": text, "token": token})
-        french = ca["french"]  # default: the last French word (not [EOS]), as the library's token=None
-        j = ca["token"] if ca["token"] is not None else len(french) - (2 if len(french) > 1 and french[-1] == "[EOS]" else 1)
+    if api.models.get(model).capabilities.cross_attention:
+        j = api.handle("cross", {"model": model, "text": text, "token": token})["focus"]  # the library's default
         ca = get("cross", token=j)
         L, H = ca["num_layers"], ca["num_heads"]
         layer, head = min(layer, L - 1), min(head, H - 1)
@@ -55,7 +58,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
                 get("cross_steps", token=j, layer=l, head=h)
         for i in range(len(ca["french"])):
             get("cross_steps", token=i, layer=layer, head=head)
-        return answers, {"token": j, "layer": layer, "head": head, "words": False,
+        return list(answers.values()), {"token": j, "layer": layer, "head": head, "words": False,
                          "method": DEFAULT_METHOD}
 
     first = api.handle("overview", {"model": model, "text": text, "token": token, "words": words})
@@ -72,12 +75,14 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         for l in range(L):
             for h in range(H):
                 get("steps", token=t, layer=l, head=h, words=words)
+                for endpoint in HEAD_PANELS:
+                    get(endpoint, layer=l, head=h, words=words)
         if probe:
             get("probe")
     else:
         get("map", layer=layer, head=head, words=words)
         get("steps", token=t, layer=layer, head=head, words=words)
-    return answers, {"token": t, "layer": layer, "head": head, "words": words,
+    return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
                      "method": DEFAULT_METHOD}
 
 

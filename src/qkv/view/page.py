@@ -4,15 +4,14 @@ Two forms, one template:
 
 * **served** (:func:`page_html` without answers): ``<link>``/``<script src>`` to ``/static/…``;
   the server sends a Content-Security-Policy header allowing its own origin only.
-* **standalone** (with answers — ``qkv view TEXT --html FILE`` and the results' ``_repr_html_``):
+* **standalone** (with answers — ``qkv view TEXT --html FILE`` and a notebook's display,
+  :mod:`qkv.view.notebook`):
   style, script and the API's answers inlined; a ``<meta>`` Content-Security-Policy that allows
   exactly that style and script (by sha256) and **no network access at all** (``connect-src
   'none'``, nothing loaded from anywhere). It works from ``file://``.
 
 :func:`iframe` wraps a standalone page for a notebook: ``srcdoc`` in a sandboxed iframe (scripts
 allowed, no same-origin), so the page and the notebook's scripts cannot reach each other.
-
-Nothing here imports :mod:`qkv.explain` (it imports this module).
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ def _json_in_html(data) -> str:
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
     """The page: served (``embed`` None) or standalone with ``embed`` inlined (see the module doc).
 
-    ``embed``: ``{"model", "text", "state", "info", "answers": {answer_key: answer}}``.
+    ``embed``: ``{"model", "text", "state", "info", "answers": [[endpoint, fields, answer], …]}``.
     """
     static_dir = Path(static_dir)
     template = (static_dir / "index.html").read_text(encoding="utf-8")
@@ -76,29 +75,16 @@ def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
     return template
 
 
-def standalone(answers: dict, *, model: str, text: str, state: dict, info: dict | None = None) -> str:
-    """A self-contained page showing ``answers`` (``{answer_key: answer}``), opened at ``state``."""
-    info = info or {"models": [{"name": model, "kind": "translation" if any(
-        a.get("kind", "").startswith("cross") for a in answers.values()) else "self"}],
-        "default_model": model, "methods": {"weight": "attention weights"}, "limits": {}}
+def standalone(answers: list, *, model: str, text: str, state: dict, info: dict) -> str:
+    """A self-contained page showing ``answers`` (``[[endpoint, request fields, answer], …]``:
+    the page looks each up by its request), opened at ``state``;
+    ``info`` is what ``/api/info`` would answer (the model and its capabilities)."""
     return page_html(embed={"model": model, "text": text, "state": state, "info": info,
                             "answers": answers})
 
 
 def iframe(page: str, *, height: int = 760) -> str:
-    """``page`` in a sandboxed ``srcdoc`` iframe (a notebook's ``_repr_html_``)."""
+    """``page`` in a sandboxed ``srcdoc`` iframe (a notebook's display)."""
     return (f'<iframe srcdoc="{html.escape(page, quote=True)}" sandbox="allow-scripts allow-downloads" '
             f'width="100%" height="{height}" title="qkv view" '
             f'style="border:1px solid #8884;width:100%"></iframe>')
-
-
-def result_html(result) -> str:
-    """A :mod:`qkv.explain` result as a notebook shows it: the viewer for its numbers only."""
-    from qkv.view import answers
-
-    endpoint, fields, answer = answers.of_result(result)
-    text, model = answer.get("text", ""), answer.get("model", "")
-    state = {k: v for k, v in fields.items() if v is not None}
-    state["view"] = endpoint
-    return iframe(standalone({answers.answer_key(endpoint, fields): answer}, model=model,
-                             text=text, state=state))

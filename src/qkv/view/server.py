@@ -13,6 +13,14 @@ Every API error is JSON ``{"error": {"field", "message"}}`` with a 4xx status: a
 without one, as soon as the bytes read pass the limit); a body that is not a JSON object is a 400.
 Anything unexpected is a JSON 500 without a traceback (the tests require that none happens).
 
+DNS rebinding and cross-site requests (as Jupyter guards against them): a page on another site
+can make a browser send requests here, and a name the attacker controls can resolve to
+127.0.0.1. So every request's ``Host`` must name this server — the address it is bound to or a
+loopback name (:func:`allowed_hosts`) — and an API request that says where it comes from
+(``Origin``, ``Sec-Fetch-Site``) must come from this same origin: anything else is a 403 JSON
+error naming the header (:func:`refusal`). A server bound to every interface (``0.0.0.0``, ``::``)
+cannot know the names it is reached by and takes any ``Host``; the same-origin rule still holds.
+
 :func:`serve` binds the socket itself — so ``port=0`` picks a free port that can be printed, and
 a port in use is one clear :class:`~qkv.errors.QkvError` — then runs uvicorn until Ctrl-C.
 """
@@ -74,8 +82,78 @@ async def read_json(request: Request) -> dict:
     return body
 
 
-def create_app(api: Api, *, static_dir: Path = STATIC_DIR) -> Starlette:
-    """The Starlette app serving ``api`` and the page. ``static_dir`` is listed once, here."""
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def allowed_hosts(bound: str = "127.0.0.1") -> frozenset[str] | None:
+    """The ``Host`` names a server bound to ``bound`` answers: that address and the loopback
+    names; None (any) for a wildcard address."""
+    if bound in WILDCARD_HOSTS:
+        return None
+    return frozenset({bound.lower().strip("[]"), *LOCAL_HOSTS})
+
+
+def _host_name(value: str) -> str | None:
+    """``"127.0.0.1:8765"`` → ``"127.0.0.1"``, ``"[::1]:80"`` → ``"::1"``; None when malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1:]
+        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return value[1:end]
+    name, colon, port = value.partition(":")
+    if not name or (colon and not port.isdigit()):
+        return None
+    return name
+
+
+def refusal(headers, hosts: frozenset[str] | None, *, api: bool) -> tuple[str, str] | None:
+    """(header, why) when a request must be refused (see the module doc), else None.
+
+    ``headers``: a case-insensitive mapping (Starlette's ``Headers``); ``hosts``: from
+    :func:`allowed_hosts`; ``api``: the request is for ``/api/…``.
+    """
+    host = headers.get("host")
+    name = _host_name(host) if host else None
+    if name is None:
+        return "host", f"the Host header {str(host)[:80]!r} does not name a server"
+    if hosts is not None and name not in hosts:
+        return "host", (f"Host {name[:80]!r} is not this server ({', '.join(sorted(hosts))}): a "
+                        f"page on another site cannot reach qkv view through a DNS name")
+    if not api:
+        return None
+    origin = headers.get("origin")
+    if origin is not None and origin.lower() != f"http://{host.strip().lower()}":
+        return "origin", (f"requests from {origin[:80]!r} are refused: the API answers its own "
+                          f"page only (http://{host.strip()[:80]})")
+    site = headers.get("sec-fetch-site")
+    if site is not None and site.lower() not in ("same-origin", "none"):
+        return "sec-fetch-site", f"a {site[:40]!r} request is refused: the API answers its own page only"
+    return None
+
+
+class _Guard:
+    """ASGI middleware: :func:`refusal` before any route runs."""
+
+    def __init__(self, app, hosts: frozenset[str] | None):
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            from starlette.datastructures import Headers
+
+            why = refusal(Headers(scope=scope), self.hosts, api=scope["path"].startswith("/api/"))
+            if why is not None:
+                await _error(403, *why)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
+               hosts: frozenset[str] | None = allowed_hosts()) -> Starlette:
+    """The Starlette app serving ``api`` and the page. ``static_dir`` is listed once, here;
+    ``hosts``: the ``Host`` names it answers (:func:`allowed_hosts` of the bound address)."""
     files = static_files(static_dir)
     page = page_html(static_dir).encode()
 
@@ -113,8 +191,11 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR) -> Starlette:
         Route("/api/info", info, methods=["GET"]),
         Route("/api/{endpoint}", endpoint, methods=["POST"]),
     ]
+    from starlette.middleware import Middleware
+
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error,
-                                                        Exception: server_error})
+                                                        Exception: server_error},
+                     middleware=[Middleware(_Guard, hosts=hosts)])
 
 
 def _page_headers() -> dict[str, str]:

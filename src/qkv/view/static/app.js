@@ -14,7 +14,7 @@
   const ALL_LINES_UNTIL = 64; // longer texts: the head view draws the selected token's lines only
 
   const S = { model: null, text: EXAMPLE, words: false, method: "weight", token: null, layer: 0, head: 0 };
-  const D = { info: null, kind: "self", overview: null, maps: null, map: null, probe: null, cross: null };
+  const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null };
   const $ = (id) => document.getElementById(id);
 
   // -- small helpers ---------------------------------------------------------------------------
@@ -51,8 +51,8 @@
   function cssColor(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
 
   // -- data: the API, or the answers embedded in an exported file --------------------------------
-  // The key of an answer: endpoint + the request's fields other than model/text, as canonical
-  // JSON (qkv/view/answers.py: answer_key builds the same string).
+  // An exported file holds [endpoint, request fields, answer] triples; the page indexes them by
+  // endpoint + the fields other than model/text, as canonical JSON (this is the only spelling).
   function answerKey(endpoint, fields) {
     const kept = {};
     for (const k of Object.keys(fields).sort()) {
@@ -60,11 +60,12 @@
     }
     return endpoint + JSON.stringify(kept);
   }
+  const EMBEDDED = EMBED ? new Map(EMBED.answers.map(([e, f, a]) => [answerKey(e, f), a])) : null;
   class Missing extends Error {}
   const inflight = new Map();
   async function ask(endpoint, fields) {
     if (EMBED) {
-      const a = EMBED.answers[answerKey(endpoint, fields)];
+      const a = EMBEDDED.get(answerKey(endpoint, fields));
       if (!a) throw new Missing("not in this exported file — run qkv view to explore every token and head");
       return a;
     }
@@ -107,20 +108,19 @@
   }
 
   // -- labels: units of the current text ---------------------------------------------------------
-  function queryLabels() { return D.kind === "cross" ? D.cross.french : D.overview ? D.overview.units : []; }
-  function keyLabels() { return D.kind === "cross" ? D.cross.english : D.overview ? D.overview.units : []; }
-  function numLayers() { return D.kind === "cross" ? D.cross.num_layers : D.overview.num_layers; }
-  function numHeads() { return D.kind === "cross" ? D.cross.num_heads : D.overview.num_heads; }
+  function queryLabels() { return crossAttention() ? D.cross.french : D.overview ? D.overview.units : []; }
+  function keyLabels() { return crossAttention() ? D.cross.english : D.overview ? D.overview.units : []; }
+  function numLayers() { return crossAttention() ? D.cross.num_layers : D.overview.num_layers; }
+  function numHeads() { return crossAttention() ? D.cross.num_heads : D.overview.num_heads; }
 
   // -- running ---------------------------------------------------------------------------------
   async function run() {
     writeUrl();
     status("running…");
     try {
-      if (D.kind === "cross") {
+      if (crossAttention()) {
         D.cross = await ask("cross", { token: S.token });
-        const fr = D.cross.french; // default: the last French word (not [EOS])
-        if (S.token === null || S.token >= fr.length) S.token = D.cross.token ?? Math.max(0, fr.length - (fr[fr.length - 1] === "[EOS]" ? 2 : 1));
+        if (S.token === null || S.token >= D.cross.french.length) S.token = D.cross.focus; // the library's default
       } else {
         D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
         S.token = D.overview.unit_index;
@@ -153,7 +153,7 @@
   async function selectToken(t) {
     if (t === S.token) return;
     S.token = t;
-    if (D.kind === "cross") {
+    if (crossAttention()) {
       writeUrl(); drawTokens(); drawModelView(); await drawHeadView(); await drawSteps();
     } else {
       await run();
@@ -179,15 +179,15 @@
     const box = $("tokens");
     box.replaceChildren();
     const labels = queryLabels();
-    const special = D.kind === "cross" ? labels.map((t) => t === "[EOS]") : D.overview.special;
-    const focus = D.kind === "self" ? D.overview.units.indexOf(D.overview.focus) : -1;
+    const special = crossAttention() ? labels.map((t) => t === "[EOS]") : D.overview.special;
+    const focus = !crossAttention() ? D.overview.units.indexOf(D.overview.focus) : -1;
     labels.forEach((label, i) => {
       box.append(h("button", { type: "button", "data-token": i, "aria-pressed": i === S.token ? "true" : "false",
-        class: (special[i] ? "special " : "") + (D.kind === "self" && D.overview.focus === label && i === focus ? "focus" : ""),
-        title: `${D.kind === "cross" ? "French token" : D.overview.words ? "word" : "token"} ${i}`,
+        class: (special[i] ? "special " : "") + (!crossAttention() && D.overview.focus === label && i === focus ? "focus" : ""),
+        title: `${crossAttention() ? "French token" : D.overview.words ? "word" : "token"} ${i}`,
         onclick: () => selectToken(i) }, label));
     });
-    $("tokens-title").firstChild.textContent = D.kind === "cross" ? "French tokens (queries) " : (S.words ? "Words " : "Tokens ");
+    $("tokens-title").firstChild.textContent = crossAttention() ? "French tokens (queries) " : (S.words ? "Words " : "Tokens ");
   }
   $("tokens").addEventListener("keydown", (ev) => {
     const n = queryLabels().length;
@@ -199,18 +199,15 @@
   function headRows() {
     // [{layer, head, weights (row over keys), max, argmax, rank, note, mark}] for the selected token
     const rows = [];
-    if (D.kind === "cross") {
+    if (crossAttention()) {
+      // the library ranks the heads for each French token (CrossAttention.ranking)
       const c = D.cross, j = S.token, gold = c.gold && j < c.gold.length ? c.gold[j] : null;
-      let best = -1;
-      if (c.alignment) for (const r of c.alignment) for (const v of r) best = Math.max(best, v);
-      for (let l = 0; l < c.num_layers; l++) for (let hh = 0; hh < c.num_heads; hh++) {
-        const w = c.weights[l][hh][j];
-        let am = 0; w.forEach((v, i) => { if (v > w[am]) am = i; });
-        const count = c.alignment ? c.alignment[l][hh] : null;
-        rows.push({ layer: c.layers[l], head: hh, weights: w, max: w[am], argmax: c.english[am],
-          onGold: gold ? gold.includes(am) : null, count, mark: count !== null && count === best });
+      for (const { layer, head } of c.ranking[j]) {
+        const li = c.layers.indexOf(layer), e = c.heads[li * c.num_heads + head];
+        const w = c.weights[li][head][j], am = e.argmax[j];
+        rows.push({ layer, head, weights: w, max: w[am], argmax: c.english[am],
+          onGold: gold ? gold.includes(am) : null, count: e.aligned ?? null, mark: !!e.best_aligned });
       }
-      rows.sort((a, b) => (b.count ?? 0) - (a.count ?? 0) || b.max - a.max || a.layer - b.layer || a.head - b.head);
     } else {
       const probeBest = new Set();
       if (D.probe) D.probe.heads.slice(0, 3).forEach((p) => probeBest.add(p.layer + ":" + p.head));
@@ -226,21 +223,21 @@
     const grid = $("grid");
     grid.replaceChildren();
     // a per-layer method (rollout, alti, …) has one row per layer: one column, "all heads"
-    const perLayer = D.kind === "self" && D.overview.per === "layer";
+    const perLayer = !crossAttention() && D.overview.per === "layer";
     const L = numLayers(), H = perLayer ? 1 : numHeads(), rows = headRows();
     const byHead = new Map(rows.map((r) => [r.layer + ":" + r.head, r]));
     grid.style.gridTemplateColumns = `2.5em repeat(${H}, minmax(0, 1fr))`;
     grid.append(h("span", { class: "collabel" }, ""));
     for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, perLayer ? "all heads" : "H" + hh));
-    const layers = D.kind === "cross" ? D.cross.layers : [...Array(L).keys()];
-    const whole = D.kind === "self" && D.maps && !isMethod();
+    const layers = crossAttention() ? D.cross.layers : [...Array(L).keys()];
+    const whole = !crossAttention() && D.maps && !isMethod();
     for (const l of layers) {
       grid.append(h("span", { class: "rowlabel" }, "L" + l));
       for (let hh = 0; hh < H; hh++) {
         const r = byHead.get(l + ":" + (perLayer ? null : hh));
         const cv = h("canvas", {});
         if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
-        const label = D.kind === "cross"
+        const label = crossAttention()
           ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
             (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
           : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
@@ -252,10 +249,10 @@
           "aria-pressed": chosen ? "true" : "false",
           onclick: () => selectHead(l, perLayer ? S.head : hh) },
           cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
-          r.mark ? h("span", { class: "mark" }, D.kind === "cross" ? "★ gold" : "★ " + probeName()) : null));
+          r.mark ? h("span", { class: "mark" }, crossAttention() ? "★ gold" : "★ " + probeName()) : null));
       }
     }
-    const hint = D.kind === "cross"
+    const hint = crossAttention()
       ? "per head: the selected French token's weights over the English; ranked by words on the gold alignment (★: the best heads)"
       : (isMethod() ? `method ${S.method}: ${D.info.methods[S.method]} — rows as shares of their total; ` : "") +
         `ranked by the largest ${isMethod() ? "share" : "weight"} in the row (#1 = most focused), as qkv explain ranks them; ` +
@@ -274,7 +271,7 @@
     }
   }
   function probeName() { return D.probe ? D.probe.probe : "probe"; }
-  function isMethod() { return D.kind === "self" && S.method !== "weight"; }
+  function isMethod() { return !crossAttention() && S.method !== "weight"; }
   function heatRgb() { return cssColor("--heat").split(",").map(Number); }
   function drawRowThumb(cv, w) {
     const n = w.length; cv.width = Math.max(n, 1); cv.height = 12;
@@ -306,7 +303,7 @@
   // -- head view: lines and heat map of one head ---------------------------------------------------
   // The current head's map: {rows: labels (queries), cols: labels (keys), n, m, get(i, j), gold}
   async function currentMap() {
-    if (D.kind === "cross") {
+    if (crossAttention()) {
       const c = D.cross, li = c.layers.indexOf(S.layer), w = c.weights[li][S.head];
       return { rows: c.french, cols: c.english, n: c.french.length, m: c.english.length,
         get: (i, j) => w[i][j], gold: c.gold, layer: S.layer, head: S.head };
@@ -331,7 +328,7 @@
       layer: S.layer, head: S.head, first: 0 };
   }
   async function drawHeadView() {
-    const title = D.kind === "cross" ? `Head view — cross-attention, decoder layer ${S.layer}, head ${S.head}`
+    const title = crossAttention() ? `Head view — cross-attention, decoder layer ${S.layer}, head ${S.head}`
       : `Head view — layer ${S.layer}, head ${S.head}`;
     $("head-title").textContent = title;
     let M;
@@ -446,13 +443,44 @@
     if (i >= 0 && i < M.n) selectToken(i + (M.first || 0));
   });
 
+  // -- attention received: each key's Σ_i w_ij in the selected head (qkv.explain.received) ----------
+  async function drawReceived() {
+    let sec = $("received");
+    if (!sec) {
+      sec = h("section", { id: "received", "aria-labelledby": "received-title" },
+        h("h2", { id: "received-title" }, "Attention received ",
+          h("span", { class: "hint" }, "— each key's total weight Σᵢ wᵢⱼ over every query, in the selected head")),
+        h("table", { id: "received-table" }));
+      $("steps").before(sec);
+    }
+    sec.hidden = crossAttention() || !D.overview; // a notebook's single result has no text's panels
+    if (sec.hidden) return;
+    const table = $("received-table"), limit = (D.info.limits || {}).map_tokens || 512;
+    if (D.overview.tokens.length > limit) {  // every row of a head is kept for short texts only
+      table.replaceChildren(h("caption", { class: "missing" }, `a long text: kept for at most ${limit} tokens`));
+      return;
+    }
+    let r;
+    try { r = await ask("received", { layer: S.layer, head: S.head, words: S.words }); } catch (e) {
+      table.replaceChildren(h("caption", { class: "missing" }, e.message)); // an extra: the rest still draws
+      return;
+    }
+    table.replaceChildren(
+      h("caption", {}, `layer ${r.layer}, head ${r.head}: the ${r.rows} rows' weights summed per key`),
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "j"), h("th", { scope: "col" }, "key"),
+        h("th", { scope: "col" }, "received Σᵢ wᵢⱼ"))),
+      h("tbody", {}, r.units.map((u, j) => h("tr", { "data-j": j },
+        h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j]))))));
+  }
+
   // -- step panel: explain_head's numbers ---------------------------------------------------------
   function vec(v, id) { return h("div", { class: "vec", id }, v.map((x) => fmt(x)).join("  ")); }
   async function drawSteps() {
+    await drawReceived();
     const body = $("steps-body");
     let st;
     try {
-      st = D.kind === "cross"
+      st = crossAttention()
         ? await ask("cross_steps", { token: S.token, layer: S.layer, head: S.head })
         : await ask("steps", { token: S.token, layer: S.layer, head: S.head, words: S.words });
     } catch (e) {
@@ -460,18 +488,18 @@
       if (!(e instanceof Missing)) throw e;
       return;
     }
-    const keysTok = D.kind === "cross" ? st.english : st.tokens;
-    const qTok = D.kind === "cross" ? st.french_token : st.token;
-    const i = D.kind === "cross" ? st.french_index : st.token_index;
-    const gold = D.kind === "cross" && st.gold ? st.gold : [];
-    const rows = keysTok.map((t, j) => h("tr", { "data-j": j, class: (j === i && D.kind === "self" ? "selected " : "") + (gold.includes(j) ? "gold" : "") },
+    const keysTok = crossAttention() ? st.english : st.tokens;
+    const qTok = crossAttention() ? st.french_token : st.token;
+    const i = crossAttention() ? st.french_index : st.token_index;
+    const gold = crossAttention() && st.gold ? st.gold : [];
+    const rows = keysTok.map((t, j) => h("tr", { "data-j": j, class: (j === i && !crossAttention() ? "selected " : "") + (gold.includes(j) ? "gold" : "") },
       h("td", {}, String(j)), h("td", { class: "tok" }, t),
       h("td", { class: "score" }, fmt(st.scores[j])), h("td", { class: "scaled" }, fmt(st.scaled[j])),
       h("td", { class: "mask" }, fmt(st.mask[j])), h("td", { class: "w" }, fmt(st.weights[j])),
       lazyVec(st.keys[j], "k"), lazyVec(st.values[j], "v")));
     const diff = st.max_abs_diff;
     body.replaceChildren(
-      h("p", {}, D.kind === "cross"
+      h("p", {}, crossAttention()
         ? `Cross-attention, decoder layer ${st.layer}, head ${st.head}, French token ${i} “${qTok}” looking at the English. `
         : `Layer ${st.layer}, head ${st.head}, token ${i} “${qTok}”. ` + (st.word ? `(word “${st.word}”: its last token) ` : ""),
       h("span", { class: "formula" }, `head dim d = ${st.head_dim}; 1/√d = ${fmt(st.scale, 6)}. ` +
@@ -479,7 +507,7 @@
       h("details", {}, h("summary", {}, `x — the vector entering the attention (${st.x.length} numbers)` + (st.x_source ? ": " + st.x_source : "")), vec(st.x, "step-x")),
       h("details", { open: true }, h("summary", {}, `q = x·W_Q + b_Q (${st.query.length} numbers)`), vec(st.query, "step-q")),
       h("div", { class: "scroll" }, h("table", { id: "steps-table" },
-        h("thead", {}, h("tr", {}, ...["j", D.kind === "cross" ? "English" : "token", "q·k_j", "/√d", "mask", "softmax w_j", "k_j", "v_j"].map((c) => h("th", { scope: "col" }, c)))),
+        h("thead", {}, h("tr", {}, ...["j", crossAttention() ? "English" : "token", "q·k_j", "/√d", "mask", "softmax w_j", "k_j", "v_j"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, rows))),
       h("p", {}, `Σ w_j = ${fmt(st.weights_sum, 6)}`),
       h("details", { open: true }, h("summary", {}, `Σ_j w_j v_j — recomputed (${st.output.length} numbers)`), vec(st.output, "step-out")),
@@ -500,7 +528,7 @@
     document.body.append(a); a.click(); a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 10000);
   }
-  function fileStem() { return `qkv-L${S.layer}-H${S.head}${D.kind === "cross" ? "-cross" : ""}`; }
+  function fileStem() { return `qkv-L${S.layer}-H${S.head}${crossAttention() ? "-cross" : ""}`; }
   function matrix(M) {
     const out = [];
     for (let i = 0; i < M.n; i++) { const r = []; for (let j = 0; j < M.m; j++) r.push(Number(M.get(i, j))); out.push(r); }
@@ -576,7 +604,7 @@
     if (kind === "csv") download(stem + ".csv", new Blob([exportCsv(M)], { type: "text/csv" }));
     if (kind === "svg") download(stem + ".svg", new Blob([exportSvg(M)], { type: "image/svg+xml" }));
     if (kind === "json") {
-      const obj = { model: S.model, text: S.text, method: S.method, words: S.words, kind: D.kind === "cross" ? "cross-attention" : "self-attention",
+      const obj = { model: S.model, text: S.text, method: S.method, words: S.words, kind: crossAttention() ? "cross-attention" : "self-attention",
         layer: M.layer, head: M.head, token: S.token, rows: M.rows, columns: M.cols, weights: matrix(M) };
       download(stem + ".json", new Blob([JSON.stringify(obj)], { type: "application/json" }));
     }
@@ -589,7 +617,7 @@
     const rows = headRows(), keys = keyLabels(), stem = `qkv-model-token${S.token}`;
     if (b.dataset.exportModel === "json") {
       // the answer itself: the library's to_dict() (explain() or cross_attention())
-      const obj = D.kind === "cross" ? D.cross : D.overview;
+      const obj = crossAttention() ? D.cross : D.overview;
       download(stem + ".json", new Blob([JSON.stringify(obj)], { type: "application/json" }));
     } else {
       const lines = [["rank", "layer", "head", "max_weight", "argmax", ...keys].map(csvCell).join(",")];
@@ -602,25 +630,29 @@
   }));
 
   // -- the form --------------------------------------------------------------------------------
-  function kindOf(name) {
-    const m = D.info.models.find((x) => x.name === name);
-    return m && m.kind === "translation" ? "cross" : "self";
+  // Which panels a model gets: its capabilities (qkv.models.protocol), sent by /api/info.
+  function crossAttention() {
+    const m = D.info && D.info.models.find((x) => x.name === S.model);
+    return !!(m && m.capabilities.cross_attention);
   }
   function fillForm() {
     const sel = $("model");
-    sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.kind === "translation" ? " (translation)" : ""))));
-    $("method").replaceChildren(...Object.entries(D.info.methods).map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
+    sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.capabilities.cross_attention ? " (translation)" : ""))));
+    // the methods the library runs on this model (/api/info asks it per model)
+    const offered = (D.info.models.find((m) => m.name === S.model) || {}).methods;
+    const methods = Object.entries(D.info.methods).filter(([k]) => !offered || offered.includes(k));
+    if (!methods.some(([k]) => k === S.method)) S.method = "weight";
+    $("method").replaceChildren(...methods.map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
     $("text").value = S.text; $("words").checked = S.words;
-    $("words").disabled = D.kind === "cross";
+    $("words").disabled = crossAttention();
     const ro = !!EMBED;
-    for (const id of ["model", "text", "run", "method", "words"]) $(id).disabled = ro || (id === "words" && D.kind === "cross");
+    for (const id of ["model", "text", "run", "method", "words"]) $(id).disabled = ro || (id === "words" && crossAttention());
   }
   $("run-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const text = $("text").value, model = $("model").value;
     const modelChanged = model !== S.model, changed = modelChanged || text !== S.text;
     S.text = text; S.model = model; S.method = $("method").value; S.words = $("words").checked;
-    D.kind = kindOf(model);
     if (changed) S.token = null;
     if (modelChanged) { D.probe = null; D.overview = null; D.cross = null; D.maps = null; }
     fillForm(); run();
@@ -644,18 +676,18 @@
         const r = await fetch("api/info");
         D.info = await r.json();
         S.model = D.info.default_model;
+        if (D.info.default_text) S.text = D.info.default_text; // qkv view TEXT: the bare URL shows TEXT
         readUrl();
         if (!D.info.models.some((m) => m.name === S.model)) S.model = D.info.default_model;
       }
-      D.kind = kindOf(S.model);
-      if (D.kind === "cross" && S.text === EXAMPLE) S.text = "the red apple is next to the black cats";
+      if (crossAttention() && S.text === EXAMPLE) S.text = "the red apple is next to the black cats";
       fillForm();
       const view = (EMBED && EMBED.state && EMBED.state.view) || null;
       if (view === "steps" || view === "cross_steps" || view === "map") {
         // a notebook's single result: only its own panel has numbers
         status("a single qkv.explain result: only its numbers are in this page");
         if (view === "map") {
-          const a = EMBED.answers[answerKey("map", { layer: S.layer, head: S.head, words: S.words })];
+          const a = EMBEDDED.get(answerKey("map", { layer: S.layer, head: S.head, words: S.words }));
           D.overview = { units: a.units, special: a.special, num_layers: S.layer + 1, num_heads: S.head + 1, heads: [], words: a.words };
           D.maps = null;
           const data = decodeF32(a.weights), U = a.shape[0];

@@ -1,0 +1,95 @@
+"""The ``AttentionInterface`` function for ``"qkv"``: transformers' call → qkv's arguments.
+
+transformers calls ``fn(module, query, key, value, attention_mask, scaling=, dropout=, …)`` with
+query (b, h, t, d), key (b, h_kv, s, d), value (b, h_kv, s, dv) and expects
+``(output (b, t, h, dv), weights (b, h, t, s) or None)``. Per-architecture extras arrive as
+keyword arguments: ``softcap`` (Gemma 2), ``s_aux`` (gpt-oss sinks), ``position_bias`` (T5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.attention.block_mask import block_mask_for, create_block_mask
+from qkv.attention.functional import scaled_dot_product_attention
+from qkv.attention.masks import AttentionMask
+from qkv.attention.weights import attention_weights
+
+NAME = "qkv"
+
+
+def _description(module, query, key, attention_mask, is_causal) -> tuple[AttentionMask, torch.Tensor | None]:
+    """What reached us as the mask → (a qkv ``AttentionMask``, a float score bias or None)."""
+    t, s = query.shape[-2], key.shape[-2]
+    if isinstance(attention_mask, AttentionMask):  # from qkv.hf.masks: structure
+        return attention_mask, None
+    if attention_mask is None:
+        # as transformers' sdpa: no mask and a causal module → causal (bottom-right for decoding)
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+        return AttentionMask(causal=bool(causal) and t > 1, alignment="bottom_right"), None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"qkv attention: the mask reaching {type(module).__name__} is a "
+                         f"{type(attention_mask).__name__}; expected qkv's mask (load the model with "
+                         f"attn_implementation='qkv' after import qkv.hf) or a tensor")
+    mask = attention_mask[..., :s]  # transformers may hand a mask longer than the keys (static caches)
+    if mask.dtype == torch.bool:
+        return AttentionMask(dense=mask), None
+    return AttentionMask(), mask.to(query.dtype)  # a float mask is a score bias: added, like eager
+
+
+def _weights(query, key, lse, mask: AttentionMask, bias, *, scale, softcap, groups) -> torch.Tensor:
+    """The exact softmax weights (b, h, t, s) from the forward's lse (sinks already counted)."""
+    b, h, t, s = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
+    if mask.dense is None:
+        block = block_mask_for(mask, b, h, t, s, device=query.device)
+    else:  # a bool (b|1, 1|h, t, s) tensor as a mask_mod: its blocks classified, rows exact
+        keep = mask.dense.expand(b, -1, t, s)
+        block = create_block_mask(lambda bi, hi, qi, ki: keep[bi, hi % keep.shape[1], qi, ki],
+                                  b, h, t, s, device=query.device)
+    return attention_weights(query, key, lse, block_mask=block, scale=scale, enable_gqa=groups > 1,
+                             softcap=softcap, bias=bias)
+
+
+def _weights_wanted(kwargs) -> bool:
+    """Whether the caller records attention weights (``output_attentions=True``).
+
+    Most models pass the flag down; some (GPT-2) pop it and rely on transformers' output
+    recorder, whose collector (a private context variable, read defensively) then lists
+    ``attentions``. Weights are (t × s) per head: computed only when asked for.
+    """
+    if kwargs.get("output_attentions"):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+        collected = _active_collector.get()
+    except (ImportError, AttributeError):
+        return False
+    return bool(collected) and any(k in collected for k in ("attentions", "cross_attentions",
+                                                             "encoder_attentions", "decoder_attentions"))
+
+
+def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, attention_mask, dropout: float = 0.0,
+                          scaling: float | None = None, softcap: float | None = None,
+                          s_aux: torch.Tensor | None = None, is_causal: bool | None = None,
+                          position_bias: torch.Tensor | None = None, **kwargs):
+    """transformers' attention call on qkv: ``(output (b, t, h, dv), weights or None)``.
+
+    ``sliding_window`` (and other flash-attention hints) in ``kwargs`` are already part of the
+    mask transformers built through :func:`qkv.hf.masks.qkv_mask`.
+    """
+    mask, bias = _description(module, query, key, attention_mask, is_causal)
+    if position_bias is not None:  # T5's relative position bias (it may carry the mask folded in)
+        bias = position_bias.to(query.dtype) if bias is None else bias + position_bias.to(query.dtype)
+    groups = query.shape[1] // key.shape[1]
+    dropout = float(dropout) if module.training else 0.0
+    want_weights = _weights_wanted(kwargs)
+    extras = dict(mask=mask, bias=bias, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1,
+                  softcap=softcap, sinks=s_aux)
+    if not want_weights:
+        out = scaled_dot_product_attention(query, key, value, **extras)
+        return out.transpose(1, 2).contiguous(), None
+    out, lse = scaled_dot_product_attention(query, key, value, return_lse=True, **extras)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    weights = _weights(query, key, lse, mask, bias, scale=scale, softcap=softcap, groups=groups)
+    return out.transpose(1, 2).contiguous(), weights.to(query.dtype)

@@ -1,0 +1,88 @@
+"""transformers' masks as qkv structure: the ``AttentionMaskInterface`` function for ``"qkv"``.
+
+transformers builds every mask from a ``mask_function(b, h, q_idx, kv_idx) -> bool`` (causal,
+sliding window, padding, packed sequences, images' bidirectional blocks …) and hands it to the
+registered mask interface. Here the common ones are *recognised* and become an
+:class:`~qkv.attention.masks.AttentionMask` (causal / window / key padding: torch's causal kernel
+or qkv's blockwise band, never a (t × s) tensor); any other index-based function becomes a
+:class:`~qkv.attention.block_mask.BlockMask` evaluated one block row at a time (exact, O(N)
+memory); a function transformers says is not index-based (``use_vmap``) is drawn densely by
+transformers' own ``sdpa_mask``, the only thing that can evaluate it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.attention.block_mask import create_block_mask
+from qkv.attention.masks import AttentionMask
+
+
+def _window(mask_function) -> tuple[int | None, int | None] | None:
+    """transformers' built-in mask functions as a qkv window ``(left, right)``; None if unknown.
+
+    causal → (None, 0); bidirectional → (None, None); sliding window w (keys q−w < k ≤ q) →
+    (w−1, 0); bidirectional window w (|q − k| ≤ w) → (w, w); an ``and_masks`` of these → their intersection.
+    """
+    from transformers import masking_utils as mu
+
+    if mask_function is mu.causal_mask_function:
+        return (None, 0)
+    if mask_function is mu.bidirectional_mask_function:
+        return (None, None)
+    name = getattr(mask_function, "__qualname__", "")
+    cells = {n: c.cell_contents for n, c in zip(mask_function.__code__.co_freevars,
+                                                mask_function.__closure__ or ())} \
+        if hasattr(mask_function, "__code__") else {}
+    if name == "sliding_window_overlay.<locals>.inner_mask":  # kv > q − w
+        return (cells["sliding_window"] - 1, None)
+    if name == "sliding_window_bidirectional_overlay.<locals>.inner_mask":  # |q − kv| ≤ w
+        w = cells["sliding_window"]
+        return (w, w)
+    if name == "and_masks.<locals>.and_mask":
+        left, right = None, None
+        for part in cells.get("mask_functions", ()):
+            got = _window(part)
+            if got is None:
+                return None
+            left = got[0] if left is None else left if got[0] is None else min(left, got[0])
+            right = got[1] if right is None else right if got[1] is None else min(right, got[1])
+        return (left, right)
+    return None
+
+
+def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+             mask_function=None, attention_mask: torch.Tensor | None = None, use_vmap: bool = False,
+             device="cpu", **kwargs):
+    """The mask interface function: an ``AttentionMask``, a ``BlockMask`` or (non-index-based
+    functions only) transformers' dense bool mask (b, 1, t, s)."""
+    from transformers import masking_utils as mu
+
+    mask_function = mask_function or mu.causal_mask_function
+    padding = None  # (b, ≥ kv_offset + s) bool, indexed by global key position
+    if attention_mask is not None and not bool(attention_mask.all()):
+        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if use_vmap:
+        return AttentionMask(dense=mu.sdpa_mask(
+            batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+            allow_is_causal_skip=False, use_vmap=True, device=device))
+    window = _window(mask_function)
+    if window == (None, None) or (window is not None and q_offset - kv_offset == kv_length - q_length):
+        # global positions q_offset + i, kv_offset + j: the diagonal is bottom-right aligned
+        # (without a window, as in cross-attention, there is no diagonal to place)
+        left, right = window
+        causal = right == 0
+        keep = (left, None if causal else right)
+        keys = padding[:, kv_offset:kv_offset + kv_length] if padding is not None else None  # (b, s)
+        return AttentionMask(causal=causal, alignment="bottom_right", key_padding=keys,
+                             window=None if keep == (None, None) else keep)
+    mod = mask_function if padding is None else _with_padding(mask_function, padding)
+    return AttentionMask(block=create_block_mask(mod, batch_size, None, q_length, kv_length,
+                                                 q_offset=q_offset, k_offset=kv_offset, device=device))
+
+
+def _with_padding(mod, padding: torch.Tensor):
+    """A custom mask_mod and the key padding (b, ≥ kv_offset + s), indexed by global position."""
+    def both(b, h, q, kv):
+        return mod(b, h, q, kv) & padding[b, kv]
+    return both

@@ -1,0 +1,90 @@
+"""The one model protocol: what an explainable model provides and what it can do.
+
+Explanations, the CLI and the viewer ask a model for its :class:`Capabilities` — never for its
+class, family or a kind string. A model from :func:`qkv.load` (a native family, the translation
+model, or a transformers model wrapped behind qkv's attention) provides:
+
+``capabilities``
+    a :class:`Capabilities` (frozen; a class attribute is enough).
+``name``
+    a short string for messages (``"all-MiniLM-L6-v2"``, ``"translate (shipped)"``).
+``config``
+    its config dataclass (sizes: layers, heads, vocabulary).
+``tokenizer``
+    a :class:`~qkv.models.Tokenizer` (``encode(text).tokens / .ids``), for self-attention models;
+    a translation model has ``vocab`` (its English/French vocabularies) instead.
+``layers``
+    the self-attention stack's layers: ``layers[L].self_attn`` is a
+    :class:`~qkv.modules.MultiHeadAttention` (``num_heads``, ``head_dim``, its projections when
+    ``capabilities.head_weights``); a translation model's are ``decoder.layers`` (self and
+    ``cross_attn``).
+``forward(..., trace_rows=...)``
+    the model's own forward, recording :class:`~qkv.attention.AttentionTrace` s for the rows
+    asked for (what :mod:`qkv.explain.forward` reads); a translation model's is ``trace(src, tgt)``.
+
+Which explanation applies is a question to :class:`Capabilities`:
+
+======================  ===================================================================
+``self_attention``      ``explain``, ``explain_head``, ``heads``, ``attention_map(s)``, probes
+``cross_attention``     ``cross_attention``, ``cross_attention_head`` (a decoder reading an
+                        encoder's memory: translation)
+``causal``              a token sees itself and earlier tokens only (decoders); the induction and
+                        previous-token probes need it; the coref probe needs it off
+``next_token``          next-token logits (a language-model head): the ``grad`` method's target
+                        without a ``target_text``
+``head_weights``        W_Q, W_K, W_V, W_O of each head are known (``explain_head``'s step by step,
+                        the norm-based contribution methods)
+======================  ===================================================================
+
+    >>> ENCODER.self_attention, ENCODER.causal, TRANSLATION.cross_attention
+    (True, False, True)
+    >>> capabilities_of(object())
+    Traceback (most recent call last):
+    ...
+    ValueError: model must be a qkv model (from qkv.load) with .capabilities, got object
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model can be asked (see the module doc for what each field enables).
+
+    Fields:
+        self_attention: one stack of self-attention layers over the text the explanations read.
+        causal: that self-attention is causal (token i sees keys ≤ i).
+        encoder: a bidirectional encoder (BERT, or the translation model's English side).
+        cross_attention: a decoder attends to an encoder's output (the translation model).
+        next_token: the model ends in next-token logits (a language-model head).
+        head_weights: each head's W_Q, W_K, W_V and W_O are known to qkv.
+    """
+
+    self_attention: bool
+    causal: bool
+    encoder: bool
+    cross_attention: bool = False
+    next_token: bool = False
+    head_weights: bool = True
+
+    def to_dict(self) -> dict:
+        """Plain JSON (what the viewer's page receives per model)."""
+        return asdict(self)
+
+
+# The three shapes qkv's own models come in.
+ENCODER = Capabilities(self_attention=True, causal=False, encoder=True)  # BERT, RoBERTa, DistilBERT
+DECODER = Capabilities(self_attention=True, causal=True, encoder=False, next_token=True)  # GPT-2, Llama …
+TRANSLATION = Capabilities(self_attention=False, causal=False, encoder=True, cross_attention=True,
+                           next_token=True)  # the encoder-decoder; explained by its cross-attention
+
+
+def capabilities_of(model) -> Capabilities:
+    """``model.capabilities``, or a ``ValueError`` naming what was given instead."""
+    caps = getattr(model, "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise ValueError(f"model must be a qkv model (from qkv.load) with .capabilities, got "
+                         f"{type(model).__name__}")
+    return caps

@@ -1,0 +1,27 @@
+"""The grammar's gold alignment for a sentence: what a caller hands to
+:func:`qkv.explain.cross_attention` (``gold=``) to have each head checked against it.
+
+The explanation library does not know the toy grammar; the CLI and the viewer look the gold
+alignment up here and pass it in.
+
+    >>> french, links = grammar_gold("the red apple is next to the black cats")
+    >>> french[:3], links[:3]              # "la" ← the, "pomme" ← apple, "rouge" ← red
+    (['la', 'pomme', 'rouge'], [(0,), (2,), (1,)])
+    >>> grammar_gold("the zebra")[:40]
+    'no gold alignment: the text is not a sen'
+"""
+
+from __future__ import annotations
+
+from qkv.translate.grammar import make_pair
+from qkv.translate.vocab import normalize_en
+
+
+def grammar_gold(text: str) -> tuple[list[str], list[tuple[int, ...]]] | str:
+    """(the grammar's French tokens, per French token the English token indices it translates),
+    or a sentence saying why there is none (the text is not a sentence of the grammar)."""
+    try:
+        pair = make_pair(normalize_en(text))
+    except ValueError as e:
+        return f"no gold alignment: the text is not a sentence of the grammar ({e})"
+    return list(pair.fr_tokens), [tuple(a) for a in pair.alignment]

@@ -1,0 +1,56 @@
+"""A :mod:`qkv.explain` result in a notebook: the viewer's page for its numbers, in a sandboxed
+iframe. Registered from this side (``qkv.explain`` knows nothing of the viewer)::
+
+    %load_ext qkv.view.notebook          # or: qkv.view.notebook.register()
+
+after which ``explain(...)``, ``explain_head(...)``, ``attention_map(...)``, ``cross_attention(...)``
+… display as the page. :func:`html` is the same page for any result, without IPython.
+"""
+
+from __future__ import annotations
+
+from qkv.explain.kinds import KINDS
+from qkv.view import answers
+from qkv.view.page import iframe, standalone
+
+# The classes of the results that have a panel (module, class name), for IPython's for_type_by_name.
+SHOWN = {
+    "overview": ("qkv.explain.overview", "Overview"),
+    "steps": ("qkv.explain.steps", "HeadSteps"),
+    "map": ("qkv.explain.maps", "AttentionMap"),
+    "received": ("qkv.explain.received", "AttentionReceived"),
+    "probe": ("qkv.explain.find_heads", "ProbeResult"),
+    "head-scores": ("qkv.explain.induction", "HeadScores"),
+    "cross": ("qkv.explain.cross", "CrossAttention"),
+    "cross_steps": ("qkv.explain.cross", "CrossHeadSteps"),
+}
+
+
+def html(result) -> str:
+    """``result`` as a notebook shows it: the viewer for its numbers only, in a sandboxed iframe."""
+    endpoint, fields, answer = answers.of_result(result)
+    text, model = answer.get("text", ""), answer.get("model", "")
+    state = {k: v for k, v in fields.items() if v is not None}
+    state["view"] = endpoint
+    caps = {"cross_attention": KINDS[result.kind].needs == "cross_attention"}
+    caps["self_attention"] = not caps["cross_attention"]
+    info = {"models": [{"name": model, "capabilities": caps}], "default_model": model,
+            "methods": {"weight": "attention weights"}, "limits": {}}
+    return iframe(standalone([[endpoint, fields, answer]], model=model,
+                             text=text or "", state=state, info=info))
+
+
+def register(ipython=None) -> None:
+    """Make ``ipython`` (default: the running one) display every result kind with :func:`html`."""
+    if ipython is None:
+        from IPython import get_ipython
+
+        ipython = get_ipython()
+    formatter = ipython.display_formatter.formatters["text/html"]
+    for module, name in SHOWN.values():
+        formatter.for_type_by_name(module, name, html)
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext qkv.view.notebook``."""
+    register(ipython)
