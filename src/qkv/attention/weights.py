@@ -45,6 +45,27 @@ def _select(name: str, sel, n: int, device) -> torch.Tensor:
     return idx % n if n else idx
 
 
+def check_query_key_lse(query, key, lse, enable_gqa: bool) -> int:
+    """ValueError naming the argument unless query (..., h, t, d), key (..., h_kv, s, d) and
+    lse (..., h, t) fit together; returns the query heads per key head (1 without GQA)."""
+    for name, x in (("query", query), ("key", key), ("lse", lse)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if query.ndim < 3 or key.ndim != query.ndim or query.shape[-1] != key.shape[-1] \
+            or query.shape[:-3] != key.shape[:-3]:
+        raise ValueError(f"query (..., h, t, d) and key (..., h_kv, s, d) must agree, got query "
+                         f"{tuple(query.shape)}, key {tuple(key.shape)}")
+    h = query.shape[-3]
+    if tuple(lse.shape) != tuple(query.shape[:-1]):
+        raise ValueError(f"lse must have shape (..., h, t) = {tuple(query.shape[:-1])}, got "
+                         f"{tuple(lse.shape)}")
+    groups = h // key.shape[-3] if enable_gqa else 1
+    if groups * key.shape[-3] != h:
+        raise ValueError(f"query has {h} heads and key {key.shape[-3]}; pass enable_gqa=True for "
+                         f"grouped-query attention")
+    return groups
+
+
 def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor, *,
                       rows: int | Sequence[int] | slice | torch.Tensor | None = None,
                       heads: int | Sequence[int] | slice | torch.Tensor | None = None,
@@ -68,21 +89,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         float32 weights (float64 for float64 inputs), each kept row summing to 1 (0 for a row
         with no key; NaN where the forward's row was NaN).
     """
-    for name, x in (("query", query), ("key", key), ("lse", lse)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if query.ndim < 3 or key.ndim != query.ndim or query.shape[-1] != key.shape[-1] \
-            or query.shape[:-3] != key.shape[:-3]:
-        raise ValueError(f"query (..., h, t, d) and key (..., h_kv, s, d) must agree, got query "
-                         f"{tuple(query.shape)}, key {tuple(key.shape)}")
+    groups = check_query_key_lse(query, key, lse, enable_gqa)
     h, t, s = query.shape[-3], query.shape[-2], key.shape[-2]
-    if tuple(lse.shape) != tuple(query.shape[:-1]):
-        raise ValueError(f"lse must have shape (..., h, t) = {tuple(query.shape[:-1])}, got "
-                         f"{tuple(lse.shape)}")
-    groups = h // key.shape[-3] if enable_gqa else 1
-    if groups * key.shape[-3] != h:
-        raise ValueError(f"query has {h} heads and key {key.shape[-3]}; pass enable_gqa=True for "
-                         f"grouped-query attention")
     if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
                                     and math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")

@@ -23,6 +23,9 @@ plus printing: ``--json`` prints ``to_dict()``.
   ``rollout``, ``flow``, ``alti``, ``value-zeroing`` or ``grad`` (``qkv explain TEXT --method M --json``);
   ``explain``, ``heads`` and ``probe`` take ``method=`` too, and
   :func:`~qkv.explain.contributions.compare.compare` runs them all (``--compare``)
+* ``document(model, text)`` → :class:`Document`: a long text after one forward that kept each
+  layer's q, k and log-sum-exp (O(N)); ``doc.explain(token=…)`` is ``explain``'s overview, plus
+  ``weights``, ``received``, ``block_map`` — exact, blockwise
 * ``cross_attention(model, text, *, token, top, layer, gold)`` → :class:`CrossAttention`
   (``qkv explain TEXT --model translate``)
 * ``cross_attention_head(model, text, *, token, layer, head, gold)`` → :class:`CrossHeadSteps`
@@ -85,6 +88,7 @@ Where things are:
 from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
 from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
 from qkv.explain.contributions import Contributions
+from qkv.explain.document import Document, document
 from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
 from qkv.explain.induction import HeadScores
 from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
@@ -96,5 +100,5 @@ __all__ = [
     "ArgumentError", "AttentionMap", "AttentionMaps", "CrossAttention", "CrossHeadSteps", "HeadRanking", "HeadRow",
     "HeadScores", "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
     "attention_map", "attention_maps", "cross_attention", "cross_attention_head", "explain",
-    "explain_head", "heads", "no_projection", "probe", "Contributions",
+    "explain_head", "heads", "no_projection", "probe", "Contributions", "Document", "document",
 ]

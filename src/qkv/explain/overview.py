@@ -334,6 +334,22 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
     scores = contributions.scores(model, ids, torch.tensor(units.groups[choice.unit]),
                                   method=m.name, target_text=target_text)
+    return overview_of(model, text, encoding, units, choice, scores, focus=focus, top=top,
+                       layer=layer)
+
+
+def overview_of(model, text: str, encoding, units: Units, choice, scores, *, focus: int | None,
+                top: int, layer: int | None) -> Overview:
+    """The :class:`Overview` of a method's ``scores`` for the chosen unit: rows ranked, the focus
+    and the attention sink found. :func:`explain` and :meth:`qkv.explain.document.Document.explain`
+    (the same answer from a long text's saved log-sum-exp) both end here.
+
+    Args:
+        encoding, units, choice: the text's tokens, the units shown, the chosen one.
+        scores: a :class:`~qkv.explain.contributions.Scores` for the unit's token rows.
+        focus: the unit named by ``to``, or None to pick one.
+    """
+    m = contributions.get_method(scores.method)
     per_layer = scores.per_layer()  # L × (h or 1, r, s)
     if m.name != "weight":
         per_layer = [contributions.shares(x) for x in per_layer]

@@ -135,9 +135,12 @@ def group_columns(weights: torch.Tensor, units: Units) -> torch.Tensor:
     if weights.shape[-1] != units.num_tokens:
         raise ValueError(f"weights have {weights.shape[-1]} columns but the text has "
                          f"{units.num_tokens} tokens")
-    index = torch.empty(units.num_tokens, dtype=torch.long, device=weights.device)
-    for u, group in enumerate(units.groups):
-        index[list(group)] = u
+    # the unit of each token, built in one indexing (a loop over 8k units took 0.18 s a call)
+    sizes = torch.tensor([len(g) for g in units.groups], dtype=torch.long)
+    owner = torch.repeat_interleave(torch.arange(len(units)), sizes)  # (tokens,) in group order
+    index = torch.empty(units.num_tokens, dtype=torch.long)
+    index[torch.tensor([i for g in units.groups for i in g], dtype=torch.long)] = owner
+    index = index.to(weights.device)
     out = weights.new_zeros(*weights.shape[:-1], len(units))  # (..., U)
     return out.index_add_(-1, index, weights)
 

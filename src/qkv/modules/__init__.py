@@ -1,6 +1,7 @@
 """Modules assembled from the attention core.
 
 * ``multihead.py``   — :class:`MultiHeadAttention` (self, cross, GQA, MQA)
+* ``lse_trace.py``   — ``trace_rows=LSE``: every row's log-sum-exp with q, k, v (:class:`LseTrace`)
 * ``kv_cache.py``    — :class:`KVCache` for incremental decoding
 * ``positional.py``  — sinusoidal, learned, rotary (RoPE), ALiBi
 * ``feedforward.py`` — :class:`FeedForward`, :class:`GatedFeedForward` (SwiGLU)
@@ -12,6 +13,7 @@
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
 from qkv.modules.intervention import AttentionEdit, Interventions
 from qkv.modules.kv_cache import KVCache
+from qkv.modules.lse_trace import LSE, LseTrace
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 from qkv.modules.positional import (
     ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
@@ -20,8 +22,9 @@ from qkv.modules.stack import StackOutput, TransformerStack
 from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
 
 __all__ = [
-    "ALiBi", "AttentionEdit", "AttentionOutput", "FeedForward", "GatedFeedForward", "Interventions", "KVCache", "LayerOutput",
-    "LayerTrace", "LearnedPositionalEmbedding", "MultiHeadAttention", "MultiHeadTrace",
+    "ALiBi", "AttentionEdit", "AttentionOutput", "FeedForward", "GatedFeedForward", "Interventions",
+    "KVCache", "LayerOutput", "LayerTrace", "LearnedPositionalEmbedding", "LSE", "LseTrace",
+    "MultiHeadAttention", "MultiHeadTrace",
     "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
     "TransformerStack",
 ]

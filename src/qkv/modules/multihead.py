@@ -20,6 +20,7 @@ from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_at
 from qkv.attention.masks import AttentionMask, combine
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
+from qkv.modules.lse_trace import LseRequest, LseTrace
 from qkv.modules.positional import ALiBi, RotaryEmbedding
 
 
@@ -55,12 +56,13 @@ class AttentionOutput:
         output: (b, t, E) the attention block's output (after ``out_proj``).
         weights: None unless ``need_weights``; then (b, t, s) averaged over heads, or
             (b, h, t, s) with ``average_attn_weights=False``.
-        trace: None unless ``trace_rows``; then a :class:`MultiHeadTrace` of those rows.
+        trace: None unless ``trace_rows``; then a :class:`MultiHeadTrace` of those rows (an
+            :class:`~qkv.modules.lse_trace.LseTrace` with ``trace_rows=LSE``).
     """
 
     output: torch.Tensor
     weights: torch.Tensor | None = None
-    trace: MultiHeadTrace | None = None
+    trace: MultiHeadTrace | LseTrace | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -247,6 +249,11 @@ class MultiHeadAttention(nn.Module):
             heads = self.sequence_parallel.attend(
                 q, k, v, description, bias=bias, dropout_p=dropout_p, enable_gqa=gqa,
                 needs_local=need_weights or trace_rows is not None or kv_cache is not None or key is not query)
+        elif isinstance(trace_rows, LseRequest):  # qkv.explain.document: every row's lse, O(t)
+            heads, lse = scaled_dot_product_attention(q, k, v, mask=description, bias=bias,
+                                                      dropout_p=dropout_p, enable_gqa=gqa,
+                                                      return_lse=True)
+            trace = LseTrace(q.detach(), k.detach(), v.detach(), lse.detach(), description)
         elif need_weights or (trace_rows is not None and dropout_p > 0):
             # every weight wanted (or dropout, whose draw the trace must share): trace all rows
             trace = attention_trace(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
@@ -275,6 +282,8 @@ class MultiHeadAttention(nn.Module):
             weights = weights.mean(dim=1) if average_attn_weights else weights
         if trace_rows is None:
             return AttentionOutput(out, weights)
+        if isinstance(trace_rows, LseRequest):
+            return AttentionOutput(out, weights, trace)
         rows = _trace_rows(t, trace_rows, query.device)
         traced = trace.detach() if rows_only else trace.detach().select_rows(rows)
         new = key.shape[1]

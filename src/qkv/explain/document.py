@@ -1,0 +1,386 @@
+"""A long text explained exactly at O(N) memory: one forward, then any token, row, column or tile.
+
+:func:`document` runs the model's own forward once with ``trace_rows=LSE``
+(:mod:`qkv.modules.lse_trace`): every attention call keeps its queries and keys (after rotary
+positions), each row's log-sum-exp and its mask description — O(L · (h + h_kv) · N · d) numbers,
+never an N × N matrix. Every later question is answered from those, blockwise, exactly::
+
+    w_ij = exp(q_i · k_j · scale − lse_i)      (0 where the model's mask excludes j)
+
+* :meth:`Document.explain` — the :class:`~qkv.explain.overview.Overview` that
+  :func:`qkv.explain.explain` gives for a token (the same rows, ranking, focus and sink), without
+  another forward: rows of q·kᵀ for the token, O(L · h · N);
+* :meth:`Document.weights` — chosen rows of one head, (rows, N);
+* :meth:`Document.received` — each key's total received weight Σ_i w_ij (N,), the score
+  KV-cache eviction methods such as H2O keep;
+* :meth:`Document.block_map` — the sum of every (block × block) tile, (⌈N/b⌉, ⌈N/b⌉): the whole
+  map of a book at a glance;
+* :meth:`Document.scores` — a contribution method for one token's rows: ``weight``, ``norm``
+  (w_ij ‖f^h(h_j)‖, the value norms kept from the forward) and ``rollout`` (row vectors
+  multiplied through the layers' attention, O(N) memory; L(L+1)/2 sweeps over the keys);
+* :meth:`Document.sinks`, :meth:`Document.column` — the weight every row puts on one key (the
+  first token: the attention sink), O(N · d).
+
+Each honours the mask the forward used (causal, a sliding window, packed documents, any block
+mask), read from the record, not re-derived.
+
+Example:
+    >>> import qkv
+    >>> from qkv.explain.document import document
+    >>> model = qkv.load("lm")
+    >>> doc = document(model, "the cat sat on the mat " * 200)
+    >>> doc.received(0, 0).shape, doc.block_map(0, 0, block=128).shape     # doctest: +SKIP
+    (torch.Size([1202]), torch.Size([10, 10]))
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from qkv.attention.block_mask import BlockMask, block_mask_for
+from qkv.attention.received import attention_block_sums, attention_received
+from qkv.attention.functional import attention_trace
+from qkv.errors import QkvError
+from qkv.explain import contributions
+from qkv.explain.contributions.base import Scores, out_weight
+from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_heads, num_layers
+from qkv.explain.overview import Overview, overview_of
+from qkv.explain.select import choose, choose_in
+from qkv.explain.wording import ArgumentError
+from qkv.modules.lse_trace import LSE
+from qkv.text import clean_text
+
+#: The contribution methods a Document answers from its record (the others re-run the model).
+METHODS = ("weight", "norm", "rollout")
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One layer's self-attention, kept at O(N): what every weight is recomputed from.
+
+    Fields:
+        query: (h, t, d) the queries the kernel read (after positions).
+        key: (h_kv, s, d) the keys, likewise.
+        lse: (h, t) each row's log-sum-exp (float32; −inf for a row with no key).
+        mask: the :class:`~qkv.attention.AttentionMask` the forward used.
+        scale: the scores' scale, None for 1/√d.
+        value_norms: (h, s) ‖f^h(h_j)‖ = ‖v^h_j W_O^h‖, what ``norm`` multiplies the weights by.
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    lse: torch.Tensor
+    mask: object
+    scale: float | None
+    value_norms: torch.Tensor
+
+    @property
+    def enable_gqa(self) -> bool:
+        return self.key.shape[0] != self.query.shape[0]
+
+
+class Document:
+    """A text after one recorded forward; answers about any token, exactly, in O(N) memory.
+
+    Built by :func:`document`. Fields: ``model``, ``text``, ``encoding`` (the tokenizer's),
+    ``layers`` (one :class:`LayerRecord` per layer). Layers and heads count from 0.
+    """
+
+    def __init__(self, model, text: str, encoding, layers: list[LayerRecord]):
+        self.model, self.text, self.encoding, self.layers = model, text, encoding, layers
+        self._masks: dict = {}
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> list[str]:
+        return list(self.encoding.tokens)
+
+    def __len__(self) -> int:
+        """N, the number of tokens."""
+        return len(self.encoding.ids)
+
+    @property
+    def nbytes(self) -> int:
+        """What the record holds, in bytes (queries, keys, lse, value norms of every layer)."""
+        return sum(x.numel() * x.element_size() for r in self.layers
+                   for x in (r.query, r.key, r.lse, r.value_norms))
+
+    # -- the mask ----------------------------------------------------------------------------
+    def block_mask(self, layer: int) -> BlockMask:
+        """Layer ``layer``'s mask as a :class:`~qkv.attention.BlockMask` (built once, shared by
+        layers that use the same description)."""
+        rec = self.layers[layer]
+        key = id(rec.mask)
+        if key not in self._masks:
+            h, t = rec.query.shape[:2]
+            self._masks[key] = block_mask_for(rec.mask, 1, h, t, rec.key.shape[1],
+                                              device=rec.query.device)
+        return self._masks[key]
+
+    def _check(self, layer: int, head: int | None = None) -> LayerRecord:
+        for name, value in (("layer", layer), ("head", head)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ArgumentError(name, "{name} must be an int, got {value!r}", value=value)
+        check_layer_head(self.model, layer, head)
+        return self.layers[layer]
+
+    def _kw(self, layer: int) -> dict:
+        rec = self.layers[layer]
+        return dict(block_mask=self.block_mask(layer), scale=rec.scale, enable_gqa=rec.enable_gqa)
+
+    # -- weights, columns, sums ----------------------------------------------------------------
+    def weights(self, layer: int, head: int, rows: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """(len(rows), N): the exact weights of query ``rows`` in one head (float32).
+
+        Example:
+            >>> doc.weights(0, 0, [5, 9]).sum(-1)                      # doctest: +SKIP
+            tensor([1.0000, 1.0000])
+        """
+        self._check(layer, head)
+        return self._all_heads(layer, rows, head)[0]
+
+    def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
+        """(h, r, N): every head's weights of ``rows`` ((1, r, N): head ``head``'s).
+
+        A row is the softmax of its own scores (the reference path that ``trace_rows`` runs, on
+        the recorded q and k): O(r · N), and as exact as the traced forward — exp(s − lse) would
+        add the rounding of lse, ~|lse| · eps relative, 4 × the softmax's on MiniLM's layer 0.
+        """
+        rec = self.layers[layer]
+        t = rec.query.shape[1]
+        try:
+            index = torch.arange(t)[torch.as_tensor(rows, dtype=torch.long).reshape(-1)]
+        except (IndexError, TypeError, ValueError, RuntimeError):
+            raise QkvError(f"rows must be token indices in 0–{t - 1}, got {rows!r}") from None
+        trace = attention_trace(rec.query[None], rec.key[None], rec.key[None], mask=rec.mask,
+                                scale=rec.scale, enable_gqa=rec.enable_gqa, rows=index)
+        return trace.weights[0] if head is None else trace.weights[0, head:head + 1]  # (h or 1, r, N)
+
+    def received(self, layer: int, head: int) -> torch.Tensor:
+        """(N,): Σ_i w_ij, the total weight each key receives from every query row (exact).
+
+        Under a causal mask the first token receives from every row; later ones from fewer.
+        """
+        rec = self._check(layer, head)
+        return attention_received(rec.query[None], rec.key[None], rec.lse[None], heads=[head],
+                                  **self._kw(layer))[0, 0]
+
+    def block_map(self, layer: int, head: int, block: int = 128) -> torch.Tensor:
+        """(⌈N/block⌉, ⌈N/block⌉): the sum of the weights in every (block × block) tile (exact).
+
+        Row I of tiles sums to the number of its rows that see a key (block, or fewer at the end).
+        """
+        rec = self._check(layer, head)
+        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+            raise QkvError(f"block must be a positive int, got {block!r}")
+        return attention_block_sums(rec.query[None], rec.key[None], rec.lse[None], heads=[head],
+                                    block=block, **self._kw(layer))[0, 0]
+
+    def column(self, layer: int, key: int) -> torch.Tensor:
+        """(h, N): the weight every query row of every head puts on key ``key`` — O(h · N · d).
+
+        0 where the mask hides ``key`` from a row.
+        """
+        rec = self._check(layer)
+        n = rec.key.shape[1]
+        if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < n:
+            raise QkvError(f"key must be a token index in 0–{n - 1}, got {key!r}")
+        groups = rec.query.shape[0] // rec.key.shape[0]
+        scale = rec.scale if rec.scale is not None else 1.0 / math.sqrt(rec.query.shape[-1])
+        k = rec.key[:, key].repeat_interleave(groups, 0).float()  # (h, d)
+        scores = torch.einsum("htd,hd->ht", rec.query.float(), k) * scale  # (h, t)
+        lse = rec.lse.masked_fill(torch.isneginf(rec.lse), float("inf"))
+        keep = _column_mask(self.block_mask(layer), key, rec.query.shape[0])  # (h or 1, t)
+        return (scores - lse).exp().masked_fill(~keep, 0.0)
+
+    def sinks(self) -> torch.Tensor:
+        """(L, h): the mean weight the rows put on the first token, per layer and head — how much
+        each head parks on the attention sink (Xiao et al., 2023); exact, O(L · h · N · d)."""
+        return torch.stack([self.column(layer, 0).double().mean(-1).float()
+                            for layer in range(len(self.layers))])
+
+    def top_received(self, layer: int, head: int, k: int = 10) -> list[tuple[int, float]]:
+        """The ``k`` keys that receive the most weight in one head, as (token index, Σ_i w_ij)."""
+        check_top(k)
+        got = self.received(layer, head)
+        values, index = got.topk(min(k, len(got)))
+        return [(int(i), float(v)) for i, v in zip(index, values)]
+
+    # -- contributions for one token -----------------------------------------------------------
+    def scores(self, rows: Sequence[int] | torch.Tensor, method: str = "weight") -> Scores:
+        """A contribution method's :class:`~qkv.explain.contributions.Scores` for query ``rows``.
+
+        ``weight``: (L, h, r, N) the weights. ``norm``: (L, h, r, N) w_ij ‖f^h(h_j)‖.
+        ``rollout``: (L, r, N) row ``rows`` of R^ℓ = Â^ℓ … Â^1, Â = ½Ā + ½I, computed as row
+        vectors times each layer's attention (never a matrix): L(L+1)/2 sweeps over the keys.
+        """
+        m = contributions.check_method(self.model, method)
+        if m.name not in METHODS:
+            raise ArgumentError("method", "{name} {value!r} re-runs the model; a document answers "
+                                "{known} from its one forward (use qkv.explain.explain on a shorter "
+                                "text)", value=m.name, known=", ".join(METHODS))
+        rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        if m.name == "rollout":
+            return Scores(method="rollout", per="layer", rows=rows, scores=self._rollout(rows))
+        per_layer = []
+        for layer, rec in enumerate(self.layers):
+            w = self._all_heads(layer, rows)  # (h, r, N)
+            per_layer.append(w if m.name == "weight" else w * rec.value_norms.unsqueeze(1))
+        return Scores(method=m.name, per="head", rows=rows, scores=torch.stack(per_layer))
+
+    def _rollout(self, rows: torch.Tensor) -> torch.Tensor:
+        """(L, r, N): e_rows Â^ℓ … Â^1 for ℓ = 1 … L, each a chain of vector × matrix products."""
+        n, out = len(self), []
+        start = torch.zeros(len(rows), n, dtype=torch.float64)
+        start[torch.arange(len(rows)), rows] = 1.0
+        for top in range(len(self.layers)):
+            v = start
+            for layer in range(top, -1, -1):  # v ← v Â^layer = ½ v Ā + ½ v
+                rec = self.layers[layer]
+                through = attention_received(rec.query[None], rec.key[None], rec.lse[None],
+                                             row_weights=v, **self._kw(layer))  # (1, h, r, N)
+                v = 0.5 * through[0].double().mean(0) + 0.5 * v
+            out.append(v.float())
+        return torch.stack(out)
+
+    def explain(self, token: str | int | None = None, *, words: bool = False, top: int = 3,
+                to: str | None = None, layer: int | None = None,
+                method: str = "weight") -> Overview:
+        """The :class:`~qkv.explain.overview.Overview` of one token — what
+        :func:`qkv.explain.explain` gives for ``(model, text, token=…)`` — from the record.
+
+        Arguments as :func:`qkv.explain.explain` (``method`` one of :data:`METHODS`).
+
+        Example:
+            >>> ov = doc.explain(token="mat")                           # doctest: +SKIP
+            >>> len(ov.rows) == doc.model.num_layers * doc.model.num_heads    # doctest: +SKIP
+            True
+        """
+        check_top(top)
+        check_layer_head(self.model, layer, None)
+        units, choice = choose_in(token, self.encoding, self.text, words=words, role="token")
+        focus = None if to is None else choose(to, units, role="to").unit
+        scores = self.scores(units.groups[choice.unit], method)
+        return overview_of(self.model, self.text, self.encoding, units, choice, scores,
+                           focus=focus, top=top, layer=layer)
+
+
+def _column_mask(bm: BlockMask, key: int, h: int) -> torch.Tensor:
+    """(h or 1, t) bool: which query rows may see key ``key`` under ``bm``."""
+    rows, c = [], key // bm.block_size
+    for r in range(bm.kinds.shape[-2]):
+        rows.append(bm.dense_block(r, c, c + 1)[0, :, :, key - c * bm.block_size])  # (H', bq)
+    return torch.cat(rows, -1) if rows else torch.zeros(1, 0, dtype=torch.bool)
+
+
+# -- building one ----------------------------------------------------------------------------------
+def estimate_bytes(model, n: int) -> int:
+    """How much memory :func:`document` needs for ``n`` tokens, in bytes: the record of every
+    layer (queries, keys, values held until the forward ends, lse, value norms) plus one layer's
+    working set (its activations, the widest linear layer three times over)."""
+    total, widest = 0, 0
+    for layer in model.layers:
+        attn = layer.self_attn
+        size = attn.q_proj.weight.element_size()
+        q = attn.num_heads * attn.head_dim
+        kv = attn.num_kv_heads * attn.head_dim
+        total += n * ((q + 2 * kv) * size + 2 * attn.num_heads * 4)  # q, k, v; lse, value norms
+        for mod in layer.modules():
+            if isinstance(mod, torch.nn.Linear):
+                widest = max(widest, mod.out_features * size)
+    width = model.layers[0].self_attn.embed_dim * model.layers[0].self_attn.q_proj.weight.element_size()
+    return total + n * (8 * width + 3 * widest)
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Document:
+    """Run ``model`` once over ``text``, keeping what every later question needs at O(N).
+
+    Args:
+        model: a self-attention model from :func:`qkv.load` (decoders and encoders alike).
+        text: the text (``str``, or UTF-8 ``bytes`` as read from a file).
+        memory_limit: the most bytes the record may take (default: the memory available now).
+
+    Raises:
+        QkvError: an empty text, bytes that are not UTF-8, more tokens than the model takes,
+            more memory than ``memory_limit`` (the message says how much it would take), a
+            model whose attention has a score bias (ALiBi) the blockwise kernel cannot take.
+
+    Cost: one forward with the blockwise kernel (it returns the lse), about as long as an
+    untraced forward; memory O(L · (h + 2 h_kv) · N · d).
+    """
+    text = clean_text(text) if isinstance(text, (bytes, bytearray)) else text
+    if not isinstance(text, str):
+        raise QkvError(f"text must be a str or UTF-8 bytes, got {type(text).__name__}")
+    clean_text(text)  # a lone surrogate is named here, not deep in the tokenizer
+    encoding = encode(model, text)  # empty text; more tokens than the tokenizer's limit
+    n = len(encoding.ids)
+    limit = getattr(model, "max_length", None)
+    if isinstance(limit, int) and n > limit:
+        raise QkvError(f"the text is {n} tokens; {model_name(model)} takes at most {limit}")
+    need = estimate_bytes(model, n)
+    have = memory_limit if memory_limit is not None else available_bytes()
+    if have is not None and need > have:
+        raise QkvError(f"a document of {n} tokens needs about {_gib(need)} for "
+                       f"{model_name(model)}'s {num_layers(model)} layers (queries, keys and values "
+                       f"of every layer) but {_gib(have)} is available; give a shorter text")
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, N)
+    kwargs = {}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = 1  # the logits (N × vocabulary) are not needed
+    with torch.no_grad():
+        try:
+            out = model(ids, torch.ones_like(ids), trace_rows=LSE, **kwargs)
+        except ValueError as e:
+            if "blockwise" in str(e) and "bias" in str(e):
+                raise QkvError(f"{model_name(model)} adds a score bias (ALiBi) to its attention; "
+                               f"a document needs the blockwise kernel, which takes none") from None
+            raise
+        layers = [_record(layer.self_attn, tr.self_attn) for layer, tr in zip(model.layers, out.traces)]
+    _check_finite(model, layers)
+    return Document(model, text, encoding, layers)
+
+
+def _record(attn, trace) -> LayerRecord:
+    """One layer's :class:`LayerRecord` from its ``LseTrace`` (batch 1); the values are reduced
+    to their norms after the output projection, one head at a time (O(N · E) at once)."""
+    v = trace.value[0]  # (h_kv, s, dv)
+    w = out_weight(attn)  # (h, dv, E)
+    groups = attn.num_heads // v.shape[0]
+    norms = torch.stack([(v[h // groups] @ w[h].to(v.dtype)).norm(dim=-1)
+                         for h in range(attn.num_heads)]).float()  # (h, s)
+    return LayerRecord(query=trace.query[0], key=trace.key[0], lse=trace.lse[0], mask=trace.mask,
+                       scale=trace.scale, value_norms=norms)
+
+
+def _check_finite(model, layers: list[LayerRecord]) -> None:
+    """QkvError naming the first layer and head whose log-sum-exp is NaN (a broken model)."""
+    for i, rec in enumerate(layers):
+        bad = torch.isnan(rec.lse).any(-1)  # (h,)
+        if bool(bad.any()):
+            head = int(bad.nonzero()[0])
+            raise QkvError(f"layer {i}, head {head} of {model_name(model)}: the attention is NaN "
+                           f"(the model computes NaN on this text)")
+
+
+__all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "document", "estimate_bytes"]

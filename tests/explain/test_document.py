@@ -1,0 +1,189 @@
+"""qkv.explain.document: rows, received sums and tile sums of a ~1k-token text equal a dense
+float64 recomputation (transformers eager, ``output_attentions``, on the same weights); the
+overview equals ``explain``'s; the model's mask (causal, sliding window) is respected; bad input
+gets one clear error.
+
+Tolerances (tests/tolerance.py): the truth is transformers in float64; the document (float32)
+may be at most twice as far from it as transformers in float32 is, plus 2 ulp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import qkv
+from hf_decoders import make_checkpoint
+from qkv.errors import QkvError
+from qkv.explain import explain
+from qkv.explain.document import document, estimate_bytes
+from qkv.explain.wording import ArgumentError
+from tolerance import assert_within, bound, twin
+
+SENTENCE = "The quick brown fox jumps over the lazy dog. Attention is all you need, said the paper. "
+TEXT = SENTENCE * 18  # ~1,100 tokens with the test tokenizer
+SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=4096)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("llama"), "LlamaConfig", "LlamaForCausalLM",
+                           **SIZES)
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):  # a sliding window of 100 keys
+    return make_checkpoint(tmp_path_factory.mktemp("mistral"), "MistralConfig",
+                           "MistralForCausalLM", sliding_window=100, **SIZES)
+
+
+def eager_attentions(hf, ids):
+    """(float32, float64) transformers eager attentions: L tensors (h, t, t) each."""
+    out = []
+    for model in (hf, twin(hf, torch.float64)):
+        with torch.no_grad():
+            att = model(input_ids=ids, output_attentions=True).attentions
+        out.append([a[0] for a in att])
+    return out
+
+
+def tiles(w: torch.Tensor, block: int) -> torch.Tensor:
+    """(t, s) → (⌈t/b⌉, ⌈s/b⌉) tile sums."""
+    t, s = w.shape
+    nq, nk = math.ceil(t / block), math.ceil(s / block)
+    padded = torch.nn.functional.pad(w, (0, nk * block - s, 0, nq * block - t))
+    return padded.view(nq, block, nk, block).sum((1, 3))
+
+
+@pytest.mark.parametrize("which", ["llama", "mistral"])
+def test_rows_received_and_tiles_equal_eager_float64(which, request):
+    path, hf = request.getfixturevalue(which)
+    doc = document(qkv.load(path), TEXT)
+    n = len(doc)
+    assert 1000 < n < 2000
+    plain, ref = eager_attentions(hf, torch.tensor([doc.encoding.ids]))
+    rows = [0, 1, 137, n // 2, n - 1]
+    for layer in range(SIZES["num_hidden_layers"]):
+        for head in (0, 3):
+            r, p = ref[layer][head], plain[layer][head]  # (t, t)
+            assert_within(doc.weights(layer, head, rows), r[rows], p[rows],
+                          what=f"{which} weights L{layer}H{head}")
+            assert_within(doc.received(layer, head), r.sum(0), p.sum(0),
+                          what=f"{which} received L{layer}H{head}")
+            for block in (128, 100):
+                assert_within(doc.block_map(layer, head, block=block), tiles(r, block),
+                              tiles(p, block), what=f"{which} block map {block} L{layer}H{head}")
+            assert_within(doc.column(layer, 0)[head], r[:, 0], p[:, 0], what="column 0")
+    # the mask: nothing from the future; under the window nothing older than 100 keys either
+    w = doc.weights(2, 1, [n - 1])[0]
+    assert bool((doc.weights(2, 1, [5])[0, 6:] == 0).all())
+    if which == "mistral":
+        assert bool((w[: n - 1 - 100] == 0).all()) and bool((w[n - 1 - 99:] > 0).all())
+        assert bool((doc.block_map(0, 0, block=128).tril(-2) == 0).all())  # the band's tiles only
+    else:
+        assert bool((w > 0).all())
+    sinks = doc.sinks()
+    assert sinks.shape == (3, 4)
+    assert_within(sinks[1], ref[1][:, :, 0].mean(-1), plain[1][:, :, 0].mean(-1), what="sinks")
+
+
+def ranked(ov):
+    return [(r.layer, r.head) for r in ov.rows]
+
+
+def assert_same_ranking(got, want, truth, plain):
+    """Same rows, unit, focus and sink; the order equal except among heads whose largest weights
+    lie within the derived tolerance of each other (their order is a rounding)."""
+    assert (got.unit, got.focus, got.units.labels, got.method, got.per) == \
+        (want.unit, want.focus, want.units.labels, want.method, want.per)
+    assert str(got.sink) == str(want.sink) and str(got.focus_reason) == str(want.focus_reason)
+    key = {(r.layer, r.head): r.max_weight for r in truth.rows}
+    tol = bound(torch.tensor([r.max_weight for r in truth.rows], dtype=torch.float64),
+                torch.tensor([key_of(plain, r) for r in truth.rows]))
+    assert sorted(ranked(got)) == sorted(ranked(want))
+    for a, b in zip(ranked(got), ranked(want)):
+        assert a == b or abs(key[a] - key[b]) <= 2 * tol, (a, b, key[a], key[b], tol)
+
+
+def key_of(ov, row):
+    return next(r.max_weight for r in ov.rows if (r.layer, r.head) == (row.layer, row.head))
+
+
+@pytest.mark.parametrize("token,words,method", [("paper", False, "weight"), ("fox@3", True, "weight"),
+                                                (None, False, "norm"), ("dog", False, "rollout")])
+def test_explain_is_explains_overview(llama, token, words, method):
+    path, _ = llama
+    model, model64 = qkv.load(path), qkv.load(path, dtype=torch.float64)
+    doc = document(model, TEXT)
+    got = doc.explain(token=token, words=words, method=method)
+    want = explain(model, TEXT, token=token, words=words, method=method)
+    truth = explain(model64, TEXT, token=token, words=words, method=method)
+    assert_same_ranking(got, want, truth, want)
+    assert_within(got.scores, truth.scores, want.scores, what=f"{method} scores")
+
+
+def test_explain_on_a_native_encoder(model):
+    """MiniLM (BERT, no causal mask): the document's overview is explain's."""
+    text = " ".join(["the dog found some pizza next to the baby and ate it"] * 40)
+    doc = document(model, text)
+    got, want = doc.explain(token="pizza@7", top=5), explain(model, text, token="pizza@7", top=5)
+    truth = explain(qkv.load("minilm", dtype=torch.float64), text, token="pizza@7", top=5)
+    assert_same_ranking(got, want, truth, want)
+    assert_within(got.scores, truth.scores, want.scores, what="encoder weights")
+    assert bool((doc.weights(0, 0, [3])[0] > 0).all())  # every key visible
+
+
+def test_explain_layer_and_to(llama):
+    path, _ = llama
+    model = qkv.load(path)
+    doc = document(model, TEXT)
+    got = doc.explain(token="paper", layer=1, to="the@5")
+    want = explain(model, TEXT, token="paper", layer=1, to="the@5")
+    assert ranked(got) == ranked(want) and got.focus == want.focus
+    assert {r.layer for r in got.rows} == {1}
+
+
+def test_bad_input_is_one_clear_error(llama):
+    path, _ = llama
+    model = qkv.load(path)
+    with pytest.raises(QkvError, match="empty"):
+        document(model, "   ")
+    with pytest.raises(QkvError, match=r"not valid UTF-8 \(byte 0xff at position 4\)"):
+        document(model, b"the \xff cat")
+    with pytest.raises(QkvError, match="lone surrogate"):
+        document(model, "the \ud800 cat")
+    with pytest.raises(QkvError, match="at most 4096"):
+        document(model, SENTENCE * 100)
+    need = estimate_bytes(model, len(model.tokenizer.encode(TEXT).ids))
+    with pytest.raises(QkvError, match=rf"needs about {need / 2**30:.2f} GiB .* but 0.00 GiB is available"):
+        document(model, TEXT, memory_limit=1000)
+    doc = document(model, SENTENCE * 3)
+    with pytest.raises(ArgumentError, match="layer 3 is out of range"):
+        doc.received(3, 0)
+    with pytest.raises(ArgumentError, match="head 4 is out of range"):
+        doc.block_map(0, 4)
+    with pytest.raises(QkvError, match="block must be a positive int, got 0"):
+        doc.block_map(0, 0, block=0)
+    with pytest.raises(ArgumentError, match="method 'alti' re-runs the model"):
+        doc.explain(method="alti")
+    with pytest.raises(ArgumentError, match="token 'cat' is not a token"):
+        doc.explain(token="cat")
+
+
+def test_bytes_decode_like_text(llama):
+    path, _ = llama
+    model = qkv.load(path)
+    a, b = document(model, SENTENCE), document(model, "\ufeff".encode() + SENTENCE.encode())
+    assert a.tokens == b.tokens and torch.equal(a.received(0, 0), b.received(0, 0))
+
+
+def test_memory_is_linear_in_the_length(llama):
+    """The record's size doubles with the text: O(N), no N × N part."""
+    path, _ = llama
+    model = qkv.load(path)
+    small, large = document(model, SENTENCE * 6), document(model, SENTENCE * 12)
+    assert small.nbytes / len(small) == pytest.approx(large.nbytes / len(large))
+    assert estimate_bytes(model, 2000) == 2 * estimate_bytes(model, 1000)
