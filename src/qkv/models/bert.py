@@ -167,7 +167,7 @@ class BertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, varlen: VarLen | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                output_hidden_states: bool = False) -> EncoderOutput:
+                output_hidden_states: bool = False, head_edits: dict | None = None) -> EncoderOutput:
         """Encode a batch of token ids.
 
         Args:
@@ -183,6 +183,8 @@ class BertModel(nn.Module):
                 reference attention path: the same numbers up to float roundings (tests bound them
                 by transformers' own float32 error).
             output_hidden_states: also return what enters each layer.
+            head_edits: {layer: :class:`~qkv.modules.intervention.HeadEdit`}: heads' outputs
+                replaced (ablation, patching; :mod:`qkv.explain.interventions`).
 
         Returns:
             An :class:`EncoderOutput`.
@@ -201,7 +203,7 @@ class BertModel(nn.Module):
             mask, positions = AttentionMask(key_padding=_key_padding_mask(attention_mask, b, t)), None
         x = self.embeddings(input_ids, token_type_ids, positions)  # (b, t, E)
         out = self.encoder(x, mask=mask, trace_rows=trace_rows,
-                           output_hidden_states=output_hidden_states)
+                           output_hidden_states=output_hidden_states, head_edits=head_edits)
         return EncoderOutput(out.last_hidden_state, out.hidden_states, out.traces)
 
     def _check_ids(self, input_ids: torch.Tensor, varlen: VarLen | None = None) -> tuple[int, int]:

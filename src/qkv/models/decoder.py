@@ -83,7 +83,8 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
                 trace_rows: torch.Tensor | slice | None = None,
                 output_hidden_states: bool = False,
                 logits_to_keep: int | None = None,
-                position_ids: torch.Tensor | None = None) -> DecoderOutput:
+                position_ids: torch.Tensor | None = None,
+                head_edits: dict | None = None) -> DecoderOutput:
         """Next-token logits for every position (or the last ``logits_to_keep``).
 
         Args:
@@ -101,6 +102,8 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
                 ``input_ids`` — e.g. a shard of one long sequence under sequence parallelism
                 (:func:`qkv.distributed.shard_positions`: learned tables and RoPE must see global
                 positions). Default: counted from the cache and the padding.
+            head_edits: {layer: :class:`~qkv.modules.intervention.HeadEdit`}: heads' outputs
+                replaced (ablation, patching; :mod:`qkv.explain.interventions`).
 
         Returns:
             A :class:`DecoderOutput` (logits (b, t, V), or (b, k, V)).
@@ -118,7 +121,8 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
         # 3) embed → layers (the stack ends in the final norm) → logits
         out = self.decoder(self.embed(input_ids, positions, past), mask=self.attention_mask(padding, t),
                            kv_caches=kv_caches, trace_rows=trace_rows,
-                           output_hidden_states=output_hidden_states, positions=positions)
+                           output_hidden_states=output_hidden_states, positions=positions,
+                           head_edits=head_edits)
         h = out.last_hidden_state if logits_to_keep is None else out.last_hidden_state[:, -logits_to_keep:]
         return DecoderOutput(
             logits=F.linear(h, self.output_weight),  # (b, t or k, V)

@@ -9,6 +9,7 @@
 """
 
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
+from qkv.modules.intervention import HeadEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
 from qkv.modules.positional import (
@@ -18,7 +19,7 @@ from qkv.modules.stack import StackOutput, TransformerStack
 from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
 
 __all__ = [
-    "ALiBi", "AttentionOutput", "FeedForward", "GatedFeedForward", "KVCache", "LayerOutput",
+    "ALiBi", "AttentionOutput", "FeedForward", "GatedFeedForward", "HeadEdit", "KVCache", "LayerOutput",
     "LayerTrace", "LearnedPositionalEmbedding", "MultiHeadAttention", "MultiHeadTrace",
     "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
     "TransformerStack",

@@ -18,6 +18,7 @@ from torch import nn
 
 from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
 from qkv.attention.masks import AttentionMask, combine
+from qkv.modules.intervention import HeadEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.positional import ALiBi, RotaryEmbedding
 
@@ -175,13 +176,16 @@ class MultiHeadAttention(nn.Module):
                 kv_cache: KVCache | None = None, need_weights: bool = False,
                 average_attn_weights: bool = True,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None) -> AttentionOutput:
+                positions: torch.Tensor | None = None,
+                head_edit: HeadEdit | None = None) -> AttentionOutput:
         """Attend from ``query`` (b, t, E) to ``key`` (b, s, kdim) / ``value`` (b, s, vdim).
 
         ``key``/``value`` default to ``query`` (self-attention). With ``kv_cache`` the new keys
         and values are appended to it and the queries attend to everything cached, causally
         aligned bottom-right; rotary positions continue from the cache's length, unless
         ``positions`` (b, t) gives each new token's position (left-padded batches).
+        ``head_edit`` replaces chosen heads' outputs before they are mixed (ablation, patching;
+        see :mod:`qkv.modules.intervention`); a trace keeps the heads' own outputs.
 
         Masks: either ``mask``, an :class:`~qkv.attention.AttentionMask` description (what a
         :class:`~qkv.modules.TransformerStack` passes down, built once per forward; it may hold
@@ -249,7 +253,9 @@ class MultiHeadAttention(nn.Module):
                 trace = attention_trace(q, k, v, mask=description, bias=bias, enable_gqa=gqa, rows=rows)
                 rows_only = True
                 heads = heads.index_copy(-2, rows, trace.output.to(heads.dtype))  # (b, h, t, d)
-        # 4) concatenate the heads and mix them
+        # 4) concatenate the heads (some replaced, when asked) and mix them
+        if head_edit is not None:
+            heads = head_edit.apply(heads)  # (b, h, t, d)
         out = self.out_proj(heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
         weights = None

@@ -74,7 +74,8 @@ class TransformerStack(nn.Module):
                 memory_kv_caches: list[KVCache] | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
                 output_hidden_states: bool = False,
-                positions: torch.Tensor | None = None) -> StackOutput:
+                positions: torch.Tensor | None = None,
+                head_edits: dict | None = None) -> StackOutput:
         """x: (b, t, E) → a :class:`StackOutput`.
 
         Args:
@@ -88,6 +89,8 @@ class TransformerStack(nn.Module):
             output_hidden_states: also return what enters each layer.
             positions: (b, t) each token's position, for rotary embeddings (default: counted
                 from the caches' length).
+            head_edits: {layer: :class:`~qkv.modules.intervention.HeadEdit`} — heads' outputs
+                replaced in those layers (ablation, patching).
         """
         for name, caches in (("kv_caches", kv_caches), ("memory_kv_caches", memory_kv_caches)):
             if caches is not None and len(caches) != len(self.layers):
@@ -95,7 +98,8 @@ class TransformerStack(nn.Module):
                                  f"got {len(caches)}")
         hidden, traces = [x], []
         for i, layer in enumerate(self.layers):
-            out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
+            edit = {"head_edit": head_edits[i]} if head_edits and i in head_edits else {}
+            out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask, **edit,
                         kv_cache=kv_caches[i] if kv_caches is not None else None,
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
                         trace_rows=trace_rows, positions=positions)

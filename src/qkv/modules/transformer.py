@@ -123,14 +123,15 @@ class TransformerLayer(nn.Module):
                 memory_key_padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
-                positions: torch.Tensor | None = None) -> LayerOutput:
+                positions: torch.Tensor | None = None, head_edit=None) -> LayerOutput:
         """x: (b, t, E) → a :class:`LayerOutput` (hidden (b, t, E); a trace with ``trace_rows``).
 
         Masks: ``mask`` (an :class:`~qkv.attention.AttentionMask`, as the stack passes it) or
         the torch-style ``attn_mask`` / ``key_padding_mask`` / ``is_causal``; for the
         cross-attention ``memory_mask`` or ``memory_key_padding_mask``. ``memory`` (b, s, E)
         is the encoder output that ``cross_attn`` reads; ``positions`` (b, t) go to the
-        self-attention's rotary embedding. ``memory_kv_cache`` (decoding) holds
+        self-attention's rotary embedding; ``head_edit`` (a :class:`~qkv.modules.intervention.
+        HeadEdit`) replaces some self-attention heads' outputs. ``memory_kv_cache`` (decoding) holds
         the cross-attention's keys and values of ``memory``: the first call projects ``memory``
         into it, later calls reuse it instead of projecting ``memory`` again.
         """
@@ -139,7 +140,8 @@ class TransformerLayer(nn.Module):
         # 1) self-attention
         x, self_trace = self._residual(x, self.norm1, lambda h: self.self_attn(
             h, mask=mask, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-            is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions))
+            is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
+            head_edit=head_edit))
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
