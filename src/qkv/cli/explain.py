@@ -29,7 +29,8 @@ from qkv.errors import QkvError
 FLAGS = {
     "token": "--token", "to": "--to", "layer": "--layer", "head": "--head", "words": "--words",
     "top": "--top", "source": "--from", "target": "--to", "probe": "--probe", "dims": "--dims",
-    "keys": "--keys", "trials": "--trials", **methods.FLAGS,
+    "keys": "--keys", "trials": "--trials", "effects_probe": "--probe", "mode": "--mode",
+    **methods.FLAGS,
 }
 
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
@@ -107,6 +108,9 @@ def _register_heads(sub) -> None:
                         "last two on repeated random tokens, for decoders)")
     p.add_argument("--top", type=options.integer(1, MAX_TOP), default=10,
                    help="how many heads to list (default 10)")
+    p.add_argument("--ablate", action="store_true",
+                   help="with --probe: each head's effect on the probe's task when it is ablated, "
+                        "beside its score (see qkv faithfulness)")
     p.add_argument("--json", action="store_true", help="print a JSON list, largest first")
     methods.add_options(p, compare=False)
     p.set_defaults(func=run_heads)
@@ -338,9 +342,15 @@ def run_heads(args: argparse.Namespace) -> int:
         if args.probe not in SENTENCE_PROBES + ATTENTION_PROBES:  # fail before the model loads
             raise QkvError(f"unknown probe {args.probe!r}; known probes: "
                            f"{', '.join(SENTENCE_PROBES + ATTENTION_PROBES)}")
+        if args.ablate:
+            from qkv.cli.faithfulness import run_heads_ablate
+
+            return run_heads_ablate(_load(args.model), args)
         if args.probe in ATTENTION_PROBES:  # induction / previous-token: repeated random tokens
             return _heads_induction(_load(args.model), args)
         return _heads_probe(_load(args.model), args)
+    if args.ablate:
+        raise QkvError("--ablate needs --probe (the task whose loss the ablation changes)")
     if args.text is None:
         raise QkvError('give a TEXT with --from/--to (qkv heads "TEXT" --from it --to pizza), '
                        "or --probe coref")
