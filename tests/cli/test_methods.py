@@ -49,7 +49,7 @@ def test_compare(capsys):
     code, out, _ = run(capsys, "explain", TEXT, "--token", "it", "--compare", "--top", "2")
     assert code == 0
     header = next(line for line in out.splitlines() if line.startswith("rank"))
-    assert header.split() == ["rank", "weight", "norm", "rollout", "flow", "alti", "value-zeroing"]
+    assert header.split() == ["rank", "weight", "norm", "rollout", "flow", "alti", "value-zeroing", "attnlrp"]
     assert "grad: not run — --method 'grad' does not apply" in out and "--target TEXT" in out
     assert "on [CLS]/[SEP]/punctuation: weight" in out
 
@@ -65,7 +65,7 @@ def test_heads_by_method(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["explain", TEXT, "--method", "attention"],
-     "qkv: error: unknown --method 'attention'; known methods: weight, norm, rollout, flow, alti, value-zeroing, grad"),
+     "qkv: error: unknown --method 'attention'; known methods: weight, norm, rollout, flow, alti, value-zeroing, grad, attnlrp"),
     (["explain", TEXT, "--method", "grad"],
      "qkv: error: --method 'grad' does not apply to all-MiniLM-L6-v2 without a target: an encoder has no "
      "next token to score; give --target TEXT (the similarity of the two sentence embeddings is differentiated)"),
@@ -86,7 +86,7 @@ def test_heads_by_method(capsys):
      "qkv: error: --method, --compare and --target explain self-attention models; a translation model's "
      "cross-attention is shown per French token (--token, --layer, --head)"),
     (["heads", "--probe", "coref", "--method", "bogus"],
-     "qkv: error: unknown --method 'bogus'; known methods: weight, norm, rollout, flow, alti, value-zeroing, grad"),
+     "qkv: error: unknown --method 'bogus'; known methods: weight, norm, rollout, flow, alti, value-zeroing, grad, attnlrp"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
@@ -116,7 +116,7 @@ def test_a_decoder_runs_every_method(capsys, gpt2_dir):
     code, out, err = run(capsys, "explain", TEXT, "--model", gpt2_dir, "--token", "it", "--compare")
     assert code == 0, err
     header = next(line for line in out.splitlines() if line.startswith("rank"))
-    assert header.split()[1:] == ["weight", "norm", "rollout", "flow", "alti", "value-zeroing", "grad"]
+    assert header.split()[1:] == ["weight", "norm", "rollout", "flow", "alti", "value-zeroing", "grad", "attnlrp"]
     code, out, err = run(capsys, "explain", TEXT, "--model", gpt2_dir, "--token", "it", "--method",
                          "grad", "--json")
     assert code == 0, err

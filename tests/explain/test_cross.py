@@ -175,7 +175,7 @@ def test_gold_for_another_translation_is_not_used(ckpt):
     (["--layer", "3", "--head", "0"], "--layer 3 is out of range: the decoder has 3 layers (0–2)"),
     (["--layer", "0", "--head", "4"], "--head 4 is out of range: each layer has 4 heads (0–3)"),
     (["--token", "zebre"], "--token 'zebre' is not a token of the text"),
-    (["--to", "cat"], "--to and --no-projection are for self-attention models"),
+    (["--to", "cat"], "--to, --words and --no-projection are for self-attention models"),
 ])
 def test_bad_options(capsys, argv, message):
     code, _, err = run(capsys, SENTENCE, "--model", MODEL, *argv)

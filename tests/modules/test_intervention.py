@@ -146,3 +146,20 @@ def test_multihead_edit_zeroes_the_head_columns_of_out_proj():
         cut.out_proj.weight[:, 4:8] = 0  # head 1 of d = 4
     # the same products with zeros in place of head 1's terms; the sums differ only in order
     torch.testing.assert_close(got, cut(x).output, rtol=0, atol=16 * torch.finfo(torch.float64).eps)
+
+
+def test_a_function_of_the_head_output_edits_some_batch_copies_only():
+    """heads[(ℓ, h)] as a function: ablating head 1 in copy 0 only leaves copy 1 as it was, and
+    copy 0 equals the plain zero ablation (the same products; a batch of 2 may sum in another
+    order than a batch of 1, so within a few float64 ulp)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(12, 3).double()
+    x = torch.randn(1, 5, 12, dtype=torch.float64).expand(2, 5, 12)
+    keep = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    got = mha(x, intervention=AttentionEdit(heads={1: lambda o: o * keep[:, None, None]})).output
+    zeroed = mha(x[:1], intervention=AttentionEdit(heads={1: None})).output
+    plain = mha(x[1:]).output
+    tol = dict(rtol=0, atol=16 * torch.finfo(torch.float64).eps)
+    torch.testing.assert_close(got[0], zeroed[0], **tol)
+    torch.testing.assert_close(got[1], plain[0], **tol)
+    assert (got[0] - got[1]).abs().max() > 1e-3  # the head mattered

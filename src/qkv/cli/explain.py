@@ -29,7 +29,8 @@ from qkv.errors import QkvError
 FLAGS = {
     "token": "--token", "to": "--to", "layer": "--layer", "head": "--head", "words": "--words",
     "top": "--top", "source": "--from", "target": "--to", "probe": "--probe", "dims": "--dims",
-    "keys": "--keys", "trials": "--trials", "model": "--model", **methods.FLAGS,
+    "keys": "--keys", "trials": "--trials", "model": "--model", "effects_probe": "--probe",
+    "mode": "--mode", **methods.FLAGS,
 }
 
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
@@ -109,6 +110,9 @@ def _register_heads(sub) -> None:
                         "last two on repeated random tokens, for decoders)")
     p.add_argument("--top", type=options.integer(1, MAX_TOP), default=None,
                    help=f"how many heads to list (default {HEADS_TOP}; with --json every head)")
+    p.add_argument("--ablate", action="store_true",
+                   help="with --probe: each head's effect on the probe's task when it is ablated, "
+                        "beside its score (see qkv faithfulness)")
     p.add_argument("--json", action="store_true", help="print a JSON list, largest first")
     methods.add_options(p, compare=False)
     p.set_defaults(func=run_heads)
@@ -339,7 +343,13 @@ def run_heads(args: argparse.Namespace) -> int:
 
         if args.probe not in PROBES:  # fail before the model loads
             raise QkvError(f"unknown probe {args.probe!r}; known probes: {', '.join(PROBES)}")
+        if args.ablate:
+            from qkv.cli.faithfulness import run_heads_ablate
+
+            return run_heads_ablate(_self_attention_model(args.model), args)
         return _heads_probe(_self_attention_model(args.model), args)
+    if args.ablate:
+        raise QkvError("--ablate needs --probe (the task whose loss the ablation changes)")
     if args.text is None:
         raise QkvError('give a TEXT with --from/--to (qkv heads "TEXT" --from it --to pizza), '
                        "or --probe coref")

@@ -18,7 +18,7 @@ from qkv.errors import QkvError
 
 # The names in qkv.explain.contributions.METHODS (tests/cli/test_methods.py keeps them equal);
 # spelled here so that building the parser imports no torch.
-METHOD_NAMES = ("weight", "norm", "rollout", "flow", "alti", "value-zeroing", "grad")
+METHOD_NAMES = ("weight", "norm", "rollout", "flow", "alti", "value-zeroing", "grad", "attnlrp")
 DEFAULT = METHOD_NAMES[0]  # contributions.DEFAULT: the attention weights themselves
 
 FLAGS = {"method": "--method", "target_text": "--target"}

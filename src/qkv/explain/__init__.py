@@ -18,6 +18,10 @@ plus printing: ``--json`` prints ``to_dict()``.
   ``"induction"`` / ``"previous-token"`` (None: the model's default, coref or — causal — induction;
   ``qkv heads --probe NAME``)
 * ``no_projection(model, text, *, layer)`` → :class:`NoProjection` (``--no-projection``)
+* ``ablate(model, text_or_ids, *, heads, mode)`` → :class:`Ablation`, ``patch(model, clean,
+  corrupted, *, heads)`` → :class:`Patching` (interventions.py); ``head_effects(model, probe, *,
+  mode)`` → :class:`HeadEffects` (``qkv heads --probe P --ablate``); ``faithfulness(model,
+  probe)`` → :class:`Faithfulness`: each method's Spearman ρ with the effects (``qkv faithfulness``)
 * ``contributions.contributions(model, text, *, method, token, words, target_text)`` →
   :class:`Contributions`: what each token hands on by ``norm``,
   ``rollout``, ``flow``, ``alti``, ``value-zeroing`` or ``grad`` (``qkv explain TEXT --method M --json``);
@@ -72,6 +76,8 @@ Where things are:
 * ``maps.py``     — :func:`attention_map`: one head's whole map
 * ``find_heads.py`` — :func:`heads` (from one word to another) and :func:`probe` (coreference)
 * ``ablation.py`` — :func:`no_projection`: attention with q = k = v = x
+* ``interventions.py``, ``head_effects.py``, ``faithfulness.py`` — removing heads (zero/mean),
+  patching them, each head's effect on a probe's task, and which methods agree with it
 * ``contributions/`` — one file per method (``weight.py``, ``norm.py``, ``rollout.py``,
   ``flow.py``, ``alti.py``, ``value_zeroing.py``, ``grad.py``), the registry ``METHODS`` in its
   ``__init__``, ``compare.py``; ``render_contributions.py`` prints the comparison
@@ -89,8 +95,11 @@ from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
 from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
 from qkv.explain.contributions import Contributions
 from qkv.explain.document import Document, document
+from qkv.explain.faithfulness import Faithfulness, faithfulness
 from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
+from qkv.explain.head_effects import HeadEffects, head_effects
 from qkv.explain.induction import HeadScores
+from qkv.explain.interventions import Ablation, Patching, ablate, patch
 from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
 from qkv.explain.overview import HeadRow, Overview, explain
 from qkv.explain.steps import HeadSteps, explain_head
@@ -101,4 +110,6 @@ __all__ = [
     "HeadScores", "HeadSteps", "HeadWeight", "LayerSelf", "Message", "NoProjection", "Overview", "ProbeResult",
     "attention_map", "attention_maps", "cross_attention", "cross_attention_head", "explain",
     "explain_head", "heads", "no_projection", "probe", "Contributions", "Document", "document",
+    "Ablation", "Faithfulness", "HeadEffects", "Patching", "ablate", "faithfulness", "head_effects",
+    "patch",
 ]

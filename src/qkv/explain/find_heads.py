@@ -252,20 +252,27 @@ def _parked(per_layer: list[torch.Tensor], units: Units) -> float:
     return float(contributions.parked(rows, units).mean())
 
 
-def _probe_one(model, item: ProbeItem, method: str = "weight"
-               ) -> tuple[torch.Tensor, int, list[list[str]], float, float]:
-    """(layers, heads) hits, the number of candidate words, each head's pick, and the share
-    parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
+def coref_item(model, item: ProbeItem, *, role: str = "probe"):
+    """(encoding, units, pronoun unit, referent unit) of one coref sentence for ``model``;
+    ArgumentError naming ``role`` when its tokenizer cannot hold the labelled words."""
     encoding = forward.encode(model, item.text, unknown_ok=True)  # the probe says why below
     units = word_units(encoding, item.text)
     try:
         pronoun = choose(item.pronoun, units, role="pronoun").unit
         referent = choose(item.referent, units, role="referent").unit
     except ArgumentError as e:  # a tokenizer that keeps "it." as one word (the shipped lm's)
-        raise ArgumentError("probe", "{name} coref cannot run on {model}: its tokenizer does not "
+        raise ArgumentError(role, "{name} coref cannot run on {model}: its tokenizer does not "
                             "split the probe sentence {text!r} into words holding the labelled "
                             "ones ({reason})", model=forward.model_name(model), text=item.text,
                             reason=str(e)) from e
+    return encoding, units, pronoun, referent
+
+
+def _probe_one(model, item: ProbeItem, method: str = "weight"
+               ) -> tuple[torch.Tensor, int, list[list[str]], float, float]:
+    """(layers, heads) hits, the number of candidate words, each head's pick, and the share
+    parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
+    encoding, units, pronoun, referent = coref_item(model, item)
     per_layer, _ = _rows(model, encoding, units, pronoun, method, None)
     plain = per_layer if method == "weight" else _rows(model, encoding, units, pronoun, "weight", None)[0]
     # Candidates: every word except the pronoun itself; special tokens are not words.

@@ -41,6 +41,9 @@ ARGUMENTS: Mapping[str, str] = {
     "method": "method", "target_text": "target_text",  # qkv.explain.contributions
     # fields of a probe file (qkv/data/coref.jsonl), named when one does not match its sentence
     "pronoun": "pronoun", "referent": "referent",
+    # qkv.explain.interventions, head_effects, faithfulness (their probe= is "probe", not "name")
+    "heads": "heads", "mode": "mode", "text_or_ids": "text_or_ids", "clean": "clean",
+    "corrupted": "corrupted", "length": "length", "effects_probe": "probe",
 }
 
 

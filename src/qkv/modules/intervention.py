@@ -13,8 +13,11 @@ replaces what enters a layer; nothing hooks a module by its attribute name::
 
 Shapes (b batch, t query length, s key length, E width, h heads, h_kv key/value heads, d head dim):
 
-- ``heads[(layer, head)]``: None (the head's output o_h is zeroed) or a tensor broadcastable to
-  (b, t, d) that replaces o_h — e.g. ``other_trace.attention.output[:, head]`` from a clean run.
+- ``heads[(layer, head)]``: None (the head's output o_h is zeroed), a tensor broadcastable to
+  (b, t, d) that replaces o_h — e.g. ``other_trace.attention.output[:, head]`` from a clean run —
+  or a function (b, t, d) → (b, t, d) of o_h (e.g. ``lambda o: o * keep[:, None, None]`` ablates
+  the head in the batch copies where ``keep`` (b,) is 0: every head's ablation in one batched
+  forward).
   This is the per-head output *before* the output projection: zeroing it equals zeroing that
   head's d columns of ``out_proj``'s input.
 - ``values[layer]``: a multiplier broadcastable to (b, h_kv, s) — (b, s) is read as (b, 1, s) —
@@ -44,17 +47,21 @@ from typing import Callable, Mapping
 
 import torch
 
+#: What replaces one head's output o_h (b, t, d): None (zero), a tensor, or a function of o_h.
+HeadReplacement = torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None
+
 
 @dataclass(frozen=True)
 class AttentionEdit:
     """What to change in one self-attention call (one layer's share of :class:`Interventions`).
 
     Fields:
-        heads: head → None (zero its output) or a replacement broadcastable to (b, t, d).
+        heads: head → None (zero its output), a replacement broadcastable to (b, t, d), or a
+            function (b, t, d) → (b, t, d) of the head's output.
         values: None, or a multiplier broadcastable to (b, h_kv, s) for the value vectors.
     """
 
-    heads: Mapping[int, torch.Tensor | None] = field(default_factory=dict)
+    heads: Mapping[int, HeadReplacement] = field(default_factory=dict)
     values: torch.Tensor | None = None
 
     def check(self, num_heads: int) -> None:
@@ -77,6 +84,8 @@ class AttentionEdit:
             return heads
         heads = heads.clone()
         for head, new in self.heads.items():
+            if callable(new):
+                new = new(heads[:, head])  # (b, t, d)
             heads[:, head] = 0 if new is None else new.to(heads.dtype)  # (b, t, d)
         return heads
 
@@ -86,7 +95,8 @@ class Interventions:
     """Edits to one forward: heads replaced or zeroed, value vectors zeroed, inputs patched.
 
     Fields (keys are layer indices, heads are ``(layer, head)``; shapes in the module docstring):
-        heads: (layer, head) → None (zero the head's output) or its replacement (b, t, d).
+        heads: (layer, head) → None (zero the head's output), its replacement (b, t, d), or a
+            function of its output.
         values: layer → multiplier (b, s) or (b, h_kv, s) for that layer's value vectors.
         inputs: layer → replacement (b, t, E) for what enters the layer, or a function of it.
 
@@ -97,7 +107,7 @@ class Interventions:
         {0: None}
     """
 
-    heads: Mapping[tuple[int, int], torch.Tensor | None] = field(default_factory=dict)
+    heads: Mapping[tuple[int, int], HeadReplacement] = field(default_factory=dict)
     values: Mapping[int, torch.Tensor] = field(default_factory=dict)
     inputs: Mapping[int, torch.Tensor | Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
 

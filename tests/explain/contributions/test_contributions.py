@@ -20,7 +20,7 @@ TEXT = "The dog found some pizza next to the baby and ate it"
 def test_registry_names_and_kinds():
     assert tuple(METHODS) == METHOD_NAMES  # the CLI's help lists the same names, torch-free
     assert cli_methods.DEFAULT == registry.DEFAULT and METHODS[registry.DEFAULT].raw
-    assert {n for n, m in METHODS.items() if m.per == "head"} == {"weight", "norm"}
+    assert {n for n, m in METHODS.items() if m.per == "head"} == {"weight", "norm", "attnlrp"}
     assert all(m.formula and m.cost and m.name == n for n, m in METHODS.items())
 
 

@@ -9,6 +9,7 @@ One method per file, each a documented formula (notation in :mod:`.base`):
 * ``alti``    (:mod:`.alti`, Ferrando et al. 2022) — residual and norm included, rolled out
 * ``value-zeroing`` (:mod:`.value_zeroing`, Mohebbi et al. 2023) — re-run with v_j = 0
 * ``grad``    (:mod:`.grad`, Chefer et al. 2021) — (A ⊙ ∂y/∂A)⁺, rolled out
+* ``attnlrp`` (:mod:`.attnlrp`, Achtibat et al. 2024) — LRP relevance of each weight, per head
 
 :data:`METHODS` maps the names to :class:`~.base.Method` records; ``per`` says whether a method
 scores every head (``"head"``) or one row per layer, rolled out through it (``"layer"``).
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.explain import forward
-from qkv.explain.contributions import alti, base, flow, grad, norm, rollout, value_zeroing, weight  # noqa: F401
+from qkv.explain.contributions import alti, attnlrp, base, flow, grad, norm, rollout, value_zeroing, weight  # noqa: F401
 from qkv.explain.contributions.base import Method, Scores, parked, shares
 from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError, Message
@@ -40,7 +41,7 @@ from qkv.explain.wording import ArgumentError, Message
 #: name → method, in the order the CLI lists them.
 METHODS: dict[str, Method] = {m.name: m for m in (
     weight.METHOD, norm.METHOD, rollout.METHOD, flow.METHOD, alti.METHOD, value_zeroing.METHOD,
-    grad.METHOD)}
+    grad.METHOD, attnlrp.METHOD)}
 
 #: The methods that read ``target_text``.
 READS_TARGET = tuple(name for name, m in METHODS.items() if m.reads_target)

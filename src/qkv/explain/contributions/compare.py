@@ -83,7 +83,7 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
         >>> import qkv
         >>> c = compare(qkv.load("minilm"), "the cat sat on the mat", token="sat", top=1)
         >>> list(c.rows), str(c.skipped["grad"]).split(":")[0]
-        (['weight', 'norm', 'rollout', 'flow', 'alti', 'value-zeroing'], "method 'grad' does not apply to all-MiniLM-L6-v2 without a target")
+        (['weight', 'norm', 'rollout', 'flow', 'alti', 'value-zeroing', 'attnlrp'], "method 'grad' does not apply to all-MiniLM-L6-v2 without a target")
     """
     forward.check_top(top)
     forward.check_layer_head(model, layer, None)

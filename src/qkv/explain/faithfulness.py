@@ -1,0 +1,170 @@
+"""Which explanation methods agree with causal ground truth? :func:`faithfulness`.
+
+For one probe, every contribution method scores each head (:mod:`qkv.explain.contributions`),
+and ablation measures what each head does to the probe's task (:func:`~qkv.explain.head_effects.
+head_effects`). A method is *faithful* on the probe when the heads it scores high are the heads
+whose removal hurts: the table is Spearman's ρ between the two, per method.
+
+A method's per-head probe score:
+
+* ``induction`` / ``previous-token``: on the probe's repeated random sequences
+  (:mod:`qkv.explain.induction`), each row as shares of its total (the weights as they are),
+  averaged over the queries the probe reads — the second copy's share on "the token after the
+  earlier occurrence", or each token's share on the one before it (``induction_scores_of`` /
+  ``previous_token_scores_of``);
+* ``coref``: :func:`qkv.explain.probe`'s accuracy — how often the head's largest share from the
+  pronoun lands on its referent.
+
+Per-layer methods (``rollout``, ``flow``, ``alti``, ``value-zeroing``, ``grad``) score layers, not
+heads: their ρ is over layers, against the effect of ablating all of a layer's heads at once
+(``per`` says which, ``n`` how many points; with few layers ρ says little). A method that does not
+apply (``flow`` past 24 tokens, ``grad`` on an encoder without a second text) is listed in
+``skipped`` with the reason.
+
+    >>> import qkv
+    >>> f = faithfulness(qkv.load("lm"), probe="induction", sequences=4)     # doctest: +SKIP
+    >>> sorted(f.spearman)                                                   # doctest: +SKIP
+    ['alti', 'attnlrp', 'grad', 'norm', 'rollout', 'value-zeroing', 'weight']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.explain import contributions, forward, induction
+from qkv.explain.head_effects import HeadEffects, head_effects, task
+from qkv.explain.wording import ArgumentError
+
+
+def ranks(x: torch.Tensor) -> torch.Tensor:
+    """(n,) float64 ranks from 1, ties given their average rank.
+
+    Example:
+        >>> ranks(torch.tensor([10.0, 30.0, 20.0, 30.0])).tolist()
+        [1.0, 3.5, 2.0, 3.5]
+    """
+    x = x.double().flatten()
+    order = torch.argsort(x, stable=True)
+    r = torch.empty_like(x)
+    r[order] = torch.arange(1, len(x) + 1, dtype=torch.float64)
+    for v in x.unique():  # ties share the mean of their ranks
+        same = x == v
+        r[same] = r[same].mean()
+    return r
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """Spearman's ρ of two equally long score lists: Pearson's r of their ranks; None when
+    either is constant (no order to compare) or shorter than 2."""
+    ra, rb = ranks(a), ranks(b)
+    if len(ra) != len(rb):
+        raise ValueError(f"a and b must have the same length, got {len(ra)} and {len(rb)}")
+    da, db = ra - ra.mean(), rb - rb.mean()
+    denom = float(da.norm() * db.norm())
+    return float(da @ db) / denom if len(ra) >= 2 and denom > 0 else None
+
+
+# -- each method's per-head (or per-layer) probe score ---------------------------------------------
+def _sequence_scores(model, probe: str, method: str, ids: list[torch.Tensor], n: int) -> torch.Tensor:
+    """(L, h) or (L, 1): ``method``'s probe score on the repeated random sequences ``ids``."""
+    per_seq = []
+    for seq in ids:  # (1, t)
+        s = contributions.scores(model, seq, torch.arange(seq.shape[1]), method=method)
+        rows = s.scores if s.per == "head" else s.scores.unsqueeze(1)  # (L, h|1, t, t)
+        per_seq.append(rows if method == "weight" else contributions.shares(rows))
+    stacked = torch.stack(per_seq, dim=1)  # (L, S, h|1, t, t)
+    score = (lambda w: induction.induction_scores_of(w, n)) if probe == "induction" \
+        else induction.previous_token_scores_of
+    return torch.stack([score(w) for w in stacked])  # (L, h|1)
+
+
+def method_scores(model, probe: str, method: str, *, sequences: int, length: int | None,
+                  seed: int) -> torch.Tensor:
+    """(L, h) for a per-head method, (L, 1) for a per-layer one: the method's probe score."""
+    if probe == "coref":
+        from qkv.explain.find_heads import probe as coref_probe
+
+        return coref_probe(model, "coref", method=method).accuracy
+    ids = induction.repeated_random_tokens(model, sequences=sequences,
+                                           length=_length(model, length), seed=seed)
+    return _sequence_scores(model, probe, method, list(ids.split(1)), _length(model, length))
+
+
+def _length(model, length: int | None) -> int:
+    from qkv.explain.head_effects import _default_length
+
+    return length if length is not None else _default_length(model, len(induction._prefix_ids(model)))
+
+
+# -- the table ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Faithfulness:
+    """Each method's agreement with ablation on one probe — what :func:`faithfulness` returns.
+
+    Fields:
+        model, probe: what ran.
+        effects: the :class:`~qkv.explain.head_effects.HeadEffects` (with ``layer_effects``).
+        scores: {method: (L, h) per-head or (L,) per-layer probe scores}.
+        per: {method: ``"head"`` or ``"layer"``}.
+        spearman: {method: ρ between its scores and the effects, or None (no order)}.
+        skipped: {method: why it did not run on this probe}.
+    """
+
+    model: str
+    probe: str
+    effects: HeadEffects
+    scores: dict[str, torch.Tensor]
+    per: dict[str, str]
+    spearman: dict[str, float | None]
+    skipped: dict[str, str]
+
+    kind: ClassVar[str] = "faithfulness"  # what to_dict() says it is
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "probe": self.probe,
+                "mode": self.effects.mode, "metric": self.effects.metric,
+                "effects": self.effects.effects.tolist(),
+                "layer_effects": self.effects.layer_effects.tolist(),
+                "methods": [{"method": m, "per": self.per[m], "spearman": self.spearman[m],
+                             "n": self.scores[m].numel(), "scores": self.scores[m].tolist()}
+                            for m in self.scores],
+                "skipped": dict(self.skipped)}
+
+
+def faithfulness(model, probe: str = "induction", *, methods: list[str] | None = None,
+                 mode: str = "zero", sequences: int = 8, length: int | None = None,
+                 seed: int = 0) -> Faithfulness:
+    """Spearman's ρ between each method's per-head probe scores and the heads' ablation effects.
+
+    Args:
+        probe: ``"induction"``, ``"previous-token"`` (decoders) or ``"coref"``.
+        methods: names in :data:`qkv.explain.contributions.METHODS` (default: all).
+        mode: the ablation (``"zero"`` or ``"mean"``).
+        sequences, length, seed: the decoder probes' random sequences (both sides use them).
+
+    Raises:
+        ArgumentError: an unknown probe, method or mode; a probe that does not apply.
+    """
+    names = list(contributions.METHODS) if methods is None else list(methods)
+    for name in names:
+        contributions.get_method(name)
+    task(model, probe, sequences=1, length=length, seed=seed)  # a probe that does not apply: now
+    effects = head_effects(model, probe, mode=mode, sequences=sequences, length=length, seed=seed,
+                           layers=True)
+    scores, per, rho, skipped = {}, {}, {}, {}
+    for name in names:
+        try:
+            s = method_scores(model, probe, name, sequences=sequences, length=length, seed=seed)
+        except (ArgumentError, QkvError) as e:
+            skipped[name] = str(e)
+            continue
+        per[name] = contributions.METHODS[name].per
+        scores[name] = s if per[name] == "head" else s[:, 0]
+        truth = effects.effects if per[name] == "head" else effects.layer_effects
+        rho[name] = spearman(scores[name], truth)
+    return Faithfulness(model=forward.model_name(model), probe=probe, effects=effects,
+                        scores=scores, per=per, spearman=rho, skipped=skipped)

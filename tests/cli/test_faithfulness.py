@@ -1,0 +1,65 @@
+"""``qkv faithfulness`` and ``qkv heads --probe P --ablate``: the table, the JSON, the picture,
+and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qkv.cli import faithfulness as cli
+from qkv.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_lists_the_library_names():
+    from qkv.explain.head_effects import PROBES
+    from qkv.explain.interventions import MODES
+
+    assert cli.PROBES == PROBES and cli.MODES == MODES  # spelled in the CLI so --help needs no torch
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["faithfulness", "--model", "lm", "--probe", "copying"],
+     "qkv: error: unknown --probe 'copying'; known: induction, previous-token, coref"),
+    (["faithfulness", "--model", "lm", "--probe", "induction", "--mode", "half"],
+     "qkv: error: unknown --mode 'half'; known: zero, mean"),
+    (["faithfulness", "--model", "lm", "--probe", "coref"],
+     "qkv: error: --probe coref cannot run on qkv-lm: its tokenizer does not split"),
+    (["faithfulness", "--model", "minilm", "--probe", "induction"],
+     "qkv: error: --probe induction measures next-token loss; all-MiniLM-L6-v2 is an encoder"),
+    (["faithfulness", "--model", "lm", "--probe", "induction", "--sequences", "0"],
+     "qkv: error: --sequences must be at least 1, got 0"),
+    (["heads", "--ablate", "the cat", "--to", "cat"],
+     "qkv: error: --ablate needs --probe"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.startswith(message) and err.count("\n") == 1
+
+
+def test_faithfulness_json_and_png(capsys, tmp_path):
+    png = tmp_path / "effects.png"
+    code, out, err = run(capsys, "faithfulness", "--model", "lm", "--probe", "previous-token",
+                         "--sequences", "2", "--json", "--png", str(png))
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["kind"] == "faithfulness" and d["probe"] == "previous-token"
+    assert len(d["effects"]) == 2 and len(d["effects"][0]) == 2
+    methods = {m["method"]: m for m in d["methods"]}
+    assert methods["weight"]["per"] == "head" and methods["weight"]["n"] == 4
+    assert methods["rollout"]["per"] == "layer" and methods["rollout"]["n"] == 2
+    assert "flow" in d["skipped"]  # 51-token sequences: past flow's 24
+    assert png.stat().st_size > 1000 and "wrote" in err
+
+
+def test_heads_ablate_prints_effects_beside_scores(capsys):
+    code, out, err = run(capsys, "heads", "--probe", "induction", "--model", "lm", "--ablate")
+    assert code == 0, err
+    assert "effect = metric with the head ablated − clean" in out
+    assert out.count(" L1 H") == 2 and out.count(" L0 H") == 2
