@@ -24,7 +24,7 @@ def config_options(config_class: type) -> list[tuple[str, type, object]]:
     Example:
         >>> from qkv.lm.train import LMTrainConfig
         >>> config_options(LMTrainConfig)[0]
-        ('seed', <class 'int'>, 0)
+        ('steps', <class 'int'>, 2000)
     """
     return [(f.name, type(f.default), f.default) for f in fields(config_class)
             if not f.name.isupper() and f.default is not MISSING]

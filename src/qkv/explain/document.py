@@ -27,10 +27,10 @@ mask), read from the record, not re-derived.
 Example:
     >>> import qkv
     >>> from qkv.explain.document import document
-    >>> model = qkv.load("lm")
-    >>> doc = document(model, "the cat sat on the mat " * 200)
-    >>> doc.received(0, 0).shape, doc.block_map(0, 0, block=128).shape     # doctest: +SKIP
-    (torch.Size([1202]), torch.Size([10, 10]))
+    >>> model = qkv.load("minilm")
+    >>> doc = document(model, "the cat sat on the mat " * 40)   # 240 words + [CLS], [SEP]
+    >>> doc.received(0, 0).shape, doc.block_map(0, 0, block=128).shape
+    (torch.Size([242]), torch.Size([2, 2]))
 """
 
 from __future__ import annotations
