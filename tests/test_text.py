@@ -2,12 +2,15 @@
 
 import io
 
+import io as _io
+
 import pytest
+import pytest as _pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.errors import QkvError
-from qkv.text import TextError, check_text, clean_text, decode, read_lines
+from qkv.text import LINE_BREAKS, TextError, check_one_line, check_text, clean_text, decode, is_blank, read_lines, shown
 
 
 def test_invalid_utf8_bytes_name_the_byte_and_its_position():
@@ -109,11 +112,6 @@ def test_any_str_is_encoded_or_refused_with_valueerror(model, text):
 
 
 # -- issue 23: text that says nothing, lines inside lines, BOMs mid-stream, huge words ---------
-import io as _io
-
-import pytest as _pytest
-
-from qkv.text import LINE_BREAKS, check_one_line, is_blank, read_lines, shown
 
 
 @_pytest.mark.parametrize("text", ["", " \t\n", "\u200b", "\u200c\u200d\u2060\ufeff", "\x07\x00\x1b",

@@ -10,11 +10,11 @@ from importlib import resources
 
 import pytest
 
+import qkv as _qkv
+
 LM = str(resources.files("qkv") / "data" / "lm")
 TIMEOUT = 120
 
-
-import qkv as _qkv
 
 # this qkv, whatever the working directory and however PYTHONPATH was spelled
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(_qkv.__file__)))

@@ -19,9 +19,11 @@ def test_column_sums_equal_the_rows_recomputed_in_float64(model, layer, head):
     steps = [explain_head(model, TEXT, token=str(i), layer=layer, head=head) for i in range(t)]
     expected = torch.stack([st.weights for st in steps]).sum(0)  # (t,) from t float64 rows
     # each recomputed row differs from the forward's by at most its reported weights difference,
-    # so their sum by at most the sum of those differences (triangle inequality)
-    bound = sum(st.diffs["weights"] for st in steps)
-    assert (r.received - expected).abs().max().item() <= bound
+    # so their sum by at most the sum of those differences (triangle inequality); the column sum
+    # itself is t float32 additions of non-negative terms: at most (t − 1)·ε32 of the sum more
+    # (Higham's γ bound), which is of the same order and may round either way
+    bound = sum(st.diffs["weights"] for st in steps) + (t - 1) * torch.finfo(torch.float32).eps * expected
+    assert ((r.received - expected).abs() <= bound).all()
     assert r.to_dict()["kind"] == "received" and r.to_dict()["rows"] == t
 
 

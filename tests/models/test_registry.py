@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from qkv.models import FAMILIES, BertConfig, Family, GPT2Config, register_family
+from qkv.models import FAMILIES, BertConfig, GPT2Config, register_family
 from qkv.models import bert, gpt2
 
 SMALL = {

@@ -48,7 +48,7 @@ from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import contributions
 from qkv.explain.contributions.base import Scores, out_weight
-from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_heads, num_layers
+from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_layers
 from qkv.explain.overview import Overview, overview_of
 from qkv.explain.select import choose, choose_in
 from qkv.explain.wording import ArgumentError

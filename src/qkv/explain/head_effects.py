@@ -198,7 +198,7 @@ def _group(model, task_: Task, index: torch.Tensor, mode: str, copies) -> torch.
     """(1 + len(copies), n) the metric on n equally long sequences ``index``: row 0 clean, row
     k with copy k's heads ablated; batched, at most :data:`MAX_BATCH` rows a forward."""
     ids = torch.cat([task_.ids[int(i)] for i in index])  # (n, t)
-    n, H = ids.shape[0], forward.num_heads(model)
+    n = ids.shape[0]
     means = interventions.mean_values(interventions.head_outputs(model, ids)) if mode == "mean" else None
     plan = [None] + copies  # copy 0: clean
     per = max(1, MAX_BATCH // n)  # copies per forward

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from qkv.explain import cross, find_heads, maps, overview, received, steps
+from qkv.explain import cross, find_heads, overview, received, steps
 
 WEIGHT = "weight"  # the attention weights themselves (the methods of qkv.explain.contributions aside)
 
