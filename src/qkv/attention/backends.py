@@ -16,9 +16,12 @@ what to materialise:
   its causal kernel runs; packed sequences are laid out in a padded grid (see
   :class:`~qkv.attention.masks.VarLen`) so each runs with its own keys only; everything else is
   materialised into one mask.
-* ``"blockwise"`` — :mod:`qkv.attention.blockwise`, the online softmax over the non-empty blocks
-  of a :class:`~qkv.attention.block_mask.BlockMask` (structure only: no dense mask, bias or
-  dropout); O(N) memory, exact, differentiable, and it gives the log-sum-exp.
+* ``"blockwise"`` — the non-empty blocks of a :class:`~qkv.attention.block_mask.BlockMask` only
+  (structure only: no dense mask, bias or dropout); O(N) memory, exact, differentiable, and it
+  gives the log-sum-exp. It runs :mod:`qkv.attention.spans` (torch's fused CPU kernel once per
+  span, merged by lse) where that can answer, else :mod:`qkv.attention.blockwise` (the readable
+  pure-torch online softmax): for ``softcap=``, a value head size ≠ the query's, or non-CPU
+  tensors (:func:`qkv.attention.spans.supports`).
 * ``"auto"`` — the dispatch rule, in :func:`choose_backend` and nowhere else.
 
 ``LSE_BACKENDS`` holds the backends that can also return the log-sum-exp ``(..., h, t)``
@@ -33,10 +36,11 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 
-from qkv.attention.block_mask import block_mask_for
+from qkv.attention.block_mask import band_sides, block_mask_for
 from qkv.attention.blockwise import blockwise_attention, compute_dtype
 from qkv.attention.masks import AttentionMask, combine
 from qkv.attention.reference import reference_attention
+from qkv.attention.spans import spans_attention, supports as spans_supports
 
 # torch 2.5 made SDPA return zeros for all-masked rows (before: NaN) and added enable_gqa.
 _TORCH_2_5 = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -121,6 +125,8 @@ def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enabl
     batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
     heads = query.shape[-3] if query.ndim >= 3 else 1
     block = block_mask_for(mask, batch, heads, t, s, device=query.device)
+    if spans_supports(query, key, value, softcap):
+        return spans_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1)
     return blockwise_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1,
                                softcap=softcap)
 
@@ -204,21 +210,28 @@ def _fused_varlen(query, key, value, *, mask: AttentionMask, dropout_p, scale, e
 def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask | None = None, *,
                    bias: torch.Tensor | None = None, dropout_p: float = 0.0,
                    return_lse: bool = False) -> str:
-    """The ``"auto"`` rule: ``"fused"`` unless a sequence is empty, then ``"reference"``;
-    ``"blockwise"`` where only it can answer or where it is faster (below).
+    """The ``"auto"`` rule — this table and nothing else (first matching row wins)::
 
-    Measured in ``benchmarks/attention.py``: PyTorch's fused kernel is as fast as or faster than
-    the explicit math for every size, dtype and mask kind on CPU, and it is exact (it is torch's
-    own SDPA; all-masked rows give zeros since torch 2.5). The explicit path is kept for empty
-    sequences (t = 0 or s = 0), where the kernels' behaviour has varied between releases.
-    Packed sequences (``mask.varlen``) take the fused grid path (``benchmarks/encode.py``).
+        case                                              backend      path inside it
+        ------------------------------------------------  -----------  ----------------------------
+        t = 0 or s = 0                                    reference    (kernels' behaviour varied)
+        block_mask= or return_lse=True, structure only    blockwise    spans (softcap: pure torch)
+          … with a dense mask, a bias or dropout          reference
+        window, s ≥ BLOCKWISE_MIN_KEYS, band ≤ half a row blockwise    spans: one call for the band
+        packed sequences, longest ≥ BLOCKWISE_MIN_DOCUMENT blockwise   spans: one call per length
+        plain causal, b·h < torch.get_num_threads()       blockwise    spans: balanced causal levels
+        everything else                                   fused        torch's SDPA (is_causal kernel)
 
-    Blockwise (``benchmarks/long.py``): a block mask (``block_mask=``) or ``return_lse=True``
-    needs it (the reference path when a dense mask, a bias or dropout is also given). A window
-    whose keys are a small part of each row goes to it: the fused kernel computes every
-    (t × s) score of a materialised mask, blockwise only the band (see :func:`_band_is_sparse`);
-    so do packed sequences of ``BLOCKWISE_MIN_DOCUMENT`` tokens or more. Plain causal attention
-    stays with torch's causal kernel (measured faster than blockwise at every N on this CPU).
+    Measured (``benchmarks/long.py``, fp32, d = 64, 16k tokens; RESULTS.md, issue 21 and 10):
+    torch's fused kernel is as fast as or faster than the explicit math for every size, dtype and
+    mask kind it can run, and exact (``benchmarks/attention.py``). A window visiting at most half
+    of each row runs 25–45× faster by spans than SDPA over a materialised (t × s) mask. Packed
+    documents of 2,048 run by spans 3–10× faster than the padded grid (whose kernel expands the key
+    mask to (n, h, L, L)). Plain causal: torch's kernel splits (batch, head, query block) in
+    contiguous chunks per thread, so with fewer heads than threads its first thread gets the
+    cheap rows; spans' causal levels give every call equal units (1.4× torch at h = 1 on 2
+    threads); with as many heads as threads, or on one thread, torch's kernel is as fast or
+    faster (0.7–1.0×), so it keeps them. Threads are torch's (``torch.get_num_threads()``).
     """
     t, s = query.shape[-2], key.shape[-2]
     if t == 0 or s == 0:
@@ -231,6 +244,10 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
         return "blockwise"
     if structure_only and mask.varlen is not None and mask.varlen.max_len >= BLOCKWISE_MIN_DOCUMENT:
         return "blockwise"  # the padded grid holds (n, h, max_len, max_len) mask floats
+    if structure_only and _plain_causal(mask) and query.ndim >= 3:
+        lanes = math.prod(query.shape[:-2])  # b · h: torch's kernel's unit of balance
+        if lanes < torch.get_num_threads() and t >= CAUSAL_SPANS_MIN_LENGTH:
+            return "blockwise"
     return "fused"
 
 
@@ -243,15 +260,22 @@ BLOCKWISE_MAX_FRACTION = 0.5
 # Packed documents of 2,048 tokens: blockwise 2× (N = 4k) to 3.6× (N = 16k) faster than the
 # padded grid, whose torch kernel expands the grid's key mask to (n, h, L, L) (1.3 GB at 16k).
 BLOCKWISE_MIN_DOCUMENT = 2048
+# Plain causal by spans only on rows long enough for its log₂(t/128) calls to be balanced work
+# (measured at 16k; below a few blocks torch's kernel has nothing to balance).
+CAUSAL_SPANS_MIN_LENGTH = 2048
+
+
+def _plain_causal(mask: AttentionMask) -> bool:
+    """Causal and nothing else, on a square or top-left alignment (torch's ``is_causal``)."""
+    return (mask.causal and mask.window is None and mask.key_padding is None and mask.varlen is None
+            and mask.dense is None and mask.block is None)
 
 
 def _band_is_sparse(t: int, s: int, mask: AttentionMask) -> bool:
     """Whether a window leaves each query row at most ``BLOCKWISE_MAX_FRACTION`` of its keys."""
     if mask.window is None or s < BLOCKWISE_MIN_KEYS:
         return False
-    left, right = mask.window
-    if mask.causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = band_sides(mask.causal, mask.window)
     if left is None or right is None:
         return False
     visited = left + right + 1 + 2 * 128  # the band, plus the partial blocks at its edges

@@ -1,39 +1,7 @@
-"""Merging partial attention results with their log-sum-exps — the one formula ring attention needs.
+"""Merging partial attention results by their log-sum-exps: the formula lives in
+:mod:`qkv.attention.merge` (ring attention and the spans path share it); re-exported here for
+ring.py."""
 
-Attention over keys K = K₁ ∪ K₂ from the results over each part: with ``lse_i = log Σ_{j∈K_i}
-exp(s_j)`` and ``out_i`` the softmax-weighted values over K_i,
+from qkv.attention.merge import merge_into
 
-    lse = log(exp(lse₁) + exp(lse₂))   (torch.logaddexp: overflow-safe, −inf for two −inf)
-    out = exp(lse₁ − lse) · out₁ + exp(lse₂ − lse) · out₂
-
-Every weight's exponent is ≤ 0 (no overflow for scores in the thousands). A row that has seen no
-key yet has ``lse = −inf`` and ``out = 0``; ``−inf − (−inf)`` is NaN, so an all-empty pair
-weighs with lse = 0 instead and stays (0, −inf). Computed in float32 at least (float64 stays float64).
-
-Example:
-    >>> import torch
-    >>> s = torch.tensor([[1.0, 2.0, 3.0, 4.0]]); v = torch.arange(4.0)[:, None]   # (1, 4), (4, 1)
-    >>> part = lambda a, b: ((s[:, a:b].softmax(-1) @ v[a:b]), s[:, a:b].logsumexp(-1))
-    >>> out, lse = part(0, 2)
-    >>> merge_into(out, lse, *part(2, 4), rows=slice(None))
-    >>> torch.allclose(out, s.softmax(-1) @ v), torch.allclose(lse, s.logsumexp(-1))
-    (True, True)
-"""
-
-from __future__ import annotations
-
-import torch
-
-
-def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor,
-               rows: slice) -> None:
-    """Merge a part covering query rows ``rows`` into the running ``out`` (..., t, dv) and
-    ``lse`` (..., t), in place: rescale ``out``'s rows, then add the part's weighted rows
-    (``addcmul_``), so a merge allocates nothing of ``out``'s size (the ring's peak memory)."""
-    o, old = out[..., rows, :], lse[..., rows]  # views
-    new_lse = torch.logaddexp(old, part_lse.to(lse.dtype))  # (..., rows), −inf where both are
-    ref = new_lse.masked_fill(new_lse == float("-inf"), 0.0)  # rows with no key: weights exp(−inf) = 0
-    o.mul_(torch.exp(old - ref).unsqueeze(-1))
-    o.addcmul_(part_out.to(o.dtype), torch.exp(part_lse.to(lse.dtype) - ref).unsqueeze(-1))
-    old.copy_(new_lse)
-
+__all__ = ["merge_into"]
