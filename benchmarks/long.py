@@ -1,4 +1,4 @@
-"""Long sequences: qkv's blockwise backend against torch's SDPA (and, with --flex, FlexAttention).
+"""Long sequences: qkv's blockwise backend (spans) against its pure-torch path, torch's SDPA and FlexAttention.
 
 fp32, B = 1, H = 4 (H = 1 too for causal), d = 64. Every measurement runs in a fresh subprocess
 so that its peak RSS is its own: ``extra MB`` is the peak resident memory above what the inputs
@@ -9,7 +9,14 @@ from run to run, the ratios much less).
 Cases:
     window     a causal sliding window of 512 (qkv: ``window=(512, 0), is_causal=True``)
     document   packed documents of 2,048 tokens (bidirectional within each document)
-    causal     plain causal attention, H = 4 and H = 1 (torch: its ``is_causal`` kernel)
+    causal     plain causal attention, H = 4 and H = 1 (torch: its ``is_causal`` kernel; qkv:
+               ``is_causal=True`` under "auto", and the spans path forced by a block mask)
+    decode     one query row against a 64k cache, window 512 / documents of 2,048
+               (qkv: a block mask; peer: SDPA with the dense (1, s) mask row)
+
+Implementations: ``spans`` is the blockwise backend as a user calls it (torch's fused kernel per
+span, :mod:`qkv.attention.spans`), ``torch_blockwise`` its pure-torch reference path
+(:func:`qkv.attention.blockwise.blockwise_attention`), ``spans+backward`` forward + backward.
 
 Peers: ``sdpa+mask`` is torch's SDPA given the materialised (N, N) mask (what ``"fused"`` does
 for a window; skipped above 16k, where the mask alone is ≥ 1 GiB); ``flex`` is FlexAttention
@@ -17,9 +24,9 @@ compiled (``torch.compile``), its compile time reported apart (``--flex``; minut
 "Useful GFLOP/s" counts 4·N·w·d·H per forward (w = keys per row that take part), against the
 fp32 matmul rate measured in the same run at the same thread count.
 
-    python benchmarks/long.py --threads 1                  # the table (a few minutes)
+    python benchmarks/long.py --threads 1,2 --lengths 16384,65536 --flex --markdown   # issue 21's table
+    python benchmarks/long.py --threads 1                  # every length (a few minutes)
     python benchmarks/long.py --threads 1 --quick          # N = 4k, 8k only
-    python benchmarks/long.py --threads 1 --flex           # with compiled FlexAttention
 """
 
 from __future__ import annotations
@@ -92,7 +99,17 @@ def one(spec: dict) -> dict:
         kwargs = dict(is_causal=True)
     # the tiles "auto" gives the case's description (block_mask_for: 64 rows for a window, else 128)
     tile = 64 if case == "window" else 128
-    if impl == "blockwise":
+    if case == "decode":
+        return decode(spec)
+    if impl == "torch_blockwise":
+        from qkv.attention.blockwise import blockwise_attention
+        bm = qkv.create_block_mask(mod, None, None, n, n, block_size=tile)
+        call = lambda: blockwise_attention(q, k, v, bm, scale=D ** -0.5)  # noqa: E731
+    elif impl == "auto":  # plain causal as a user writes it
+        chosen = qkv.attention.backends.choose_backend(q, k, qkv.AttentionMask(causal=True))
+        spec["chose"] = chosen
+        call = lambda: qkv.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    elif impl == "blockwise":
         t0 = time.perf_counter()
         bm = qkv.create_block_mask(mod, None, None, n, n, block_size=tile)
         build = time.perf_counter() - t0
@@ -100,6 +117,7 @@ def one(spec: dict) -> dict:
         if case == "window":  # what a user writes: "auto" routes it blockwise, building bm's twin per call
             assert qkv.attention.backends.choose_backend(q, k, qkv.AttentionMask(causal=True, window=(512, 0))) \
                 == "blockwise"
+            assert qkv.attention.spans.supports(q, k, v)
             call = lambda: qkv.scaled_dot_product_attention(q, k, v, **kwargs)  # noqa: E731
     elif impl == "blockwise+backward":
         bm = qkv.create_block_mask(mod, None, None, n, n, block_size=tile)
@@ -150,6 +168,34 @@ def one(spec: dict) -> dict:
                 extra_mb=max(0.0, peak_mb() - base))
 
 
+def decode(spec: dict) -> dict:
+    """One query row (the last of ``n``) against an ``n``-key cache: qkv's block mask vs SDPA with
+    the dense mask row (what the fused backend draws for it)."""
+    import qkv
+    n, h, impl = spec["n"], spec["h"], spec["impl"]
+    kind = spec["mask"]
+    q = torch.randn(1, h, 1, D)
+    k, v = torch.randn(1, h, n, D), torch.randn(1, h, n, D)
+    base = rss_mb()
+    if kind == "window":
+        mod = qkv.masks.sliding_window(512, 0)
+    else:
+        mod = qkv.masks.document(torch.arange(n) // 2048)
+    bm = qkv.create_block_mask(mod, None, None, 1, n, block_size=128, q_offset=n - 1)
+    if impl == "blockwise":
+        call = lambda: qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)  # noqa: E731
+    else:
+        row = bm.rows_mask(torch.tensor([0]))[0, 0]  # (1, n) bool
+        call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=row)  # noqa: E731
+    call()
+    times = []
+    for _ in range(max(spec["rounds"], 20)):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return dict(spec, time_s=statistics.median(times), build_s=None, extra_mb=max(0.0, peak_mb() - base))
+
+
 def run(spec: dict) -> dict | None:
     proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)],
                           capture_output=True, text=True)
@@ -161,7 +207,8 @@ def run(spec: dict) -> dict | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", default="1", help="comma-separated thread counts, each its own table")
+    p.add_argument("--markdown", action="store_true", help="also print a markdown table to paste")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--flex", action="store_true")
@@ -173,49 +220,14 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(json.loads(a.one))))
         return
-    torch.set_num_threads(a.threads)
-    peak = matmul_gflops()
-    lengths = (4096, 8192) if a.quick else (4096, 8192, 16384, 32768, 65536)
-    if a.lengths:
-        lengths = tuple(int(n) for n in a.lengths.split(","))
-    cases = a.cases.split(",")
-    print(f"torch {torch.__version__}, {a.threads} thread(s), fp32 matmul (2048³): {peak:.1f} GFLOP/s")
-    print(f"{'case':10} {'N':>6} {'impl':20} {'ms':>9} {'extra MB':>9} {'useful GF/s':>11} "
-          f"{'% matmul':>8} {'speed-up':>9} {'build ms':>9}")
-    for case, heads in (("window", H), ("document", H), ("causal", H), ("causal", 1)):
-        if case not in cases:
-            continue
-        for n in lengths:
-            if case == "causal" and heads > 1 and n > 32768 and not a.full:
-                continue  # minutes per call on one busy core: H = 1 stands for 64k (--full)
-            rounds = a.rounds if n <= 16384 else 1
-            base = dict(case=case, n=n, h=heads, threads=a.threads, rounds=rounds)
-            impls = ["blockwise"]
-            if case == "causal":
-                impls.append("torch_causal")
-            elif n <= 16384:
-                impls.append("sdpa+mask")
-            if case == "document":
-                impls.append("sdpa+grid")
-            if a.flex and case != "causal" and n in (4096, 16384):
-                impls.append("flex")
-            if case == "window" and n in (16384, 65536) or case == "causal" and n == 16384 and heads == 4:
-                impls.append("blockwise+backward")
-            res = {impl: run(dict(base, impl=impl)) for impl in impls}
-            ours = res.get("blockwise")
-            for impl, r in res.items():
-                if r is None:
-                    continue
-                flops = 4 * n * keys_per_row(case, n) * D * heads
-                gf = flops / r["time_s"] / 1e9 if impl in ("blockwise", "flex", "torch_causal") else None
-                ratio = (r["time_s"] / ours["time_s"]) if ours and impl != "blockwise" else None
-                extra = f" compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
-                print(f"{case + ('/H1' if heads == 1 else ''):10} {n:6} {impl:20} {r['time_s'] * 1e3:9.1f} "
-                      f"{r['extra_mb']:9.1f} {gf if gf else float('nan'):11.1f} "
-                      f"{100 * gf / peak if gf else float('nan'):8.0f} "
-                      f"{ratio if ratio else float('nan'):8.2f}× "
-                      f"{r['build_s'] * 1e3 if r.get('build_s') is not None else float('nan'):9.1f}{extra}",
-                      flush=True)
+    rows = []
+    for threads in (int(x) for x in a.threads.split(",")):
+        rows += table(a, threads)
+    if a.markdown:
+        print("\n| threads | case | N | impl | ms | extra MB | useful GF/s | % matmul | peer / spans | build ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
     if a.lengths:
         return
     # a custom mask_mod, evaluated block row by block row (target: <= 1 s at N = 16k)
@@ -223,7 +235,84 @@ def main() -> None:
     t0 = time.perf_counter()
     qkv.create_block_mask(lambda b, h, i, j: (i - j).abs() <= 512, None, None, 16384, 16384)
     print(f"custom mask_mod block mask at N=16384: {(time.perf_counter() - t0) * 1e3:.0f} ms")
-    print("speed-up = peer's time / blockwise forward time (blockwise+backward: fwd+bwd / fwd)")
+
+
+def table(a, threads: int) -> list[list[str]]:
+    """One thread count's runs, printed as they come; returns the markdown rows."""
+    torch.set_num_threads(threads)
+    peak = matmul_gflops()
+    md = []
+    lengths = (4096, 8192) if a.quick else (4096, 8192, 16384, 32768, 65536)
+    if a.lengths:
+        lengths = tuple(int(n) for n in a.lengths.split(","))
+    cases = a.cases.split(",")
+    print(f"torch {torch.__version__}, {threads} thread(s), fp32 matmul (2048³): {peak:.1f} GFLOP/s")
+    print(f"{'case':10} {'N':>6} {'impl':20} {'ms':>9} {'extra MB':>9} {'useful GF/s':>11} "
+          f"{'% matmul':>8} {'speed-up':>9} {'build ms':>9}")
+    for case, heads in (("window", H), ("document", H), ("causal", H), ("causal", 1), ("decode", H)):
+        if case not in cases:
+            continue
+        if case == "decode":
+            for kind in ("window", "document"):
+                base = dict(case=case, n=65536, h=heads, threads=threads, rounds=a.rounds, mask=kind)
+                res = {impl: run(dict(base, impl=impl)) for impl in ("blockwise", "sdpa+mask")}
+                if None in res.values():
+                    continue
+                ours, peer = res["blockwise"]["time_s"], res["sdpa+mask"]["time_s"]
+                print(f"decode/{kind:9} 65536 spans {ours * 1e3:9.3f} ms  sdpa+mask row {peer * 1e3:9.3f} ms "
+                      f"= {peer / ours:.1f}×", flush=True)
+                md.append([str(threads), f"decode, {kind}", "64k", "spans", f"{ours * 1e3:.3f}",
+                           f"{res['blockwise']['extra_mb']:.0f}", "", "", "", ""])
+                md.append([str(threads), f"decode, {kind}", "64k", "SDPA + mask row", f"{peer * 1e3:.3f}",
+                           f"{res['sdpa+mask']['extra_mb']:.0f}", "", "", f"**{peer / ours:.1f}×**", ""])
+            continue
+        for n in lengths:
+            if case == "causal" and heads > 1 and n > 32768 and not a.full:
+                continue  # minutes per call on one busy core: H = 1 stands for 64k (--full)
+            rounds = a.rounds if n <= 16384 else 1
+            base = dict(case=case, n=n, h=heads, threads=threads, rounds=rounds)
+            impls = ["blockwise", "torch_blockwise"] if case != "causal" or n <= 16384 else ["blockwise"]
+            if case == "causal":
+                impls += ["auto", "torch_causal"]
+            elif n <= 16384:
+                impls.append("sdpa+mask")
+            if case == "document":
+                impls.append("sdpa+grid")
+            if a.flex and case != "causal" and n in (4096, 16384):
+                impls.append("flex")
+            if case in ("window", "document") and n in (16384, 65536) or case == "causal" and n == 16384 and heads == 4:
+                impls.append("blockwise+backward")
+            res = {impl: run(dict(base, impl=impl)) for impl in impls}
+            ours = res.get("blockwise")
+            for impl, r in res.items():
+                if r is None:
+                    continue
+                flops = 4 * n * keys_per_row(case, n) * D * heads
+                gf = (flops / r["time_s"] / 1e9
+                      if impl in ("blockwise", "flex", "torch_causal", "auto", "torch_blockwise") else None)
+                ratio = (r["time_s"] / ours["time_s"]) if ours and impl != "blockwise" else None
+                extra = f" compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
+                extra += f" (auto chose {r['chose']})" if "chose" in r else ""
+                print(f"{case + ('/H1' if heads == 1 else ''):10} {n:6} {impl:20} {r['time_s'] * 1e3:9.1f} "
+                      f"{r['extra_mb']:9.1f} {gf if gf else float('nan'):11.1f} "
+                      f"{100 * gf / peak if gf else float('nan'):8.0f} "
+                      f"{ratio if ratio else float('nan'):8.2f}× "
+                      f"{r['build_s'] * 1e3 if r.get('build_s') is not None else float('nan'):9.1f}{extra}",
+                      flush=True)
+                name = NAMES.get(impl, impl) + (f" ({r['chose']})" if "chose" in r else "")
+                md.append([str(threads), f"{case}{' H=1' if heads == 1 else ''}", f"{n // 1024}k", name,
+                           f"{r['time_s'] * 1e3:.1f}", f"{r['extra_mb']:.0f}",
+                           f"{gf:.1f}" if gf else "", f"{100 * gf / peak:.0f} %" if gf else "",
+                           f"{ratio:.2f}×" if ratio else "",
+                           (f"{r['build_s'] * 1e3:.0f}" if r.get("build_s") is not None else "")
+                           + (f" + compile {r['compile_s']:.1f} s" if "compile_s" in r else "")])
+    print("speed-up = peer's time / spans forward time (spans+backward: fwd+bwd / fwd)")
+    return md
+
+
+NAMES = {"blockwise": "spans", "torch_blockwise": "pure-torch blockwise", "sdpa+mask": "SDPA + mask",
+         "sdpa+grid": "packed grid", "flex": "FlexAttention (compiled)", "torch_causal": "torch is_causal",
+         "blockwise+backward": "spans fwd+bwd", "auto": "qkv auto"}
 
 
 if __name__ == "__main__":
