@@ -15,9 +15,10 @@ never an N × N matrix. Every later question is answered from those, blockwise, 
   KV-cache eviction methods such as H2O keep;
 * :meth:`Document.block_map` — the sum of every (block × block) tile, (⌈N/b⌉, ⌈N/b⌉): the whole
   map of a book at a glance;
-* :meth:`Document.scores` — a contribution method for one token's rows: ``weight``, ``norm``
-  (w_ij ‖f^h(h_j)‖, the value norms kept from the forward) and ``rollout`` (row vectors
-  multiplied through the layers' attention, O(N) memory; L(L+1)/2 sweeps over the keys);
+* :meth:`Document.scores` — a contribution method for one token's rows, for the methods that
+  declare how to read the record (:data:`METHODS`: the weights; ``norm``, w_ij ‖f^h(h_j)‖ from the
+  value norms kept from the forward; ``rollout``, row vectors multiplied through the layers'
+  attention, O(N) memory);
 * :meth:`Document.sinks`, :meth:`Document.column` — the weight every row puts on one key (the
   first token: the attention sink), O(N · d).
 
@@ -55,8 +56,9 @@ from qkv.explain.wording import ArgumentError
 from qkv.modules.lse_trace import LSE
 from qkv.text import clean_text
 
-#: The contribution methods a Document answers from its record (the others re-run the model).
-METHODS = ("weight", "norm", "rollout")
+#: The contribution methods a Document answers from its record (those that declare ``document``;
+#: the others re-run the model).
+METHODS = tuple(name for name, m in contributions.METHODS.items() if m.document is not None)
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,18 @@ class Document:
         self._check(layer, head)
         return self._all_heads(layer, rows, head)[0]
 
+    def row_weights(self, layer: int, rows: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """(h, r, N): every head's exact weights of query ``rows`` in layer ``layer``."""
+        self._check(layer)
+        return self._all_heads(layer, rows)
+
+    def through(self, layer: int, v: torch.Tensor) -> torch.Tensor:
+        """(h, r, N): v A^{ℓ,h} for row vectors v (r, N) over the query rows — each head's
+        attention applied without forming it: O(h · r · N · d) time, O(N) memory."""
+        rec = self._check(layer)
+        return attention_received(rec.query[None], rec.key[None], rec.lse[None], row_weights=v,
+                                  **self._kw(layer))[0]
+
     def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
         """(h, r, N): every head's weights of ``rows`` ((1, r, N): head ``head``'s).
 
@@ -212,45 +226,22 @@ class Document:
         return [(int(i), float(v)) for i, v in zip(index, values)]
 
     # -- contributions for one token -----------------------------------------------------------
-    def scores(self, rows: Sequence[int] | torch.Tensor, method: str = "weight") -> Scores:
-        """A contribution method's :class:`~qkv.explain.contributions.Scores` for query ``rows``.
-
-        ``weight``: (L, h, r, N) the weights. ``norm``: (L, h, r, N) w_ij ‖f^h(h_j)‖.
-        ``rollout``: (L, r, N) row ``rows`` of R^ℓ = Â^ℓ … Â^1, Â = ½Ā + ½I, computed as row
-        vectors times each layer's attention (never a matrix): L(L+1)/2 sweeps over the keys.
+    def scores(self, rows: Sequence[int] | torch.Tensor,
+               method: str = contributions.DEFAULT) -> Scores:
+        """A contribution method's :class:`~qkv.explain.contributions.Scores` for query ``rows``,
+        by the method's own ``document`` (one of :data:`METHODS`; each says how it reads the record
+        at O(N) — e.g. ``rollout`` as row vectors times each layer's attention, never a matrix).
         """
         m = contributions.check_method(self.model, method)
-        if m.name not in METHODS:
+        if m.document is None:
             raise ArgumentError("method", "{name} {value!r} re-runs the model; a document answers "
                                 "{known} from its one forward (use qkv.explain.explain on a shorter "
                                 "text)", value=m.name, known=", ".join(METHODS))
-        rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
-        if m.name == "rollout":
-            return Scores(method="rollout", per="layer", rows=rows, scores=self._rollout(rows))
-        per_layer = []
-        for layer, rec in enumerate(self.layers):
-            w = self._all_heads(layer, rows)  # (h, r, N)
-            per_layer.append(w if m.name == "weight" else w * rec.value_norms.unsqueeze(1))
-        return Scores(method=m.name, per="head", rows=rows, scores=torch.stack(per_layer))
-
-    def _rollout(self, rows: torch.Tensor) -> torch.Tensor:
-        """(L, r, N): e_rows Â^ℓ … Â^1 for ℓ = 1 … L, each a chain of vector × matrix products."""
-        n, out = len(self), []
-        start = torch.zeros(len(rows), n, dtype=torch.float64)
-        start[torch.arange(len(rows)), rows] = 1.0
-        for top in range(len(self.layers)):
-            v = start
-            for layer in range(top, -1, -1):  # v ← v Â^layer = ½ v Ā + ½ v
-                rec = self.layers[layer]
-                through = attention_received(rec.query[None], rec.key[None], rec.lse[None],
-                                             row_weights=v, **self._kw(layer))  # (1, h, r, N)
-                v = 0.5 * through[0].double().mean(0) + 0.5 * v
-            out.append(v.float())
-        return torch.stack(out)
+        return m.document(self, torch.as_tensor(rows, dtype=torch.long).reshape(-1))
 
     def explain(self, token: str | int | None = None, *, words: bool = False, top: int = 3,
                 to: str | None = None, layer: int | None = None,
-                method: str = "weight") -> Overview:
+                method: str = contributions.DEFAULT) -> Overview:
         """The :class:`~qkv.explain.overview.Overview` of one token — what
         :func:`qkv.explain.explain` gives for ``(model, text, token=…)`` — from the record.
 

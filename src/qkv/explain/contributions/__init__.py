@@ -24,11 +24,20 @@ scores every head (``"head"``) or one row per layer, rolled out through it (``"l
     ('it', torch.Size([6, 14]))
     >>> c.tokens[int(c.scores[-1, 1:-1].argmax()) + 1]                # after the last layer
     'pizza'
+
+Every method's :meth:`~.base.Method.run` answers in its ``per``'s shape — (L, h, r, s) or (L, r, s):
+
+    >>> model = qkv.load("minilm")
+    >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])   # [CLS] the cat sat [SEP]
+    >>> sorted({(m.per, tuple(m.run(model, ids, torch.tensor([3]), "a dog").scores.shape))
+    ...         for m in METHODS.values()})                               # "a dog": grad's target
+    [('head', (6, 12, 1, 5)), ('layer', (6, 1, 5))]
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -116,10 +125,12 @@ class Contributions:
     target: str | None = None
     notes: tuple[Message, ...] = ()
 
+    kind: ClassVar[str] = "contributions"  # its row in qkv.explain.kinds.KINDS
+
     def to_dict(self) -> dict:
-        """``{tokens, token_index, method, scores, …}``: ``scores[layer][head][key]`` for
+        """``{kind, tokens, token_index, method, scores, …}``: ``scores[layer][head][key]`` for
         per-head methods, ``scores[layer][key]`` for per-layer ones."""
-        out = {"model": self.model, "text": self.text, "tokens": self.tokens,
+        out = {"kind": self.kind, "model": self.model, "text": self.text, "tokens": self.tokens,
                "token_index": self.token_index, "token_indices": list(self.token_indices),
                "method": self.method, "per": self.per, "formula": self.formula,
                "scores": self.scores.tolist()}

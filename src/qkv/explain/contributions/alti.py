@@ -169,16 +169,7 @@ def matrices(model, ids: torch.Tensor, last: slice = slice(None)) -> list[torch.
 
 def for_rows(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Matrices:
     """:func:`matrices` with the last layer's rows cut to the span of ``rows``; ``METHOD.run``
-    rolls them out.
-
-    Example:
-        >>> import qkv
-        >>> model = qkv.load("minilm")
-        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> s = METHOD.run(model, ids, torch.tensor([3]))
-        >>> s.scores.shape, bool(s.scores.sum(-1).sub(1).abs().max() < 1e-5)
-        (torch.Size([6, 1, 5]), True)
-    """
+    rolls them out (shapes: the example in :mod:`qkv.explain.contributions`)."""
     first, stop = int(rows.min()), int(rows.max()) + 1
     return Matrices(matrices(model, ids, slice(first, stop)), first=first)  # last: (stop − first, t)
 

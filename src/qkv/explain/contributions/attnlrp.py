@@ -290,15 +290,7 @@ def relevance(model, ids: torch.Tensor, rows) -> list[Relevance]:
 
 
 def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, h, r, s): each row's R^{ℓ,h}_{row, j} (its own output explained).
-
-    Example:
-        >>> import qkv
-        >>> model = qkv.load("minilm")
-        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> compute(model, ids, torch.tensor([3])).scores.shape
-        torch.Size([6, 12, 1, 5])
-    """
+    """(L, h, r, s): each row's R^{ℓ,h}_{row, j} (its own output explained)."""
     rows = torch.as_tensor(rows).reshape(-1)
     found = relevance(model, ids, rows)
     scores = torch.stack([r.weights[:, :, r.row] for r in found], dim=2)  # (L, h, r, s)

@@ -64,6 +64,8 @@ class Method:
         applies: ``(model) -> None``, raising ArgumentError where the method cannot read the
             model's layers (beyond the common cross-attention check), or None.
         raw: the scores are the attention weights themselves (rows already sum to 1, no shares).
+        document: ``(doc, rows (r,)) -> Scores`` from a :class:`~qkv.explain.document.Document`'s
+            record (q, k, lse, value norms) at O(N) memory, or None: the method re-runs the model.
     """
 
     name: str
@@ -77,6 +79,23 @@ class Method:
     reads_target: bool = False
     applies: Callable | None = None
     raw: bool = False
+    document: Callable | None = None
+
+    @property
+    def value(self) -> str:
+        """What one number of a ranked row is called: ``"weight"`` (raw weights), else ``"share"``."""
+        return "weight" if self.raw else "share"
+
+    @property
+    def row_heading(self) -> str:
+        """What a ranked row holds, before the token it is read for: ``"attention from"``, or
+        e.g. ``"alti contributions into"``."""
+        return "attention from" if self.raw else f"{self.name} contributions into"
+
+    def as_shares(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` as rankings read them: raw weights as they are (their rows already sum to
+        1), any other method's rows as :func:`shares` of their total."""
+        return scores if self.raw else shares(scores)
 
     def run(self, model, ids: torch.Tensor, rows: torch.Tensor,
             target_text: str | None = None) -> "Scores":

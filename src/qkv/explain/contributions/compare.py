@@ -15,6 +15,7 @@ only on short texts; otherwise they are left out with a note saying why.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -50,9 +51,11 @@ class Comparison:
     parked: dict[str, float]
     notes: tuple[Message, ...] = ()
 
+    kind: ClassVar[str] = "comparison"  # its row in qkv.explain.kinds.KINDS
+
     def to_dict(self) -> dict:
         labels = self.units.labels
-        return {"model": self.model, "text": self.text, "tokens": self.tokens, "units": labels,
+        return {"kind": self.kind, "model": self.model, "text": self.text, "tokens": self.tokens, "units": labels,
                 "unit_index": self.unit, "unit": labels[self.unit], "layer": self.layer,
                 "methods": {name: {"row": row.tolist(),
                                    "top": [{"unit": labels[i], "share": w} for i, w in self.top[name]]}
@@ -82,8 +85,10 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
     Example:
         >>> import qkv
         >>> c = compare(qkv.load("minilm"), "the cat sat on the mat", token="sat", top=1)
-        >>> list(c.rows), str(c.skipped["grad"]).split(":")[0]
-        (['weight', 'norm', 'rollout', 'flow', 'alti', 'value-zeroing', 'attnlrp'], "method 'grad' does not apply to all-MiniLM-L6-v2 without a target")
+        >>> sorted([*c.rows, *c.skipped]) == sorted(METHODS)    # each method: a row, or why not
+        True
+        >>> list(c.skipped), str(c.skipped["grad"]).split(":")[0]
+        (['grad'], "method 'grad' does not apply to all-MiniLM-L6-v2 without a target")
     """
     forward.check_top(top)
     forward.check_layer_head(model, layer, None)

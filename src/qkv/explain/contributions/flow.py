@@ -60,15 +60,7 @@ def flows(mats: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
 
 
 def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, t): row ``rows`` of F^1 … F^L.
-
-    Example:
-        >>> import qkv
-        >>> model = qkv.load("minilm")
-        >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
-        >>> compute(model, ids, torch.tensor([3])).scores.shape
-        torch.Size([6, 1, 5])
-    """
+    """(L, r, t): row ``rows`` of F^1 … F^L."""
     check_length(model, ids.shape[1])
     rows = torch.as_tensor(rows)
     mats = rollout_matrices(run(model, ids, slice(None)))

@@ -56,5 +56,12 @@ def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | Non
                   scores=torch.stack(per_head), layer_scores=torch.stack(per_layer))
 
 
-METHOD = Method(name="norm", per="head", formula=FORMULA, compute=compute,
+def from_document(doc, rows: torch.Tensor) -> Scores:
+    """(L, h, r, N): A_ij ‖f^h(h_j)‖ from a long document's record (the value norms it kept)."""
+    scores = torch.stack([doc.row_weights(layer, rows) * rec.value_norms.unsqueeze(1)  # (h, r, N)
+                          for layer, rec in enumerate(doc.layers)])
+    return Scores(method="norm", per="head", rows=rows, scores=scores)
+
+
+METHOD = Method(name="norm", per="head", formula=FORMULA, compute=compute, document=from_document,
                 cost="one forward + f^h(h_j) for every key (the output projection once more)")

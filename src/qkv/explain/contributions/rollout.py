@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from qkv.explain.contributions.base import Matrices, Method, run
+from qkv.explain.contributions.base import Matrices, Method, Scores, run
 
 FORMULA = "R^ℓ = (½Ā^ℓ + ½I) R^{ℓ−1}, R^0 = I, Ā^ℓ the head mean of A^{ℓ,h}"
 
@@ -47,5 +47,21 @@ def matrices(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | No
     return Matrices(layer_matrices(run(model, ids, slice(None))))
 
 
+def from_document(doc, rows: torch.Tensor) -> Scores:
+    """(L, r, N): rows ``rows`` of R^1 … R^L from a long document's record, never a matrix:
+    e_rows Â^ℓ … Â^1 as row vectors times each layer's attention (``doc.through``), restarted for
+    each ℓ (the product runs from the top layer down) — L(L+1)/2 sweeps over the keys, O(N) memory."""
+    start = torch.zeros(len(rows), len(doc), dtype=torch.float64)
+    start[torch.arange(len(rows)), rows] = 1.0  # (r, N)
+    out = []
+    for top in range(len(doc.layers)):
+        v = start
+        for layer in range(top, -1, -1):  # v ← v Â^layer = ½ v Ā + ½ v
+            v = 0.5 * doc.through(layer, v).double().mean(0) + 0.5 * v
+        out.append(v.float())
+    return Scores(method="rollout", per="layer", rows=rows, scores=torch.stack(out))
+
+
 METHOD = Method(name="rollout", per="layer", formula=FORMULA, matrices=matrices,
+                document=from_document,
                 cost="one forward tracing every row; (t × t) per layer")

@@ -28,5 +28,11 @@ def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | Non
     return Scores(method="weight", per="head", rows=torch.as_tensor(rows), scores=weights)
 
 
+def from_document(doc, rows: torch.Tensor) -> Scores:
+    """(L, h, r, N): the weights of ``rows``, recomputed from a long document's saved q and k."""
+    weights = torch.stack([doc.row_weights(layer, rows) for layer in range(len(doc.layers))])
+    return Scores(method="weight", per="head", rows=rows, scores=weights)
+
+
 METHOD = Method(name="weight", per="head", formula=FORMULA, compute=compute, raw=True,
-                cost="one forward (the overview's)")
+                document=from_document, cost="one forward (the overview's)")
