@@ -370,7 +370,7 @@ def _heads_pair(model, args) -> int:
 def _heads_probe(model, args) -> int:
     from qkv.explain import probe
 
-    return _show(args, probe(model, args.probe, method=args.method or "weight"))
+    return _show(args, probe(model, args.probe, method=methods.method_args(args)["method"]))
 
 
 # -- qkv softmax-demo ----------------------------------------------------------------------------

@@ -101,7 +101,9 @@ def run_heads_ablate(model, args: argparse.Namespace) -> int:
     from qkv.explain.render import console
     from qkv.explain.render_faithfulness import render_effects
 
-    method = args.method or "weight"
+    from qkv.explain.contributions import DEFAULT
+
+    method = args.method or DEFAULT
     effects = head_effects(model, args.probe)
     scores = method_scores(model, args.probe, method, sequences=effects.sequences, length=None, seed=0)
     if args.json:

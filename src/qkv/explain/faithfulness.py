@@ -75,7 +75,7 @@ def _sequence_scores(model, probe: str, method: str, ids: list[torch.Tensor], n:
     for seq in ids:  # (1, t)
         s = contributions.scores(model, seq, torch.arange(seq.shape[1]), method=method)
         rows = s.scores if s.per == "head" else s.scores.unsqueeze(1)  # (L, h|1, t, t)
-        per_seq.append(rows if method == "weight" else contributions.shares(rows))
+        per_seq.append(contributions.get_method(method).as_shares(rows))
     stacked = torch.stack(per_seq, dim=1)  # (L, S, h|1, t, t)
     score = (lambda w: induction.induction_scores_of(w, n)) if probe == "induction" \
         else induction.previous_token_scores_of

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from matplotlib.patches import Rectangle
 
+from qkv.explain.contributions import get_method
 from qkv.explain.cross import CrossAttention
 from qkv.explain.maps import AttentionMap
 from qkv.explain.overview import Overview
@@ -26,10 +27,10 @@ def overview_figure(ov: Overview):
     ordered = sorted(ov.rows, key=lambda r: (r.layer, r.head or 0))
     rows = torch.stack([r.weights for r in ordered])  # (layers·heads, U), or (layers, U)
     label = ov.units.labels[ov.unit]
-    what = "attention from" if ov.method == "weight" else f"{ov.method} contributions into"
+    m = get_method(ov.method)
     kind = "every layer" if ov.per == "layer" else "every head"
-    largest = "weight" if ov.method == "weight" else "share"
-    title = f"{ov.model}: {what} {label!r}, {kind} (red dot: its largest {largest})"
+    largest = m.value
+    title = f"{ov.model}: {m.row_heading} {label!r}, {kind} (red dot: its largest {largest})"
     if ov.focus is not None:
         title += (f"\nred labels: {kind.split()[1]}s whose largest {largest} is on "
                   f"{ov.units.labels[ov.focus]!r}")

@@ -62,7 +62,7 @@ class HeadRanking:
     target: int
     heads: list[HeadWeight]
     notes: tuple[Message, ...] = ()
-    method: str = "weight"
+    method: str = contributions.DEFAULT
     per: str = "head"
 
     def to_dict(self) -> dict:
@@ -94,17 +94,17 @@ def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) ->
 
 
 def _rows(model, encoding, units, unit: int, method: str, target_text: str | None):
-    """(L × (h or 1, r, s) rows of ``unit``'s tokens by ``method`` — shares unless ``weight``,
-    the method record)."""
+    """(L × (h or 1, r, s) rows of ``unit``'s tokens by ``method`` — shares unless the method's
+    scores are the raw weights — and the method record)."""
     m = contributions.check_method(model, method, target_text)
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
     s = contributions.scores(model, ids, torch.tensor(units.groups[unit]), method=m.name,
                              target_text=target_text)
     per_layer = s.per_layer()
-    return (per_layer if m.name == "weight" else [contributions.shares(x) for x in per_layer]), m
+    return [m.as_shares(x) for x in per_layer], m
 
 
-def heads(model, text: str, *, source: str | None = None, target: str, method: str = "weight",
+def heads(model, text: str, *, source: str | None = None, target: str, method: str = contributions.DEFAULT,
           target_text: str | None = None) -> HeadRanking:
     """Rank every head of ``model`` by the weight from word ``source`` to word ``target``.
 
@@ -179,7 +179,7 @@ class ProbeResult:
     hits: torch.Tensor
     candidates: torch.Tensor
     chosen: list[list[list[str]]]
-    method: str = "weight"
+    method: str = contributions.DEFAULT
     per: str = "head"
     parked: torch.Tensor | None = None
     parked_weight: torch.Tensor | None = None
@@ -268,13 +268,13 @@ def coref_item(model, item: ProbeItem, *, role: str = "probe"):
     return encoding, units, pronoun, referent
 
 
-def _probe_one(model, item: ProbeItem, method: str = "weight"
+def _probe_one(model, item: ProbeItem, method: str = contributions.DEFAULT
                ) -> tuple[torch.Tensor, int, list[list[str]], float, float]:
     """(layers, heads) hits, the number of candidate words, each head's pick, and the share
     parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
     encoding, units, pronoun, referent = coref_item(model, item)
-    per_layer, _ = _rows(model, encoding, units, pronoun, method, None)
-    plain = per_layer if method == "weight" else _rows(model, encoding, units, pronoun, "weight", None)[0]
+    per_layer, m = _rows(model, encoding, units, pronoun, method, None)
+    plain = per_layer if m.raw else _rows(model, encoding, units, pronoun, contributions.DEFAULT, None)[0]
     # Candidates: every word except the pronoun itself; special tokens are not words.
     excluded = torch.tensor([s or u == pronoun for u, s in enumerate(units.special)])
     hits, picks = [], []
@@ -294,7 +294,7 @@ def default_probe(model) -> str:
     return "induction" if capabilities_of(model).causal else "coref"
 
 
-def probe(model, name: str | None = None, *, method: str = "weight"
+def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
           ) -> "ProbeResult | induction.HeadScores":
     """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
 
@@ -324,7 +324,7 @@ def probe(model, name: str | None = None, *, method: str = "weight"
         raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
                             known=", ".join(PROBES))
     if name in induction.PROBES:
-        if method not in (None, "weight"):
+        if method is not None and not contributions.get_method(method).raw:
             raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
                                 "scores attention weights", value=method, probe=name)
         return induction.induction_probe(model, name)

@@ -40,7 +40,7 @@ CAUSAL = ("decoder: each token attends to itself and the tokens before it only (
 
 def ranking(method: str) -> str:
     """The ranking rule in words, for ``method``."""
-    if method == "weight":
+    if contributions.get_method(method).raw:
         return RANKING
     return (f"largest share of the row's {method} contribution (most focused first); entropy in "
             f"bits beside it")
@@ -110,7 +110,7 @@ class Overview:
     num_layers: int
     num_heads: int
     notes: tuple[Message, ...] = ()
-    method: str = "weight"
+    method: str = contributions.DEFAULT
     per: str = "head"
     scores: torch.Tensor | None = None
     target: str | None = None
@@ -290,7 +290,7 @@ def chosen_focus(rows: list[HeadRow], units: Units, focus: int, *, largest: str 
 
 
 def explain(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
-            to: str | None = None, layer: int | None = None, method: str = "weight",
+            to: str | None = None, layer: int | None = None, method: str = contributions.DEFAULT,
             target_text: str | None = None) -> Overview:
     """Every layer and head of ``model`` for one token of ``text``, ranked (see the module doc).
 
@@ -350,9 +350,7 @@ def overview_of(model, text: str, encoding, units: Units, choice, scores, *, foc
         focus: the unit named by ``to``, or None to pick one.
     """
     m = contributions.get_method(scores.method)
-    per_layer = scores.per_layer()  # L × (h or 1, r, s)
-    if m.name != "weight":
-        per_layer = [contributions.shares(x) for x in per_layer]
+    per_layer = [m.as_shares(x) for x in scores.per_layer()]  # L × (h or 1, r, s)
     rows = head_rows(per_layer, units, top)
     if m.per == "layer":
         rows = [replace(r, head=None) for r in rows]
@@ -360,7 +358,7 @@ def overview_of(model, text: str, encoding, units: Units, choice, scores, *, foc
         rows = [r for r in rows if r.layer == layer]
     causal = capabilities_of(model).causal
     sink = attention_sink(rows, units, choice.unit) if causal else None
-    largest = "weight" if m.name == "weight" else "share"
+    largest = m.value
     if focus is None:  # a named sink is not the focus: it says where attention parks, not what it finds
         focus, reason = choose_focus([r for r in rows if r.argmax != 0] if sink else rows, units,
                                      choice.unit, largest=largest)

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qkv.explain.ablation import NoProjection
+from qkv.explain.contributions import Method, get_method
 from qkv.explain.find_heads import HeadRanking, ProbeResult
 from qkv.explain.overview import CAUSAL, Overview, ranking
 from qkv.explain.saturation import Saturation
@@ -96,13 +97,11 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
     units = ov.units
     _header(out, ov.model, units, ov.unit, f" ({ov.num_layers} layers × {ov.num_heads} heads)")
     tokens = ", ".join(str(t) for t in units.groups[ov.unit])
-    what = "attention from" if ov.method == "weight" else f"{ov.method} contributions into"
-    out.print(Text(f"{what} {units.kind} {ov.unit} {units.labels[ov.unit]!r}"
+    m = get_method(ov.method)
+    out.print(Text(f"{m.row_heading} {units.kind} {ov.unit} {units.labels[ov.unit]!r}"
                    + (f" (tokens {tokens})" if units.words and len(units.groups[ov.unit]) > 1 else "")))
-    if ov.method != "weight":
-        from qkv.explain.contributions import METHODS
-
-        out.print(Text(f"method: {ov.method} = {METHODS[ov.method].formula}"
+    if not m.raw:
+        out.print(Text(f"method: {m.name} = {m.formula}"
                        + (f"; y = {ov.target}" if ov.target else "")))
     out.print(Text(f"ranked by: {ranking(ov.method)}"))
     if ov.causal:
@@ -125,8 +124,7 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
     votes = Counter(units.labels[r.argmax] for r in ov.rows)
     summary = " · ".join(f"{label} {n}" for label, n in votes.most_common())
     rows = f"{len(ov.rows)} layers" if ov.per == "layer" else f"{len(ov.rows)} heads"
-    largest = "weight" if ov.method == "weight" else "share"
-    out.print(Text(f"where the largest {largest} lands ({rows}): {summary}"))
+    out.print(Text(f"where the largest {m.value} lands ({rows}): {summary}"))
 
 
 # -- step by step --------------------------------------------------------------------------------
@@ -184,14 +182,15 @@ def render_pair(out: Console, ranking: HeadRanking, *, top: int) -> None:
     """The ``top`` heads of the ranking (the rest are counted)."""
     units, source, target, ranked = ranking.units, ranking.source, ranking.target, ranking.heads
     _header(out, ranking.model, units, source)
-    what = "weight" if ranking.method == "weight" else f"{ranking.method} share"
+    m = get_method(ranking.method)
+    what = _value(m)
     rows = "every layer" if ranking.per == "layer" else "every layer and head"
     out.print(Text(f"{what} from {units.labels[source]!r} ({units.kind} {source}) to "
                    f"{units.labels[target]!r} ({units.kind} {target}), {rows}, "
                    f"largest first"))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for name, justify in (("rank", "right"), ("head" if ranking.per == "head" else "layer", "left"),
-                          ("weight" if ranking.method == "weight" else "share", "right")):
+                          (m.value, "right")):
         table.add_column(name, justify=justify)
     for rank, h in enumerate(ranked[:top], 1):
         table.add_row(str(rank), head_name(h.layer, h.head), number(h.weight, 4))
@@ -201,14 +200,19 @@ def render_pair(out: Console, ranking: HeadRanking, *, top: int) -> None:
         out.print(Text(f"… {len(ranked) - top} more {kind} (--top {len(ranked)} or --json for all)"))
 
 
+def _value(m: Method) -> str:
+    """What a ranked number is, in words: ``weight``, or e.g. ``alti share``."""
+    return m.value if m.raw else f"{m.name} {m.value}"
+
+
 def render_probe(out: Console, result: ProbeResult, *, top: int) -> None:
     """The ``top`` heads by accuracy, chance, and the held-out check of the best one."""
     n = len(result.items)
     out.print(Text(f"model: {result.model} · coref probe: {n} sentences, each a pronoun and its labelled "
                    f"referent with decoy words between them"))
     per_head = result.per == "head"
-    unit, largest = ("head" if per_head else "layer"), ("weight" if result.method == "weight"
-                                                         else f"{result.method} share")
+    m = get_method(result.method)
+    unit, largest = ("head" if per_head else "layer"), _value(m)
     out.print(Text(f"a {unit} is right when its largest {largest} from the pronoun, over the words "
                    "of the sentence other than the pronoun itself ([CLS]/[SEP] are not words), is "
                    "on the referent"))
@@ -228,7 +232,7 @@ def render_probe(out: Console, result: ProbeResult, *, top: int) -> None:
     out.print(Text(f"held out: the best {unit} on the even-numbered sentences, "
                    f"{head_name(layer, head if per_head else None)} "
                    f"({even:.2f} there), scores {odd:.2f} on the odd-numbered ones"))
-    if result.method != "weight" and result.parked is not None:
+    if not m.raw and result.parked is not None:
         out.print(Text(f"on [CLS]/[SEP]/punctuation (the pronoun's row, mean over sentences and "
                        f"{unit}s): weight {float(result.parked_weight.mean()):.2f} → "
                        f"{result.method} {float(result.parked.mean()):.2f}"))
