@@ -22,7 +22,8 @@ import torch
 
 import qkv
 from qkv.attention import AttentionMask, VarLen, padding_mask, structural_mask
-from qkv.attention.masks import as_additive, combine, combine_masks
+from qkv.attention.block_mask import band_sides, block_mask_for
+from qkv.attention.masks import as_additive, combine, combine_masks, evaluate
 from tolerance import FUSED_FACTOR, assert_agree, assert_within
 
 BACKENDS = ("reference", "fused", "auto")
@@ -226,6 +227,97 @@ def test_materialize_packed_sequences_is_block_diagonal_within_each():
         got = AttentionMask(varlen=vl, **fields).materialize(8, 8)
         want = materialized_by_hand(1, 1, 8, 8, sequence=sequence, **fields)[0, 0]
         assert torch.equal(got, want), fields
+
+
+# -- one meaning: the description compiles to one mask_mod ------------------------------------------
+
+def _description_cases():
+    pad = torch.tensor([[True] * 8 + [False] * 3, [True] * 11, [False] * 2 + [True] * 9])  # (3, 11)
+    sequence = [0] * 4 + [1] * 2 + [2] * 5  # packed lengths 4, 2, 5 (N = 11)
+    for causal_, window, alignment in itertools.product(
+            (False, True), (None, (2, None), (None, 1), (1, 3), (0, 0)), ("top_left", "bottom_right")):
+        name = f"causal={causal_} window={window} {alignment}"
+        if causal_ or window is not None:  # nothing at all: test_an_empty_description_…
+            yield name, dict(causal=causal_, window=window, alignment=alignment), (7, 11)
+        yield name + " padding", dict(causal=causal_, window=window, alignment=alignment,
+                                      key_padding=pad), (7, 11)
+        if alignment == "top_left":  # packed sequences are self-attention (t = s = N)
+            yield name + " packed", dict(causal=causal_, window=window,
+                                         varlen=VarLen.from_lengths([4, 2, 5])), (11, 11)
+    yield "padding only", dict(key_padding=pad), (11, 11)
+    yield "packed only", dict(varlen=VarLen.from_lengths([4, 2, 5])), (11, 11)
+    assert sequence == VarLen.from_lengths([4, 2, 5]).sequence.tolist()
+
+
+DESCRIPTION_CASES = list(_description_cases())
+
+
+def _by_hand(fields, t, s):
+    """(b', t, s) bool from the docstring's definition (``materialized_by_hand``)."""
+    pad = fields.get("key_padding")
+    vl = fields.get("varlen")
+    by_hand = materialized_by_hand(
+        pad.shape[0] if pad is not None else 1, 1, t, s, causal=fields.get("causal", False),
+        alignment=fields.get("alignment", "top_left"), window=fields.get("window"), key_padding=pad,
+        sequence=vl.sequence.tolist() if vl is not None else None)
+    return by_hand[:, 0]  # (b', t, s)
+
+
+@pytest.mark.parametrize("fields, size", [c[1:] for c in DESCRIPTION_CASES], ids=[c[0] for c in DESCRIPTION_CASES])
+def test_the_compiled_mask_mod_is_the_description(fields, size):
+    """Every way of reading the description asks its one mask_mod: evaluated densely it is the
+    definition; ``materialize`` is it; the blockwise backend's block kinds are its blocks'."""
+    t, s = size
+    mask = AttentionMask(**fields)
+    want = _by_hand(fields, t, s)  # (b', t, s)
+    dense = evaluate(mask.mask_mod, t, s)  # (B', t | 1, s) or (t, s)
+    assert torch.equal(torch.broadcast_to(dense, want.shape), want)
+    assert torch.equal(torch.broadcast_to(mask.materialize(t, s)[..., 0, :, :] if mask.key_padding is not None
+                                          else mask.materialize(t, s), want.shape), want)
+    for bs in (1, 3, 4):
+        bm = block_mask_for(mask, want.shape[0], 2, t, s, block_size=bs)
+        truth = torch.stack([kinds_of(w, bs) for w in want])  # (b', nq, nk)
+        got = bm.kinds[:, 0].expand(truth.shape)
+        # never wrong: FULL exactly where every entry takes part (AND of parts: all full), and
+        # EMPTY only where none does; two partial parts whose kept entries miss each other (a
+        # band edge beside padding) make an empty block that bounds alone call PARTIAL
+        differ = got != truth
+        assert ((got[differ] == 1) & (truth[differ] == 0)).all(), bs
+        if mask.key_padding is None:  # a band with sorted packed ids: exact from bounds
+            assert not differ.any(), bs
+    if mask.structural and mask.key_padding is None and mask.varlen is None:
+        assert torch.equal(structural_mask(t, s, is_causal=mask.causal, window=mask.window,
+                                           causal_alignment=mask.alignment), want[0])
+
+
+def kinds_of(keep: torch.Tensor, bs: int) -> torch.Tensor:
+    """(t, s) bool → (nq, nk) block kinds counted entry by entry (0 empty, 1 partial, 2 full)."""
+    t, s = keep.shape
+    nq, nk = -(-t // bs), -(-s // bs)
+    out = torch.empty(nq, nk, dtype=torch.int8)
+    for r, c in itertools.product(range(nq), range(nk)):
+        tile = keep[r * bs:(r + 1) * bs, c * bs:(c + 1) * bs]
+        out[r, c] = 2 if tile.all() else 0 if not tile.any() else 1
+    return out
+
+
+def test_the_band_rule_is_one_function():
+    """causal ∩ window: the window closed on the right at the diagonal, wherever it is asked."""
+    for causal_, window in itertools.product((False, True), (None, (None, None), (3, 5), (2, None),
+                                                              (None, -1), (0, 0))):
+        left, right = window if window is not None else (None, None)
+        want = (left, (0 if right is None else min(right, 0)) if causal_ else right)
+        assert band_sides(causal_, window) == want
+        mask = AttentionMask(causal=causal_, window=window)
+        band = mask.band
+        assert (band.left, band.right) == want if band is not None else want == (None, None)
+        assert mask.structural == (want != (None, None))
+
+
+def test_a_block_masks_mask_mod_is_the_descriptions():
+    bm = qkv.create_block_mask(qkv.masks.document([0, 0, 1, 1, 1]), None, None, 5, 5, block_size=2)
+    assert AttentionMask(block=bm).mask_mod is bm.mask_mod
+    assert AttentionMask().mask_mod is None
 
 
 def test_an_empty_description_materializes_to_nothing():

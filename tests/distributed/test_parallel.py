@@ -94,6 +94,39 @@ def test_model_same_logits_and_gradients_on_p_processes(world, runs):
                               for r, m, meth, lay, what, err, tol in bad)
 
 
+def _packed_worker(rank, world):
+    """Packed sequences (``mask.varlen``, what BERT's encoder passes) through ``attend``: the
+    ranks plan them as the built-in ``document`` mask_mod, classified from chunk bounds."""
+    import torch.distributed as dist
+
+    import qkv
+    from qkv.attention.masks import AttentionMask, VarLen
+    from qkv.distributed import SequenceParallel, shard
+
+    vl = VarLen.from_lengths([9, 4, 12])  # N = 25: documents straddle the shards
+    inputs = [torch.randn(1, 4, vl.total, 8, generator=torch.Generator().manual_seed(i),
+                          dtype=torch.float64) for i in range(3)]
+    for x in inputs:
+        dist.broadcast(x, src=0)
+    report = []
+    for method, layout, causal in (("ring", "zigzag", True), ("ring", "contiguous", False),
+                                   ("ulysses", "zigzag", True)):
+        mask = AttentionMask(varlen=vl, causal=causal)
+        ref = qkv.scaled_dot_product_attention(*inputs, mask=mask, backend="reference")
+        low = qkv.scaled_dot_product_attention(*(x.float() for x in inputs), mask=mask, backend="reference")
+        got = SequenceParallel(layout=layout, method=method).attend(
+            *(shard(x, layout=layout) for x in inputs), mask)
+        r, lo = (shard(x, layout=layout) for x in (ref, low))
+        report.append((method, layout, causal, max_err(got, r), agree_bound(r, lo, dtype=torch.float64)))
+    return report
+
+
+def test_packed_sequences_on_p_processes_equal_one_process():
+    bad = [(rank, *row) for rank, rows in enumerate(spawned.run(2, _packed_worker)) for row in rows
+           if not row[3] <= row[4]]
+    assert not bad, bad
+
+
 def test_what_a_shard_cannot_do_is_refused_before_any_communication():
     """No process group is needed: these are refused before the ranks are contacted."""
     from qkv.attention.masks import AttentionMask

@@ -48,6 +48,9 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 """Block kinds, ordered so that AND of two masks is the ``min`` of their kinds and OR the ``max``."""
 
 ALIGNMENTS = ("top_left", "bottom_right")
+"""Where the diagonal lies when t ≠ s: ``p_i = i`` (top-left, torch's ``is_causal``) or
+``p_i = i + s − t`` (bottom-right, what a KV cache needs). Written here once; the mask algebra,
+the argument checks and the built-ins read it."""
 
 
 # -- mask mods ------------------------------------------------------------------------------------
@@ -216,9 +219,9 @@ class KeyMask(MaskMod):
         return self.keep.shape[0] if self.keep.ndim == 2 else None
 
     def __call__(self, b, h, q_idx, kv_idx):
+        # (b, kv) only, broadcasting over the queries: padding drawn alone stays (B, 1, s), not (B, t, s)
         kv_idx = _index(kv_idx)
-        got = self.keep[kv_idx] if self.keep.ndim == 1 else self.keep[_index(b, self.keep.device), kv_idx]
-        return got & torch.ones_like(_index(q_idx), dtype=torch.bool)
+        return self.keep[kv_idx] if self.keep.ndim == 1 else self.keep[_index(b, self.keep.device), kv_idx]
 
     def kinds(self, q_lo, q_hi, k_lo, k_hi):
         lo, hi = _block_min_max(self.keep.to(torch.int8), k_lo, k_hi)  # (..., nk)
@@ -336,6 +339,28 @@ def _combined(mods, op) -> MaskMod:
     if not mods or not all(callable(m) for m in mods):
         raise ValueError(f"{op}_masks needs one or more mask_mods, got {mods!r}")
     return Combined(tuple(mods), op)
+
+
+def band_sides(causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:
+    """The one rule for causality with a window: causal *is* the window ``(None, 0)``, and the two
+    intersect, so the band keeps ``p_i − left ≤ j ≤ p_i + min(right, 0)`` (None = unbounded side).
+
+    Example:
+        >>> band_sides(True, None), band_sides(True, (3, 5)), band_sides(False, (2, None))
+        ((None, 0), (3, 0), (2, None))
+    """
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def band(causal: bool, window: tuple[int | None, int | None] | None,
+         alignment: str = "top_left") -> Band | None:
+    """Causality and a window as one :class:`Band` mask_mod (:func:`band_sides`), or None when
+    neither restricts the keys."""
+    left, right = band_sides(causal, window)
+    return None if left is None and right is None else Band(left, right, alignment)
 
 
 def _check_alignment(alignment):
@@ -595,11 +620,10 @@ _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def block_mask_for(mask, B: int, H: int, t: int, s: int, device=None,
                    block_size: int | None = None) -> BlockMask:
-    """The :class:`BlockMask` of an :class:`~qkv.attention.masks.AttentionMask` description.
-
-    Causality, windows and alignment become a band, key padding (..., s) a per-key mask over the
-    flattened batch, packed sequences a document mask; a ``dense`` tensor has no block form
-    (``ValueError``). Built once per (description, shape): a model's layers share it.
+    """The :class:`BlockMask` of an :class:`~qkv.attention.masks.AttentionMask` description:
+    its one compiled mask_mod (:attr:`~qkv.attention.masks.AttentionMask.mask_mod`) cut into
+    blocks; a ``dense`` tensor has no block form (``ValueError``). Built once per (description,
+    shape): a model's layers share it.
 
     ``block_size`` None: 64 for a sliding window, 128 otherwise. A band's ragged ends are
     partial tiles, about block / (w + block) of the scores a window of w visits; 64-row tiles
@@ -614,24 +638,13 @@ def block_mask_for(mask, B: int, H: int, t: int, s: int, device=None,
                          "packed sequences, block_mask=); a dense attn_mask has no block form — use "
                          "backend='fused' or 'reference', or express it as a mask_mod")
     if block_size is None:
-        windowed = mask.window is not None and mask.window[0] is not None and mask.varlen is None
+        windowed = mask.band is not None and mask.band.left is not None and mask.varlen is None
         block_size = 64 if windowed else 128
     key = (B, H, t, s, str(device), block_size)
     cached = _CACHE.get(mask)
     if cached is not None and cached[0] == key:
         return cached[1]
-    parts = []
-    if mask.structural:
-        left, right = mask.window if mask.window is not None else (None, None)
-        if mask.causal:
-            right = 0 if right is None else min(right, 0)
-        parts.append(Band(left, right, mask.alignment))
-    if mask.key_padding is not None:
-        kp = mask.key_padding
-        parts.append(KeyMask(kp.reshape(-1, kp.shape[-1]) if kp.ndim >= 2 else kp))
-    if mask.varlen is not None:
-        parts.append(Document(mask.varlen.sequence))
-    mod = parts[0] if len(parts) == 1 else and_masks(*parts) if parts else Band(None, None)
+    mod = mask.mask_mod if mask.mask_mod is not None else Band(None, None)  # None: every key
     bm = create_block_mask(mod, B, H, t, s, block_size, device=device)
     _CACHE[mask] = (key, bm)
     return bm

@@ -1,4 +1,4 @@
-"""The one mask algebra: what may attend to what, kept as *structure* until a backend needs it.
+"""The mask description: what may attend to what, kept as *structure* until a backend needs it.
 
 Two kinds of tensor mask exist, with one meaning each (the same as torch's SDPA):
 
@@ -12,9 +12,11 @@ explainer can show "scaled + bias" and "which keys were excluded" as two things.
 
 Structure is described, not drawn: an :class:`AttentionMask` says "causal, aligned bottom-right",
 "a window of (left, right)", "these keys are padding" or "these are packed sequences"
-(:class:`VarLen`); a backend may materialise it (:meth:`AttentionMask.materialize`, what the
-reference path does) or use the description directly (torch's causal kernel; the padding-free
-grid of packed sequences; a backend that skips masked blocks).
+(:class:`VarLen`). Its meaning is one FlexAttention ``mask_mod`` built from the built-ins of
+:mod:`qkv.attention.block_mask` (:attr:`AttentionMask.mask_mod`): the blockwise backend
+classifies blocks from it, :meth:`AttentionMask.materialize` evaluates it densely (what the
+reference path does), and the fused backend uses the description directly where torch has a
+kernel for it (its causal kernel; the padding-free grid of packed sequences).
 
 A query row ``i`` sits at key position ``p_i = i + offset``, where the offset depends on the
 alignment of the (t × s) score matrix when ``t != s``::
@@ -32,20 +34,26 @@ alignment that decoding needs. When ``t > s`` bottom-right leaves the first ``t 
 no key at all; those rows give an output of zeros.
 
 A window ``(left, right)`` keeps keys ``p_i - left <= j <= p_i + right`` (``None`` on a side means
-unbounded); ``is_causal`` is the window ``(None, 0)``, and both together intersect.
+unbounded); ``is_causal`` is the window ``(None, 0)``, and both together intersect
+(:func:`~qkv.attention.block_mask.band_sides`, the one place that rule is written).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from qkv.attention.block_mask import ALIGNMENTS, Band, Document, KeyMask, MaskMod, and_masks
+from qkv.attention.block_mask import band as band_of
+
 if TYPE_CHECKING:
     from qkv.attention.block_mask import BlockMask
 
-ALIGNMENTS = ("top_left", "bottom_right")
+__all__ = ["ALIGNMENTS", "AttentionMask", "NO_MASK", "VarLen", "as_additive", "combine",
+           "combine_masks", "evaluate", "padding_mask", "structural_mask"]
 
 
 def structural_mask(
@@ -57,27 +65,28 @@ def structural_mask(
     causal_alignment: str = "top_left",
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
-    """The (t, s) bool mask (True = takes part) of causality and windowing, or None if neither.
+    """The (t, s) bool mask (True = takes part) of causality and windowing, or None if neither:
+    the band mask_mod (:func:`~qkv.attention.block_mask.band`) evaluated on every (i, j).
 
     Example:
         >>> structural_mask(2, 3, is_causal=True, causal_alignment="bottom_right").int()
         tensor([[1, 1, 0],
                 [1, 1, 1]], dtype=torch.int32)
     """
-    left, right = window if window is not None else (None, None)
-    if is_causal:
-        right = 0 if right is None else min(right, 0)
-    if left is None and right is None:
-        return None
-    offset = s - t if causal_alignment == "bottom_right" else 0
-    pos = torch.arange(t, device=device).unsqueeze(-1) + offset  # (t, 1) key position of each query
-    j = torch.arange(s, device=device)  # (s,)
-    keep = torch.ones(t, s, dtype=torch.bool, device=device)
-    if right is not None:
-        keep &= j <= pos + right
-    if left is not None:
-        keep &= j >= pos - left
-    return keep  # (t, s)
+    mod = band_of(is_causal, window, causal_alignment)
+    return None if mod is None else evaluate(mod, t, s, device=device)
+
+
+def evaluate(mod: MaskMod, t: int, s: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """A mask_mod on every (query i, key j) of a (t × s) score matrix: bool (B', t, s) when it
+    holds per-batch data (B' = its ``batch``), (t, s) otherwise — or narrower where the mask_mod
+    does not depend on the query (key padding alone: (B', 1, s)). O(t · s): the reference path's
+    and the tests' view; the blockwise backend classifies blocks instead."""
+    mod = mod.bind(t, s)
+    b = torch.arange(mod.batch, device=device).view(-1, 1, 1) if mod.batch is not None else 0
+    q_idx = torch.arange(t, device=device).view(t, 1)  # (t, 1)
+    kv_idx = torch.arange(s, device=device).view(1, s)  # (1, s)
+    return mod(b, 0, q_idx, kv_idx)  # (B', t | 1, s) or (t, s)
 
 
 def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -210,7 +219,8 @@ class VarLen:
 # -- the description -----------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class AttentionMask:
-    """Which keys each query may use, as a description a backend may materialise or not.
+    """Which keys each query may use, as a description a backend may materialise or not; its
+    meaning is one mask_mod (:attr:`mask_mod`).
 
     Fields (all optional; the default lets every query see every key):
         causal: query i sees keys up to its own position (see ``alignment``).
@@ -243,7 +253,35 @@ class AttentionMask:
     @property
     def structural(self) -> bool:
         """Whether causality or a window restricts keys by position."""
-        return self.causal or (self.window is not None and self.window != (None, None))
+        return self.band is not None
+
+    @cached_property
+    def band(self) -> Band | None:
+        """Causality and the window as one band (unbound: the alignment is resolved against the
+        lengths), None when neither restricts keys."""
+        return band_of(self.causal, self.window, self.alignment)
+
+    @cached_property
+    def mask_mod(self) -> MaskMod | None:
+        """The description as one FlexAttention mask_mod (True = takes part), built from the
+        built-ins: the band, key padding as a per-key mask over the flattened batch, packed
+        sequences as documents, AND-ed; a block mask's own mask_mod. None when every key takes
+        part. ``dense`` is a tensor, not structure: it is not part of it (``materialize`` adds it).
+
+        Example:
+            >>> m = AttentionMask(causal=True, window=(1, None))
+            >>> m.mask_mod(0, 0, torch.tensor([[2]]), torch.arange(4)).int().tolist()
+            [[0, 1, 1, 0]]
+        """
+        if self.block is not None:
+            return self.block.mask_mod
+        parts = [self.band] if self.band is not None else []
+        if self.key_padding is not None:
+            kp = self.key_padding
+            parts.append(KeyMask(kp.reshape(-1, kp.shape[-1]) if kp.ndim >= 2 else kp))
+        if self.varlen is not None:
+            parts.append(Document(self.varlen.sequence))
+        return None if not parts else parts[0] if len(parts) == 1 else and_masks(*parts)
 
     @property
     def empty(self) -> bool:
@@ -264,17 +302,22 @@ class AttentionMask:
 
     def materialize(self, t: int, s: int, *, rank: int = 4,
                     device: torch.device | str | None = None) -> torch.Tensor | None:
-        """The whole description as one tensor mask broadcastable to (..., t, s), or None.
+        """The whole description as one tensor mask broadcastable to (..., t, s), or None:
+        :attr:`mask_mod` evaluated on every (i, j), combined with ``dense``.
 
         Bool unless ``dense`` is float (then float, −inf where excluded). ``rank`` is the rank
         of the scores (4 for (b, h, t, s)), used to place ``key_padding``'s dims.
         """
         device = device if device is not None else _device_of(self)
-        structure = structural_mask(t, s, is_causal=self.causal, window=self.window,
-                                    causal_alignment=self.alignment, device=device)
-        blocks = self.varlen.block_diagonal() if self.varlen is not None else None  # (N, N)
-        tiles = self.block.materialize(rank=rank, device=device) if self.block is not None else None
-        return combine(self.dense, self.padding_for(rank), structure, blocks, tiles)
+        if self.block is not None:  # built for this call's (B, H): its own tiles, already placed
+            return combine(self.dense, self.block.materialize(rank=rank, device=device))
+        if self.mask_mod is None:
+            return combine(self.dense)
+        keep = evaluate(self.mask_mod, t, s, device=device)  # (B', t | 1, s) or (t, s)
+        if self.key_padding is not None:  # B' → key padding's batch dims, in front of the heads
+            keep = keep.reshape(*self.key_padding.shape[:-1], *keep.shape[-2:])  # (..., t | 1, s)
+            keep = keep.unsqueeze(-3) if rank >= 3 else keep  # (..., 1, t | 1, s)
+        return combine(self.dense, keep)
 
 
 def _device_of(mask: AttentionMask):

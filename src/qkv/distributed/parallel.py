@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from qkv.attention.block_mask import document
 from qkv.attention.masks import AttentionMask
 from qkv.distributed.ring import ring_attention
 from qkv.distributed.shard import check_layout
@@ -67,9 +68,9 @@ class SequenceParallel:
             raise ValueError("sequence-parallel attention takes causal / window / block masks and "
                              "packed sequences over the global sequence; key padding, dense masks, "
                              "score biases (ALiBi) and attention dropout are not supported")
-        block = getattr(mask, "block", None)
-        if mask.varlen is not None:
-            block = _documents(mask.varlen.sequence)
+        block = mask.block
+        if mask.varlen is not None:  # the built-in: pairs of chunks classified from their bounds
+            block = document(mask.varlen.sequence)
         return METHODS[self.method](q, k, v, group=self.group, is_causal=mask.causal,
                                     window=mask.window, block_mask=block, scale=scale,
                                     enable_gqa=enable_gqa, layout=self.layout)
@@ -85,8 +86,3 @@ class SequenceParallel:
             if isinstance(attn, MultiHeadAttention):
                 attn.sequence_parallel = self
         return model
-
-
-def _documents(sequence: torch.Tensor):
-    """Packed sequences as a mask_mod over global positions: same sequence number = same document."""
-    return lambda b, h, q_idx, kv_idx: sequence[q_idx] == sequence[kv_idx]

@@ -1,12 +1,12 @@
 """Which (query chunk, key chunk) pairs a mask leaves empty, full or partial — decided from global
 positions, so a rank skips the chunks it does not need without looking at a single score.
 
-A rank's shard is a few runs of global positions (:func:`~qkv.distributed.shard.layout_ranges`);
-a pair of runs [qa, qb) × [ka, kb) is classified by interval arithmetic for causal and window
-masks, which is exact: with the window written as kv ∈ [i − left, i + right] (causal: right = 0)
-
-    empty  if  ka > (qb − 1) + right   or  kb − 1 < qa − left
-    full   if  kb − 1 ≤ qa + right     and ka ≥ (qb − 1) − left
+A rank's shard is a few runs of global positions (:func:`~qkv.distributed.shard.layout_ranges`).
+The mask is one mask_mod over global positions (:class:`GlobalMask`: the band of causality and
+a window, :func:`~qkv.attention.block_mask.band`, AND-ed with a ``block_mask``'s mask_mod), and
+a pair of runs [qa, qb) × [ka, kb) is classified the way :func:`~qkv.attention.create_block_mask`
+classifies a block — the pair *is* one block — by the built-ins' ``kinds`` from its bounds alone.
+A square pair on the diagonal whose mask is exactly causal there is CAUSAL (torch's causal kernel).
 
 Zigzag under a causal mask, P = 2 (chunks 0..3; rank 0 holds 0 and 3, rank 1 holds 1 and 2)::
 
@@ -17,11 +17,10 @@ Zigzag under a causal mask, P = 2 (chunks 0..3; rank 0 holds 0 and 3, rank 1 hol
     rank 1   c1   ■       ·        ◣       ·
              c2   ■       ·        ■       ◣
 
-Every rank computes 2 diagonals + 2 full blocks here: balanced. A ``mask_mod`` (FlexAttention's
-``mask_mod(b, h, q_idx, kv_idx) -> bool``, True = takes part) from :mod:`qkv.masks` (documents,
-prefix LM, …) classifies a pair from its bounds alone (``kinds``); any other callable makes the
-pair PARTIAL and the blockwise kernel (:func:`qkv.attention.blockwise.forward_chunk`) skips the
-empty blocks inside it.
+Every rank computes 2 diagonals + 2 full blocks here: balanced. A custom ``mask_mod``
+(FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, True = takes part) cannot be
+classified from bounds: a pair the built-in parts do not leave empty is PARTIAL, and the blockwise
+kernel (:func:`qkv.attention.blockwise.forward_chunk`) skips the empty blocks inside it.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ from typing import Callable
 
 import torch
 
-from qkv.attention.block_mask import EMPTY as EMPTY_BLOCK, FULL as FULL_BLOCK
-from qkv.attention.block_mask import MaskMod, and_masks, sliding_window
+from qkv.attention.block_mask import EMPTY as EMPTY_BLOCK, FULL as FULL_BLOCK, PARTIAL as PARTIAL_BLOCK
+from qkv.attention.block_mask import Band, Combined, MaskMod, and_masks, band
 
 EMPTY, FULL, CAUSAL, PARTIAL = "empty", "full", "causal", "partial"
 
@@ -50,19 +49,23 @@ class GlobalMask:
     window: tuple[int | None, int | None] | None = None
     mask_mod: Callable | None = None
 
-    def sides(self) -> tuple[int | None, int | None]:
-        left, right = self.window if self.window is not None else (None, None)
-        if self.causal:
-            right = 0 if right is None else min(right, 0)
-        return left, right
+    @cached_property
+    def parts(self) -> tuple:
+        """The mask as an intersection of mask_mods: the band, then ``mask_mod`` (its parts when
+        it is itself an intersection)."""
+        structure = band(self.causal, self.window)
+        parts = [structure] if structure is not None else []
+        mod = self.mask_mod
+        if isinstance(mod, Combined) and mod.op == "and":
+            parts.extend(mod.parts)
+        elif mod is not None:
+            parts.append(mod)
+        return tuple(parts)
 
     @cached_property
     def combined(self) -> Callable | None:
         """One qkv mask_mod for everything (None: no mask); analytic when the parts are."""
-        left, right = self.sides()
-        parts = ([sliding_window(left, right)] if (left, right) != (None, None) else []) + \
-            ([self.mask_mod] if self.mask_mod is not None else [])
-        return None if not parts else parts[0] if len(parts) == 1 else and_masks(*parts)
+        return None if not self.parts else self.parts[0] if len(self.parts) == 1 else and_masks(*self.parts)
 
     def __call__(self, b, h, q_idx, kv_idx) -> torch.Tensor:
         q, k = torch.as_tensor(q_idx), torch.as_tensor(kv_idx)
@@ -76,23 +79,34 @@ class GlobalMask:
         (qa, qb), (ka, kb) = q_range, k_range
         if qb <= qa or kb <= ka:
             return EMPTY
-        left, right = self.sides()
-        if (right is not None and ka > qb - 1 + right) or (left is not None and kb - 1 < qa - left):
+        bounds = [torch.tensor([x]) for x in (qa, qb, ka, kb)]  # the pair as one block
+        kinds = [_kinds(p, bounds) for p in self.parts]  # each (B', 1, 1, 1)
+        kind = torch.tensor(FULL_BLOCK, dtype=torch.int8)  # no part: every key takes part
+        for k in kinds:  # AND of the parts: the smallest kind (as and_masks classifies)
+            kind = torch.minimum(kind, k)
+        if bool((kind == EMPTY_BLOCK).all()):
             return EMPTY
-        full = ((right is None or kb - 1 <= qa + right) and (left is None or ka >= qb - 1 - left))
-        kind = FULL if full else PARTIAL
-        if kind == PARTIAL and left is None and right == 0 and (qa, qb) == (ka, kb):
-            kind = CAUSAL
-        mod = self.mask_mod
-        if mod is None:
-            return kind
-        if isinstance(mod, MaskMod) and getattr(mod, "analytic", True):  # qkv.masks: no evaluation
-            kinds = mod.kinds(*(torch.tensor([x]) for x in (qa, qb, ka, kb)))  # (B', 1, 1, 1)
-            if bool((kinds == EMPTY_BLOCK).all()):
-                return EMPTY
-            if bool((kinds == FULL_BLOCK).all()):
-                return kind
+        if bool((kind == FULL_BLOCK).all()):
+            return FULL
+        if (qa, qb) == (ka, kb) and all(bool((k == FULL_BLOCK).all()) or _causal_on(p, qb - qa)
+                                        for p, k in zip(self.parts, kinds)):
+            return CAUSAL
         return PARTIAL
+
+
+def _kinds(mod, bounds) -> torch.Tensor:
+    """A part's block kinds on one block (the pair): a built-in's from its bounds, a custom
+    mask_mod's PARTIAL (not known without evaluating it)."""
+    if isinstance(mod, MaskMod) and getattr(mod, "analytic", True):
+        return mod.kinds(*bounds)
+    return torch.full((1, 1, 1, 1), PARTIAL_BLOCK, dtype=torch.int8)
+
+
+def _causal_on(mod, n: int) -> bool:
+    """Whether ``mod`` on a square n × n pair on the diagonal is exactly top-left causal: a band
+    closed on the right at the diagonal whose left side reaches the pair's first key."""
+    return isinstance(mod, Band) and mod.right == 0 and mod._offset() == 0 and \
+        (mod.left is None or mod.left >= n - 1)
 
 
 def mask_mod_of(block_mask, length: int) -> Callable | None:
