@@ -126,6 +126,17 @@ def test_builtins_build_fast_for_long_sequences():
     bm = create_block_mask(and_masks(sliding_window(512, 0), document(torch.arange(2**20) // 2048)),
                            None, None, 2**20, 2**20, block_size=1024)
     assert bm.kinds.shape == (1, 1, 1024, 1024)
+    # What the tiles must be, from the arithmetic: a query i sees keys i − 512 … i of its own
+    # document (2048 tokens = block rows 2m, 2m + 1). The diagonal tile holds both seen and unseen
+    # pairs (partial); the tile left of it has pairs 1 … 2047 apart, some within 512 (partial)
+    # when both blocks are one document (odd block rows), none otherwise (empty); tiles further
+    # left are ≥ 1025 apart and tiles right of the diagonal are in the future (empty). No tile full.
+    r = torch.arange(1024)
+    want = torch.full((1024, 1024), EMPTY, dtype=bm.kinds.dtype)
+    want[r, r] = PARTIAL
+    odd = r[1::2]
+    want[odd, odd - 1] = PARTIAL
+    assert torch.equal(bm.kinds[0, 0], want)
 
 
 @pytest.mark.parametrize("bad,match", [

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import qkv
 import qkv.attention.backends
 import qkv.attention.functional
-import qkv.attention.masks
+import qkv.attention.attention_mask
 import qkv.attention.trace
 from tolerance import FUSED_FACTOR, assert_within, bound, max_err, softmax_sum_tolerance
 
@@ -284,7 +284,7 @@ def test_empty_key_sequence_gives_zeros(backend):
     assert torch.equal(out, torch.zeros(1, 2, 3, 4))
 
 
-@pytest.mark.parametrize("module", [qkv.attention.functional, qkv.attention.masks,
+@pytest.mark.parametrize("module", [qkv.attention.functional, qkv.attention.attention_mask,
                                     qkv.attention.trace, qkv.attention.backends])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)

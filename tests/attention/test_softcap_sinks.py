@@ -8,7 +8,7 @@ import torch
 
 import qkv
 from qkv.attention.block_mask import block_mask_for
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from tolerance import assert_within, bound, max_err
 
 

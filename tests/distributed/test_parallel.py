@@ -100,7 +100,7 @@ def _packed_worker(rank, world):
     import torch.distributed as dist
 
     import qkv
-    from qkv.attention.masks import AttentionMask, VarLen
+    from qkv.attention.attention_mask import AttentionMask, VarLen
     from qkv.distributed import SequenceParallel, shard
 
     vl = VarLen.from_lengths([9, 4, 12])  # N = 25: documents straddle the shards
@@ -129,7 +129,7 @@ def test_packed_sequences_on_p_processes_equal_one_process():
 
 def test_what_a_shard_cannot_do_is_refused_before_any_communication():
     """No process group is needed: these are refused before the ranks are contacted."""
-    from qkv.attention.masks import AttentionMask
+    from qkv.attention.attention_mask import AttentionMask
     from qkv.distributed import SequenceParallel
     from qkv.modules import MultiHeadAttention
 

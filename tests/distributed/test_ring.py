@@ -51,7 +51,7 @@ def _cases():
 def _single(Q, K, V, dO, kw, dtype):
     """Single-process qkv attention in ``dtype`` on the full sequence: out, lse, grads."""
     import qkv
-    from qkv.attention.masks import as_additive
+    from qkv.attention.attention_mask import as_additive
 
     q, k, v = (x.detach().to(dtype).requires_grad_() for x in (Q, K, V))
     groups = q.shape[1] // k.shape[1]
@@ -65,7 +65,7 @@ def _single(Q, K, V, dO, kw, dtype):
 
 
 def _dense(kw, n):
-    from qkv.attention.masks import structural_mask
+    from qkv.attention.attention_mask import structural_mask
 
     keep = structural_mask(n, n, is_causal=kw.get("is_causal", False), window=kw.get("window"))
     if "documents" in kw:

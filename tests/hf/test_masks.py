@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from transformers import masking_utils as mu  # noqa: E402
 
-from qkv.attention.masks import AttentionMask  # noqa: E402
+from qkv.attention.attention_mask import AttentionMask  # noqa: E402
 from qkv.hf.masks import qkv_mask  # noqa: E402
 
 FUNCTIONS = {

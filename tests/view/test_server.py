@@ -168,12 +168,20 @@ def test_a_port_in_use_is_one_clear_error(served):
         bind("127.0.0.1", served.port)
 
 
-def test_body_limit_is_what_the_text_limit_needs():
+def test_a_body_at_the_limit_is_read_and_one_byte_more_is_refused(served):
+    """The longest text the API takes, every character escaped by JSON (é → \\u00e9, 6 bytes),
+    padded to exactly MAX_BODY_BYTES, is read whole and reaches the API (which names the extra
+    field); one byte more is refused as a body."""
     from qkv.view.api import MAX_TEXT_CHARS
 
-    # a text at the limit, even of 4-byte characters escaped by JSON, fits in one body
-    assert len(json.dumps({"text": "é" * MAX_TEXT_CHARS})) < MAX_BODY_BYTES
-    assert len(json.dumps({"text": "é" * MAX_TEXT_CHARS})) > MAX_BODY_BYTES / 2  # not far above it
+    body = json.dumps({"text": "é" * MAX_TEXT_CHARS, "foo": 1}).encode()
+    at_limit = body + b" " * (MAX_BODY_BYTES - len(body))  # JSON allows trailing white space
+    assert len(at_limit) == MAX_BODY_BYTES
+    headers = {"Content-Type": "application/json"}
+    r = httpx.post(served.url + "api/overview", content=at_limit, headers=headers, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "foo", r.text[:200]
+    r = httpx.post(served.url + "api/overview", content=at_limit + b" ", headers=headers, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["field"] == "body", r.text[:200]
 
 
 def test_a_method_is_offered_only_where_the_library_runs_it(served):

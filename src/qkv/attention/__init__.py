@@ -3,8 +3,8 @@
 * ``functional.py`` — :func:`scaled_dot_product_attention` and :func:`attention_trace`
 * ``reference.py``  — the readable math (where the softmax is)
 * ``backends.py``   — named backends and the ``"auto"`` dispatch rule
-* ``masks.py``      — the one mask algebra: :class:`AttentionMask` (causal, window, padding,
-  packed sequences as descriptions), :class:`VarLen`, and how tensor masks combine
+* ``attention_mask.py`` — :class:`AttentionMask` (causal, window, padding, packed sequences as
+  a description compiled to one mask_mod), :class:`VarLen`, and how tensor masks combine
 * ``trace.py``      — :class:`AttentionTrace`, the typed record of intermediates
 * ``block_mask.py`` — :class:`BlockMask`, :func:`create_block_mask` and the built-in mask_mods
   (``qkv.masks``): which blocks of the scores are full, partial or empty
@@ -15,7 +15,7 @@
 from qkv.attention.backends import BACKENDS, choose_backend, register_backend
 from qkv.attention.block_mask import BlockMask, create_block_mask
 from qkv.attention.functional import attention_trace, scaled_dot_product_attention
-from qkv.attention.masks import AttentionMask, VarLen, padding_mask, structural_mask
+from qkv.attention.attention_mask import AttentionMask, VarLen, padding_mask, structural_mask
 from qkv.attention.reference import reference_attention
 from qkv.attention.trace import AttentionTrace
 from qkv.attention.weights import attention_weights

@@ -5,7 +5,7 @@ Every backend takes already-validated tensors and a mask *description* and retur
 
     backend(query, key, value, *, mask: AttentionMask, bias, dropout_p, scale, enable_gqa) -> Tensor
 
-``mask`` (:class:`~qkv.attention.masks.AttentionMask`) says causal / window / padding / packed
+``mask`` (:class:`~qkv.attention.attention_mask.AttentionMask`) says causal / window / padding / packed
 sequences / a dense tensor; ``bias`` is a float score bias (ALiBi) or None. A backend chooses
 what to materialise:
 
@@ -14,7 +14,7 @@ what to materialise:
 * ``"fused"`` — ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's flash /
   memory-efficient / math kernels). Plain top-left causality goes to it as ``is_causal=True`` so
   its causal kernel runs; packed sequences are laid out in a padded grid (see
-  :class:`~qkv.attention.masks.VarLen`) so each runs with its own keys only; everything else is
+  :class:`~qkv.attention.attention_mask.VarLen`) so each runs with its own keys only; everything else is
   materialised into one mask.
 * ``"blockwise"`` — the non-empty blocks of a :class:`~qkv.attention.block_mask.BlockMask` only
   (structure only: no dense mask, bias or dropout); O(N) memory, exact, differentiable, and it
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from qkv.attention.block_mask import band_sides, block_mask_for
 from qkv.attention.blockwise import blockwise_attention, compute_dtype
-from qkv.attention.masks import AttentionMask, combine
+from qkv.attention.attention_mask import AttentionMask, combine
 from qkv.attention.reference import reference_attention
 from qkv.attention.spans import spans_attention, supports as spans_supports
 

@@ -620,8 +620,8 @@ _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def block_mask_for(mask, B: int, H: int, t: int, s: int, device=None,
                    block_size: int | None = None) -> BlockMask:
-    """The :class:`BlockMask` of an :class:`~qkv.attention.masks.AttentionMask` description:
-    its one compiled mask_mod (:attr:`~qkv.attention.masks.AttentionMask.mask_mod`) cut into
+    """The :class:`BlockMask` of an :class:`~qkv.attention.attention_mask.AttentionMask` description:
+    its one compiled mask_mod (:attr:`~qkv.attention.attention_mask.AttentionMask.mask_mod`) cut into
     blocks; a ``dense`` tensor has no block form (``ValueError``). Built once per (description,
     shape): a model's layers share it.
 

@@ -16,7 +16,7 @@ import torch
 
 from qkv.attention.backends import BACKENDS, LSE_BACKENDS, choose_backend, gqa_groups, repeat_kv
 from qkv.attention.block_mask import BlockMask, block_mask_for
-from qkv.attention.masks import ALIGNMENTS, AttentionMask, combine
+from qkv.attention.attention_mask import ALIGNMENTS, AttentionMask, combine
 from qkv.attention.reference import reference_attention
 from qkv.attention.sinks import check_sinks, merge_sinks
 from qkv.attention.trace import AttentionTrace
@@ -243,7 +243,7 @@ def scaled_dot_product_attention(
 
         key_padding_mask: (..., s) bool, True for real keys (``...`` = the batch dims in front
             of the heads, e.g. (b, s)): padding as a description, not a (t, s) tensor.
-        mask: a prebuilt :class:`~qkv.attention.masks.AttentionMask` (causal, window, padding,
+        mask: a prebuilt :class:`~qkv.attention.attention_mask.AttentionMask` (causal, window, padding,
             packed sequences via ``VarLen``) instead of the five mask arguments above.
         bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
             scores; unlike a float ``attn_mask`` the trace keeps it apart from the mask.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from qkv.attention.masks import as_additive
+from qkv.attention.attention_mask import as_additive
 from qkv.attention.trace import AttentionTrace
 
 
@@ -28,7 +28,7 @@ def reference_attention(
         query: (..., t, d). key: (..., s, d). value: (..., s, dv) — already with as many heads
             as the query (grouped-query heads repeated by the caller).
         mask: None, bool (True = takes part) or float (added to the scaled scores),
-            broadcastable to (..., t, s): an :class:`~qkv.attention.masks.AttentionMask`
+            broadcastable to (..., t, s): an :class:`~qkv.attention.attention_mask.AttentionMask`
             already materialised.
         scale: the factor applied to q·kᵀ (usually 1/√d).
         bias: a float score bias (ALiBi) broadcastable to (..., t, s), added to the scaled

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from qkv.attention.block_mask import document
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.distributed.ring import ring_attention
 from qkv.distributed.shard import check_layout
 from qkv.distributed.ulysses import ulysses_attention

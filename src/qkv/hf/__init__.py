@@ -9,7 +9,7 @@ interface then runs on qkv's backends::
     >>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="qkv")  # doctest: +SKIP
 
 Causal, sliding-window and padding masks reach qkv as *structure* (an
-:class:`~qkv.attention.masks.AttentionMask`, or a :class:`~qkv.attention.block_mask.BlockMask`
+:class:`~qkv.attention.attention_mask.AttentionMask`, or a :class:`~qkv.attention.block_mask.BlockMask`
 for any other index-based mask), never as a (t × s) tensor, so a long sliding-window model runs
 blockwise in O(N) memory; soft-capping (Gemma 2), sinks (gpt-oss), GQA, dv ≠ d and a score
 bias (T5's ``position_bias``) are passed on as qkv's own arguments. ``output_attentions=True``

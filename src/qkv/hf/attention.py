@@ -12,7 +12,7 @@ import torch
 
 from qkv.attention.block_mask import block_mask_for, create_block_mask
 from qkv.attention.functional import scaled_dot_product_attention
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.attention.weights import attention_weights
 
 NAME = "qkv"

@@ -3,7 +3,7 @@
 transformers builds every mask from a ``mask_function(b, h, q_idx, kv_idx) -> bool`` (causal,
 sliding window, padding, packed sequences, images' bidirectional blocks …) and hands it to the
 registered mask interface. Here the common ones are *recognised* and become an
-:class:`~qkv.attention.masks.AttentionMask` (causal / window / key padding: torch's causal kernel
+:class:`~qkv.attention.attention_mask.AttentionMask` (causal / window / key padding: torch's causal kernel
 or qkv's blockwise band, never a (t × s) tensor); any other index-based function becomes a
 :class:`~qkv.attention.block_mask.BlockMask` evaluated one block row at a time (exact, O(N)
 memory); a function transformers says is not index-based (``use_vmap``) is drawn densely by
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from qkv.attention.block_mask import create_block_mask
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 
 
 def _window(mask_function) -> tuple[int | None, int | None] | None:

@@ -25,7 +25,7 @@ from torch import nn
 from qkv.errors import QkvError
 from qkv.files import read_json
 from qkv.models import config as cfg
-from qkv.attention.masks import AttentionMask, VarLen
+from qkv.attention.attention_mask import AttentionMask, VarLen
 from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import EncoderOutput
 from qkv.models.protocol import ENCODER

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.errors import QkvError
 from qkv.models.generate import DecoderGenerationMixin
 from qkv.models.outputs import DecoderOutput

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.errors import QkvError
 from qkv.models import config as cfg
 from qkv.models.family import Family, Shapes, Tensors

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.errors import QkvError
 from qkv.models.protocol import TRANSLATION
 from qkv.modules import (

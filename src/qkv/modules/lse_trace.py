@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 
 
 class LseRequest:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
-from qkv.attention.masks import AttentionMask, combine
+from qkv.attention.attention_mask import AttentionMask, combine
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.lse_trace import LseRequest, LseTrace

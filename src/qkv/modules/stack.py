@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.modules.intervention import Interventions
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.transformer import LayerTrace, TransformerLayer

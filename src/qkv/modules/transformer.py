@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.modules.feedforward import FeedForward, GatedFeedForward
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.attention.masks import AttentionMask
+from qkv.attention.attention_mask import AttentionMask
 from qkv.models.outputs import EncoderOutput
 from qkv.modules import TransformerLayer, TransformerStack
 

@@ -23,7 +23,7 @@ import torch
 import qkv
 from qkv.attention import AttentionMask, VarLen, padding_mask, structural_mask
 from qkv.attention.block_mask import band_sides, block_mask_for
-from qkv.attention.masks import as_additive, combine, combine_masks, evaluate
+from qkv.attention.attention_mask import as_additive, combine, combine_masks, evaluate
 from tolerance import FUSED_FACTOR, assert_agree, assert_within
 
 BACKENDS = ("reference", "fused", "auto")
