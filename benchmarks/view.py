@@ -19,8 +19,15 @@ Four measurements, each against a peer taken in the same run (the machine is sha
    ``attention_map`` for one head on the same text (what a naive per-head server would pay).
 4. **page memory**: chromium's JS heap (CDP ``Performance.getMetrics``) after the 512-token page.
 
+5. **a long document** (``--document N``, ``qkv view --file``): a random Llama (4 layers, 8 heads,
+   d_model 256: issue 20's shape) reading MiniLM's tokenizer, N tokens of random words; K clicks
+   on tokens of the strip, each timed from the click to ``document.body.dataset.state ==
+   "ready"`` (Playwright) and inside the page (the overview's fetch + drawing). Peer: the
+   library's ``Document.explain`` for the same tokens.
+
     python benchmarks/view.py                 # 20 clients × 50 requests, 10 head switches
     python benchmarks/view.py --quick         # 5 × 10, 3 switches
+    python benchmarks/view.py --document 8192 --switches 20   # only the long document's page
 """
 
 from __future__ import annotations
@@ -289,11 +296,93 @@ def decoder_test(switches: int) -> dict:
     return out
 
 
+def document_test(tokens: int, switches: int) -> dict:
+    """Token switches in ``qkv view --file``'s page at ``tokens`` tokens (see the module doc, 5)."""
+    import copy
+    import random
+
+    import torch
+    from playwright.sync_api import sync_playwright
+
+    import qkv
+    from qkv.explain.document import document
+    from qkv.models.llama import LlamaConfig, LlamaModel
+    from qkv.view.api import Api, Models
+    from qkv.view.server import bind, create_app, make_server, url_of
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tokenizer = copy.copy(qkv.load("minilm").tokenizer)
+    tokenizer.max_length = tokens
+    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=256, intermediate_size=688,
+                         num_hidden_layers=4, num_attention_heads=8, max_position_embeddings=tokens)
+    model = LlamaModel(config, tokenizer=tokenizer, name="llama-4x256").eval()
+    rng = random.Random(0)
+    text = " ".join(rng.choice(WORDS) for _ in range(tokens - 2))  # one token a word, + [CLS], [SEP]
+    t = time.perf_counter()
+    doc = document(model, text)
+    out = {"tokens": len(doc), "document_s": time.perf_counter() - t, "click_ms": [], "inpage_ms": []}
+    api = Api(Models(["llama-4x256"], loader=lambda name: model), document=doc)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(api), sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    ready = "() => document.body.dataset.state === 'ready'"
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"))
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t = time.perf_counter()
+            page.goto(url_of(sock))
+            page.wait_for_function(ready, timeout=300_000)
+            out["open_s"] = time.perf_counter() - t
+            page.evaluate("() => { document.getElementById('strip').scrollTop = 0; }")
+            page.wait_for_selector('#strip button[data-token="1"]')
+            chosen = []
+            for k in range(switches):  # a new token each time (no cached answer), in sight
+                seen = page.eval_on_selector_all("#strip button", "bs => bs.map(b => Number(b.dataset.token))")
+                token = rng.choice([i for i in seen if i not in chosen])
+                chosen.append(token)
+                t = time.perf_counter()
+                page.click(f'#strip button[data-token="{token}"]')
+                page.wait_for_function(ready, timeout=60_000)
+                out["click_ms"].append(1e3 * (time.perf_counter() - t))
+                out["inpage_ms"].append(page.evaluate("() => window.qkvDocument.data.timings.switch_ms"))
+            out["dom_nodes"] = page.evaluate("() => document.getElementsByTagName('*').length")
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+    library = []
+    for token in chosen:
+        t = time.perf_counter()
+        doc.explain(token=str(token))
+        library.append(1e3 * (time.perf_counter() - t))
+    out["library_ms"] = library
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--decoder-only", action="store_true", help="only the 2,048-token decoder part")
+    ap.add_argument("--document", type=int, default=None, metavar="N",
+                    help="only the long document's page (qkv view --file) at N tokens")
+    ap.add_argument("--switches", type=int, default=20, help="token switches for --document")
     args = ap.parse_args()
+    if args.document is not None:
+        d = document_test(args.document, args.switches)
+        c, i, lib = d["click_ms"], d["inpage_ms"], d["library_ms"]
+        print(f"long document: {d['tokens']} tokens, llama 4 layers × 8 heads, d_model 256 (random); "
+              f"Document built in {d['document_s']:.1f} s; page open {d['open_s']:.2f} s; {d['dom_nodes']} DOM nodes")
+        print(f"  token switch, click → state ready: median {statistics.median(c):.0f} ms, max {max(c):.0f} ms "
+              f"over {len(c)}; in the page (fetch + draw): median {statistics.median(i):.0f} ms, max {max(i):.0f} ms")
+        print(f"  peer: the library's Document.explain for the same tokens: median {statistics.median(lib):.0f} ms, "
+              f"max {max(lib):.0f} ms")
+        return
     clients, per, switches = (5, 10, 3) if args.quick else (20, 50, 10)
     if not args.decoder_only:
         report(clients, per, switches)

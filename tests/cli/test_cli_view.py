@@ -90,3 +90,29 @@ def test_ctrl_c_stops_the_server_cleanly():
             proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "qkv view: stopped" in err and "Traceback" not in err
+
+
+# -- qkv view --file: a long text; every bad file is one line, before any server starts -------------
+def _file_error(capsys, args) -> str:
+    assert main(["view", "--no-browser", "--port", "0", *args]) == 2
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith("qkv: error:")]
+    assert len(err) == 1 and "serving" not in captured.out, captured
+    return err[0]
+
+
+def test_file_missing_empty_or_not_utf8(capsys, tmp_path):
+    assert _file_error(capsys, ["--file", str(tmp_path / "no.txt")]).endswith("no.txt is missing")
+    (tmp_path / "empty.txt").write_bytes(b"\xef\xbb\xbf \n\t\n")  # a BOM and white space
+    assert "empty.txt is empty" in _file_error(capsys, ["--file", str(tmp_path / "empty.txt")])
+    (tmp_path / "bad.txt").write_bytes(b"the cat \xff sat")
+    assert _file_error(capsys, ["--file", str(tmp_path / "bad.txt")]).endswith(
+        "bad.txt is not valid UTF-8 (byte 0xff at position 8)")
+    assert "without TEXT" in _file_error(capsys, ["the cat", "--file", str(tmp_path / "bad.txt")])
+
+
+def test_file_longer_than_the_models_positions(capsys, tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("the cat sat on the mat " * 200)  # 1,200 words; MiniLM takes 512 tokens
+    err = _file_error(capsys, ["--file", str(book), "--model", "minilm"])
+    assert "512" in err, err

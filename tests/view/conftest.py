@@ -7,6 +7,7 @@ run them — unless ``QKV_SKIP_BROWSER_TESTS=1`` says, on a developer's machine,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pytest
-from view_checks import DECODER, tiny_decoder
+from view_checks import DECODER, long_text, tiny_decoder
 
 SKIP_VARIABLE = "QKV_SKIP_BROWSER_TESTS"
 MAP_TOKENS = 64  # the served app keeps whole maps up to 64 tokens (512 in qkv view), to test both paths
@@ -33,12 +34,42 @@ def served(model):
     """The viewer's app on a free port of 127.0.0.1, uvicorn in a thread (minilm + translate)."""
     import qkv
     from qkv.view.api import Api, Models
-    from qkv.view.server import bind, create_app, make_server, url_of
 
     models = Models(["minilm", "translate", DECODER],
                     loader=lambda name: model if name == "minilm" else tiny_decoder(model)
                     if name == DECODER else qkv.load(name))
-    api = Api(models, map_tokens=MAP_TOKENS)
+    with serving(Api(models, map_tokens=MAP_TOKENS)) as s:
+        yield s
+
+
+LONG = "long-decoder"
+LONG_TOKENS = 3000  # "a few thousand tokens": the page's token strip and block map at scale
+
+
+@pytest.fixture(scope="module")
+def long_document(model):
+    """The Document of a ~3,000-token text read by a random Llama decoder (tiny_decoder with
+    4,096 positions)."""
+    from qkv.explain.document import document
+
+    return document(tiny_decoder(model, positions=4096, name=LONG), long_text(LONG_TOKENS - 2))
+
+
+@pytest.fixture(scope="module")
+def document_served(long_document):
+    """``qkv view --file``'s app for ``long_document`` on a free port of 127.0.0.1."""
+    from qkv.view.api import Api, Models
+
+    api = Api(Models([LONG], loader=lambda name: long_document.model), document=long_document)
+    with serving(api) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def serving(api):
+    """``api``'s app on a free port of 127.0.0.1, uvicorn in a thread, until the block ends."""
+    from qkv.view.server import bind, create_app, make_server, url_of
+
     sock = bind("127.0.0.1", 0)
     server = make_server(create_app(api), sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

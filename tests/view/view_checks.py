@@ -72,14 +72,31 @@ def assert_steps(page, d: dict, keys: list[str]) -> None:
 DECODER = "tiny-decoder"
 
 
-def tiny_decoder(bert):
+def tiny_decoder(bert, *, positions: int = 64, name: str = DECODER):
     """A random 2-layer Llama (causal, RoPE, 4 heads) reading MiniLM's tokenizer: a decoder to
-    view without a decoder checkpoint on disk."""
+    view without a decoder checkpoint on disk. ``positions``: the most tokens it takes (the
+    tokenizer's own limit is raised to match, so a long document can be read)."""
+    import copy
+
     import torch
 
     from qkv.models.llama import LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=bert.tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
-    return LlamaModel(config, tokenizer=bert.tokenizer, name=DECODER).eval()
+                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=positions)
+    tokenizer = bert.tokenizer
+    if positions != 64:
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.max_length = positions
+    return LlamaModel(config, tokenizer=tokenizer, name=name).eval()
+
+
+def long_text(words: int, seed: int = 0) -> str:
+    """A text of ``words`` common English words in random order (one MiniLM token each, mostly)."""
+    import random
+
+    vocabulary = ("the cat sat on the mat while a dog found some pizza next to the baby and ate it "
+                  "after the storm passed over the quiet town near the river").split()
+    rng = random.Random(seed)
+    return " ".join(rng.choice(vocabulary) for _ in range(words)) + "."

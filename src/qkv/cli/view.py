@@ -1,10 +1,16 @@
 """``qkv view``: the local web viewer (a server on 127.0.0.1), or one self-contained HTML file.
 
     qkv view [TEXT] [--model NAME|DIR] [--port 8765|0] [--no-browser] [--host HOST] [--html FILE]
+    qkv view --file BOOK.txt [--model NAME|DIR] [--port …] [--no-browser] [--host HOST]
 
 The server, its API and the page are :mod:`qkv.view`; this command checks the flags, loads the
 model once (so a bad ``--model`` fails here, not in the page), prints the URL and serves until
 Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and exits.
+
+``--file``: a long text (up to the model's positions) read from a file and explained once,
+before the server starts, by :func:`qkv.explain.document.document` (one forward, O(N) memory;
+its memory estimate is checked first). A missing, empty or non-UTF-8 file, more tokens than the
+model takes or more memory than there is: one error line, and no server.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-browser", action="store_true", help="print the URL, do not open a browser")
     p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
                    help="write a self-contained page for TEXT to FILE (no server) and exit")
+    p.add_argument("--file", type=options.path(), default=None, metavar="FILE",
+                   help="a long text from FILE (UTF-8; up to the model's positions): explained "
+                        "once at O(N) memory, then any token, the block map and the attention "
+                        "received in the page")
     p.set_defaults(func=run_view)
 
 
@@ -58,8 +68,11 @@ def _served_models(model: str) -> list[str]:
 def run_view(args: argparse.Namespace) -> int:
     from qkv.view.api import Api, Models
 
+    if args.file is not None and (args.text is not None or args.html is not None):
+        raise QkvError("--file serves a long text's page; give it without TEXT or --html")
     if args.html is not None:
         return _export(args)
+    book = _read_file(args.file) if args.file is not None else None  # before a port or a model
     from qkv.view.server import LOCAL_HOSTS, allowed_hosts, bind, create_app, serve, url_of
 
     if args.host not in LOCAL_HOSTS:
@@ -67,9 +80,10 @@ def run_view(args: argparse.Namespace) -> int:
               "run models through this page (there is no login); use the default 127.0.0.1 "
               "unless you mean it", file=sys.stderr)
     sock = bind(args.host, args.port)  # first: a port in use fails before a model loads
-    models = Models(_served_models(args.model))
+    models = Models([args.model] if book is not None else _served_models(args.model))
     try:
-        models.get(args.model)  # load once now: a bad --model fails here, not in the page
+        model = models.get(args.model)  # load once now: a bad --model fails here, not in the page
+        doc = _document(model, args.file, book) if book is not None else None
     except BaseException:  # a bad --model (QkvError, ApiError among them) or Ctrl-C while loading
         sock.close()
         raise
@@ -83,7 +97,7 @@ def run_view(args: argparse.Namespace) -> int:
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
 
     try:
-        app = create_app(Api(models, text=args.text), hosts=allowed_hosts(args.host))
+        app = create_app(Api(models, text=args.text, document=doc), hosts=allowed_hosts(args.host))
         serve(app, sock, on_started=None if args.no_browser else open_browser)
     except KeyboardInterrupt:
         pass  # uvicorn has closed the connections; Ctrl-C is how this command ends
@@ -91,6 +105,32 @@ def run_view(args: argparse.Namespace) -> int:
         sock.close()
     print("qkv view: stopped", file=sys.stderr)
     return 0
+
+
+def _read_file(path: str) -> str:
+    """The text of ``path`` (read and decoded by qkv.files / qkv.text); QkvError for a missing
+    or unreadable file, bytes that are not UTF-8, or a file with nothing to read."""
+    import os
+
+    from qkv.files import read_regular
+    from qkv.text import clean_text, is_blank
+
+    text = clean_text(read_regular(os.path.expanduser(path)), what=path)
+    if is_blank(text):
+        raise QkvError(f"{path} is empty (nothing but white space); give a file with a text in it")
+    return text
+
+
+def _document(model, path: str, text: str):
+    """The Document of ``text`` (one forward); its own checks — the model's positions, the
+    memory estimate — raise before the forward."""
+    from qkv.explain.document import document
+
+    print(f"qkv view: reading {path} (one forward over the whole text)…", file=sys.stderr, flush=True)
+    doc = document(model, text)
+    print(f"qkv view: {path}: {len(doc):,} tokens, {doc.nbytes / 2**20:.1f} MiB kept",
+          file=sys.stderr, flush=True)
+    return doc
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -16,8 +16,10 @@ A new result kind is a result class and one row here (plus, to show it, a panel 
 
     >>> KINDS["steps"].fields, KINDS["steps"].needs
     (('token', 'layer', 'head', 'words'), 'self_attention')
-    >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint})
+    >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
     ['cross', 'cross_steps', 'map', 'maps', 'overview', 'probe', 'received', 'steps']
+    >>> sorted(k.endpoint for k in KINDS.values() if k.document)
+    ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows']
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from qkv.explain import cross, find_heads, overview, received, steps
+from qkv.explain import cross, document_results, find_heads, overview, received, steps
 
 WEIGHT = "weight"  # the attention weights themselves (the methods of qkv.explain.contributions aside)
 
@@ -56,6 +58,8 @@ class ResultKind:
         text: whether a request needs a text (a probe runs on its own).
         whole_map: it traces every query row of a layer (O(t²)): the viewer keeps such requests
             to texts within its map limit.
+        document: answered from a :class:`~qkv.explain.document.Document` (``qkv view --file``):
+            ``run(document, **fields)``; the request names no model or text (the document's).
     """
 
     name: str
@@ -68,6 +72,7 @@ class ResultKind:
     json: Callable[[dict], Any] = _whole
     text: bool = True
     whole_map: bool = False
+    document: bool = False
 
 
 def _explain(model, text, *, token=None, words=False, method=WEIGHT):
@@ -102,6 +107,15 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("cross_steps", "cross_attention", "qkv.explain.render_cross:render_cross_steps",
                "cross_steps", cross.cross_attention_head, ("token", "layer", "head"),
                lambda r: {"token": r.french_index, "layer": r.steps.layer, "head": r.steps.head}),
+    # a long document (qkv view --file): one recorded forward answers every question, O(N)
+    ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
+               ("token", "method"), document=True),
+    ResultKind("block-map", "self_attention", "", "doc_block_map", document_results.block_map,
+               ("layer", "head", "block"), document=True),
+    ResultKind("weight-rows", "self_attention", "", "doc_rows", document_results.weight_rows,
+               ("layer", "head", "start", "stop", "key_start", "key_stop"), document=True),
+    ResultKind("document-received", "self_attention", "", "doc_received", document_results.received,
+               ("layer", "head"), document=True),
 )}
 
 

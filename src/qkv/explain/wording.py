@@ -44,6 +44,7 @@ ARGUMENTS: Mapping[str, str] = {
     # qkv.explain.interventions, head_effects, faithfulness (their probe= is "probe", not "name")
     "heads": "heads", "mode": "mode", "text_or_ids": "text_or_ids", "clean": "clean",
     "corrupted": "corrupted", "length": "length", "effects_probe": "probe",
+    "block": "block", "rows": "rows",  # qkv.explain.document_results (a document's tiles, rows)
 }
 
 

@@ -36,8 +36,34 @@ def all_maps(maps) -> dict:
             "weights": encode_f32(maps.weights)}
 
 
-# Whole maps travel as float32 bytes (a 512-token text's maps in JSON numbers would be ~10× larger).
-ENCODINGS = {"map": head_map, "maps": all_maps}
+def document_overview(r) -> dict:
+    """A document's overview (:class:`~qkv.explain.document_results.DocumentOverview`): every
+    head's row over the N keys as one float32 (rows, N) array, in the order of ``heads``."""
+    import torch
+
+    d = r.to_dict()
+    for head in d["heads"]:
+        del head["weights"]
+    d["shape"] = [len(r.overview.rows), len(r.overview.units)]
+    d["encoding"] = "float32-base64"
+    d["weights"] = encode_f32(torch.stack([row.weights for row in r.overview.rows]))
+    if "scores" in d:  # a method's raw scores (L, h, N): the same numbers as bytes
+        d["scores"] = encode_f32(r.overview.scores.double().mean(-2))
+        d["scores_shape"] = list(r.overview.scores.shape[:-2]) + [r.overview.scores.shape[-1]]
+    return d
+
+
+def values_as_bytes(r) -> dict:
+    """A result whose numbers are one tensor (its ``values`` field names it: a block map's tiles,
+    rows of weights, received sums): that tensor as float32 base64, the rest (``header()``) JSON."""
+    return r.header() | {r.values: encode_f32(getattr(r, r.values)), "encoding": "float32-base64"}
+
+
+# Whole maps travel as float32 bytes (a 512-token text's maps in JSON numbers would be ~10× larger),
+# and so do a long document's rows, tiles and column sums (N numbers each).
+ENCODINGS = {"map": head_map, "maps": all_maps, "document-overview": document_overview,
+             "block-map": values_as_bytes, "weight-rows": values_as_bytes,
+             "document-received": values_as_bytes}
 
 
 def answer(result) -> dict:

@@ -15,6 +15,15 @@ library's arguments)::
     cross        cross_attention(model, text, token, gold)               (translation model)
     cross_steps  cross_attention_head(model, text, token, layer, head, gold)
 
+A server started on a long document (``qkv view --file``) holds its
+:class:`~qkv.explain.document.Document`, built once, and answers the ``document`` rows from it
+(their requests name no model or text; :mod:`qkv.explain.document_results`)::
+
+    doc_overview   doc.explain(token, method)                 → DocumentOverview (rows as bytes)
+    doc_block_map  doc.block_map(layer, head, block)          → BlockMap (tile sums)
+    doc_rows       doc.weights(layer, head, start…stop)[:, key_start…key_stop] → WeightRows
+    doc_received   doc.received(layer, head), its top keys     → KeysReceived
+
 Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`) against the
 row's ``needs``; ``/api/info`` sends each model's capabilities to the page. The gold alignment of
 a translation is the toy grammar's (:func:`qkv.translate.gold.grammar_gold`).
@@ -39,6 +48,7 @@ back and forth between heads costs one forward per text.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import threading
 from collections import OrderedDict
@@ -46,7 +56,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
-from qkv.explain import ArgumentError, attention_maps
+from qkv.explain import ArgumentError, attention_maps, document_results
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
 from qkv.explain.kinds import KINDS, WEIGHT
@@ -236,8 +246,12 @@ class Api:
     """``handle(endpoint, body)`` → the JSON-ready answer, or :class:`ApiError`."""
 
     def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES,
-                 map_tokens: int = MAX_MAP_TOKENS, text: str | None = None):
+                 map_tokens: int = MAX_MAP_TOKENS, text: str | None = None, document=None):
         self.models, self.text = models, text  # text: what the bare page opens with
+        # document: a qkv.explain.document.Document (qkv view --file), answering the rows of
+        # KINDS marked ``document``; described once (its token labels go to the page once)
+        self.document = document
+        self._described = None if document is None else document_results.describe(document)
         self.map_tokens = map_tokens
         self._answers = _Lru(cache_bytes // 2)
         self._map_cache = _Lru(cache_bytes // 2)
@@ -246,7 +260,8 @@ class Api:
         return {"models": [self.models.info(n) for n in self.models.names],
                 "default_model": self.models.default, "default_text": self.text, "methods": METHODS,
                 "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
-                           "map_tokens": self.map_tokens}}
+                           "map_tokens": self.map_tokens},
+                "document": self._described}
 
     def handle(self, endpoint: str, body: dict) -> dict:
         if endpoint not in ENDPOINTS:
@@ -254,6 +269,8 @@ class Api:
                            f"{', '.join(ENDPOINTS)}", 404)
         if not isinstance(body, dict):
             raise ApiError("body", "the body must be a JSON object", 400)
+        if ROWS[endpoint].document:
+            return self._from_document(ROWS[endpoint], body)
         allowed = FIELDS[endpoint] | {"model", "text"}
         unknown = sorted(set(body) - allowed)
         if unknown:
@@ -307,6 +324,39 @@ class Api:
                                "input give non-finite numbers, so there is nothing true to show") from None
             self._answers.put(key, cached, len(cached))
         return cached
+
+    def _from_document(self, row, body: dict) -> dict:
+        """A ``document`` row's answer: its fields checked (those without a default in its
+        ``run`` are required), ``run`` on the served Document under the lock."""
+        if self.document is None:
+            raise ApiError("endpoint", f"{row.endpoint} answers about a document and this server "
+                           "has none: start it with qkv view --file FILE", 404)
+        unknown = sorted(set(body) - set(row.fields))
+        if unknown:
+            raise ApiError(unknown[0], f"unknown field {unknown[0]!r} for {row.endpoint}; it "
+                           f"takes: {', '.join(row.fields)}")
+        params = inspect.signature(row.run).parameters
+        args = {}
+        for field in row.fields:
+            if field == "token":
+                value = _token(body)
+            elif field == "method":
+                value = body.get("method", WEIGHT)
+                if value not in self._described["methods"]:
+                    raise ApiError("method", f"method {value!r}: a document answers "
+                                   f"{', '.join(self._described['methods'])}")
+            else:
+                value = _integer(body, field, required=params[field].default is inspect.Parameter.empty)
+            if value is not None:
+                args[field] = value
+        try:
+            with self.models.lock:
+                result = row.run(self.document, **args)
+        except ArgumentError as e:
+            raise ApiError(e.argument, str(e)) from None
+        except QkvError as e:
+            raise ApiError(None, str(e)) from None
+        return answers.answer(result)
 
     def _run(self, row, model, text, args: dict) -> dict:
         """The row's library call under the lock, its result as the page receives it. A

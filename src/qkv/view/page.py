@@ -50,17 +50,26 @@ def _json_in_html(data) -> str:
     return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None) -> str:
+# Two pages, one style: a text's (index.html, app.js) and a long document's (document.html,
+# document.js: qkv view --file — a virtualised token strip, the block map, served only).
+PAGES = {"text": ("index.html", "app.js"), "document": ("document.html", "document.js")}
+
+
+def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page: str = "text") -> str:
     """The page: served (``embed`` None) or standalone with ``embed`` inlined (see the module doc).
 
     ``embed``: ``{"model", "text", "state", "info", "answers": [[endpoint, fields, answer], …]}``.
+    ``page``: which of :data:`PAGES` (a document's is served only).
     """
     static_dir = Path(static_dir)
-    template = (static_dir / "index.html").read_text(encoding="utf-8")
+    html_name, script_name = PAGES[page]
+    if embed is not None and page != "text":
+        raise ValueError(f"only the text page is written standalone, not {page!r}")
+    template = (static_dir / html_name).read_text(encoding="utf-8")
     if embed is None:
         parts = {"csp": "", "data": "",
                  "style": '<link rel="stylesheet" href="/static/style.css">',
-                 "script": '<script src="/static/app.js"></script>'}
+                 "script": f'<script src="/static/{script_name}"></script>'}
     else:
         style = (static_dir / "style.css").read_text(encoding="utf-8")
         script = (static_dir / "app.js").read_text(encoding="utf-8")

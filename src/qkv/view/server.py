@@ -155,7 +155,7 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
     """The Starlette app serving ``api`` and the page. ``static_dir`` is listed once, here;
     ``hosts``: the ``Host`` names it answers (:func:`allowed_hosts` of the bound address)."""
     files = static_files(static_dir)
-    page = page_html(static_dir).encode()
+    page = page_html(static_dir, page="text" if api.document is None else "document").encode()
 
     async def index(request: Request) -> Response:
         return Response(page, media_type="text/html; charset=utf-8", headers=_page_headers())

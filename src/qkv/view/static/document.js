@@ -1,0 +1,391 @@
+// qkv view --file — a long document's page. It shows numbers; it computes none: every weight, sum
+// and ranking is a field of an answer from the API (qkv/view/api.py → the "document" rows of
+// qkv/explain/kinds.py → qkv.explain.document_results, from the one recorded forward).
+//
+// One selection drives every view: S = {token, layer, head, method, block, zoom}. It lives in the
+// URL (?token=12&layer=1&head=3), so a view can be shared and reopened.
+//
+// Views: a virtualised token strip (only the lines in sight are in the DOM), the model view (every
+// head's row for the token: doc_overview), the block map (doc_block_map tiles → doc_rows of one
+// tile → a token), the attention-received strip (doc_received). document.body.dataset.state is
+// "busy" while an update runs and "ready" when it has finished ("error" after a failure).
+"use strict";
+
+(function () {
+  const DIGITS = 4;       // weights and sums are shown with 4 decimals
+  const LINE = 22;        // px: one line of the token strip
+  const PER_LINE = 12;    // tokens on a line of the strip
+  const SPARE = 3;        // lines drawn above and below the ones in sight
+  const MAP_PX = 512;     // the block map's canvas side
+  const BLOCKS = [32, 64, 128, 256, 512, 1024];
+
+  const S = { token: null, layer: 0, head: 0, method: "weight", block: 128, zoom: null };
+  const D = { info: null, doc: null, overview: null, weights: null, byHead: null, tiles: null,
+    region: null, received: null, timings: {} };
+  const $ = (id) => document.getElementById(id);
+
+  // -- small helpers ---------------------------------------------------------------------------
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      // through the CSSOM: the page's Content-Security-Policy refuses inline style attributes
+      else if (k === "style") for (const [p, x] of Object.entries(v)) el.style.setProperty(p, x);
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) if (c !== null && c !== undefined) el.append(c);
+    return el;
+  }
+  function fmt(v, digits = DIGITS) { return Number(v).toFixed(digits); }
+  function status(msg, isError) {
+    $("status").textContent = msg || "";
+    $("status").classList.toggle("error", !!isError);
+  }
+  function decodeF32(b64) {
+    const bin = atob(b64), bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return new Float32Array(bytes.buffer);
+  }
+  function heatRgb() { return getComputedStyle(document.documentElement).getPropertyValue("--heat").trim(); }
+  function label(i) { return D.doc.units[i]; }
+
+  // busy/ready: a count of running updates, so overlapping ones end in "ready" only once all are done
+  let running = 0;
+  async function update(work) {
+    running++;
+    document.body.dataset.state = "busy";
+    try {
+      await work();
+      if (running === 1) status("");
+    } catch (e) {
+      status(e.message, true);
+      running--;
+      document.body.dataset.state = "error";
+      return;
+    }
+    running--;
+    if (running === 0) document.body.dataset.state = "ready";
+  }
+
+  const inflight = new Map();
+  function ask(endpoint, fields) {
+    const body = JSON.stringify(fields), key = endpoint + body;
+    if (inflight.has(key)) return inflight.get(key);
+    const p = fetch("api/" + endpoint, { method: "POST", headers: { "Content-Type": "application/json" }, body })
+      .then(async (r) => {
+        const data = await r.json();
+        if (!r.ok) {
+          const e = data.error || {};
+          throw new Error((e.field ? e.field + ": " : "") + (e.message || r.statusText));
+        }
+        return data;
+      })
+      .finally(() => inflight.delete(key));
+    inflight.set(key, p);
+    return p;
+  }
+
+  // -- the URL ---------------------------------------------------------------------------------
+  function readUrl() {
+    let q;
+    try { q = new URLSearchParams(location.search); } catch (e) { return; }
+    for (const k of ["token", "layer", "head", "block"]) {
+      if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
+    }
+    if (q.has("method")) S.method = q.get("method");
+  }
+  function writeUrl() {
+    const q = new URLSearchParams({ token: S.token, layer: S.layer, head: S.head, method: S.method, block: S.block });
+    try { history.replaceState(null, "", "?" + q.toString()); } catch (e) { /* sandboxed */ }
+  }
+
+  // -- the token strip: lines of PER_LINE tokens, only those in sight in the DOM -------------------
+  const strip = $("strip");
+  function drawStrip() {
+    const n = D.doc.num_tokens, lines = Math.ceil(n / PER_LINE);
+    $("strip-spacer").style.height = lines * LINE + "px";
+    const first = Math.max(0, Math.floor(strip.scrollTop / LINE) - SPARE);
+    const last = Math.min(lines, Math.ceil((strip.scrollTop + strip.clientHeight) / LINE) + SPARE);
+    const row = D.byHead ? D.byHead.get(S.layer + ":" + (D.overview.per === "layer" ? null : S.head)) : null;
+    // shade on the scale of the row's largest weight (the library's max_weight)
+    const most = row !== null && row !== undefined ? D.overview.heads[row].max_weight || 1 : 1;
+    const kept = [];
+    for (let k = first; k < last; k++) {
+      const buttons = [];
+      for (let i = k * PER_LINE; i < Math.min(n, (k + 1) * PER_LINE); i++) {
+        const w = row !== null && row !== undefined ? D.weights[row * n + i] : 0;
+        buttons.push(h("button", { type: "button", "data-token": i, "aria-pressed": i === S.token ? "true" : "false",
+          class: D.doc.special[i] ? "special" : null, title: `token ${i}` + (row !== undefined && row !== null ? `: weight ${fmt(w)} from token ${S.token}` : ""),
+          style: { "--w": Math.min(1, Math.sqrt(w / most)).toFixed(3) } }, label(i)));
+      }
+      kept.push(h("div", { class: "line", style: { top: k * LINE + "px" } }, h("span", { class: "num" }, String(k * PER_LINE)), buttons));
+    }
+    strip.replaceChildren($("strip-spacer"), ...kept);
+  }
+  strip.addEventListener("scroll", () => requestAnimationFrame(drawStrip));
+  strip.addEventListener("click", (ev) => {
+    const b = ev.target.closest("button[data-token]");
+    if (b) selectToken(Number(b.dataset.token));
+  });
+  strip.addEventListener("keydown", (ev) => {
+    const step = { ArrowRight: 1, ArrowLeft: -1, ArrowDown: PER_LINE, ArrowUp: -PER_LINE }[ev.key];
+    if (step === undefined) return;
+    ev.preventDefault();
+    const t = Math.min(D.doc.num_tokens - 1, Math.max(0, S.token + step));
+    selectToken(t).then(() => {
+      const b = strip.querySelector(`button[data-token="${t}"]`);
+      if (b) b.focus();
+    });
+  });
+  function scrollStripTo(t) {
+    $("strip-spacer").style.height = Math.ceil(D.doc.num_tokens / PER_LINE) * LINE + "px";
+    const y = Math.floor(t / PER_LINE) * LINE;
+    if (y < strip.scrollTop || y + LINE > strip.scrollTop + strip.clientHeight) {
+      strip.scrollTop = Math.max(0, y - strip.clientHeight / 2);
+    }
+  }
+
+  // -- the model view: every head's row for the token, ranked by the library -----------------------
+  function drawModelView() {
+    const ov = D.overview, n = D.doc.num_tokens, grid = $("grid");
+    const perLayer = ov.per === "layer", H = perLayer ? 1 : ov.num_heads;
+    grid.replaceChildren();
+    grid.style.gridTemplateColumns = `2.5em repeat(${H}, minmax(0, 1fr))`;
+    grid.append(h("span", { class: "collabel" }, ""));
+    for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, perLayer ? "all heads" : "H" + hh));
+    const rank = new Map(ov.heads.map((r, i) => [r.layer + ":" + r.head, i]));
+    const what = ov.method === "weight" ? "weight" : ov.method + " share";
+    for (let l = 0; l < ov.num_layers; l++) {
+      grid.append(h("span", { class: "rowlabel" }, "L" + l));
+      for (let hh = 0; hh < H; hh++) {
+        const i = rank.get(l + ":" + (perLayer ? null : hh)), r = ov.heads[i];
+        const text = `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${i + 1}, largest ${what} ` +
+          `${fmt(r.max_weight)} on ${r.argmax}, entropy ${fmt(r.entropy_bits, 2)} bits` + (r.highlighted ? ", highlighted" : "");
+        const chosen = l === S.layer && (perLayer || hh === S.head);
+        const cv = h("canvas", {});
+        drawRow(cv, D.weights.subarray(i * n, (i + 1) * n), r.max_weight);
+        grid.append(h("button", { type: "button", class: "cell" + (chosen ? " selected" : "") + (r.highlighted ? " focus" : ""),
+          "data-layer": l, "data-head": perLayer ? null : hh, "aria-label": text, title: text,
+          "aria-pressed": chosen ? "true" : "false", onclick: () => selectHead(l, perLayer ? S.head : hh) },
+          cv, h("span", { class: "num" }, "#" + (i + 1) + " " + fmt(r.max_weight, 2))));
+      }
+    }
+    $("model-hint").textContent = `— token ${ov.token_index} “${ov.unit}”: each head's row over all ${n} keys; ` +
+      `ranked by the largest ${what} in the row (#1 = most focused), as qkv explain ranks them` +
+      (ov.focus ? `; bold border: heads whose largest ${what} is on “${ov.focus}”` : "");
+    const ol = $("ranking");
+    ol.replaceChildren(...ov.heads.slice(0, 12).map((r) => h("li", {}, h("button", { type: "button",
+      onclick: () => selectHead(r.layer, r.head === null ? S.head : r.head) },
+      `L${r.layer}${r.head === null ? " (all heads)" : " H" + r.head} → ${r.argmax} ${fmt(r.max_weight)} (entropy ${fmt(r.entropy_bits, 2)} bits)`))));
+  }
+  // A row of N weights in a thumbnail a few hundred pixels wide: each pixel shows the largest weight
+  // of the keys it covers, on the scale of the row's largest (the library's max_weight); drawing
+  // only, the numbers shown are the answer's.
+  function drawRow(cv, w, most) {
+    const n = w.length, W = Math.min(n, 240);
+    cv.width = W; cv.height = 12;
+    const ctx = cv.getContext("2d"), rgb = heatRgb();
+    for (let x = 0; x < W; x++) {
+      let v = 0;
+      for (let j = Math.floor(x * n / W); j < Math.floor((x + 1) * n / W); j++) v = Math.max(v, w[j]);
+      const a = Math.min(1, v / (most || 1));
+      ctx.fillStyle = `rgba(${rgb},${Math.max(0.05, a)})`;
+      ctx.fillRect(x, 12 - Math.max(1, a * 12), 1, Math.max(1, a * 12));
+    }
+  }
+
+  // -- the block map: tiles → one tile's rows → a token ----------------------------------------------
+  const map = $("map"), tip = $("tip");
+  function mapTitle() { return `Block map — layer ${S.layer}, head ${S.head}`; }
+  function drawCrumbs() {
+    const items = [h("button", { type: "button", "aria-current": S.zoom ? null : "true", onclick: () => zoom(null) },
+      `all ${D.doc.num_tokens} tokens in tiles of ${S.block}`)];
+    if (S.zoom) {
+      const z = S.zoom;
+      items.push(" › ", h("button", { type: "button", "aria-current": "true" },
+        `rows ${z.rows[0]}–${z.rows[1] - 1} × keys ${z.keys[0]}–${z.keys[1] - 1}`));
+    }
+    $("crumbs").replaceChildren(...items);
+  }
+  function drawMap() {
+    $("map-title").textContent = mapTitle();
+    drawCrumbs();
+    const z = S.zoom, M = z ? D.region : D.tiles;
+    if (!M) return;
+    const n = M.shape[0], m = M.shape[1], c = Math.max(1, Math.floor(MAP_PX / Math.max(n, m)));
+    const off = document.createElement("canvas"); off.width = m; off.height = n;
+    const octx = off.getContext("2d"), img = octx.createImageData(m, n);
+    const rgb = heatRgb().split(",").map(Number);
+    // a tile's colour: its sum over the rows it holds (≤ block); a cell's: its weight on the scale
+    // of the region's largest (drawing only: the numbers shown are the answer's)
+    const scale = z ? M.values.reduce((a, b) => Math.max(a, b), 0) || 1 : S.block;
+    for (let k = 0; k < n * m; k++) {
+      img.data[4 * k] = rgb[0]; img.data[4 * k + 1] = rgb[1]; img.data[4 * k + 2] = rgb[2];
+      img.data[4 * k + 3] = Math.round(255 * Math.min(1, Math.sqrt(Math.max(0, M.values[k]) / scale)));
+    }
+    octx.putImageData(img, 0, 0);
+    map.width = m * c; map.height = n * c;
+    const ctx = map.getContext("2d");
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, 0, 0, map.width, map.height);
+    // the selected token's row, where it is on this map
+    const t = S.token, row = z ? t - z.rows[0] : Math.floor(t / S.block);
+    if (row >= 0 && row < n) {
+      ctx.strokeStyle = getComputedStyle(document.documentElement).getPropertyValue("--focus").trim();
+      ctx.lineWidth = Math.max(1, c / 4);
+      ctx.strokeRect(0, row * c, map.width, c);
+    }
+    $("map-hint").textContent = z
+      ? "one tile's rows: each cell is one query token's weight on one key (exact, doc.weights); hover for it, click a row to select its token; Esc zooms out"
+      : `each tile is the sum of the weights from ${S.block} query rows to ${S.block} keys (exact, doc.block_map; a full row of tiles sums to ${S.block}); hover for it, click to zoom into its rows`;
+    D.mapCell = c;
+  }
+  function cellAt(ev) {
+    const r = map.getBoundingClientRect(), c = D.mapCell || 1;
+    return [Math.floor((ev.clientY - r.top) / c), Math.floor((ev.clientX - r.left) / c)];
+  }
+  function showTip(i, j) {
+    const z = S.zoom, M = z ? D.region : D.tiles;
+    if (!M || i < 0 || j < 0 || i >= M.shape[0] || j >= M.shape[1]) { tip.hidden = true; return; }
+    const v = M.values[i * M.shape[1] + j], n = D.doc.num_tokens;
+    if (z) {
+      const qi = z.rows[0] + i, kj = z.keys[0] + j;
+      tip.textContent = `${label(qi)} (${qi}) → ${label(kj)} (${kj}): ${fmt(v)}`;
+    } else {
+      const b = S.block;
+      tip.textContent = `rows ${i * b}–${Math.min(n, (i + 1) * b) - 1} → keys ${j * b}–${Math.min(n, (j + 1) * b) - 1}: Σ ${fmt(v)}`;
+    }
+    tip.dataset.row = i; tip.dataset.col = j; tip.hidden = false;
+    tip.style.left = ((j + 1) * D.mapCell + 8) + "px"; tip.style.top = ((i + 1) * D.mapCell + 4) + "px";
+  }
+  map.addEventListener("mousemove", (ev) => showTip(...cellAt(ev)));
+  map.addEventListener("mouseleave", () => { tip.hidden = true; });
+  map.addEventListener("click", (ev) => {
+    const [i, j] = cellAt(ev), n = D.doc.num_tokens;
+    if (S.zoom) {
+      if (i >= 0 && i < D.region.shape[0]) selectToken(S.zoom.rows[0] + i);
+      return;
+    }
+    if (i < 0 || j < 0 || i >= D.tiles.shape[0] || j >= D.tiles.shape[1]) return;
+    const b = S.block;
+    zoom({ rows: [i * b, Math.min(n, (i + 1) * b)], keys: [j * b, Math.min(n, (j + 1) * b)] });
+  });
+  map.addEventListener("keydown", (ev) => { if (ev.key === "Escape" && S.zoom) zoom(null); });
+  function zoom(z) {
+    S.zoom = z;
+    return update(async () => { await loadMap(); drawMap(); });
+  }
+  async function loadMap() {
+    if (S.zoom) {
+      const z = S.zoom;
+      const a = await ask("doc_rows", { layer: S.layer, head: S.head, start: z.rows[0], stop: z.rows[1],
+        key_start: z.keys[0], key_stop: z.keys[1] });
+      D.region = { shape: a.shape, values: decodeF32(a.weights) };
+    } else {
+      const a = await ask("doc_block_map", { layer: S.layer, head: S.head, block: S.block });
+      D.tiles = { shape: a.shape, values: decodeF32(a.tiles) };
+    }
+  }
+
+  // -- attention received: each key's Σ_i w_ij in the selected head ----------------------------------
+  const recv = $("received"), rtip = $("received-tip");
+  async function loadReceived() {
+    const a = await ask("doc_received", { layer: S.layer, head: S.head });
+    D.received = { values: decodeF32(a.received), top: a.top, rows: a.rows, layer: a.layer, head: a.head };
+  }
+  function drawReceived() {
+    const r = D.received, n = r.values.length, W = Math.max(1, Math.min(n, recv.clientWidth || 1000));
+    recv.width = W; recv.height = 60;
+    const ctx = recv.getContext("2d"), rgb = heatRgb(), most = r.top.length ? r.top[0].received : 1;
+    // each pixel shows the largest sum among the keys it covers, on the scale of the largest key
+    for (let x = 0; x < W; x++) {
+      let v = 0;
+      for (let j = Math.floor(x * n / W); j < Math.max(Math.floor(x * n / W) + 1, Math.floor((x + 1) * n / W)); j++) v = Math.max(v, r.values[j]);
+      const hgt = Math.max(1, Math.sqrt(v / most) * 60);
+      ctx.fillStyle = `rgba(${rgb},0.9)`;
+      ctx.fillRect(x, 60 - hgt, 1, hgt);
+    }
+    $("received-hint").textContent = `— layer ${r.layer}, head ${r.head}: each key's total weight Σᵢ wᵢⱼ over the ${r.rows} query rows (exact, doc.received); hover for a key`;
+    $("received-top").replaceChildren(...r.top.map((t) => h("li", {}, h("button", { type: "button",
+      "data-token": t.index, onclick: () => selectToken(t.index) }, `${label(t.index)} (${t.index}): ${fmt(t.received)}`))));
+  }
+  recv.addEventListener("mousemove", (ev) => {
+    const r = D.received; if (!r) return;
+    const box = recv.getBoundingClientRect(), n = r.values.length;
+    const j = Math.min(n - 1, Math.max(0, Math.floor((ev.clientX - box.left) / box.width * n)));
+    rtip.textContent = `${label(j)} (${j}): Σ ${fmt(r.values[j])}`;
+    rtip.dataset.key = j; rtip.hidden = false;
+    rtip.style.left = (ev.clientX - box.left + 8) + "px"; rtip.style.top = "64px";
+  });
+  recv.addEventListener("mouseleave", () => { rtip.hidden = true; });
+
+  // -- selections ------------------------------------------------------------------------------
+  async function loadOverview() {
+    const t0 = performance.now();
+    const a = await ask("doc_overview", { token: S.token, method: S.method });
+    D.overview = a;
+    D.weights = decodeF32(a.weights);
+    D.byHead = new Map(a.heads.map((r, i) => [r.layer + ":" + r.head, i]));
+    S.token = a.token_index;
+    D.timings.overview_ms = performance.now() - t0;
+  }
+  function selectToken(t) {
+    if (t === S.token && D.overview) return Promise.resolve();
+    S.token = t;
+    const t0 = performance.now();
+    return update(async () => {
+      await loadOverview();
+      writeUrl(); scrollStripTo(S.token); drawStrip(); drawModelView(); drawMap();
+      D.timings.switch_ms = performance.now() - t0; // read by benchmarks/view.py --document
+    });
+  }
+  function selectHead(layer, head) {
+    S.layer = layer; S.head = head;
+    return update(async () => {
+      writeUrl();
+      await Promise.all([loadMap(), loadReceived()]);
+      drawStrip(); drawModelView(); drawMap(); drawReceived();
+    });
+  }
+
+  // -- the form --------------------------------------------------------------------------------
+  function fillForm() {
+    $("method").replaceChildren(...D.doc.methods.map((m) => h("option", { value: m, selected: m === S.method }, m)));
+    $("block").replaceChildren(...BLOCKS.filter((b) => Math.ceil(D.doc.num_tokens / b) <= 1024)
+      .map((b) => h("option", { value: b, selected: b === S.block }, String(b))));
+  }
+  $("method").addEventListener("change", () => {
+    S.method = $("method").value;
+    update(async () => { await loadOverview(); writeUrl(); drawStrip(); drawModelView(); });
+  });
+  $("block").addEventListener("change", () => { S.block = Number($("block").value); S.zoom = null; writeUrl(); zoom(null); });
+  $("theme").addEventListener("click", () => {
+    const root = document.documentElement, dark = matchMedia("(prefers-color-scheme: dark)").matches;
+    root.dataset.theme = (root.dataset.theme || (dark ? "dark" : "light")) === "dark" ? "light" : "dark";
+    if (D.overview) { drawModelView(); drawMap(); drawReceived(); }
+  });
+
+  // -- start -----------------------------------------------------------------------------------
+  async function start() {
+    await update(async () => {
+      const r = await fetch("api/info");
+      D.info = await r.json();
+      D.doc = D.info.document;
+      readUrl();
+      if (!D.doc.methods.includes(S.method)) S.method = "weight";
+      if (S.token !== null && S.token >= D.doc.num_tokens) S.token = null;
+      S.layer = Math.min(S.layer, D.doc.num_layers - 1);
+      S.head = Math.min(S.head, D.doc.num_heads - 1);
+      if (!BLOCKS.includes(S.block) || Math.ceil(D.doc.num_tokens / S.block) > 1024) S.block = 128;
+      $("doc-title").textContent = `— ${D.doc.model}, ${D.doc.num_tokens} tokens (kept: ${(D.doc.record_bytes / 2 ** 20).toFixed(1)} MiB)`;
+      $("strip-hint").textContent = `— ${D.doc.num_tokens} tokens; click one (or use the arrow keys); shade: its weight from the selected token in the selected head`;
+      fillForm();
+      await Promise.all([loadOverview(), loadMap(), loadReceived()]);
+      writeUrl(); scrollStripTo(S.token); drawStrip(); drawModelView(); drawMap(); drawReceived();
+    });
+  }
+  window.qkvDocument = { state: S, data: D };
+  start();
+})();

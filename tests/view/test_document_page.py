@@ -1,0 +1,127 @@
+"""``qkv view --file``'s page in a real browser (Debian's chromium via Playwright), on a ~3,000-token
+text read by a random Llama decoder: every number read off the page equals the Document's to the
+digits shown; a token switch updates the model view; the token strip keeps only the lines in
+sight; every request stays on 127.0.0.1 and the page logs no error (the ``watched`` fixture).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from view_checks import assert_shown
+
+from qkv.explain.document_results import received
+
+READY = "() => document.body.dataset.state === 'ready'"
+
+
+def open_document(watched, served, query: str = "") -> None:
+    watched.page.goto(served.url + query)
+    watched.page.wait_for_function(READY, timeout=60_000)
+
+
+def click_and_wait(page, selector: str) -> None:
+    page.click(selector)  # the click sets "busy" at once; "ready" once the update has drawn
+    page.wait_for_function(READY, timeout=30_000)
+
+
+def click_at_and_wait(page, x: float, y: float) -> None:
+    page.mouse.click(x, y)
+    page.wait_for_function(READY, timeout=30_000)
+
+
+def model_view(page) -> dict:
+    labels = page.eval_on_selector_all("#grid button.cell", "cs => cs.map(c => c.getAttribute('aria-label'))")
+    return {tuple(map(int, re.match(r"layer (\d+) head (\d+)", s).groups())): s for s in labels}
+
+
+def assert_model_view(page, doc, token: int | None) -> None:
+    """The model view shows ``doc.explain(token=…)``'s ranks and numbers (None: its default)."""
+    ov = doc.explain(token=None if token is None else str(token))
+    by_head = model_view(page)
+    assert len(by_head) == len(ov.rows)
+    for rank, row in enumerate(ov.rows, 1):
+        m = re.search(r"rank (\d+), largest weight (\S+) on (.+?), entropy (\S+) bits", by_head[row.layer, row.head])
+        assert int(m[1]) == rank, (row.layer, row.head)
+        assert_shown(m[2], row.max_weight, f"token {token} L{row.layer} H{row.head} max weight")
+        assert m[3] == ov.units.labels[row.argmax]
+        assert_shown(m[4], row.entropy, f"token {token} L{row.layer} H{row.head} entropy")
+
+
+def test_the_long_page_shows_the_documents_numbers(watched, document_served, long_document):
+    doc, page, n = long_document, watched.page, len(long_document)
+    assert n > 2500
+    open_document(watched, document_served)
+
+    # the token strip is virtualised: a few lines of buttons, not one per token
+    shown = page.eval_on_selector_all("#strip button", "bs => bs.map(b => Number(b.dataset.token))")
+    default = doc.explain().unit  # the library's default token (the last word)
+    assert 0 < len(shown) < 300 < n and default in shown  # opened there, scrolled to it
+    assert page.get_attribute(f'#strip button[data-token="{default}"]', "aria-pressed") == "true"
+    assert_model_view(page, doc, None)
+
+    # a token switch: click one near the top of the strip; the model view is that token's
+    page.evaluate("() => { document.getElementById('strip').scrollTop = 0; }")
+    page.wait_for_selector('#strip button[data-token="40"]')
+    click_and_wait(page, '#strip button[data-token="40"]')
+    assert page.get_attribute('#strip button[data-token="40"]', "aria-pressed") == "true"
+    assert "token=40" in page.url
+    assert_model_view(page, doc, 40)
+    top = page.locator("#ranking li").first.text_content()
+    best = doc.explain(token="40").rows[0]
+    assert top.startswith(f"L{best.layer} H{best.head} → ")
+
+    # another head: the block map and the received strip are that head's
+    click_and_wait(page, '#grid button.cell[data-layer="1"][data-head="2"]')
+    assert page.locator("#map-title").text_content() == "Block map — layer 1, head 2"
+
+    # the block map: a tile's sum on hover, exactly doc.block_map's
+    tiles = doc.block_map(1, 2, block=128)
+    box = page.locator("#map").bounding_box()
+    cell = box["width"] / tiles.shape[1]
+    for i, j in ((0, 0), (5, 3), (tiles.shape[0] - 1, tiles.shape[1] - 1)):
+        page.mouse.move(box["x"] + (j + 0.5) * cell, box["y"] + (i + 0.5) * cell)
+        tip = page.locator("#tip").text_content()
+        assert tip.startswith(f"rows {i * 128}–") and f"keys {j * 128}–" in tip, tip
+        assert_shown(tip.split("Σ ")[1], float(tiles[i, j]), f"tile [{i}, {j}]")
+
+    # zoom into tile (5, 3): its rows, each cell one exact weight (doc.weights)
+    click_at_and_wait(page, box["x"] + 3.5 * cell, box["y"] + 5.5 * cell)
+    assert "rows 640–767 × keys 384–511" in page.locator("#crumbs").text_content()
+    rows = doc.weights(1, 2, torch.arange(640, 768))  # (128, N)
+    box = page.locator("#map").bounding_box()
+    cell = box["width"] / 128
+    labels = doc.explain(token="0").units.labels
+    for i, j in ((0, 0), (17, 100), (127, 127)):
+        page.mouse.move(box["x"] + (j + 0.5) * cell, box["y"] + (i + 0.5) * cell)
+        tip = page.locator("#tip").text_content()
+        q, k = 640 + i, 384 + j
+        assert tip.startswith(f"{labels[q]} ({q}) → {labels[k]} ({k}): "), tip
+        assert_shown(tip.rsplit(": ", 1)[1], float(rows[i, 384 + j]), f"w[{q}, {k}]")
+
+    # a row of the zoomed tile selects its token
+    click_at_and_wait(page, box["x"] + 10 * cell, box["y"] + 20.5 * cell)
+    assert page.get_attribute('#strip button[data-token="660"]', "aria-pressed") == "true"
+    assert_model_view(page, doc, 660)
+
+    # attention received: the top keys and a key under the mouse, as the library sums them
+    r = received(doc, layer=1, head=2)
+    assert [t for t, _ in r.top] == [t for t, _ in doc.top_received(1, 2, k=10)]
+    items = page.eval_on_selector_all("#received-top button", "bs => bs.map(b => b.textContent)")
+    assert len(items) == len(r.top)
+    for shown_item, (index, value) in zip(items, r.top):
+        assert shown_item.startswith(f"{labels[index]} ({index}): ")
+        assert_shown(shown_item.rsplit(": ", 1)[1], value, f"received[{index}]")
+    box = page.locator("#received").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + 10)
+    tip = page.locator("#received-tip")
+    j = int(tip.get_attribute("data-key"))
+    assert tip.text_content().startswith(f"{labels[j]} ({j}): Σ ")
+    assert_shown(tip.text_content().split("Σ ")[1], float(r.received[j]), f"received[{j}]")
+
+    # Esc zooms back out to the tiles
+    page.focus("#map")
+    page.keyboard.press("Escape")
+    page.wait_for_function(READY)
+    assert page.locator("#crumbs button").count() == 1
