@@ -158,7 +158,8 @@ def test_unexpected_and_missing_tensors(tmp_path, minilm_tensors):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"model_type": "t5"}, r"model_type 't5' is not supported; qkv runs bert, .*gpt2"),
+    # a model_type without a family goes to transformers (qkv.hf), which refuses a BERT checkpoint
+    ({"model_type": "t5"}, r"architecture 'BertModel' is a 'bert' model but config.json says model_type 't5'"),
     ({"architectures": ["BertForQuestionAnswering"]}, r"architecture 'BertForQuestionAnswering' is not supported"),
     ({"hidden_act": "gelu_10"}, r"hidden_act 'gelu_10' is not supported"),
 ])

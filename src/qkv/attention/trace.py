@@ -37,6 +37,11 @@ class AttentionTrace:
     lse       (..., t)        log Σ_j exp(masked_j), −inf for a fully masked row
     ========  ==============  ====================================================
 
+    With logit soft-capping (Gemma 2) ``masked`` is ``softcap · tanh(scaled / softcap) + bias +
+    mask``; with sink logits (gpt-oss, one per head) the softmax's denominator also holds
+    ``exp(sinks[h])``, so a row's weights sum to less than 1 and ``lse`` counts the sink. Both
+    are None for plain attention (``softcap``, ``sinks`` (h,)).
+
     ``*``: ``bias`` and ``mask`` keep the broadcastable shape they were given in (e.g. (t, s) or
     (b, 1, 1, s)); :meth:`additive` expands their sum. ``scale`` is the float the scores were
     multiplied by. Intermediates are kept in the
@@ -63,6 +68,8 @@ class AttentionTrace:
     output: torch.Tensor
     lse: torch.Tensor
     scale: float
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
 
     _ROW_FIELDS = ("query", "scores", "scaled", "masked", "weights", "output")
 
@@ -81,7 +88,8 @@ class AttentionTrace:
         for name in ("bias", "mask"):  # broadcast over rows when their row dim is 1
             x = getattr(self, name)
             kept[name] = x if x is None or x.shape[-2] == 1 else x[..., rows, :]
-        return AttentionTrace(key=self.key, value=self.value, scale=self.scale, **kept)
+        return AttentionTrace(key=self.key, value=self.value, scale=self.scale,
+                              softcap=self.softcap, sinks=self.sinks, **kept)
 
     def additive(self) -> torch.Tensor:
         """(..., t, s): everything the forward added to ``scaled`` — bias + mask, expanded.

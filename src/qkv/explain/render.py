@@ -130,6 +130,9 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
 # -- step by step --------------------------------------------------------------------------------
 def _x_source(st: HeadSteps) -> str:
     i, L, E = st.token_index, st.layer, st.x.numel()
+    if st.projection:
+        return (f"the vector entering layer {L} at token {i} (hidden_states[{L}][{i}]), the {E} "
+                f"numbers the layer turns into q")
     if st.x_is_layer_input is False:
         return (f"the layer's normalised input at token {i} (norm1(hidden_states[{L}][{i}]), "
                 f"pre-norm), the {E} numbers projected into q")
@@ -150,10 +153,20 @@ def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGU
     E = st.x.numel()
     out.print(Text(f"1) x = {_x_source(st)}\n   x = {vector(st.x)}"))
     then = f"; q and every k_j then {st.qk_transform}" if st.qk_transform else ""
-    out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the query projection)"
-                   f"{then}\n   q = {vector(st.query)}"))
-    out.print(Text(f"3) for every token j: k_j = x_j·W_K + b_K and v_j = x_j·W_V + b_V; "
-                   f"score q·k_j, scaled by {number(st.scale, 6)} (= 1/√{d}), softmax"))
+    if st.projection:  # the projections are not matrices qkv can read: say so, start from q
+        out.print(Text(f"2) q = the query the attention kernel read (not recomputed): "
+                       f"{st.projection}\n   q = {vector(st.query)}"))
+        kv = "k_j and v_j as the kernel read them"
+    else:
+        out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the query "
+                       f"projection){then}\n   q = {vector(st.query)}"))
+        kv = "k_j = x_j·W_K + b_K and v_j = x_j·W_V + b_V"
+    scale = f"{number(st.scale, 6)} (= 1/√{d})" if abs(st.scale * d ** 0.5 - 1) < 1e-6 else \
+        f"{number(st.scale, 6)} (the model's scale, not 1/√{d})"
+    cap = f", soft-capped to {number(st.softcap, 4)}·tanh(·/{number(st.softcap, 4)})" if st.softcap else ""
+    sink = (f", softmax with this head's sink logit {number(st.sink, 4)} in the denominator "
+            f"(it takes weight and hands on no value)") if st.sink is not None else ", softmax"
+    out.print(Text(f"3) for every token j: {kv}; score q·k_j, scaled by {scale}{cap}{sink}"))
     masked = bool((st.mask != 0).any())
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     cols = [("j", "right"), ("token", "left"), (f"k_j ({d})", "left"), ("q·k_j", "right"),

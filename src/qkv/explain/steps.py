@@ -53,6 +53,11 @@ class HeadSteps:
         notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
         qk_transform: what happens to q and the k_j after the projection (Qwen3's per-head
             RMSNorm, RoPE's rotation), in words; "" when nothing does.
+        projection: "" when q, k_j and v_j were recomputed as x·W + b; otherwise why they could
+            not be (a model whose projections qkv cannot read as matrices): then they are the
+            ones the forward's kernel read, and the arithmetic from the scores on is recomputed.
+        softcap: the logit soft-cap c applied to the scaled scores (c·tanh(z/c)), or None.
+        sink: the head's sink logit (a share of the softmax's denominator with no value), or None.
     """
 
     kind: ClassVar[str] = "steps"  # its row in qkv.explain.kinds.KINDS
@@ -81,6 +86,9 @@ class HeadSteps:
     word_tokens: tuple[int, ...] = ()
     notes: tuple[Message, ...] = ()
     qk_transform: str = ""
+    projection: str = ""
+    softcap: float | None = None
+    sink: float | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -115,6 +123,9 @@ class HeadSteps:
             "notes": [str(n) for n in self.notes],
             "word": self.word,
             "word_tokens": list(self.word_tokens),
+            "projection": self.projection,
+            "softcap": self.softcap,
+            "sink": self.sink,
         }
 
 
@@ -132,11 +143,13 @@ def _project(x: torch.Tensor, linear, rows: slice) -> torch.Tensor:
     return x.double() @ w.T + b
 
 
-def _softmax(scaled: torch.Tensor) -> torch.Tensor:
-    """exp(z_j − max z) / Σ exp(z_k − max z), written out; −inf entries get weight 0."""
-    top = scaled.max()
+def _softmax(scaled: torch.Tensor, sink: float | None = None) -> torch.Tensor:
+    """exp(z_j − max z) / Σ exp(z_k − max z), written out; −inf entries get weight 0. A sink
+    logit adds exp(sink − max) to the denominator and takes no weight of its own."""
+    top = scaled.max() if sink is None else torch.maximum(scaled.max(), scaled.new_tensor(sink))
     e = torch.exp(scaled - top)
-    return e / e.sum()
+    extra = 0.0 if sink is None else torch.exp(scaled.new_tensor(sink) - top)
+    return e / (e.sum() + extra)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -174,9 +187,14 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     xs_v = layer_trace.value_input[0].double()  # (s, vdim)
 
     # 1) project: the query of this token, a key and a value for every token
-    query = _project(x, module.q_proj, q_rows)  # (d,)
-    keys = _project(xs_k, module.k_proj, kv_rows)  # (s, d)
-    values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
+    projection = getattr(module, "projection_note", "")
+    if projection:  # projections qkv cannot read as matrices: start from what the kernel read
+        query, keys, values = (att.query[0, head, row].double(), att.key[0, head].double(),
+                               att.value[0, head].double())
+    else:
+        query = _project(x, module.q_proj, q_rows)  # (d,)
+        keys = _project(xs_k, module.k_proj, kv_rows)  # (s, d)
+        values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
     transform = []
     if getattr(module, "q_norm", None) is not None:
         # Qwen3: each head's query and key vectors are RMS-normalised before the rotation.
@@ -190,10 +208,14 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)
+    softcap = getattr(att, "softcap", None)
+    capped = scaled if softcap is None else softcap * torch.tanh(scaled / softcap)  # Gemma 2's cap
     # 3) the forward's own mask and bias (padding, causal, ALiBi), as it added them, not re-derived
     mask = att.additive()[0, head, row].double()  # (s,)
-    # 4) softmax: positive weights that sum to 1
-    weights = _softmax(scaled + mask)  # (s,)
+    # 4) softmax: positive weights that sum to 1 (less than 1 with a sink: gpt-oss)
+    sinks = getattr(att, "sinks", None)
+    sink = None if sinks is None else float(sinks[head])
+    weights = _softmax(capped + mask, sink)  # (s,)
     # 5) the weighted sum of the values
     output = weights @ values  # (dv,)
 
@@ -211,7 +233,8 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
                      query=query, keys=keys, values=values, scores=scores, scaled=scaled,
                      mask=mask, weights=weights, output=output,
                      model_output=model_output.double(), diffs=diffs,
-                     qk_transform=", then ".join(transform))
+                     qk_transform=", then ".join(transform), projection=projection,
+                     softcap=softcap, sink=sink)
 
 
 def explain_head(model, text: str, *, token: str | None = None, layer: int, head: int,

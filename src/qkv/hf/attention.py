@@ -14,6 +14,7 @@ from qkv.attention.block_mask import block_mask_for, create_block_mask
 from qkv.attention.functional import scaled_dot_product_attention
 from qkv.attention.attention_mask import AttentionMask
 from qkv.attention.weights import attention_weights
+from qkv.hf import trace as recorder
 
 NAME = "qkv"
 
@@ -83,6 +84,21 @@ def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         bias = position_bias.to(query.dtype) if bias is None else bias + position_bias.to(query.dtype)
     groups = query.shape[1] // key.shape[1]
     dropout = float(dropout) if module.training else 0.0
+    rec = recorder.active()  # qkv.hf.trace: an explanation's forward records here
+    if rec is not None:
+        if rec.keys is None:  # discovering the model's attention modules
+            out = scaled_dot_product_attention(query, key, value, mask=mask, bias=bias, scale=scaling,
+                                               enable_gqa=groups > 1, softcap=softcap, sinks=s_aux)
+            out = out.transpose(1, 2).reshape(query.shape[0], query.shape[2], -1)  # (b, t, h·dv)
+            rec.calls.append(recorder.Call(module, query.shape[1], key.shape[1], query.shape[-1],
+                                           value.shape[-1], query.shape[2], key.shape[2], out))
+            return out.view(*out.shape[:2], query.shape[1], value.shape[-1]), None
+        if id(module) in rec.keys:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            out = recorder.traced_attention(rec, rec.keys[id(module)], query, key, value, mask=mask,
+                                            bias=bias, scale=scale, softcap=softcap, sinks=s_aux,
+                                            dropout_p=dropout)
+            return out, None
     want_weights = _weights_wanted(kwargs)
     extras = dict(mask=mask, bias=bias, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1,
                   softcap=softcap, sinks=s_aux)

@@ -69,7 +69,7 @@ KNOWN_MODELS: dict[str, tuple[str, Callable[[], str]]] = {
 
 # -- the loader -------------------------------------------------------------------------------
 def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-         device: str | torch.device | None = None):
+         device: str | torch.device | None = None, via: str | None = None):
     """A ready model (e.g. ``BertModel``, ``GPTNeoXModel``) in eval mode, with its tokenizer.
 
     The model's ``tokenizer``, ``name`` and ``config`` fields are set by its constructor (see
@@ -84,6 +84,10 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
         dtype: the floating-point dtype of the weights (e.g. ``torch.bfloat16``); None keeps
             the dtype the checkpoint stores (the widest, if its tensors differ).
         device: where the weights go (``"cpu"``, ``"cuda:0"``, ``"mps"`` …); None is the CPU.
+        via: None — a native family when qkv has one for the model_type, else the transformers
+            model on qkv's attention behind the same protocol (:class:`qkv.hf.adapter.HFModel`,
+            needs ``qkv[hf]``); ``"hf"`` — the transformers model even where a family exists
+            (to compare the two); ``"native"`` — a native family or an error.
 
     Raises:
         QkvError: unknown name, missing directory or file, invalid config, unsupported
@@ -97,6 +101,8 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     """
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise QkvError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if via not in (None, "hf", "native"):
+        raise QkvError(f"via must be None, 'hf' or 'native', got {via!r}")
     device = _check_device(device)
     translation = _translation_model(name_or_path)
     if translation is not None:
@@ -108,10 +114,15 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     if listed is not None:
         verify_listed_files(path, listed)
     model_type = raw.get("model_type")
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
+    native = isinstance(model_type, str) and model_type in FAMILIES
+    if via == "hf" or (not native and via is None and isinstance(model_type, str) and _has_transformers()):
+        from qkv.hf.load import load_explainable
+
+        return load_explainable(path, name=name, dtype=dtype, device=device, files=listed)
+    if not native:
         raise QkvError(f"{config_file}: model_type {model_type!r} is not supported; qkv runs "
-                       f"{', '.join(sorted(FAMILIES))} (any architecture transformers implements "
-                       f"runs on qkv's attention through qkv.hf.load, with qkv[hf] installed)")
+                       f"{', '.join(sorted(FAMILIES))} natively, and any architecture transformers "
+                       f"implements through it (pip install 'qkv[hf]': transformers >= 5)")
     family = FAMILIES[model_type]
     config = family.config_from_dict(raw, where=config_file)
     checkpoint = Checkpoint.open(path, family.prefix, listed)
@@ -128,6 +139,17 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
         setattr(model.get_submodule(owner), attr, model.get_parameter(source))
     checkpoint.check_tied(family, dtype)
     return model.to(device).eval()  # the parameters are there already; this moves the buffers
+
+
+def _has_transformers() -> bool:
+    """Whether transformers >= 5 (the ``qkv[hf]`` extra) can be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return False
+    from importlib.metadata import version
+
+    return int(version("transformers").split(".")[0]) >= 5
 
 
 def _translation_model(name_or_path):

@@ -54,6 +54,7 @@ class LseTrace:
             row with no key).
         mask: the :class:`~qkv.attention.AttentionMask` the call used (a description).
         scale: the scale the scores were multiplied by, or None for 1/√d.
+        softcap: the logit soft-cap applied after scaling (Gemma 2), or None.
     """
 
     query: torch.Tensor
@@ -62,6 +63,7 @@ class LseTrace:
     lse: torch.Tensor
     mask: AttentionMask
     scale: float | None = None
+    softcap: float | None = None
 
     @property
     def enable_gqa(self) -> bool:

@@ -71,10 +71,12 @@ def check_applies(model) -> None:
     no attention-block output to decompose."""
     check_layers(model, "alti")
     for layer in model.layers:
-        if type(layer).forward is not TransformerLayer.forward:
+        if getattr(type(layer), "forward", None) is not TransformerLayer.forward:
             raise ArgumentError("method", "{name} 'alti' does not apply to {model}: its layers "
-                                "({kind}) add attention and feed-forward to the input in parallel, "
-                                "so no output of the attention block alone exists to decompose",
+                                "({kind}) are not qkv's sequential residual layers (x + attn, then "
+                                "the feed-forward: a parallel residual, or a layer whose norms and "
+                                "residual qkv does not know), so no output of the attention block "
+                                "alone can be decomposed",
                                 model=getattr(model, "name", type(model).__name__),
                                 kind=type(layer).__name__)
 

@@ -32,13 +32,14 @@ import torch
 
 from qkv.explain.contributions.base import Forward, Matrices, Method, check_layers, run
 from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import capabilities_of
 
 FORMULA = "R^ℓ = R^{ℓ−1} + mean_h (A ⊙ ∂y/∂A)⁺ R^{ℓ−1}, R^0 = I; y a next-token logit or a similarity"
 
 
 def is_decoder(model) -> bool:
-    """Whether ``model`` predicts next tokens (its output has ``logits``)."""
-    return hasattr(model, "lm_head") or hasattr(model, "generate")
+    """Whether ``model`` predicts next tokens (its output has ``logits``): its capabilities say."""
+    return capabilities_of(model).next_token
 
 
 def check_target(model, target_text: str | None) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from qkv.explain.contributions.base import Method, Scores, run, value_vectors
+from qkv.explain.contributions.base import Method, Scores, check_layers, run, value_vectors
+from qkv.explain.wording import ArgumentError
 
 FORMULA = "‖A^{ℓ,h}_ij f^h(h_j)‖ per head; ‖Σ_h A^{ℓ,h}_ij f^h(h_j)‖ per layer"
 
@@ -63,5 +64,16 @@ def from_document(doc, rows: torch.Tensor) -> Scores:
     return Scores(method="norm", per="head", rows=rows, scores=scores)
 
 
+def check_applies(model) -> None:
+    """ArgumentError unless every layer's output projection W_O is known (``out_proj``)."""
+    check_layers(model, "norm")
+    for layer in model.layers:
+        if getattr(layer.self_attn, "out_proj", None) is None:
+            raise ArgumentError("method", "{name} 'norm' does not apply to {model}: it needs each "
+                                "head's output projection W_O (f^h(h_j) = v_j W_O^h), and no "
+                                "projection reading the heads' outputs was found in its layers",
+                                model=getattr(model, "name", type(model).__name__))
+
+
 METHOD = Method(name="norm", per="head", formula=FORMULA, compute=compute, document=from_document,
-                cost="one forward + f^h(h_j) for every key (the output projection once more)")
+                applies=check_applies, cost="one forward + f^h(h_j) for every key (the output projection once more)")
