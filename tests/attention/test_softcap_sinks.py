@@ -138,3 +138,24 @@ def test_attention_weights_bias_is_added():
     w = qkv.attention_weights(q, k, lse, bias=bias)
     want = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5 + bias, -1)
     torch.testing.assert_close(w, want, rtol=1e-12, atol=1e-14)  # float64, a few roundings
+
+
+def test_blockwise_backward_dv_scale_softcap_sinks_match_float64():
+    """The backward with everything at once: value head dim ≠ query/key head dim, a scale other
+    than 1/√d (Gemma's query_pre_attn_scalar), soft-capping, sinks, GQA, a window, t ≠ s."""
+    torch.manual_seed(4)
+    h, hkv, t, s, d, dv, scale = 4, 2, 97, 131, 8, 12, 0.37
+    q = torch.randn(1, h, t, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, hkv, s, dv, dtype=torch.float64, requires_grad=True)
+    sinks = torch.randn(h, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(1, h, t, dv, dtype=torch.float64)
+    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                                           enable_gqa=True, window=(30, 0), scale=scale, softcap=2.5,
+                                           sinks=sinks, backend="blockwise")
+    got = torch.autograd.grad(out, [q, k, v, sinks], grad)
+    ref_out, _ = naive(q, k, v, scale=scale, softcap=2.5, sinks=sinks, window=30)
+    want = torch.autograd.grad(ref_out, [q, k, v, sinks], grad)
+    for name, a, b in zip("q k v sinks".split(), got, want):
+        # both float64, different summation orders: a few hundred roundings of O(1) terms
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"d{name}")
