@@ -80,23 +80,10 @@ def read_config(cls: type, d: dict, model_type: str, architectures: tuple[str, .
     cfg.require(d, "position_embedding_type", "absolute", where=where)
     cfg.require(d, "is_decoder", False, where=where)
     cfg.require(d, "add_cross_attention", False, where=where)
-    default = {f.name: f.default for f in fields(cls)}
-
-    def get_int(key: str, **bounds) -> int:
-        return cfg.get_int(d, key, default[key], where=where, **bounds)
-
-    return cls(
-        vocab_size=get_int("vocab_size"),
-        hidden_size=get_int("hidden_size"),
-        num_hidden_layers=get_int("num_hidden_layers"),
-        num_attention_heads=get_int("num_attention_heads"),
-        intermediate_size=get_int("intermediate_size"),
-        hidden_act=cfg.activation(d, "hidden_act", default["hidden_act"], where=where),
-        max_position_embeddings=get_int("max_position_embeddings"),
-        type_vocab_size=get_int("type_vocab_size"),
-        layer_norm_eps=cfg.get_float(d, "layer_norm_eps", default["layer_norm_eps"], where=where),
-        pad_token_id=get_int("pad_token_id", minimum=0),
-    )
+    # hidden_act: Hugging Face's default name is qkv's own (gelu), the field's default
+    return cls(**cfg.read_fields(cls, d, [f.name for f in fields(cls)], where=where,
+                                 activations={"hidden_act": cls.hidden_act},
+                                 may_be_zero=("pad_token_id",)))
 
 
 class BertEmbeddings(nn.Module):

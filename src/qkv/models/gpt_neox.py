@@ -107,10 +107,10 @@ class GPTNeoXConfig:
         sizes = cfg.read_fields(cls, d, (
             "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "intermediate_size", "max_position_embeddings", "layer_norm_eps",
-            "use_parallel_residual", "attention_bias", "tie_word_embeddings"), where=where)
+            "use_parallel_residual", "attention_bias", "tie_word_embeddings", "hidden_act"),
+            where=where, activations={"hidden_act": cls.hidden_act})  # HF's default name is qkv's
         return cls(
             **sizes,
-            hidden_act=cfg.activation(d, "hidden_act", "gelu", where=where),
             rotary_pct=pct,
             rotary_emb_base=base,
             eos_token_id=cfg.get_token_ids(d, "eos_token_id", where=where),

@@ -116,13 +116,13 @@ def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
     sizes = cfg.read_fields(LlamaConfig, d, (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-        "rms_norm_eps", "attention_bias", "mlp_bias", "tie_word_embeddings"), where=where)
+        "rms_norm_eps", "attention_bias", "mlp_bias", "tie_word_embeddings", "hidden_act"),
+        where=where, activations={"hidden_act": LlamaConfig.hidden_act})  # HF's default name is qkv's
     theta, scaling = read_rope(d, sizes["max_position_embeddings"], where=where)
     return LlamaConfig(
         **sizes,
         rope_theta=theta,
         rope_scaling=scaling,
-        hidden_act=cfg.activation(d, "hidden_act", "silu", where=where),
         eos_token_id=cfg.get_token_ids(d, "eos_token_id", where=where),
         bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
         **overrides,
@@ -248,40 +248,46 @@ class LlamaModel(DecoderLM):
 
 
 # -- the checkpoint mapping ---------------------------------------------------------------------
-# Hugging Face name (after "model.") → qkv name, per layer.
-LAYER_NAMES = {
-    "self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
-    "self_attn.v_proj": "self_attn.v_proj", "self_attn.o_proj": "self_attn.out_proj",
-    "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm",
-    "mlp.gate_proj": "feed_forward.gate", "mlp.up_proj": "feed_forward.up",
-    "mlp.down_proj": "feed_forward.down",
-    "input_layernorm": "norm1", "post_attention_layernorm": "norm3",
-}
+def layer_modules(c: LlamaConfig) -> dict[str, tuple[str, dict[str, tuple[int, ...]]]]:
+    """Per layer: Hugging Face module (after ``model.layers.N.``) → (qkv's module, {parameter:
+    shape}), for the modules and biases ``c``'s checkpoint holds — the one list that the shape
+    check, the conversion (:data:`LAYER_NAMES`) and ``qkv train lm``'s export read."""
+    E, F_, d = c.hidden_size, c.intermediate_size, c.head_dim
+    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+    qkv_bias = c.attention_bias or c.qkv_bias  # Qwen2: biases on q, k, v only
+
+    def linear(out: int, inp: int, bias: bool) -> dict[str, tuple[int, ...]]:
+        return {"weight": (out, inp)} | ({"bias": (out,)} if bias else {})
+
+    modules = {
+        "self_attn.q_proj": ("self_attn.q_proj", linear(q, E, qkv_bias)),
+        "self_attn.k_proj": ("self_attn.k_proj", linear(kv, E, qkv_bias)),
+        "self_attn.v_proj": ("self_attn.v_proj", linear(kv, E, qkv_bias)),
+        "self_attn.o_proj": ("self_attn.out_proj", linear(E, q, c.attention_bias)),
+        "mlp.gate_proj": ("feed_forward.gate", linear(F_, E, c.mlp_bias)),
+        "mlp.up_proj": ("feed_forward.up", linear(F_, E, c.mlp_bias)),
+        "mlp.down_proj": ("feed_forward.down", linear(E, F_, c.mlp_bias)),
+        "input_layernorm": ("norm1", {"weight": (E,)}),
+        "post_attention_layernorm": ("norm3", {"weight": (E,)}),
+    }
+    if c.qk_norm:  # Qwen3: each head's q and k RMS-normalised
+        modules |= {"self_attn.q_norm": ("self_attn.q_norm", {"weight": (d,)}),
+                    "self_attn.k_norm": ("self_attn.k_norm", {"weight": (d,)})}
+    return modules
+
+
+# Hugging Face module (after "model.layers.N.") → qkv's, every module a Llama-family layer may have.
+LAYER_NAMES = {hf: ours for hf, (ours, _) in layer_modules(LlamaConfig(qk_norm=True)).items()}
 
 
 def llama_shapes(c: LlamaConfig) -> Shapes:
-    E, F_, V, d = c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim
-    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
-    shapes = {"embed_tokens.weight": (V, E), "norm.weight": (E,)}
+    shapes = {"embed_tokens.weight": (c.vocab_size, c.hidden_size), "norm.weight": (c.hidden_size,)}
     if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (V, E)
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    modules = layer_modules(c)
     for i in range(c.num_hidden_layers):
-        p = f"layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
-                   p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
-                   p + "mlp.gate_proj.weight": (F_, E), p + "mlp.up_proj.weight": (F_, E),
-                   p + "mlp.down_proj.weight": (E, F_),
-                   p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,)}
-        if c.attention_bias or c.qkv_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                       p + "self_attn.v_proj.bias": (kv,)}
-        if c.attention_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (E,)
-        if c.mlp_bias:
-            shapes |= {p + "mlp.gate_proj.bias": (F_,), p + "mlp.up_proj.bias": (F_,),
-                       p + "mlp.down_proj.bias": (E,)}
-        if c.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        shapes |= {f"layers.{i}.{hf}.{param}": shape
+                   for hf, (_, params) in modules.items() for param, shape in params.items()}
     return shapes
 
 
