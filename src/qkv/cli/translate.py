@@ -2,6 +2,8 @@
 
     qkv train translate [--out DIR] [--resume] [--slim] [--steps N] [--batch-size B] …
     qkv translate [TEXT] [--model DIR|translate] [--beam K] [--vocab]
+                  (DIR: a qkv translation checkpoint, or a transformers encoder-decoder —
+                   Marian, BART, mBART, M2M100, T5 — generating on qkv's attention)
     qkv evaluate [--model DIR|translate] [--beam K] [--json]
 
 ``--model translate`` (the default) is the small checkpoint shipped with qkv.
@@ -119,7 +121,9 @@ def _register_translate(sub) -> None:
     p.add_argument("text", nargs="?", type=options.text(), default=None,
                    help="English text (default: read standard input)")
     p.add_argument("--model", type=options.name(), default="translate",
-                   help="a translation model directory, or 'translate' for the shipped one (default)")
+                   help="a translation model directory (qkv train translate's, or a transformers "
+                        "encoder-decoder: Marian, BART, mBART, M2M100, T5), or 'translate' for "
+                        "the shipped one (default)")
     p.add_argument("--beam", type=options.integer(1, MAX_BEAM), default=1, metavar="K",
                    help=f"beam width (1 = greedy, the default; at most {MAX_BEAM})")
     p.add_argument("--vocab", action="store_true", help="list the English words the model knows")
@@ -174,6 +178,8 @@ def run_translate(args: argparse.Namespace) -> int:
                        f"no {given} (run the two commands one after the other)")
     _set_threads(args.threads)
     _not_a_load_name(args.model)
+    if _is_transformers_seq2seq(args.model):
+        return _translate_transformers(args)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)
     if args.vocab:
@@ -187,7 +193,44 @@ def run_translate(args: argparse.Namespace) -> int:
     return _translate_stream(ckpt, args.beam)
 
 
-def _translate_stream(ckpt, beam: int) -> int:
+def _is_transformers_seq2seq(model) -> bool:
+    """Whether ``--model`` is a directory whose config.json names a transformers encoder-decoder
+    (the model_types :func:`qkv.load` hands to :mod:`qkv.hf.seq2seq`)."""
+    import os
+
+    from qkv.files import read_json
+    from qkv.models.loading import SEQ2SEQ_MODEL_TYPES
+
+    config = os.path.join(os.path.expanduser(str(model)), "config.json")
+    if not os.path.isfile(config):
+        return False
+    try:
+        raw = read_json(config)
+    except QkvError:
+        return False  # load_checkpoint names what is wrong with it
+    return isinstance(raw, dict) and raw.get("model_type") in SEQ2SEQ_MODEL_TYPES
+
+
+def _translate_transformers(args: argparse.Namespace) -> int:
+    """``qkv translate`` on a transformers encoder-decoder: its ``generate`` on qkv's attention
+    (greedy, or beam search with ``--beam``), TEXT or standard input line by line."""
+    from qkv.explain.finite import check_parameters
+    from qkv.models.loading import load
+    from qkv.text import check_one_line
+
+    if args.vocab:
+        raise QkvError(f"--vocab lists the toy model's words; {args.model} is a transformers model "
+                       f"whose vocabulary is its tokenizer's (tokenizer.json)")
+    model = load(args.model)
+    check_parameters(model.hf, name=model.name)
+    if args.text is not None:
+        check_one_line(args.text)
+        print(model.translate([args.text], beam=args.beam)[0])
+        return 0
+    return _translate_stream(None, args.beam, lambda line: model.translate([line], beam=args.beam)[0])
+
+
+def _translate_stream(ckpt, beam: int, translate_line=None) -> int:
     """Translate standard input line by line: one output line per input line, always.
 
     A line that cannot be translated (an unknown word, bytes that are not UTF-8) does not end
@@ -212,8 +255,11 @@ def _translate_stream(ckpt, beam: int) -> int:
             continue
         try:
             check_one_line(line, what=f"line {number}")
-            french = translate(ckpt.model, ckpt.vocab, [line], beam=beam)[0]
-            _note_outside_grammar(line, f"line {number}: ")
+            if translate_line is not None:  # a transformers model: no grammar to note
+                french = translate_line(line)
+            else:
+                french = translate(ckpt.model, ckpt.vocab, [line], beam=beam)[0]
+                _note_outside_grammar(line, f"line {number}: ")
         except QkvError as e:
             failed.append(number)
             print(f"qkv: line {number}: {e}; its output line is empty", file=sys.stderr)

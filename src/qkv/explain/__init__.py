@@ -30,8 +30,9 @@ plus printing: ``--json`` prints ``to_dict()``.
 * ``document(model, text)`` → :class:`Document`: a long text after one forward that kept each
   layer's q, k and log-sum-exp (O(N)); ``doc.explain(token=…)`` is ``explain``'s overview, plus
   ``weights``, ``received``, ``block_map`` — exact, blockwise
-* ``cross_attention(model, text, *, token, top, layer, gold)`` → :class:`CrossAttention`
-  (``qkv explain TEXT --model translate``)
+* ``cross_attention(model, text, *, token, top, layer, gold, target)`` → :class:`CrossAttention`
+  (``qkv explain TEXT --model translate``, or a transformers encoder-decoder directory);
+  ``attention_maps(model, source, target=…)`` gives its ``.cross`` (L, H, t, s) teacher-forced
 * ``cross_attention_head(model, text, *, token, layer, head, gold)`` → :class:`CrossHeadSteps`
   (``… --model translate --layer L --head H``)
 * ``received.attention_received(model, text, *, layer, head, words)`` → each key's Σ_i w_ij

@@ -22,7 +22,11 @@ query against the encoder's keys and values — in float64 with :func:`~qkv.expl
 and compares it with the forward's own numbers.
 
 Both take a model whose ``capabilities.cross_attention`` is true (``qkv.load("translate")``:
-the shipped one), or a name/directory :func:`qkv.load` reads. ``qkv explain TEXT --model
+the shipped one; a transformers encoder-decoder directory — Marian, BART, mBART, M2M100, T5 —
+through :mod:`qkv.hf.seq2seq`), or a name/directory :func:`qkv.load` reads; they ask it only for
+``cross_pass`` and ``cross_shape`` (:mod:`qkv.models.protocol`). ``target=`` teacher-forces a
+given translation instead of the model's own. "English" and "French" below are the source and
+the target, whatever the languages. ``qkv explain TEXT --model
 translate`` prints these results (:mod:`qkv.explain.render_cross`) and draws them
 (:mod:`qkv.explain.figures`).
 """
@@ -37,16 +41,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from qkv.explain.finite import check_layers
 from qkv.explain.forward import check_top
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import Units, choose
 from qkv.explain.steps import HeadSteps, head_steps
 from qkv.explain.wording import ArgumentError, Message
-from qkv.models.protocol import capabilities_of
-from qkv.models.translation import TranslationModel, TranslationTrace
-from qkv.translate.decode import greedy_decode
-from qkv.translate.vocab import BOS_ID, EOS, EOS_ID
+from qkv.explain.finite import NonFiniteError, check_layers, describe
+from qkv.models.protocol import CrossPass, TooLong, capabilities_of
+from qkv.models.translation import TranslationTrace
+from qkv.text import is_blank, shown
 
 # gold= : (the reference French tokens, per French token its English indices), or why there is none
 Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
@@ -67,13 +70,15 @@ class CrossAttention:
         gold: per French token (not [EOS]), the gold English token indices; None when the caller
             gave none or the model's French differs from the gold's.
         gold_note: why ``gold`` is None (or None).
-        trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer).
+        trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer) of
+            qkv's translation model; None for a model that keeps no such trace.
         token: the French token chosen for a closer look (its top English tokens), or None.
         focus: the French token a viewer opens at: ``token``, else the last French word (the
             default :func:`~qkv.explain.select.choose` resolves).
         top: how many English tokens that closer look lists per head.
         layers: the decoder layers shown (all, or the one asked for).
         notes: how an ambiguous ``token`` was resolved.
+        special: per French token, whether it is a special token ([EOS], a language code).
     """
 
     kind: ClassVar[str] = "cross"  # its row in qkv.explain.kinds.KINDS
@@ -86,12 +91,13 @@ class CrossAttention:
     weights: torch.Tensor
     gold: list[tuple[int, ...]] | None
     gold_note: str | None
-    trace: TranslationTrace
+    trace: TranslationTrace | None
     token: int | None = None
     focus: int = 0
     top: int = 3
     layers: tuple[int, ...] = ()
     notes: tuple[Message, ...] = ()
+    special: tuple[bool, ...] = ()
 
     @property
     def num_heads(self) -> int:
@@ -230,7 +236,7 @@ class CrossHeadSteps:
         }
 
 
-def translation_model(model) -> TranslationModel:
+def translation_model(model, *, target: str | None = None):
     """``model`` itself when it has cross-attention, else :func:`qkv.load` of a name/directory.
 
     (A :class:`~qkv.translate.checkpoint.Checkpoint` is read as its ``model``.)
@@ -241,15 +247,20 @@ def translation_model(model) -> TranslationModel:
         model = load(model)
     model = getattr(model, "model", model)  # a translate Checkpoint → its model
     if not capabilities_of(model).cross_attention:
+        if target is not None:
+            raise ArgumentError("target", "{name} is for encoder-decoders (a translation to "
+                                "teacher-force); {value!r} has no cross-attention: explain its "
+                                "self-attention without {name}",
+                                value=getattr(model, "name", type(model).__name__))
         raise ArgumentError("model", "{name} {value!r} has no cross-attention (it is not an "
                             "encoder-decoder); explain its self-attention instead",
                             value=getattr(model, "name", type(model).__name__))
     return model
 
 
-def check_layer_head(model: TranslationModel, layer: int | None, head: int | None) -> None:
+def check_layer_head(model, layer: int | None, head: int | None) -> None:
     """ArgumentError when the decoder has no such ``layer`` or ``head``."""
-    L, H = model.config.decoder_layers, model.config.num_heads
+    L, H = model.cross_shape
     if layer is not None and not 0 <= layer < L:
         raise ArgumentError("layer", "{name} {value} is out of range: the decoder has {n} layers "
                             "(0–{last})", value=layer, n=L, last=L - 1)
@@ -258,25 +269,48 @@ def check_layer_head(model: TranslationModel, layer: int | None, head: int | Non
                             "(0–{last})", value=head, n=H, last=H - 1)
 
 
-@torch.no_grad()
-def _translate_and_trace(model: TranslationModel, text: str, gold: Gold) -> CrossAttention:
-    """Translate ``text`` and trace the forward pass over the translation (see the module doc)."""
-    vocab = model.vocab
-    src = torch.tensor([vocab.encode_en(text)])  # (1, s); QkvError for empty text / unknown words
-    generated = greedy_decode(model, src)[0].tolist()
-    ids = generated[: generated.index(EOS_ID) + 1] if EOS_ID in generated else generated
-    tgt_in = torch.tensor([[BOS_ID] + ids[:-1]])  # (1, t): position j reads token j−1
-    _, trace = model.trace(src, tgt_in)
-    check_layers(trace.encoder, model=model.name, part="encoder ")  # the first NaN, named
-    check_layers(trace.decoder, model=model.name, part="decoder ")
-    weights = torch.stack([layer.cross_attn.attention.weights[0] for layer in trace.decoder])  # (L, H, t, s)
-    english = vocab.en_tokens(src[0].tolist()) + [EOS]
-    french_words = vocab.fr_tokens(ids)
-    french = french_words + ([EOS] if ids and ids[-1] == EOS_ID else [])
-    gold, note = _gold(gold, french_words)
-    return CrossAttention(model=model.name, text=text, english=english, french=french,
-                          translation=vocab.decode_fr(ids), weights=weights, gold=gold,
-                          gold_note=note, trace=trace, layers=tuple(range(weights.shape[0])))
+def check_target(target: str | None) -> None:
+    """ArgumentError for an empty or blank ``target`` (None: the model translates)."""
+    if target is not None and (not target or is_blank(target)):
+        raise ArgumentError("target", "{name} is empty ({value}); give the translation to "
+                            "teacher-force, or leave {name} out for the model's own",
+                            value=shown(target))
+
+
+def cross_pass(model, text: str, target: str | None = None) -> CrossPass:
+    """``model.cross_pass`` with a too-long ``target`` named as the argument it is, and the first
+    non-finite weight refused (where it appeared)."""
+    check_target(target)
+    try:
+        cp = model.cross_pass(text, target)
+    except TooLong as e:
+        if e.argument == "target":
+            raise ArgumentError("target", "{name} tokenises to {n} tokens, more than the {limit} "
+                                "positions {model} has; give a shorter {name}", n=e.n,
+                                limit=e.limit, model=model.name) from None
+        raise
+    if cp.trace is not None:  # qkv's own layers: the first non-finite stage, named
+        check_layers(cp.trace.encoder, model=model.name, part="encoder ")
+        check_layers(cp.trace.decoder, model=model.name, part="decoder ")
+    for part, w in (("encoder self-attention", cp.encoder), ("decoder self-attention", cp.decoder),
+                    ("cross-attention", cp.cross)):
+        bad = ~torch.isfinite(w)  # (L, H, ·, ·)
+        if bad.any():
+            layer, head = (int(i) for i in bad.nonzero()[0][:2])
+            raise NonFiniteError(f"{model.name} computes a non-finite number: its {part} weights "
+                                 f"are {describe(w[layer, head])} at layer {layer}, head {head}")
+    return cp
+
+
+def _translate_and_trace(model, text: str, gold: Gold, target: str | None = None) -> CrossAttention:
+    """Translate ``text`` (or take ``target``) and trace the forward pass over it (see the
+    module doc)."""
+    cp = cross_pass(model, text, target)
+    gold, note = _gold(gold, cp.words)
+    return CrossAttention(model=model.name, text=text, english=cp.source, french=cp.target,
+                          translation=cp.translation, weights=cp.cross, gold=gold,
+                          gold_note=note, trace=cp.trace, layers=tuple(range(cp.cross.shape[0])),
+                          special=tuple(cp.special))
 
 
 def _gold(gold: Gold, french: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
@@ -294,11 +328,12 @@ def _gold(gold: Gold, french: list[str]) -> tuple[list[tuple[int, ...]] | None, 
 
 def _french_units(ca: CrossAttention) -> Units:
     return Units(labels=ca.french, groups=[(j,) for j in range(len(ca.french))],
-                 special=[t == EOS for t in ca.french], words=False, num_tokens=len(ca.french))
+                 special=list(ca.special), words=False, num_tokens=len(ca.french))
 
 
 def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
-                    layer: int | None = None, gold: Gold = None) -> CrossAttention:
+                    layer: int | None = None, gold: Gold = None,
+                    target: str | None = None) -> CrossAttention:
     """Translate ``text`` and return every cross-attention weight of the pass that scored it.
 
     Args:
@@ -312,9 +347,13 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
             English token indices it translates (:func:`qkv.translate.gold.grammar_gold` for the
             toy grammar), used when the model's French equals it; or a string saying why there
             is none (kept as ``gold_note``); None: no gold.
+        target: a translation to teacher-force instead of the model's own (tokenised as the
+            model trains on it: ``tokenizer(text_target=target)`` for a transformers model).
 
     Raises:
-        ArgumentError: ``token`` not in the translation, ``layer`` out of range, ``top`` < 1.
+        ArgumentError: ``token`` not in the translation, ``layer`` out of range, ``top`` < 1;
+            ``target`` empty, longer than the model's positions, or given to a model without
+            cross-attention.
         QkvError: an empty text, a word the model does not know, a bad checkpoint.
 
     Example:
@@ -330,9 +369,9 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
         (9, 9)
     """
     check_top(top)
-    model = translation_model(model)
+    model = translation_model(model, target=target)
     check_layer_head(model, layer, None)
-    ca = _translate_and_trace(model, text, gold)
+    ca = _translate_and_trace(model, text, gold, target)
     choice = choose(token, _french_units(ca), role="token")  # token=None: the default, resolved here
     return replace(ca, token=choice.unit if token is not None else None, focus=choice.unit, top=top,
                    layers=ca.layers if layer is None else (layer,),
@@ -361,6 +400,10 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
         (2, (1,), True)
     """
     model = translation_model(model)
+    if not capabilities_of(model).head_weights:
+        raise ArgumentError("head", "{model} keeps its weights in transformers: qkv cannot redo "
+                            "one head's arithmetic step by step for it yet; cross_attention shows "
+                            "every head's weights (leave out {head})", model=model.name)
     check_layer_head(model, layer, head)
     ca = _translate_and_trace(model, text, gold)
     choice = choose(token, _french_units(ca), role="token")

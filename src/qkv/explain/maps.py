@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.explain.cross import cross_pass
 from qkv.explain.forward import check_layer_head, check_text, model_name, trace
+from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import capabilities_of
 from qkv.explain.select import Units, group_columns, group_rows
 
 
@@ -65,6 +68,12 @@ class AttentionMaps:
     """Every head's map from one forward: ``weights`` (L, H, U, U), rows from, columns to ``units``.
 
     :meth:`head` gives one head as the :class:`AttentionMap` :func:`attention_map` returns.
+
+    An encoder-decoder's maps (from one teacher-forced forward) add: ``target_units`` (the t
+    target tokens, the queries), ``cross`` (L, H, t, s): decoder row j — the position that
+    produces target token j — over the s source ``units``, and ``decoder`` (L, H, t, t): the
+    decoder's self-attention; ``weights`` is then the encoder's self-attention (L_enc, H, s, s).
+    All three are None for a model without cross-attention.
     """
 
     kind: ClassVar[str] = "maps"  # its row in qkv.explain.kinds.KINDS
@@ -73,21 +82,40 @@ class AttentionMaps:
     text: str
     units: Units
     weights: torch.Tensor
+    target_units: Units | None = None
+    cross: torch.Tensor | None = None
+    decoder: torch.Tensor | None = None
 
     def to_dict(self) -> dict:
-        """``weights[l][h][i][j]``: layer l, head h, from unit i to unit j."""
-        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
-                "words": self.units.words, "weights": self.weights.tolist()}
+        """``weights[l][h][i][j]``: layer l, head h, from unit i to unit j (and, for an
+        encoder-decoder, ``cross[l][h][j][i]`` from target token j to source token i,
+        ``decoder[l][h][j][k]``)."""
+        doc = {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+               "words": self.units.words, "weights": self.weights.tolist()}
+        if self.cross is not None:
+            doc |= {"target_units": self.target_units.labels, "cross": self.cross.tolist(),
+                    "decoder": self.decoder.tolist()}
+        return doc
 
     def head(self, layer: int, head: int) -> AttentionMap:
         return AttentionMap(model=self.model, text=self.text, units=self.units, layer=layer,
                             head=head, weights=self.weights[layer, head])
 
 
-def attention_maps(model, text: str, *, words: bool = False) -> AttentionMaps:
+def attention_maps(model, text: str, *, words: bool = False, target: str | None = None) -> AttentionMaps:
     """Every layer's and head's (U, U) map on ``text`` from one forward (what a viewer keeps).
 
     O(L · H · t · s) numbers: one forward instead of one per head.
+
+    For a model with cross-attention (an encoder-decoder), ``text`` is the source and the forward
+    is teacher-forced on ``target`` — tokenised as the model trains on it
+    (``tokenizer(text_target=target)``, end-of-sequence included, shifted behind the decoder start
+    token by the model's own forward) — or, with ``target=None``, on the model's own greedy
+    translation; ``.cross`` is (L, H, t, s) (see :class:`AttentionMaps`).
+
+    Raises:
+        ArgumentError: ``target`` given to a model without cross-attention, empty, or longer
+            than the model's positions; ``words=True`` with an encoder-decoder.
 
     Example:
         >>> import qkv
@@ -97,8 +125,30 @@ def attention_maps(model, text: str, *, words: bool = False) -> AttentionMaps:
         (torch.Size([6, 12, 5, 5]), True)
     """
     check_text(text)
+    caps = capabilities_of(model)
+    if caps.cross_attention:
+        return _seq2seq_maps(model, text, words=words, target=target)
+    if target is not None:
+        raise ArgumentError("target", "{name} is for encoder-decoders (the translation to "
+                            "teacher-force); {model} has no cross-attention: leave {name} out",
+                            model=model_name(model))
     traced = trace(model, text, slice(None), words=words)
     w = torch.stack(traced.layer_weights()).double()  # (L, H, t, s)
     if words:
         w = group_rows(group_columns(w, traced.units), traced.units)  # (L, H, U, U)
     return AttentionMaps(model=model_name(model), text=text, units=traced.units, weights=w)
+
+
+def _seq2seq_maps(model, text: str, *, words: bool, target: str | None) -> AttentionMaps:
+    """An encoder-decoder's maps from one teacher-forced forward (:func:`qkv.explain.cross.cross_pass`)."""
+    if words:
+        raise ArgumentError("words", "{name} groups a self-attention model's tokens; an "
+                            "encoder-decoder's maps are per token (leave {name} out)")
+    cp = cross_pass(model, text, target)
+    def units(labels, special):
+        return Units(labels=list(labels), groups=[(i,) for i in range(len(labels))],
+                     special=list(special), words=False, num_tokens=len(labels))
+    return AttentionMaps(model=model_name(model), text=text, weights=cp.encoder.double(),  # (L_enc, H, s, s)
+                         units=units(cp.source, [False] * len(cp.source)),
+                         target_units=units(cp.target, cp.special),
+                         cross=cp.cross.double(), decoder=cp.decoder.double())  # (L, H, t, s), (L, H, t, t)

@@ -67,6 +67,10 @@ KNOWN_MODELS: dict[str, tuple[str, Callable[[], str]]] = {
 }
 
 
+# model_types that are transformers encoder-decoders: qkv.hf.seq2seq's adapter (needs qkv[hf])
+SEQ2SEQ_MODEL_TYPES = frozenset({"marian", "bart", "mbart", "m2m_100", "t5", "mt5"})
+
+
 # -- the loader -------------------------------------------------------------------------------
 def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
          device: str | torch.device | None = None, via: str | None = None):
@@ -114,6 +118,10 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     if listed is not None:
         verify_listed_files(path, listed)
     model_type = raw.get("model_type")
+    if model_type in SEQ2SEQ_MODEL_TYPES and via != "native":  # an encoder-decoder (qkv.hf.seq2seq)
+        from qkv.hf.seq2seq import load as load_seq2seq
+
+        return load_seq2seq(path, name=name, dtype=dtype, device=device)
     native = isinstance(model_type, str) and model_type in FAMILIES
     if via == "hf" or (not native and via is None and isinstance(model_type, str) and _has_transformers()):
         from qkv.hf.load import load_explainable

@@ -21,6 +21,11 @@ model, or a transformers model wrapped behind qkv's attention) provides:
 ``forward(..., trace_rows=...)``
     the model's own forward, recording :class:`~qkv.attention.AttentionTrace` s for the rows
     asked for (what :mod:`qkv.explain.forward` reads); a translation model's is ``trace(src, tgt)``.
+``cross_pass(text, target=None)``, ``cross_shape``
+    (models with ``capabilities.cross_attention``) one teacher-forced forward over ``target``
+    (None: the model's own greedy translation) → a :class:`CrossPass`; ``cross_shape`` is
+    (decoder layers, heads per layer). :mod:`qkv.explain.cross` and
+    :func:`qkv.explain.attention_maps` read nothing else.
 
 Which explanation applies is a question to :class:`Capabilities`:
 
@@ -46,7 +51,13 @@ Which explanation applies is a question to :class:`Capabilities`:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+from qkv.errors import QkvError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,42 @@ ENCODER = Capabilities(self_attention=True, causal=False, encoder=True)  # BERT,
 DECODER = Capabilities(self_attention=True, causal=True, encoder=False, next_token=True)  # GPT-2, Llama …
 TRANSLATION = Capabilities(self_attention=False, causal=False, encoder=True, cross_attention=True,
                            next_token=True)  # the encoder-decoder; explained by its cross-attention
+# a transformers encoder-decoder (Marian, BART, mBART, M2M100, T5) on qkv's attention
+# (qkv.hf.seq2seq): its weights are transformers', so no step-by-step head arithmetic yet
+SEQ2SEQ = replace(TRANSLATION, head_weights=False)
+
+
+@dataclass(frozen=True)
+class CrossPass:
+    """One teacher-forced forward of an encoder-decoder: what ``model.cross_pass(text, target=)``
+    returns (every model with ``capabilities.cross_attention`` has that method).
+
+    Target position j is the decoder position that *produces* target token j (its input is
+    token j−1, the decoder start token at j = 0), so row j of a cross map is where the decoder
+    looked while choosing token j.
+
+    Fields:
+        source: the s source tokens as shown (the keys), special tokens included.
+        target: the t target tokens (the queries), end-of-sequence included.
+        special: (t,) whether each target token is a special token (EOS, a language code).
+        words: the target's non-special tokens, in order (what a gold alignment is written for).
+        translation: the target as text.
+        cross: (L, H, t, s) cross-attention weights, exactly as the forward computed them.
+        encoder: (L_enc, H, s, s) and decoder: (L, H, t, t) the self-attention weights of the
+            same forward.
+        trace: the model's own full trace when it keeps one (the translation model's
+            ``TranslationTrace``: queries, keys, values per layer), else None.
+    """
+
+    source: list[str]
+    target: list[str]
+    special: list[bool]
+    words: list[str]
+    translation: str
+    cross: torch.Tensor
+    encoder: torch.Tensor
+    decoder: torch.Tensor
+    trace: object | None = None
 
 
 def capabilities_of(model) -> Capabilities:
@@ -88,3 +135,16 @@ def capabilities_of(model) -> Capabilities:
         raise ValueError(f"model must be a qkv model (from qkv.load) with .capabilities, got "
                          f"{type(model).__name__}")
     return caps
+
+
+class TooLong(QkvError):
+    """A text or target that tokenises to more tokens than the model has positions.
+
+    ``argument`` names the argument it came from (``"text"`` or ``"target"``), so an explanation
+    can re-raise it as an :class:`~qkv.explain.wording.ArgumentError` in its caller's words.
+    """
+
+    def __init__(self, argument: str, n: int, limit: int, model: str):
+        self.argument, self.n, self.limit = argument, n, limit
+        super().__init__(f"{argument} tokenises to {n} tokens, more than the {limit} positions "
+                         f"{model} has; give a shorter {argument}")

@@ -28,7 +28,7 @@ from torch import nn
 
 from qkv.attention.attention_mask import AttentionMask
 from qkv.errors import QkvError
-from qkv.models.protocol import TRANSLATION
+from qkv.models.protocol import TRANSLATION, CrossPass, TooLong
 from qkv.modules import (
     KVCache, LayerTrace, SinusoidalPositionalEncoding, StackOutput, TransformerLayer, TransformerStack,
 )
@@ -251,6 +251,51 @@ class TranslationModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # -- the cross-attention protocol (qkv.models.protocol.CrossPass) -------------------------
+    @property
+    def cross_shape(self) -> tuple[int, int]:
+        """(decoder layers, heads per layer)."""
+        return self.config.decoder_layers, self.config.num_heads
+
+    def translate(self, texts: list[str], *, beam: int = 1) -> list[str]:
+        """French for each English text (greedy, or beam search of width ``beam``)."""
+        from qkv.translate.decode import translate  # translate/ imports this module
+
+        return translate(self, self.vocab, texts, beam=beam)
+
+    @torch.no_grad()
+    def cross_pass(self, text: str, target: str | None = None) -> CrossPass:
+        """One traced forward over ``target`` (None: this model's greedy translation of ``text``).
+
+        QkvError for an empty text or unknown English words; :class:`TooLong` when the French
+        needs more than ``config.max_len`` positions.
+        """
+        from qkv.translate.decode import greedy_decode
+        from qkv.translate.vocab import BOS_ID, EOS, EOS_ID
+
+        vocab = self.vocab
+        src = torch.tensor([vocab.encode_en(text)])  # (1, s)
+        if src.shape[1] > self.config.max_len:
+            raise TooLong("text", src.shape[1], self.config.max_len, self.name)
+        if target is None:
+            generated = greedy_decode(self, src)[0].tolist()
+            ids = generated[: generated.index(EOS_ID) + 1] if EOS_ID in generated else generated
+        else:
+            ids = vocab.encode_fr(target)[1:]  # French ids + [EOS]: what the loss scores
+            if len(ids) > self.config.max_len:
+                raise TooLong("target", len(ids), self.config.max_len, self.name)
+        tgt_in = torch.tensor([[BOS_ID] + ids[:-1]])  # (1, t): position j reads token j−1
+        _, trace = self.trace(src, tgt_in)
+        def stack(layers, part):  # (L, H, ·, ·)
+            return torch.stack([getattr(layer, part).attention.weights[0] for layer in layers])
+        words = vocab.fr_tokens(ids)
+        ends = bool(ids) and ids[-1] == EOS_ID
+        return CrossPass(source=vocab.en_tokens(src[0].tolist()) + [EOS], target=words + [EOS] * ends,
+                         special=[False] * len(words) + [True] * ends, words=words,
+                         translation=vocab.decode_fr(ids), cross=stack(trace.decoder, "cross_attn"),
+                         encoder=stack(trace.encoder, "self_attn"),
+                         decoder=stack(trace.decoder, "self_attn"), trace=trace)
 
 
 def upgrade_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

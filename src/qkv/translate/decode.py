@@ -5,6 +5,10 @@ cached keys and values of the French tokens so far, its cross-attention the memo
 values projected once per sentence. Without it (``use_cache=False``, kept as the reference the
 tests and the benchmark compare against), every step re-runs the decoder over the whole prefix.
 
+``model`` is a :class:`~qkv.models.translation.TranslationModel` (its ``start``/``step``),
+annotated as ``nn.Module``: that module calls these for its own ``translate``/``cross_pass``,
+so importing it here would make a cycle.
+
 Decoding never emits [PAD], [BOS] or [UNK]: their logits are set to −inf. Output id rows end
 with [EOS] and are right-padded with [PAD].
 """
@@ -13,14 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from qkv.models.translation import TranslationModel
+from torch import nn
 from qkv.translate.data import pad
 from qkv.translate.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocab
 
 _NEVER = (PAD_ID, BOS_ID, UNK_ID)
 
 
-def default_max_new(model: TranslationModel, src: torch.Tensor) -> int:
+def default_max_new(model: nn.Module, src: torch.Tensor) -> int:
     """A bound on the French length: twice the English (ids incl. [EOS]) plus two, within the model's positions."""
     return min(model.config.max_len, 2 * src.shape[1] + 2)
 
@@ -33,12 +37,12 @@ def _next_log_probs(logits: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def greedy_decode(model: TranslationModel, src: torch.Tensor, *, max_new: int | None = None,
+def greedy_decode(model: nn.Module, src: torch.Tensor, *, max_new: int | None = None,
                   use_cache: bool = True) -> torch.Tensor:
     """Most likely next token, one at a time: src (b, s) → ids (b, n) ending in [EOS].
 
     Example:
-        >>> from qkv.models.translation import TranslationConfig
+        >>> from qkv.models.translation import TranslationConfig, TranslationModel
         >>> m = TranslationModel(TranslationConfig(10, 12, d_model=8, num_heads=2, encoder_layers=1,
         ...                                        decoder_layers=1, ff_dim=16)).eval()
         >>> src = torch.tensor([[5, 6, 2]])
@@ -70,7 +74,7 @@ def greedy_decode(model: TranslationModel, src: torch.Tensor, *, max_new: int | 
 
 
 @torch.no_grad()
-def beam_search(model: TranslationModel, src: torch.Tensor, beam_size: int = 4, *,
+def beam_search(model: nn.Module, src: torch.Tensor, beam_size: int = 4, *,
                 max_new: int | None = None, length_penalty: float = 0.0) -> torch.Tensor:
     """Keep the ``beam_size`` best partial translations per sentence: src (b, s) → ids (b, n).
 
@@ -109,7 +113,7 @@ def beam_search(model: TranslationModel, src: torch.Tensor, beam_size: int = 4, 
     return history.view(b, K, -1)[torch.arange(b), best]
 
 
-def translate(model: TranslationModel, vocab: Vocab, texts: list[str], *, beam: int = 1,
+def translate(model: nn.Module, vocab: Vocab, texts: list[str], *, beam: int = 1,
               batch_size: int = 256) -> list[str]:
     """French for each English text (QkvError for empty text or unknown words, before decoding)."""
     ids = [vocab.encode_en(t) for t in texts]

@@ -53,10 +53,13 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         ca = get("cross", token=j)
         L, H = ca["num_layers"], ca["num_heads"]
         layer, head = min(layer, L - 1), min(head, H - 1)
-        for l in range(L):
+        # step panels need each head's weights in qkv (a transformers encoder-decoder has none:
+        # the page says the answer is missing)
+        steps = api.models.get(model).capabilities.head_weights
+        for l in range(L if steps else 0):
             for h in range(H):
                 get("cross_steps", token=j, layer=l, head=h)
-        for i in range(len(ca["french"])):
+        for i in range(len(ca["french"]) if steps else 0):
             get("cross_steps", token=i, layer=layer, head=head)
         return list(answers.values()), {"token": j, "layer": layer, "head": head, "words": False,
                          "method": DEFAULT_METHOD}

@@ -1,0 +1,207 @@
+"""A 🤗 transformers encoder-decoder (Marian, BART, mBART, M2M100/NLLB, T5/mT5) behind qkv's model
+protocol: what :func:`qkv.load` returns for such a directory.
+
+The model runs with ``attn_implementation="qkv"`` (every encoder, decoder and cross-attention goes
+through :func:`qkv.hf.attention.qkv_attention_forward`; T5's relative position bias arrives as
+``bias=``), so the weights it reports are qkv's own, from the forward's log-sum-exp. The adapter
+adds what :mod:`qkv.explain.cross` asks every cross-attention model for
+(:class:`~qkv.models.protocol.CrossPass`):
+
+``cross_pass(text, target=None)``
+    one forward teacher-forced on ``target`` exactly as transformers trains on ``labels``: the
+    labels are ``tokenizer(text_target=target)`` (its end-of-sequence included, its target-side
+    rules: mBART's language code, Marian's target vocabulary) and the model's own forward shifts
+    them right behind the decoder start token. Row j of a cross map is where the decoder looked
+    while producing label j::
+
+        labels            y0     y1     y2     </s>
+        decoder input   start    y0     y1     y2        (shifted by transformers, not here)
+
+    ``target=None``: the model's own greedy translation (``generate``), teacher-forced on what it
+    generated (decoder input = the generated ids without their last, so each row is the step that
+    chose the next token).
+``translate(texts, beam=1)``
+    ``generate`` on qkv's attention (greedy or beam search), decoded without special tokens.
+
+Seam: the weights come from ``output_attentions=True`` (qkv's ``attention_weights`` over the
+forward's lse). When transformers models keep per-layer q/k/lse traces (the decoder adapter's
+recording), ``cross_pass`` should read them instead, and ``capabilities.head_weights`` can turn on
+``cross_attention_head``.
+
+    >>> import qkv                                             # doctest: +SKIP
+    >>> model = qkv.load("path/to/opus-mt-en-fr")              # doctest: +SKIP
+    >>> cp = model.cross_pass("the cat", target="le chat")     # doctest: +SKIP
+    >>> cp.target, cp.cross.shape                              # doctest: +SKIP
+    (['▁le', '▁chat', '</s>'], torch.Size([6, 8, 3, 3]))
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.files import read_json
+from qkv.models.protocol import SEQ2SEQ, CrossPass, TooLong
+
+
+
+# a directory's tokenizer is described by one of these (save_pretrained writes both)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+class Seq2SeqModel:
+    """A transformers encoder-decoder (``hf``, eval, on qkv's attention) and its tokenizer.
+
+    Fields: ``hf`` the ``…ForConditionalGeneration`` model; ``tokenizer`` transformers' own
+    tokenizer of the directory; ``name`` for messages; ``config`` the transformers config.
+    """
+
+    capabilities = SEQ2SEQ  # the one model protocol (qkv.models.protocol)
+
+    def __init__(self, hf, tokenizer, *, name: str):
+        self.hf, self.tokenizer, self.name = hf, tokenizer, name
+        self.config = hf.config
+
+    @property
+    def cross_shape(self) -> tuple[int, int]:
+        """(decoder layers, heads per layer)."""
+        c = self.config
+        layers = getattr(c, "decoder_layers", None) or getattr(c, "num_decoder_layers", None) or c.num_layers
+        heads = getattr(c, "decoder_attention_heads", None) or c.num_heads
+        return int(layers), int(heads)
+
+    @property
+    def max_positions(self) -> int | None:
+        """Positions the embeddings cover (None: relative positions only, as T5)."""
+        if self.config.model_type in ("t5", "mt5"):
+            return None
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def _check_length(self, argument: str, n: int) -> None:
+        limit = self.max_positions
+        if limit is not None and n > limit:
+            raise TooLong(argument, n, limit, self.name)
+
+    def encode_source(self, text: str) -> torch.Tensor:
+        """(1, s) the tokenizer's ids of ``text`` (its special tokens included)."""
+        ids = self.tokenizer(text)["input_ids"]
+        self._check_length("text", len(ids))
+        return torch.tensor([ids], dtype=torch.long)
+
+    def encode_target(self, target: str) -> torch.Tensor:
+        """(1, t) the labels transformers trains on: ``tokenizer(text_target=target)``."""
+        labels = self.tokenizer(text_target=target)["input_ids"]
+        self._check_length("target", len(labels))
+        return torch.tensor([labels], dtype=torch.long)
+
+    def generate(self, src: torch.Tensor, *, beam: int = 1) -> torch.Tensor:
+        """(1, n) ``generate``'s ids for ``src`` (decoder start token first), greedy or beam."""
+        kw = dict(num_beams=beam, do_sample=False)
+        limit = self.max_positions
+        if limit is not None:  # never past the decoder's positions (transformers' default may be)
+            kw["max_length"] = min(int(self.hf.generation_config.max_length or limit), limit)
+        with torch.no_grad():
+            return self.hf.generate(input_ids=src, attention_mask=torch.ones_like(src), **kw)
+
+    def translate(self, texts: list[str], *, beam: int = 1) -> list[str]:
+        """The model's translation of each text (special tokens left out)."""
+        return [self.tokenizer.decode(self.generate(self.encode_source(t), beam=beam)[0],
+                                      skip_special_tokens=True).strip() for t in texts]
+
+    def tokens(self, ids: list[int]) -> list[str]:
+        """The tokenizer's strings for ``ids``; ``[id N]`` for an id past its vocabulary (a
+        model's embedding often has more rows than its tokenizer has tokens)."""
+        return [t if t is not None else f"[id {i}]"
+                for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids))]
+
+    @torch.no_grad()
+    def cross_pass(self, text: str, target: str | None = None) -> CrossPass:
+        """One forward teacher-forced on ``target`` (see the module doc) → :class:`CrossPass`.
+
+        Raises :class:`~qkv.models.protocol.TooLong` (a QkvError) when the text or the target
+        needs more positions than the model has.
+        """
+        src = self.encode_source(text)  # (1, s)
+        ones = torch.ones_like(src)
+        if target is None:
+            generated = self.generate(src)[0]  # (n,): start, y0 … (EOS)
+            eos_ids = self.hf.generation_config.eos_token_id
+            eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or ())
+            eos = torch.isin(generated[1:], torch.tensor(eos_ids, dtype=generated.dtype)).nonzero()
+            end = int(eos[0]) + 2 if len(eos) else len(generated)  # through the first EOS
+            labels = generated[1:end][None]  # (1, t)
+            out = self.hf(input_ids=src, attention_mask=ones, decoder_input_ids=generated[None, :end - 1],
+                          output_attentions=True, use_cache=False)
+        else:
+            labels = self.encode_target(target)  # (1, t)
+            # transformers shifts the labels itself (its decoder start token, mBART's language code)
+            out = self.hf(input_ids=src, attention_mask=ones, labels=labels, output_attentions=True,
+                          use_cache=False)
+        tok = self.tokenizer
+        ids = labels[0].tolist()
+        specials = set(tok.all_special_ids)
+        target_tokens = self.tokens(ids)
+        return CrossPass(
+            source=self.tokens(src[0].tolist()), target=target_tokens,
+            special=[i in specials for i in ids],
+            words=[t for t, i in zip(target_tokens, ids) if i not in specials],
+            translation=tok.decode(ids, skip_special_tokens=True).strip(),
+            cross=_stack(out.cross_attentions), encoder=_stack(out.encoder_attentions),
+            decoder=_stack(out.decoder_attentions))
+
+
+def _stack(per_layer) -> torch.Tensor:
+    """transformers' per-layer (1, H, t, s) weights → (L, H, t, s)."""
+    if any(w is None for w in per_layer):
+        raise QkvError("a layer returned no attention weights: its attention does not go "
+                       "through transformers' AttentionInterface")
+    return torch.stack([w[0] for w in per_layer])
+
+
+def load(path: str | os.PathLike, *, name: str | None = None, dtype=None,
+         device: torch.device | str | None = None) -> Seq2SeqModel:
+    """The encoder-decoder in ``path`` on qkv's attention, with transformers' tokenizer.
+
+    Raises QkvError when transformers cannot build it (:func:`qkv.hf.load`'s errors), when the
+    directory has no tokenizer transformers can read (naming a missing backend such as
+    sentencepiece), or when its Marian tokenizer keeps separate source and target vocabularies
+    (refused: the same id means different tokens on the two sides, and qkv labels both from one).
+    """
+    import transformers
+
+    from qkv.hf.load import load as load_hf
+
+    path = os.fspath(path)
+    _refuse_separate_vocabs(path)
+    hf = load_hf(path, dtype=dtype)
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer of the model's class and say nothing
+        raise QkvError(f"{path}: transformers cannot read the tokenizer of this "
+                       f"{hf.config.model_type} model (no {' or '.join(TOKENIZER_FILES)}); qkv needs "
+                       f"it to tokenise the text and the target: save the model's tokenizer beside it")
+    if device is not None:
+        hf = hf.to(device)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                               trust_remote_code=False)
+    except (ImportError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QkvError(f"{path}: transformers cannot read the tokenizer of this "
+                       f"{hf.config.model_type} model ({first}); qkv needs it to tokenise the text "
+                       f"and the target (Marian and M2M100 tokenizers need the sentencepiece "
+                       f"package)") from None
+    return Seq2SeqModel(hf, tokenizer, name=name or os.path.basename(os.path.normpath(os.path.abspath(path))))
+
+
+def _refuse_separate_vocabs(path: str) -> None:
+    """Marian checkpoints with ``separate_vocabs``: refused, naming why (see :func:`load`)."""
+    file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(file):
+        return
+    raw = read_json(file)
+    if isinstance(raw, dict) and raw.get("separate_vocabs"):
+        raise QkvError(f"{file}: this tokenizer keeps separate source and target vocabularies "
+                       f"(separate_vocabs), so an id names different tokens in the text and the "
+                       f"target; qkv does not show such models yet (a shared vocabulary works)")
