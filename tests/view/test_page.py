@@ -42,7 +42,8 @@ class _Formatter:
 
 
 def test_register_shows_every_result_kind_with_a_panel(model):
-    """Every kind with a viewer endpoint is registered, under the class that really has that kind."""
+    """Every kind the page opens at (a row with a ``request``) is registered, under the class its
+    row names — read from the table, not listed again in the notebook."""
     import importlib
     from types import SimpleNamespace
 
@@ -51,7 +52,9 @@ def test_register_shows_every_result_kind_with_a_panel(model):
     formatter = _Formatter()
     notebook.register(SimpleNamespace(display_formatter=SimpleNamespace(formatters={"text/html": formatter})))
     shown = {getattr(importlib.import_module(m), n).kind for m, n in formatter.by_name}
-    # a document's kinds are served by qkv view --file only (the notebook shows a text's page)
-    assert shown == {k.name for k in KINDS.values() if k.endpoint and k.endpoint != "maps" and not k.document}
+    opened = {k.name for k in KINDS.values() if k.request is not None}
+    missing = sorted(n for n in opened if KINDS[n].result is None)
+    assert not missing, f"rows the page opens at name no result class (give them result=): {missing}"
+    assert shown == opened  # a document's kinds have no request: served by qkv view --file only
     assert all(f is notebook.html for f in formatter.by_name.values())
     assert not hasattr(explain(model, TEXT), "_repr_html_")  # qkv.explain knows nothing of the viewer

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from qkv.explain import cross, document_results, find_heads, overview, received, steps
-
-WEIGHT = "weight"  # the attention weights themselves (the methods of qkv.explain.contributions aside)
+from qkv.explain import (
+    cross, document_results, find_heads, induction, maps, overview, received, saturation, steps,
+)
 
 
 def _whole(doc: dict) -> Any:
@@ -58,6 +58,8 @@ class ResultKind:
         text: whether a request needs a text (a probe runs on its own).
         whole_map: it traces every query row of a layer (O(t²)): the viewer keeps such requests
             to texts within its map limit.
+        result: the result class a notebook displays as this row's panel (its ``kind`` is
+            ``name``; :mod:`qkv.view.notebook` registers it), or None: not displayed on its own.
         document: answered from a :class:`~qkv.explain.document.Document` (``qkv view --file``):
             ``run(document, **fields)``; the request names no model or text (the document's).
     """
@@ -72,41 +74,44 @@ class ResultKind:
     json: Callable[[dict], Any] = _whole
     text: bool = True
     whole_map: bool = False
+    result: type | None = None
     document: bool = False
-
-
-def _explain(model, text, *, token=None, words=False, method=WEIGHT):
-    extra = {} if method == WEIGHT else {"method": method}  # rows as the method's shares
-    return overview.explain(model, text, token=token, words=words, **extra)
 
 
 KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("overview", "self_attention", "qkv.explain.render:render_overview", "overview",
-               _explain, ("token", "words", "method"),
-               lambda r: {"token": r.unit, "words": r.units.words, "method": r.method}),
+               overview.explain, ("token", "words", "method"),
+               lambda r: {"token": r.unit, "words": r.units.words, "method": r.method},
+               result=overview.Overview),
     ResultKind("steps", "self_attention", "qkv.explain.render:render_steps", "steps",
                steps.explain_head, ("token", "layer", "head", "words"),
-               lambda r: {"token": r.token_index, "layer": r.layer, "head": r.head, "words": False}),
+               lambda r: {"token": r.token_index, "layer": r.layer, "head": r.head, "words": False},
+               result=steps.HeadSteps),
     ResultKind("map", "self_attention", "", "map", None, ("layer", "head", "words"),
-               lambda r: {"layer": r.layer, "head": r.head, "words": r.units.words}),
-    ResultKind("maps", "self_attention", "", "maps", None, ("words",),
-               lambda r: {"words": r.units.words}),
+               lambda r: {"layer": r.layer, "head": r.head, "words": r.units.words},
+               result=maps.AttentionMap),
+    # every head's maps feed the overview's thumbnails: no panel (or request) of their own
+    ResultKind("maps", "self_attention", "", "maps", None, ("words",)),
     ResultKind("received", "self_attention", "", "received", received.attention_received,
                ("layer", "head", "words"),
                lambda r: {"layer": r.map.layer, "head": r.map.head, "words": r.map.units.words},
-               whole_map=True),
+               whole_map=True, result=received.AttentionReceived),
     ResultKind("probe", "self_attention", "qkv.explain.render:render_probe", "probe",
                lambda model, text: find_heads.probe(model), (), lambda r: {}, _heads_list,
-               text=False),
+               text=False, result=find_heads.ProbeResult),
     ResultKind("head-scores", "self_attention", "qkv.explain.render_induction:render_head_scores",
-               "probe", request=lambda r: {}, text=False),
+               "probe", request=lambda r: {}, text=False, result=induction.HeadScores),
     ResultKind("heads", "self_attention", "qkv.explain.render:render_pair", json=_heads_list),
     ResultKind("no-projection", "self_attention", "qkv.explain.render:render_ablation"),
+    # one dimension's softmax saturation (qkv softmax-demo prints a list of them as one table)
+    ResultKind("saturation", "self_attention", ""),
     ResultKind("cross", "cross_attention", "qkv.explain.render_cross:render_cross_overview",
-               "cross", cross.cross_attention, ("token",), lambda r: {"token": r.focus}),
+               "cross", cross.cross_attention, ("token",), lambda r: {"token": r.focus},
+               result=cross.CrossAttention),
     ResultKind("cross_steps", "cross_attention", "qkv.explain.render_cross:render_cross_steps",
                "cross_steps", cross.cross_attention_head, ("token", "layer", "head"),
-               lambda r: {"token": r.french_index, "layer": r.steps.layer, "head": r.steps.head}),
+               lambda r: {"token": r.french_index, "layer": r.steps.layer, "head": r.steps.head},
+               result=cross.CrossHeadSteps),
     # a long document (qkv view --file): one recorded forward answers every question, O(N)
     ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
                ("token", "method"), document=True),

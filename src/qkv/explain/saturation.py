@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 
@@ -27,9 +28,11 @@ class Saturation:
     grad_raw: float           # mean Frobenius norm of the softmax Jacobian, unscaled
     grad_scaled: float        # the same, scaled
 
+    kind: ClassVar[str] = "saturation"  # its row in qkv.explain.kinds.KINDS
+
     def to_dict(self) -> dict:
-        """The fields above, by name (``qkv softmax-demo --json`` prints one per d)."""
-        return asdict(self)
+        """The ``kind`` and the fields above, by name (``qkv softmax-demo --json`` prints one per d)."""
+        return {"kind": self.kind, **asdict(self)}
 
 
 def _jacobian_norm(w: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,6 @@ back and forth between heads costs one forward per text.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import threading
@@ -59,7 +58,8 @@ from qkv.errors import QkvError
 from qkv.explain import ArgumentError, attention_maps, document_results
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
-from qkv.explain.kinds import KINDS, WEIGHT
+from qkv.explain.contributions import DEFAULT, METHODS as REGISTRY
+from qkv.explain.kinds import KINDS
 from qkv.translate.gold import grammar_gold
 from qkv.view import answers
 
@@ -74,20 +74,14 @@ CACHE_BYTES = 256 * 2**20  # answers and per-text maps kept, at most
 
 
 def methods() -> dict[str, str]:
-    """The method switch's choices: name → formula. ``"weight"``, then the contribution methods
-    of :mod:`qkv.explain.contributions` when this qkv has them (looked up by name so the viewer
-    runs with or without that package)."""
-    out = {WEIGHT: "A_ij: the attention weights, as the forward computed them"}
-    try:
-        contributions = importlib.import_module("qkv.explain.contributions")
-    except ModuleNotFoundError:
-        return out
-    for name, method in getattr(contributions, "METHODS", {}).items():
-        out.setdefault(name, getattr(method, "formula", name))
-    return out
+    """The method switch's choices: name → formula, in the registry's order (the weights first)."""
+    return {name: m.formula for name, m in REGISTRY.items()}
 
 
 METHODS = methods()
+# What the page needs to know of the methods besides their names: which one a request without
+# ``method`` means, and which give the attention weights themselves (drawn as weights, not shares).
+METHOD_INFO = {"default_method": DEFAULT, "raw_methods": [n for n, m in REGISTRY.items() if m.raw]}
 # endpoint → the row of qkv.explain.kinds.KINDS that answers it (the one with a run, or a whole map)
 ROWS = {k.endpoint: k for k in KINDS.values() if k.endpoint and (k.run or k.name == k.endpoint)}
 ENDPOINTS = tuple(ROWS)
@@ -205,8 +199,6 @@ class Models:
 
 def _applies(model, method: str) -> bool:
     """Whether the library runs ``method`` on ``model`` (it is asked, not second-guessed here)."""
-    if method == WEIGHT:
-        return True
     from qkv.explain.contributions import check_method
 
     try:
@@ -258,7 +250,7 @@ class Api:
 
     def info(self) -> dict:
         return {"models": [self.models.info(n) for n in self.models.names],
-                "default_model": self.models.default, "default_text": self.text, "methods": METHODS,
+                "default_model": self.models.default, "default_text": self.text, "methods": METHODS, **METHOD_INFO,
                 "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
                            "map_tokens": self.map_tokens},
                 "document": self._described}
@@ -285,7 +277,7 @@ class Api:
         text = _string(body, "text", limit=MAX_TEXT_CHARS, required=row.text)
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
-        method = body.get("method", WEIGHT)
+        method = body.get("method", DEFAULT)
         if not isinstance(method, str) or method not in METHODS:
             raise ApiError("method", f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
         args = {"token": _token(body), "layer": _integer(body, "layer"),
@@ -295,7 +287,7 @@ class Api:
                 raise ApiError(field, f"{field} is required")
         args["method"] = method
         args = {k: v for k, v in args.items() if k in row.fields}
-        if args.get("method", WEIGHT) != WEIGHT and not _applies(loaded, method):
+        if "method" in args and not _applies(loaded, method):
             raise ApiError("method", f"method {method} does not apply to {model}: the methods for "
                            f"it are {', '.join(self.models.info(model)['methods'])}")
         try:
@@ -341,7 +333,7 @@ class Api:
             if field == "token":
                 value = _token(body)
             elif field == "method":
-                value = body.get("method", WEIGHT)
+                value = body.get("method", DEFAULT)
                 if value not in self._described["methods"]:
                     raise ApiError("method", f"method {value!r}: a document answers "
                                    f"{', '.join(self._described['methods'])}")

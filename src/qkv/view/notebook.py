@@ -11,19 +11,11 @@ from __future__ import annotations
 
 from qkv.explain.kinds import KINDS
 from qkv.view import answers
+from qkv.view.api import DEFAULT, METHOD_INFO, METHODS
 from qkv.view.page import iframe, standalone
 
-# The classes of the results that have a panel (module, class name), for IPython's for_type_by_name.
-SHOWN = {
-    "overview": ("qkv.explain.overview", "Overview"),
-    "steps": ("qkv.explain.steps", "HeadSteps"),
-    "map": ("qkv.explain.maps", "AttentionMap"),
-    "received": ("qkv.explain.received", "AttentionReceived"),
-    "probe": ("qkv.explain.find_heads", "ProbeResult"),
-    "head-scores": ("qkv.explain.induction", "HeadScores"),
-    "cross": ("qkv.explain.cross", "CrossAttention"),
-    "cross_steps": ("qkv.explain.cross", "CrossHeadSteps"),
-}
+# The result classes a notebook displays, by kind: the rows of the table that name one.
+SHOWN = {k.name: k.result for k in KINDS.values() if k.result is not None}
 
 
 def html(result) -> str:
@@ -35,7 +27,7 @@ def html(result) -> str:
     caps = {"cross_attention": KINDS[result.kind].needs == "cross_attention"}
     caps["self_attention"] = not caps["cross_attention"]
     info = {"models": [{"name": model, "capabilities": caps}], "default_model": model,
-            "methods": {"weight": "attention weights"}, "limits": {}}
+            "methods": {DEFAULT: METHODS[DEFAULT]}, **METHOD_INFO, "limits": {}}
     return iframe(standalone([[endpoint, fields, answer]], model=model,
                              text=text or "", state=state, info=info))
 
@@ -47,8 +39,8 @@ def register(ipython=None) -> None:
 
         ipython = get_ipython()
     formatter = ipython.display_formatter.formatters["text/html"]
-    for module, name in SHOWN.values():
-        formatter.for_type_by_name(module, name, html)
+    for cls in SHOWN.values():
+        formatter.for_type_by_name(cls.__module__, cls.__name__, html)
 
 
 def load_ipython_extension(ipython) -> None:

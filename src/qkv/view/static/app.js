@@ -13,7 +13,7 @@
   const DIGITS = 4;          // weights, scores and vector entries are shown with 4 decimals
   const ALL_LINES_UNTIL = 64; // longer texts: the head view draws the selected token's lines only
 
-  const S = { model: null, text: EXAMPLE, words: false, method: "weight", token: null, layer: 0, head: 0 };
+  const S = { model: null, text: EXAMPLE, words: false, method: null, token: null, layer: 0, head: 0 };
   const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null };
   const $ = (id) => document.getElementById(id);
 
@@ -271,7 +271,8 @@
     }
   }
   function probeName() { return D.probe ? D.probe.probe : "probe"; }
-  function isMethod() { return !crossAttention() && S.method !== "weight"; }
+  // a method whose rows are shares, not the attention weights themselves (the library says which)
+  function isMethod() { return !crossAttention() && !(D.info.raw_methods || []).includes(S.method); }
   function heatRgb() { return cssColor("--heat").split(",").map(Number); }
   function drawRowThumb(cv, w) {
     const n = w.length; cv.width = Math.max(n, 1); cv.height = 12;
@@ -641,7 +642,7 @@
     // the methods the library runs on this model (/api/info asks it per model)
     const offered = (D.info.models.find((m) => m.name === S.model) || {}).methods;
     const methods = Object.entries(D.info.methods).filter(([k]) => !offered || offered.includes(k));
-    if (!methods.some(([k]) => k === S.method)) S.method = "weight";
+    if (!methods.some(([k]) => k === S.method)) S.method = D.info.default_method;
     $("method").replaceChildren(...methods.map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
     $("text").value = S.text; $("words").checked = S.words;
     $("words").disabled = crossAttention();
