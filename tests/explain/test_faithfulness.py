@@ -44,3 +44,21 @@ def test_weight_scores_are_the_induction_probe(lm):
     ours = method_scores(lm, "induction", "weight", sequences=3, length=None, seed=0)
     ref = induction_probe(lm, "induction", sequences=3, seed=0).scores
     torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+
+
+def test_previous_token_scores_are_read_on_the_pairs_that_are_ablated(lm):
+    # both sides of the previous-token comparison use the probe's task: the alternating pairs
+    from qkv.explain.head_effects import alternating_pairs, task
+    from qkv.explain.induction import attention_on, previous_token_scores_of
+
+    t = task(lm, "previous-token", sequences=3, length=None, seed=0)
+    pairs = alternating_pairs(lm, sequences=3, length=t.length, seed=0)
+    assert torch.equal(torch.cat(t.ids), pairs)
+    ours = method_scores(lm, "previous-token", "weight", sequences=3, length=None, seed=0)
+    per_sequence = [attention_on(lm, seq) for seq in pairs.split(1)]  # one forward each, as ours
+    ref = torch.stack([previous_token_scores_of(torch.cat([w[layer] for w in per_sequence]))
+                       for layer in range(len(per_sequence[0]))])  # (L, h)
+    # the same float32 weights, averaged per sequence and then over sequences rather than all at
+    # once: float64 means of at most t·3 terms apart, a few ulps of the scores' size
+    tol = 4 * pairs.numel() * torch.finfo(torch.float64).eps
+    torch.testing.assert_close(ours, ref, rtol=0, atol=tol)

@@ -5,13 +5,18 @@ and ablation measures what each head does to the probe's task (:func:`~qkv.expla
 head_effects`). A method is *faithful* on the probe when the heads it scores high are the heads
 whose removal hurts: the table is Spearman's ρ between the two, per method.
 
-A method's per-head probe score:
+A method's per-head probe score, on the *same sequences* the effects are measured on (the
+probe's task, :func:`~qkv.explain.head_effects.task`, one definition for both sides):
 
-* ``induction`` / ``previous-token``: on the probe's repeated random sequences
-  (:mod:`qkv.explain.induction`), each row as shares of its total (the weights as they are),
-  averaged over the queries the probe reads — the second copy's share on "the token after the
-  earlier occurrence", or each token's share on the one before it (``induction_scores_of`` /
-  ``previous_token_scores_of``);
+* ``induction``: on the repeated random sequences (prefix, r, r), each row as shares of its
+  total (the weights as they are), the second copy's share on "the token after the earlier
+  occurrence" (``induction_scores_of``);
+* ``previous-token``: on the alternating pairs (prefix, x y x y …) the effects are measured on,
+  each token's share on the one before it (``previous_token_scores_of``). This differs from
+  :func:`qkv.explain.probe`'s previous-token *attention* probe, which reads TransformerLens's
+  repeated random tokens: a head's score there and here may differ (``lm``'s previous-token head,
+  ``L0 H1``: 0.71 there, 0.68 here), but scoring the methods on other sequences than the ones
+  ablated would compare two experiments, not a method with the ground truth;
 * ``coref``: :func:`qkv.explain.probe`'s accuracy — how often the head's largest share from the
   pronoun lands on its referent.
 
@@ -70,7 +75,8 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 # -- each method's per-head (or per-layer) probe score ---------------------------------------------
 def _sequence_scores(model, probe: str, method: str, ids: list[torch.Tensor], n: int) -> torch.Tensor:
-    """(L, h) or (L, 1): ``method``'s probe score on the repeated random sequences ``ids``."""
+    """(L, h) or (L, 1): ``method``'s probe score on the probe's sequences ``ids`` (n: the
+    repeated span's length, which the induction score needs)."""
     per_seq = []
     for seq in ids:  # (1, t)
         s = contributions.scores(model, seq, torch.arange(seq.shape[1]), method=method)
@@ -89,15 +95,8 @@ def method_scores(model, probe: str, method: str, *, sequences: int, length: int
         from qkv.explain.find_heads import probe as coref_probe
 
         return coref_probe(model, "coref", method=method).accuracy
-    ids = induction.repeated_random_tokens(model, sequences=sequences,
-                                           length=_length(model, length), seed=seed)
-    return _sequence_scores(model, probe, method, list(ids.split(1)), _length(model, length))
-
-
-def _length(model, length: int | None) -> int:
-    from qkv.explain.head_effects import _default_length
-
-    return length if length is not None else _default_length(model, len(induction._prefix_ids(model)))
+    task_ = task(model, probe, sequences=sequences, length=length, seed=seed)  # what is ablated
+    return _sequence_scores(model, probe, method, task_.ids, task_.length)
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -125,10 +124,10 @@ class Faithfulness:
     kind: ClassVar[str] = "faithfulness"  # what to_dict() says it is
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "model": self.model, "probe": self.probe,
-                "mode": self.effects.mode, "metric": self.effects.metric,
-                "effects": self.effects.effects.tolist(),
-                "layer_effects": self.effects.layer_effects.tolist(),
+        """The effects' fields (:meth:`HeadEffects.to_dict`: mode, metric, clean, sequences,
+        effects, layer_effects, heads), then each method's scores and ρ, and what was skipped."""
+        effects = {k: v for k, v in self.effects.to_dict().items() if k != "kind"}
+        return {"kind": self.kind, **effects, "model": self.model, "probe": self.probe,
                 "methods": [{"method": m, "per": self.per[m], "spearman": self.spearman[m],
                              "n": self.scores[m].numel(), "scores": self.scores[m].tolist()}
                             for m in self.scores],

@@ -12,7 +12,14 @@ together) the probe's metric is measured with that head ablated
 * ``previous-token`` (decoders) — the mean next-token loss on *alternating pairs*
   (prefix, x y x y x y …, x ≠ y random): from the third token on, the next token is the one
   *before* the current one, so it can only be predicted by reading the previous token — the
-  information a previous-token head moves. Effect: loss ablated − loss clean.
+  information a previous-token head moves. Effect: loss ablated − loss clean. These are not
+  the repeated random tokens of the previous-token *attention* probe
+  (:func:`qkv.explain.induction.induction_probe`): there the next token is random or an
+  induction target, and no loss reads the previous token alone. The methods' scores that
+  :func:`~qkv.explain.faithfulness.faithfulness` compares with these effects are taken on these
+  same pairs (:func:`task` is the one definition of a probe's data). An induction circuit solves
+  the pairs too (the earlier x was followed by y), which itself needs the previous-token head:
+  so ablating one induction head alone barely matters, ablating both does.
 * ``coref`` (any model whose tokenizer splits the probe sentences into the labelled words; made
   for encoders) — 1 − cos(h^L_p ablated, h^L_p clean), h^L_p the pronoun's final vector (its
   tokens averaged), averaged over the shipped coref sentences. An encoder has no next token to
@@ -69,11 +76,14 @@ class Task:
         scored: (t − 1,) bool — which next-token predictions the metric averages (position i
             predicts token i + 1); None for ``coref``, which reads ``pronoun`` rows instead.
         pronouns: for ``coref``, per sentence the pronoun's token positions.
+        length: for the decoder probes, the random span's length n (the repeated span of
+            ``induction``, the number of x y pairs of ``previous-token``).
     """
 
     ids: list[torch.Tensor]
     scored: torch.Tensor | None = None
     pronouns: list[list[int]] | None = None
+    length: int | None = None
 
 
 def task(model, probe: str, *, sequences: int, length: int | None, seed: int) -> Task:
@@ -102,7 +112,28 @@ def task(model, probe: str, *, sequences: int, length: int | None, seed: int) ->
                             "most {limit}", value=n, t=t, model=forward.model_name(model), limit=limit)
     scored = torch.zeros(t - 1, dtype=torch.bool)
     scored[first:t - 1] = True
-    return Task(ids=list(ids.split(1)), scored=scored)
+    return Task(ids=list(ids.split(1)), scored=scored, length=n)
+
+
+def probes_for(model) -> list[str]:
+    """The probes :func:`head_effects` runs on ``model``, its default probe
+    (:func:`~qkv.explain.find_heads.default_probe`) first — what the viewer offers.
+
+        >>> import qkv
+        >>> probes_for(qkv.load("lm"))
+        ['induction', 'previous-token']
+    """
+    from qkv.explain.find_heads import default_probe
+
+    first = default_probe(model)
+    out = []
+    for name in [first] + [p for p in PROBES if p != first]:
+        try:
+            task(model, name, sequences=1, length=None, seed=0)
+        except ArgumentError:
+            continue
+        out.append(name)
+    return out
 
 
 def _default_length(model, prefix: int) -> int:

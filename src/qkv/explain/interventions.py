@@ -141,7 +141,7 @@ class Ablation:
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind, "model": self.model, "tokens": self.tokens,
-               "heads": [list(h) for h in self.heads], "mode": self.mode}
+               "ids": self.ids.tolist(), "heads": [list(h) for h in self.heads], "mode": self.mode}
         if self.logits is not None:
             out["logits"] = self.logits.tolist()
         if self.hidden is not None:
