@@ -17,7 +17,7 @@ A new result kind is a result class and one row here (plus, to show it, a panel 
     >>> KINDS["steps"].fields, KINDS["steps"].needs
     (('token', 'layer', 'head', 'words'), 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
-    ['cross', 'cross_steps', 'map', 'maps', 'overview', 'probe', 'received', 'steps']
+    ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'steps']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
     ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows']
 """
@@ -30,6 +30,7 @@ from typing import Any, Callable
 from qkv.explain import (
     cross, document_results, find_heads, induction, maps, overview, received, saturation, steps,
 )
+from qkv.explain.head_effects import head_effects
 
 
 def _whole(doc: dict) -> Any:
@@ -78,6 +79,12 @@ class ResultKind:
     document: bool = False
 
 
+def _effects(model, text, *, probe=None):
+    """The viewer's ablation effects: ``probe`` None is the model's default probe (the one whose
+    best heads the model view marks, :func:`~qkv.explain.find_heads.default_probe`)."""
+    return head_effects(model, find_heads.default_probe(model) if probe is None else probe)
+
+
 KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("overview", "self_attention", "qkv.explain.render:render_overview", "overview",
                overview.explain, ("token", "words", "method"),
@@ -105,6 +112,16 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("no-projection", "self_attention", "qkv.explain.render:render_ablation"),
     # one dimension's softmax saturation (qkv softmax-demo prints a list of them as one table)
     ResultKind("saturation", "self_attention", ""),
+    # causal ground truth (issue 22): ablation effects per head, and the methods ranked against them
+    ResultKind("head_effects", "self_attention", "qkv.explain.render_faithfulness:render_effects",
+               "effects", _effects, ("probe",), lambda r: {"probe": r.probe}, text=False),
+    ResultKind("faithfulness", "self_attention",
+               "qkv.explain.render_faithfulness:render_faithfulness"),
+    ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
+    ResultKind("patching", "self_attention", ""),  # qkv.explain.patch
+    # what tokens contribute by a method (qkv.explain.contributions), and the methods side by side
+    ResultKind("contributions", "self_attention", ""),
+    ResultKind("comparison", "self_attention", "qkv.explain.render_contributions:render_compare"),
     ResultKind("cross", "cross_attention", "qkv.explain.render_cross:render_cross_overview",
                "cross", cross.cross_attention, ("token",), lambda r: {"token": r.focus},
                result=cross.CrossAttention),
