@@ -52,7 +52,7 @@ class SequenceParallel:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *,
                bias: torch.Tensor | None = None, dropout_p: float = 0.0, enable_gqa: bool = False,
-               scale: float | None = None, needs_local: bool = False) -> torch.Tensor:
+               scale: float | None = None, needs_local: bool = False, return_lse: bool = False):
         """Self-attention of this rank's shard: q (b, h, t_r, d), k/v (b, h_kv, t_r, d) → (b, h, t_r, d).
 
         ``mask`` is the description a stack passes down, over global positions: causal, window,
@@ -60,6 +60,9 @@ class SequenceParallel:
         supported (alignment does not matter: t = s = N). Refused with a ValueError: key padding
         and dense masks, score biases (ALiBi), attention dropout, and ``needs_local`` (weights,
         traces, KV caches, cross-attention — what only a local attention can give).
+        ``return_lse``: (out, lse), lse (b, h, t_r) the global log-sum-exp of this shard's rows
+        (what ``trace_rows=LSE`` records for
+        :func:`qkv.explain.sharded_document.sharded_document`).
         """
         if needs_local:
             raise ValueError("sequence-parallel attention is self-attention over a sharded sequence: "
@@ -73,7 +76,7 @@ class SequenceParallel:
             block = document(mask.varlen.sequence)
         return METHODS[self.method](q, k, v, group=self.group, is_causal=mask.causal,
                                     window=mask.window, block_mask=block, scale=scale,
-                                    enable_gqa=enable_gqa, layout=self.layout)
+                                    enable_gqa=enable_gqa, layout=self.layout, return_lse=return_lse)
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Give every self-attention of ``model`` (each layer's ``self_attn``, or ``model``

@@ -304,6 +304,21 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def encoded(model, text: str | bytes):
+    """(text, the tokenizer's Encoding): bytes decoded as UTF-8; QkvError for anything but a
+    text, an empty one, or more tokens than the model takes."""
+    text = clean_text(text) if isinstance(text, (bytes, bytearray)) else text
+    if not isinstance(text, str):
+        raise QkvError(f"text must be a str or UTF-8 bytes, got {type(text).__name__}")
+    clean_text(text)  # a lone surrogate is named here, not deep in the tokenizer
+    encoding = encode(model, text)  # empty text; more tokens than the tokenizer's limit
+    n = len(encoding.ids)
+    limit = getattr(model, "max_length", None)
+    if isinstance(limit, int) and n > limit:
+        raise QkvError(f"the text is {n} tokens; {model_name(model)} takes at most {limit}")
+    return text, encoding
+
+
 def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Document:
     """Run ``model`` once over ``text``, keeping what every later question needs at O(N).
 
@@ -320,15 +335,8 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Do
     Cost: one forward with the blockwise kernel (it returns the lse), about as long as an
     untraced forward; memory O(L · (h + 2 h_kv) · N · d).
     """
-    text = clean_text(text) if isinstance(text, (bytes, bytearray)) else text
-    if not isinstance(text, str):
-        raise QkvError(f"text must be a str or UTF-8 bytes, got {type(text).__name__}")
-    clean_text(text)  # a lone surrogate is named here, not deep in the tokenizer
-    encoding = encode(model, text)  # empty text; more tokens than the tokenizer's limit
+    text, encoding = encoded(model, text)
     n = len(encoding.ids)
-    limit = getattr(model, "max_length", None)
-    if isinstance(limit, int) and n > limit:
-        raise QkvError(f"the text is {n} tokens; {model_name(model)} takes at most {limit}")
     need = estimate_bytes(model, n)
     have = memory_limit if memory_limit is not None else available_bytes()
     if have is not None and need > have:
@@ -374,4 +382,5 @@ def _check_finite(model, layers: list[LayerRecord]) -> None:
                            f"(the model computes NaN on this text)")
 
 
-__all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "document", "estimate_bytes"]
+__all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "document", "encoded",
+           "estimate_bytes"]

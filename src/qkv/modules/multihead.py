@@ -246,9 +246,15 @@ class MultiHeadAttention(nn.Module):
         # 3) attend: the traced (reference) path for weights; a trace of some rows beside the fast path
         trace, rows_only = None, False  # rows_only: the trace holds just the rows asked for
         if self.sequence_parallel is not None:  # this rank's shard of one sequence (qkv.distributed)
+            # trace_rows=LSE is the one trace a shard can give: its rows' global lse, merged by the ring
+            want_lse = isinstance(trace_rows, LseRequest)
             heads = self.sequence_parallel.attend(
                 q, k, v, description, bias=bias, dropout_p=dropout_p, enable_gqa=gqa,
-                needs_local=need_weights or trace_rows is not None or kv_cache is not None or key is not query)
+                needs_local=need_weights or (trace_rows is not None and not want_lse)
+                or kv_cache is not None or key is not query, return_lse=want_lse)
+            if want_lse:  # this shard's q, k, v (global positions) and its rows' global lse
+                heads, lse = heads
+                trace = LseTrace(q.detach(), k.detach(), v.detach(), lse.detach(), description)
         elif isinstance(trace_rows, LseRequest):  # qkv.explain.document: every row's lse, O(t)
             heads, lse = scaled_dot_product_attention(q, k, v, mask=description, bias=bias,
                                                       dropout_p=dropout_p, enable_gqa=gqa,
