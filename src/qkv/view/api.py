@@ -14,6 +14,8 @@ library's arguments)::
                  model) (the best heads the model view marks)
     cross        cross_attention(model, text, token, gold)               (translation model)
     cross_steps  cross_attention_head(model, text, token, layer, head, gold)
+    effects      head_effects(model, probe) — each head's ablation effect on a probe that applies
+                 to the model (``/api/info`` lists them, its default first: the model view's)
 
 A server started on a long document (``qkv view --file``) holds its
 :class:`~qkv.explain.document.Document`, built once, and answers the ``document`` rows from it
@@ -58,6 +60,7 @@ from qkv.errors import QkvError
 from qkv.explain import ArgumentError, attention_maps, document_results
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
+from qkv.explain.head_effects import probes_for
 from qkv.explain.contributions import DEFAULT, METHODS as REGISTRY
 from qkv.explain.kinds import KINDS
 from qkv.translate.gold import grammar_gold
@@ -189,12 +192,14 @@ class Models:
             return self._loaded[name]
 
     def info(self, name: str) -> dict:
-        """The model's name, capabilities (what the page chooses its panels by) and the methods
-        that apply to it as the page can ask (no ``target_text``: ``grad`` needs a decoder)."""
+        """The model's name, capabilities (what the page chooses its panels by), the methods
+        that apply to it as the page can ask (no ``target_text``: ``grad`` needs a decoder) and
+        the probes whose ablation effects it has (the library's :func:`probes_for`)."""
         model = self.get(name)
         caps = model.capabilities
         return {"name": name, "capabilities": caps.to_dict(),
-                "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)]}
+                "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)],
+                "probes": probes_for(model) if caps.self_attention else []}
 
 
 def _applies(model, method: str) -> bool:
@@ -286,6 +291,8 @@ class Api:
             if field in FIELDS[endpoint] and args[field] is None:
                 raise ApiError(field, f"{field} is required")
         args["method"] = method
+        if "probe" in FIELDS[endpoint]:
+            args["probe"] = self._probe_field(body, model)
         args = {k: v for k, v in args.items() if k in row.fields}
         if "method" in args and not _applies(loaded, method):
             raise ApiError("method", f"method {method} does not apply to {model}: the methods for "
@@ -350,6 +357,15 @@ class Api:
             raise ApiError(None, str(e)) from None
         return answers.answer(result)
 
+    def _probe_field(self, body: dict, model: str) -> str | None:
+        """``probe``: one whose effects the library measures on ``model`` (absent: its default)."""
+        probe = _string(body, "probe", limit=MAX_TOKEN_CHARS)
+        known = self.models.info(model)["probes"]
+        if probe is not None and probe not in known:
+            raise ApiError("probe", f"probe {probe!r} does not apply to {model}; its probes are: "
+                           f"{', '.join(known)}")
+        return probe
+
     def _run(self, row, model, text, args: dict) -> dict:
         """The row's library call under the lock, its result as the page receives it. A
         translation model's gold alignment is the toy grammar's (the library takes it as given)."""
@@ -358,7 +374,7 @@ class Api:
         if row.whole_map:
             self._check_map_tokens(model, text)
         with self.models.lock:
-            result = row.run(model, text, **args) if row.text else row.run(model, None)
+            result = row.run(model, text if row.text else None, **args)
         return answers.answer(result)
 
     def _check_map_tokens(self, model, text) -> None:

@@ -13,8 +13,8 @@
   const DIGITS = 4;          // weights, scores and vector entries are shown with 4 decimals
   const ALL_LINES_UNTIL = 64; // longer texts: the head view draws the selected token's lines only
 
-  const S = { model: null, text: EXAMPLE, words: false, method: null, token: null, layer: 0, head: 0 };
-  const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null };
+  const S = { model: null, text: EXAMPLE, words: false, method: null, token: null, layer: 0, head: 0, effects: null };
+  const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null, effects: null };
   const $ = (id) => document.getElementById(id);
 
   // -- small helpers ---------------------------------------------------------------------------
@@ -93,6 +93,7 @@
     if (q.has("text")) S.text = q.get("text");
     if (q.has("model")) S.model = q.get("model");
     if (q.has("method")) S.method = q.get("method");
+    if (q.has("effects")) S.effects = q.get("effects");
     S.words = q.get("words") === "1";
     for (const k of ["layer", "head", "token"]) {
       if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
@@ -104,6 +105,7 @@
       layer: S.layer, head: S.head });
     if (S.words) q.set("words", "1");
     if (S.token !== null) q.set("token", S.token);
+    if (S.effects) q.set("effects", S.effects);
     try { history.replaceState(null, "", "?" + q.toString()); } catch (e) { /* sandboxed */ }
   }
 
@@ -129,6 +131,7 @@
           try { D.maps = await ask("maps", { words: S.words }); } catch (e) { D.maps = null; }
         }
         loadProbe();
+        loadEffects();
       }
       S.layer = Math.min(S.layer, numLayers() - 1);
       S.head = Math.min(S.head, numHeads() - 1);
@@ -149,6 +152,23 @@
       D.probe = answer;
       if (D.overview) drawModelView();
     } catch (e) { /* the probe is an extra (an exported file may lack it); the model view works without it */ }
+  }
+  async function loadEffects() {
+    const model = S.model, probe = S.effects;
+    if (!probe || crossAttention()) { D.effects = null; return; }
+    if (D.effects && D.effects.model_name === model && D.effects.probe === probe) return;
+    D.effects = null;
+    if (D.overview) drawModelView(); // "computing…" in the hint
+    try {
+      const answer = await ask("effects", { probe });
+      if (model !== S.model || probe !== S.effects) return; // the page moved on meanwhile
+      D.effects = Object.assign({ model_name: model }, answer);
+    } catch (e) {
+      status(e.message, true);
+      if (!(e instanceof Missing)) console.warn("qkv view:", e.message);
+      return;
+    }
+    if (D.overview) drawModelView();
   }
   async function selectToken(t) {
     if (t === S.token) return;
@@ -231,6 +251,7 @@
     for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, perLayer ? "all heads" : "H" + hh));
     const layers = crossAttention() ? D.cross.layers : [...Array(L).keys()];
     const whole = !crossAttention() && D.maps && !isMethod();
+    const effects = !crossAttention() && !perLayer && D.effects ? D.effects.effects : null; // [layer][head]
     for (const l of layers) {
       grid.append(h("span", { class: "rowlabel" }, "L" + l));
       for (let hh = 0; hh < H; hh++) {
@@ -241,7 +262,8 @@
           ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
             (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
           : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
-            (r.focus ? ", highlighted" : "") + (r.mark ? `, a best ${probeName()}-probe head` : "");
+            (r.focus ? ", highlighted" : "") + (r.mark ? `, a best ${probeName()}-probe head` : "") +
+            (effects ? `, ablation effect ${signed(effects[l][hh])}` : "");
         const chosen = l === S.layer && (perLayer || hh === S.head);
         grid.append(h("button", { type: "button", class: "cell" + (whole ? " whole" : "") + (r.focus ? " focus" : "") +
             (chosen ? " selected" : ""),
@@ -249,7 +271,8 @@
           "aria-pressed": chosen ? "true" : "false",
           onclick: () => selectHead(l, perLayer ? S.head : hh) },
           cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
-          r.mark ? h("span", { class: "mark" }, crossAttention() ? "★ gold" : "★ " + probeName()) : null));
+          r.mark ? h("span", { class: "mark" }, crossAttention() ? "★ gold" : "★ " + probeName()) : null,
+          effects ? h("span", { class: "effect" }, "Δ " + signed(effects[l][hh])) : null));
       }
     }
     const hint = crossAttention()
@@ -259,7 +282,8 @@
         `${whole ? "whole maps (the selected row outlined)" : "bars: the selected token's row"}; ` +
         `★ ${probeName()}: the ${probeName()} probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
         (D.overview.focus ? `; bold border: heads whose largest weight is on “${D.overview.focus}”` : "");
-    $("model-hint").textContent = "— " + hint;
+    $("model-hint").textContent = "— " + hint + effectsHint();
+    drawEffectsRanking(perLayer);
     const ol = $("ranking");
     ol.replaceChildren();
     for (const r of rows.slice(0, 12)) {
@@ -271,6 +295,24 @@
     }
   }
   function probeName() { return D.probe ? D.probe.probe : "probe"; }
+  function signed(v) { return (Number(v) >= 0 ? "+" : "") + fmt(v); }
+  function effectsHint() {
+    if (!S.effects || crossAttention()) return "";
+    const e = D.effects;
+    if (!e) return `; Δ: ablation effects on ${S.effects} (computing: every head ablated…)`;
+    return `; Δ: each head's ablation effect on ${e.probe} — ${e.metric}, with that head ${e.mode}-ablated, ` +
+      `minus the clean run's ${fmt(e.clean)} (${e.sequences} sequences; qkv.explain.head_effects)`;
+  }
+  function drawEffectsRanking(perLayer) {
+    // the library's ranking (HeadEffects.ranked): the heads whose removal changes the probe most
+    const ol = $("effects-ranking");
+    if (!ol) return;
+    const e = !crossAttention() && !perLayer ? D.effects : null;
+    ol.hidden = !e;
+    ol.replaceChildren(...(e ? e.heads.slice(0, 12) : []).map((r) =>
+      h("li", {}, h("button", { type: "button", onclick: () => selectHead(r.layer, r.head) },
+        `L${r.layer} H${r.head} Δ ${signed(r.effect)}`))));
+  }
   // a method whose rows are shares, not the attention weights themselves (the library says which)
   function isMethod() { return !crossAttention() && !(D.info.raw_methods || []).includes(S.method); }
   function heatRgb() { return cssColor("--heat").split(",").map(Number); }
@@ -648,14 +690,30 @@
     $("words").disabled = crossAttention();
     const ro = !!EMBED;
     for (const id of ["model", "text", "run", "method", "words"]) $(id).disabled = ro || (id === "words" && crossAttention());
+    fillEffects(ro);
   }
+  function fillEffects(ro) {
+    // the probes whose ablation effects the library measures on this model (/api/info asks it)
+    const probes = ((D.info.models.find((m) => m.name === S.model) || {}).probes) || [];
+    if (S.effects && !probes.includes(S.effects)) S.effects = null;
+    $("effects-probe").replaceChildren(...probes.map((p) => h("option", { value: p, selected: p === S.effects }, p)));
+    $("effects").checked = !!S.effects;
+    $("effects").disabled = $("effects-probe").disabled = ro || !probes.length || crossAttention();
+  }
+  function toggleEffects() {
+    S.effects = $("effects").checked ? $("effects-probe").value : null;
+    writeUrl();
+    loadEffects().then(() => { if (D.overview) drawModelView(); });
+  }
+  $("effects").addEventListener("change", toggleEffects);
+  $("effects-probe").addEventListener("change", () => { if ($("effects").checked) toggleEffects(); });
   $("run-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const text = $("text").value, model = $("model").value;
     const modelChanged = model !== S.model, changed = modelChanged || text !== S.text;
     S.text = text; S.model = model; S.method = $("method").value; S.words = $("words").checked;
     if (changed) S.token = null;
-    if (modelChanged) { D.probe = null; D.overview = null; D.cross = null; D.maps = null; }
+    if (modelChanged) { D.probe = null; D.overview = null; D.cross = null; D.maps = null; D.effects = null; }
     fillForm(); run();
   });
   for (const id of ["words", "method", "model"]) $(id).addEventListener("change", () => $("run-form").requestSubmit());
