@@ -130,3 +130,48 @@ def test_each_rank_sends_p_minus_1_messages_forward_and_skips_empty_chunks(world
         assert sorted(kinds) == sorted(["causal"] * 2 + ["full"] * (1 + 2 * (world - 1)))
         # backward: K/V again (P − 1 steps) and the dK/dV accumulators (P steps, home included)
         assert sorted(backward) == sorted([(2, kv_bytes)] * (world - 1) + [(2, kv_bytes)] * world)
+
+
+def _many_dims(rank, world):
+    """Issue 23, 7: inputs of any rank — the cross-rank description has a fixed size whatever the
+    number of dims (gloo aborts on rows of different lengths), and describes every dim."""
+    import torch.distributed as dist
+
+    from qkv.distributed import ring_attention, shard
+
+    out = {}
+    for nd in (3, 8, 9, 10, 12):  # 8: the old description's limit; 9, 10: what broke it
+        lead = (2, *([1] * (nd - 5)), 3)[: nd - 3] if nd > 3 else ()
+        X = torch.randn(*lead, 2, 7, 8, dtype=torch.float64)  # (..., h, N, d)
+        dist.broadcast(X, src=0)
+        got = ring_attention(*(shard(X) for _ in range(3)), is_causal=True)
+        # the batch dims are flattened into one: the same kernels on the same numbers as a 4-D
+        # call (whose agreement with one process tests/distributed/test_ring.py checks)
+        flat = X.reshape(-1, 2, 7, 8)  # (B, h, N, d)
+        ref = ring_attention(*(shard(flat) for _ in range(3)), is_causal=True).reshape(got.shape)
+        out[f"{nd}-D"] = (tuple(got.shape) == (*lead, 2, shard(X).shape[-2], 8), torch.equal(got, ref))
+    shapes = {"rank count": [(1,) * 6 + (2, 4, 8), (1,) * 7 + (2, 4, 8)],  # 9-D and 10-D ranks
+              "batch dims swapped": [(2, 3, 2, 4, 8), (3, 2, 2, 4, 8)],
+              "first of 12 dims": [(2,) + (1,) * 8 + (2, 4, 8), (3,) + (1,) * 8 + (2, 4, 8)]}
+    for case, (mine, other) in shapes.items():
+        y = torch.randn(mine if rank == 0 else other)
+        out[case] = _try(lambda: ring_attention(y, y, y))
+    out["still works"] = _try(lambda: ring_attention(*(torch.randn(1, 2, 4, 8) for _ in range(3))))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_any_number_of_dims_fails_or_works_on_every_rank(world):
+    results = spawned.run(world, _many_dims, deadline=60)
+    for rank, got in enumerate(results):
+        for nd in (3, 8, 9, 10, 12):
+            assert got[f"{nd}-D"] == (True, True), (rank, nd, got[f"{nd}-D"])
+        for case, (mine, other) in {"rank count": ("(1, 1, 1, 1, 1, 1, 2, 4, 8)", "(1, 1, 1, 1, 1, 1, 1, 2, 4, 8)"),
+                                    "batch dims swapped": ("(2, 3, 2, 4, 8)", "(3, 2, 2, 4, 8)"),
+                                    "first of 12 dims": ("(2, 1, 1", "(3, 1, 1")}.items():
+            kind, message = got[case]
+            assert kind == "ValueError" and "the ranks disagree on shapes" in message, (case, rank, message)
+            assert f"rank 0: query {mine}" in message and f"rank 1: query {other}" in message, message
+        assert got["still works"] == (None, None)
+    for case in ("rank count", "batch dims swapped", "first of 12 dims"):
+        assert len({r[case] for r in results}) == 1, f"{case}: ranks say different things"

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import spawned
-from tolerance import FUSED_FACTOR, agree_bound, bound, max_err
+from tolerance import FUSED_FACTOR, agree_bound, bound, max_err, ulp
 
 FIXED = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -143,3 +143,135 @@ def test_ring_attention_equals_single_process(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_ulysses_attention_equals_single_process(world):
     _check(spawned.run(world, _worker, "ulysses"))
+
+
+def _nan_rows_and_scales(rank, world):
+    """Issue 23, 6: NaN in → NaN out, and the scale checked as every backend checks it."""
+    import torch.distributed as dist
+
+    import qkv
+    from qkv.distributed import ring_attention, shard, ulysses_attention
+
+    n, report = 23, {}
+    gen = torch.Generator().manual_seed(23)
+    Q, K, V = (torch.randn(2, 2, n, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    nan_at = [(0, 1, 0), (1, 0, 11), (1, 1, n - 1)]  # (batch, head, position): first, middle, last
+    for b, h, i in nan_at:
+        Q[b, h, i, 3] = float("nan")
+    for x in (Q, K, V):
+        dist.broadcast(x, src=0)
+    for causal in (False, True):
+        ref, ref_lse = qkv.scaled_dot_product_attention(Q, K, V, is_causal=causal, return_lse=True)
+        low, low_lse = qkv.scaled_dot_product_attention(*(x.float() for x in (Q, K, V)),
+                                                        is_causal=causal, return_lse=True)
+        got, lse = ring_attention(*(shard(x) for x in (Q, K, V)), is_causal=causal, return_lse=True)
+        ref, low = shard(ref), shard(low)
+        ref_lse, low_lse = shard(ref_lse, dim=-1), shard(low_lse, dim=-1)
+        bad = shard(Q).isnan().any(-1)  # (b, h, t_r): this rank's NaN query rows
+        ok = ~bad
+        report[causal] = (torch.equal(got.isnan().any(-1), bad), torch.equal(got.isnan().all(-1), bad),
+                          torch.equal(lse.isnan(), bad), torch.equal(ref.isnan().any(-1), bad),
+                          max_err(got[ok], ref[ok]), agree_bound(ref[ok], low[ok], dtype=torch.float64,
+                                                                 factor=FUSED_FACTOR),
+                          max_err(lse[ok], ref_lse[ok]),
+                          agree_bound(ref_lse[ok], low_lse[ok], dtype=torch.float64, factor=FUSED_FACTOR))
+    # a key holding a NaN, first of a zigzag chunk: on the causal diagonal pair it is the only
+    # key its own row sees there (torch's kernel gives that pair 0, which the merge would hide)
+    from qkv.distributed.shard import chunk_bounds
+
+    at = chunk_bounds(n, 2 * world)[1][0]
+    K2 = K.clone()
+    K2[1, 0, at, 5] = float("nan")
+    ref, low = (shard(qkv.scaled_dot_product_attention(Q.to(dt), K2.to(dt), V.to(dt), is_causal=True))
+                for dt in (torch.float64, torch.float32))
+    got = ring_attention(*(shard(x) for x in (Q, K2, V)), is_causal=True)
+    sees = torch.zeros(2, 2, n, dtype=torch.bool)
+    sees[1, 0, at:] = True  # rows i >= at of (batch 1, head 0) attend key `at`
+    bad = shard(sees, dim=-1) | shard(Q).isnan().any(-1)
+    ok = ~bad
+    report["nan key"] = (torch.equal(got.isnan().all(-1), bad), torch.equal(got.isnan().any(-1), bad),
+                         True, True, max_err(got[ok], ref[ok]),
+                         agree_bound(ref[ok], low[ok], dtype=torch.float64, factor=FUSED_FACTOR), 0.0, 0.0)
+    x = torch.randn(1, 2, 4, 8)
+    scales = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "str": "x",
+              "10**400": 10**400, "bool": True}
+    for name, s in scales.items():
+        for method, fn in (("ring", ring_attention), ("ulysses", ulysses_attention)):
+            try:
+                fn(x, x, x, scale=s)
+                report[name, method] = None
+            except ValueError as e:
+                report[name, method] = str(e)
+        try:  # the single-process check, the one both reuse
+            qkv.scaled_dot_product_attention(x, x, x, scale=s)
+        except ValueError as e:
+            report[name, "sdpa"] = str(e)
+    return report
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nan_query_rows_give_nan_and_bad_scales_are_refused(world):
+    for rank, report in enumerate(spawned.run(world, _nan_rows_and_scales)):
+        for causal in (False, True, "nan key"):
+            nan_out, whole_row, nan_lse, ref_agrees, err, tol, lse_err, lse_tol = report[causal]
+            assert nan_out and whole_row and nan_lse and ref_agrees, (rank, causal, report[causal])
+            # the other rows: as one process computes them (the NaN rows leak nowhere)
+            assert err <= tol and lse_err <= lse_tol, (rank, causal, err, tol, lse_err, lse_tol)
+        for name in ("nan", "inf", "-inf", "str", "10**400", "bool"):
+            sdpa = report[name, "sdpa"]
+            assert sdpa.startswith("scale must be a finite number"), sdpa
+            for method in ("ring", "ulysses"):
+                assert report[name, method] == f"{method}_attention: {sdpa}", (name, method, report[name, method])
+
+
+def _few_tokens(rank, world):
+    """Issue 23, 13: ranks that hold no tokens still take part (N < P, and N = 0)."""
+    import torch.distributed as dist
+
+    import qkv
+    from qkv.distributed import ring_attention, shard
+
+    report = []
+    for n in range(0, 2 * world):  # zigzag: N < 2P leaves some rank a run (or both) of no tokens
+        for layout in ("zigzag", "contiguous"):
+            for causal in (False, True):
+                gen = torch.Generator().manual_seed(n)
+                Q, K, V, dO = (torch.randn(2, 3, n, 4, generator=gen, dtype=torch.float64)
+                               for _ in range(4))
+                for x in (Q, K, V, dO):
+                    dist.broadcast(x, src=0)
+                ref = _grads(qkv.scaled_dot_product_attention, (Q, K, V), dO, causal)
+                low = _grads(qkv.scaled_dot_product_attention, (Q, K, V), dO, causal, torch.float32)
+                q, k, v = (shard(x, layout=layout).requires_grad_() for x in (Q, K, V))
+                out, lse = ring_attention(q, k, v, is_causal=causal, layout=layout, return_lse=True)
+                out.backward(shard(dO, layout=layout))
+                t = q.shape[-2]
+                for what, g, r, p in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), ref, low):
+                    r, p = shard(r, layout=layout), shard(p, layout=layout)
+                    # the ring adds up to P per-step shares (dq here, dk/dv along the ring, out by
+                    # merges) where one process sums once: P − 1 more roundings of the sum, ≤ 1 ulp
+                    # each, on top of agree_bound — they matter when N is this small and float32's
+                    # own error (agree_bound's scale) is a few roundings too
+                    tol = agree_bound(r, p, dtype=torch.float64, factor=FUSED_FACTOR) + \
+                        (world - 1) * ulp(r, torch.float64)
+                    report.append((n, layout, causal, what, tuple(g.shape) == (2, 3, t, 4),
+                                   max_err(g, r), tol))
+                report.append((n, layout, causal, "lse", tuple(lse.shape) == (2, 3, t),
+                               float(not torch.isfinite(lse).all()), 0.0))
+    return report
+
+
+def _grads(fn, inputs, dO, causal, dtype=torch.float64):
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in inputs)
+    out = fn(q, k, v, is_causal=causal)
+    out.backward(dO.to(dtype))
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_without_tokens_take_part(world):
+    for rank, report in enumerate(spawned.run(world, _few_tokens)):
+        bad = [row for row in report if not (row[4] and row[5] <= row[6])]
+        assert not bad, f"rank {rank}: " + "; ".join(
+            f"N={n} {layout} causal={c} {what}: shape ok={ok}, error {e:.3g} > {tol:.3g}"
+            for n, layout, c, what, ok, e, tol in bad)

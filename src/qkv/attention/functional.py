@@ -105,11 +105,26 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
                 raise ValueError(f"window {side} size must be an int >= 0 or None, got {w!r}")
     if causal_alignment not in ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
+    return resolve_scale(scale, qs[-1])
+
+
+def resolve_scale(scale, d: int) -> float:
+    """The scale to use: ``scale`` as a float, or 1/√d for None (1 for d = 0). The one check of
+    a scale argument (every backend, ring and Ulysses attention): a real number that is finite —
+    a NaN or infinite scale would turn every score into NaN or ±inf.
+
+    Raises:
+        ValueError: naming ``scale`` and the value (a string, a bool, NaN, ±inf, 10**400).
+    """
     if scale is None:
-        return 1.0 / math.sqrt(qs[-1]) if qs[-1] else 1.0
-    if not (_is_number(scale) and math.isfinite(float(scale))):
+        return 1.0 / math.sqrt(d) if d else 1.0
+    try:
+        value = float(scale) if _is_number(scale) else math.nan
+    except OverflowError:  # an int beyond float's range, 10**400
+        value = math.inf
+    if not math.isfinite(value):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
-    return float(scale)
+    return value
 
 
 def _is_number(x) -> bool:

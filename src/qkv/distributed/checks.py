@@ -8,13 +8,14 @@ count or a length that does not fit the layout makes *every* rank raise the same
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass
 
 import torch
 
-from qkv.distributed.group import decode, describe, gather_rows, group_info
+from qkv.attention.functional import resolve_scale
+from qkv.distributed.group import (LENGTH_AT, WIDTH, describe, dtype_name, gather_rows,
+                                   gather_shapes, group_info)
 from qkv.distributed.shard import LAYOUTS, check_layout, layout_ranges, shard_length
 
 
@@ -58,6 +59,15 @@ def _check_local(query, key, value, enable_gqa: bool, window, what: str) -> None
         raise ValueError(f"{what}: window must be (left, right) with ints >= 0 or None, got {window!r}")
 
 
+def _bits(x: float) -> int:
+    """A float as the int64 of its bits: compared exactly, and it travels in an integer row."""
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _unbits(b: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", b))[0]
+
+
 def agree(query, key, value, *, group, layout: str, is_causal: bool, window, scale, enable_gqa: bool,
           has_block_mask: bool, what: str) -> Agreed:
     """Check the call on this rank, then against every other rank; return what they agree on.
@@ -70,33 +80,41 @@ def agree(query, key, value, *, group, layout: str, is_causal: bool, window, sca
     rank, world = group_info(group, what=what)
     check_layout(layout)
     _check_local(query, key, value, enable_gqa, window, what)
+    try:
+        scale = resolve_scale(scale, query.shape[-1])
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
     left, right = window if window is not None else (None, None)
     flags = [int(bool(is_causal)), -1 if left is None else left, -1 if right is None else right,
-             LAYOUTS.index(layout), int(bool(enable_gqa)), int(bool(has_block_mask)),
-             -1 if scale is None else struct.unpack("<q", struct.pack("<d", float(scale)))[0]]
-    row = describe(query) + describe(key) + describe(value) + flags
+             LAYOUTS.index(layout), int(bool(enable_gqa)), int(bool(has_block_mask)), _bits(scale)]
+    tensors = (query, key, value)
+    row = [v for x in tensors for v in describe(x)] + flags
     rows = gather_rows(row, group, what=what)
-    n = query.ndim  # the length sits at index n of each 10-wide description (2 + ndim - 2)
+    length_at = [i * WIDTH + LENGTH_AT for i in range(len(tensors))]  # each tensor's dim −2
 
     def without_length(r):
-        return [v for i, v in enumerate(r) if i not in (n, 10 + n, 20 + n)]
+        return [v for i, v in enumerate(r) if i not in length_at]
 
     if any(without_length(r) != without_length(rows[0]) for r in rows):
-        shards = "; ".join(f"rank {i}: query {decode(r[:10])}, key {decode(r[10:20])}, value "
-                           f"{decode(r[20:30])}, causal={bool(r[30])}, window={r[31:33]}, "
-                           f"layout={LAYOUTS[r[33]] if 0 <= r[33] < len(LAYOUTS) else r[33]}, "
-                           f"enable_gqa={bool(r[34])}, block_mask={bool(r[35])}, scale bits={r[36]}"
-                           for i, r in enumerate(rows))
+        # every rank takes this branch (they all hold the same rows), so the second gather is safe
+        width = max(r[i * WIDTH + 1] for r in rows for i in range(len(tensors)))
+        shapes = gather_shapes(tensors, width, group, what=what)
+        f = 3 * WIDTH  # where the flags start
+        shards = "; ".join(
+            f"rank {i}: " + ", ".join(f"{name} {shape} {dtype_name(r[j * WIDTH])}" for j, (name, shape)
+                                      in enumerate(zip(("query", "key", "value"), shapes[i])))
+            + f", causal={bool(r[f])}, window={r[f + 1:f + 3]}, "
+              f"layout={LAYOUTS[r[f + 3]] if 0 <= r[f + 3] < len(LAYOUTS) else r[f + 3]}, "
+              f"enable_gqa={bool(r[f + 4])}, block_mask={bool(r[f + 5])}, scale={_unbits(r[f + 6])!r}"
+            for i, r in enumerate(rows))
         raise ValueError(f"{what}: the ranks disagree on shapes, dtypes or mask arguments "
                          f"(only the length may differ): {shards}")
-    lengths = [r[n] for r in rows]
+    lengths = [r[length_at[0]] for r in rows]
     total = sum(lengths)
     expected = [shard_length(total, world, i, layout) for i in range(world)]
     if lengths != expected:
         raise ValueError(f"{what}: the ranks hold {lengths} tokens (total {total}), which is not the "
                          f"{layout!r} split of {total} tokens over {world} ranks {expected}; "
                          f"shard the sequence with qkv.distributed.shard(..., layout={layout!r})")
-    d = query.shape[-1]
-    scale = (1.0 / math.sqrt(d) if d else 1.0) if scale is None else float(scale)
     ranges = tuple(tuple(layout_ranges(total, world, i, layout)) for i in range(world))
     return Agreed(group, rank, world, layout, total, ranges, scale)

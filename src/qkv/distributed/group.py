@@ -11,6 +11,8 @@ re-raised as a :class:`RuntimeError` that says so.
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.distributed as dist
 
@@ -53,13 +55,36 @@ def gather_rows(row: list[int], group, *, what: str) -> list[list[int]]:
     return [r.tolist() for r in rows]
 
 
+WIDTH = 6
+"""Integers in one :func:`describe` row; the length axis (dim −2) sits at :data:`LENGTH_AT`."""
+LENGTH_AT = 4
+
+
 def describe(x: torch.Tensor) -> list[int]:
-    """A fixed-size integer summary of a tensor: dtype, rank and shape (padded with -1 to 8 dims)."""
-    shape = list(x.shape)[-8:]
-    return [encode_dtype(x.dtype), x.ndim, *shape, *([-1] * (8 - len(shape)))]
+    """A fixed-size integer summary of a tensor of any rank: dtype, rank, a digest of the leading
+    dims (all but the last three) and the last three dims (−1 where the tensor has fewer).
+
+    Fixed size whatever the rank, so every rank's row has the same length (gloo needs that for
+    an all-gather; a row that grew with the rank would abort the group). Two tensors of one rank
+    get equal rows exactly when their shapes are equal (up to a 63-bit digest collision);
+    :func:`gather_shapes` gives the shapes themselves, for messages.
+    """
+    shape = tuple(x.shape)
+    lead, last = shape[:-3], shape[-3:]
+    digest = int.from_bytes(hashlib.blake2b(repr(lead).encode(), digest_size=8).digest(), "little") >> 1
+    return [encode_dtype(x.dtype), len(shape), digest, *([-1] * (3 - len(last))), *last]
 
 
-def decode(row: list[int]) -> str:
-    """``describe``'s row back in words, for messages."""
-    dtype = DTYPES[row[0]] if 0 <= row[0] < len(DTYPES) else "another dtype"
-    return f"{tuple(v for v in row[2:2 + row[1]])} {dtype}"
+def gather_shapes(tensors, width: int, group, *, what: str) -> list[list[tuple[int, ...]]]:
+    """Every rank's shapes of ``tensors``, in rank order, for messages (a second all-gather, made
+    once the ranks already know they disagree). ``width``: the largest rank any rank holds (from
+    the :func:`describe` rows), so the padded rows have one length on every rank."""
+    row = [v for t in tensors for v in (*t.shape, *([-1] * (width - t.ndim)))]
+    rows = gather_rows(row, group, what=what)
+    return [[tuple(v for v in r[i * width:(i + 1) * width] if v >= 0) for i in range(len(tensors))]
+            for r in rows]
+
+
+def dtype_name(code: int) -> str:
+    """The dtype a row names, in words."""
+    return str(DTYPES[code]) if 0 <= code < len(DTYPES) else "another dtype"

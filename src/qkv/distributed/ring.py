@@ -26,6 +26,7 @@ Example (every rank, inside a process group)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -73,13 +74,16 @@ class _Ring:
         return sum(e - s for s, e in self.agreed.ranges[rank])
 
     def exchange(self, sends: list[torch.Tensor], recvs: list[torch.Tensor], tags: tuple[int, ...]):
-        """Post sends to the next rank and receives from the previous one; return the requests."""
+        """Post sends to the next rank and receives from the previous one; return the requests.
+
+        Empty tensors (a shard of no tokens: t = 0 on a rank) are not sent: both ends know every
+        rank's length, so the receiver posts no receive for them either, on any backend."""
         group = self.agreed.group
         ops = [dist.P2POp(dist.isend, t.contiguous(), group=group, tag=tag, group_peer=self.next)
-               for t, tag in zip(sends, tags)]
+               for t, tag in zip(sends, tags) if t.numel()]
         ops += [dist.P2POp(dist.irecv, t, group=group, tag=tag, group_peer=self.prev)
-                for t, tag in zip(recvs, tags)]
-        return dist.batch_isend_irecv(ops)
+                for t, tag in zip(recvs, tags) if t.numel()]
+        return dist.batch_isend_irecv(ops) if ops else []
 
     def pairs(self, step: int):
         """(query rows, key rows, kind, query start, key start) of every non-empty pair of runs
@@ -141,13 +145,38 @@ def _forward(q, k, v, ring: _Ring):
             nxt = tuple(x.new_empty(*x.shape[:-2], n, x.shape[-1]) for x in cur)
             pending = ring.exchange(list(cur), list(nxt), (_TAG_K, _TAG_V))
         kc, vc = (_expand(x, ring.groups) for x in cur)  # (B, h, s_owner, d·)
+        nan_keys = kc.isnan().any(-1)  # (B, h, s_owner); one check (and sync) per step
+        nan_keys = nan_keys if bool(nan_keys.any()) else None
         for q_rows, k_rows, kind, q_start, k_start in ring.pairs(step):
             part, part_lse = ring.attend(q[:, :, q_rows], kc[:, :, k_rows], vc[:, :, k_rows], kind,
                                          q_start, k_start)
+            if nan_keys is not None and kind != PARTIAL:  # the blockwise kernel keeps NaN itself
+                part, part_lse = _nan_keys(part, part_lse, nan_keys[:, :, k_rows], causal=kind == CAUSAL)
             merge_into(out, lse, part, part_lse, q_rows)
         _wait(pending, "ring_attention")
         cur = nxt if nxt is not None else cur
+    _nan_rows(q, out, lse)
     return out.to(q.dtype), lse
+
+
+def _nan_keys(out: torch.Tensor, lse: torch.Tensor, bad: torch.Tensor, *, causal: bool):
+    """NaN in → NaN out for keys: a row that sees a key holding a NaN gets a NaN output and lse.
+    torch's CPU kernel skips such a key when it is the only one the row sees in the pair (out 0,
+    lse 0: the first row of a causal diagonal), and the merge would then hide it in a finite row.
+    ``bad`` (B, h, s): the pair's keys holding a NaN; ``causal``: the square diagonal pair, row i
+    sees keys j ≤ i."""
+    t = out.shape[-2]
+    seen = bad.cummax(-1).values if causal else bad.any(-1, keepdim=True).expand(*bad.shape[:-1], t)
+    return out.masked_fill(seen.unsqueeze(-1), float("nan")), lse.masked_fill(seen, float("nan"))
+
+
+def _nan_rows(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """NaN in → NaN out: a query row holding a NaN gets a NaN output row and lse, as on every
+    backend — torch's CPU kernel gives such a row zeros, and the merge would keep them."""
+    bad = q.isnan().any(-1)  # (B, h, t)
+    if bool(bad.any()):
+        out.masked_fill_(bad.unsqueeze(-1), float("nan"))
+        lse.masked_fill_(bad, float("nan"))
 
 
 def _backward(dout, q, k, v, out, lse, ring: _Ring):
@@ -240,9 +269,10 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                       mask_mod=mask_mod_of(block_mask, agreed.length))
     lead, (h, t, d), (hkv, _, dv) = query.shape[:-3], query.shape[-3:], value.shape[-3:]
     ring = _Ring(agreed, mask, groups=h // hkv)
-    q = query.reshape(-1, h, t, d)  # (B, h, t, d), B = the flattened batch dims
-    k = key.reshape(-1, hkv, t, d)  # (B, h_kv, t, d)
-    v = value.reshape(-1, hkv, t, dv)  # (B, h_kv, t, dv)
+    b = math.prod(lead)  # explicit, not -1: a rank may hold no tokens (t = 0), and reshape(-1) fails
+    q = query.reshape(b, h, t, d)  # (B, h, t, d), B = the flattened batch dims
+    k = key.reshape(b, hkv, t, d)  # (B, h_kv, t, d)
+    v = value.reshape(b, hkv, t, dv)  # (B, h_kv, t, dv)
     out, lse = _RingAttention.apply(q, k, v, ring)
     out = out.reshape(*lead, h, t, dv)  # (..., h, t, dv)
     return (out, lse.reshape(*lead, h, t)) if return_lse else out
