@@ -181,6 +181,14 @@ def test_unsupported_options_are_named(tiny_dir, tmp_path, change, message):
 
 def test_unsupported_model_type_names_the_supported_ones(tiny_dir, tmp_path):
     with pytest.raises(QkvError, match=r"model_type 'mixtral' is not supported; qkv runs .*llama.*mistral.*qwen2.*qwen3"):
+        load(_with_config(tiny_dir, tmp_path / "x", {"model_type": "mixtral"}), via="native")
+
+
+def test_a_model_type_that_contradicts_the_weights_is_refused(tiny_dir, tmp_path):
+    # without a native family the directory goes to transformers (qkv.hf), which would build a
+    # Mixtral and fill it with random experts: the header check refuses the disagreement first
+    with pytest.raises(QkvError, match=r"'LlamaForCausalLM' is a 'llama' model but config.json says "
+                                       r"model_type 'mixtral'"):
         load(_with_config(tiny_dir, tmp_path / "x", {"model_type": "mixtral"}))
 
 
