@@ -60,3 +60,91 @@ def test_explain_token_as_a_python_int(model):
         explain(model, text, token=99)
     with pytest.raises(ValueError, match="token must be a word or an index, got 2.5"):
         explain(model, text, token=2.5)
+
+
+# -- issue 23: every library argument error is a ValueError naming the argument ------------------
+def _lse_of_causal():
+    bm = qkv.create_block_mask(qkv.masks.causal(), None, None, 5, 5)
+    return qkv.scaled_dot_product_attention(Q, Q, Q, block_mask=bm, return_lse=True)[1]
+
+
+def _mha_call(x):
+    return MultiHeadAttention(8, 2)(x)
+
+
+LIBRARY_ERRORS = {
+    "1-D attn_mask": (lambda: scaled_dot_product_attention(Q, Q, Q, attn_mask=torch.ones(5, dtype=torch.bool)),
+                      r"attn_mask must have at least 2 dims \(\.\.\., t, s\), got shape \(5,\)"),
+    "scale 10**400": (lambda: scaled_dot_product_attention(Q, Q, Q, scale=10**400), r"^scale must be a finite number"),
+    "softcap 10**400": (lambda: scaled_dot_product_attention(Q, Q, Q, softcap=10**400), r"^softcap must be a finite"),
+    "meta tensors": (lambda: scaled_dot_product_attention(*[torch.empty(1, 2, 5, 4, device="meta")] * 3),
+                     r"query, key and value are meta tensors"),
+    "enable_gqa='no'": (lambda: scaled_dot_product_attention(Q, Q, Q, enable_gqa="no"),
+                        r"enable_gqa must be True or False, got 'no'"),
+    "is_causal=None": (lambda: scaled_dot_product_attention(Q, Q, Q, is_causal=None), r"is_causal must be True or False"),
+    "rows='1'": (lambda: qkv.attention_weights(Q, Q, _lse_of_causal(), rows="1"), r"^rows must be None, an int"),
+    "rows=[2**70]": (lambda: qkv.attention_weights(Q, Q, _lse_of_causal(), rows=[2**70]), r"^rows must be None, an int"),
+    "weights scale=nan": (lambda: qkv.attention_weights(Q, Q, _lse_of_causal(), scale=float("nan")),
+                          r"^scale must be a finite number, got nan"),
+    "integer lse": (lambda: qkv.attention_weights(Q, Q, _lse_of_causal().long()), r"^lse must be a floating-point"),
+    "0 key heads, enable_gqa": (lambda: qkv.attention_weights(Q, Q[:, :0], _lse_of_causal(), enable_gqa=True),
+                                r"query has 2 heads and key 0"),
+    "2-argument mask_mod": (lambda: qkv.create_block_mask(lambda q, k: q >= k, None, None, 8, 8),
+                            r"mask_mod must take four arguments \(b, h, q_idx, kv_idx\), got <lambda>\(q, k\)"),
+    "10⁹ × 10⁹ block mask": (lambda: qkv.create_block_mask(lambda b, h, q, k: q >= k, None, None, 10**9, 10**9),
+                             r"needs about [\d.]+ TB \(7812500 × 7812500 blocks\), more than the"),
+    "int input to MultiHeadAttention": (lambda: _mha_call(torch.ones(1, 5, 8, dtype=torch.long)),
+                                        r"^query must be a floating-point tensor \(embeddings\), got dtype torch.int64"),
+    "from_torch(nn.Linear)": (lambda: MultiHeadAttention.from_torch(torch.nn.Linear(2, 2)),
+                              r"^from_torch takes a torch.nn.MultiheadAttention, got Linear"),
+}
+
+
+@pytest.mark.parametrize("case", list(LIBRARY_ERRORS))
+def test_library_errors_are_valueerrors_naming_the_argument(case):
+    call, message = LIBRARY_ERRORS[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: qkv.explain.explain(None, "the cat sat"), r"^model must be a model from qkv.load .*got NoneType"),
+    (lambda m: qkv.explain.explain_head(m, "the cat sat", layer=0, head=True), r"^head must be an int, got True"),
+    (lambda m: qkv.explain.explain_head(m, "the cat sat", layer=0.0, head=1), r"^layer must be an int, got 0.0"),
+    (lambda m: qkv.explain.explain(m, "the cat sat", top="3"), r"^top must be an int, got '3'"),
+])
+def test_explain_arguments_are_named(model, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(model)
+
+
+@pytest.mark.parametrize("ids, kv_ids, t, s, offsets, message", [
+    (torch.tensor([0, 0, 1, 1, 1]), None, 8, 8, {}, "document ids have length 5 but the mask has 8 queries"),
+    (torch.zeros(10, dtype=torch.long), None, 8, 8, {}, "document ids have length 10 but the mask has 8 queries"),
+    (torch.zeros(8, dtype=torch.long), torch.zeros(6, dtype=torch.long), 8, 8, {}, "have length 6 but the mask has 8 keys"),
+    (torch.zeros(8, dtype=torch.long), None, 4, 4, dict(q_offset=2), "have length 8 but the mask has 6 queries"),
+    (torch.zeros(2, 8, dtype=torch.long), None, 8, 9, {}, "have length 8 but the mask has 9 keys"),
+])
+def test_a_mask_mods_own_length_must_be_the_masks(ids, kv_ids, t, s, offsets, message):
+    with pytest.raises(ValueError, match=message):
+        qkv.create_block_mask(qkv.masks.document(ids, kv_ids), None, None, t, s, **offsets)
+
+
+def test_a_chunk_of_a_bound_mask_may_be_shorter_but_not_beyond_it():
+    whole = qkv.masks.document(torch.arange(8) // 3).bind(8, 8)
+    first = qkv.create_block_mask(whole, None, None, 4, 4, block_size=2)  # chunk 0 of 2
+    last = qkv.create_block_mask(whole, None, None, 4, 8, block_size=2, q_offset=4)
+    assert first.t == 4 and last.t == 4
+    with pytest.raises(ValueError, match=r"bound to 8 × 8 scores, but this mask reaches query 8"):
+        qkv.create_block_mask(whole, None, None, 4, 8, q_offset=5)
+
+
+def test_attention_weights_verify_refuses_an_lse_from_another_mask():
+    q, k = torch.randn(1, 2, 113, 16), torch.randn(1, 2, 113, 16)
+    causal = qkv.create_block_mask(qkv.masks.causal(), None, None, 113, 113)
+    window = qkv.create_block_mask(qkv.masks.sliding_window(3, 0), None, None, 113, 113)
+    for bm in (causal, window):  # each with its own lse: every row sums to 1 within the bound
+        lse = qkv.scaled_dot_product_attention(q, k, k, block_mask=bm, return_lse=True)[1]
+        qkv.attention_weights(q, k, lse, block_mask=bm, verify=True)
+    with pytest.raises(ValueError, match=r"^lse does not fit these scores: row \d+ of head \d sums to"):
+        qkv.attention_weights(q, k, lse, block_mask=causal, verify=True)

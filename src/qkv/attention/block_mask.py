@@ -37,9 +37,11 @@ Example:
 from __future__ import annotations
 
 import bisect
+import inspect
 import math
+import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -155,6 +157,25 @@ class KeysBelow(MaskMod):
         return _kinds(full, empty)[None, None]
 
 
+def _check_lengths(what: str, have_q: int | None, have_k: int | None, t: int, s: int,
+                   extent: tuple[int, int] | None) -> None:
+    """A mask_mod's own lengths (document ids, a key padding row) against the (t × s) scores it
+    is bound to: equal for a whole mask; inside the bound ``extent`` for a chunk of one (``t``,
+    ``s`` then count the chunk's offset: ``q_offset + Lq``). ValueError naming both lengths —
+    a shorter row would raise an IndexError later, a longer one silently mean other tokens."""
+    if extent is not None:
+        if t > extent[0] or s > extent[1]:
+            raise ValueError(f"the {what} were bound to {extent[0]} × {extent[1]} scores, but this "
+                             f"mask reaches query {t - 1} and key {s - 1} (offset + length)")
+        return
+    for side, have, want in (("queries", have_q, t), ("keys", have_k, s)):
+        if have is not None and have != want:
+            raise ValueError(
+                f"the {what} have length {have} but the mask has {want} {side} (Lq + q_offset = "
+                f"{t}, Lk + k_offset = {s}); give one per token (for a chunk of a longer sequence, "
+                f"bind the whole first: mask_mod.bind(length, length))")
+
+
 def _block_min_max(ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     """(..., n) ids → per block [lo, hi) their min and max, (..., nblocks) each, in O(n)."""
     n, size = ids.shape[-1], int((hi - lo).max())
@@ -182,10 +203,20 @@ class Document(MaskMod):
 
     ids: torch.Tensor
     kv_ids: torch.Tensor | None = None
+    extent: tuple[int, int] | None = None  # the (t, s) bound to: a chunk must stay inside it
 
     @property
     def batch(self):
         return self.ids.shape[0] if self.ids.ndim == 2 else None
+
+    def bind(self, t: int, s: int) -> "Document":
+        n = self.ids.shape[-1]
+        if self.kv_ids is None:  # one sequence's ids: queries and keys both index it
+            _check_lengths("document ids", n if t >= s else None, n if s >= t else None, t, s,
+                           self.extent)
+        else:
+            _check_lengths("document ids (ids, kv_ids)", n, self.kv_ids.shape[-1], t, s, self.extent)
+        return self if self.extent is not None else replace(self, extent=(t, s))
 
     def _pick(self, ids, b, idx):
         if ids.ndim == 1:
@@ -213,10 +244,15 @@ class KeyMask(MaskMod):
     """A per-key bool (B, s) or (s,), True = real key (padding as a mask_mod)."""
 
     keep: torch.Tensor
+    extent: tuple[int, int] | None = None  # the (t, s) bound to: a chunk must stay inside it
 
     @property
     def batch(self):
         return self.keep.shape[0] if self.keep.ndim == 2 else None
+
+    def bind(self, t: int, s: int) -> "KeyMask":
+        _check_lengths("key padding flags", None, self.keep.shape[-1], t, s, self.extent)
+        return self if self.extent is not None else replace(self, extent=(t, s))
 
     def __call__(self, b, h, q_idx, kv_idx):
         # (b, kv) only, broadcasting over the queries: padding drawn alone stays (B, 1, s), not (B, t, s)
@@ -531,7 +567,10 @@ def create_block_mask(mask_mod: Callable, B: int | None, H: int | None, Lq: int,
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if isinstance(mask_mod, MaskMod):
         mask_mod = mask_mod.bind(Lq + q_offset, Lk + k_offset)
+    else:
+        _check_arity(mask_mod)
     nq, nk = math.ceil(Lq / block_size), math.ceil(Lk / block_size)
+    _check_size(mask_mod, B, H, Lq, Lk, block_size, device)
     q_lo = torch.arange(nq, device=device) * block_size
     k_lo = torch.arange(nk, device=device) * block_size
     q_hi, k_hi = (q_lo + block_size).clamp(max=Lq), (k_lo + block_size).clamp(max=Lk)
@@ -546,6 +585,63 @@ def create_block_mask(mask_mod: Callable, B: int | None, H: int | None, Lq: int,
     runs, partial = _runs(kinds)
     return BlockMask(B, H, Lq, Lk, block_size, kinds.contiguous(), mask_mod, q_offset, k_offset,
                      runs=runs, tiles=tiles, partial=partial)
+
+
+def _check_arity(mask_mod) -> None:
+    """A custom mask_mod takes (b, h, q_idx, kv_idx): refused up front, not as a TypeError
+    from inside the first block row."""
+    try:
+        signature = inspect.signature(mask_mod)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return
+    try:
+        signature.bind(0, 0, 0, 0)
+    except TypeError:
+        raise ValueError(f"mask_mod must take four arguments (b, h, q_idx, kv_idx), got "
+                         f"{getattr(mask_mod, '__name__', type(mask_mod).__name__)}{signature}") from None
+
+
+def _check_size(mask_mod, B, H, Lq, Lk, block_size, device) -> None:
+    """Refuse, with the estimate, a block mask larger than the device's memory (10⁹ × 10⁹
+    scores in 128-blocks is a 61 TB block table) instead of attempting the allocation.
+
+    The estimate: the (B', H', nq, nk) int8 kinds and about three (nq, nk) temporaries while
+    their runs are found; a custom mask_mod also evaluates (B, H, block_size, Lk) booleans a
+    block row at a time (the row, its two padded copies) beside its int32 key indices.
+    """
+    nq, nk = math.ceil(Lq / block_size), math.ceil(Lk / block_size)
+    analytic = _analytic(mask_mod)
+    rows = (getattr(mask_mod, "batch", None) or 1) if analytic else (B or 1) * (H or 1)
+    need = (rows + 3) * nq * nk
+    if not analytic:
+        need += 3 * (B or 1) * (H or 1) * min(block_size, Lq) * Lk + 4 * Lk
+    have = _memory_of(device)
+    if have is not None and need > have:
+        raise ValueError(
+            f"create_block_mask for {Lq} × {Lk} scores in blocks of {block_size} needs about "
+            f"{_bytes(need)} ({nq} × {nk} blocks), more than the {_bytes(have)} of memory here; "
+            f"use a larger block_size or shorter lengths")
+
+
+def _memory_of(device) -> int | None:
+    """Bytes of memory on ``device`` (a GPU's total, the host's physical memory), if known."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(device)[1]
+    if device.type == "meta":
+        return None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX host
+        return None
+
+
+def _bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``_bytes(6.1e13) == '61.0 TB'``."""
+    unit = 0
+    while n >= 1000 and unit < 4:
+        n, unit = n / 1000, unit + 1
+    return f"{n:.1f} {('bytes', 'KB', 'MB', 'GB', 'TB')[unit]}"
 
 
 def _check_batch(mod, B):

@@ -46,6 +46,8 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    check_flag("is_causal", is_causal)
+    check_flag("enable_gqa", enable_gqa)
     qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
     for name, shape in (("query", qs), ("key", ks), ("value", vs)):
         if len(shape) < 2:
@@ -60,6 +62,9 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         )
     _check_devices(query, key=key, value=value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                    bias=bias, mask=mask)
+    if query.is_meta:  # every tensor is then on meta: no numbers, a kernel would fail deep inside
+        raise ValueError(f"query, key and value are meta tensors (shapes only, no data: query "
+                         f"{qs}); materialise them first (e.g. module.to_empty(device='cpu'))")
     if qs[-1] != ks[-1]:
         raise ValueError(f"query and key must have the same last dim d, got query {qs} and key {ks}")
     if ks[:-1] != vs[:-1]:
@@ -83,6 +88,9 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
             raise ValueError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
         if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
             raise ValueError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
+        if attn_mask.ndim < 2:
+            raise ValueError(f"attn_mask must have at least 2 dims (..., t, s), got shape "
+                             f"{_shape(attn_mask)}")
         if is_causal:
             raise ValueError("pass either attn_mask or is_causal=True, not both "
                              "(fold the causal structure into attn_mask, or use window=)")
@@ -125,6 +133,27 @@ def resolve_scale(scale, d: int) -> float:
     if not math.isfinite(value):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     return value
+
+
+def check_softcap(softcap) -> float | None:
+    """``softcap`` as a float (None stays None): ValueError unless a finite number > 0."""
+    if softcap is None:
+        return None
+    try:
+        value = float(softcap) if _is_number(softcap) else math.nan
+    except OverflowError:  # 10**400
+        value = math.inf
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
+    return value
+
+
+def check_flag(name: str, x) -> bool:
+    """A yes/no argument: True or False (0/1 and numpy's bools too); ValueError for anything
+    else — ``enable_gqa="no"`` is truthy and would silently mean True."""
+    if isinstance(x, torch.Tensor) or x not in (True, False):
+        raise ValueError(f"{name} must be True or False, got {x!r}")
+    return bool(x)
 
 
 def _is_number(x) -> bool:
@@ -321,9 +350,7 @@ def scaled_dot_product_attention(
 def _capped_or_sunk(query, key, value, description, bias, dropout_p, scale, enable_gqa, backend,
                     return_lse, softcap, sinks):
     """softcap= / sinks=: an lse backend (the cap lives inside its scores), then the sinks merged."""
-    if softcap is not None and not (_is_number(softcap) and math.isfinite(float(softcap))
-                                    and float(softcap) > 0):
-        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
+    softcap = check_softcap(softcap)
     if sinks is not None:
         check_sinks(sinks, tuple(query.shape))
         _check_devices(query, sinks=sinks)
@@ -336,7 +363,7 @@ def _capped_or_sunk(query, key, value, description, bias, dropout_p, scale, enab
                          f"({list(LSE_BACKENDS)}), got backend={backend!r}")
     out, lse = with_lse(query, key, value, mask=description, bias=bias, dropout_p=dropout_p,
                         scale=scale, enable_gqa=enable_gqa,
-                        softcap=None if softcap is None else float(softcap))
+                        softcap=softcap)
     if sinks is not None:
         out, lse = merge_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out

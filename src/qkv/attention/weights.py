@@ -27,6 +27,7 @@ import torch
 
 from qkv.attention.block_mask import BlockMask
 from qkv.attention.blockwise import compute_dtype
+from qkv.attention.functional import check_flag, check_softcap, resolve_scale
 
 
 def _select(name: str, sel, n: int, device) -> torch.Tensor:
@@ -37,8 +38,11 @@ def _select(name: str, sel, n: int, device) -> torch.Tensor:
         return torch.arange(n, device=device)[sel]
     if isinstance(sel, int) and not isinstance(sel, bool):
         sel = [sel]
-    idx = torch.as_tensor(sel, device=device)
-    if idx.ndim != 1 or idx.is_floating_point() or idx.dtype == torch.bool:
+    try:  # a str, a ragged list, an int beyond int64 ("Overflow when unpacking long long")
+        idx = None if isinstance(sel, (str, bytes)) else torch.as_tensor(sel, device=device)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        idx = None
+    if idx is None or idx.ndim != 1 or idx.is_floating_point() or idx.dtype == torch.bool:
         raise ValueError(f"{name} must be None, an int, a slice or a 1-D sequence of ints, got {sel!r}")
     if idx.numel() and (int(idx.min()) < -n or int(idx.max()) >= n):
         raise ValueError(f"{name} {idx.tolist()} out of range for {n} {name}")
@@ -56,10 +60,13 @@ def check_query_key_lse(query, key, lse, enable_gqa: bool) -> int:
         raise ValueError(f"query (..., h, t, d) and key (..., h_kv, s, d) must agree, got query "
                          f"{tuple(query.shape)}, key {tuple(key.shape)}")
     h = query.shape[-3]
+    if not lse.is_floating_point():  # an lse is a log: an integer one was never a forward's
+        raise ValueError(f"lse must be a floating-point tensor (the forward's log-sum-exp), got "
+                         f"dtype {lse.dtype}")
     if tuple(lse.shape) != tuple(query.shape[:-1]):
         raise ValueError(f"lse must have shape (..., h, t) = {tuple(query.shape[:-1])}, got "
                          f"{tuple(lse.shape)}")
-    groups = h // key.shape[-3] if enable_gqa else 1
+    groups = h // key.shape[-3] if check_flag("enable_gqa", enable_gqa) and key.shape[-3] else 1
     if groups * key.shape[-3] != h:
         raise ValueError(f"query has {h} heads and key {key.shape[-3]}; pass enable_gqa=True for "
                          f"grouped-query attention")
@@ -71,7 +78,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                       heads: int | Sequence[int] | slice | torch.Tensor | None = None,
                       block_mask: BlockMask | None = None, scale: float | None = None,
                       enable_gqa: bool = False, softcap: float | None = None,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
+                      bias: torch.Tensor | None = None, verify: bool = False) -> torch.Tensor:
     """The softmax weights of query ``rows`` for ``heads``: (..., len(heads), len(rows), s).
 
     Args:
@@ -84,6 +91,10 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
             broadcastable to (..., h, t, s), if any.
         softcap: the forward's logit cap (Gemma 2), if any. Sinks need nothing here: the
             forward's lse already counts them, so the weights sum to 1 − the sink's share.
+        verify: check that each returned row sums to 1 (0 for a row with no key), i.e. that
+            ``lse``, ``block_mask``, ``scale``, ``bias`` and ``softcap`` are the forward's
+            (without sinks, whose rows sum to less); ValueError naming the first row that does
+            not. The bound is derived in :func:`row_sum_bound`.
 
     Returns:
         float32 weights (float64 for float64 inputs), each kept row summing to 1 (0 for a row
@@ -91,9 +102,9 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     """
     groups = check_query_key_lse(query, key, lse, enable_gqa)
     h, t, s = query.shape[-3], query.shape[-2], key.shape[-2]
-    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
-                                    and math.isfinite(softcap) and softcap > 0):
-        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
+    softcap = check_softcap(softcap)
+    scale = resolve_scale(scale, query.shape[-1])
+    check_flag("verify", verify)
     if bias is not None:
         want = (*query.shape[:-1], s)
         try:
@@ -106,7 +117,6 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     rows = _select("rows", rows, t, query.device)
     heads = _select("heads", heads, h, query.device)
     compute = compute_dtype(query.dtype)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     q = query.index_select(-3, heads).index_select(-2, rows).to(compute)  # (..., H, r, d)
     k = key.index_select(-3, heads // groups).to(compute)  # (..., H, s, d)
     row_lse = lse.index_select(-2, heads).index_select(-1, rows).to(compute)  # (..., H, r)
@@ -128,4 +138,54 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         scores = scores.masked_fill(~keep, float("-inf"))
     # rows with no key: lse −inf; subtract +inf there so every weight is exp(−inf) = 0
     safe = row_lse.masked_fill(torch.isneginf(row_lse), float("inf")).unsqueeze(-1)
-    return (scores - safe).exp()
+    weights = (scores - safe).exp()  # (..., H, r, s)
+    if verify:
+        _verify(weights, row_lse, row_sum_bound(q, k, row_lse, scale, bias), rows, heads)
+    return weights
+
+
+def row_sum_bound(q: torch.Tensor, k: torch.Tensor, row_lse: torch.Tensor, scale: float,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """(..., H, r): how far each row of :func:`attention_weights` may sum from 1 when the lse
+    is the forward's, in the compute dtype (eps its machine epsilon, u = eps/2).
+
+    Σ_j w_j = Σ_j exp(s_j − lse) = exp(L − lse)·(1 + e_sum), L the log-sum-exp of the scores
+    as recomputed here. Three errors, each first order:
+
+    * e_sum — exp and the s-term sum: ≤ (s + 1)·eps (tests/tolerance.py's
+      ``softmax_sum_tolerance``: exp's own error is one rounding per term, the sum s − 1).
+    * the scores — here and in the forward, q·k over d terms is rounded with error
+      ≤ d·u·Σ_l |q_l k_l| ≤ d·u·|q|·|k| (Cauchy–Schwarz), the scale product and a bias add one
+      rounding each of |score| ≤ M = scale·|q|·max_j |k_j| + max |bias|; two computations
+      (forward, here) of a shift in every score shift L by at most 2·(d + 2)·u·M ≤ (d + 2)·eps·M.
+    * the lse itself — stored rounded (u·|lse|) and summed by the forward in blocks (≤ s·u):
+      ≤ (|lse| + s)·eps/2, a shift of L − lse by as much.
+
+    exp(x) − 1 ≈ x for these small x, so |Σ w − 1| ≤ eps·(s + 1 + (d + 2)·M + (|lse| + s)/2),
+    doubled for the second-order terms and the forward's own kernel (a fused kernel may
+    reassociate its sums). An lse from another mask or scale is off by O(1) — e.g. rows summing
+    to 2.7 — far outside it.
+    """
+    eps = torch.finfo(q.dtype).eps
+    s, d = k.shape[-2], q.shape[-1]
+    magnitude = scale * q.norm(dim=-1) * k.norm(dim=-1).amax(-1, keepdim=True)  # (..., H, r)
+    finite_bias = None if bias is None else bias.abs()[torch.isfinite(bias)]  # −inf is a mask
+    if finite_bias is not None and finite_bias.numel():
+        magnitude = magnitude + float(finite_bias.amax())
+    lse = row_lse.masked_fill(~torch.isfinite(row_lse), 0).abs()
+    return 2 * eps * (s + 1 + (d + 2) * magnitude + (lse + s) / 2)
+
+
+def _verify(weights, row_lse, bound, rows, heads) -> None:
+    """ValueError at the first row whose sum is not 1 within ``bound`` (a row with no key sums
+    to 0, a NaN row of the forward stays NaN)."""
+    total = weights.sum(-1)  # (..., H, r)
+    empty = torch.isneginf(row_lse) & (total == 0)
+    ok = ((total - 1).abs() <= bound) | empty | torch.isnan(row_lse)
+    if bool(ok.all()):
+        return
+    at = (~ok).nonzero()[0].tolist()  # (..., head index, row index)
+    raise ValueError(
+        f"lse does not fit these scores: row {int(rows[at[-1]])} of head {int(heads[at[-2]])} sums "
+        f"to {float(total[tuple(at)]):.6g}, not 1 (within {float(bound[tuple(at)]):.2g}); pass the "
+        f"forward's lse, block_mask, scale, bias and softcap")

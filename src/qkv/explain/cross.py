@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from qkv.explain.forward import check_top
+from qkv.explain.forward import check_index, check_top
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import Units, choose
 from qkv.explain.steps import HeadSteps, head_steps
@@ -260,6 +260,8 @@ def translation_model(model, *, target: str | None = None):
 
 def check_layer_head(model, layer: int | None, head: int | None) -> None:
     """ArgumentError when the decoder has no such ``layer`` or ``head``."""
+    check_index("layer", layer)
+    check_index("head", head)
     L, H = model.cross_shape
     if layer is not None and not 0 <= layer < L:
         raise ArgumentError("layer", "{name} {value} is out of range: the decoder has {n} layers "

@@ -12,6 +12,7 @@ Models are passed in, never loaded or cached here: a caller loads one with
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -69,8 +70,25 @@ def model_name(model) -> str:
     return str(getattr(model, "name", type(model).__name__))
 
 
+def check_model(model) -> None:
+    """ArgumentError unless ``model`` is a loaded model (``qkv.load``): layers and a tokenizer."""
+    if not (hasattr(model, "layers") and hasattr(model, "tokenizer")):
+        raise ArgumentError("model", "{name} must be a model from qkv.load (with layers and a "
+                            "tokenizer), got {value}", value=type(model).__name__)
+
+
+def check_index(name: str, value) -> None:
+    """ArgumentError unless ``value`` is None or an int — ``True`` would count as 1, 2.0 as 2."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise ArgumentError(name, "{name} must be an int, got {value}", value=repr(value))
+
+
 def check_layer_head(model, layer: int | None, head: int | None) -> None:
-    """ArgumentError naming the value and the valid range when ``layer``/``head`` do not exist."""
+    """ArgumentError naming the value and the valid range when ``layer``/``head`` do not exist
+    (or ``model`` is not a model)."""
+    check_model(model)
+    check_index("layer", layer)
+    check_index("head", head)
     n_layers, n_heads = num_layers(model), num_heads(model)
     if layer is not None and not 0 <= layer < n_layers:
         raise ArgumentError("layer", "{name} {value} is out of range: {model} has {n} layers "
@@ -84,7 +102,8 @@ def check_layer_head(model, layer: int | None, head: int | None) -> None:
 
 def check_top(top: int) -> None:
     """ArgumentError unless ``top`` (how many of the largest weights to list) is at least 1."""
-    if top < 1:
+    check_index("top", top)
+    if top is None or top < 1:
         raise ArgumentError("top", "{name} must be at least 1, got {value}", value=top)
 
 
@@ -99,6 +118,7 @@ def encode(model, text: str, *, unknown_ok: bool = False):
     """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text, or (unless
     ``unknown_ok``) one whose every token is the unknown token."""
     check_text(text)
+    check_model(model)
     encoding = model.tokenizer.encode(text)
     if not encoding.ids:
         raise QkvError(f"the text {shown(text)} has no tokens for {model_name(model)}")
