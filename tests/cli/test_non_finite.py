@@ -40,7 +40,7 @@ def test_nan_is_named_never_shown(capsys, cli_on, argv):
     code = main(argv)
     out, err = capsys.readouterr()
     assert code == 2 and out == "", out[:200]
-    assert err.startswith(f"qkv: error: {FIRST}: its attention weights are not finite") or \
+    assert err.startswith(f"qkv: error: {FIRST}: its query projection (q_proj) is not finite") or \
         err.startswith("qkv: error: all-MiniLM-L6-v2 computes a non-finite number"), err
     assert err.count("\n") == 1
 
@@ -56,9 +56,31 @@ def test_nan_embeddings_and_nan_after_attention_are_told_apart():
         model.layers[1].feed_forward.fc2.bias[0] = float("inf")  # after layer 1's attention
     ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
     out = model(ids, torch.ones_like(ids), trace_rows=slice(None), output_hidden_states=True)
-    with pytest.raises(NonFiniteError, match="layer 1's attention weights are finite but the next "
+    with pytest.raises(NonFiniteError, match="layer 1's attention heads are finite but the next "
                                              "layer's input holds"):
         check_layers(out.traces, model="m", output=out.hidden_states[-1])
+
+
+@pytest.mark.parametrize("part, where", [
+    # one token's embedding row, not the explained token's: the whole layer input is checked
+    (lambda m, ids: m.embeddings.word.weight[ids[2]], "the embeddings hold NaN"),
+    (lambda m, ids: m.layers[1].self_attn.q_proj.weight[40], "NaN at layer 1, head 1: its query projection \\(q_proj\\)"),
+    (lambda m, ids: m.layers[1].self_attn.k_proj.weight[40], "NaN at layer 1, head 1: its key projection \\(k_proj\\)"),
+    (lambda m, ids: m.layers[1].self_attn.v_proj.weight[40], "NaN at layer 1, head 1: its value projection \\(v_proj\\)"),
+    (lambda m, ids: m.layers[1].self_attn.out_proj.weight[4], "layer 1's attention heads are finite but the next "
+                                                              r"layer's input holds NaN \(its output projection"),
+    (lambda m, ids: m.layers[1].feed_forward.fc2.bias, "layer 1's attention heads are finite but the next "
+                                                       r"layer's input holds NaN \(its feed-forward\)"),
+])
+def test_nan_is_blamed_where_it_was_made(broken, part, where):
+    import copy
+
+    model = copy.deepcopy(broken)
+    with torch.no_grad():
+        model.layers[2].self_attn.q_proj.weight.nan_to_num_(0.0)  # the fixture's NaN mended
+        part(model, model.tokenizer.encode(TEXT).ids).fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=where):
+        qkv.explain.explain(model, TEXT, token="it")
 
 
 def test_json_is_whole_or_absent(capsys):
@@ -112,7 +134,7 @@ def test_cross_attention_names_the_decoder_layer_and_head():
         src = torch.tensor([ckpt.vocab.encode_en("the cat is red")])
         _, trace = model.trace(src, torch.tensor([[1, 5, 6]]))
         check_layers(trace.encoder, part="encoder ")
-        with pytest.raises(NonFiniteError, match="at decoder layer 1, head 0: its cross-attention weights"):
+        with pytest.raises(NonFiniteError, match=r"at decoder layer 1, head 0: its cross-attention query projection \(q_proj\)"):
             check_layers(trace.decoder, part="decoder ")
     finally:
         with torch.no_grad():

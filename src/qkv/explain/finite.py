@@ -6,8 +6,8 @@ and sort garbage. The explainer checks each traced forward here, in the order th
 it, and raises :class:`NonFiniteError` (a ``QkvError``) naming where the first non-finite number
 appeared:
 
-    layer 2, head 3: the attention weights are NaN (the layer's input was finite)
-    layer 1, after its attention weights: the layer's output holds NaN (feed-forward or out_proj)
+    layer 2, head 3: its query projection (q_proj) is not finite although its input is
+    layer 1's attention heads are finite but the next layer's input holds NaN (its feed-forward)
     the embeddings hold NaN (the layers never saw a finite input)
 
 Example:
@@ -36,10 +36,22 @@ def _finite(t: torch.Tensor | None) -> bool:
     return t is None or not t.is_floating_point() or bool(torch.isfinite(t).all())
 
 
+PROJECTIONS = (("query", "query projection (q_proj)"), ("key", "key projection (k_proj)"),
+               ("value", "value projection (v_proj)"))
+"""The projected tensors of an attention trace, in the order a forward computes them."""
+
+
 def check_layers(layer_traces, *, model: str = "the model", part: str = "",
                  output: torch.Tensor | None = None) -> None:
     """Walk ``layer_traces`` (one ``LayerTrace`` per layer, in order) and raise
-    :class:`NonFiniteError` at the first non-finite input or attention weight.
+    :class:`NonFiniteError` at the first non-finite number, in the order the forward made it:
+
+    1. the layer's input — every row (``key_input``/``value_input`` hold them all, not only the
+       traced rows' ``query_input``): the embeddings for layer 0, else the previous layer;
+    2. each head's projected queries, keys and values (q_proj, k_proj, v_proj told apart);
+    3. its attention weights, then its output (weights · v);
+    4. the layer's output: the heads' concatenation through ``out_proj`` (the residual the
+       attention hands on) or, that being finite, the feed-forward.
 
     Args:
         layer_traces: the traces of one layer stack (``StackOutput.traces``).
@@ -47,37 +59,53 @@ def check_layers(layer_traces, *, model: str = "the model", part: str = "",
         part: ``"encoder "``/``"decoder "`` for a model with two stacks, else ``""``.
         output: the stack's last hidden state (b, t, E), checked after the last layer.
     """
-    previous = None  # the layer whose output the next input is
+    previous = None  # the layer trace whose output the next input is: (index, trace)
     for layer, trace in enumerate(layer_traces):
         for kind in ("self_attn", "cross_attn"):
             mh = getattr(trace, kind, None)
             if mh is None:
                 continue
-            if not _finite(mh.query_input):
-                raise NonFiniteError(_input_message(model, part, previous, mh.query_input))
-            weights = mh.attention.weights  # (b, h, r, s)
-            if not _finite(weights):
-                bad = ~torch.isfinite(weights)  # (b, h, r, s)
-                head = int(bad.flatten(2).any(-1).any(0).nonzero()[0])
-                what = "cross-attention" if kind == "cross_attn" else "attention"
-                raise NonFiniteError(
-                    f"{model} computes {describe(weights)} at {part}layer {layer}, head {head}: its "
-                    f"{what} weights are not finite although their input is; the model's weights "
-                    f"hold NaN or infinity (e.g. trained with a NaN loss), so there is nothing "
-                    f"true to explain")
-            previous = layer
+            inputs = (mh.query_input,) if kind == "cross_attn" else (
+                mh.query_input, mh.key_input, mh.value_input)  # cross: keys are the encoder's
+            for x in inputs:
+                if not _finite(x):
+                    raise NonFiniteError(_input_message(model, part, previous, x))
+            _check_heads(mh.attention, model=model, at=f"{part}layer {layer}",
+                         what="cross-attention" if kind == "cross_attn" else "attention")
+            previous = (layer, trace, mh)
     if output is not None and not _finite(output):
         raise NonFiniteError(_input_message(model, part, previous, output, final=True))
 
 
-def _input_message(model: str, part: str, previous: int | None, t: torch.Tensor,
-                   final: bool = False) -> str:
+def _check_heads(attention, *, model: str, at: str, what: str) -> None:
+    """One attention call's projections, weights and output, each head named (b, h, ·, ·)."""
+    cross = "cross-attention " if what == "cross-attention" else ""
+    steps = [*((getattr(attention, f), f"{cross}{name} is") for f, name in PROJECTIONS),
+             (attention.weights, f"{what} weights are"), (attention.output, f"{what} output is")]
+    for x, name in steps:
+        if _finite(x):
+            continue
+        bad = ~torch.isfinite(x)  # (b, h, ·, ·)
+        head = int(bad.flatten(2).any(-1).any(0).nonzero()[0]) if x.ndim >= 3 else 0
+        raise NonFiniteError(
+            f"{model} computes {describe(x)} at {at}, head {head}: its {name} not finite although "
+            f"its input is; the model's weights hold NaN or infinity (e.g. trained with a NaN "
+            f"loss), so there is nothing true to explain")
+
+
+def _input_message(model: str, part: str, previous, t: torch.Tensor, final: bool = False) -> str:
     if previous is None:
         where = f"the {part}embeddings hold {describe(t)}"
     else:
+        layer, trace, mh = previous
         after = "its output" if final else "the next layer's input"
-        where = (f"{part}layer {previous}'s attention weights are finite but {after} holds "
-                 f"{describe(t)} (its feed-forward or output projection)")
+        # the heads are finite (checked); out_proj turns them into what the residual adds
+        residual = getattr(trace, "residual", None)
+        culprit = "its output projection (out_proj)" if residual is not None and \
+            not _finite(residual) else "its feed-forward" if residual is not None else \
+            "its feed-forward or output projection"
+        where = (f"{part}layer {layer}'s attention heads are finite but {after} holds "
+                 f"{describe(t)} ({culprit})")
     return (f"{model} computes a non-finite number: {where}; the model's weights hold NaN or "
             f"infinity, so there is nothing true to explain")
 
