@@ -1,6 +1,7 @@
 """Atomic writes: new files get the umask's permissions, failures leave the old file and no litter."""
 
 import os
+import re
 import stat
 
 import pytest
@@ -177,3 +178,17 @@ def test_read_json_refuses_deep_nesting_fifos_and_non_numbers(tmp_path):
         (tmp_path / "c.json").write_text('{"rope_theta": %s}' % constant)
         with pytest.raises(QkvError, match=f"holds {constant}"):
             read_json(tmp_path / "c.json")
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e400", "1E+309"])
+def test_read_json_refuses_numbers_beyond_a_float(tmp_path, number):
+    """1e999 parses to inf: a config with ``rope_theta: 1e999`` must not load."""
+    from qkv.errors import QkvError
+    from qkv.files import read_json
+
+    path = tmp_path / "config.json"
+    path.write_text('{"rope_theta": ' + number + ', "ok": 1e308}')
+    with pytest.raises(QkvError, match=re.escape(f"config.json holds {number}, which is too large for a float")):
+        read_json(path)
+    path.write_text('{"rope_theta": 1e308}')
+    assert read_json(path) == {"rope_theta": 1e308}

@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -205,7 +206,7 @@ def json_depth(text: str, limit: int) -> int:
 
 def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH) -> object:
     """``json.loads`` for text from outside: UTF-8 (a BOM dropped), nesting at most
-    ``max_depth`` levels, NaN/Infinity refused; each failure one QkvError naming ``where``.
+    ``max_depth`` levels, NaN/Infinity and numbers beyond a float (1e999) refused; each failure one QkvError naming ``where``.
 
     Example:
         >>> parse_json('{"a": [1, 2]}', "x.json")
@@ -224,8 +225,15 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
     def refuse(constant: str):
         raise QkvError(f"{where} holds {constant}, which is not a JSON number")
 
+    def finite(number: str) -> float:  # 1e999 parses to inf: as far from a number as Infinity
+        value = float(number)
+        if not math.isfinite(value):
+            raise QkvError(f"{where} holds {number}, which is too large for a float (it would "
+                           f"read as infinity)")
+        return value
+
     try:
-        return json.loads(text, parse_constant=refuse)
+        return json.loads(text, parse_constant=refuse, parse_float=finite)
     except (ValueError, RecursionError) as e:
         if isinstance(e, QkvError):
             raise

@@ -115,6 +115,7 @@ def test_explain_refuses_text_the_model_cannot_see():
     (["translate", "--vocab", "the cat"], ["--vocab", "no TEXT"]),
     (["explain", "the cat sat", "--layer", "0", "--head", "1", "--to", "cat"], ["--top and --to"]),
     (["explain", "the cat sat", "--layer", "0", "--head", "1", "--top", "5"], ["--top and --to"]),
+    (["explain", "the cat sat", "--layer", "0", "--head", "1", "--top", "3"], ["--top and --to"]),  # the default, given
     (["explain", "the cat is red", "--model", "translate", "--words"], ["--words"]),
 ])
 def test_an_option_that_would_be_ignored_or_misnamed_is_one_clear_line(argv, fragments):

@@ -168,3 +168,20 @@ def test_to_dicts_are_json_and_what_the_cli_prints(model, result):
     p = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert p["sentences"] == 49 and p["probe"] == "coref" and len(p["heads"]) == 72
     assert (p["held_out"]["layer"], p["held_out"]["head"]) == result.held_out()[0]
+
+
+def test_a_probe_longer_than_the_model_names_the_sentence_and_the_positions(model):
+    """The user gave no text: "shorten it" would be wrong; the probe sentence and the model's
+    positions are what does not fit."""
+    import copy
+
+    from qkv.explain.find_heads import coref_item
+    from qkv.explain.wording import ArgumentError
+
+    short = copy.deepcopy(model)
+    short.tokenizer.max_length = 8
+    item = load_probe("coref")[0]
+    with pytest.raises(ArgumentError, match=rf"coref cannot run on all-MiniLM-L6-v2: its probe "
+                                            rf"sentence '{item.text[:10]}.*' is \d+ tokens, more than "
+                                            rf"the 8 positions all-MiniLM-L6-v2 has$"):
+        coref_item(short, item)

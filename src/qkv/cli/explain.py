@@ -73,8 +73,8 @@ def _register_explain(sub) -> None:
                    help="head within the layer, from 0 (needs --layer)")
     p.add_argument("--words", action="store_true",
                    help="group sub-word tokens into words (weights into a word summed, from a word averaged)")
-    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=EXPLAIN_TOP,
-                   help="how many attended words to list per head (default 3)")
+    p.add_argument("--top", type=options.integer(1, MAX_TOP), default=None,  # None: not given
+                   help=f"how many attended words to list per head (default {EXPLAIN_TOP})")
     p.add_argument("--to", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="highlight the heads whose largest weight is on this word (a whole number "
                         "is an index)")
@@ -208,12 +208,13 @@ def _check_png(path: str | None) -> None:
 def run_explain(args: argparse.Namespace) -> int:
     from qkv.explain.forward import check_text, check_top
 
-    check_top(args.top)
     if args.head is not None and args.layer is None:
         raise QkvError(f"--head {args.head} needs --layer (heads are counted within a layer)")
-    if args.head is not None and (args.to is not None or args.top != EXPLAIN_TOP):
+    if args.head is not None and (args.to is not None or args.top is not None):
         raise QkvError("--top and --to rank every head; with --layer/--head one head is shown step "
                        "by step, so leave them out (or drop --head)")
+    args.top = EXPLAIN_TOP if args.top is None else args.top  # given or not, told apart above
+    check_top(args.top)
     _check_png(args.png)
     model = _load(args.model)
     if model.capabilities.cross_attention:

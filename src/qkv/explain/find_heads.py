@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import json
+import sys
 from dataclasses import dataclass, replace
 from importlib import resources
 
@@ -254,7 +255,16 @@ def _parked(per_layer: list[torch.Tensor], units: Units) -> float:
 
 def coref_item(model, item: ProbeItem, *, role: str = "probe"):
     """(encoding, units, pronoun unit, referent unit) of one coref sentence for ``model``;
-    ArgumentError naming ``role`` when its tokenizer cannot hold the labelled words."""
+    ArgumentError naming ``role`` when its tokenizer cannot hold the labelled words or the
+    model has fewer positions than the sentence has tokens (the user gave no text to shorten)."""
+    limit = getattr(model.tokenizer, "max_length", None)
+    if limit is not None:
+        n = len(model.tokenizer.encode(item.text, max_length=sys.maxsize).ids)
+        if n > limit:
+            raise ArgumentError(role, "{name} coref cannot run on {model}: its probe sentence "
+                                "{text!r} is {n} tokens, more than the {limit} positions {model} "
+                                "has", model=forward.model_name(model), text=item.text, n=n,
+                                limit=limit)
     encoding = forward.encode(model, item.text, unknown_ok=True)  # the probe says why below
     units = word_units(encoding, item.text)
     try:
