@@ -12,8 +12,14 @@ and the time; the first failure is printed with its argument list and the run ex
 The working directory holds hostile files the fuzz draws as paths (``make_hostile_files``: links
 and a dangling link as outputs, a directory named ``.png``, a model directory whose config.json
 nests 50,000 levels deep, one whose config.json is a FIFO, one with a stray unlisted
-``model.safetensors``; ``/dev/null``, ``/proc/…`` and ``/sys/…`` as unwritable outputs). After the
-random runs, every command runs once more as a real process with its stdout closed.
+``model.safetensors``, two saved with NaN weights; ``/dev/null``, ``/proc/…`` and ``/sys/…`` as
+unwritable outputs). After the random runs: every command once more as a real process with its
+stdout closed; every explanation and probe on the NaN models (``nan_model_argvs``: one error
+line naming the NaN, exit 2); and the viewer's Host/Origin rule on ``--examples`` fuzzed
+headers each (the generators of tests/view/test_origin.py): every foreign or malformed Host
+and every Origin but the page's own refused, naming the header.
+
+Hypothesis keeps its files (a Unicode table) in the temporary directory, not the repository.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "view"))
 
 
 def main() -> int:
@@ -40,10 +47,11 @@ def main() -> int:
 
     import torch
     from hypothesis import HealthCheck, given, seed, settings
+    from hypothesis.configuration import set_hypothesis_home_dir
 
     from cli_fuzzing import (
-        argv_for, check_result, closed_stdout_argvs, commands, make_hostile_files, run_cli,
-        run_with_stdout_closed,
+        argv_for, check_result, closed_stdout_argvs, commands, make_hostile_files, nan_model_argvs,
+        run_cli, run_with_stdout_closed,
     )
 
     torch.set_num_threads(1)
@@ -52,6 +60,7 @@ def main() -> int:
     print(f"{'command':<18}{'inputs':>8}{'exit 0':>8}{'error':>8}{'other 2':>9}{'seconds':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
+        set_hypothesis_home_dir(Path(tmp) / ".hypothesis")  # not <cwd at import>/.hypothesis
         make_hostile_files(tmp)
         for command in commands():
             if args.command and command.name != args.command:
@@ -98,6 +107,8 @@ def main() -> int:
                     failed = True
             print(f"{'stdout closed':<18}{len(closed_stdout_argvs()):>8}{0:>8}{closed:>8}{0:>9}"
                   f"{time.perf_counter() - start:>9.1f}", flush=True)
+            failed |= not _nan_models(run_cli, check_result, nan_model_argvs())
+            failed |= not _viewer_headers(args.examples, args.seed)
         os.chdir(REPO)
     new = set(os.listdir(REPO)) - before
     if new:
@@ -105,6 +116,49 @@ def main() -> int:
         failed = True
     print(f"total: {total} inputs, {'FAILED' if failed else 'contract held for every one'}")
     return 1 if failed else 0
+
+
+def _nan_models(run_cli, check_result, argvs) -> bool:
+    """Every explanation and probe on a model with NaN weights: one error line naming it."""
+    start, named = time.perf_counter(), 0
+    for argv in argvs:
+        r = run_cli(argv)
+        try:
+            check_result(r)
+            assert r.code == 2 and "NaN" in r.err and r.out == "", (r.code, r.out[:200], r.err[:300])
+            named += 1
+        except AssertionError as e:
+            print(f"NaN model: FAILED {argv!r}\n{e}", file=sys.stderr)
+    print(f"{'NaN models':<18}{len(argvs):>8}{0:>8}{named:>8}{0:>9}"
+          f"{time.perf_counter() - start:>9.1f}", flush=True)
+    return named == len(argvs)
+
+
+def _viewer_headers(n: int, seed: int) -> bool:
+    """The viewer's Host/Origin rule (qkv.view.server.refusal) on ``n`` fuzzed headers of each."""
+    import random
+
+    from test_origin import _fuzzed_hosts, _fuzzed_origins
+    from qkv.view.server import allowed_hosts, refusal
+
+    start, rng, port = time.perf_counter(), random.Random(seed), 8765
+    hosts, bad = allowed_hosts("127.0.0.1"), []
+    for host in _fuzzed_hosts(rng, n):
+        why = refusal({"host": host}, hosts, api=True)
+        if why is None or why[0] != "host":
+            bad.append(("Host", host, why))
+    own = f"127.0.0.1:{port}"
+    origins = _fuzzed_origins(rng, port, n)
+    for origin in origins:
+        why = refusal({"host": own, "origin": origin}, hosts, api=True)
+        if (why is None) != (origin == f"http://{own}") or (why is not None and why[0] != "origin"):
+            bad.append(("Origin", origin, why))
+    for kind, value, why in bad[:1]:
+        print(f"viewer headers: FAILED {kind} {value!r} → {why!r}", file=sys.stderr)
+    refused = 2 * n - len(bad) - sum(o == f"http://{own}" for o in origins)
+    print(f"{'viewer headers':<18}{2 * n:>8}{2 * n - len(bad) - refused:>8}{refused:>8}{len(bad):>9}"
+          f"{time.perf_counter() - start:>9.1f}", flush=True)
+    return not bad
 
 
 if __name__ == "__main__":

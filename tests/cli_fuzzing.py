@@ -109,7 +109,7 @@ def int_lists_for(limits: dict) -> st.SearchStrategy[str]:
 # outputs that cannot be written.
 HOSTILE_NAMES = ["link.png", "dangling.svg", "dir.png", "link.html", "/dev/null", "nested_model",
                  "fifo_model", "stray_model", "/proc/qkv-cannot/x.png", "/sys/qkv-cannot",
-                 "file/below.png"]
+                 "file/below.png", "nan_model", "nan_minilm"]
 
 
 def make_hostile_files(directory) -> None:
@@ -133,6 +133,81 @@ def make_hostile_files(directory) -> None:
     os.mkfifo(d / "fifo_model" / "config.json")
     shutil.copytree(str(resources.files("qkv") / "data" / "lm"), d / "stray_model")
     (d / "stray_model" / "model.safetensors").write_bytes(b"not the listed weights")
+    make_nan_model(d / "nan_model")
+    make_nan_minilm(d / "nan_minilm")
+
+
+def make_nan_model(directory) -> None:
+    """The shipped lm saved broken: NaN in layer 1's query projection (every head), its manifest
+    re-hashed so that the model loads and runs — as a run trained with a NaN loss would save it."""
+    import json
+    import shutil
+    from importlib import resources
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from qkv.training.checkpoint import sha256_file
+
+    d = Path(directory)
+    shutil.copytree(str(resources.files("qkv") / "data" / "lm"), d)
+    config = json.loads((d / "config.json").read_text())
+    name = next(n for n in config["files"] if n.endswith(".safetensors"))
+    tensors = load_file(d / name)
+    tensors["model.layers.1.self_attn.q_proj.weight"] = torch.full_like(
+        tensors["model.layers.1.self_attn.q_proj.weight"], float("nan"))
+    save_file(tensors, d / name, metadata={"format": "pt"})
+    config["files"][name] = sha256_file(d / name)
+    (d / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def make_nan_minilm(directory) -> None:
+    """MiniLM (an encoder: the coref probe runs on it) with NaN in layer 2's query projection."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from qkv.models.loading import KNOWN_MODELS
+
+    source, d = Path(KNOWN_MODELS["minilm"][1]()), Path(directory)
+    d.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, d / name)
+    tensors = load_file(source / "model.safetensors")
+    name = next(n for n in tensors if "layer.2." in n and n.endswith("query.weight"))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
+NAN_TEXTS = {"nan_model": "baka bala bama baka bala bama",  # the lm's own words
+             "nan_minilm": "the dog found the pizza and ate it"}
+
+
+def nan_model_argvs() -> list[list[str]]:
+    """Every way a model's numbers reach the screen, on both NaN models (the decoder lm: its
+    probes are induction and previous-token; MiniLM: coref): each must end in one
+    ``qkv: error:`` line naming the NaN — never print ``nan``, never exit 0."""
+    argvs = []
+    for name, text in NAN_TEXTS.items():
+        model = ["--model", name]
+        argvs += [["explain", text, *model], ["explain", text, *model, "--json"],
+                  ["explain", text, *model, "--words"],
+                  ["explain", text, *model, "--layer", "1", "--head", "0"],
+                  ["explain", text, *model, "--no-projection"],
+                  ["explain", text, *model, "--method", "norm"],
+                  ["heads", text, *model, "--to", text.split()[1]],
+                  ["heads", text, *model, "--to", text.split()[1], "--json"]]
+    argvs += [["heads", "--probe", probe, "--model", "nan_model"]
+              for probe in ("induction", "previous-token")]
+    argvs += [["heads", "--probe", "induction", "--ablate", "--model", "nan_model"],
+              ["heads", "--probe", "coref", "--model", "nan_minilm"],
+              ["heads", "--probe", "coref", "--json", "--model", "nan_minilm"]]
+    return argvs
 
 
 def names_for(limits: dict) -> st.SearchStrategy[str]:

@@ -75,12 +75,17 @@ def test_fuzzed_host_headers_are_refused_without_a_500():
         assert why is not None and why[0] == "host", repr(host)
 
 
-def test_fuzzed_origins_over_http(served):
-    rng = random.Random(1)
+def _fuzzed_origins(rng: random.Random, port: int, n: int) -> list[str]:
+    """``n`` Origin headers around the page's own, ``http://127.0.0.1:{port}`` (benchmarks/fuzz_cli.py
+    draws from this too)."""
     schemes, names = ["http://", "https://", "", "file://", "ws://"], ["127.0.0.1", "localhost", "attacker.example", "[::1]"]
+    return [rng.choice(schemes) + rng.choice(names) + rng.choice(["", f":{port}", f":{port + 1}", "/"])
+            for _ in range(n)]
+
+
+def test_fuzzed_origins_over_http(served):
     port = served.port
-    for _ in range(30):
-        origin = rng.choice(schemes) + rng.choice(names) + rng.choice(["", f":{port}", f":{port + 1}", "/"])
+    for origin in _fuzzed_origins(random.Random(1), port, 30):
         r = post(served, Origin=origin)
         expected = 200 if origin == f"http://127.0.0.1:{port}" else 403
         assert r.status_code == expected, (origin, r.text)
