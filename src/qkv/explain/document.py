@@ -201,16 +201,7 @@ class Document:
         0 where the mask hides ``key`` from a row.
         """
         rec = self._check(layer)
-        n = rec.key.shape[1]
-        if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < n:
-            raise QkvError(f"key must be a token index in 0–{n - 1}, got {key!r}")
-        groups = rec.query.shape[0] // rec.key.shape[0]
-        scale = rec.scale if rec.scale is not None else 1.0 / math.sqrt(rec.query.shape[-1])
-        k = rec.key[:, key].repeat_interleave(groups, 0).float()  # (h, d)
-        scores = torch.einsum("htd,hd->ht", rec.query.float(), k) * scale  # (h, t)
-        lse = rec.lse.masked_fill(torch.isneginf(rec.lse), float("inf"))
-        keep = _column_mask(self.block_mask(layer), key, rec.query.shape[0])  # (h or 1, t)
-        return (scores - lse).exp().masked_fill(~keep, 0.0)
+        return column_weights(rec, self.block_mask(layer), key, rec.key.shape[1])
 
     def sinks(self) -> torch.Tensor:
         """(L, h): the mean weight the rows put on the first token, per layer and head — how much
@@ -259,6 +250,23 @@ class Document:
         scores = self.scores(units.groups[choice.unit], method)
         return overview_of(self.model, self.text, self.encoding, units, choice, scores,
                            focus=focus, top=top, layer=layer)
+
+
+def column_weights(rec: LayerRecord, bm: BlockMask, key: int, n: int,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+    """(h, t): the weight each recorded query row of every head puts on key ``key`` (of ``n``),
+    exp(q·k·scale − lse), 0 where the mask ``bm`` hides the key from a row. ``rows``: the recorded
+    rows' positions in the whole text (a rank's own under sharding; None = all of them)."""
+    if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < n:
+        raise QkvError(f"key must be a token index in 0–{n - 1}, got {key!r}")
+    groups = rec.query.shape[0] // rec.key.shape[0]
+    scale = rec.scale if rec.scale is not None else 1.0 / math.sqrt(rec.query.shape[-1])
+    k = rec.key[:, key].repeat_interleave(groups, 0).float()  # (h, d)
+    scores = torch.einsum("htd,hd->ht", rec.query.float(), k) * scale  # (h, t)
+    lse = rec.lse.masked_fill(torch.isneginf(rec.lse), float("inf"))
+    keep = _column_mask(bm, key, rec.query.shape[0])  # (h | 1, N)
+    keep = keep if rows is None else keep[:, rows]  # (h | 1, t)
+    return (scores - lse).exp().masked_fill(~keep, 0.0)
 
 
 def _column_mask(bm: BlockMask, key: int, h: int) -> torch.Tensor:

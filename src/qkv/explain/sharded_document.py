@@ -53,7 +53,7 @@ from qkv.attention.reference import reference_attention
 from qkv.distributed.group import gather_rows, group_info
 from qkv.distributed.shard import layout_ranges, shard, shard_positions, unshard
 from qkv.errors import QkvError
-from qkv.explain.document import Document, LayerRecord, _column_mask, _gib, _record, available_bytes, encoded
+from qkv.explain.document import Document, LayerRecord, _gib, _record, available_bytes, column_weights, encoded
 from qkv.explain.document import estimate_bytes as document_bytes
 from qkv.explain.forward import model_name
 from qkv.modules.lse_trace import LSE
@@ -242,16 +242,7 @@ class ShardedDocument(Document):
         """(h, N): the weight every query row of every head puts on key ``key``; this rank's rows
         computed, every rank's gathered. A collective."""
         rec = self._check(layer)
-        n = self.shard.length
-        if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < n:
-            raise QkvError(f"key must be a token index in 0–{n - 1}, got {key!r}")
-        groups = rec.query.shape[0] // rec.key.shape[0]
-        scale = rec.scale if rec.scale is not None else 1.0 / math.sqrt(rec.query.shape[-1])
-        k = rec.key[:, key].repeat_interleave(groups, 0).float()  # (h, d)
-        scores = torch.einsum("htd,hd->ht", rec.query.float(), k) * scale  # (h, t_r)
-        lse = rec.lse.masked_fill(torch.isneginf(rec.lse), float("inf"))
-        keep = _column_mask(self.block_mask(layer), key, rec.query.shape[0])[:, self.rows]  # (h | 1, t_r)
-        mine = (scores - lse).exp().masked_fill(~keep, 0.0)  # (h, t_r)
+        mine = column_weights(rec, self.block_mask(layer), key, self.shard.length, self.rows)  # (h, t_r)
         return unshard(mine, self.shard.group, self.shard.layout, dim=-1)  # (h, N)
 
 
