@@ -229,6 +229,75 @@ def test_nan_in_a_query_gives_nan_in_that_row_on_every_backend(backend, kwargs):
         assert torch.isnan(lse[0, 1, 5]) and not torch.isnan(lse[others]).any()
 
 
+def _nan_run(backend, q, k, v, kwargs):
+    """(out, lse or None) of one backend; "blockwise-torch" is the blockwise backend's readable
+    pure-torch path (tests/attention/test_blockwise.py's ``impl="torch"``), "blockwise" its spans
+    path (what the backend runs on CPU)."""
+    if backend == "blockwise-torch":
+        from qkv.attention.block_mask import block_mask_for
+        from qkv.attention.blockwise import blockwise_forward
+
+        mask = AttentionMask(causal=kwargs.get("is_causal", False), window=kwargs.get("window"))
+        bm = block_mask_for(mask, q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
+        return blockwise_forward(q, k, v, bm, scale=q.shape[-1] ** -0.5, enable_gqa=True)
+    if backend == "fused":
+        return qkv.scaled_dot_product_attention(q, k, v, backend=backend, enable_gqa=True, **kwargs), None
+    return qkv.scaled_dot_product_attention(q, k, v, backend=backend, enable_gqa=True,
+                                            return_lse=True, **kwargs)
+
+
+NAN_MASKS = {"none": ({}, lambda i, j: True), "causal": (dict(is_causal=True), lambda i, j: j <= i),
+             "window": (dict(is_causal=True, window=(37, 0)), lambda i, j: i - 37 <= j <= i)}
+
+
+@pytest.mark.parametrize("backend", ["reference", "fused", "blockwise", "blockwise-torch"])
+@pytest.mark.parametrize("masking", list(NAN_MASKS))
+@pytest.mark.parametrize("where", ["key", "value"])
+@pytest.mark.parametrize("t", [12, 133])
+def test_nan_in_a_key_or_value_reaches_every_row_that_attends_it(backend, masking, where, t):
+    """NaN in → NaN out for keys and values: every row that attends a key holding a NaN gives a
+    NaN output row (and lse); a NaN value reaches the rows that attend it. The reference path is
+    the truth (it makes the whole head NaN). Rows the mask hides every NaN from give what the
+    same backend gives without the NaNs, or NaN (as the reference does).
+
+    Where torch's CPU kernel alone gave 0 (as if the row had no key): a row whose only keys in
+    one kernel call hold a NaN, when that call has few keys — key 0 for row 0 under causal
+    masks at t = 12 (fused and spans), key 128 for row 128 at t = 133 (spans' last diagonal call
+    has 5 keys: row 128 came out finite, merged with its other keys)."""
+    kwargs, sees = NAN_MASKS[masking]
+    groups = 2  # GQA: query heads 2h, 2h + 1 read key head h
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, t, 8, generator=gen)
+    k, v = (torch.randn(1, 2, t, 8, generator=gen) for _ in range(2))
+    bad = {"key": k, "value": v}[where].clone()
+    poisoned = [(0, 0, 0), (1, 128 if t > 128 else t - 3, 5)]  # (key head, position, feature)
+    for head, j, c in poisoned:
+        bad[0, head, j, c] = float("nan")
+    k_in, v_in = (bad, v) if where == "key" else (k, bad)
+    out, lse = _nan_run(backend, q, k_in, v_in, kwargs)
+    clean, clean_lse = _nan_run(backend, q, k, v, kwargs)
+    keep = torch.tensor([[sees(i, j) for j in range(t)] for i in range(t)])  # (t, s)
+    hit = torch.zeros(4, t, 8, dtype=torch.bool)  # (h, t, dv): entries the NaNs must reach
+    for head, j, c in poisoned:
+        for h in range(head * groups, (head + 1) * groups):
+            if where == "key":
+                hit[h] |= keep[:, j, None]  # the whole row of every query that sees key j
+            else:
+                hit[h, :, c] |= keep[:, j]  # feature c of every query that attends value j
+    assert hit[0, 0].any() or where == "value"  # row 0's only key (causal) is NaN
+    o = out[0]
+    assert o[hit].isnan().all(), (backend, masking, where, (~o[hit].isnan()).nonzero()[:5])
+    free, ref = o[~hit], clean[0][~hit]  # entries no NaN must reach
+    assert bool((free.isnan() | (free == ref)).all()), (backend, masking, where)
+    if lse is not None:
+        lse_hit = hit.any(-1) if where == "key" else torch.zeros(4, t, dtype=torch.bool)
+        assert lse[0][lse_hit].isnan().all()
+        free = lse[0][~lse_hit]
+        assert (free.isnan() | (free == clean_lse[0][~lse_hit])).all()
+        if where == "value":
+            assert not lse.isnan().any()  # values never reach the log-sum-exp
+
+
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_tensors_on_another_device_are_a_value_error_on_every_backend(backend):
     q = torch.randn(1, 2, 4, 8)

@@ -105,9 +105,9 @@ def _count_messages(rank, world):
 
     kinds, attend = [], ring._Ring.attend
 
-    def counting_attend(self, q, k, v, kind, q_start, k_start):  # every chunk pair computed
+    def counting_attend(self, q, k, v, kind, *where):  # every chunk pair computed
         kinds.append(kind)
-        return attend(self, q, k, v, kind, q_start, k_start)
+        return attend(self, q, k, v, kind, *where)
 
     dist.batch_isend_irecv, ring._Ring.attend = counting, counting_attend
     try:

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from qkv.attention.block_mask import band_sides, block_mask_for
 from qkv.attention.blockwise import blockwise_attention, compute_dtype
 from qkv.attention.attention_mask import AttentionMask, combine
+from qkv.attention.flash_cpu import any_nan, nan_key_rows
 from qkv.attention.reference import reference_attention
 from qkv.attention.spans import spans_attention, supports as spans_supports
 
@@ -138,7 +139,7 @@ LSE_BACKENDS = {"reference": reference_with_lse, "blockwise": blockwise_with_lse
 def fused_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
     out = _fused(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p, scale=scale,
                  enable_gqa=enable_gqa)
-    return nan_rows(query, out)
+    return nan_rows(query, _nan_keys(query, key, out, mask=mask, bias=bias))
 
 
 def nan_rows(query: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -148,15 +149,38 @@ def nan_rows(query: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(bad, float("nan")) if bool(bad.any()) else out
 
 
+def _nan_keys(query, key, out, *, mask: AttentionMask, bias):
+    """NaN in → NaN out for keys: a row that sees a key holding a NaN gives a NaN row, even where
+    torch's CPU kernel gives 0 (a row whose only keys hold a NaN). One check of the keys; only
+    when one holds a NaN is the mask asked which rows see it (materialised, as ``_fused`` did,
+    except for torch's causal kernel)."""
+    if not any_nan(key):
+        return out
+    bad = key.isnan().any(-1)  # (..., h_kv, s)
+    t, s = query.shape[-2], key.shape[-2]
+    keep = None
+    causal = _torch_causal(mask, bias, t, s)
+    if not causal:
+        dense = combine(bias, mask.materialize(t, s, rank=query.ndim, device=query.device))
+        keep = dense if dense is None or dense.dtype == torch.bool else ~torch.isneginf(dense)
+    seen = nan_key_rows(bad, t, heads=query.shape[-3] if query.ndim >= 3 else None, causal=causal,
+                        keep=keep)  # (..., h, t)
+    return out.masked_fill(seen.unsqueeze(-1), float("nan"))
+
+
+def _torch_causal(mask: AttentionMask, bias, t: int, s: int) -> bool:
+    """Whether the mask is torch's ``is_causal=True`` (top-left; bottom-right with t == s is the
+    same thing) and nothing else, so torch's own causal kernel runs."""
+    return (mask.causal and mask.window is None and mask.key_padding is None and mask.varlen is None
+            and mask.dense is None and bias is None and (mask.alignment == "top_left" or t == s))
+
+
 def _fused(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
     if mask.varlen is not None:
         return _fused_varlen(query, key, value, mask=mask, dropout_p=dropout_p, scale=scale,
                              enable_gqa=enable_gqa)
     t, s = query.shape[-2], key.shape[-2]
-    # torch's own causal kernel is top-left; bottom-right with t == s is the same thing.
-    torch_causal = (mask.causal and mask.window is None and mask.key_padding is None
-                    and mask.dense is None and bias is None
-                    and (mask.alignment == "top_left" or t == s))
+    torch_causal = _torch_causal(mask, bias, t, s)
     dense = None
     if not torch_causal:
         dense = combine(bias, mask.materialize(t, s, rank=query.ndim, device=query.device))

@@ -1,7 +1,7 @@
 """torch's fused CPU flash-attention kernel, with its log-sum-exp, forward and backward — the one
 place qkv calls it (the spans path of :mod:`qkv.attention.spans`, ring attention's chunks).
 
-    flash_forward(q, k, v, *, scale, causal=False, mask=None)                -> (out, lse)
+    flash_forward(q, k, v, *, scale, causal=False, mask=None, nan_keys=None) -> (out, lse)
     flash_backward(dout, q, k, v, out, lse, *, scale, causal=False, mask=None) -> (dq, dk, dv)
 
 q (B, h, t, d), k and v (B, h_kv, s, d) with h a multiple of h_kv (the kernel serves query head
@@ -17,6 +17,9 @@ What the kernel does that callers must know (torch 2.13, ``aten/src/ATen/native/
 * a row whose keys are all masked gets out = 0 and lse = 0 (not −inf): callers that mask mark
   such rows themselves (:func:`flash_forward` does, given ``mask``);
 * a NaN in a query row gives that row out = 0 (callers restore qkv's NaN-in, NaN-out policy);
+* a row whose only visible keys hold a NaN gets out = 0 and lse = 0, as if it had no key (the
+  kernel's running max skips a NaN score); :func:`flash_forward` makes such rows NaN given
+  ``nan_keys``, and :func:`nan_key_rows` is that rule for callers of torch's public SDPA;
 * q, k and v share one head size; lse is float32 for float32/bfloat16/float16, float64 for float64;
 * the work is split statically: (batch, head, block of 32/64/256 query rows) in contiguous
   chunks per thread (``at::parallel_for``, ``torch.get_num_threads()``), key blocks of 512.
@@ -57,10 +60,14 @@ def _plain_scores(q, k, scale, causal, mask):
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                  causal: bool = False, mask: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  causal: bool = False, mask: torch.Tensor | None = None,
+                  nan_keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, h, t, dv), lse (B, h, t)) of softmax(q·kᵀ·scale + mask)·v; rows with no key
-    (every mask entry −inf) give out = 0, lse = −inf."""
+    (every mask entry −inf) give out = 0, lse = −inf.
+
+    ``nan_keys`` (B, h_kv, s) bool, True where a key holds a NaN (callers check once per call
+    of theirs and pass None when no key does, which costs nothing): a row that sees such a key
+    gets a NaN output and lse, even where the kernel would give 0 (see the module doc)."""
     if uses_kernel(q):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=_full(mask, q, k), scale=scale)
@@ -68,13 +75,61 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
             empty = torch.isneginf(mask).all(-1)  # (…, t) on the mask as given: small
             if bool(empty.any()):
                 lse = lse.masked_fill(empty.expand_as(lse), float("-inf"))
-        return out, lse
-    s = _plain_scores(q, k, scale, causal, mask)
-    lse = s.logsumexp(-1)  # (B, h, t)
-    ref = lse.masked_fill(torch.isneginf(lse), 0.0)
-    g = q.shape[1] // v.shape[1]
-    v = v.repeat_interleave(g, 1) if g > 1 else v
-    return (torch.exp(s - ref.unsqueeze(-1)) @ v.to(s.dtype)).to(q.dtype), lse
+    else:
+        s = _plain_scores(q, k, scale, causal, mask)
+        lse = s.logsumexp(-1)  # (B, h, t)
+        ref = lse.masked_fill(torch.isneginf(lse), 0.0)
+        g = q.shape[1] // v.shape[1]
+        v = v.repeat_interleave(g, 1) if g > 1 else v
+        out = (torch.exp(s - ref.unsqueeze(-1)) @ v.to(s.dtype)).to(q.dtype)
+    if nan_keys is not None:
+        keep = None if mask is None else ~torch.isneginf(mask)
+        seen = nan_key_rows(nan_keys, q.shape[-2], heads=q.shape[1], causal=causal, keep=keep)  # (B, h, t)
+        out = out.masked_fill(seen.unsqueeze(-1), float("nan"))
+        lse = lse.masked_fill(seen, float("nan"))
+    return out, lse
+
+
+def any_nan(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds a NaN: the one check per call on the path without NaN. ``amax``
+    propagates NaN and reads ``x`` once without a bool copy (4 × 16k × 64 floats, one thread:
+    0.6 ms against 8 ms for ``isnan().any(-1)``)."""
+    return x.numel() > 0 and bool(x.amax().isnan())
+
+
+def nan_key_rows(nan_keys: torch.Tensor, t: int, *, heads: int | None = None, causal: bool = False,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+    """The query rows that see a key holding a NaN: (..., h, t) bool — qkv's NaN-in, NaN-out rule
+    for keys, written once (the spans path, ring attention's chunks and the fused backend ask it).
+
+    ``nan_keys`` (..., h_kv, s) bool, True where a key holds a NaN; ``heads``: the query heads h
+    (a multiple of h_kv: query head i reads key head i // (h / h_kv)); None for inputs without a
+    head dim, whose ``nan_keys`` is (..., s) and result (..., t). ``causal``: top-left, row i sees
+    keys j ≤ i. ``keep``: bool broadcasting to (..., h, t, s), True where the key takes part.
+    """
+    bad = nan_keys
+    if heads is not None and heads != bad.shape[-2]:
+        bad = bad.repeat_interleave(heads // bad.shape[-2], dim=-2)  # (..., h, s)
+    s = bad.shape[-1]
+    if keep is None and not causal:
+        return bad.any(-1, keepdim=True).expand(*bad.shape[:-1], t)  # (..., h, t)
+    if keep is None:
+        seen = bad.cummax(-1).values if s else bad  # (..., h, s): row i sees keys 0…i
+        if t > s:  # rows past the last key see every key
+            last = seen[..., -1:] if s else bad.new_zeros(*bad.shape[:-1], 1)
+            seen = torch.cat([seen, last.expand(*bad.shape[:-1], t - s)], -1)
+        return seen[..., :t]
+    if causal:
+        keep = keep & torch.ones(t, s, dtype=torch.bool, device=keep.device).tril()
+    # how many NaN keys each row keeps, by one matmul (no (..., h, t, s) bool is formed when
+    # keep is shared by every batch row and head, as the spans path's masks are); counts are
+    # exact in float32 below 2**24 keys
+    f = torch.float64 if s >= 1 << 24 else torch.float32
+    if all(n == 1 for n in keep.shape[:-2]):
+        hits = bad.to(f) @ keep.reshape(keep.shape[-2:]).to(f).transpose(0, 1)  # (..., h, t)
+    else:
+        hits = torch.matmul(keep.to(f), bad.to(f).unsqueeze(-1)).squeeze(-1)  # (..., h, t)
+    return hits > 0
 
 
 def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -310,6 +310,10 @@ def scaled_dot_product_attention(
         (float64 for float64 inputs), ``−inf`` for a row with no key. A query row with every
         key masked out gives zeros, never NaN. **NaN in → NaN out**: a query row holding a NaN
         gives a NaN output row (and lse) on every backend; torch's own kernel would give zeros.
+        So does a row that attends a key holding a NaN (torch's CPU kernel gives 0 where those
+        are the row's only keys), and a NaN in a value reaches every row that attends it. Rows
+        the mask hides every NaN from may be NaN too (the reference backend makes the whole head
+        NaN; the others may, for rows that share a kernel block of keys with the NaN).
 
     Example:
         >>> import torch, qkv

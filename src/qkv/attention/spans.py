@@ -64,7 +64,7 @@ from torch.autograd.function import once_differentiable
 
 from qkv.attention.block_mask import FULL, Band, BlockMask
 from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, compute_dtype
-from qkv.attention.flash_cpu import flash_backward, flash_forward
+from qkv.attention.flash_cpu import any_nan, flash_backward, flash_forward
 from qkv.attention.merge import merge_into, reduce_parts
 
 _NEG_INF = float("-inf")
@@ -381,6 +381,9 @@ def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     v = lay.keys(value.to(c)).reshape(X, s, d).contiguous()
     out = q.new_zeros(X, g, t, d)  # (X, g, t, dv)
     lse = q.new_full((X, g, t), _NEG_INF)  # (X, g, t)
+    # NaN in → NaN out for keys: one check of k per call; only when a key holds a NaN does each
+    # kernel call get its keys' flags (the kernel alone gives 0 to a row whose keys are all NaN)
+    nan_keys = k.isnan().any(-1, keepdim=True) if any_nan(k) else None  # (X, s, 1)
     ts = _Tensors(lay, q, k, v)
     for call in plan(block_mask):
         call = _split_keys(call, X, g)
@@ -389,8 +392,10 @@ def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         units = [(0, call.count)] if call.q_step == 0 else _unit_ranges(call, per_unit)
         for u0, u1 in units:
             n_u = u1 - u0
+            flags = None if nan_keys is None else ts.keys(nan_keys, call, u0, u1).squeeze(-1)  # (X, units, L)
             o, l = flash_forward(ts.rows(q, call, u0, u1), ts.keys(k, call, u0, u1),
-                                 ts.keys(v, call, u0, u1), scale=scale, causal=call.causal, mask=mask)
+                                 ts.keys(v, call, u0, u1), scale=scale, causal=call.causal, mask=mask,
+                                 nan_keys=flags)
             o = o.view(X, n_u, g, call.n, d)  # (X, units, g, n, dv)
             l = l.view(X, n_u, g, call.n)
             if call.q_step == 0 and n_u > 1:  # units share their rows: merge them first

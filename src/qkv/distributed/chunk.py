@@ -20,9 +20,11 @@ from qkv.attention.flash_cpu import flash_backward, flash_forward
 
 
 def chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                  causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (B, h, t, dv), lse (B, h, t)) of softmax(q·kᵀ·scale)·v, causal or not."""
-    return flash_forward(q, k, v, scale=scale, causal=causal)
+                  causal: bool = False, nan_keys: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, h, t, dv), lse (B, h, t)) of softmax(q·kᵀ·scale)·v, causal or not; ``nan_keys``
+    (B, h, s) bool or None: rows that see a key holding a NaN give NaN (see ``flash_forward``)."""
+    return flash_forward(q, k, v, scale=scale, causal=causal, nan_keys=nan_keys)
 
 
 def chunk_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from qkv.attention.blockwise import backward_chunk, compute_dtype, forward_chunk
+from qkv.attention.flash_cpu import any_nan
 from qkv.distributed.checks import Agreed, agree
 from qkv.distributed.chunk import chunk_backward, chunk_forward
 from qkv.distributed.merge import merge_into
@@ -94,13 +95,15 @@ class _Ring:
                 if kind != EMPTY:
                     yield q_rows, k_rows, kind, q_range[0], k_range[0]
 
-    def attend(self, q, k, v, kind: str, q_start: int, k_start: int):
+    def attend(self, q, k, v, kind: str, q_start: int, k_start: int, nan_keys=None):
         """(out, lse) of one pair: torch's flash kernel for full and diagonal chunks, the
-        blockwise kernel (mask in global positions) for partial ones."""
+        blockwise kernel (mask in global positions) for partial ones. ``nan_keys`` (B, h, s) or
+        None: the pair's keys holding a NaN (the blockwise kernel keeps NaN itself)."""
         if kind == PARTIAL:
             return forward_chunk(q, k, v, mask_mod=self.mask, q_offset=q_start, k_offset=k_start,
                                  scale=self.agreed.scale)
-        return chunk_forward(q, k, v, scale=self.agreed.scale, causal=kind == CAUSAL)
+        return chunk_forward(q, k, v, scale=self.agreed.scale, causal=kind == CAUSAL,
+                             nan_keys=nan_keys)
 
     def attend_backward(self, dout, q, k, v, out, lse, kind: str, q_start: int, k_start: int):
         """(dq, dk, dv) of one pair from the merged ``out``/``lse`` of its query rows."""
@@ -145,29 +148,16 @@ def _forward(q, k, v, ring: _Ring):
             nxt = tuple(x.new_empty(*x.shape[:-2], n, x.shape[-1]) for x in cur)
             pending = ring.exchange(list(cur), list(nxt), (_TAG_K, _TAG_V))
         kc, vc = (_expand(x, ring.groups) for x in cur)  # (B, h, s_owner, d·)
-        nan_keys = kc.isnan().any(-1)  # (B, h, s_owner); one check (and sync) per step
-        nan_keys = nan_keys if bool(nan_keys.any()) else None
+        nan_keys = kc.isnan().any(-1) if any_nan(cur[0]) else None  # (B, h, s_owner); one check a step
         for q_rows, k_rows, kind, q_start, k_start in ring.pairs(step):
             part, part_lse = ring.attend(q[:, :, q_rows], kc[:, :, k_rows], vc[:, :, k_rows], kind,
-                                         q_start, k_start)
-            if nan_keys is not None and kind != PARTIAL:  # the blockwise kernel keeps NaN itself
-                part, part_lse = _nan_keys(part, part_lse, nan_keys[:, :, k_rows], causal=kind == CAUSAL)
+                                         q_start, k_start,
+                                         None if nan_keys is None else nan_keys[:, :, k_rows])
             merge_into(out, lse, part, part_lse, q_rows)
         _wait(pending, "ring_attention")
         cur = nxt if nxt is not None else cur
     _nan_rows(q, out, lse)
     return out.to(q.dtype), lse
-
-
-def _nan_keys(out: torch.Tensor, lse: torch.Tensor, bad: torch.Tensor, *, causal: bool):
-    """NaN in → NaN out for keys: a row that sees a key holding a NaN gets a NaN output and lse.
-    torch's CPU kernel skips such a key when it is the only one the row sees in the pair (out 0,
-    lse 0: the first row of a causal diagonal), and the merge would then hide it in a finite row.
-    ``bad`` (B, h, s): the pair's keys holding a NaN; ``causal``: the square diagonal pair, row i
-    sees keys j ≤ i."""
-    t = out.shape[-2]
-    seen = bad.cummax(-1).values if causal else bad.any(-1, keepdim=True).expand(*bad.shape[:-1], t)
-    return out.masked_fill(seen.unsqueeze(-1), float("nan")), lse.masked_fill(seen, float("nan"))
 
 
 def _nan_rows(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
