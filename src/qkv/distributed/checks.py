@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qkv.attention.functional import resolve_scale
+from qkv.attention.functional import check_flag, resolve_scale
 from qkv.distributed.group import (LENGTH_AT, WIDTH, describe, dtype_name, gather_rows,
                                    gather_shapes, group_info)
 from qkv.distributed.shard import LAYOUTS, check_layout, layout_ranges, shard_length
@@ -79,14 +79,19 @@ def agree(query, key, value, *, group, layout: str, is_causal: bool, window, sca
     """
     rank, world = group_info(group, what=what)
     check_layout(layout)
+    try:  # the checks every backend makes: enable_gqa="no" is truthy and would mean True
+        is_causal = check_flag("is_causal", is_causal)
+        enable_gqa = check_flag("enable_gqa", enable_gqa)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
     _check_local(query, key, value, enable_gqa, window, what)
     try:
         scale = resolve_scale(scale, query.shape[-1])
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
     left, right = window if window is not None else (None, None)
-    flags = [int(bool(is_causal)), -1 if left is None else left, -1 if right is None else right,
-             LAYOUTS.index(layout), int(bool(enable_gqa)), int(bool(has_block_mask)), _bits(scale)]
+    flags = [int(is_causal), -1 if left is None else left, -1 if right is None else right,
+             LAYOUTS.index(layout), int(enable_gqa), int(bool(has_block_mask)), _bits(scale)]
     tensors = (query, key, value)
     row = [v for x in tensors for v in describe(x)] + flags
     rows = gather_rows(row, group, what=what)

@@ -16,6 +16,8 @@ reverse all-to-all; the local attention is differentiated by autograd.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -105,9 +107,10 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if h % world:
         raise ValueError(f"ulysses_attention: the {h} query heads must be divisible by the group "
                          f"size {world} (each rank attends h/P heads); use ring_attention instead")
-    q = query.reshape(-1, h, t, d)  # (B, h, t, d)
-    k = key.reshape(-1, hkv, t, d)  # (B, h_kv, t, d)
-    v = value.reshape(-1, hkv, t, dv)  # (B, h_kv, t, dv)
+    b = math.prod(lead)  # explicit, not -1: a rank may hold no tokens (t = 0), and reshape(-1) fails
+    q = query.reshape(b, h, t, d)  # (B, h, t, d), B = the flattened batch dims
+    k = key.reshape(b, hkv, t, d)  # (B, h_kv, t, d)
+    v = value.reshape(b, hkv, t, dv)  # (B, h_kv, t, dv)
     if hkv % world:  # too few key/value heads to share out: give every query head its own
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
     qh, kh, vh = (_SeqToHeads.apply(x, agreed) for x in (q, k, v))  # (B, heads/P, N, ·)
