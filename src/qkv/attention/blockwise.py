@@ -299,15 +299,18 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
             lay.back_k(dvv, value).to(value.dtype))
 
 
-class BlockwiseAttention(torch.autograd.Function):
-    """``(out, lse)`` with FlashAttention-2's backward; ``block_mask``, scale and GQA are constants."""
+class LseAttention(torch.autograd.Function):
+    """``(out, lse)`` of a forward/backward pair with FlashAttention-2's contract (the backward
+    recomputes from the saved lse and takes a gradient reaching lse as ``dlse``): this file's
+    pure-torch pair and ``spans.py``'s fused one. ``block_mask`` and ``options`` (scale, GQA,
+    softcap) are constants."""
 
     @staticmethod
-    def forward(ctx, query, key, value, block_mask, scale, enable_gqa, softcap=None):
-        out, lse = blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa,
-                                     softcap=softcap)
+    def forward(ctx, pair, query, key, value, block_mask, options):
+        ctx.set_materialize_grads(False)
+        out, lse = pair[0](query, key, value, block_mask, **options)
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.block_mask, ctx.scale, ctx.enable_gqa, ctx.softcap = block_mask, scale, enable_gqa, softcap
+        ctx.pair, ctx.block_mask, ctx.options = pair, block_mask, options
         return out, lse
 
     @staticmethod
@@ -316,21 +319,26 @@ class BlockwiseAttention(torch.autograd.Function):
         query, key, value, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = blockwise_backward(query, key, value, out, dout, lse, ctx.block_mask,
-                                        scale=ctx.scale, enable_gqa=ctx.enable_gqa, dlse=dlse,
-                                        softcap=ctx.softcap)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = ctx.pair[1](query, key, value, out, dout, lse, ctx.block_mask, dlse=dlse,
+                                 **ctx.options)
+        return None, dq, dk, dv, None, None
+
+
+def differentiable(pair, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   block_mask: BlockMask, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pair = (forward, backward)``'s ``(out, lse)``, through :class:`LseAttention` when a
+    gradient is wanted, the forward alone otherwise."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        return LseAttention.apply(pair, query, key, value, block_mask, options)
+    return pair[0](query, key, value, block_mask, **options)
 
 
 def blockwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                         softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable blockwise attention: ``(out (..., h, t, dv), lse (..., h, t))``."""
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        return BlockwiseAttention.apply(query, key, value, block_mask, float(scale), bool(enable_gqa),
-                                        softcap)
-    return blockwise_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa,
-                             softcap=softcap)
+    return differentiable((blockwise_forward, blockwise_backward), query, key, value, block_mask,
+                          scale=float(scale), enable_gqa=bool(enable_gqa), softcap=softcap)
 
 
 # -- one chunk of a longer sequence (ring attention) ---------------------------------------------

@@ -60,10 +60,9 @@ import weakref
 from dataclasses import dataclass, replace
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from qkv.attention.block_mask import FULL, Band, BlockMask
-from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, compute_dtype
+from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, compute_dtype, differentiable
 from qkv.attention.flash_cpu import any_nan, flash_backward, flash_forward
 from qkv.attention.merge import merge_into, reduce_parts
 
@@ -490,35 +489,12 @@ def _overlap_add(acc: torch.Tensor, part: torch.Tensor, c: Call, u0: int, u1: in
         _Tensors.keys(acc, c, u0, u1, k0=c.k0 + a, L=w).add_(part[:, :, a:a + w])
 
 
-class SpansAttention(torch.autograd.Function):
-    """``(out, lse)`` by spans, with FlashAttention-2's backward by the same spans."""
-
-    @staticmethod
-    def forward(ctx, query, key, value, block_mask, scale, enable_gqa):
-        ctx.set_materialize_grads(False)
-        out, lse = spans_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
-        ctx.save_for_backward(query, key, value, out, lse)
-        ctx.block_mask, ctx.scale, ctx.enable_gqa = block_mask, scale, enable_gqa
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout, dlse):
-        query, key, value, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = spans_backward(query, key, value, out, dout, lse, ctx.block_mask,
-                                    scale=ctx.scale, enable_gqa=ctx.enable_gqa, dlse=dlse)
-        return dq, dk, dv, None, None, None
-
-
 def spans_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     block_mask: BlockMask, *, scale: float,
                     enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable attention by spans: ``(out (..., h, t, dv), lse (..., h, t))``."""
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        return SpansAttention.apply(query, key, value, block_mask, float(scale), bool(enable_gqa))
-    return spans_forward(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
+    return differentiable((spans_forward, spans_backward), query, key, value, block_mask,
+                          scale=float(scale), enable_gqa=bool(enable_gqa))
 
 
 def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
