@@ -144,6 +144,8 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != width:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{name} must have shape (batch, length, {width}), got {shape}")
+        if not x.is_floating_point():  # token ids belong to the model's embedding, not here
+            raise ValueError(f"{name} must be a floating-point tensor (embeddings), got dtype {x.dtype}")
 
     def _describe(self, mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset) -> AttentionMask:
         """This call's masks as one :class:`AttentionMask` description (nothing materialised)."""
@@ -307,6 +309,8 @@ class MultiHeadAttention(nn.Module):
         Inputs are always batch-first here, whatever ``m.batch_first`` was, and bool masks keep
         qkv's meaning (True = takes part): pass ``~mask`` where ``m`` took ``mask``.
         """
+        if not isinstance(m, nn.MultiheadAttention):
+            raise ValueError(f"from_torch takes a torch.nn.MultiheadAttention, got {type(m).__name__}")
         if m.bias_k is not None or m.add_zero_attn:
             raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
         bias = m.in_proj_bias is not None
