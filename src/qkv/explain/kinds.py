@@ -30,7 +30,7 @@ from typing import Any, Callable
 from qkv.explain import (
     cross, document_results, find_heads, induction, maps, overview, received, saturation, steps,
 )
-from qkv.explain.head_effects import head_effects
+from qkv.explain.head_effects import HeadEffects, head_effects
 
 
 def _whole(doc: dict) -> Any:
@@ -114,7 +114,8 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("saturation", "self_attention", ""),
     # causal ground truth (issue 22): ablation effects per head, and the methods ranked against them
     ResultKind("head_effects", "self_attention", "qkv.explain.render_faithfulness:render_effects",
-               "effects", _effects, ("probe",), lambda r: {"probe": r.probe}, text=False),
+               "effects", _effects, ("probe",), lambda r: {"probe": r.probe}, text=False,
+               result=HeadEffects),
     ResultKind("faithfulness", "self_attention",
                "qkv.explain.render_faithfulness:render_faithfulness"),
     ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
