@@ -130,6 +130,21 @@ def test_nan_in_nan_out_and_empty_rows():
     assert torch.isneginf(lse[0, 0, [0, 20]]).all() and (out[0, 0, [0, 20]] == 0).all()
 
 
+def test_a_decoding_row_checks_the_keys_it_visits_for_nan():
+    """Only the visited keys are checked (the rest of a long cache is never read): a NaN inside
+    the window makes the row NaN, one outside it changes nothing."""
+    q, k, v = tensors(1, 2, 2, 1, 600, 8)
+    bm = qkv.create_block_mask(sliding_window(50, 0), None, None, 1, 600, block_size=64, q_offset=599)
+    clean, _ = spans.spans_forward(q, k, v, bm, scale=0.3)
+    k[0, 0, 580, 3] = float("nan")  # inside the window of row 599: head 0 sees it
+    out, lse = spans.spans_forward(q, k, v, bm, scale=0.3)
+    assert out[0, 0].isnan().all() and lse[0, 0].isnan().all() and torch.equal(out[0, 1], clean[0, 1])
+    k[0, 0, 580] = tensors(1, 2, 2, 1, 600, 8)[1][0, 0, 580]  # clean again
+    k[0, 1, 10, 0] = float("nan")  # far outside the window
+    out, _ = spans.spans_forward(q, k, v, bm, scale=0.3)
+    assert torch.equal(out, clean)
+
+
 def test_the_backend_falls_back_to_pure_torch_where_the_kernel_cannot():
     """A value head size unlike the query's (the kernel needs one size) still answers."""
     q, k, _ = tensors(1, 2, 2, 70, 70, 8)
