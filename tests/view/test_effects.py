@@ -46,7 +46,7 @@ def assert_effects_shown(page, effects) -> None:
         m = re.fullmatch(r"L(\d+) H(\d+) Δ (\S+)", text)
         assert (int(m[1]), int(m[2])) == (layer, head), (text, layer, head)
         assert_shown(m[3], value, f"ranked L{layer} H{head}")
-    assert f"minus the clean run's " in shown["hint"]
+    assert "minus the clean run's " in shown["hint"]
     assert_shown(re.search(r"clean run's (\S+) \(", shown["hint"])[1], effects.clean, "clean")
 
 
