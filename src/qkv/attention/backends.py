@@ -153,8 +153,14 @@ def _nan_keys(query, key, out, *, mask: AttentionMask, bias):
     """NaN in → NaN out for keys: a row that sees a key holding a NaN gives a NaN row, even where
     torch's CPU kernel gives 0 (a row whose only keys hold a NaN). One check of the keys; only
     when one holds a NaN is the mask asked which rows see it (materialised, as ``_fused`` did,
-    except for torch's causal kernel)."""
-    if not any_nan(key):
+    except for torch's causal kernel).
+
+    The kernel's only way to lose a NaN key is to treat a row whose keys all hold NaN as a row
+    with no key: its output row is exact zeros. Any other row that sees a NaN key sums a NaN and
+    is NaN already. So the keys are read only when some output row is all zeros: in KV-cache
+    decoding (t = 1 against a long cache) reading them cost as much as the attention itself.
+    """
+    if out.numel() == 0 or not bool((out == 0).all(-1).any()) or not any_nan(key):
         return out
     bad = key.isnan().any(-1)  # (..., h_kv, s)
     t, s = query.shape[-2], key.shape[-2]
