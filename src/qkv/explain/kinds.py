@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qkv.explain import (
-    cross, document_results, find_heads, induction, maps, overview, received, saturation, steps,
+    cross, document_results, find_heads, induction, maps, overview, received, steps,
 )
 from qkv.explain.head_effects import HeadEffects, head_effects
 
