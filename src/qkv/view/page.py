@@ -53,6 +53,7 @@ def _json_in_html(data) -> str:
 # Two pages, one style: a text's (index.html, app.js) and a long document's (document.html,
 # document.js: qkv view --file — a virtualised token strip, the block map, served only).
 PAGES = {"text": ("index.html", "app.js"), "document": ("document.html", "document.js")}
+SHARED_SCRIPT = "post.js"  # loaded before either page's script: the one POST to the API
 
 
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page: str = "text") -> str:
@@ -69,10 +70,12 @@ def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page:
     if embed is None:
         parts = {"csp": "", "data": "",
                  "style": '<link rel="stylesheet" href="/static/style.css">',
-                 "script": f'<script src="/static/{script_name}"></script>'}
+                 "script": "".join(f'<script src="/static/{name}"></script>'
+                                   for name in (SHARED_SCRIPT, script_name))}
     else:
         style = (static_dir / "style.css").read_text(encoding="utf-8")
-        script = (static_dir / "app.js").read_text(encoding="utf-8")
+        script = "\n".join((static_dir / name).read_text(encoding="utf-8")
+                            for name in (SHARED_SCRIPT, script_name))
         csp = (f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)}; "
                "img-src data: blob:; connect-src 'none'; font-src 'none'; base-uri 'none'; "
                "form-action 'none'")

@@ -62,28 +62,13 @@
   }
   const EMBEDDED = EMBED ? new Map(EMBED.answers.map(([e, f, a]) => [answerKey(e, f), a])) : null;
   class Missing extends Error {}
-  const inflight = new Map();
   async function ask(endpoint, fields) {
     if (EMBED) {
       const a = EMBEDDED.get(answerKey(endpoint, fields));
       if (!a) throw new Missing("not in this exported file — run qkv view to explore every token and head");
       return a;
     }
-    const body = JSON.stringify(Object.assign({ model: S.model, text: S.text }, fields));
-    const key = endpoint + body;
-    if (inflight.has(key)) return inflight.get(key);
-    const p = fetch("api/" + endpoint, { method: "POST", headers: { "Content-Type": "application/json" }, body })
-      .then(async (r) => {
-        const data = await r.json();
-        if (!r.ok) {
-          const e = data.error || {};
-          throw new Error((e.field ? e.field + ": " : "") + (e.message || r.statusText));
-        }
-        return data;
-      })
-      .finally(() => inflight.delete(key));
-    inflight.set(key, p);
-    return p;
+    return qkvPost(endpoint, JSON.stringify(Object.assign({ model: S.model, text: S.text }, fields)));
   }
 
   // -- the selection and the URL ---------------------------------------------------------------

@@ -69,23 +69,7 @@
     if (running === 0) document.body.dataset.state = "ready";
   }
 
-  const inflight = new Map();
-  function ask(endpoint, fields) {
-    const body = JSON.stringify(fields), key = endpoint + body;
-    if (inflight.has(key)) return inflight.get(key);
-    const p = fetch("api/" + endpoint, { method: "POST", headers: { "Content-Type": "application/json" }, body })
-      .then(async (r) => {
-        const data = await r.json();
-        if (!r.ok) {
-          const e = data.error || {};
-          throw new Error((e.field ? e.field + ": " : "") + (e.message || r.statusText));
-        }
-        return data;
-      })
-      .finally(() => inflight.delete(key));
-    inflight.set(key, p);
-    return p;
-  }
+  function ask(endpoint, fields) { return qkvPost(endpoint, JSON.stringify(fields)); }  // post.js
 
   // -- the URL ---------------------------------------------------------------------------------
   function readUrl() {
