@@ -35,7 +35,7 @@ def test_the_api_serves_exactly_the_tables_endpoints():
     assert set(ENDPOINTS) == {k.endpoint for k in KINDS.values() if k.endpoint}
     for endpoint in ENDPOINTS:
         rows = [k for k in KINDS.values() if k.endpoint == endpoint and (k.run or k.name == endpoint)]
-        assert FIELDS[endpoint] == set(rows[0].fields)
+        assert FIELDS[endpoint] == set(rows[0].field_names)
 
 
 def test_every_row_names_a_capability_and_a_printer_that_exist():

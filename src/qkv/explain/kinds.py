@@ -3,19 +3,21 @@ and shown.
 
 Every result class says its ``kind`` (a class attribute; ``to_dict()["kind"]`` carries it), and
 :data:`KINDS` holds one :class:`ResultKind` row per kind. Everything that turns results into
-something else reads this table — nothing dispatches on a class name:
+something else reads this table — nothing dispatches on a class name or keeps a list of its own:
 
 * the CLI prints a result with its row's ``render`` (``--json``: ``json(to_dict())``);
 * the viewer's API (:mod:`qkv.view.api`) serves ``/api/<endpoint>`` for each row with a ``run``,
-  taking the row's ``fields``, refusing a model without the row's ``needs`` capability;
+  taking, checking and defaulting the row's ``fields`` (:class:`Field`), refusing a model without
+  the row's ``needs`` capability, answering in the row's ``encoding``; ``/api/info`` sends the
+  rows to the page;
 * the ``--html`` export and a notebook (:mod:`qkv.view.notebook`) open the page at ``request(result)``;
-* the page draws the answer its ``kind`` names.
+* the page draws an answer with ``PANELS[kind]`` (``view/static/app.js``), where the row's
+  ``panel`` says.
 
-A new result kind is a result class and one row here (plus, to show it, a panel in
-``view/static/app.js``).
+A new result kind is a result class, one row here and, to show it, one entry of ``PANELS``.
 
-    >>> KINDS["steps"].fields, KINDS["steps"].needs
-    (('token', 'layer', 'head', 'words'), 'self_attention')
+    >>> [f.name for f in KINDS["steps"].fields], KINDS["steps"].needs
+    (['token', 'layer', 'head', 'words'], 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
     ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'steps']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
@@ -30,6 +32,7 @@ from typing import Any, Callable
 from qkv.explain import (
     cross, document_results, find_heads, induction, maps, overview, received, steps,
 )
+from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
 from qkv.explain.head_effects import HeadEffects, head_effects
 
 
@@ -39,6 +42,67 @@ def _whole(doc: dict) -> Any:
 
 def _heads_list(doc: dict) -> Any:
     return doc["heads"]  # ``qkv heads --json`` prints the ranked heads only (documented)
+
+
+FIELD_TYPES = ("index", "bool", "token", "method", "probe")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One request field of a result kind: its name (the library's argument), type, default and
+    bounds — what the viewer's API checks and the page is told (``/api/info``).
+
+    Types:
+        index: an integer, ``0 ≤ value < 2**31`` (the library checks it against the model:
+            ``layer 9 is out of range …``).
+        bool: true or false.
+        token: an index, a word or ``"word@N"`` (at most ``limit`` characters); None: the
+            library's default (the last word).
+        method: a name of :data:`qkv.explain.contributions.METHODS` that applies to the model.
+        probe: a probe whose effects the library measures on the model; None: its default probe.
+
+    ``default`` is what an absent field means; a ``required`` field has none.
+
+        >>> LAYER.required, WORDS.default, METHOD.default
+        (True, False, 'weight')
+    """
+
+    name: str
+    type: str
+    default: Any = None
+    required: bool = False
+    limit: int | None = None  # a string's most characters
+
+    def __post_init__(self):
+        if self.type not in FIELD_TYPES:
+            raise ValueError(f"field {self.name}: unknown type {self.type!r}; the types are "
+                             f"{', '.join(FIELD_TYPES)}")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "type": self.type, "default": self.default,
+                "required": self.required, "limit": self.limit}
+
+
+TOKEN = Field("token", "token", limit=100)
+LAYER = Field("layer", "index", required=True)
+HEAD = Field("head", "index", required=True)
+WORDS = Field("words", "bool", False)
+METHOD = Field("method", "method", DEFAULT_METHOD)
+PROBE = Field("probe", "probe", limit=100)
+
+
+def _indices(run: Callable, *names: str) -> tuple[Field, ...]:
+    """Index fields with the defaults of ``run``'s own keyword arguments (none: required)."""
+    import inspect
+
+    params = inspect.signature(run).parameters
+    return tuple(Field(n, "index", None if params[n].default is inspect.Parameter.empty
+                       else params[n].default, required=params[n].default is inspect.Parameter.empty)
+                 for n in names)
+
+
+ENCODINGS = ("json", "map", "maps", "document-overview", "values")
+PANELS = ("main", "head", "alone")
 
 
 @dataclass(frozen=True)
@@ -53,16 +117,25 @@ class ResultKind:
         endpoint: the viewer endpoint that answers with it (None: not in the viewer).
         run: ``(model, text, **fields) → result``: what that endpoint runs (None: another row's
             ``run`` answers it, or the API computes it itself — whole maps are cached there).
-        fields: the request fields ``run`` takes besides ``model`` and ``text``.
+        fields: the request fields (:class:`Field`) ``run`` takes besides ``model`` and ``text``.
         request: result → the fields that ask for it again (where a page showing it opens).
         json: what ``--json`` prints of ``to_dict()``.
         text: whether a request needs a text (a probe runs on its own).
         whole_map: it traces every query row of a layer (O(t²)): the viewer keeps such requests
             to texts within its map limit.
+        from_map: ``run(map)`` reads one head's :class:`~qkv.explain.maps.AttentionMap` (the
+            ``layer``/``head``/``words`` fields pick it; no ``run``: the map itself): the viewer
+            answers it from the text's maps, which it keeps, instead of a forward per head.
         result: the result class a notebook displays as this row's panel (its ``kind`` is
             ``name``; :mod:`qkv.view.notebook` registers it), or None: not displayed on its own.
         document: answered from a :class:`~qkv.explain.document.Document` (``qkv view --file``):
             ``run(document, **fields)``; the request names no model or text (the document's).
+        encoding: how the viewer sends it — ``"json"``: its ``to_dict()``; the others send its
+            numbers as float32 bytes (:data:`qkv.view.answers.ENCODINGS`).
+        panel: where the page draws it with ``PANELS[name]``: ``"main"`` (its own place in the
+            page: model view, head view, step panel), ``"head"`` (a section of its own under the
+            head view, asked again with the selection's fields whenever the head changes),
+            ``"alone"`` (only a result shown on its own: a notebook), None (no panel).
     """
 
     name: str
@@ -70,13 +143,31 @@ class ResultKind:
     render: str
     endpoint: str | None = None
     run: Callable[..., Any] | None = None
-    fields: tuple[str, ...] = ()
+    fields: tuple[Field, ...] = ()
     request: Callable[[Any], dict] | None = None
     json: Callable[[dict], Any] = _whole
     text: bool = True
     whole_map: bool = False
+    from_map: bool = False
     result: type | None = None
     document: bool = False
+    encoding: str = "json"
+    panel: str | None = None
+
+    def __post_init__(self):
+        if self.encoding not in ENCODINGS or self.panel not in (*PANELS, None):
+            raise ValueError(f"row {self.name}: encoding {self.encoding!r} / panel {self.panel!r}; "
+                             f"the encodings are {', '.join(ENCODINGS)}, the panels {', '.join(PANELS)}")
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def to_dict(self) -> dict:
+        """What the page is told of the row (``/api/info``'s ``kinds``)."""
+        return {"name": self.name, "needs": self.needs, "endpoint": self.endpoint,
+                "fields": [f.to_dict() for f in self.fields], "text": self.text,
+                "whole_map": self.whole_map, "panel": self.panel, "encoding": self.encoding}
 
 
 def _effects(model, text, *, probe=None):
@@ -85,37 +176,41 @@ def _effects(model, text, *, probe=None):
     return head_effects(model, find_heads.default_probe(model) if probe is None else probe)
 
 
+def _head_request(r) -> dict:
+    """A one-head result's request: the head of the map it reads."""
+    return {"layer": r.map.layer, "head": r.map.head, "words": r.map.units.words}
+
+
 KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("overview", "self_attention", "qkv.explain.render:render_overview", "overview",
-               overview.explain, ("token", "words", "method"),
+               overview.explain, (TOKEN, WORDS, METHOD),
                lambda r: {"token": r.unit, "words": r.units.words, "method": r.method},
-               result=overview.Overview),
+               result=overview.Overview, panel="main"),
     ResultKind("steps", "self_attention", "qkv.explain.render:render_steps", "steps",
-               steps.explain_head, ("token", "layer", "head", "words"),
+               steps.explain_head, (TOKEN, LAYER, HEAD, WORDS),
                lambda r: {"token": r.token_index, "layer": r.layer, "head": r.head, "words": False},
-               result=steps.HeadSteps),
-    ResultKind("map", "self_attention", "", "map", None, ("layer", "head", "words"),
+               result=steps.HeadSteps, panel="main"),
+    ResultKind("map", "self_attention", "", "map", None, (LAYER, HEAD, WORDS),
                lambda r: {"layer": r.layer, "head": r.head, "words": r.units.words},
-               result=maps.AttentionMap),
-    # every head's maps feed the overview's thumbnails: no panel (or request) of their own
-    ResultKind("maps", "self_attention", "", "maps", None, ("words",)),
-    ResultKind("received", "self_attention", "", "received", received.attention_received,
-               ("layer", "head", "words"),
-               lambda r: {"layer": r.map.layer, "head": r.map.head, "words": r.map.units.words},
-               whole_map=True, result=received.AttentionReceived),
+               from_map=True, result=maps.AttentionMap, encoding="map", panel="main"),
+    # every head's maps feed the overview's thumbnails: no request of their own
+    ResultKind("maps", "self_attention", "", "maps", None, (WORDS,), encoding="maps", panel="main"),
+    ResultKind("received", "self_attention", "", "received", received.AttentionReceived,
+               (LAYER, HEAD, WORDS), _head_request, whole_map=True, from_map=True,
+               result=received.AttentionReceived, panel="head"),
     ResultKind("probe", "self_attention", "qkv.explain.render:render_probe", "probe",
                lambda model, text: find_heads.probe(model), (), lambda r: {}, _heads_list,
-               text=False, result=find_heads.ProbeResult),
+               text=False, result=find_heads.ProbeResult, panel="main"),
     ResultKind("head-scores", "self_attention", "qkv.explain.render_induction:render_head_scores",
-               "probe", request=lambda r: {}, text=False, result=induction.HeadScores),
+               "probe", request=lambda r: {}, text=False, result=induction.HeadScores, panel="main"),
     ResultKind("heads", "self_attention", "qkv.explain.render:render_pair", json=_heads_list),
     ResultKind("no-projection", "self_attention", "qkv.explain.render:render_ablation"),
     # one dimension's softmax saturation (qkv softmax-demo prints a list of them as one table)
     ResultKind("saturation", "self_attention", ""),
     # causal ground truth (issue 22): ablation effects per head, and the methods ranked against them
     ResultKind("head_effects", "self_attention", "qkv.explain.render_faithfulness:render_effects",
-               "effects", _effects, ("probe",), lambda r: {"probe": r.probe}, text=False,
-               result=HeadEffects),
+               "effects", _effects, (PROBE,), lambda r: {"probe": r.probe}, text=False,
+               result=HeadEffects, panel="main"),
     ResultKind("faithfulness", "self_attention",
                "qkv.explain.render_faithfulness:render_faithfulness"),
     ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
@@ -124,21 +219,22 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("contributions", "self_attention", ""),
     ResultKind("comparison", "self_attention", "qkv.explain.render_contributions:render_compare"),
     ResultKind("cross", "cross_attention", "qkv.explain.render_cross:render_cross_overview",
-               "cross", cross.cross_attention, ("token",), lambda r: {"token": r.focus},
-               result=cross.CrossAttention),
+               "cross", cross.cross_attention, (TOKEN,), lambda r: {"token": r.focus},
+               result=cross.CrossAttention, panel="main"),
     ResultKind("cross_steps", "cross_attention", "qkv.explain.render_cross:render_cross_steps",
-               "cross_steps", cross.cross_attention_head, ("token", "layer", "head"),
+               "cross_steps", cross.cross_attention_head, (TOKEN, LAYER, HEAD),
                lambda r: {"token": r.french_index, "layer": r.steps.layer, "head": r.steps.head},
-               result=cross.CrossHeadSteps),
+               result=cross.CrossHeadSteps, panel="main"),
     # a long document (qkv view --file): one recorded forward answers every question, O(N)
     ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
-               ("token", "method"), document=True),
+               (TOKEN, METHOD), document=True, encoding="document-overview"),
     ResultKind("block-map", "self_attention", "", "doc_block_map", document_results.block_map,
-               ("layer", "head", "block"), document=True),
+               _indices(document_results.block_map, "layer", "head", "block"), document=True, encoding="values"),
     ResultKind("weight-rows", "self_attention", "", "doc_rows", document_results.weight_rows,
-               ("layer", "head", "start", "stop", "key_start", "key_stop"), document=True),
+               _indices(document_results.weight_rows, "layer", "head", "start", "stop", "key_start",
+                        "key_stop"), document=True, encoding="values"),
     ResultKind("document-received", "self_attention", "", "doc_received", document_results.received,
-               ("layer", "head"), document=True),
+               (LAYER, HEAD), document=True, encoding="values"),
 )}
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 
+from qkv.explain.kinds import kind_of
+
 
 def encode_f32(t) -> str:
     """A tensor as base64 of its little-endian float32 bytes, row-major (the page decodes it
@@ -59,26 +61,23 @@ def values_as_bytes(r) -> dict:
     return r.header() | {r.values: encode_f32(getattr(r, r.values)), "encoding": "float32-base64"}
 
 
-# Whole maps travel as float32 bytes (a 512-token text's maps in JSON numbers would be ~10× larger),
-# and so do a long document's rows, tiles and column sums (N numbers each).
-ENCODINGS = {"map": head_map, "maps": all_maps, "document-overview": document_overview,
-             "block-map": values_as_bytes, "weight-rows": values_as_bytes,
-             "document-received": values_as_bytes}
+# How each row of qkv.explain.kinds.KINDS is sent, by its ``encoding``: whole maps travel as float32
+# bytes (a 512-token text's maps in JSON numbers would be ~10× larger), and so do a long document's
+# rows, tiles and column sums (N numbers each); everything else is its ``to_dict()``.
+ENCODINGS = {"json": lambda r: r.to_dict(), "map": head_map, "maps": all_maps,
+             "document-overview": document_overview, "values": values_as_bytes}
 
 
 def answer(result) -> dict:
-    """What the page receives for ``result``: its ``to_dict()`` (complete, with its ``kind``),
-    or for a whole map the same numbers as float32 base64."""
-    encode = ENCODINGS.get(result.kind)
-    return encode(result) if encode is not None else result.to_dict()
+    """What the page receives for ``result``: as its row's ``encoding`` says (its ``to_dict()``,
+    complete, with its ``kind``; or for whole maps the same numbers as float32 base64)."""
+    return ENCODINGS[kind_of(result).encoding](result)
 
 
 def of_result(result) -> tuple[str, dict, dict]:
     """(endpoint, request fields, answer) for a result shown on its own (a notebook, an export):
     its row of :data:`qkv.explain.kinds.KINDS` says where the page opens."""
-    from qkv.explain.kinds import kind_of
-
     row = kind_of(result)
-    if row.endpoint is None:
+    if row.endpoint is None or row.request is None:
         raise ValueError(f"a {row.name} result has no panel in the viewer")
     return row.endpoint, row.request(result), answer(result)

@@ -9,7 +9,7 @@ library's arguments)::
     steps        explain_head(model, text, token, layer, head, words)    → HeadSteps
     map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
     maps         every head's map at once (short texts only: the model view's thumbnails)
-    received     attention_received(model, text, layer, head, words)     → each key's Σ_i w_ij
+    received     AttentionReceived(the head's map)  (= attention_received(model, text, layer, head, words))
     probe        probe(model) — the model's default probe (coref; induction for a causal
                  model) (the best heads the model view marks)
     cross        cross_attention(model, text, token, gold)               (translation model)
@@ -25,6 +25,11 @@ A server started on a long document (``qkv view --file``) holds its
     doc_block_map  doc.block_map(layer, head, block)          → BlockMap (tile sums)
     doc_rows       doc.weights(layer, head, start…stop)[:, key_start…key_stop] → WeightRows
     doc_received   doc.received(layer, head), its top keys     → KeysReceived
+
+Each request field is declared once, in its row (:class:`~qkv.explain.kinds.Field`: name, type,
+default, bounds), checked here by :func:`read_field` and sent to the page by ``/api/info`` with
+the rows, so the page's defaults are the library's. A row marked ``from_map`` is answered from
+the text's maps (one forward, kept in an LRU) rather than a forward per head.
 
 Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`) against the
 row's ``needs``; ``/api/info`` sends each model's capabilities to the page. The gold alignment of
@@ -49,7 +54,6 @@ back and forth between heads costs one forward per text.
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 from collections import OrderedDict
@@ -62,7 +66,7 @@ from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
 from qkv.explain.head_effects import probes_for
 from qkv.explain.contributions import DEFAULT, METHODS as REGISTRY
-from qkv.explain.kinds import KINDS
+from qkv.explain.kinds import KINDS, Field
 from qkv.translate.gold import grammar_gold
 from qkv.view import answers
 
@@ -88,6 +92,8 @@ METHOD_INFO = {"default_method": DEFAULT, "raw_methods": [n for n, m in REGISTRY
 # endpoint → the row of qkv.explain.kinds.KINDS that answers it (the one with a run, or a whole map)
 ROWS = {k.endpoint: k for k in KINDS.values() if k.endpoint and (k.run or k.name == k.endpoint)}
 ENDPOINTS = tuple(ROWS)
+# The fields each endpoint takes (``model`` and ``text`` aside): its row's.
+FIELDS = {endpoint: set(row.field_names) for endpoint, row in ROWS.items()}
 
 
 class ApiError(QkvError):
@@ -136,7 +142,7 @@ def _boolean(body: dict, field: str) -> bool:
     return value
 
 
-def _token(body: dict) -> str | None:
+def _token(body: dict, limit: int) -> str | None:
     """``token``: an index (int), a word, ``"word@N"``, or absent (the last word)."""
     value = body.get("token")
     if value is None:
@@ -145,11 +151,21 @@ def _token(body: dict) -> str | None:
         if value < 0:
             raise ApiError("token", f"token {value} is out of range (counting from 0)")
         return str(value)
-    return _string(body, "token", limit=MAX_TOKEN_CHARS)
+    return _string(body, "token", limit=limit)
 
 
-# The fields each endpoint takes (``model`` and ``text`` aside): its row's.
-FIELDS = {endpoint: set(row.fields) for endpoint, row in ROWS.items()}
+def read_field(body: dict, field: Field) -> Any:
+    """``field``'s value in ``body``, checked by its type (absent: its default; required: an error).
+    Whether a method or probe applies to the model is asked of the library afterwards."""
+    if field.type == "index":
+        value = _integer(body, field.name, required=field.required)
+    elif field.type == "bool":
+        value = _boolean(body, field.name) if field.name in body else None
+    elif field.type == "token":
+        value = _token(body, field.limit)
+    else:  # method, probe: names
+        value = _string(body, field.name, limit=field.limit or MAX_TOKEN_CHARS)
+    return field.default if value is None else value
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -197,9 +213,32 @@ class Models:
         the probes whose ablation effects it has (the library's :func:`probes_for`)."""
         model = self.get(name)
         caps = model.capabilities
-        return {"name": name, "capabilities": caps.to_dict(),
+        return {"name": name, "capabilities": caps.to_dict(), "example": example_for(caps),
                 "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)],
                 "probes": probes_for(model) if caps.self_attention else []}
+
+
+# The text a page opens with when none is given: a sentence the model can read (the toy
+# translation grammar knows neither "dog" nor "pizza"), by what the model does.
+EXAMPLES = {"cross_attention": "the red apple is next to the black cats",
+            "self_attention": "The dog found some pizza next to the baby and ate it"}
+
+
+def example_for(caps) -> str:
+    return EXAMPLES["cross_attention" if caps.cross_attention else "self_attention"]
+
+
+def page_info(models: list[dict], *, default_text: str | None = None,
+              map_tokens: int = MAX_MAP_TOKENS, document: dict | None = None) -> dict:
+    """What ``/api/info`` answers (and an exported page or a notebook embeds): the models
+    (:meth:`Models.info`), the methods, the limits and the rows of
+    :data:`~qkv.explain.kinds.KINDS` with their fields — every default the page uses."""
+    return {"models": models, "default_model": models[0]["name"], "default_text": default_text,
+            "methods": METHODS, **METHOD_INFO,
+            "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
+                       "map_tokens": map_tokens},
+            "kinds": {k.name: k.to_dict() for k in KINDS.values() if k.endpoint},
+            "document": document}
 
 
 def _applies(model, method: str) -> bool:
@@ -254,11 +293,8 @@ class Api:
         self._map_cache = _Lru(cache_bytes // 2)
 
     def info(self) -> dict:
-        return {"models": [self.models.info(n) for n in self.models.names],
-                "default_model": self.models.default, "default_text": self.text, "methods": METHODS, **METHOD_INFO,
-                "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
-                           "map_tokens": self.map_tokens},
-                "document": self._described}
+        return page_info([self.models.info(n) for n in self.models.names], default_text=self.text,
+                         map_tokens=self.map_tokens, document=self._described)
 
     def handle(self, endpoint: str, body: dict) -> dict:
         if endpoint not in ENDPOINTS:
@@ -266,40 +302,29 @@ class Api:
                            f"{', '.join(ENDPOINTS)}", 404)
         if not isinstance(body, dict):
             raise ApiError("body", "the body must be a JSON object", 400)
-        if ROWS[endpoint].document:
-            return self._from_document(ROWS[endpoint], body)
-        allowed = FIELDS[endpoint] | {"model", "text"}
+        row = ROWS[endpoint]
+        allowed = FIELDS[endpoint] | (set() if row.document else {"model", "text"})
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise ApiError(unknown[0], f"unknown field {unknown[0]!r} for {endpoint}; it takes: "
                            f"{', '.join(sorted(allowed))}")
+        args = {f.name: read_field(body, f) for f in row.fields}
+        if row.document:
+            return self._from_document(row, args)
         model = _string(body, "model", limit=4096) or self.models.default
         loaded = self.models.get(model)
-        row = ROWS[endpoint]
         if not getattr(loaded.capabilities, row.needs):
             raise ApiError("model", f"model {model!r} has no {row.needs.replace('_', '-')}; "
                            f"{endpoint} needs a model with one")
         text = _string(body, "text", limit=MAX_TEXT_CHARS, required=row.text)
         if text is not None and not text.strip():
             raise ApiError("text", "text is empty; type a sentence")
-        method = body.get("method", DEFAULT)
-        if not isinstance(method, str) or method not in METHODS:
-            raise ApiError("method", f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
-        args = {"token": _token(body), "layer": _integer(body, "layer"),
-                "head": _integer(body, "head"), "words": _boolean(body, "words")}
-        for field in ("layer", "head"):
-            if field in FIELDS[endpoint] and args[field] is None:
-                raise ApiError(field, f"{field} is required")
-        args["method"] = method
-        if "probe" in FIELDS[endpoint]:
-            args["probe"] = self._probe_field(body, model)
-        args = {k: v for k, v in args.items() if k in row.fields}
-        if "method" in args and not _applies(loaded, method):
-            raise ApiError("method", f"method {method} does not apply to {model}: the methods for "
-                           f"it are {', '.join(self.models.info(model)['methods'])}")
+        self._check_names(row, args, model, loaded)
         try:
-            special = getattr(self, "_" + endpoint, None)  # whole maps: cached, limited
-            answer = special(loaded, text, **args) if special else self._run(row, loaded, text, args)
+            if row.run is None or row.from_map:  # from the text's maps, kept here
+                answer = self._from_maps(row, loaded, text, args)
+            else:
+                answer = self._run(row, loaded, text, args)
         except ArgumentError as e:
             raise ApiError(e.argument, str(e)) from None
         except ApiError:
@@ -309,6 +334,24 @@ class Api:
         except QkvError as e:  # an empty text, too many tokens, a word the model does not know
             raise ApiError("text", str(e)) from None
         return answer
+
+    def _check_names(self, row, args: dict, model: str, loaded) -> None:
+        """A ``method`` field must name a method that applies to ``model``, a ``probe`` one whose
+        effects the library measures on it (absent: the model's default probe)."""
+        for field in row.fields:
+            value = args[field.name]
+            if field.type == "method":
+                if not isinstance(value, str) or value not in METHODS:
+                    raise ApiError("method", f"unknown method {value!r}; the methods are: "
+                                   f"{', '.join(METHODS)}")
+                if not _applies(loaded, value):
+                    raise ApiError("method", f"method {value} does not apply to {model}: the "
+                                   f"methods for it are {', '.join(self.models.info(model)['methods'])}")
+            elif field.type == "probe" and value is not None:
+                known = self.models.info(model)["probes"]
+                if value not in known:
+                    raise ApiError("probe", f"probe {value!r} does not apply to {model}; its probes "
+                                   f"are: {', '.join(known)}")
 
     def answer(self, endpoint: str, body: dict) -> bytes:
         """:meth:`handle`'s answer as JSON bytes, kept in the LRU (the server sends these)."""
@@ -324,30 +367,17 @@ class Api:
             self._answers.put(key, cached, len(cached))
         return cached
 
-    def _from_document(self, row, body: dict) -> dict:
-        """A ``document`` row's answer: its fields checked (those without a default in its
-        ``run`` are required), ``run`` on the served Document under the lock."""
+    def _from_document(self, row, args: dict) -> dict:
+        """A ``document`` row's answer: ``run`` on the served Document under the lock (its
+        fields already checked; absent optional ones left to ``run``'s defaults)."""
         if self.document is None:
             raise ApiError("endpoint", f"{row.endpoint} answers about a document and this server "
                            "has none: start it with qkv view --file FILE", 404)
-        unknown = sorted(set(body) - set(row.fields))
-        if unknown:
-            raise ApiError(unknown[0], f"unknown field {unknown[0]!r} for {row.endpoint}; it "
-                           f"takes: {', '.join(row.fields)}")
-        params = inspect.signature(row.run).parameters
-        args = {}
-        for field in row.fields:
-            if field == "token":
-                value = _token(body)
-            elif field == "method":
-                value = body.get("method", DEFAULT)
-                if value not in self._described["methods"]:
-                    raise ApiError("method", f"method {value!r}: a document answers "
-                                   f"{', '.join(self._described['methods'])}")
-            else:
-                value = _integer(body, field, required=params[field].default is inspect.Parameter.empty)
-            if value is not None:
-                args[field] = value
+        method = args.get("method")
+        if method is not None and method not in self._described["methods"]:
+            raise ApiError("method", f"method {method!r}: a document answers "
+                           f"{', '.join(self._described['methods'])}")
+        args = {k: v for k, v in args.items() if v is not None}
         try:
             with self.models.lock:
                 result = row.run(self.document, **args)
@@ -356,15 +386,6 @@ class Api:
         except QkvError as e:
             raise ApiError(None, str(e)) from None
         return answers.answer(result)
-
-    def _probe_field(self, body: dict, model: str) -> str | None:
-        """``probe``: one whose effects the library measures on ``model`` (absent: its default)."""
-        probe = _string(body, "probe", limit=MAX_TOKEN_CHARS)
-        known = self.models.info(model)["probes"]
-        if probe is not None and probe not in known:
-            raise ApiError("probe", f"probe {probe!r} does not apply to {model}; its probes are: "
-                           f"{', '.join(known)}")
-        return probe
 
     def _run(self, row, model, text, args: dict) -> dict:
         """The row's library call under the lock, its result as the page receives it. A
@@ -394,19 +415,22 @@ class Api:
                     return maps
                 self._check_map_tokens(model, text)
                 maps = attention_maps(model, text, words=words)
-            # float32 halves the cache; token-level weights are the forward's float32 anyway
-            maps = replace(maps, weights=maps.weights.float())  # (L, H, U, U)
-            self._map_cache.put(key, maps, maps.weights.numel() * 4)
+            if not words:  # float32 halves the cache, losing nothing: a token's weights are the forward's float32
+                maps = replace(maps, weights=maps.weights.float())  # (L, H, U, U)
+            self._map_cache.put(key, maps, maps.weights.numel() * maps.weights.element_size())
         return maps
 
-    def _map(self, model, text, *, layer, head, words):
-        check_layer_head(model, layer, head)
-        return answers.head_map(self._all_maps(model, text, words).head(layer, head))
-
-    def _maps(self, model, text, *, words):
-        with self.models.lock:
-            n = len(model.tokenizer.encode(text).ids)
-        if n > MAX_WHOLE_MAPS_UNITS:
-            raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
-                           f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
-        return answers.all_maps(self._all_maps(model, text, words))
+    def _from_maps(self, row, model, text, args: dict) -> dict:
+        """A row answered from ``text``'s maps (one forward, kept): the whole maps (``maps``:
+        short texts only), one head's map, or ``run`` on one head's map (``from_map``)."""
+        if not row.from_map:
+            with self.models.lock:
+                n = len(model.tokenizer.encode(text).ids)
+            if n > MAX_WHOLE_MAPS_UNITS:
+                raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
+                               f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
+            return answers.answer(self._all_maps(model, text, args["words"]))
+        maps = self._all_maps(model, text, args["words"])
+        check_layer_head(model, args["layer"], args["head"])
+        one = maps.head(args["layer"], args["head"])
+        return answers.answer(one if row.run is None else row.run(replace(one, weights=one.weights.double())))

@@ -6,7 +6,7 @@ numbers are the ones the server would send. What is included:
 
 * self-attention: the overview of the chosen token; for a short text (at most
   :data:`~qkv.view.api.MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
-  map and per-head panels (:data:`HEAD_PANELS`), the step panel of every head for the chosen
+  map and per-head panels (:data:`HEAD_PANELS`: rows whose ``panel`` is ``"head"``), the step panel of every head for the chosen
   token and of the chosen head for every token, and the model's probe's best heads; for a longer text the chosen head's map and steps only;
 * translation: the cross-attention (every head's map), and the step panel of every head for the
   chosen French token and of the chosen head for every French token.
@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import os
 
-from qkv.explain.kinds import KINDS
+from qkv.explain.kinds import KINDS, METHOD
 from qkv.files import atomic_write_text
 from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models
 from qkv.view.page import standalone
 
-DEFAULT_METHOD = "weight"
-# Panels of one head asked for by layer and head alone (the "attention received" panel …): every
-# head's is exported for a short text. From the table of result kinds, so a new one comes along.
-HEAD_PANELS = tuple(k.endpoint for k in KINDS.values() if k.run and k.needs == "self_attention"
-                    and set(k.fields) == {"layer", "head", "words"})
+DEFAULT_METHOD = METHOD.default
+# The per-head panels under the head view (the "attention received" panel …): every head's is
+# exported for a short text. From the table of result kinds, so a new one comes along.
+HEAD_PANELS = tuple(k for k in KINDS.values() if k.panel == "head" and k.needs == "self_attention")
 
 
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
@@ -78,8 +77,9 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         for l in range(L):
             for h in range(H):
                 get("steps", token=t, layer=l, head=h, words=words)
-                for endpoint in HEAD_PANELS:
-                    get(endpoint, layer=l, head=h, words=words)
+                selection = {"token": t, "layer": l, "head": h, "words": words}
+                for row in HEAD_PANELS:
+                    get(row.endpoint, **{f: selection[f] for f in row.field_names})
         if probe:
             get("probe")
     else:

@@ -9,9 +9,9 @@ after which ``explain(...)``, ``explain_head(...)``, ``attention_map(...)``, ``c
 
 from __future__ import annotations
 
-from qkv.explain.kinds import KINDS
+from qkv.explain.kinds import KINDS, kind_of
 from qkv.view import answers
-from qkv.view.api import DEFAULT, METHOD_INFO, METHODS
+from qkv.view.api import page_info
 from qkv.view.page import iframe, standalone
 
 # The result classes a notebook displays, by kind: the rows of the table that name one.
@@ -19,17 +19,17 @@ SHOWN = {k.name: k.result for k in KINDS.values() if k.result is not None}
 
 
 def html(result) -> str:
-    """``result`` as a notebook shows it: the viewer for its numbers only, in a sandboxed iframe."""
+    """``result`` as a notebook shows it: the viewer for its numbers only, in a sandboxed iframe
+    (the page draws it with its row's panel: ``PANELS[kind]``)."""
     endpoint, fields, answer = answers.of_result(result)
-    text, model = answer.get("text", ""), answer.get("model", "")
-    state = {k: v for k, v in fields.items() if v is not None}
-    state["view"] = endpoint
-    caps = {"cross_attention": KINDS[result.kind].needs == "cross_attention"}
-    caps["self_attention"] = not caps["cross_attention"]
-    info = {"models": [{"name": model, "capabilities": caps}], "default_model": model,
-            "methods": {DEFAULT: METHODS[DEFAULT]}, **METHOD_INFO, "limits": {}}
-    return iframe(standalone([[endpoint, fields, answer]], model=model,
-                             text=text or "", state=state, info=info))
+    row = kind_of(result)
+    text, model = answer.get("text") or "", answer.get("model") or ""
+    state = {k: v for k, v in fields.items() if v is not None} | {"view": row.name}
+    # what the page knows of a model it cannot ask: the capability the result needed
+    caps = {"self_attention": False, "cross_attention": False, row.needs: True}
+    info = page_info([{"name": model, "capabilities": caps, "methods": [], "probes": []}])
+    return iframe(standalone([[endpoint, fields, answer]], model=model, text=text, state=state,
+                             info=info))
 
 
 def register(ipython=None) -> None:
