@@ -102,7 +102,8 @@ def test_bad_arguments_are_named():
         attention_received(q, k, lse[..., :3], enable_gqa=True)
     with pytest.raises(ValueError, match="row_weights"):
         attention_received(q, k, lse, enable_gqa=True, row_weights=torch.ones(3))
-    with pytest.raises(ValueError, match="block must be a positive int"):
-        attention_block_sums(q, k, lse, enable_gqa=True, block=0)
+    for block in (0, 10**12, 129):  # issue 31: 10**12 was the allocator's RuntimeError (nk · block)
+        with pytest.raises(ValueError, match=rf"^block must be a whole number of tokens in 1–128 .*got {block}"):
+            attention_block_sums(q, k, lse, enable_gqa=True, block=block)
     with pytest.raises(ValueError, match="heads"):
         attention_received(q, k, lse, enable_gqa=True, heads=[7])

@@ -165,7 +165,7 @@ def test_bad_input_is_one_clear_error(llama):
         doc.received(3, 0)
     with pytest.raises(ArgumentError, match="head 4 is out of range"):
         doc.block_map(0, 4)
-    with pytest.raises(QkvError, match="block must be a positive int, got 0"):
+    with pytest.raises(ArgumentError, match=r"block must be a whole number of tokens in 1–\d+ .*got 0"):
         doc.block_map(0, 0, block=0)
     with pytest.raises(ArgumentError, match="method 'alti' re-runs the model"):
         doc.explain(method="alti")
@@ -187,3 +187,44 @@ def test_memory_is_linear_in_the_length(llama):
     small, large = document(model, SENTENCE * 6), document(model, SENTENCE * 12)
     assert small.nbytes / len(small) == pytest.approx(large.nbytes / len(large))
     assert estimate_bytes(model, 2000) == 2 * estimate_bytes(model, 1000)
+
+
+# -- issue 31 (6, 9): every size bounded by the document ------------------------------------------
+def test_a_block_is_bounded_by_the_document(llama):
+    """A tile wider than the text was nk · block float64s (block 2**31 − 1: ~17 GB; 10**12: the
+    allocator's RuntimeError); now the limit is named, and any block's memory is the tiles'."""
+    path, _ = llama
+    doc = document(qkv.load(path), SENTENCE * 3)
+    n = len(doc)
+    for block in (2**31 - 1, 10**12, n + 129, True, 2.0):
+        with pytest.raises(ArgumentError, match=rf"^block must be a whole number of tokens in 1–{max(n, 128)} "):
+            doc.block_map(0, 0, block=block)
+    whole = doc.block_map(0, 0, block=n)  # one tile: every row that sees a key, once
+    assert whole.shape == (1, 1) and float(whole) == pytest.approx(n, rel=n * 2**-23)
+    # a tile side that cuts the mask's 128-token blocks sums the same weights as the rows do
+    w = doc.weights(0, 0, range(n)).double()  # (N, N)
+    got = doc.block_map(0, 0, block=37)
+    want = torch.nn.functional.pad(w, (0, -n % 37, 0, -n % 37)).view(-(-n // 37), 37, -(-n // 37), 37).sum((1, 3))
+    assert torch.allclose(got.double(), want, atol=64 * n * 2**-23)
+
+
+@pytest.mark.parametrize("rows, message", [
+    (torch.tensor([1.0, 2.0]), "a torch.float32 tensor"),
+    ([1.5], r"\[1.5\]"),
+    (torch.tensor([True]), "a torch.bool tensor"),
+    ("1", "'1'"),
+    ([0] * 10_000, "at most"),
+    ([10**6], "0–"),
+])
+def test_rows_must_be_token_indices(llama, rows, message):
+    path, _ = llama
+    doc = document(qkv.load(path), SENTENCE)
+    with pytest.raises(QkvError, match=rf"^rows must be .*{message}"):
+        doc.weights(0, 0, rows)
+
+
+@pytest.mark.parametrize("limit", ["x", float("nan"), float("inf"), -1, 0, True, [1]])
+def test_memory_limit_is_a_number_of_bytes(llama, limit):
+    path, _ = llama
+    with pytest.raises(ArgumentError, match=r"^memory_limit must be a positive, finite number of bytes"):
+        document(qkv.load(path), SENTENCE, memory_limit=limit)

@@ -47,6 +47,9 @@ def test_answers_are_the_documents_numbers(api, long_document):
     ("doc_rows", {"layer": 0, "head": 0}, "start"),
     ("doc_block_map", {"layer": 5, "head": 0}, "layer"),
     ("doc_block_map", {"layer": 0, "head": 0, "block": 2}, "block"),  # 1,500 tiles a side
+    ("doc_block_map", {"layer": 0, "head": 0, "block": 2147483647}, "block"),  # issue 31: 17 GB
+    ("doc_block_map", {"layer": 0, "head": 0, "block": 0}, "block"),
+    ("doc_rows", {"layer": 0, "head": 0, "start": 0, "stop": 4, "key_start": 0, "key_stop": 2**31 - 1}, "keys"),
     ("doc_overview", {"text": "the cat"}, "text"),
     ("doc_overview", {"method": "alti"}, "method"),
     ("doc_overview", {"token": 99999}, "token"),

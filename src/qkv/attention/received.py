@@ -36,11 +36,15 @@ from qkv.attention.blockwise import PIECE_BYTES, compute_dtype
 from qkv.attention.weights import _select, check_query_key_lse
 
 
+#: the tile side a block map takes by default (the blockwise kernel's own block)
+BLOCK = 128
+
+
 def _mask(block_mask: BlockMask | None, t: int, s: int, block: int | None, device) -> BlockMask:
     """The mask to sweep with: ``block_mask`` (rebuilt at ``block`` when its tiles differ), or
     every key when None."""
     if block_mask is None:
-        return create_block_mask(sliding_window(None, None), None, None, t, s, block or 128,
+        return create_block_mask(sliding_window(None, None), None, None, t, s, block or BLOCK,
                                  device=device)
     if not isinstance(block_mask, BlockMask):
         raise ValueError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")
@@ -137,24 +141,47 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor
     return out.squeeze(-2) if one else out
 
 
+def block_limit(n: int) -> int:
+    """The widest tile a block map of an ``n``-token text takes: ``n`` (one tile holds the whole
+    text), or :data:`BLOCK` for a shorter text, so the default always fits."""
+    return max(n, BLOCK)
+
+
+def check_block(block, n: int) -> int:
+    """``block`` when it is a tile side in 1 … :func:`block_limit` (``n``); ValueError naming the
+    value and the limit otherwise (a wider tile is the same single tile)."""
+    most = block_limit(n)
+    if not isinstance(block, int) or isinstance(block, bool) or not 1 <= block <= most:
+        raise ValueError(f"block must be a whole number of tokens in 1–{most} (a tile of the "
+                         f"{n}-token text at most), got {block!r}")
+    return block
+
+
 def attention_block_sums(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor, *,
-                         heads=None, block_mask: BlockMask | None = None, block: int = 128,
+                         heads=None, block_mask: BlockMask | None = None, block: int = BLOCK,
                          scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """The sum of the weights in every (block × block) tile: (..., H, ⌈t/block⌉, ⌈s/block⌉).
 
     Tile (I, J) holds Σ w_ij over query rows i in I·block … (I+1)·block − 1 and keys j in
     J·block …; each row of tiles sums to the number of rows it covers that see a key. Same
-    arguments as :func:`attention_received`.
+    arguments as :func:`attention_received`; ``block`` in 1 … :func:`block_limit` (max(t, s)).
+
+    The sweep runs at the mask's own block size (``block_mask``'s, else :data:`BLOCK`) whatever
+    the tile side: memory is one piece of scores plus the tiles, never rows × ``block``.
     """
-    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-        raise ValueError(f"block must be a positive int, got {block!r}")
     t, s = query.shape[-2], key.shape[-2]
+    check_block(block, max(t, s))
     nq, nk = math.ceil(t / block), math.ceil(s / block)
     lead = _heads_out(query, heads)
-    acc = torch.zeros(math.prod(lead[:-1]), lead[-1], nq, nk * block, dtype=torch.float64,
-                      device=query.device)  # (B, H, nq, keys padded to whole tiles)
-    for r0, k0, p in _sweep(query, key, lse, heads=heads, block_mask=block_mask, block=block,
+    acc = torch.zeros(math.prod(lead[:-1]), lead[-1], nq, nk, dtype=torch.float64,
+                      device=query.device)  # (B, H, nq, nk)
+    for r0, k0, p in _sweep(query, key, lse, heads=heads, block_mask=block_mask, block=None,
                             scale=scale, enable_gqa=enable_gqa):
-        acc[:, :, r0 // block, k0:k0 + p.shape[-1]] += p.sum(-2)
-    tiles = acc.view(*acc.shape[:3], nk, block).sum(-1)  # (B, H, nq, nk)
-    return tiles.to(compute_dtype(query.dtype)).reshape(*lead, nq, nk)
+        n, L = p.shape[-2], p.shape[-1]
+        cols = torch.arange(k0, k0 + L, device=p.device) // block  # (L,) each key's tile column
+        # the piece's rows, cut where a row of tiles ends
+        for a in [r0, *range((r0 // block + 1) * block, r0 + n, block)]:
+            b = min(r0 + n, (a // block + 1) * block)
+            part = p[:, :, a - r0:b - r0].sum(-2).to(torch.float64)  # (B, H, L)
+            acc[:, :, a // block].index_add_(-1, cols, part)
+    return acc.to(compute_dtype(query.dtype)).reshape(*lead, nq, nk)

@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from qkv.attention.block_mask import BlockMask, block_mask_for
-from qkv.attention.received import attention_block_sums, attention_received
+from qkv.attention import received as _received
+from qkv.attention.received import BLOCK, attention_block_sums, attention_received
 from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import contributions
@@ -166,11 +168,7 @@ class Document:
         add the rounding of lse, ~|lse| · eps relative, 4 × the softmax's on MiniLM's layer 0.
         """
         rec = self.layers[layer]
-        t = rec.query.shape[1]
-        try:
-            index = torch.arange(t)[torch.as_tensor(rows, dtype=torch.long).reshape(-1)]
-        except (IndexError, TypeError, ValueError, RuntimeError):
-            raise QkvError(f"rows must be token indices in 0–{t - 1}, got {rows!r}") from None
+        index = row_index(rows, rec.query.shape[1])
         trace = attention_trace(rec.query[None], rec.key[None], rec.key[None], mask=rec.mask,
                                 scale=rec.scale, enable_gqa=rec.enable_gqa, rows=index)
         return trace.weights[0] if head is None else trace.weights[0, head:head + 1]  # (h or 1, r, N)
@@ -184,14 +182,14 @@ class Document:
         return attention_received(rec.query[None], rec.key[None], rec.lse[None], heads=[head],
                                   **self._kw(layer))[0, 0]
 
-    def block_map(self, layer: int, head: int, block: int = 128) -> torch.Tensor:
+    def block_map(self, layer: int, head: int, block: int = BLOCK) -> torch.Tensor:
         """(⌈N/block⌉, ⌈N/block⌉): the sum of the weights in every (block × block) tile (exact).
 
         Row I of tiles sums to the number of its rows that see a key (block, or fewer at the end).
+        ``block``: 1 … max(N, 128) (:func:`check_block`).
         """
         rec = self._check(layer, head)
-        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise QkvError(f"block must be a positive int, got {block!r}")
+        check_block(block, len(self))
         return attention_block_sums(rec.query[None], rec.key[None], rec.lse[None], heads=[head],
                                     block=block, **self._kw(layer))[0, 0]
 
@@ -228,7 +226,7 @@ class Document:
             raise ArgumentError("method", "{name} {value!r} re-runs the model; a document answers "
                                 "{known} from its one forward (use qkv.explain.explain on a shorter "
                                 "text)", value=m.name, known=", ".join(METHODS))
-        return m.document(self, torch.as_tensor(rows, dtype=torch.long).reshape(-1))
+        return m.document(self, row_index(rows, len(self)))
 
     def explain(self, token: str | int | None = None, *, words: bool = False, top: int = 3,
                 to: str | None = None, layer: int | None = None,
@@ -277,6 +275,41 @@ def _column_mask(bm: BlockMask, key: int, h: int) -> torch.Tensor:
     return torch.cat(rows, -1) if rows else torch.zeros(1, 0, dtype=torch.bool)
 
 
+def check_block(block, n: int) -> int:
+    """``block`` when it is a tile side of an ``n``-token document
+    (:func:`qkv.attention.received.check_block`: 1 … max(n, 128)); ArgumentError naming ``block``
+    and the limit otherwise."""
+    try:
+        return _received.check_block(block, n)
+    except ValueError as e:
+        raise ArgumentError("block", "{value}", value=str(e)) from None
+
+
+def row_index(rows, n: int) -> torch.Tensor:
+    """(r,) the token indices ``rows`` (an int, ints, or an integer tensor) of an ``n``-token
+    text, at most ``n`` of them; QkvError naming ``rows`` otherwise — a float is no index
+    (``torch.long`` would truncate 1.9 to 1), and more rows than the text would repeat them."""
+    try:
+        index = torch.as_tensor(rows).reshape(-1)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        index = None
+    if index is None or index.dtype in (torch.bool, torch.uint8) or index.is_floating_point() \
+            or index.is_complex() or len(index) > n:
+        raise QkvError(f"rows must be at most {n} token indices in 0–{n - 1} (ints), got "
+                       f"{_shown(rows)}")
+    try:
+        return torch.arange(n)[index.long()]
+    except IndexError:
+        raise QkvError(f"rows must be token indices in 0–{n - 1}, got {_shown(rows)}") from None
+
+
+def _shown(rows) -> str:
+    if isinstance(rows, torch.Tensor):
+        return f"a {rows.dtype} tensor of shape {tuple(rows.shape)}"
+    text = repr(rows)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 # -- building one ----------------------------------------------------------------------------------
 def estimate_bytes(model, n: int) -> int:
     """How much memory :func:`document` needs for ``n`` tokens, in bytes: the record of every
@@ -294,6 +327,18 @@ def estimate_bytes(model, n: int) -> int:
                 widest = max(widest, mod.out_features * size)
     width = model.layers[0].self_attn.embed_dim * model.layers[0].self_attn.q_proj.weight.element_size()
     return total + n * (8 * width + 3 * widest)
+
+
+def memory_allowed(memory_limit) -> int | None:
+    """The bytes a document may take: ``memory_limit`` (a positive, finite number of bytes), or
+    the memory available now when it is None; ArgumentError naming ``memory_limit`` otherwise."""
+    if memory_limit is None:
+        return available_bytes()
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real) \
+            or not math.isfinite(memory_limit) or memory_limit <= 0:
+        raise ArgumentError("memory_limit", "{name} must be a positive, finite number of bytes (None: "
+                            "the memory available now), got {value!r}", value=memory_limit)
+    return int(memory_limit)
 
 
 def available_bytes() -> int | None:
@@ -346,7 +391,7 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Do
     text, encoding = encoded(model, text)
     n = len(encoding.ids)
     need = estimate_bytes(model, n)
-    have = memory_limit if memory_limit is not None else available_bytes()
+    have = memory_allowed(memory_limit)
     if have is not None and need > have:
         raise QkvError(f"a document of {n} tokens needs about {_gib(need)} for "
                        f"{model_name(model)}'s {num_layers(model)} layers (queries, keys and values "
@@ -390,5 +435,5 @@ def _check_finite(model, layers: list[LayerRecord]) -> None:
                            f"(the model computes NaN on this text)")
 
 
-__all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "document", "encoded",
-           "estimate_bytes"]
+__all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "check_block", "document",
+           "encoded", "estimate_bytes", "memory_allowed", "row_index"]

@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import torch
 
+from qkv.attention.received import BLOCK
 from qkv.explain.overview import Overview
 from qkv.explain.wording import ArgumentError
 
@@ -143,10 +144,14 @@ def overview(doc, *, token: str | None = None, method: str = "weight") -> Docume
     return DocumentOverview(doc.explain(token=token, method=method))
 
 
-def block_map(doc, *, layer: int, head: int, block: int = 128) -> BlockMap:
-    """Every (block × block) tile's sum of one head's weights (at most :data:`MAX_TILES` a side)."""
+def block_map(doc, *, layer: int, head: int, block: int = BLOCK) -> BlockMap:
+    """Every (block × block) tile's sum of one head's weights: ``block`` from the smallest that
+    makes at most :data:`MAX_TILES` a side to the widest a tile can be (:func:`check_block`)."""
+    from qkv.explain.document import check_block
+
     n = len(doc)
-    if isinstance(block, int) and block >= 1 and -(-n // block) > MAX_TILES:
+    check_block(block, n)
+    if -(-n // block) > MAX_TILES:
         raise ArgumentError("block", "{name} {value} makes {tiles} tiles a side for {n} tokens; at "
                             "most {most}: give a block of at least {least}", value=block,
                             tiles=-(-n // block), n=n, most=MAX_TILES, least=-(-n // MAX_TILES))

@@ -48,12 +48,13 @@ import torch.distributed as dist
 from qkv.attention.backends import repeat_kv
 from qkv.attention.block_mask import BlockMask, block_mask_for, create_block_mask
 from qkv.attention.blockwise import compute_dtype
-from qkv.attention.received import attention_block_sums, attention_received
+from qkv.attention.received import BLOCK, attention_block_sums, attention_received
 from qkv.attention.reference import reference_attention
 from qkv.distributed.group import gather_rows, group_info
 from qkv.distributed.shard import layout_ranges, shard, shard_positions, unshard
 from qkv.errors import QkvError
-from qkv.explain.document import Document, LayerRecord, _gib, _record, available_bytes, column_weights, encoded
+from qkv.explain.document import (Document, LayerRecord, _gib, _record, check_block,
+                                  column_weights, encoded, memory_allowed, row_index)
 from qkv.explain.document import estimate_bytes as document_bytes
 from qkv.explain.forward import model_name
 from qkv.modules.lse_trace import LSE
@@ -159,10 +160,7 @@ class ShardedDocument(Document):
         """(global rows, local rows) for token indices ``rows``; QkvError naming the rank that
         holds a row this rank does not."""
         n = self.shard.length
-        try:
-            index = torch.arange(n)[torch.as_tensor(rows, dtype=torch.long).reshape(-1)]
-        except (IndexError, TypeError, ValueError, RuntimeError):
-            raise QkvError(f"rows must be token indices in 0–{n - 1}, got {rows!r}") from None
+        index = row_index(rows, n)
         local_of = torch.full((n,), -1, dtype=torch.long)
         local_of[self.rows] = torch.arange(len(self.rows))
         local = local_of[index]
@@ -214,16 +212,16 @@ class ShardedDocument(Document):
                                       **self._kw(layer))[0, 0].double()
         return _sum_over_ranks(acc, self.shard, "received").to(compute_dtype(rec.query.dtype))
 
-    def block_map(self, layer: int, head: int, block: int = 128) -> torch.Tensor:
+    def block_map(self, layer: int, head: int, block: int = BLOCK) -> torch.Tensor:
         """(⌈N/block⌉, ⌈N/block⌉): every tile's sum over all ranks' rows (exact). A collective.
 
         A run of rows rarely starts on a tile's edge: it is widened to whole tiles with rows of
         lse = −inf (weight exp(−inf) = 0), so its tiles are the text's tiles.
         """
         rec = self._check(layer, head)
-        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise QkvError(f"block must be a positive int, got {block!r}")
+        check_block(block, self.shard.length)
         n, (h, _, d) = self.shard.length, rec.query.shape
+        bs = self.block_mask(layer).block_size  # the sweep's, whatever the tile side
         nt = math.ceil(n / block)
         acc = torch.zeros(nt, nt, dtype=torch.float64)
         for rows, (a, b) in self.shard.runs:
@@ -233,7 +231,7 @@ class ShardedDocument(Document):
             lse = rec.lse.new_full((1, h, hi - lo), float("-inf"))
             lse[0, :, a - lo:b - lo] = rec.lse[:, rows]
             tiles = attention_block_sums(q, rec.key[None], lse, heads=[head], block=block,
-                                         block_mask=self._run_mask(layer, lo, hi - lo, block),
+                                         block_mask=self._run_mask(layer, lo, hi - lo, bs),
                                          **self._kw(layer))[0, 0]  # (tiles of the run, nt)
             acc[lo // block:lo // block + tiles.shape[0]] += tiles.double()
         return _sum_over_ranks(acc, self.shard, "block_map").to(compute_dtype(rec.query.dtype))
@@ -289,7 +287,7 @@ def sharded_document(model, text: str | bytes, *, memory_limit: int | None = Non
     text, encoding = encoded(model, text)
     n = len(encoding.ids)
     need = estimate_bytes(model, n, world)
-    have = memory_limit if memory_limit is not None else available_bytes()
+    have = memory_allowed(memory_limit)
     if have is not None and need > have:
         raise QkvError(f"a document of {n} tokens over {world} ranks needs about {_gib(need)} on each "
                        f"for {model_name(model)} but {_gib(have)} is available; give a shorter text "

@@ -45,6 +45,8 @@ ARGUMENTS: Mapping[str, str] = {
     "heads": "heads", "mode": "mode", "text_or_ids": "text_or_ids", "clean": "clean",
     "corrupted": "corrupted", "length": "length", "effects_probe": "probe",
     "block": "block", "rows": "rows",  # qkv.explain.document_results (a document's tiles, rows)
+    "memory_limit": "memory_limit",  # qkv.explain.document
+    "sequences": "sequences", "methods": "methods",  # head_effects, faithfulness
 }
 
 
