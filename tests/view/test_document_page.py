@@ -87,8 +87,11 @@ def test_the_long_page_shows_the_documents_numbers(watched, document_served, lon
         assert_shown(tip.split("Σ ")[1], float(tiles[i, j]), f"tile [{i}, {j}]")
 
     # zoom into tile (5, 3): its rows, each cell one exact weight (doc.weights)
+    assert page.locator("#tip").is_visible()
     click_at_and_wait(page, box["x"] + 3.5 * cell, box["y"] + 5.5 * cell)
     assert "rows 640–767 × keys 384–511" in page.locator("#crumbs").text_content()
+    # the tile's tip named a cell of the map before the zoom: gone until the mouse moves again
+    assert page.locator("#tip").is_hidden(), page.locator("#tip").text_content()
     rows = doc.weights(1, 2, torch.arange(640, 768))  # (128, N)
     box = page.locator("#map").bounding_box()
     cell = box["width"] / 128

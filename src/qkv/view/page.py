@@ -53,7 +53,7 @@ def _json_in_html(data) -> str:
 # Two pages, one style: a text's (index.html, app.js) and a long document's (document.html,
 # document.js: qkv view --file — a virtualised token strip, the block map, served only).
 PAGES = {"text": ("index.html", "app.js"), "document": ("document.html", "document.js")}
-SHARED_SCRIPT = "post.js"  # loaded before either page's script: the one POST to the API
+SHARED_SCRIPT = "shared.js"  # loaded before either page's script: the POST, helpers, the model grid
 
 
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page: str = "text") -> str:

@@ -12,64 +12,23 @@
 "use strict";
 
 (function () {
-  const DIGITS = 4;       // weights and sums are shown with 4 decimals
   const LINE = 22;        // px: one line of the token strip
   const PER_LINE = 12;    // tokens on a line of the strip
   const SPARE = 3;        // lines drawn above and below the ones in sight
   const MAP_PX = 512;     // the block map's canvas side
   const BLOCKS = [32, 64, 128, 256, 512, 1024];
 
-  const S = { token: null, layer: 0, head: 0, method: "weight", block: 128, zoom: null };
+  // null: the default of the request field, from /api/info (the library's own)
+  const S = { token: null, layer: null, head: null, method: null, block: null, zoom: null };
   const D = { info: null, doc: null, overview: null, weights: null, byHead: null, tiles: null,
     region: null, received: null, timings: {} };
-  const $ = (id) => document.getElementById(id);
 
-  // -- small helpers ---------------------------------------------------------------------------
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      // through the CSSOM: the page's Content-Security-Policy refuses inline style attributes
-      else if (k === "style") for (const [p, x] of Object.entries(v)) el.style.setProperty(p, x);
-      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-      else el.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const c of children.flat()) if (c !== null && c !== undefined) el.append(c);
-    return el;
-  }
-  function fmt(v, digits = DIGITS) { return Number(v).toFixed(digits); }
-  function status(msg, isError) {
-    $("status").textContent = msg || "";
-    $("status").classList.toggle("error", !!isError);
-  }
-  function decodeF32(b64) {
-    const bin = atob(b64), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    return new Float32Array(bytes.buffer);
-  }
-  function heatRgb() { return getComputedStyle(document.documentElement).getPropertyValue("--heat").trim(); }
+  // shared.js: the POST, the element builder, formatting, the busy/ready state, the model grid
+  const { $, h, fmt, status, decodeF32, update, grid, gridCell } = qkvPage;
+  function heatRgb() { return qkvPage.cssColor("--heat"); }
   function label(i) { return D.doc.units[i]; }
 
-  // busy/ready: a count of running updates, so overlapping ones end in "ready" only once all are done
-  let running = 0;
-  async function update(work) {
-    running++;
-    document.body.dataset.state = "busy";
-    try {
-      await work();
-      if (running === 1) status("");
-    } catch (e) {
-      status(e.message, true);
-      running--;
-      document.body.dataset.state = "error";
-      return;
-    }
-    running--;
-    if (running === 0) document.body.dataset.state = "ready";
-  }
-
-  function ask(endpoint, fields) { return qkvPost(endpoint, JSON.stringify(fields)); }  // post.js
+  function ask(endpoint, fields) { return qkvPage.post(endpoint, JSON.stringify(fields)); }
 
   // -- the URL ---------------------------------------------------------------------------------
   function readUrl() {
@@ -133,29 +92,20 @@
 
   // -- the model view: every head's row for the token, ranked by the library -----------------------
   function drawModelView() {
-    const ov = D.overview, n = D.doc.num_tokens, grid = $("grid");
-    const perLayer = ov.per === "layer", H = perLayer ? 1 : ov.num_heads;
-    grid.replaceChildren();
-    grid.style.gridTemplateColumns = `2.5em repeat(${H}, minmax(0, 1fr))`;
-    grid.append(h("span", { class: "collabel" }, ""));
-    for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, perLayer ? "all heads" : "H" + hh));
+    const ov = D.overview, n = D.doc.num_tokens;
+    const perLayer = ov.per === "layer";
     const rank = new Map(ov.heads.map((r, i) => [r.layer + ":" + r.head, i]));
     const what = ov.method === "weight" ? "weight" : ov.method + " share";
-    for (let l = 0; l < ov.num_layers; l++) {
-      grid.append(h("span", { class: "rowlabel" }, "L" + l));
-      for (let hh = 0; hh < H; hh++) {
-        const i = rank.get(l + ":" + (perLayer ? null : hh)), r = ov.heads[i];
-        const text = `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${i + 1}, largest ${what} ` +
-          `${fmt(r.max_weight)} on ${r.argmax}, entropy ${fmt(r.entropy_bits, 2)} bits` + (r.highlighted ? ", highlighted" : "");
-        const chosen = l === S.layer && (perLayer || hh === S.head);
-        const cv = h("canvas", {});
-        drawRow(cv, D.weights.subarray(i * n, (i + 1) * n), r.max_weight);
-        grid.append(h("button", { type: "button", class: "cell" + (chosen ? " selected" : "") + (r.highlighted ? " focus" : ""),
-          "data-layer": l, "data-head": perLayer ? null : hh, "aria-label": text, title: text,
-          "aria-pressed": chosen ? "true" : "false", onclick: () => selectHead(l, perLayer ? S.head : hh) },
-          cv, h("span", { class: "num" }, "#" + (i + 1) + " " + fmt(r.max_weight, 2))));
-      }
-    }
+    grid($("grid"), { layers: [...Array(ov.num_layers).keys()], heads: ov.num_heads, perLayer, cell: (l, hh) => {
+      const i = rank.get(l + ":" + hh), r = ov.heads[i];
+      const cv = h("canvas", {});
+      drawRow(cv, D.weights.subarray(i * n, (i + 1) * n), r.max_weight);
+      return gridCell({ layer: l, head: hh, chosen: l === S.layer && (perLayer || hh === S.head), focus: r.highlighted,
+        label: `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${i + 1}, largest ${what} ` +
+          `${fmt(r.max_weight)} on ${r.argmax}, entropy ${fmt(r.entropy_bits, 2)} bits` + (r.highlighted ? ", highlighted" : ""),
+        onclick: () => selectHead(l, perLayer ? S.head : hh) },
+        cv, h("span", { class: "num" }, "#" + (i + 1) + " " + fmt(r.max_weight, 2)));
+    } });
     $("model-hint").textContent = `— token ${ov.token_index} “${ov.unit}”: each head's row over all ${n} keys; ` +
       `ranked by the largest ${what} in the row (#1 = most focused), as qkv explain ranks them` +
       (ov.focus ? `; bold border: heads whose largest ${what} is on “${ov.focus}”` : "");
@@ -195,6 +145,7 @@
   }
   function drawMap() {
     $("map-title").textContent = mapTitle();
+    tip.hidden = true; // a redrawn map (zoomed, another head): the tip named a cell of the old one
     drawCrumbs();
     const z = S.zoom, M = z ? D.region : D.tiles;
     if (!M) return;
@@ -357,12 +308,15 @@
       const r = await fetch("api/info");
       D.info = await r.json();
       D.doc = D.info.document;
+      const defaults = (kind) => Object.fromEntries(D.info.kinds[kind].fields.map((f) => [f.name, f.default]));
+      const first = Object.assign({ layer: 0, head: 0 }, defaults("document-overview"), defaults("block-map"));
       readUrl();
-      if (!D.doc.methods.includes(S.method)) S.method = "weight";
+      for (const k of ["layer", "head", "method", "block"]) if (S[k] === null) S[k] = first[k];
+      if (!D.doc.methods.includes(S.method)) S.method = first.method;
       if (S.token !== null && S.token >= D.doc.num_tokens) S.token = null;
       S.layer = Math.min(S.layer, D.doc.num_layers - 1);
       S.head = Math.min(S.head, D.doc.num_heads - 1);
-      if (!BLOCKS.includes(S.block) || Math.ceil(D.doc.num_tokens / S.block) > 1024) S.block = 128;
+      if (!BLOCKS.includes(S.block) || Math.ceil(D.doc.num_tokens / S.block) > 1024) S.block = first.block;
       $("doc-title").textContent = `— ${D.doc.model}, ${D.doc.num_tokens} tokens (kept: ${(D.doc.record_bytes / 2 ** 20).toFixed(1)} MiB)`;
       $("strip-hint").textContent = `— ${D.doc.num_tokens} tokens; click one (or use the arrow keys); shade: its weight from the selected token in the selected head`;
       fillForm();
