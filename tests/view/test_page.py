@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import re
 
-from view_checks import TEXT, assert_steps
+from view_checks import TEXT, assert_shown, assert_steps
 
 from qkv.explain import attention_map, explain, explain_head
 from qkv.view import notebook
@@ -58,3 +58,34 @@ def test_register_shows_every_result_kind_with_a_panel(model):
     assert shown == opened  # a document's kinds have no request: served by qkv view --file only
     assert all(f is notebook.html for f in formatter.by_name.values())
     assert not hasattr(explain(model, TEXT), "_repr_html_")  # qkv.explain knows nothing of the viewer
+
+
+def read_alone(frame) -> tuple[str, list[str], list[list[str]]]:
+    frame.wait_for_selector("#alone-table tbody tr", timeout=30_000)
+    return (frame.locator("#alone-title").text_content(),
+            frame.eval_on_selector_all("#alone-table thead th", "hs => hs.map(h => h.textContent)"),
+            frame.eval_on_selector_all("#alone-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))"))
+
+
+def test_a_notebook_shows_a_probe_and_head_effects(watched):
+    """probe(...) and head_effects(...) display their ranked heads (they once showed "not in
+    this exported file" over an empty grid): every head, in the library's order, to the digits shown."""
+    import qkv
+    from qkv.explain import head_effects, probe
+
+    lm = qkv.load("lm")
+    page = watched.page
+    for result, value in ((probe(lm, "previous-token"), "score"),
+                          (head_effects(lm, "previous-token", sequences=2), "effect")):
+        d = result.to_dict()
+        page.set_content(f"<!doctype html><title>notebook</title>{notebook.html(result)}")
+        title, columns, rows = read_alone(page.frames[1])
+        assert d["probe"] in title and d["model"] in title
+        assert not page.frames[1].locator("#grid button.cell").count()
+        assert len(rows) == len(d["heads"]) > 0
+        k = columns.index(value)
+        for rank, (row, head) in enumerate(zip(rows, d["heads"]), 1):
+            assert row[0] == str(rank)
+            assert (int(row[columns.index("layer")]), int(row[columns.index("head")])) == (head["layer"], head["head"])
+            assert_shown(row[k], head[value], f"{type(result).__name__} L{head['layer']} H{head['head']}")
+        assert "not in this exported file" not in page.frames[1].inner_text("body")

@@ -9,46 +9,13 @@
 (function () {
   const EMBED_NODE = document.getElementById("qkv-data");
   const EMBED = EMBED_NODE ? JSON.parse(EMBED_NODE.textContent) : null;
-  const EXAMPLE = "The dog found some pizza next to the baby and ate it";
-  const DIGITS = 4;          // weights, scores and vector entries are shown with 4 decimals
   const ALL_LINES_UNTIL = 64; // longer texts: the head view draws the selected token's lines only
 
-  const S = { model: null, text: EXAMPLE, words: false, method: null, token: null, layer: 0, head: 0, effects: null };
+  // text null: the model's example sentence (/api/info); method null: the default method
+  const S = { model: null, text: null, words: false, method: null, token: null, layer: 0, head: 0, effects: null };
   const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null, effects: null };
-  const $ = (id) => document.getElementById(id);
-
-  // -- small helpers ---------------------------------------------------------------------------
-  function h(tag, attrs, ...children) {
-    const svg = ["svg", "line", "text", "rect", "g", "title", "path"].includes(tag);
-    const el = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "text") el.textContent = v;
-      else if (k === "class") el.setAttribute("class", v);
-      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-      else el.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const c of children.flat()) if (c !== null && c !== undefined) el.append(c);
-    return el;
-  }
-  function fmt(v, digits = DIGITS) {
-    if (v === "-inf") return "−∞";
-    if (v === "inf") return "∞";
-    if (v === "nan") return "NaN";
-    return Number(v).toFixed(digits);
-  }
-  function status(msg, isError) {
-    const el = $("status");
-    el.textContent = msg || "";
-    el.classList.toggle("error", !!isError);
-  }
-  function decodeF32(b64) {
-    const bin = atob(b64);
-    const bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    return new Float32Array(bytes.buffer);
-  }
-  function cssColor(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
+  // shared.js: the POST, the element builder, formatting, the busy/ready state, the model grid
+  const { $, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update } = qkvPage;
 
   // -- data: the API, or the answers embedded in an exported file --------------------------------
   // An exported file holds [endpoint, request fields, answer] triples; the page indexes them by
@@ -68,7 +35,7 @@
       if (!a) throw new Missing("not in this exported file — run qkv view to explore every token and head");
       return a;
     }
-    return qkvPost(endpoint, JSON.stringify(Object.assign({ model: S.model, text: S.text }, fields)));
+    return qkvPage.post(endpoint, JSON.stringify(Object.assign({ model: S.model, text: S.text }, fields)));
   }
 
   // -- the selection and the URL ---------------------------------------------------------------
@@ -101,32 +68,46 @@
   function numHeads() { return crossAttention() ? D.cross.num_heads : D.overview.num_heads; }
 
   // -- running ---------------------------------------------------------------------------------
-  async function run() {
-    writeUrl();
-    status("running…");
-    try {
-      if (crossAttention()) {
-        D.cross = await ask("cross", { token: S.token });
-        if (S.token === null || S.token >= D.cross.french.length) S.token = D.cross.focus; // the library's default
-      } else {
-        D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
-        S.token = D.overview.unit_index;
-        D.maps = null;
-        if (D.overview.units.length <= ((D.info.limits || {}).whole_maps_units || 48)) {
-          try { D.maps = await ask("maps", { words: S.words }); } catch (e) { D.maps = null; }
+  function run() {
+    return update(async () => {
+      writeUrl();
+      status("running…");
+      try {
+        if (crossAttention()) {
+          D.cross = await ask("cross", { token: S.token });
+          if (S.token === null || S.token >= queryLabels().length) S.token = D.cross.focus; // the library's default
+        } else {
+          D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
+          S.token = D.overview.unit_index;
+          D.maps = null;
+          if (D.overview.units.length <= D.info.limits.whole_maps_units) {
+            try { D.maps = await ask("maps", { words: S.words }); } catch (e) { D.maps = null; }
+          }
+          loadProbe();
+          loadEffects();
         }
-        loadProbe();
-        loadEffects();
+      } catch (e) {
+        clearViews(); // nothing of another model or text stays under this one's name
+        if (!(e instanceof Missing)) console.warn("qkv view:", e.message);
+        throw e;
       }
       S.layer = Math.min(S.layer, numLayers() - 1);
       S.head = Math.min(S.head, numHeads() - 1);
       writeUrl();
       status("");
       drawTokens(); drawModelView(); await drawHeadView(); await drawSteps();
-    } catch (e) {
-      status(e.message, true);
-      if (!(e instanceof Missing)) console.warn("qkv view:", e.message);
-    }
+    });
+  }
+  // Every view emptied: the text or model changed and its answers are not in yet (or failed).
+  function clearViews() {
+    D.overview = null; D.cross = null; D.maps = null; D.map = null;
+    for (const id of ["tokens", "grid", "ranking", "effects-ranking", "lines", "steps-body"]) $(id).replaceChildren();
+    $("model-hint").textContent = ""; $("head-hint").textContent = "";
+    $("head-title").textContent = "Head view";
+    $("tip").hidden = true;
+    const cv = $("heat"); cv.width = 0; cv.height = 0;
+    drawHeatLabels(null);
+    for (const sec of document.querySelectorAll("section.head-panel")) sec.hidden = true;
   }
   async function loadProbe() {
     if (D.probe) return;
@@ -159,7 +140,7 @@
     if (t === S.token) return;
     S.token = t;
     if (crossAttention()) {
-      writeUrl(); drawTokens(); drawModelView(); await drawHeadView(); await drawSteps();
+      await update(async () => { writeUrl(); drawTokens(); drawModelView(); await drawHeadView(); await drawSteps(); });
     } else {
       await run();
     }
@@ -168,7 +149,7 @@
   }
   async function selectHead(layer, head) {
     S.layer = layer; S.head = head;
-    writeUrl(); markSelectedHead(); await drawHeadView(); await drawSteps();
+    await update(async () => { writeUrl(); markSelectedHead(); await drawHeadView(); await drawSteps(); });
   }
   // A head switch changes only which cell is selected: no need to redraw 72 thumbnails.
   function markSelectedHead() {
@@ -225,41 +206,30 @@
     return rows;
   }
   function drawModelView() {
-    const grid = $("grid");
-    grid.replaceChildren();
     // a per-layer method (rollout, alti, …) has one row per layer: one column, "all heads"
     const perLayer = !crossAttention() && D.overview.per === "layer";
-    const L = numLayers(), H = perLayer ? 1 : numHeads(), rows = headRows();
+    const rows = headRows();
     const byHead = new Map(rows.map((r) => [r.layer + ":" + r.head, r]));
-    grid.style.gridTemplateColumns = `2.5em repeat(${H}, minmax(0, 1fr))`;
-    grid.append(h("span", { class: "collabel" }, ""));
-    for (let hh = 0; hh < H; hh++) grid.append(h("span", { class: "collabel" }, perLayer ? "all heads" : "H" + hh));
-    const layers = crossAttention() ? D.cross.layers : [...Array(L).keys()];
+    const layers = crossAttention() ? D.cross.layers : [...Array(numLayers()).keys()];
     const whole = !crossAttention() && D.maps && !isMethod();
     const effects = !crossAttention() && !perLayer && D.effects ? D.effects.effects : null; // [layer][head]
-    for (const l of layers) {
-      grid.append(h("span", { class: "rowlabel" }, "L" + l));
-      for (let hh = 0; hh < H; hh++) {
-        const r = byHead.get(l + ":" + (perLayer ? null : hh));
-        const cv = h("canvas", {});
-        if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
-        const label = crossAttention()
-          ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
-            (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
-          : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
-            (r.focus ? ", highlighted" : "") + (r.mark ? `, a best ${probeName()}-probe head` : "") +
-            (effects ? `, ablation effect ${signed(effects[l][hh])}` : "");
-        const chosen = l === S.layer && (perLayer || hh === S.head);
-        grid.append(h("button", { type: "button", class: "cell" + (whole ? " whole" : "") + (r.focus ? " focus" : "") +
-            (chosen ? " selected" : ""),
-          "data-layer": l, "data-head": perLayer ? null : hh, "aria-label": label, title: label,
-          "aria-pressed": chosen ? "true" : "false",
-          onclick: () => selectHead(l, perLayer ? S.head : hh) },
-          cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
-          r.mark ? h("span", { class: "mark" }, crossAttention() ? "★ gold" : "★ " + probeName()) : null,
-          effects ? h("span", { class: "effect" }, "Δ " + signed(effects[l][hh])) : null));
-      }
-    }
+    qkvPage.grid($("grid"), { layers, heads: numHeads(), perLayer, cell: (l, hh) => {
+      const r = byHead.get(l + ":" + hh);
+      const cv = h("canvas", {});
+      if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
+      const label = crossAttention()
+        ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
+          (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
+        : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
+          (r.focus ? ", highlighted" : "") + (r.mark ? `, a best ${probeName()}-probe head` : "") +
+          (effects ? `, ablation effect ${signed(effects[l][hh])}` : "");
+      return qkvPage.gridCell({ layer: l, head: hh, chosen: l === S.layer && (perLayer || hh === S.head),
+        focus: r.focus, label, extra: whole ? " whole" : "", onclick: () => selectHead(l, perLayer ? S.head : hh) },
+        cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
+        r.mark ? h("span", { class: "mark" }, crossAttention() ? "★ gold" : "★ " + probeName()) : null,
+        // two significant digits fit a cell at 12 heads a row; the label above has all four decimals
+        effects ? h("span", { class: "effect" }, "Δ " + compact(effects[l][hh])) : null);
+    } });
     const hint = crossAttention()
       ? "per head: the selected French token's weights over the English; ranked by words on the gold alignment (★: the best heads)"
       : (isMethod() ? `method ${S.method}: ${D.info.methods[S.method]} — rows as shares of their total; ` : "") +
@@ -280,7 +250,6 @@
     }
   }
   function probeName() { return D.probe ? D.probe.probe : "probe"; }
-  function signed(v) { return (Number(v) >= 0 ? "+" : "") + fmt(v); }
   function effectsHint() {
     if (!S.effects || crossAttention()) return "";
     const e = D.effects;
@@ -300,7 +269,6 @@
   }
   // a method whose rows are shares, not the attention weights themselves (the library says which)
   function isMethod() { return !crossAttention() && !(D.info.raw_methods || []).includes(S.method); }
-  function heatRgb() { return cssColor("--heat").split(",").map(Number); }
   function drawRowThumb(cv, w) {
     const n = w.length; cv.width = Math.max(n, 1); cv.height = 12;
     const ctx = cv.getContext("2d"), [r, g, b] = heatRgb();
@@ -338,7 +306,7 @@
     }
     let data, U;
     const units = D.overview.units;
-    if (D.overview.tokens.length > ((D.info.limits || {}).map_tokens || 512)) {
+    if (D.overview.tokens.length > D.info.limits.map_tokens) {
       // a long text: no whole map; the selected token's row of this head, from the overview
       const r = D.overview.heads.find((x) => x.layer === S.layer && x.head === S.head) || D.overview.heads[0];
       return { rows: [units[S.token]], cols: units, n: 1, m: units.length, first: S.token,
@@ -365,6 +333,7 @@
       D.map = null;
       $("head-hint").textContent = e.message; $("lines").replaceChildren();
       const cv = $("heat"); cv.width = 1; cv.height = 1;
+      drawHeatLabels(null);
       if (!(e instanceof Missing)) throw e;
       return;
     }
@@ -412,7 +381,18 @@
   function cellSize(M) { return Math.max(1, Math.min(24, Math.floor(560 / Math.max(M.n, M.m)))); }
   // a row-only map (a long text) is drawn as one strip of cells at least 8 px tall
   function cellHeight(M) { return M.rowOnly ? Math.max(8, cellSize(M)) : cellSize(M); }
+  // The heat map's token labels: queries down the left, keys along the top (rotated), one per
+  // cell; none when a cell is under 8 px (the tip names every cell).
+  function drawHeatLabels(M) {
+    const rows = $("heat-rows"), cols = $("heat-cols");
+    if (!M || cellSize(M) < 8) { rows.replaceChildren(); cols.replaceChildren(); return; }
+    const c = cellSize(M), ch = cellHeight(M), size = Math.min(11, c - 1) + "px", first = M.first || 0;
+    rows.replaceChildren(...M.rows.map((t, i) => h("div", { class: i + first === S.token ? "selected" : null, title: t,
+      style: { height: ch + "px", "line-height": ch + "px", "font-size": size } }, t)));
+    cols.replaceChildren(...M.cols.map((t) => h("div", { title: t, style: { width: c + "px", "font-size": size } }, t)));
+  }
   function drawHeat(M, canvas) {
+    if (!canvas) drawHeatLabels(M);
     const cv = canvas || $("heat"), c = cellSize(M), ch = cellHeight(M);
     const off = document.createElement("canvas"); off.width = M.m; off.height = M.n;
     const octx = off.getContext("2d"), img = octx.createImageData(M.m, M.n), [r, g, b] = heatRgb();
@@ -471,40 +451,10 @@
     if (i >= 0 && i < M.n) selectToken(i + (M.first || 0));
   });
 
-  // -- attention received: each key's Σ_i w_ij in the selected head (qkv.explain.received) ----------
-  async function drawReceived() {
-    let sec = $("received");
-    if (!sec) {
-      sec = h("section", { id: "received", "aria-labelledby": "received-title" },
-        h("h2", { id: "received-title" }, "Attention received ",
-          h("span", { class: "hint" }, "— each key's total weight Σᵢ wᵢⱼ over every query, in the selected head")),
-        h("table", { id: "received-table" }));
-      $("steps").before(sec);
-    }
-    sec.hidden = crossAttention() || !D.overview; // a notebook's single result has no text's panels
-    if (sec.hidden) return;
-    const table = $("received-table"), limit = (D.info.limits || {}).map_tokens || 512;
-    if (D.overview.tokens.length > limit) {  // every row of a head is kept for short texts only
-      table.replaceChildren(h("caption", { class: "missing" }, `a long text: kept for at most ${limit} tokens`));
-      return;
-    }
-    let r;
-    try { r = await ask("received", { layer: S.layer, head: S.head, words: S.words }); } catch (e) {
-      table.replaceChildren(h("caption", { class: "missing" }, e.message)); // an extra: the rest still draws
-      return;
-    }
-    table.replaceChildren(
-      h("caption", {}, `layer ${r.layer}, head ${r.head}: the ${r.rows} rows' weights summed per key`),
-      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "j"), h("th", { scope: "col" }, "key"),
-        h("th", { scope: "col" }, "received Σᵢ wᵢⱼ"))),
-      h("tbody", {}, r.units.map((u, j) => h("tr", { "data-j": j },
-        h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j]))))));
-  }
-
   // -- step panel: explain_head's numbers ---------------------------------------------------------
   function vec(v, id) { return h("div", { class: "vec", id }, v.map((x) => fmt(x)).join("  ")); }
   async function drawSteps() {
-    await drawReceived();
+    await drawHeadPanels();
     const body = $("steps-body");
     let st;
     try {
@@ -663,27 +613,44 @@
     const m = D.info && D.info.models.find((x) => x.name === S.model);
     return !!(m && m.capabilities.cross_attention);
   }
+  function modelInfo(name = S.model) { return D.info.models.find((m) => m.name === name) || D.info.models[0]; }
+  // Why a control is off, said beside it (a title alone is not seen): an exported file's answers
+  // are fixed; a translation model has no contribution methods or ablation probes.
+  const READ_ONLY = "an exported file: its answers are fixed — run qkv view to change the model, text, method or effects";
   function fillForm() {
     const sel = $("model");
     sel.replaceChildren(...D.info.models.map((m) => h("option", { value: m.name, selected: m.name === S.model }, m.name + (m.capabilities.cross_attention ? " (translation)" : ""))));
     // the methods the library runs on this model (/api/info asks it per model)
-    const offered = (D.info.models.find((m) => m.name === S.model) || {}).methods;
-    const methods = Object.entries(D.info.methods).filter(([k]) => !offered || offered.includes(k));
-    if (!methods.some(([k]) => k === S.method)) S.method = D.info.default_method;
-    $("method").replaceChildren(...methods.map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k)));
+    const offered = modelInfo().methods;
+    const methods = Object.entries(D.info.methods).filter(([k]) => offered.includes(k));
+    if (!EMBED && !methods.some(([k]) => k === S.method)) S.method = D.info.default_method;
+    $("method").replaceChildren(...(methods.length
+      ? methods.map(([k, d]) => h("option", { value: k, title: d, selected: k === S.method }, k))
+      : [h("option", { value: S.method }, "—")]));
     $("text").value = S.text; $("words").checked = S.words;
-    $("words").disabled = crossAttention();
-    const ro = !!EMBED;
-    for (const id of ["model", "text", "run", "method", "words"]) $(id).disabled = ro || (id === "words" && crossAttention());
+    const ro = !!EMBED, why = [];
+    if (ro) why.push(READ_ONLY);
+    else if (!methods.length) why.push(`${S.model} has no contribution methods (its cross-attention is shown as weights) and no ablation probes`);
+    for (const id of ["model", "text", "run", "method", "words"]) {
+      $(id).disabled = ro || (id === "words" && crossAttention()) || (id === "method" && !methods.length);
+      $(id).title = $(id).disabled ? why.join("; ") || "a translation model's tokens are not grouped into words" : "";
+    }
+    $("form-hint").textContent = why.join("; ");
+    $("form-hint").hidden = !why.length;
     fillEffects(ro);
   }
   function fillEffects(ro) {
     // the probes whose ablation effects the library measures on this model (/api/info asks it)
-    const probes = ((D.info.models.find((m) => m.name === S.model) || {}).probes) || [];
+    const probes = modelInfo().probes;
     if (S.effects && !probes.includes(S.effects)) S.effects = null;
-    $("effects-probe").replaceChildren(...probes.map((p) => h("option", { value: p, selected: p === S.effects }, p)));
+    $("effects-probe").replaceChildren(...(probes.length
+      ? probes.map((p) => h("option", { value: p, selected: p === S.effects }, p))
+      : [h("option", { value: "" }, "—")]));
     $("effects").checked = !!S.effects;
     $("effects").disabled = $("effects-probe").disabled = ro || !probes.length || crossAttention();
+    const why = ro ? READ_ONLY : !probes.length ? `no ablation probe applies to ${S.model}` : "";
+    $("effects").title = $("effects-probe").title = why;
+    $("effects-why").textContent = why ? "— " + why : "";
   }
   function toggleEffects() {
     S.effects = $("effects").checked ? $("effects-probe").value : null;
@@ -696,9 +663,12 @@
     ev.preventDefault();
     const text = $("text").value, model = $("model").value;
     const modelChanged = model !== S.model, changed = modelChanged || text !== S.text;
-    S.text = text; S.model = model; S.method = $("method").value; S.words = $("words").checked;
-    if (changed) S.token = null;
-    if (modelChanged) { D.probe = null; D.overview = null; D.cross = null; D.maps = null; D.effects = null; }
+    // the old model's example sentence becomes the new one's (the toy translation grammar knows
+    // no "pizza"); a sentence typed by hand stays
+    S.text = modelChanged && text === modelInfo().example ? modelInfo(model).example : text;
+    S.model = model; S.method = $("method").value; S.words = $("words").checked;
+    if (changed) { S.token = null; clearViews(); }
+    if (modelChanged) { D.probe = null; D.effects = null; }
     fillForm(); run();
   });
   for (const id of ["words", "method", "model"]) $(id).addEventListener("change", () => $("run-form").requestSubmit());
@@ -709,9 +679,89 @@
     if (D.overview || D.cross) { drawModelView(); if (D.map) { drawLines(D.map); drawHeat(D.map); } }
   });
 
+  // -- panels: how the page draws each result kind ----------------------------------------------
+  // PANELS[kind] for the rows of qkv.explain.kinds (/api/info's kinds: endpoint, fields, panel):
+  //   "head" rows: {title, hint, draw(answer) → children} — a section under the head view, asked
+  //     again with the selection's values of the row's fields whenever the head changes;
+  //   alone(answer): a result shown on its own (a notebook's display, qkv.view.notebook).
+  // A new result kind is a row in kinds.py and an entry here.
+  const PANELS = {
+    overview: {},  // the model view, tokens and head view: run()
+    cross: {},
+    maps: {},
+    steps: { alone: () => drawSteps() },
+    cross_steps: { alone: () => drawSteps() },
+    map: { alone: (a) => {
+      D.overview = { units: a.units, special: a.special, num_layers: S.layer + 1, num_heads: S.head + 1, heads: [], words: a.words, tokens: a.units };
+      const data = decodeF32(a.weights), U = a.shape[0];
+      D.map = { rows: a.units, cols: a.units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null, layer: S.layer, head: S.head };
+      drawLines(D.map); drawHeat(D.map);
+    } },
+    received: {
+      title: "Attention received", hint: "— each key's total weight Σᵢ wᵢⱼ over every query, in the selected head",
+      draw: (r) => [h("caption", {}, `layer ${r.layer}, head ${r.head}: the ${r.rows} rows' weights summed per key`),
+        h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "j"), h("th", { scope: "col" }, "key"),
+          h("th", { scope: "col" }, "received Σᵢ wᵢⱼ"))),
+        h("tbody", {}, r.units.map((u, j) => h("tr", { "data-j": j },
+          h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j])))))],
+    },
+    probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
+    "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
+    head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
+      `minus the clean run's ${fmt(a.clean)} (${a.sequences} sequences)`, a.heads) },
+  };
+  function headPanels() {
+    return Object.values(D.info.kinds).filter((row) => row.panel === "head" && PANELS[row.name] && PANELS[row.name].draw);
+  }
+  function panelSection(row) {
+    let sec = $(row.name);
+    if (!sec) {
+      const p = PANELS[row.name];
+      sec = h("section", { id: row.name, class: "head-panel", "aria-labelledby": row.name + "-title" },
+        h("h2", { id: row.name + "-title" }, p.title + " ", h("span", { class: "hint" }, p.hint)),
+        h("table", { id: row.name + "-table" }));
+      $("steps").before(sec);
+    }
+    return sec;
+  }
+  // The request of a row: the selection's value of each of its fields (their defaults: the row's)
+  function requestOf(row) {
+    return Object.fromEntries(row.fields.map((f) => [f.name, S[f.name] ?? f.default]));
+  }
+  async function drawHeadPanels(alone) {
+    for (const row of headPanels()) {
+      const sec = panelSection(row), table = $(row.name + "-table");
+      // a panel needs the text's own model view (a notebook's single result has none)
+      sec.hidden = !modelInfo().capabilities[row.needs] || (!D.overview && alone !== row.name);
+      if (sec.hidden) continue;
+      const limit = D.info.limits.map_tokens;
+      if (row.whole_map && D.overview && D.overview.tokens.length > limit) {  // every row of a head: short texts only
+        table.replaceChildren(h("caption", { class: "missing" }, `a long text: kept for at most ${limit} tokens`));
+        continue;
+      }
+      try {
+        table.replaceChildren(...PANELS[row.name].draw(await ask(row.endpoint, requestOf(row))));
+      } catch (e) {
+        table.replaceChildren(h("caption", { class: "missing" }, e.message)); // an extra: the rest still draws
+      }
+    }
+  }
+  // A result on its own: its ranked heads as a table (every field of the answer's rows)
+  function alonePanel(caption, heads) {
+    const cols = heads.length ? Object.keys(heads[0]) : [];
+    const cell = (v) => typeof v === "number" && !Number.isInteger(v) ? fmt(v) : v === null ? "—" : String(v);
+    const sec = h("section", { id: "alone", "aria-labelledby": "alone-title" }, h("h2", { id: "alone-title" }, caption),
+      h("table", { id: "alone-table" }, h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "rank"), ...cols.map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, heads.map((r, i) => h("tr", {}, h("td", {}, String(i + 1)), ...cols.map((c) => h("td", { class: c }, cell(r[c]))))))));
+    for (const id of ["tokens-section", "steps"]) $(id).hidden = true;
+    document.querySelector("main .columns").hidden = true;
+    $("steps").before(sec);
+  }
+
   // -- start -----------------------------------------------------------------------------------
   async function start() {
-    try {
+    let alone = null;
+    await update(async () => {
       if (EMBED) {
         D.info = EMBED.info;
         S.model = EMBED.model; S.text = EMBED.text;
@@ -720,33 +770,23 @@
         const r = await fetch("api/info");
         D.info = await r.json();
         S.model = D.info.default_model;
-        if (D.info.default_text) S.text = D.info.default_text; // qkv view TEXT: the bare URL shows TEXT
+        S.text = D.info.default_text; // qkv view TEXT: the bare URL shows TEXT
         readUrl();
         if (!D.info.models.some((m) => m.name === S.model)) S.model = D.info.default_model;
       }
-      if (crossAttention() && S.text === EXAMPLE) S.text = "the red apple is next to the black cats";
+      if (S.text === null) S.text = modelInfo().example;
       fillForm();
-      const view = (EMBED && EMBED.state && EMBED.state.view) || null;
-      if (view === "steps" || view === "cross_steps" || view === "map") {
+      const kind = EMBED && EMBED.state && EMBED.state.view, p = kind && PANELS[kind];
+      if (p && (p.alone || p.draw)) {
         // a notebook's single result: only its own panel has numbers
+        alone = kind;
         status("a single qkv.explain result: only its numbers are in this page");
-        if (view === "map") {
-          const a = EMBEDDED.get(answerKey("map", { layer: S.layer, head: S.head, words: S.words }));
-          D.overview = { units: a.units, special: a.special, num_layers: S.layer + 1, num_heads: S.head + 1, heads: [], words: a.words };
-          D.maps = null;
-          const data = decodeF32(a.weights), U = a.shape[0];
-          D.map = { rows: a.units, cols: a.units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null, layer: S.layer, head: S.head };
-          drawLines(D.map); drawHeat(D.map);
-        } else {
-          await drawSteps();
-        }
-        return;
+        if (p.alone) await p.alone(EMBED.answers[0][2]);
+        else await drawHeadPanels(kind);
       }
-      await run();
-    } catch (e) {
-      status(e.message, true);
-    }
+    });
+    if (!alone) await run();
   }
-  window.qkvView = { state: S, data: D, answerKey };
+  window.qkvView = { state: S, data: D, answerKey, PANELS };
   start();
 })();
