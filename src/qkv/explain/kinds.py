@@ -19,7 +19,7 @@ A new result kind is a result class, one row here and, to show it, one entry of 
     >>> [f.name for f in KINDS["steps"].fields], KINDS["steps"].needs
     (['token', 'layer', 'head', 'words'], 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
-    ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'steps']
+    ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
     ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows']
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qkv.explain import (
-    cross, document_results, find_heads, induction, maps, overview, received, steps,
+    cross, document_results, find_heads, induction, maps, overview, received, row_entropy, steps,
 )
 from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
 from qkv.explain.head_effects import HeadEffects, head_effects
@@ -198,6 +198,9 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("received", "self_attention", "", "received", received.AttentionReceived,
                (LAYER, HEAD, WORDS), _head_request, whole_map=True, from_map=True,
                result=received.AttentionReceived, panel="head"),
+    ResultKind("row-entropy", "self_attention", "", "row_entropy", row_entropy.RowEntropy,
+               (LAYER, HEAD, WORDS), _head_request, whole_map=True, from_map=True,
+               result=row_entropy.RowEntropy, panel="head"),
     ResultKind("probe", "self_attention", "qkv.explain.render:render_probe", "probe",
                lambda model, text: find_heads.probe(model), (), lambda r: {}, _heads_list,
                text=False, result=find_heads.ProbeResult, panel="main"),

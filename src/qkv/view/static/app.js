@@ -705,6 +705,13 @@
         h("tbody", {}, r.units.map((u, j) => h("tr", { "data-j": j },
           h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j])))))],
     },
+    "row-entropy": {
+      title: "Row entropy", hint: "— how spread each query's look is in the selected head: 0 bits = one key, log₂ U = every key alike",
+      draw: (r) => [h("caption", {}, `layer ${r.layer}, head ${r.head}: each row's entropy (at most ${fmt(r.bound, 2)} bits)`),
+        h("thead", {}, h("tr", {}, ...["i", "query", "entropy (bits)", "most weight on", "its weight"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, r.units.map((u, i) => h("tr", { "data-i": i }, h("td", {}, String(i)), h("td", {}, u),
+          h("td", { class: "num" }, fmt(r.entropy[i])), h("td", {}, r.units[r.argmax[i]]), h("td", { class: "num" }, fmt(r.max_weight[i])))))],
+    },
     probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
     "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
     head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
