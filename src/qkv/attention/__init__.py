@@ -5,7 +5,10 @@
 * ``backends.py``   — named backends and the ``"auto"`` dispatch rule
 * ``attention_mask.py`` — :class:`AttentionMask` (causal, window, padding, packed sequences as
   a description compiled to one mask_mod), :class:`VarLen`, and how tensor masks combine
-* ``trace.py``      — :class:`AttentionTrace`, the typed record of intermediates
+* ``trace.py``      — :class:`AttentionTrace`, the typed record of intermediates (and ``LseTrace``)
+* ``traced.py``     — ``traced_attention``: the one traced call (rows traced, edits applied) that
+  qkv's layers and transformers' attention run
+* ``softcap.py``    — ``soft_cap``: Gemma 2's ``c·tanh(z/c)``, written once
 * ``block_mask.py`` — :class:`BlockMask`, :func:`create_block_mask` and the built-in mask_mods
   (``qkv.masks``): which blocks of the scores are full, partial or empty
 * ``blockwise.py``  — the online softmax (FlashAttention-2), forward and backward, O(N) memory

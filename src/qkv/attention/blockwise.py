@@ -56,6 +56,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from qkv.attention.block_mask import BlockMask, create_block_mask, sliding_window
+from qkv.attention.softcap import soft_cap
 
 _NEG_INF = float("-inf")
 
@@ -177,8 +178,8 @@ def _capped(qb: torch.Tensor, kr: torch.Tensor, mask: torch.Tensor | None,
     — the tanh kept for the backward's ``1 − tanh²`` (None without a cap)."""
     if softcap is None:
         return _scores(qb, kr, mask), None
-    th = torch.bmm(qb, kr.transpose(1, 2)).div_(softcap).tanh_()  # (BH, n, L)
-    scores = th * softcap
+    scores, th = soft_cap(torch.bmm(qb, kr.transpose(1, 2)), softcap, inplace=True,
+                          keep_tanh=True)  # (BH, n, L) each
     return (scores if mask is None else scores.add_(mask)), th
 
 

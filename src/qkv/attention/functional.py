@@ -391,6 +391,8 @@ def attention_trace(
     backend: str = "reference",
     block_mask: BlockMask | None = None,
     rows: torch.Tensor | list[int] | slice | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> AttentionTrace:
     """Attention with every intermediate kept: scores, scaled, masked, weights, output, lse.
 
@@ -403,6 +405,8 @@ def attention_trace(
     (..., t, s) — the mask is drawn for those rows alone (through the block mask's
     description), so one token of a 64k-token text costs O(s) per head. Each row's numbers are
     the ones the full trace would hold for it (rows of attention are independent).
+
+    ``softcap``, ``sinks``: as in :func:`scaled_dot_product_attention` (the trace keeps both).
 
     Example:
         >>> import torch, qkv
@@ -420,15 +424,20 @@ def attention_trace(
         _check_block_mask(query, key, block_mask, given=not description.empty)
         description = description.with_(block=block_mask)
     groups = gqa_groups(query, key, enable_gqa)
+    extras = dict(softcap=check_softcap(softcap), sinks=sinks)
+    if sinks is not None:
+        check_sinks(sinks, tuple(query.shape))
     if rows is not None:
-        return _trace_rows(query, key, value, description, bias, rows, scale, float(dropout_p), groups)
+        return _trace_rows(query, key, value, description, bias, rows, scale, float(dropout_p), groups,
+                           extras)
     dense = description.materialize(query.shape[-2], key.shape[-2], rank=query.ndim,
                                     device=query.device)
     return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
-                               scale=scale, dropout_p=float(dropout_p), bias=bias)
+                               scale=scale, dropout_p=float(dropout_p), bias=bias, **extras)
 
 
-def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, groups) -> AttentionTrace:
+def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, groups,
+                extras) -> AttentionTrace:
     """The reference trace of some query rows, with the mask drawn for those rows only."""
     t, s = query.shape[-2], key.shape[-2]
     index = torch.arange(t, device=query.device)[rows] if isinstance(rows, slice) else \
@@ -454,4 +463,4 @@ def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, gr
     dense = combine(row_part(description.dense), keep)
     return reference_attention(query.index_select(-2, index), repeat_kv(key, groups),
                                repeat_kv(value, groups), dense, scale=scale, dropout_p=dropout_p,
-                               bias=row_part(bias))
+                               bias=row_part(bias), **extras)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 from qkv.attention.attention_mask import as_additive
+from qkv.attention.sinks import merge_sinks
+from qkv.attention.softcap import soft_cap
 from qkv.attention.trace import AttentionTrace
 
 
@@ -21,6 +23,7 @@ def reference_attention(
     dropout_p: float = 0.0,
     bias: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> AttentionTrace:
     """Attention, step by step, returning every intermediate.
 
@@ -34,7 +37,11 @@ def reference_attention(
         bias: a float score bias (ALiBi) broadcastable to (..., t, s), added to the scaled
             scores before the mask; kept apart from the mask so the trace shows both.
         softcap: logit soft-capping (Gemma 2): the scaled scores become
-            ``softcap · tanh(scaled / softcap)`` before bias and mask (``scaled`` keeps the capped ones).
+            ``softcap · tanh(scaled / softcap)`` (:func:`~qkv.attention.softcap.soft_cap`)
+            before bias and mask; ``scaled`` keeps them uncapped, ``masked`` capped.
+        sinks: (h,) sink logits (gpt-oss), one per head (dim −3): each adds ``exp(sinks[h])`` to
+            its rows' softmax denominator and takes no value, so weights sum to less than 1 and
+            ``lse`` counts the sink (merged as :func:`~qkv.attention.sinks.merge_sinks` merges).
         dropout_p: dropout on the weights (training only); the trace keeps the weights
             before dropout, and ``output`` is what the forward used.
 
@@ -51,12 +58,12 @@ def reference_attention(
     scores = q @ k.transpose(-2, -1)  # (..., t, s)
     # 2) scale by 1/√d so the softmax does not saturate as d grows
     scaled = scores * scale  # (..., t, s)
-    if softcap is not None:  # squash into (−softcap, softcap), smoothly (Gemma 2)
-        scaled = torch.tanh(scaled / softcap) * softcap
+    # squash into (−softcap, softcap), smoothly (Gemma 2)
+    capped = scaled if softcap is None else soft_cap(scaled, softcap)  # (..., t, s)
     # 3) bias and mask: a score bias (ALiBi) is added, excluded keys get −inf
     bias = bias.to(compute) if bias is not None else None
     additive = as_additive(mask, compute)  # (..., t, s) broadcastable: 0, −inf, or the float mask
-    masked = scaled
+    masked = capped
     if bias is not None:
         masked = masked + bias
     if additive is not None:
@@ -67,10 +74,13 @@ def reference_attention(
     # A row with every key masked has no distribution: give it zero weights (never NaN).
     # Filling it with 0 *before* the softmax keeps the backward free of NaN too.
     weights = torch.softmax(masked.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    if sinks is not None:  # each row's denominator also holds exp(sink): the weights shrink by it
+        weights, lse = merge_sinks(weights, lse, sinks)  # (..., t, s), (..., t)
     # 5) output: the weighted sum of the values
     used = torch.nn.functional.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     output = (used @ v).to(out_dtype)  # (..., t, dv)
     return AttentionTrace(
         query=q, key=k, value=v, scores=scores, scaled=scaled, bias=bias, mask=additive, masked=masked,
-        weights=weights, output=output, lse=lse, scale=float(scale),
+        weights=weights, output=output, lse=lse, scale=float(scale), softcap=softcap,
+        sinks=None if sinks is None else sinks.detach(),
     )

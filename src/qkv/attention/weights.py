@@ -28,6 +28,7 @@ import torch
 from qkv.attention.block_mask import BlockMask
 from qkv.attention.blockwise import compute_dtype
 from qkv.attention.functional import check_flag, check_softcap, resolve_scale
+from qkv.attention.softcap import soft_cap
 
 
 def _select(name: str, sel, n: int, device) -> torch.Tensor:
@@ -122,7 +123,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
     row_lse = lse.index_select(-2, heads).index_select(-1, rows).to(compute)  # (..., H, r)
     scores = (q @ k.transpose(-1, -2)) * scale  # (..., H, r, s)
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores = soft_cap(scores, softcap)
     if bias is not None:
         full = bias.expand(*query.shape[:-1], s)  # (..., h, t, s), a view
         scores = scores + full.index_select(-3, heads).index_select(-2, rows).to(compute)

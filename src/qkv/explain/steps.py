@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from qkv.attention.softcap import soft_cap
 from qkv.explain.forward import check_layer_head, check_text, encode, model_name, trace
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
@@ -209,7 +210,7 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)
     softcap = getattr(att, "softcap", None)
-    capped = scaled if softcap is None else softcap * torch.tanh(scaled / softcap)  # Gemma 2's cap
+    capped = scaled if softcap is None else soft_cap(scaled, softcap)  # Gemma 2's cap
     # 3) the forward's own mask and bias (padding, causal, ALiBi), as it added them, not re-derived
     mask = att.additive()[0, head, row].double()  # (s,)
     # 4) softmax: positive weights that sum to 1 (less than 1 with a sink: gpt-oss)

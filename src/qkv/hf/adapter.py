@@ -34,7 +34,8 @@ from qkv.hf.trace import Recording, recording
 from qkv.models.outputs import DecoderOutput, EncoderOutput
 from qkv.models.protocol import Capabilities
 from qkv.modules.lse_trace import LseRequest
-from qkv.modules.multihead import MultiHeadTrace, _trace_rows
+from qkv.attention.traced import row_positions
+from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.transformer import LayerTrace
 
 #: Why explain_head starts from q, k and v on these models (in its result and its render).
@@ -200,7 +201,7 @@ class HFModel(nn.Module):
     def _trace(self, rec: Recording, i: int, x: torch.Tensor, trace_rows) -> MultiHeadTrace:
         if isinstance(trace_rows, LseRequest):
             return rec.traces[i]
-        rows = _trace_rows(x.shape[1], trace_rows, x.device)
+        rows = row_positions(x.shape[1], trace_rows, x.device)
         return MultiHeadTrace(rows=rows, query_input=x[:, rows], key_input=x, value_input=x,
                               attention=rec.traces[i], heads=rec.heads[i])
 

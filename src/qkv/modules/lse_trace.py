@@ -24,47 +24,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+# The records live beside AttentionTrace (qkv.attention.trace): the one traced attention call
+# (qkv.attention.traced) makes them for qkv's own layers and for transformers' alike.
+from qkv.attention.trace import LSE, LseRequest, LseTrace
 
-import torch
-
-from qkv.attention.attention_mask import AttentionMask
-
-
-class LseRequest:
-    """The type of :data:`LSE` (``trace_rows=LSE``: record q, k, v and every row's lse)."""
-
-    def __repr__(self) -> str:
-        return "LSE"
-
-
-#: ``trace_rows=LSE``: every attention call records an :class:`LseTrace`.
-LSE = LseRequest()
-
-
-@dataclass(frozen=True)
-class LseTrace:
-    """What one attention call needs to give any of its weights later, in O(t) numbers per head.
-
-    Fields:
-        query: (b, h, t, d) the queries as the kernel read them (after positions, q norm).
-        key: (b, h_kv, s, d) the keys, likewise; h_kv < h under GQA/MQA.
-        value: (b, h_kv, s, dv) the values.
-        lse: (b, h, t) each row's log-sum-exp of its masked, scaled scores (float32; −inf for a
-            row with no key).
-        mask: the :class:`~qkv.attention.AttentionMask` the call used (a description).
-        scale: the scale the scores were multiplied by, or None for 1/√d.
-        softcap: the logit soft-cap applied after scaling (Gemma 2), or None.
-    """
-
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    lse: torch.Tensor
-    mask: AttentionMask
-    scale: float | None = None
-    softcap: float | None = None
-
-    @property
-    def enable_gqa(self) -> bool:
-        return self.key.shape[-3] != self.query.shape[-3]
+__all__ = ["LSE", "LseRequest", "LseTrace"]

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from qkv.attention import AttentionTrace, attention_trace, scaled_dot_product_attention
+from qkv.attention import AttentionTrace
 from qkv.attention.attention_mask import AttentionMask, combine
+from qkv.attention.traced import row_positions, traced_attention
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.lse_trace import LseRequest, LseTrace
@@ -236,70 +237,57 @@ class MultiHeadAttention(nn.Module):
         # 2) extend with the cached past
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)
-        if intervention is not None:
-            intervention.check(self.num_heads)
-            v = intervention.edit_values(v)  # (b, h_kv, s, d); the cache keeps the unedited ones
         s = k.shape[-2]
         description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
         bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
         dropout_p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
 
-        # 3) attend: the traced (reference) path for weights; a trace of some rows beside the fast path
-        trace, rows_only = None, False  # rows_only: the trace holds just the rows asked for
+        # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
+        weights = None
         if self.sequence_parallel is not None:  # this rank's shard of one sequence (qkv.distributed)
-            # trace_rows=LSE is the one trace a shard can give: its rows' global lse, merged by the ring
-            want_lse = isinstance(trace_rows, LseRequest)
-            heads = self.sequence_parallel.attend(
-                q, k, v, description, bias=bias, dropout_p=dropout_p, enable_gqa=gqa,
-                needs_local=need_weights or (trace_rows is not None and not want_lse)
-                or kv_cache is not None or key is not query, return_lse=want_lse)
-            if want_lse:  # this shard's q, k, v (global positions) and its rows' global lse
-                heads, lse = heads
-                trace = LseTrace(q.detach(), k.detach(), v.detach(), lse.detach(), description)
-        elif isinstance(trace_rows, LseRequest):  # qkv.explain.document: every row's lse, O(t)
-            heads, lse = scaled_dot_product_attention(q, k, v, mask=description, bias=bias,
-                                                      dropout_p=dropout_p, enable_gqa=gqa,
-                                                      return_lse=True)
-            trace = LseTrace(q.detach(), k.detach(), v.detach(), lse.detach(), description)
-        elif need_weights or (trace_rows is not None and dropout_p > 0):
-            # every weight wanted (or dropout, whose draw the trace must share): trace all rows
-            trace = attention_trace(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
-                                    enable_gqa=gqa)
-            heads = trace.output  # (b, h, t, d)
+            heads, trace = self._attend_shard(q, k, v, description, bias, dropout_p, gqa, trace_rows,
+                                              need_weights or kv_cache is not None or key is not query,
+                                              intervention)
         else:
-            heads = scaled_dot_product_attention(q, k, v, mask=description, bias=bias,
-                                                 dropout_p=dropout_p, enable_gqa=gqa,
-                                                 backend=self.backend)
-            if trace_rows is not None:
-                # trace only the rows asked for: O(r·s) numbers, not O(t·s), for a long text; the
-                # traced rows of the output are the trace's own, so an explanation equals the forward
-                rows = _trace_rows(t, trace_rows, query.device)
-                trace = attention_trace(q, k, v, mask=description, bias=bias, enable_gqa=gqa, rows=rows)
-                rows_only = True
-                heads = heads.index_copy(-2, rows, trace.output.to(heads.dtype))  # (b, h, t, d)
+            call = traced_attention(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
+                                    enable_gqa=gqa, backend=self.backend, rows=trace_rows,
+                                    need_weights=need_weights, edit=intervention)
+            heads, trace, weights = call.output, call.trace, call.weights  # heads: (b, h, t, d)
         # 4) concatenate the heads and mix them
-        if intervention is not None:
-            heads = intervention.edit_heads(heads)  # (b, h, t, d)
         concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (b, t, h·d)
         out = self.out_proj(concat)
 
-        weights = None
         if need_weights:
-            weights = trace.weights.to(query.dtype)  # (b, h, t, s)
+            weights = weights.to(query.dtype)  # (b, h, t, s)
             weights = weights.mean(dim=1) if average_attn_weights else weights
-        if trace_rows is None:
-            return AttentionOutput(out, weights)
-        if isinstance(trace_rows, LseRequest):
+        if trace_rows is None or isinstance(trace_rows, LseRequest):
             return AttentionOutput(out, weights, trace)
-        rows = _trace_rows(t, trace_rows, query.device)
-        traced = trace.detach() if rows_only else trace.detach().select_rows(rows)
-        new = key.shape[1]
+        rows, new = row_positions(t, trace_rows, query.device), key.shape[1]
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
                                 value_input=value if new == s else value.new_empty(0),
-                                attention=traced, heads=concat)
+                                attention=trace, heads=concat)
         return AttentionOutput(out, weights, record)
+
+    def _attend_shard(self, q, k, v, description, bias, dropout_p, gqa, trace_rows, needs_local,
+                      intervention) -> tuple[torch.Tensor, LseTrace | None]:
+        """This rank's shard of one sequence: (heads (b, h, t, d), an LseTrace or None).
+        ``trace_rows=LSE`` is the one trace a shard can give: its rows' global lse, merged by the ring."""
+        if intervention is not None:
+            intervention.check(self.num_heads)
+            v = intervention.edit_values(v)  # (b, h_kv, s, d)
+        want_lse = isinstance(trace_rows, LseRequest)
+        heads = self.sequence_parallel.attend(
+            q, k, v, description, bias=bias, dropout_p=dropout_p, enable_gqa=gqa,
+            needs_local=needs_local or (trace_rows is not None and not want_lse), return_lse=want_lse)
+        trace = None
+        if want_lse:  # this shard's q, k, v (global positions) and its rows' global lse
+            heads, lse = heads
+            trace = LseTrace(q.detach(), k.detach(), v.detach(), lse.detach(), description)
+        if intervention is not None:
+            heads = intervention.edit_heads(heads)  # (b, h, t, d)
+        return heads, trace
 
     # -- interop -----------------------------------------------------------------------------
     @classmethod
@@ -332,13 +320,3 @@ class MultiHeadAttention(nn.Module):
             new.out_proj.weight.copy_(m.out_proj.weight)
         return new
 
-
-def _trace_rows(t: int, trace_rows, device) -> torch.Tensor:
-    """(r,) the query positions ``trace_rows`` picks out of ``t``; ValueError naming it otherwise."""
-    try:
-        if isinstance(trace_rows, (str, bytes)):  # torch would index with its characters
-            raise TypeError("a string is not a position")
-        return torch.arange(t, device=device)[trace_rows]
-    except (IndexError, TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"trace_rows must pick query positions among the {t} (0…{t - 1}), "
-                         f"got {trace_rows!r} ({e})") from None
