@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import qkv
+import qkv.explain
 from qkv.attention.functional import scaled_dot_product_attention
 from qkv.modules import MultiHeadAttention
 
@@ -148,3 +149,92 @@ def test_attention_weights_verify_refuses_an_lse_from_another_mask():
         qkv.attention_weights(q, k, lse, block_mask=bm, verify=True)
     with pytest.raises(ValueError, match=r"^lse does not fit these scores: row \d+ of head \d sums to"):
         qkv.attention_weights(q, k, lse, block_mask=causal, verify=True)
+
+
+# -- issue 31 (8, 9): the causal API and documents keep the ValueError promise, never NaN ---------
+@pytest.fixture(scope="module")
+def lm():
+    return qkv.load("lm")
+
+
+def _lm_ids(lm):
+    return lm.tokenizer.encode("the cat sat on the mat").ids
+
+
+CAUSAL_ERRORS = {
+    "heads=None": (lambda lm: qkv.explain.ablate(lm, _lm_ids(lm), heads=None),
+                   r"^heads must be a list of \(layer, head\) pairs \(\[\] for none\), got None"),
+    "heads=5": (lambda lm: qkv.explain.ablate(lm, _lm_ids(lm), heads=5), r"^heads must be a list .*got 5"),
+    "heads='0'": (lambda lm: qkv.explain.ablate(lm, _lm_ids(lm), heads="0"), r"^heads must be a list .*got '0'"),
+    "bytes text": (lambda lm: qkv.explain.ablate(lm, b"the cat", heads=[]),
+                   r"^text_or_ids must be a text \(str\) or token ids, got bytes"),
+    "float ids": (lambda lm: qkv.explain.ablate(lm, [1.5, 2.0], heads=[]), r"^text_or_ids must be .*torch.float32"),
+    "ids of strings": (lambda lm: qkv.explain.ablate(lm, ["the", "cat"], heads=[]),
+                       r"^text_or_ids must be a text or one sequence of token ids, got \['the', 'cat'\]"),
+    "patch of 1 token": (lambda lm: qkv.explain.patch(lm, [5], [6], heads=[(0, 0)]),
+                         r"^clean has 1 token: .* no next token to score in it \(nothing to measure\)"),
+    "sequences=0": (lambda lm: qkv.explain.head_effects(lm, "induction", sequences=0),
+                    r"^sequences must be a whole number in 1–1000, got 0"),
+    "sequences=-1": (lambda lm: qkv.explain.head_effects(lm, "induction", sequences=-1), r"^sequences must be .*got -1"),
+    "sequences=1.5": (lambda lm: qkv.explain.head_effects(lm, "induction", sequences=1.5), r"^sequences must be .*got 1.5"),
+    # 10**9 sequences: 24 GB of ids before any check, OOM-killed; the CLI's bound is the library's
+    "sequences=10**9": (lambda lm: qkv.explain.head_effects(lm, "induction", sequences=10**9),
+                        r"^sequences must be a whole number in 1–1000, got 1000000000"),
+    "length=0": (lambda lm: qkv.explain.head_effects(lm, "induction", sequences=2, length=0), r"^length must be .*got 0"),
+    "induction length=1": (lambda lm: qkv.explain.head_effects(lm, "induction", sequences=2, length=1),
+                           r"^length must be a whole number in 2–4096 \(a span of one random token leaves nothing to measure"),
+    "previous-token length=1": (lambda lm: qkv.explain.head_effects(lm, "previous-token", sequences=2, length=1),
+                                r"^length must be .*nothing to measure"),
+    "faithfulness methods='weight'": (lambda lm: qkv.explain.faithfulness(lm, methods="weight"),
+                                      r"^methods must be a non-empty list of method names .*got 'weight'"),
+    "faithfulness methods=[]": (lambda lm: qkv.explain.faithfulness(lm, methods=[]), r"^methods must be .*got \[\]"),
+    "faithfulness sequences=10**9": (lambda lm: qkv.explain.faithfulness(lm, methods=["weight"], sequences=10**9),
+                                     r"^sequences must be a whole number in 1–1000"),
+}
+
+
+@pytest.mark.parametrize("case", list(CAUSAL_ERRORS))
+def test_causal_arguments_are_valueerrors(lm, case):
+    call, message = CAUSAL_ERRORS[case]
+    with pytest.raises(ValueError, match=message):
+        call(lm)
+
+
+def test_the_cli_bounds_sequences_by_the_librarys_bound(capsys):
+    from qkv.cli import main
+    from qkv.explain.induction import MAX_SEQUENCES
+
+    assert main(["faithfulness", "--model", "lm", "--sequences", str(MAX_SEQUENCES + 1)]) == 2
+    assert f"{MAX_SEQUENCES + 1}" in capsys.readouterr().err
+
+
+def test_a_metric_that_is_nan_is_refused_not_reported(lm):
+    """A metric that gives NaN (here on purpose) used to come back as NaN fractions."""
+    nan = lambda y, ids: float("nan")  # noqa: E731
+    with pytest.raises(ValueError, match=r"^<lambda> is nan on the clean run of qkv-lm"):
+        ids = _lm_ids(lm)
+        qkv.explain.patch(lm, ids, ids[::-1], heads=[(0, 0)], metric=nan)
+
+
+DOCUMENT_ERRORS = {
+    "memory_limit='x'": (lambda m: _document(m, memory_limit="x"), r"^memory_limit must be a positive, finite number of bytes"),
+    "memory_limit=nan": (lambda m: _document(m, memory_limit=float("nan")), r"^memory_limit must be .*got nan"),
+    "memory_limit=inf": (lambda m: _document(m, memory_limit=float("inf")), r"^memory_limit must be .*got inf"),
+    "float rows": (lambda m: _document(m).weights(0, 0, torch.tensor([1.0, 2.0])),
+                   r"^rows must be at most \d+ token indices .*got a torch.float32 tensor"),
+    "block=10**12": (lambda m: _document(m).block_map(0, 0, block=10**12),
+                     r"^block must be a whole number of tokens in 1–128 .*got 1000000000000"),
+}
+
+
+def _document(model, **kw):
+    from qkv.explain.document import document
+
+    return document(model, "the cat sat on the mat", **kw)
+
+
+@pytest.mark.parametrize("case", list(DOCUMENT_ERRORS))
+def test_document_arguments_are_valueerrors(model, case):
+    call, message = DOCUMENT_ERRORS[case]
+    with pytest.raises(ValueError, match=message):
+        call(model)

@@ -16,6 +16,7 @@ import sys
 
 from qkv.cli import options
 from qkv.cli.output import print_json
+from qkv.explain import induction  # its MAX_SEQUENCES bounds --sequences and the library alike
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
 FLAGS = {"effects_probe": "--probe", "probe": "--probe", "mode": "--mode", "method": "--method",
@@ -23,7 +24,6 @@ FLAGS = {"effects_probe": "--probe", "probe": "--probe", "mode": "--mode", "meth
 
 PROBES = ("induction", "previous-token", "coref")  # qkv.explain.head_effects.PROBES (tested equal)
 MODES = ("zero", "mean")  # qkv.explain.interventions.MODES (tested equal)
-MAX_SEQUENCES = 1000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", type=options.name(), default="zero", metavar="MODE",
                    help="ablation: zero (the head's output set to 0) or mean (its mean over the "
                         "text's positions); default zero")
-    p.add_argument("--sequences", type=options.integer(1, MAX_SEQUENCES), default=8,
+    p.add_argument("--sequences", type=options.integer(1, induction.MAX_SEQUENCES), default=8,
                    help="random sequences for induction / previous-token (default 8)")
     p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
                    help="also draw each head's effect against its attention score")

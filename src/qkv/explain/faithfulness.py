@@ -35,7 +35,7 @@ apply (``flow`` past 24 tokens, ``grad`` on an encoder without a second text) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 import torch
 
@@ -148,7 +148,12 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
     Raises:
         ArgumentError: an unknown probe, method or mode; a probe that does not apply.
     """
-    names = list(contributions.METHODS) if methods is None else list(methods)
+    names = list(contributions.METHODS) if methods is None else \
+        [] if isinstance(methods, (str, bytes)) or not isinstance(methods, Iterable) else list(methods)
+    if not names:  # a str would be read letter by letter
+        raise ArgumentError("methods", "{name} must be a non-empty list of method names (None: all "
+                            "of {known}), got {value!r}", value=methods,
+                            known=", ".join(contributions.METHODS))
     for name in names:
         contributions.get_method(name)
     task(model, probe, sequences=1, length=length, seed=seed)  # a probe that does not apply: now

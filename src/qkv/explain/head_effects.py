@@ -48,6 +48,7 @@ import torch
 
 from qkv.explain import forward, induction, interventions
 from qkv.explain.contributions.grad import is_decoder
+from qkv.explain.finite import NonFiniteError, describe
 from qkv.modules.intervention import Interventions
 from qkv.explain.wording import ArgumentError
 
@@ -87,7 +88,9 @@ class Task:
 
 
 def task(model, probe: str, *, sequences: int, length: int | None, seed: int) -> Task:
-    """The probe's data for ``model``; ArgumentError when the probe does not apply to it."""
+    """The probe's data for ``model``; ArgumentError when the probe does not apply to it, or for
+    ``sequences`` and ``length`` out of :func:`qkv.explain.induction.check_sizes`' bounds."""
+    induction.check_sizes(sequences, length)
     if probe not in PROBES:
         raise ArgumentError("effects_probe", "unknown {name} {value!r}; known: {known}", value=probe,
                             known=", ".join(PROBES))
@@ -288,6 +291,11 @@ def head_effects(model, probe: str = "induction", *, mode: str = "zero", sequenc
             total += _group(model, task_, index, mode, copies).sum(-1)
     n = len(task_.ids)
     mean = total / n
+    if not bool(torch.isfinite(mean).all()):  # a model that computes NaN: no effect to rank
+        which = "the clean run" if not torch.isfinite(mean[0]) else "an ablated run"
+        raise NonFiniteError(f"the {probe} metric is {describe(mean)} on {which} of "
+                             f"{forward.model_name(model)}: the model computes non-finite numbers "
+                             f"on the probe's sequences")
     effects = mean[1:] - mean[0]
     return HeadEffects(model=forward.model_name(model), probe=probe, mode=mode,
                        metric=METRICS[probe], clean=float(mean[0]),

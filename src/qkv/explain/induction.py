@@ -42,6 +42,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import forward
+from qkv.explain.wording import ArgumentError
 from qkv.explain.finite import check_layers
 from qkv.models.protocol import capabilities_of
 
@@ -188,6 +189,26 @@ def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor]:
 
 
 DEFAULT_LENGTH = 25  # TransformerLens's tutorials use 50; 25 fits small models' context too
+#: the most random sequences a probe draws (1000 × (prefix + 2 · length) ids, then a forward per
+#: batch of them): the library's bound, and ``--sequences``' (qkv faithfulness)
+MAX_SEQUENCES = 1000
+MAX_LENGTH = 4096  # tokens of one random span (a model's context is the other bound)
+
+
+def check_sizes(sequences, length) -> None:
+    """ArgumentError naming ``sequences`` unless it is a whole number in 1 … :data:`MAX_SEQUENCES`,
+    or ``length`` unless it is None or a whole number in 2 … :data:`MAX_LENGTH` — a one-token span
+    leaves nothing to measure: no repeated token r₁ … rₙ₋₁ to predict, no pair to read back."""
+    def whole(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not whole(sequences) or not 1 <= sequences <= MAX_SEQUENCES:
+        raise ArgumentError("sequences", "{name} must be a whole number in 1–{most}, got {value!r}",
+                            value=sequences, most=MAX_SEQUENCES)
+    if length is not None and (not whole(length) or not 2 <= length <= MAX_LENGTH):
+        raise ArgumentError("length", "{name} must be a whole number in 2–{most} (a span of one "
+                            "random token leaves nothing to measure: no later token of it to "
+                            "predict), got {value!r}", value=length, most=MAX_LENGTH)
 
 
 def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
@@ -215,8 +236,7 @@ def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
         limit = _limit(model)
         room = (limit - len(_prefix_ids(model))) // 2 if limit is not None else DEFAULT_LENGTH
         length = max(2, min(DEFAULT_LENGTH, room))
-    if not 1 <= sequences <= 1000 or not 2 <= length <= 4096:
-        raise QkvError(f"sequences must be in [1, 1000] and length in [2, 4096], got {sequences}, {length}")
+    check_sizes(sequences, length)
     ids = repeated_random_tokens(model, sequences=sequences, length=length, seed=seed)
     limit = _limit(model)
     if limit is not None and ids.shape[1] > limit:

@@ -24,13 +24,15 @@ nothing here hooks a module. Heads are ``(layer, head)`` pairs, counted from 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Iterable, Sequence
 
 import torch
 
 from qkv.explain import forward
 from qkv.explain.contributions.grad import is_decoder
+from qkv.explain.finite import NonFiniteError
 from qkv.explain.wording import ArgumentError
 from qkv.modules.intervention import Interventions
 
@@ -43,6 +45,9 @@ Head = tuple[int, int]
 def check_heads(model, heads) -> tuple[Head, ...]:
     """``heads`` as a tuple of (layer, head) pairs; ArgumentError naming ``heads`` otherwise."""
     n_layers, n_heads = forward.num_layers(model), forward.num_heads(model)
+    if isinstance(heads, (str, bytes, torch.Tensor)) or not isinstance(heads, Iterable):
+        raise ArgumentError("heads", "{name} must be a list of (layer, head) pairs ([] for none), "
+                            "got {value!r}", value=heads)
     out = []
     for pair in heads:
         ok = isinstance(pair, Sequence) and len(pair) == 2 and all(
@@ -75,13 +80,27 @@ def as_ids(model, text_or_ids, *, role: str = "text_or_ids") -> torch.Tensor:
     """(1, t) token ids from a text or ids ((t,), (1, t) or a list); ArgumentError otherwise."""
     if isinstance(text_or_ids, str):
         return torch.tensor([forward.encode(model, text_or_ids).ids], dtype=torch.long)
-    ids = torch.as_tensor(text_or_ids)
+    if isinstance(text_or_ids, (bytes, bytearray)):
+        raise ArgumentError(role, "{name} must be a text (str) or token ids, got bytes: decode "
+                            "them first (data.decode('utf-8'))")
+    try:
+        ids = torch.as_tensor(text_or_ids)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise ArgumentError(role, "{name} must be a text or one sequence of token ids, got "
+                            "{value}", value=_shown(text_or_ids)) from None
     if ids.ndim == 1:
         ids = ids.unsqueeze(0)
-    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] == 0 or ids.is_floating_point():
-        raise ArgumentError(role, "{name} must be a text or one sequence of token ids, got shape "
-                            "{shape}", shape=tuple(ids.shape))
+    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] == 0 or ids.is_floating_point() \
+            or ids.is_complex() or ids.dtype == torch.bool:
+        raise ArgumentError(role, "{name} must be a text or one sequence of token ids (whole "
+                            "numbers), got {dtype} of shape {shape}", dtype=ids.dtype,
+                            shape=tuple(ids.shape))
     return ids.long()
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- the forward with heads replaced ---------------------------------------------------------------
@@ -239,6 +258,10 @@ def patch(model, clean, corrupted, *, heads, metric: Callable | None = None) -> 
         raise ArgumentError("corrupted", "{name} has {n} tokens and clean {m}; patching copies "
                             "head outputs position by position, so they must be equally long",
                             n=b.shape[1], m=a.shape[1])
+    if metric is None and is_decoder(model) and a.shape[1] < 2:
+        raise ArgumentError("clean", "{name} has 1 token: the default metric, the next-token "
+                            "loss, has no next token to score in it (nothing to measure); give "
+                            "texts of at least 2 tokens, or a metric")
     with torch.no_grad():
         clean_heads = head_outputs(model, a)
         y_clean = output_of(model, run(model, a))
@@ -250,6 +273,10 @@ def patch(model, clean, corrupted, *, heads, metric: Callable | None = None) -> 
         edits = edits_for(pairs, lambda layer: clean_heads[layer])
         y_patched = output_of(model, run(model, b, edits))
     m_clean, m_corrupt, m_patch = (float(metric(y, a)) for y in (y_clean, y_corrupt, y_patched))
+    for run_name, m in (("clean", m_clean), ("corrupted", m_corrupt), ("patched", m_patch)):
+        if not math.isfinite(m):
+            raise NonFiniteError(f"{what} is {m} on the {run_name} run of {forward.model_name(model)}: "
+                                 f"no fraction recovered can be read from it")
     gap = m_clean - m_corrupt
     return Patching(model=forward.model_name(model), heads=pairs, metric=what, clean=m_clean,
                     corrupted=m_corrupt, patched=m_patch,
