@@ -84,7 +84,7 @@ def test_heads_by_method(capsys):
      "next token to score; give --target TEXT (the similarity of the two sentence embeddings is differentiated)"),
     (["explain", "the cat sleeps", "--model", "translate", "--method", "norm"],
      "qkv: error: --method, --compare and --target explain self-attention models; a translation model's "
-     "cross-attention is shown per French token (--token, --layer, --head)"),
+     "cross-attention is shown per target token (--token, --layer, --head)"),
     (["heads", "--probe", "coref", "--method", "bogus"],
      "qkv: error: unknown --method 'bogus'; known methods: weight, norm, rollout, flow, alti, value-zeroing, grad, attnlrp"),
 ])

@@ -108,12 +108,12 @@ def test_json_weights_are_the_models_cross_attention(capsys, ckpt):
     assert code == 0
     doc = json.loads(out)
     assert doc["translation"] == "la pomme rouge est à côté des chats noirs"
-    assert doc["english"] == SENTENCE.split() + ["[EOS]"]
-    assert doc["french"][-1] == "[EOS]" and len(doc["french"]) == 10
+    assert doc["source"] == SENTENCE.split() + ["[EOS]"]
+    assert doc["target"][-1] == "[EOS]" and len(doc["target"]) == 10
     weights = torch.tensor(doc["weights"], dtype=torch.float64)  # (L, H, t, s)
     ref, tol = model_cross_weights(ckpt, SENTENCE)
     torch.testing.assert_close(weights, ref, atol=tol, rtol=0)
-    # The gold alignment is the grammar's, and each head's count is re-derivable from the weights.
+    # The gold alignment is the model's own (its grammar's), and each head's count is re-derivable from the weights.
     assert doc["gold"][6] == [5, 6]  # "des" ← "to" + "the"
     for head in doc["heads"]:
         argmax = weights[head["layer"], head["head"]].argmax(-1)
@@ -126,7 +126,7 @@ def test_steps_json_recomputes_the_head_in_float64(capsys, ckpt):
                        "--token", "rouge", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["french_token"] == "rouge" and doc["french_index"] == 2 and doc["gold"] == [1]
+    assert doc["target_token"] == "rouge" and doc["target_index"] == 2 and doc["gold"] == [1]
     ref, tol = model_cross_weights(ckpt, SENTENCE)
     torch.testing.assert_close(torch.tensor(doc["weights"], dtype=torch.float64), ref[2, 1, 2],
                                rtol=0, atol=tol)
@@ -134,7 +134,7 @@ def test_steps_json_recomputes_the_head_in_float64(capsys, ckpt):
     q, k, v = (torch.tensor(doc[n], dtype=torch.float64) for n in ("query", "keys", "values"))
     w = torch.softmax(k @ q * doc["scale"], -1)
     torch.testing.assert_close(torch.tensor(doc["output"], dtype=torch.float64), w @ v)
-    assert abs(doc["weights_sum"] - 1) <= softmax_sum_tolerance(len(doc["english"]), torch.float64)
+    assert abs(doc["weights_sum"] - 1) <= softmax_sum_tolerance(len(doc["source"]), torch.float64)
     # q·k_i / √d is what the softmax saw.
     q, k = torch.tensor(doc["query"]), torch.tensor(doc["keys"])
     torch.testing.assert_close(torch.tensor(doc["scaled"]), (k @ q) * doc["scale"])
@@ -143,9 +143,10 @@ def test_steps_json_recomputes_the_head_in_float64(capsys, ckpt):
 def test_text_overview_and_token_view(capsys):
     code, out, _ = run(capsys, SENTENCE, "--model", MODEL)
     assert code == 0
-    assert "English: 0:the 1:red 2:apple" in out and "aligned" in out and "best aligned head" in out
+    assert "source: 0:the 1:red 2:apple" in out and "aligned" in out and "best aligned head" in out
+    assert "9/9 target words on a gold source token" in out
     code, out, _ = run(capsys, SENTENCE, "--model", MODEL, "--token", "chats", "--layer", "1")
-    assert code == 0 and "French token 7 'chats'" in out and "L1 H0" in out and "L0 H0" not in out
+    assert code == 0 and "target token 7 'chats'" in out and "L1 H0" in out and "L0 H0" not in out
 
 
 def test_png_overview_and_single_head(capsys, tmp_path):
@@ -157,12 +158,17 @@ def test_png_overview_and_single_head(capsys, tmp_path):
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 
-def test_gold_is_absent_for_text_outside_the_grammar(ckpt):
-    ca = cross_attention(ckpt, "the cat the dog", gold=grammar_gold("the cat the dog"))
+def test_the_gold_alignment_is_the_models_own(model, ckpt):
+    """The translation model provides its grammar's gold alignment (the protocol's
+    ``gold_alignment``); the caller's gold replaces it, a string turns it off."""
+    assert model.gold_alignment(SENTENCE) == GOLD
+    ca = cross_attention(ckpt, SENTENCE)
+    assert ca.gold == GOLD[1] and ca.gold_note is None and ca.alignment()[1, 0] == 9
+    ca = cross_attention(ckpt, "the cat the dog")
     assert ca.gold is None and "not a sentence of the grammar" in ca.gold_note
     assert ca.alignment() is None
-    ca = cross_attention(ckpt, SENTENCE)  # no gold given: none used
-    assert ca.gold is None and ca.gold_note is None
+    ca = cross_attention(ckpt, SENTENCE, gold="no gold, please")
+    assert ca.gold is None and ca.gold_note == "no gold, please"
 
 
 def test_gold_for_another_translation_is_not_used(ckpt):
@@ -206,12 +212,12 @@ def test_library_results_are_what_the_cli_prints(capsys, ckpt):
 
 def test_the_head_is_the_decoders_own(ckpt):
     cs = cross_attention_head(ckpt, SENTENCE, token="rouge", layer=2, head=1, gold=GOLD)
-    assert cs.french_index == 2 and cs.gold == (1,) and cs.steps.tokens == cs.attention.english
+    assert cs.target_index == 2 and cs.gold == (1,) and cs.steps.tokens == cs.attention.source
     ref, tol = model_cross_weights(ckpt, SENTENCE)
     torch.testing.assert_close(cs.steps.weights, ref[2, 1, 2], rtol=0, atol=tol)
     assert "position 2 reads 'pomme' and produces 'rouge'" in cs.x_source
-    default = cross_attention_head(ckpt, SENTENCE, layer=0, head=0)  # the last French word
-    assert default.attention.french[default.french_index] == "noirs"
+    default = cross_attention_head(ckpt, SENTENCE, layer=0, head=0)  # the last target word
+    assert default.attention.target[default.target_index] == "noirs" and default.gold == (7,)  # ← "black"
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

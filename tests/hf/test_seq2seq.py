@@ -26,6 +26,7 @@ from tolerance import assert_within  # noqa: E402
 NAMES = ["bart", "m2m_100", "marian", "mbart", "t5"]
 SOURCE = "the cat sat on the mat"
 TARGET = "le chat est assis sur le tapis"
+GRAMMAR_SENTENCE = "the red apple is next to the black cats"  # one the toy grammar aligns
 
 
 @pytest.fixture(scope="module")
@@ -87,21 +88,21 @@ def test_cross_attention_translates_and_teacher_forces_its_output(dirs, name):
     limit = {} if model.max_positions is None else {"max_length": model.max_positions}
     with torch.no_grad():
         generated = eager.generate(input_ids=src, do_sample=False, num_beams=1, **limit)[0]
-    ids = generated[1:len(ca.french) + 1]  # after the decoder start token
-    assert ca.french == tok.convert_ids_to_tokens(ids.tolist())
-    assert ca.english == tok.convert_ids_to_tokens(src[0].tolist())
+    ids = generated[1:len(ca.target) + 1]  # after the decoder start token
+    assert ca.target == tok.convert_ids_to_tokens(ids.tolist())
+    assert ca.source == tok.convert_ids_to_tokens(src[0].tolist())
     assert ca.translation == tok.decode(ids, skip_special_tokens=True).strip()
     truth, plain = (eager_weights(m, input_ids=src, decoder_input_ids=generated[None, :len(ids)])
                     for m in eager_pair(eager))
     assert_within(ca.weights, truth["cross_attentions"], plain["cross_attentions"], what="cross")
     doc = ca.to_dict()
-    assert doc["kind"] == "cross" and len(doc["ranking"]) == len(ca.french)
+    assert doc["kind"] == "cross" and len(doc["ranking"]) == len(ca.target)
 
 
 def test_cross_attention_target_and_token(dirs):
     model = qkv.load(dirs["marian"][0])
     ca = cross_attention(model, SOURCE, target=TARGET, token="chat", top=2)
-    assert ca.french[ca.token] == "chat" and ca.special[-1] and not any(ca.special[:-1])
+    assert ca.target[ca.token] == "chat" and ca.special[-1] and not any(ca.special[:-1])
     assert [len(h["top"]) for h in ca.to_dict()["heads"]] == [2] * 8
 
 
@@ -177,7 +178,21 @@ def test_cli_explain_json_is_the_cross_view(dirs, capsys):
     assert qkv_cli("explain", SOURCE, "--model", path, "--json") == 0
     doc = json.loads(capsys.readouterr().out)
     ca = cross_attention(qkv.load(path), SOURCE)
-    assert doc["kind"] == "cross" and doc["french"] == ca.french and doc["english"] == ca.english
+    assert doc["kind"] == "cross" and doc["target"] == ca.target and doc["source"] == ca.source
+
+
+@pytest.mark.parametrize("name", ["bart", "marian"])
+def test_no_gold_alignment_is_assumed(dirs, capsys, name):
+    """The toy grammar's gold is the translation model's own, never applied to another
+    encoder-decoder: a sentence of the grammar gets no gold and no note about it."""
+    path = dirs[name][0]
+    assert qkv.load(path).gold_alignment(GRAMMAR_SENTENCE) is None
+    assert qkv_cli("explain", GRAMMAR_SENTENCE, "--model", path, "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gold"] is None and doc["gold_note"] is None and "aligned" not in doc["heads"][0]
+    assert qkv_cli("explain", GRAMMAR_SENTENCE, "--model", path) == 0
+    out = capsys.readouterr().out
+    assert "gold" not in out and "source: 0:" in out and "target: 0:" in out
 
 
 def test_view_html_export(dirs, tmp_path):

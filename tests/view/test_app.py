@@ -140,17 +140,17 @@ def test_translation_cross_attention(watched, served):
     open_page(watched, served, model="translate", text=FRENCH_TEXT)
     page.click('#grid button.cell[data-layer="2"][data-head="1"]')
     page.click('#tokens button[data-token="2"]')  # "rouge"
-    wait_steps(page, "decoder layer 2, head 1, French token 2")
+    wait_steps(page, "decoder layer 2, head 1, target token 2")
     cs = cross_attention_head("translate", FRENCH_TEXT, token="2", layer=2, head=1,
                               gold=grammar_gold(FRENCH_TEXT)).to_dict()
-    assert_steps(page, cs, cs["english"])
+    assert_steps(page, cs, cs["source"])
     gold = page.eval_on_selector_all("#steps-table tbody tr.gold", "rs => rs.map(r => Number(r.dataset.j))")
     assert gold == cs["gold"] == [1]  # rouge ← red
 
     ca = cross_attention("translate", FRENCH_TEXT, gold=grammar_gold(FRENCH_TEXT))
     counts = ca.alignment()
     label = page.get_attribute('#grid button.cell[data-layer="1"][data-head="0"]', "aria-label")
-    assert f"on gold for {int(counts[1, 0])} of {len(ca.gold)} French words" in label
+    assert f"on gold for {int(counts[1, 0])} of {len(ca.gold)} target words" in label
 
 
 def test_long_inputs_are_fetched_per_head_or_per_row(watched, served, model):

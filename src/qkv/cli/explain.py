@@ -299,26 +299,24 @@ def _explain_ablation(model, args) -> int:
 
 
 def _explain_translation(model, args) -> int:
-    """``qkv explain`` for a translation model: its cross-attention (see qkv.explain.cross),
-    checked against the toy grammar's gold alignment."""
+    """``qkv explain`` for an encoder-decoder: its cross-attention (see qkv.explain.cross),
+    checked against the model's own gold alignment when it has one (the toy grammar's)."""
     from qkv.explain import cross_attention, cross_attention_head
-    from qkv.translate.gold import grammar_gold
 
     if args.to is not None or args.no_projection or args.words:
         raise QkvError("--to, --words and --no-projection are for self-attention models; a translation "
-                       "model's cross-attention is shown per French token (--token, --layer, --head)")
+                       "model's cross-attention is shown per target token (--token, --layer, --head)")
     if args.method or args.compare or args.target_text:
         raise QkvError("--method, --compare and --target explain self-attention models; a "
-                       "translation model's cross-attention is shown per French token (--token, "
+                       "translation model's cross-attention is shown per target token (--token, "
                        "--layer, --head)")
-    gold = grammar_gold(args.text)
     if args.head is not None:
         result = cross_attention_head(model, args.text, token=args.token, layer=args.layer,
-                                      head=args.head, gold=gold)
+                                      head=args.head)
         ca = result.attention
     else:
         result = ca = cross_attention(model, args.text, token=args.token, top=args.top,
-                                      layer=args.layer, gold=gold)
+                                      layer=args.layer)
 
     def figure():
         from qkv.explain.figures import cross_figure, cross_head_figure

@@ -1,4 +1,5 @@
-"""``qkv train translate``, ``qkv translate`` and ``qkv evaluate``: the English→French model.
+"""``qkv train translate``, ``qkv translate`` and ``qkv evaluate``: the English→French model of the
+toy grammar; ``qkv translate`` also runs a transformers encoder-decoder.
 
     qkv train translate [--out DIR] [--resume] [--slim] [--steps N] [--batch-size B] …
     qkv translate [TEXT] [--model DIR|translate] [--beam K] [--vocab]
@@ -113,20 +114,22 @@ def run_train(args: argparse.Namespace) -> int:
 # -- qkv translate ---------------------------------------------------------------------------------
 def _register_translate(sub) -> None:
     p = sub.add_parser(
-        "translate", help="translate English into French with the toy-grammar model",
+        "translate", help="translate with an encoder-decoder (the toy grammar's English→French "
+                          "model by default)",
         description="Translate TEXT, or standard input line by line (one output line per input "
                     "line). Input is lower-cased and a final . ! ? is dropped; words the model never "
                     "saw are refused with their list (see --vocab), not guessed.",
         epilog='example: qkv translate "the red apple is next to the black cats" --beam 4')
     p.add_argument("text", nargs="?", type=options.text(), default=None,
-                   help="English text (default: read standard input)")
+                   help="the source text (default: read standard input)")
     p.add_argument("--model", type=options.name(), default="translate",
                    help="a translation model directory (qkv train translate's, or a transformers "
                         "encoder-decoder: Marian, BART, mBART, M2M100, T5), or 'translate' for "
                         "the shipped one (default)")
     p.add_argument("--beam", type=options.integer(1, MAX_BEAM), default=1, metavar="K",
                    help=f"beam width (1 = greedy, the default; at most {MAX_BEAM})")
-    p.add_argument("--vocab", action="store_true", help="list the English words the model knows")
+    p.add_argument("--vocab", action="store_true",
+                   help="list the English words the toy-grammar model knows")
     _threads_option(p)
     p.set_defaults(func=run_translate)
 
@@ -256,15 +259,15 @@ def _translate_stream(ckpt, beam: int, translate_line=None) -> int:
         try:
             check_one_line(line, what=f"line {number}")
             if translate_line is not None:  # a transformers model: no grammar to note
-                french = translate_line(line)
+                translation = translate_line(line)
             else:
-                french = translate(ckpt.model, ckpt.vocab, [line], beam=beam)[0]
+                translation = translate(ckpt.model, ckpt.vocab, [line], beam=beam)[0]
                 _note_outside_grammar(line, f"line {number}: ")
         except QkvError as e:
             failed.append(number)
             print(f"qkv: line {number}: {e}; its output line is empty", file=sys.stderr)
-            french = ""
-        print(french, flush=True)
+            translation = ""
+        print(translation, flush=True)
     if failed:
         shown = ", ".join(map(str, failed[:5])) + (", …" if len(failed) > 5 else "")
         raise QkvError(f"{len(failed)} of {total} lines not translated (line{'s' * (len(failed) > 1)} "

@@ -1,11 +1,12 @@
-"""A translation model's cross-attention: where each generated French word looked in the English.
+"""An encoder-decoder's cross-attention: where each target token looked in the source.
 
-The model translates the text greedily; then one teacher-forced forward pass over its own output
-records every cross-attention weight (:meth:`TranslationModel.trace`). French position j is the
-decoder position that *produces* French token j (its input is token j−1), so row j of a head's
-(t, s) map is where that head looked while the model chose token j::
+The model translates the text greedily (or takes ``target=``); then one teacher-forced forward
+pass over that target records every cross-attention weight (the model's ``cross_pass``,
+:class:`~qkv.models.protocol.CrossPass`). Target position j is the decoder position that
+*produces* target token j (its input is token j−1), so row j of a head's (t, s) map is where that
+head looked while the model chose token j::
 
-                English (keys, from the encoder's memory)
+                source (keys, from the encoder's memory)
                 the   red   apple  is   [EOS]
     la          ■                                  ← producing "la"
     pomme             ·     ■
@@ -13,20 +14,20 @@ decoder position that *produces* French token j (its input is token j−1), so r
     est                            ■
     [EOS]                               ■
 
-:func:`cross_attention` returns every weight, each head's most-attended English token per French
-token, checked against a gold alignment when the caller gives one (``gold=``: the CLI and the viewer
-pass the toy grammar's, :func:`qkv.translate.gold.grammar_gold`), and — with ``token`` — that
-French token's top English tokens per head.
-:func:`cross_attention_head` redoes one head's arithmetic for one French token — the decoder's
+:func:`cross_attention` returns every weight, each head's most-attended source token per target
+token, checked against a gold alignment when there is one (``gold=``; by default the model's own:
+``model.gold_alignment(text)``, which the toy translation model answers from its grammar and a
+transformers encoder-decoder leaves empty), and — with ``token`` — that target token's top source
+tokens per head.
+:func:`cross_attention_head` redoes one head's arithmetic for one target token — the decoder's
 query against the encoder's keys and values — in float64 with :func:`~qkv.explain.steps.head_steps`
 and compares it with the forward's own numbers.
 
 Both take a model whose ``capabilities.cross_attention`` is true (``qkv.load("translate")``:
 the shipped one; a transformers encoder-decoder directory — Marian, BART, mBART, M2M100, T5 —
 through :mod:`qkv.hf.seq2seq`), or a name/directory :func:`qkv.load` reads; they ask it only for
-``cross_pass`` and ``cross_shape`` (:mod:`qkv.models.protocol`). ``target=`` teacher-forces a
-given translation instead of the model's own. "English" and "French" below are the source and
-the target, whatever the languages. ``qkv explain TEXT --model
+``cross_pass``, ``cross_shape`` and ``gold_alignment`` (:mod:`qkv.models.protocol`). ``target=``
+teacher-forces a given translation instead of the model's own. ``qkv explain TEXT --model
 translate`` prints these results (:mod:`qkv.explain.render_cross`) and draws them
 (:mod:`qkv.explain.figures`).
 """
@@ -36,7 +37,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -47,12 +47,9 @@ from qkv.explain.select import Units, choose
 from qkv.explain.steps import HeadSteps, head_steps
 from qkv.explain.wording import ArgumentError, Message
 from qkv.explain.finite import NonFiniteError, check_layers, describe
-from qkv.models.protocol import CrossPass, TooLong, capabilities_of
+from qkv.models.protocol import CrossPass, Gold, TooLong, capabilities_of
 from qkv.models.translation import TranslationTrace
 from qkv.text import is_blank, shown
-
-# gold= : (the reference French tokens, per French token its English indices), or why there is none
-Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
 
 GOLD_MARK = "✓"
 
@@ -63,30 +60,30 @@ class CrossAttention:
 
     Fields:
         model: the checkpoint's name (``"translate (shipped)"`` or its directory); text: as given.
-        english: the s English tokens, ending with [EOS] (the keys).
-        french: the t generated French tokens, ending with [EOS] (the queries).
-        translation: the French sentence.
+        source: the s source tokens, special tokens included (the keys).
+        target: the t target tokens, ending with the end-of-sequence token (the queries).
+        translation: the target as text.
         weights: (L, H, t, s) cross-attention weights, exactly as the forward computed them.
-        gold: per French token (not [EOS]), the gold English token indices; None when the caller
-            gave none or the model's French differs from the gold's.
+        gold: per target word (not [EOS]), the gold source token indices; None when there is no
+            gold alignment (the model knows none, or its target differs from the gold's).
         gold_note: why ``gold`` is None (or None).
         trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer) of
             qkv's translation model; None for a model that keeps no such trace.
-        token: the French token chosen for a closer look (its top English tokens), or None.
-        focus: the French token a viewer opens at: ``token``, else the last French word (the
+        token: the target token chosen for a closer look (its top source tokens), or None.
+        focus: the target token a viewer opens at: ``token``, else the last target word (the
             default :func:`~qkv.explain.select.choose` resolves).
-        top: how many English tokens that closer look lists per head.
+        top: how many source tokens that closer look lists per head.
         layers: the decoder layers shown (all, or the one asked for).
         notes: how an ambiguous ``token`` was resolved.
-        special: per French token, whether it is a special token ([EOS], a language code).
+        special: per target token, whether it is a special token ([EOS], a language code).
     """
 
     kind: ClassVar[str] = "cross"  # its row in qkv.explain.kinds.KINDS
 
     model: str
     text: str
-    english: list[str]
-    french: list[str]
+    source: list[str]
+    target: list[str]
     translation: str
     weights: torch.Tensor
     gold: list[tuple[int, ...]] | None
@@ -105,33 +102,33 @@ class CrossAttention:
 
     @property
     def argmax(self) -> torch.Tensor:
-        """(L, H, t): the English index each head attends to most, per French position."""
+        """(L, H, t): the source index each head attends to most, per target position."""
         return self.weights.argmax(-1)
 
     def is_gold(self, j: int, i: int) -> bool | None:
-        """Whether English token i is in French token j's gold alignment (None: no gold)."""
+        """Whether source token i is in target token j's gold alignment (None: no gold)."""
         if self.gold is None or j >= len(self.gold):
             return None
         return i in self.gold[j]
 
     def alignment(self) -> torch.Tensor | None:
-        """(L, H) correct counts over the French tokens (not [EOS]); None without gold."""
+        """(L, H) correct counts over the target words (not [EOS]); None without gold."""
         if self.gold is None:
             return None
         n = len(self.gold)
-        gold = torch.zeros(n, len(self.english), dtype=torch.bool)
+        gold = torch.zeros(n, len(self.source), dtype=torch.bool)
         for j, srcs in enumerate(self.gold):
             gold[j, list(srcs)] = True
         return gold[torch.arange(n), self.argmax[..., :n]].sum(-1)  # (L, H)
 
     def top_weights(self, layer: int, head: int, j: int) -> list[tuple[int, float]]:
-        """The ``top`` largest weights of French token j as (English index, weight), largest first."""
+        """The ``top`` largest weights of target token j as (source index, weight), largest first."""
         w = self.weights[layer, head, j]
         values, index = w.topk(min(self.top, w.numel()))
         return [(int(i), float(v)) for v, i in zip(values, index)]
 
     def ranking(self, j: int) -> list[tuple[int, int]]:
-        """The shown heads as (layer, head) for French token j, best first: most French tokens
+        """The shown heads as (layer, head) for target token j, best first: most target words
         on gold (when there is gold), then the largest weight at j, then layer, head."""
         counts = self.alignment()
         def key(lh):
@@ -142,7 +139,7 @@ class CrossAttention:
 
     def to_dict(self) -> dict:
         """Every weight shown (``weights[l][h][j][i]`` for the ``layers``), each head's summary
-        (what ``qkv explain TEXT --model translate --json`` prints) and, per French token j,
+        (what ``qkv explain TEXT --model translate --json`` prints) and, per target token j,
         ``ranking[j]``: the heads best first (:meth:`ranking`)."""
         counts = self.alignment()
         best = int(counts[list(self.layers)].max()) if counts is not None else None
@@ -155,12 +152,12 @@ class CrossAttention:
                     entry["alignment_accuracy"] = int(counts[l, h]) / len(self.gold)
                     entry["best_aligned"] = int(counts[l, h]) == best
                 if self.token is not None:
-                    entry["top"] = [{"index": i, "token": self.english[i], "weight": w,
+                    entry["top"] = [{"index": i, "token": self.source[i], "weight": w,
                                      "gold": self.is_gold(self.token, i)}
                                     for i, w in self.top_weights(l, h, self.token)]
                 heads.append(entry)
         return {"kind": self.kind,
-            "model": self.model, "text": self.text, "english": self.english, "french": self.french,
+            "model": self.model, "text": self.text, "source": self.source, "target": self.target,
             "translation": self.translation, "layers": list(self.layers), "num_heads": self.num_heads,
             "weights": self.weights[list(self.layers)].tolist(),
             "gold": [list(g) for g in self.gold] if self.gold else None,
@@ -168,20 +165,20 @@ class CrossAttention:
             "num_layers": len(self.layers),
             "alignment": counts[list(self.layers)].tolist() if counts is not None else None,
             "ranking": [[{"layer": l, "head": h} for l, h in self.ranking(j)]
-                        for j in range(len(self.french))],
+                        for j in range(len(self.target))],
             "notes": [str(n) for n in self.notes],
         }
 
 
 @dataclass(frozen=True)
 class CrossHeadSteps:
-    """One cross-attention head's arithmetic for one French token — what
+    """One cross-attention head's arithmetic for one target token — what
     :func:`cross_attention_head` returns.
 
     Fields:
-        attention: the sentence's :class:`CrossAttention` (its ``token`` is the French token).
-        steps: the float64 recomputation; ``steps.tokens`` are the English keys and
-            ``steps.token_index`` is the French position.
+        attention: the sentence's :class:`CrossAttention` (its ``token`` is the target token).
+        steps: the float64 recomputation; ``steps.tokens`` are the source keys and
+            ``steps.token_index`` is the target position.
         norm_first: whether the decoder is pre-norm (it says where ``steps.x`` comes from).
     """
 
@@ -192,7 +189,7 @@ class CrossHeadSteps:
     norm_first: bool
 
     @property
-    def french_index(self) -> int:
+    def target_index(self) -> int:
         return self.steps.token_index
 
     @property
@@ -201,29 +198,29 @@ class CrossHeadSteps:
 
     @property
     def gold(self) -> tuple[int, ...] | None:
-        """The gold English indices of this French token, or None."""
-        gold, j = self.attention.gold, self.french_index
+        """The gold source indices of this target token, or None."""
+        gold, j = self.attention.gold, self.target_index
         return gold[j] if gold and j < len(gold) else None
 
     @property
     def x_source(self) -> str:
         """Which vector the query was projected from, in words."""
-        ca, j = self.attention, self.french_index
-        previous = "[BOS]" if j == 0 else repr(ca.french[j - 1])
+        ca, j = self.attention, self.target_index
+        previous = "the decoder start token" if j == 0 else repr(ca.target[j - 1])
         where = ("norm2 of the vector after the layer's self-attention (pre-norm)" if self.norm_first
                  else "the vector after the layer's self-attention block (post-norm: its norm1 output)")
-        return (f"the decoder's vector at French position {j} in layer {self.steps.layer}: {where}; "
-                f"position {j} reads {previous} and produces {ca.french[j]!r}")
+        return (f"the decoder's vector at target position {j} in layer {self.steps.layer}: {where}; "
+                f"position {j} reads {previous} and produces {ca.target[j]!r}")
 
     def to_dict(self) -> dict:
         """Every number in full (what ``qkv explain TEXT --model translate --layer L --head H
         --json`` prints); −inf as :mod:`qkv.explain.jsonable` says."""
-        st, ca, j = self.steps, self.attention, self.french_index
+        st, ca, j = self.steps, self.attention, self.target_index
         gold = self.gold
         return {
-            "model": ca.model, "text": ca.text, "kind": self.kind, "english": ca.english,
-            "french": ca.french, "translation": ca.translation, "layer": st.layer, "head": st.head,
-            "french_index": j, "french_token": ca.french[j], "x_source": self.x_source,
+            "model": ca.model, "text": ca.text, "kind": self.kind, "source": ca.source,
+            "target": ca.target, "translation": ca.translation, "layer": st.layer, "head": st.head,
+            "target_index": j, "target_token": ca.target[j], "x_source": self.x_source,
             "gold": list(gold) if gold is not None else None,
             "head_dim": st.head_dim, "scale": st.scale, "x": numbers(st.x), "query": numbers(st.query),
             "memory": numbers(ca.trace.decoder[st.layer].cross_attn.key_input[0].double()),
@@ -306,31 +303,31 @@ def cross_pass(model, text: str, target: str | None = None) -> CrossPass:
 
 def _translate_and_trace(model, text: str, gold: Gold, target: str | None = None) -> CrossAttention:
     """Translate ``text`` (or take ``target``) and trace the forward pass over it (see the
-    module doc)."""
+    module doc); ``gold`` None: the model's own (``model.gold_alignment(text)``)."""
     cp = cross_pass(model, text, target)
-    gold, note = _gold(gold, cp.words)
-    return CrossAttention(model=model.name, text=text, english=cp.source, french=cp.target,
-                          translation=cp.translation, weights=cp.cross, gold=gold,
+    links, note = _gold(model.gold_alignment(text) if gold is None else gold, cp.words)
+    return CrossAttention(model=model.name, text=text, source=cp.source, target=cp.target,
+                          translation=cp.translation, weights=cp.cross, gold=links,
                           gold_note=note, trace=cp.trace, layers=tuple(range(cp.cross.shape[0])),
                           special=tuple(cp.special))
 
 
-def _gold(gold: Gold, french: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
-    """The caller's gold as (links, None) when it is for the model's French, else (None, why)."""
+def _gold(gold: Gold, words: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
+    """A gold alignment as (links, None) when it is for the target ``words``, else (None, why)."""
     if gold is None:
         return None, None
     if isinstance(gold, str):
         return None, gold
     reference, links = gold
-    if list(reference) != french:
-        return None, (f"no gold alignment: the model's French differs from the gold's "
+    if list(reference) != words:
+        return None, (f"no gold alignment: the translation differs from the gold's "
                       f"({' '.join(reference)!r})")
     return [tuple(int(i) for i in g) for g in links], None
 
 
-def _french_units(ca: CrossAttention) -> Units:
-    return Units(labels=ca.french, groups=[(j,) for j in range(len(ca.french))],
-                 special=list(ca.special), words=False, num_tokens=len(ca.french))
+def _target_units(ca: CrossAttention) -> Units:
+    return Units(labels=ca.target, groups=[(j,) for j in range(len(ca.target))],
+                 special=list(ca.special), words=False, num_tokens=len(ca.target))
 
 
 def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
@@ -339,16 +336,18 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
     """Translate ``text`` and return every cross-attention weight of the pass that scored it.
 
     Args:
-        model: a model with cross-attention (``qkv.load("translate")``), or a name/directory
-            :func:`qkv.load` reads.
-        token: a French token to look at closer (a word, ``"word@N"`` or an index, as in
-            :func:`~qkv.explain.select.choose`); its top English tokens go into ``to_dict()``.
-        top: how many English tokens to list for ``token``, per head.
+        model: a model with cross-attention (``qkv.load("translate")``, a transformers
+            encoder-decoder), or a name/directory :func:`qkv.load` reads.
+        token: a target token to look at closer (a word, ``"word@N"`` or an index, as in
+            :func:`~qkv.explain.select.choose`); its top source tokens go into ``to_dict()``.
+        top: how many source tokens to list for ``token``, per head.
         layer: show only this decoder layer.
-        gold: ``(french_tokens, links)``: a reference translation and, per French token, the
-            English token indices it translates (:func:`qkv.translate.gold.grammar_gold` for the
-            toy grammar), used when the model's French equals it; or a string saying why there
-            is none (kept as ``gold_note``); None: no gold.
+        gold: ``(target_tokens, links)``: a reference translation and, per target word, the
+            source token indices it translates, used when the translation's words equal it; or
+            a string saying why there is none (kept as ``gold_note``; it also turns a model's
+            own gold off). None (the default): the model's own, ``model.gold_alignment(text)``
+            — the toy translation model's grammar (:func:`qkv.translate.gold.grammar_gold`),
+            nothing for a transformers encoder-decoder.
         target: a translation to teacher-force instead of the model's own (tokenised as the
             model trains on it: ``tokenizer(text_target=target)`` for a transformers model).
 
@@ -360,21 +359,19 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
 
     Example:
         >>> import qkv
-        >>> from qkv.translate.gold import grammar_gold
-        >>> text = "the red apple is next to the black cats"
-        >>> ca = cross_attention(qkv.load("translate"), text, gold=grammar_gold(text))
+        >>> ca = cross_attention(qkv.load("translate"), "the red apple is next to the black cats")
         >>> ca.translation, ca.weights.shape                      # (L, H, t, s)
         ('la pomme rouge est à côté des chats noirs', torch.Size([3, 4, 10, 10]))
-        >>> ca.english[int(ca.argmax[1, 0, 2])], ca.french[2]    # L1 H0 while producing "rouge"
+        >>> ca.source[int(ca.argmax[1, 0, 2])], ca.target[2]     # L1 H0 while producing "rouge"
         ('red', 'rouge')
-        >>> ca.alignment()[1, 0].item(), len(ca.gold)          # on gold for all 9 French words
+        >>> ca.alignment()[1, 0].item(), len(ca.gold)          # on the grammar's gold for all 9 words
         (9, 9)
     """
     check_top(top)
     model = translation_model(model, target=target)
     check_layer_head(model, layer, None)
     ca = _translate_and_trace(model, text, gold, target)
-    choice = choose(token, _french_units(ca), role="token")  # token=None: the default, resolved here
+    choice = choose(token, _target_units(ca), role="token")  # token=None: the default, resolved here
     return replace(ca, token=choice.unit if token is not None else None, focus=choice.unit, top=top,
                    layers=ca.layers if layer is None else (layer,),
                    notes=(choice.note,) if token is not None and choice.note else ())
@@ -382,11 +379,11 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
 
 def cross_attention_head(model, text: str, *, token: str | None = None, layer: int, head: int,
                          gold: Gold = None) -> CrossHeadSteps:
-    """One cross-attention head's arithmetic for one French token, redone in float64.
+    """One cross-attention head's arithmetic for one target token, redone in float64.
 
     Args:
         model, gold: as for :func:`cross_attention`.
-        token: the French token (None: the last French word).
+        token: the target token (None: the last target word).
         layer, head: the decoder layer and the head within it, counting from 0.
 
     Raises:
@@ -394,11 +391,9 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
         QkvError: as for :func:`cross_attention`.
 
     Example:
-        >>> from qkv.translate.gold import grammar_gold
         >>> text = "the red apple is next to the black cats"
-        >>> cs = cross_attention_head("translate", text, token="rouge", layer=2, head=1,
-        ...                           gold=grammar_gold(text))
-        >>> cs.french_index, cs.gold, cs.steps.max_abs_diff < 1e-4
+        >>> cs = cross_attention_head("translate", text, token="rouge", layer=2, head=1)
+        >>> cs.target_index, cs.gold, cs.steps.max_abs_diff < 1e-4
         (2, (1,), True)
     """
     model = translation_model(model)
@@ -408,9 +403,9 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
                             "every head's weights (leave out {head})", model=model.name)
     check_layer_head(model, layer, head)
     ca = _translate_and_trace(model, text, gold)
-    choice = choose(token, _french_units(ca), role="token")
+    choice = choose(token, _target_units(ca), role="token")
     j = choice.unit
     steps = head_steps(model.decoder[layer].cross_attn, ca.trace.decoder[layer].cross_attn,
-                       layer=layer, head=head, row=j, tokens=ca.english, model=ca.model, text=text)
+                       layer=layer, head=head, row=j, tokens=ca.source, model=ca.model, text=text)
     ca = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
     return CrossHeadSteps(attention=ca, steps=steps, norm_first=model.config.norm_first)

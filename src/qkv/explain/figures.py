@@ -3,8 +3,8 @@ figure; write it with :func:`qkv.explain.plots.save_atomic`.
 
 * :func:`overview_figure` — an :class:`~qkv.explain.Overview`: every head's row for the token
 * :func:`map_figure` — an :class:`~qkv.explain.AttentionMap`: one head's whole map
-* :func:`cross_figure`, :func:`cross_head_figure` — a translation model's cross-attention, French
-  rows, English columns, the gold alignment boxed in red
+* :func:`cross_figure`, :func:`cross_head_figure` — an encoder-decoder's cross-attention, target
+  rows, source columns, a gold alignment (when the model has one) boxed in red
 
 The drawing primitives (a headless figure, a heat map, a grid of rows) are in
 :mod:`qkv.explain.plots`.
@@ -49,8 +49,8 @@ def map_figure(m: AttentionMap):
 def _draw_map(ax, ca: CrossAttention, layer: int, head: int, *, annotate: bool):
     w = ca.weights[layer, head].double()  # (t, s)
     im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-    ax.set_xticks(range(len(ca.english)), ca.english, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(ca.french)), ca.french, fontsize=7)
+    ax.set_xticks(range(len(ca.source)), ca.source, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(ca.target)), ca.target, fontsize=7)
     for j, srcs in enumerate(ca.gold or []):
         for i in srcs:
             ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.2))
@@ -77,8 +77,8 @@ def cross_figure(ca: CrossAttention):
         for h in range(H):
             _draw_map(axes[r][h], ca, l, h, annotate=False)
             axes[r][h].set_title(f"L{l} H{h}", fontsize=8)
-    fig.suptitle(f"{ca.model}: cross-attention, French (rows) → English (columns); "
-                 f"red boxes: gold alignment", fontsize=10)
+    fig.suptitle(f"{ca.model}: cross-attention, target (rows) → source (columns)"
+                 + ("; red boxes: gold alignment" if ca.gold else ""), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -88,8 +88,8 @@ def cross_head_figure(ca: CrossAttention, layer: int, head: int):
     t, s = ca.weights.shape[2:]
     fig, ax = new_figure(figsize=(max(4.0, 0.42 * s + 2.2), max(3.5, 0.42 * t + 1.5)))
     im = _draw_map(ax, ca, layer, head, annotate=True)
-    ax.set_xlabel("English (keys: the encoder's output)")
-    ax.set_ylabel("French (queries: the decoder producing this token)")
+    ax.set_xlabel("source (keys: the encoder's output)")
+    ax.set_ylabel("target (queries: the decoder producing this token)")
     ax.set_title(f"{ca.model}: layer {layer}, head {head} cross-attention"
                  + ("; red boxes: gold alignment" if ca.gold else ""), fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")

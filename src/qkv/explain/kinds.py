@@ -226,7 +226,7 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                result=cross.CrossAttention, panel="main"),
     ResultKind("cross_steps", "cross_attention", "qkv.explain.render_cross:render_cross_steps",
                "cross_steps", cross.cross_attention_head, (TOKEN, LAYER, HEAD),
-               lambda r: {"token": r.french_index, "layer": r.steps.layer, "head": r.steps.head},
+               lambda r: {"token": r.target_index, "layer": r.steps.layer, "head": r.steps.head},
                result=cross.CrossHeadSteps, panel="main"),
     # a long document (qkv view --file): one recorded forward answers every question, O(N)
     ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,

@@ -74,10 +74,14 @@ class Seq2SeqModel:
 
     @property
     def max_positions(self) -> int | None:
-        """Positions the embeddings cover (None: relative positions only, as T5)."""
-        if self.config.model_type in ("t5", "mt5"):
-            return None
-        return getattr(self.config, "max_position_embeddings", None)
+        """Positions the embeddings cover: the config's ``max_position_embeddings``; None where it
+        has none (relative positions only, as T5's)."""
+        limit = getattr(self.config, "max_position_embeddings", None)
+        return limit if isinstance(limit, int) else None
+
+    def gold_alignment(self, text: str) -> None:
+        """None: a transformers encoder-decoder knows no gold alignment of its sentences."""
+        return None
 
     def _check_length(self, argument: str, n: int) -> None:
         limit = self.max_positions

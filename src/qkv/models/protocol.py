@@ -24,8 +24,12 @@ model, or a transformers model wrapped behind qkv's attention) provides:
 ``cross_pass(text, target=None)``, ``cross_shape``
     (models with ``capabilities.cross_attention``) one teacher-forced forward over ``target``
     (None: the model's own greedy translation) → a :class:`CrossPass`; ``cross_shape`` is
-    (decoder layers, heads per layer). :mod:`qkv.explain.cross` and
-    :func:`qkv.explain.attention_maps` read nothing else.
+    (decoder layers, heads per layer).
+``gold_alignment(text)``
+    (models with ``capabilities.cross_attention``) a :data:`Gold` alignment for ``text`` when the
+    model knows one (the toy translation model: its grammar's), else None (a transformers
+    encoder-decoder). :mod:`qkv.explain.cross` and :func:`qkv.explain.attention_maps` read
+    nothing else.
 
 Which explanation applies is a question to :class:`Capabilities`:
 
@@ -51,6 +55,7 @@ Which explanation applies is a question to :class:`Capabilities`:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -126,6 +131,12 @@ class CrossPass:
     encoder: torch.Tensor
     decoder: torch.Tensor
     trace: object | None = None
+
+
+# What a cross-attention model's ``gold_alignment(text)`` returns: (the reference target tokens,
+# per target token the source token indices it translates), a sentence saying why there is none
+# for this text, or None (the model knows no gold alignment).
+Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
 
 
 def capabilities_of(model) -> Capabilities:

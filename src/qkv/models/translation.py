@@ -28,7 +28,7 @@ from torch import nn
 
 from qkv.attention.attention_mask import AttentionMask
 from qkv.errors import QkvError
-from qkv.models.protocol import TRANSLATION, CrossPass, TooLong
+from qkv.models.protocol import TRANSLATION, CrossPass, Gold, TooLong
 from qkv.modules import (
     KVCache, LayerTrace, SinusoidalPositionalEncoding, StackOutput, TransformerLayer, TransformerStack,
 )
@@ -296,6 +296,15 @@ class TranslationModel(nn.Module):
                          translation=vocab.decode_fr(ids), cross=stack(trace.decoder, "cross_attn"),
                          encoder=stack(trace.encoder, "self_attn"),
                          decoder=stack(trace.decoder, "self_attn"), trace=trace)
+
+    def gold_alignment(self, text: str) -> Gold:
+        """The grammar this model learns gives every sentence's gold alignment
+        (:func:`qkv.translate.gold.grammar_gold`): its French tokens and, per French token, the
+        English token indices it translates; a sentence saying why when ``text`` is not one of
+        the grammar's."""
+        from qkv.translate.gold import grammar_gold  # translate/ imports this module
+
+        return grammar_gold(text)
 
 
 def upgrade_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

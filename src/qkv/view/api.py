@@ -12,8 +12,8 @@ library's arguments)::
     received     AttentionReceived(the head's map)  (= attention_received(model, text, layer, head, words))
     probe        probe(model) — the model's default probe (coref; induction for a causal
                  model) (the best heads the model view marks)
-    cross        cross_attention(model, text, token, gold)               (translation model)
-    cross_steps  cross_attention_head(model, text, token, layer, head, gold)
+    cross        cross_attention(model, text, token)          (encoder-decoders; gold: the model's own)
+    cross_steps  cross_attention_head(model, text, token, layer, head)
     effects      head_effects(model, probe) — each head's ablation effect on a probe that applies
                  to the model (``/api/info`` lists them, its default first: the model view's)
 
@@ -32,8 +32,9 @@ the rows, so the page's defaults are the library's. A row marked ``from_map`` is
 the text's maps (one forward, kept in an LRU) rather than a forward per head.
 
 Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`) against the
-row's ``needs``; ``/api/info`` sends each model's capabilities to the page. The gold alignment of
-a translation is the toy grammar's (:func:`qkv.translate.gold.grammar_gold`).
+row's ``needs``; ``/api/info`` sends each model's capabilities to the page. A translation's gold
+alignment is the model's own (``model.gold_alignment``: the toy grammar's for the translation
+model, none for a transformers encoder-decoder).
 
 Every field is checked before anything runs; a bad one is an :class:`ApiError` (HTTP 4xx) whose
 JSON names the field: ``{"error": {"field": "layer", "message": "layer 9 is out of range …"}}``.
@@ -67,7 +68,6 @@ from qkv.explain.forward import check_layer_head
 from qkv.explain.head_effects import probes_for
 from qkv.explain.contributions import DEFAULT, METHODS as REGISTRY
 from qkv.explain.kinds import KINDS, Field
-from qkv.translate.gold import grammar_gold
 from qkv.view import answers
 
 MAX_TEXT_CHARS = 20000  # a 2,048-token decoder input is ~10,000 characters; the model's own limit applies too
@@ -388,10 +388,7 @@ class Api:
         return answers.answer(result)
 
     def _run(self, row, model, text, args: dict) -> dict:
-        """The row's library call under the lock, its result as the page receives it. A
-        translation model's gold alignment is the toy grammar's (the library takes it as given)."""
-        if row.needs == "cross_attention":
-            args["gold"] = grammar_gold(text)
+        """The row's library call under the lock, its result as the page receives it."""
         if row.whole_map:
             self._check_map_tokens(model, text)
         with self.models.lock:

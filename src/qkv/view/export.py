@@ -9,7 +9,7 @@ numbers are the ones the server would send. What is included:
   map and per-head panels (:data:`HEAD_PANELS`: rows whose ``panel`` is ``"head"``), the step panel of every head for the chosen
   token and of the chosen head for every token, and the model's probe's best heads; for a longer text the chosen head's map and steps only;
 * translation: the cross-attention (every head's map), and the step panel of every head for the
-  chosen French token and of the chosen head for every French token.
+  chosen target token and of the chosen head for every target token.
 
 Anything else the page asks for says "not in this exported file" instead of a number.
 
@@ -58,7 +58,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         for l in range(L if steps else 0):
             for h in range(H):
                 get("cross_steps", token=j, layer=l, head=h)
-        for i in range(len(ca["french"]) if steps else 0):
+        for i in range(len(ca["target"]) if steps else 0):
             get("cross_steps", token=i, layer=layer, head=head)
         return list(answers.values()), {"token": j, "layer": layer, "head": head, "words": False,
                          "method": DEFAULT_METHOD}

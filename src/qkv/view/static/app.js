@@ -62,8 +62,8 @@
   }
 
   // -- labels: units of the current text ---------------------------------------------------------
-  function queryLabels() { return crossAttention() ? D.cross.french : D.overview ? D.overview.units : []; }
-  function keyLabels() { return crossAttention() ? D.cross.english : D.overview ? D.overview.units : []; }
+  function queryLabels() { return crossAttention() ? D.cross.target : D.overview ? D.overview.units : []; }
+  function keyLabels() { return crossAttention() ? D.cross.source : D.overview ? D.overview.units : []; }
   function numLayers() { return crossAttention() ? D.cross.num_layers : D.overview.num_layers; }
   function numHeads() { return crossAttention() ? D.cross.num_heads : D.overview.num_heads; }
 
@@ -170,10 +170,10 @@
     labels.forEach((label, i) => {
       box.append(h("button", { type: "button", "data-token": i, "aria-pressed": i === S.token ? "true" : "false",
         class: (special[i] ? "special " : "") + (!crossAttention() && D.overview.focus === label && i === focus ? "focus" : ""),
-        title: `${crossAttention() ? "French token" : D.overview.words ? "word" : "token"} ${i}`,
+        title: `${crossAttention() ? "target token" : D.overview.words ? "word" : "token"} ${i}`,
         onclick: () => selectToken(i) }, label));
     });
-    $("tokens-title").firstChild.textContent = crossAttention() ? "French tokens (queries) " : (S.words ? "Words " : "Tokens ");
+    $("tokens-title").firstChild.textContent = crossAttention() ? "Target tokens (queries) " : (S.words ? "Words " : "Tokens ");
   }
   $("tokens").addEventListener("keydown", (ev) => {
     const n = queryLabels().length;
@@ -186,12 +186,12 @@
     // [{layer, head, weights (row over keys), max, argmax, rank, note, mark}] for the selected token
     const rows = [];
     if (crossAttention()) {
-      // the library ranks the heads for each French token (CrossAttention.ranking)
+      // the library ranks the heads for each target token (CrossAttention.ranking)
       const c = D.cross, j = S.token, gold = c.gold && j < c.gold.length ? c.gold[j] : null;
       for (const { layer, head } of c.ranking[j]) {
         const li = c.layers.indexOf(layer), e = c.heads[li * c.num_heads + head];
         const w = c.weights[li][head][j], am = e.argmax[j];
-        rows.push({ layer, head, weights: w, max: w[am], argmax: c.english[am],
+        rows.push({ layer, head, weights: w, max: w[am], argmax: c.source[am],
           onGold: gold ? gold.includes(am) : null, count: e.aligned ?? null, mark: !!e.best_aligned });
       }
     } else {
@@ -219,7 +219,7 @@
       if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
       const label = crossAttention()
         ? `layer ${l} head ${hh}: rank ${r.rank}, largest weight ${fmt(r.max)} on ${r.argmax}` +
-          (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} French words` : "")
+          (r.count !== null ? `, on gold for ${r.count} of ${D.cross.gold.length} target words` : "")
         : `layer ${l}${perLayer ? " (all heads)" : " head " + hh}: rank ${r.rank}, largest ${isMethod() ? S.method + " share" : "weight"} ${fmt(r.max)} on ${r.argmax}, entropy ${fmt(r.entropy, 2)} bits` +
           (r.focus ? ", highlighted" : "") + (r.mark ? `, a best ${probeName()}-probe head` : "") +
           (effects ? `, ablation effect ${signed(effects[l][hh])}` : "");
@@ -231,7 +231,7 @@
         effects ? h("span", { class: "effect" }, "Δ " + compact(effects[l][hh])) : null);
     } });
     const hint = crossAttention()
-      ? "per head: the selected French token's weights over the English; ranked by words on the gold alignment (★: the best heads)"
+      ? "per head: the selected target token's weights over the source; " + (D.cross.gold ? "ranked by words on the gold alignment (★: the best heads)" : "ranked by the largest weight in the row")
       : (isMethod() ? `method ${S.method}: ${D.info.methods[S.method]} — rows as shares of their total; ` : "") +
         `ranked by the largest ${isMethod() ? "share" : "weight"} in the row (#1 = most focused), as qkv explain ranks them; ` +
         `${whole ? "whole maps (the selected row outlined)" : "bars: the selected token's row"}; ` +
@@ -301,7 +301,7 @@
   async function currentMap() {
     if (crossAttention()) {
       const c = D.cross, li = c.layers.indexOf(S.layer), w = c.weights[li][S.head];
-      return { rows: c.french, cols: c.english, n: c.french.length, m: c.english.length,
+      return { rows: c.target, cols: c.source, n: c.target.length, m: c.source.length,
         get: (i, j) => w[i][j], gold: c.gold, layer: S.layer, head: S.head };
     }
     let data, U;
@@ -466,9 +466,9 @@
       if (!(e instanceof Missing)) throw e;
       return;
     }
-    const keysTok = crossAttention() ? st.english : st.tokens;
-    const qTok = crossAttention() ? st.french_token : st.token;
-    const i = crossAttention() ? st.french_index : st.token_index;
+    const keysTok = crossAttention() ? st.source : st.tokens;
+    const qTok = crossAttention() ? st.target_token : st.token;
+    const i = crossAttention() ? st.target_index : st.token_index;
     const gold = crossAttention() && st.gold ? st.gold : [];
     const rows = keysTok.map((t, j) => h("tr", { "data-j": j, class: (j === i && !crossAttention() ? "selected " : "") + (gold.includes(j) ? "gold" : "") },
       h("td", {}, String(j)), h("td", { class: "tok" }, t),
@@ -478,14 +478,14 @@
     const diff = st.max_abs_diff;
     body.replaceChildren(
       h("p", {}, crossAttention()
-        ? `Cross-attention, decoder layer ${st.layer}, head ${st.head}, French token ${i} “${qTok}” looking at the English. `
+        ? `Cross-attention, decoder layer ${st.layer}, head ${st.head}, target token ${i} “${qTok}” looking at the source. `
         : `Layer ${st.layer}, head ${st.head}, token ${i} “${qTok}”. ` + (st.word ? `(word “${st.word}”: its last token) ` : ""),
       h("span", { class: "formula" }, `head dim d = ${st.head_dim}; 1/√d = ${fmt(st.scale, 6)}. ` +
         "score_j = q·k_j, scaled_j = score_j/√d (+ mask), w = softmax(scaled), output = Σ_j w_j v_j — recomputed in float64 by qkv.explain")),
       h("details", {}, h("summary", {}, `x — the vector entering the attention (${st.x.length} numbers)` + (st.x_source ? ": " + st.x_source : "")), vec(st.x, "step-x")),
       h("details", { open: true }, h("summary", {}, `q = x·W_Q + b_Q (${st.query.length} numbers)`), vec(st.query, "step-q")),
       h("div", { class: "scroll" }, h("table", { id: "steps-table" },
-        h("thead", {}, h("tr", {}, ...["j", crossAttention() ? "English" : "token", "q·k_j", "/√d", "mask", "softmax w_j", "k_j", "v_j"].map((c) => h("th", { scope: "col" }, c)))),
+        h("thead", {}, h("tr", {}, ...["j", crossAttention() ? "source" : "token", "q·k_j", "/√d", "mask", "softmax w_j", "k_j", "v_j"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, rows))),
       h("p", {}, `Σ w_j = ${fmt(st.weights_sum, 6)}`),
       h("details", { open: true }, h("summary", {}, `Σ_j w_j v_j — recomputed (${st.output.length} numbers)`), vec(st.output, "step-out")),
