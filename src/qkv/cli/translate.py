@@ -56,7 +56,7 @@ def _train_type(name: str, kind: type):
 
 
 def _register_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (qkv train translate | lm)",
+    p = sub.add_parser("train", help="train a model (qkv train translate | lm | reader)",
                        description="Train one of qkv's own models.")
     models = p.add_subparsers(dest="model_kind", metavar="MODEL")
     t = models.add_parser(
@@ -77,6 +77,9 @@ def _register_train(sub) -> None:
     from qkv.cli.lm import register_train as register_train_lm  # qkv train lm (induction heads)
 
     register_train_lm(models)
+    from qkv.cli.reader import register_train as register_train_reader  # qkv train reader
+
+    register_train_reader(models)
     p.set_defaults(func=lambda args: _missing_model(models))
 
 

@@ -1,0 +1,7 @@
+"""The reader: a small Mistral-style decoder (Llama with a sliding window and RoPE) trained on the
+English prose of the Python documentation, so that a text of any length has a shipped model to
+read it. Its text (:mod:`qkv.reader.corpus`), tokenizer and batches (:mod:`qkv.reader.data`) and
+training (:mod:`qkv.reader.train`, ``qkv train reader``); the model is
+:mod:`qkv.models.llama`'s, the loop and checkpoint :mod:`qkv.lm.run`'s (shared with ``qkv train
+lm``). The trained checkpoint ships in ``qkv/data/reader``: ``qkv.load("reader")``.
+"""

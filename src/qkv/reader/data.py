@@ -1,0 +1,163 @@
+"""The reader's tokenizer and batches: byte-level BPE trained on the corpus, random windows of the
+token stream, some with a span copied again.
+
+* :func:`train_tokenizer` — a byte-level BPE (GPT-2's scheme: every byte is a token, so no text
+  is unknown) learned from the training pages only, ``<bos>`` put first by its post-processor.
+* :class:`TokenStream` — the training pages' token ids end to end (a page closes with ``\\n\\n``),
+  and the held-out pages, each its own id list.
+* :func:`get_batch` — ``batch_size`` windows of ``seq_len`` tokens at random offsets, ``<bos>``
+  first; with probability ``repeat_prob`` a window also carries a *copy*: a span of it written
+  again later in the same window, so that the later tokens of the copy are predictable by
+  looking back (what induction heads do, Olsson et al. 2022). English repeats itself too
+  (names, identifiers); the copies only make the signal denser, so induction heads form within
+  the short CPU budget::
+
+      <bos> … the with statement ensures that … │the with statement│ … Python …
+                  └──────── span ───────┘        └── its copy ─────┘ (inserted, the rest shifts)
+
+A batch is a pure function of (seed, step), like ``qkv train lm``'s.
+
+Example:
+    >>> import tokenizers
+    >>> tok = train_tokenizer(["the cat sat on the mat. " * 20], vocab_size=300)
+    >>> stream = TokenStream.of(tok, ["the cat sat on the mat. " * 40], ["a mat."])
+    >>> b = get_batch(stream, BatchConfig(seq_len=16, min_span=2, max_span=4), batch_size=2, seed=0, step=0)
+    >>> b.ids.shape, int(b.ids[0, 0]) == BOS_ID                    # (b, 1 + seq_len)
+    (torch.Size([2, 17]), True)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from qkv.errors import QkvError
+
+BOS = "<bos>"
+BOS_ID = 0
+PAGE_END = "\n\n"
+
+
+def train_tokenizer(pages: list[str], *, vocab_size: int):
+    """A byte-level BPE ``tokenizers.Tokenizer`` with ``vocab_size`` tokens learned from ``pages``.
+
+    ``<bos>`` is id 0 and put before every encoded text; the 256 byte tokens are always in the
+    vocabulary, so any text encodes (no unknown token).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    if vocab_size < 257 + 1:
+        raise QkvError(f"--vocab-size must be at least 258 (<bos>, the 256 bytes and one merge), "
+                       f"got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(pages, trainer)
+    if tok.token_to_id(BOS) != BOS_ID:
+        raise AssertionError("the trainer put <bos> elsewhere than id 0")
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A",
+                                                       special_tokens=[(BOS, BOS_ID)])
+    return tok
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """The corpus as token ids.
+
+    Fields:
+        train: (n,) int64, every training page's ids (each page closed by ``\\n\\n``), end to end.
+        heldout: one (n_i,) int64 tensor per held-out page (its ids, no ``<bos>``).
+        vocab_size: the tokenizer's.
+    """
+
+    train: torch.Tensor
+    heldout: list[torch.Tensor]
+    vocab_size: int
+
+    @classmethod
+    def of(cls, tokenizer, train_pages: list[str], heldout_pages: list[str]) -> "TokenStream":
+        """Encode the pages (``tokenizer``: a ``tokenizers.Tokenizer``, its ``<bos>`` left out)."""
+        enc = tokenizer.encode_batch([p + PAGE_END for p in train_pages], add_special_tokens=False)
+        train = torch.tensor([i for e in enc for i in e.ids], dtype=torch.long)
+        held = [torch.tensor(e.ids, dtype=torch.long) for e in
+                tokenizer.encode_batch(heldout_pages, add_special_tokens=False)]
+        return cls(train, [h for h in held if len(h)], tokenizer.get_vocab_size())
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How training windows are drawn (the defaults are the shipped reader's)."""
+
+    seq_len: int = 256  # tokens after <bos>
+    repeat_prob: float = 1.0  # the share of windows that carry a copied span
+    min_span: int = 8  # tokens per copied span, drawn uniformly from [min_span, max_span]
+    max_span: int = 48
+
+
+@dataclass(frozen=True)
+class ReaderBatch:
+    """Windows of the token stream.
+
+    Fields:
+        ids: (b, 1 + seq_len) token ids, ``<bos>`` first.
+        copied: (b, 1 + seq_len) True on the second and later tokens of an inserted copy.
+    """
+
+    ids: torch.Tensor
+    copied: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.ids[:, 1:].numel())
+
+
+def sample_window(rng: random.Random, stream: torch.Tensor, cfg: BatchConfig) -> tuple[list[int], list[bool]]:
+    """One window of ``cfg.seq_len`` ids (without ``<bos>``) and which are copy tokens."""
+    n = cfg.seq_len
+    start = rng.randrange(len(stream) - n + 1)
+    ids = stream[start:start + n].tolist()
+    copied = [False] * n
+    if rng.random() < cfg.repeat_prob:
+        span = rng.randint(cfg.min_span, cfg.max_span)
+        source = rng.randrange(n - 2 * span + 1)  # the span, then room for its copy after it
+        at = rng.randint(source + span, n - span)  # where the copy goes (the rest shifts right)
+        ids = (ids[:at] + ids[source:source + span] + ids[at:])[:n]
+        copied = (copied[:at] + [False] + [True] * (span - 1) + copied[at:])[:n]
+    return ids, copied
+
+
+def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: int, step: int) -> ReaderBatch:
+    """Training batch ``step`` of run ``seed``: a pure function of (stream, seed, step)."""
+    if len(stream.train) < cfg.seq_len:
+        raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len "
+                       f"{cfg.seq_len}")
+    rng = random.Random(f"reader/train/{seed}/{step}")
+    rows = [sample_window(rng, stream.train, cfg) for _ in range(batch_size)]
+    ids = torch.tensor([[BOS_ID] + r for r, _ in rows], dtype=torch.long)  # (b, 1 + seq_len)
+    copied = torch.tensor([[False] + c for _, c in rows], dtype=torch.bool)
+    return ReaderBatch(ids, copied)
+
+
+def heldout_windows(stream: TokenStream, *, seq_len: int, count: int) -> torch.Tensor:
+    """(count', 1 + seq_len) ``<bos>`` + consecutive held-out windows (pages end to end), at
+    most ``count`` of them, spread evenly: the validation batch watched during training."""
+    text = torch.cat(stream.heldout)
+    starts = range(0, len(text) - seq_len + 1, seq_len)
+    if not starts:
+        raise QkvError(f"the held-out text has {len(text)} tokens, fewer than --seq-len {seq_len}")
+    picked = [starts[round(i * (len(starts) - 1) / max(count - 1, 1))] for i in range(min(count, len(starts)))]
+    rows = [torch.cat([torch.tensor([BOS_ID]), text[s:s + seq_len]]) for s in picked]
+    return torch.stack(rows)  # (count', 1 + seq_len)
+
+
+def unigram_loss(stream: TokenStream) -> float:
+    """Nats per token of a unigram model of the training ids (add-one smoothing over the
+    vocabulary) on the held-out pages' ids — the baseline the reader must beat."""
+    counts = torch.bincount(stream.train, minlength=stream.vocab_size).double() + 1.0
+    logp = counts.log() - counts.sum().log()  # (V,)
+    held = torch.cat(stream.heldout)
+    return float(-logp[held].mean())

@@ -1,0 +1,271 @@
+"""``qkv train reader``: a small Mistral-style decoder (Llama with a sliding window and RoPE) learns
+English from the Python documentation.
+
+* :class:`ReaderTrainConfig` — every knob, with commented defaults (the shipped reader's run).
+* :func:`prepare` — corpus → byte-level BPE tokenizer → token ids (:mod:`qkv.reader.corpus`,
+  :mod:`qkv.reader.data`).
+* :func:`evaluate` — loss on held-out windows, and every head's induction and previous-token score.
+* :func:`heldout_report` — the held-out pages read whole (each one forward, the window makes it
+  O(N)) against a unigram model of the training text, in nats per token.
+* :func:`train` — the decoder loop shared with ``qkv train lm`` (:func:`qkv.lm.run.train_decoder`).
+
+Why a window: every layer attends to at most ``window`` keys, so a forward costs O(N·window) and
+the model reads a text of any length the way it read its training windows (RoPE is relative:
+past the window a token sees exactly what it saw in training). Information still travels
+further through the layers (up to ``layers × (window − 1)`` tokens back).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from qkv.errors import QkvError
+from qkv.lm.run import DecoderRun, init_weights, read_training as read_run, train_decoder
+from qkv.models.llama import LlamaConfig, LlamaModel
+from qkv.reader.corpus import DEFAULT_DIR, read_corpus
+from qkv.reader.data import (
+    BOS_ID, BatchConfig, ReaderBatch, TokenStream, get_batch, heldout_windows, train_tokenizer,
+    unigram_loss,
+)
+from qkv.training.config import Schedule, check_float, check_int, config_from_dict
+from qkv.training.loop import TrainState
+
+FORMAT_VERSION = 1
+MODEL_TYPES = ("mistral",)
+PROBE_LENGTH = 25  # the probes' repeated half: well inside the window
+
+
+@dataclass(frozen=True)
+class ReaderTrainConfig(Schedule):
+    """Everything a reader training run depends on. Defaults: the shipped reader's run.
+
+    Example:
+        >>> ReaderTrainConfig.from_dict({"steps": 10}).window
+        128
+    """
+
+    seed: int = 0  # model initialisation and the training batches
+    corpus: str = DEFAULT_DIR  # the documentation's HTML (tutorial/ held out)
+    vocab_size: int = 4096  # byte-level BPE tokens, <bos> included
+    # model: a Mistral (Llama + sliding window): RMSNorm, SwiGLU, RoPE, tied embeddings. Heads of
+    # 32 dimensions (what let `qkv train lm`'s induction heads form, see qkv.lm.train).
+    d_model: int = 128
+    num_heads: int = 4
+    layers: int = 4
+    ff_dim: int = 384  # SwiGLU width
+    window: int = 128  # a token sees itself and the window − 1 before it, in every layer
+    # The most tokens a text may have. RoPE's angles grow with the position and float32 keeps
+    # fewer of their digits the larger they are: at 131,072 the fastest pair's angle is still
+    # exact to 0.008 rad.
+    max_positions: int = 131072
+    # data (qkv.reader.data.BatchConfig); seq_len > window, so training meets the window's edge
+    seq_len: int = 256
+    # Every window carries one copied span (~11% of its tokens): the CPU budget allows ~1M
+    # training tokens, and induction heads need the copies' signal to form within it.
+    repeat_prob: float = 1.0
+    min_span: int = 8
+    max_span: int = 48
+    # optimisation and bookkeeping (Schedule's, some with other defaults)
+    steps: int = 450
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup: int = 30
+    eval_size: int = 32  # held-out windows per evaluation
+    probe_size: int = 20  # repeated random sequences for the head scores
+
+    RESUMABLE_CHANGES = Schedule.RESUMABLE_CHANGES | {"eval_size", "probe_size"}
+
+    def __post_init__(self) -> None:
+        for name, high in (("vocab_size", 65536), ("d_model", 1024), ("num_heads", 64),
+                           ("layers", 24), ("ff_dim", 4096), ("window", 1 << 20),
+                           ("max_positions", 1 << 20), ("seq_len", 4096), ("min_span", 4096),
+                           ("max_span", 4096)):
+            check_int(name, getattr(self, name), low=1, high=high)
+        check_int("seed", self.seed, low=0, high=2**63 - 1)
+        super().__post_init__()
+        check_int("eval_size", self.eval_size, low=1, high=10**5)
+        check_int("probe_size", self.probe_size, low=1, high=1000)
+        check_float("repeat_prob", self.repeat_prob, low=0.0, high=1.0)
+        if not isinstance(self.corpus, str) or not self.corpus:
+            raise QkvError(f"--corpus must name a directory, got {self.corpus!r}")
+        if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
+            raise QkvError(f"--d-model ({self.d_model}) must be --num-heads ({self.num_heads}) × an "
+                           f"even head size (RoPE rotates pairs)")
+        if self.min_span > self.max_span or 2 * self.max_span > self.seq_len:
+            raise QkvError(f"need --min-span ({self.min_span}) <= --max-span ({self.max_span}) <= "
+                           f"--seq-len / 2 ({self.seq_len // 2})")
+        if self.max_positions <= self.seq_len:
+            raise QkvError(f"--max-positions ({self.max_positions}) must exceed --seq-len ({self.seq_len})")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReaderTrainConfig":
+        return config_from_dict(cls, d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def batches(self) -> BatchConfig:
+        return BatchConfig(seq_len=self.seq_len, repeat_prob=self.repeat_prob,
+                           min_span=self.min_span, max_span=self.max_span)
+
+    def model_config(self, vocab_size: int) -> LlamaConfig:
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=self.d_model,
+                           intermediate_size=self.ff_dim, num_hidden_layers=self.layers,
+                           num_attention_heads=self.num_heads,
+                           max_position_embeddings=self.max_positions, rms_norm_eps=1e-6,
+                           sliding_window=self.window, tie_word_embeddings=True,
+                           bos_token_id=BOS_ID)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run's text: the tokenizer (``tokenizers.Tokenizer``), the ids and where they came from."""
+
+    tokenizer: object
+    stream: TokenStream
+    source: dict
+
+
+def prepare(cfg: ReaderTrainConfig) -> Prepared:
+    """Read the corpus, learn the tokenizer from its training pages and encode every page."""
+    corpus = read_corpus(cfg.corpus)
+    tok = train_tokenizer(corpus.train, vocab_size=cfg.vocab_size)
+    stream = TokenStream.of(tok, corpus.train, corpus.heldout)
+    train_chars, held_chars = corpus.chars
+    source = {**corpus.source, "train_chars": train_chars, "heldout_chars": held_chars,
+              "train_tokens": len(stream.train), "heldout_tokens": sum(map(len, stream.heldout))}
+    return Prepared(tok, stream, source)
+
+
+def loss_fn(model: LlamaModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean loss, per-position loss (b, t−1)) of predicting ``ids[:, 1:]`` from what precedes."""
+    logits = model(ids[:, :-1]).logits  # (b, t−1, V)
+    per = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (b, t−1)
+    return per.mean(), per
+
+
+@dataclass(frozen=True)
+class ReaderEval:
+    """Validation numbers after a step.
+
+    Fields:
+        loss: mean next-token loss (nats) on held-out windows (pages the model never trains on).
+        induction, previous_token: (layers × heads) lists of probe scores (qkv.explain.induction).
+    """
+
+    loss: float
+    induction: list[list[float]]
+    previous_token: list[list[float]]
+
+    @staticmethod
+    def best(scores: list[list[float]]) -> tuple[int, int, float]:
+        return max(((layer, head, s) for layer, row in enumerate(scores) for head, s in enumerate(row)),
+                   key=lambda c: (c[2], -c[0], -c[1]))
+
+
+@torch.no_grad()
+def evaluate(model: LlamaModel, cfg: ReaderTrainConfig, windows: torch.Tensor) -> ReaderEval:
+    """Loss on the held-out ``windows`` (b, 1 + seq_len) and every head's probe scores."""
+    from qkv.explain.induction import induction_probe
+
+    was_training = model.training
+    model.eval()
+    loss, _ = loss_fn(model, windows)
+    scores = {probe: induction_probe(model, probe, sequences=cfg.probe_size, length=PROBE_LENGTH,
+                                     seed=cfg.seed).scores.tolist()
+              for probe in ("induction", "previous-token")}
+    model.train(was_training)
+    return ReaderEval(float(loss), scores["induction"], scores["previous-token"])
+
+
+@torch.no_grad()
+def heldout_report(model: LlamaModel, stream: TokenStream) -> dict:
+    """Nats per token on the held-out pages, each read whole after ``<bos>`` (one forward a
+    page), and the unigram baseline on the same tokens."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for page in stream.heldout:
+        ids = torch.cat([torch.tensor([BOS_ID]), page])[None]  # (1, 1 + n)
+        _, per = loss_fn(model, ids)
+        total, count = total + float(per.double().sum()), count + per.numel()
+    model.train(was_training)
+    return {"loss": total / count, "unigram_loss": unigram_loss(stream), "tokens": count,
+            "pages": len(stream.heldout)}
+
+
+def new_model(cfg: ReaderTrainConfig, tokenizer) -> LlamaModel:
+    """The run's model, initialised from ``cfg.seed`` (:func:`qkv.lm.run.init_weights`)."""
+    from qkv.models.tokenizer import Tokenizer
+
+    config = cfg.model_config(tokenizer.get_vocab_size())
+    tok = Tokenizer(tokenizer, name="reader", max_length=config.max_length)
+    return init_weights(LlamaModel(config, tokenizer=tok, name="reader"), cfg.seed)
+
+
+def read_training(out: str | Path) -> dict:
+    """The ``qkv_training`` section of a reader run's config.json, its fields type-checked."""
+    return read_run(out, command="reader", format_version=FORMAT_VERSION, model_types=MODEL_TYPES)
+
+
+def train(cfg: ReaderTrainConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
+          command: str | None = None, slim: bool = False, force: bool = False,
+          callback: Callable[[TrainState], None] | None = None,
+          prepared: Prepared | None = None) -> TrainState:
+    """Train (or, with ``resume``, continue) a reader into directory ``out``.
+
+    ``prepared``: the corpus already read and tokenised (tests reuse one); None reads
+    ``cfg.corpus``. The contract is :func:`qkv.lm.run.train_decoder`'s.
+    """
+    prepared = prepared or prepare(cfg)
+    stream = prepared.stream
+    windows = heldout_windows(stream, seq_len=cfg.seq_len, count=cfg.eval_size)
+
+    def step_loss(model: LlamaModel, step: int) -> tuple[torch.Tensor, int]:
+        batch: ReaderBatch = get_batch(stream, cfg.batches, batch_size=cfg.batch_size,
+                                       seed=cfg.seed, step=step)
+        return loss_fn(model, batch.ids)[0], batch.num_tokens
+
+    def evaluate_at(model: LlamaModel) -> tuple[ReaderEval, dict, str]:
+        ev = evaluate(model, cfg, windows)
+        layer, head, score = ReaderEval.best(ev.induction)
+        pl, ph, prev = ReaderEval.best(ev.previous_token)
+        return ev, asdict(ev), (f"held-out loss {ev.loss:.4f}; best induction head L{layer} H{head} "
+                                f"{score:.3f}, best previous-token head L{pl} H{ph} {prev:.3f}")
+
+    def record(model: LlamaModel, history: list, final: bool) -> dict:
+        extra = {"corpus": prepared.source}
+        if final:
+            extra["heldout"] = heldout_report(model, stream)
+        return extra
+
+    run = DecoderRun(command="reader", format_version=FORMAT_VERSION, model_types=MODEL_TYPES,
+                     config_class=ReaderTrainConfig,
+                     tokenizer_json=prepared.tokenizer.to_str(pretty=True).encode("utf-8"),
+                     new_model=lambda c: new_model(c, prepared.tokenizer), step_loss=step_loss,
+                     evaluate=evaluate_at, record=record)
+    state, _ = train_decoder(run, cfg, out, resume=resume, progress=progress, command=command,
+                             slim=slim, force=force, callback=callback)
+    return state
+
+
+def print_summary(state: TrainState, out: Path, seconds: float, file=None) -> None:
+    file = file or sys.stdout
+    line = f"trained to step {state.step} in {seconds:.0f} s"
+    ev = state.last_eval
+    if isinstance(ev, ReaderEval):
+        layer, head, score = ReaderEval.best(ev.induction)
+        line += f"; held-out loss {ev.loss:.4f}; best induction head L{layer} H{head} ({score:.3f})"
+    record = read_training(out)
+    if "heldout" in record:
+        h = record["heldout"]
+        line += (f"; held-out pages read whole: {h['loss']:.4f} nats/token (unigram "
+                 f"{h['unigram_loss']:.4f})")
+    print(f"{line}; checkpoint in {out}", file=file)

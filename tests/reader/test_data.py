@@ -1,0 +1,72 @@
+"""The reader's tokenizer, batches and unigram baseline."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from reader_corpus import write_docs
+from qkv.errors import QkvError
+from qkv.reader.corpus import read_corpus
+from qkv.reader.data import (
+    BOS_ID, BatchConfig, TokenStream, get_batch, heldout_windows, train_tokenizer, unigram_loss,
+)
+
+
+@pytest.fixture(scope="module")
+def stream_and_tokenizer(tmp_path_factory):
+    c = read_corpus(write_docs(tmp_path_factory.mktemp("docs")))
+    tok = train_tokenizer(c.train, vocab_size=300)
+    return TokenStream.of(tok, c.train, c.heldout), tok
+
+
+def test_byte_level_bpe_puts_bos_first_and_reads_any_text(stream_and_tokenizer):
+    _, tok = stream_and_tokenizer
+    assert tok.get_vocab_size() == 300
+    text = "naïve text — never seen: ünïcode, 数字 and \t tabs"
+    enc = tok.encode(text)
+    assert enc.ids[0] == BOS_ID and enc.tokens[0] == "<bos>"
+    assert tok.decode(enc.ids) == text  # byte level: nothing unknown, nothing lost
+
+
+def test_batches_are_a_pure_function_of_seed_and_step(stream_and_tokenizer):
+    stream, _ = stream_and_tokenizer
+    cfg = BatchConfig(seq_len=64, repeat_prob=1.0, min_span=4, max_span=12)
+    a = get_batch(stream, cfg, batch_size=4, seed=1, step=7)
+    b = get_batch(stream, cfg, batch_size=4, seed=1, step=7)
+    c = get_batch(stream, cfg, batch_size=4, seed=1, step=8)
+    assert torch.equal(a.ids, b.ids) and not torch.equal(a.ids, c.ids)
+    assert a.ids.shape == (4, 65) and bool((a.ids[:, 0] == BOS_ID).all())
+
+
+def test_a_copied_span_repeats_earlier_tokens(stream_and_tokenizer):
+    stream, _ = stream_and_tokenizer
+    cfg = BatchConfig(seq_len=64, repeat_prob=1.0, min_span=5, max_span=5)
+    batch = get_batch(stream, cfg, batch_size=16, seed=0, step=0)
+    for ids, copied in zip(batch.ids.tolist(), batch.copied.tolist()):
+        first = copied.index(True) - 1  # the copy's first token is not marked (unpredictable)
+        span = ids[first:first + 5]
+        assert copied[first:first + 5] == [False] + [True] * 4
+        # the span occurs earlier in the window
+        assert any(ids[i:i + 5] == span for i in range(1, first - 4))
+
+
+def test_unigram_loss_is_the_add_one_cross_entropy(stream_and_tokenizer):
+    stream, _ = stream_and_tokenizer
+    counts, n, V = Counter(stream.train.tolist()), len(stream.train), stream.vocab_size
+    held = torch.cat(stream.heldout).tolist()
+    ref = -sum(math.log((counts[i] + 1) / (n + V)) for i in held) / len(held)  # float64, by hand
+    assert unigram_loss(stream) == pytest.approx(ref, rel=1e-12)
+
+
+def test_heldout_windows_and_short_texts(stream_and_tokenizer):
+    stream, _ = stream_and_tokenizer
+    w = heldout_windows(stream, seq_len=32, count=3)
+    assert w.shape == (3, 33) and bool((w[:, 0] == BOS_ID).all())
+    text = torch.cat(stream.heldout)
+    assert torch.equal(w[0, 1:], text[:32])  # the first window starts at the first token
+    with pytest.raises(QkvError, match="fewer than --seq-len"):
+        heldout_windows(stream, seq_len=10**6, count=1)
