@@ -4,10 +4,12 @@ stay inside the package; bodies are capped before they are read; concurrent clie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -203,3 +205,98 @@ def test_info_names_the_text_the_bare_page_opens_with(model):
 
     assert Api(Models(["minilm"], loader=lambda n: model), text="the cat sat").info()["default_text"] == "the cat sat"
     assert Api(Models(["minilm"], loader=lambda n: model)).info()["default_text"] is None
+
+
+# -- issue 31 item 7: connections that send half a request cannot lock the viewer out -------------
+@contextlib.contextmanager
+def _quick_server(api, **options):
+    """``api`` served with short read deadlines (``make_server``'s options), in a thread."""
+    from qkv.view.server import create_app, make_server, url_of
+
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(api), sock, **options)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    try:
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        yield url_of(sock), sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def _slow_clients(port: int, n: int, data: bytes) -> list[socket.socket]:
+    out = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(data)
+        out.append(s)
+    return out
+
+
+def _answer(s: socket.socket, within: float) -> bytes | None:
+    """What the server sent before closing ``s`` (None: still open after ``within`` s)."""
+    s.settimeout(within)
+    got = b""
+    try:
+        while chunk := s.recv(4096):
+            got += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def test_slow_headers_do_not_lock_good_clients_out(served):
+    """201 connections that sent half a request line made every good request a 503 for as long
+    as they stayed (uvicorn's h11 protocol has no deadline on a request line); now they do not
+    count against the concurrency limit, and each gets a 408 when its deadline passes."""
+    from qkv.view.server import MAX_CONCURRENT
+
+    with _quick_server(served.api, request_timeout=1.5) as (url, port):
+        slow = _slow_clients(port, MAX_CONCURRENT + 50, b"GET /api/info HT")
+        late_body = _slow_clients(port, 1, b"POST /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                  b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"te")
+        try:
+            with httpx.Client(base_url=url, timeout=10) as http:
+                for _ in range(3):  # served while the slow ones hold their connections
+                    assert http.get("api/info").status_code == 200
+            started = time.monotonic()
+            answers = [_answer(s, 10) for s in slow]
+            assert time.monotonic() - started < 8  # closed by the deadline, not by the test
+            assert all(a is not None and a.startswith(b"HTTP/1.1 408 ") for a in answers), answers[:3]
+            assert _answer(late_body[0], 10) is not None  # a body that never ends: closed too
+            with httpx.Client(base_url=url, timeout=10) as http:
+                assert http.get("api/info").status_code == 200
+        finally:
+            for s in slow + late_body:
+                s.close()
+
+
+def test_the_longest_waiting_connections_are_dropped_first(served):
+    with _quick_server(served.api, request_timeout=30, max_unread=4) as (url, port):
+        idle = _slow_clients(port, 6, b"")
+        try:
+            time.sleep(0.3)
+            assert [_answer(s, 0.5) is None for s in idle] == [False, False, True, True, True, True]
+            with httpx.Client(base_url=url, timeout=10) as http:  # a new client still gets in
+                assert http.get("api/info").status_code == 200
+        finally:
+            for s in idle:
+                s.close()
+
+
+@pytest.mark.parametrize("host, ok", [
+    ("127.0.0.1:65535", True), ("127.0.0.1:0", True), ("[::1]:8765", True),
+    ("127.0.0.1:65536", False), ("127.0.0.1:99999999999", False), ("[::1]:70000", False),
+    ("127.0.0.1:٣", False),  # an Arabic-Indic digit is a digit to str.isdigit, not a port
+])
+def test_a_host_port_beyond_65535_is_refused(host, ok):
+    from qkv.view.server import allowed_hosts, refusal
+
+    assert (refusal({"host": host}, allowed_hosts(), api=False) is None) == ok

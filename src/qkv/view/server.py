@@ -8,6 +8,11 @@ Routes (:func:`create_app`)::
     GET  /api/info        the models served, the methods, the limits
     POST /api/ENDPOINT    a JSON object in, the API's answer out (see :mod:`qkv.view.api`)
 
+Slow clients: a request's line, headers and body must arrive within :data:`REQUEST_TIMEOUT`
+seconds of its first byte (else a 408), and a connection still waiting for its request does not
+count against the :data:`MAX_CONCURRENT` requests served at once (:func:`_protocol`), so
+connections that send half a request line and wait cannot hold good clients out.
+
 Every API error is JSON ``{"error": {"field", "message"}}`` with a 4xx status: a body over
 :data:`MAX_BODY_BYTES` is refused from its ``Content-Length`` before any of it is read (or, sent
 without one, as soon as the bytes read pass the limit); a body that is not a JSON object is a 400.
@@ -37,7 +42,7 @@ from typing import Callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -93,17 +98,23 @@ def allowed_hosts(bound: str = "127.0.0.1") -> frozenset[str] | None:
     return frozenset({bound.lower().strip("[]"), *LOCAL_HOSTS})
 
 
+def _port(text: str) -> bool:
+    """A TCP port's digits: 0–65535."""
+    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
+
+
 def _host_name(value: str) -> str | None:
-    """``"127.0.0.1:8765"`` → ``"127.0.0.1"``, ``"[::1]:80"`` → ``"::1"``; None when malformed."""
+    """``"127.0.0.1:8765"`` → ``"127.0.0.1"``, ``"[::1]:80"`` → ``"::1"``; None when malformed
+    (a port beyond 65535 included)."""
     value = value.strip().lower()
     if value.startswith("["):
         end = value.find("]")
         rest = value[end + 1:]
-        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+        if end < 0 or (rest and not (rest.startswith(":") and _port(rest[1:]))):
             return None
         return value[1:end]
     name, colon, port = value.partition(":")
-    if not name or (colon and not port.isdigit()):
+    if not name or (colon and not _port(port)):
         return None
     return name
 
@@ -176,6 +187,8 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
             data = await run_in_threadpool(api.answer, request.path_params["endpoint"], body)
         except ApiError as e:
             return JSONResponse(e.to_dict(), status_code=e.status)
+        except ClientDisconnect:  # gone, or closed by the read deadline: nobody to answer
+            return Response(status_code=408)
         return Response(data, media_type="application/json")
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -232,12 +245,117 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def make_server(app, sock: socket.socket, *, log_level: str = "warning"):
-    """A uvicorn server for ``app`` on ``sock`` (call ``.run(sockets=[sock])``)."""
+#: seconds a request may take to arrive whole — its line, headers and body — from its first byte
+#: (or the connection's opening); a local page sends one in milliseconds
+REQUEST_TIMEOUT = 10.0
+#: connections still sending a request line or headers; past it the oldest of them is dropped
+MAX_UNREAD = 256
+#: requests served at once (uvicorn answers 503 beyond it); connections still sending their
+#: headers do not count, so they cannot hold the viewer's good clients out
+MAX_CONCURRENT = 200
+
+
+def _protocol(request_timeout: float, max_unread: int):
+    """uvicorn's h11 protocol with a deadline on reading each request (uvicorn has none for a
+    partial request line: 201 connections that sent half a line and waited made every good
+    request a 503 for as long as they stayed).
+
+    A connection waiting for a request (new, or kept alive after a response) does not count
+    towards uvicorn's ``limit_concurrency``; at most ``max_unread`` of them are kept, the
+    longest waiting dropped first. From a request's first byte, its line, headers and body must
+    arrive within ``request_timeout`` seconds: else a 408 (a late body: the connection closed,
+    which the app reads as the client gone).
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting_by_server: dict = {}  # id(server state) → {protocol: None}, longest waiting first
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._deadline, self._partial = None, False
+            self._waiting = waiting_by_server.setdefault(id(self.server_state), {})
+            self._idle()
+            self._start()  # a connection opened must send its request in time too
+
+        # -- states: waiting for a request ↔ serving one --------------------------------------
+        def _idle(self) -> None:
+            self.connections.discard(self)
+            self._waiting[self] = None
+            while len(self._waiting) > max_unread:
+                oldest = next(iter(self._waiting))
+                del self._waiting[oldest]
+                oldest.transport.close()
+
+        def _serving(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _start(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(request_timeout, self._too_slow)
+
+        def _stop(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline, self._partial = None, False
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            if self._partial and not self._serving():  # half a request line or headers: 408
+                try:
+                    for event in (h11.Response(status_code=408, headers=[
+                                      (b"content-type", b"text/plain; charset=utf-8"),
+                                      (b"connection", b"close")]),
+                                  h11.Data(data=f"the request did not arrive within "
+                                                f"{request_timeout:g} s".encode()),
+                                  h11.EndOfMessage()):
+                        self.transport.write(self.conn.send(event))
+                except h11.LocalProtocolError:  # h11 already in a state that cannot answer
+                    pass
+            self.transport.close()
+
+        # -- uvicorn's events ---------------------------------------------------------------
+        def data_received(self, data: bytes) -> None:
+            if not self._serving():
+                self._partial = True
+                self._start()  # the first byte of the next request: its deadline runs
+            super().data_received(data)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._serving():
+                if self in self._waiting and not self.transport.is_closing():
+                    del self._waiting[self]
+                    self.connections.add(self)  # headers in: a request being served
+                if not self.cycle.more_body:
+                    self._stop()  # read whole
+
+        def on_response_complete(self) -> None:
+            self._stop()
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._idle()  # kept alive: uvicorn's keep-alive timeout closes it when idle
+
+        def connection_lost(self, exc) -> None:
+            self._waiting.pop(self, None)
+            self._stop()
+            super().connection_lost(exc)
+
+    return Protocol
+
+
+def make_server(app, sock: socket.socket, *, log_level: str = "warning",
+                request_timeout: float = REQUEST_TIMEOUT, max_unread: int = MAX_UNREAD):
+    """A uvicorn server for ``app`` on ``sock`` (call ``.run(sockets=[sock])``); each request
+    must arrive within ``request_timeout`` seconds (:func:`_protocol`)."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False,
-                            timeout_graceful_shutdown=3, limit_concurrency=200)
+                            timeout_graceful_shutdown=3, limit_concurrency=MAX_CONCURRENT,
+                            http=_protocol(request_timeout, max_unread))
     return uvicorn.Server(config)
 
 
