@@ -182,10 +182,11 @@ def read_regular(path: str | os.PathLike) -> bytes:
         raise QkvError(f"{os.fspath(path)} is missing") from None
     except OSError as e:
         raise QkvError(f"{os.fspath(path)} cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen: a directory's error names the fd
+        os.close(fd)
+        raise QkvError(f"{os.fspath(path)} is not a regular file (a directory, FIFO or "
+                       f"device is never read)")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise QkvError(f"{os.fspath(path)} is not a regular file (a directory, FIFO or "
-                           f"device is never read)")
         try:
             return f.read()
         except OSError as e:

@@ -109,6 +109,9 @@ def test_file_missing_empty_or_not_utf8(capsys, tmp_path):
     assert _file_error(capsys, ["--file", str(tmp_path / "bad.txt")]).endswith(
         "bad.txt is not valid UTF-8 (byte 0xff at position 8)")
     assert "without TEXT" in _file_error(capsys, ["the cat", "--file", str(tmp_path / "bad.txt")])
+    # issue 31: a directory was "[Errno 21] Is a directory: 3", naming the file descriptor
+    assert _file_error(capsys, ["--file", str(tmp_path), "--model", "minilm"]).endswith(
+        f"{tmp_path} is not a regular file (a directory, FIFO or device is never read)")
 
 
 def test_file_longer_than_the_models_positions(capsys, tmp_path):
