@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="qkv", description="Transformer self-attention, computed and explained number by number.")
     parser.add_argument("--version", action="version", version=f"qkv {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                help="one of these (qkv COMMAND --help for its options):")
     parser.set_defaults(func=lambda args: missing_command("qkv", sub))
     for name in COMMAND_MODULES:
         try:

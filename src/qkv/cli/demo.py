@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("walkthrough", help="the seeds' worked example: q, k, v, scores, weights, output",
                        description="Attention step by step on four tokens with random (seeded) weights.")
     p.add_argument("tokens", nargs="*", type=options.text(most=1000),
-                   default=["cat", "apple", "tree", "juice"])
+                   default=["cat", "apple", "tree", "juice"],
+                   help="the tokens, one word each (default: cat apple tree juice)")
     p.add_argument("--token", type=options.word(), default=None,
                    help="the query token, one of the tokens (default: the second)")
     p.add_argument("--dim", type=options.integer(2, MAX_DIM, why="the printed vectors' width"),

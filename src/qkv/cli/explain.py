@@ -90,12 +90,16 @@ def _register_explain(sub) -> None:
 
 
 def _register_heads(sub) -> None:
+    # The probe names are the library's table (importing it costs ~0.1 s: qkv.cli.methods has
+    # already imported qkv.explain); a new probe then needs no edit here.
+    from qkv.explain.find_heads import PROBES
+
     p = sub.add_parser(
-        "heads", help="rank heads by the weight from one word to another, or run the coref probe",
+        "heads", help=f"rank heads by the weight from one word to another, or run a probe ({', '.join(PROBES)})",
         description="Every (layer, head) ranked by the weight from --from to --to (words; weights "
-                    "into a word summed, from a word averaged), or with --probe coref each head's "
-                    "accuracy at finding a pronoun's referent over sentences shipped with qkv.",
-        epilog=f'example: qkv heads "{EXAMPLE}" --from it --to pizza')
+                    "into a word summed, from a word averaged), or with --probe NAME each head's "
+                    f"score on a probe set: {_probe_list()}.",
+        epilog=f'examples:\n  qkv heads "{EXAMPLE}" --from it --to pizza\n  qkv heads --probe coref')
     p.add_argument("text", nargs="?", type=options.text(), default=None,
                    help="the text (not with --probe)")
     p.add_argument("--model", type=options.name(), default="minilm",
@@ -106,8 +110,7 @@ def _register_heads(sub) -> None:
     p.add_argument("--to", dest="target", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the word attention goes to (a whole number is an index)")
     p.add_argument("--probe", type=options.name(), default=None, metavar="NAME",
-                   help="run a probe set instead: coref, induction or previous-token (the "
-                        "last two on repeated random tokens, for decoders)")
+                   help=f"run a probe set instead: {', '.join(PROBES)}")
     p.add_argument("--top", type=options.integer(1, MAX_TOP), default=None,
                    help=f"how many heads to list (default {HEADS_TOP}; with --json every head)")
     p.add_argument("--ablate", action="store_true",
@@ -130,9 +133,18 @@ def _register_softmax_demo(sub) -> None:
                    help=f"keys per query (default 10, at most {MAX_KEYS})")
     p.add_argument("--trials", type=options.integer(1, MAX_TRIALS), default=2000,
                    help=f"random queries per dimension (default 2000, at most {MAX_TRIALS})")
-    p.add_argument("--seed", type=options.seed(), default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=options.seed(), default=0,
+                   help="seed of the random queries and keys (default 0)")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
     p.set_defaults(func=run_softmax_demo)
+
+
+def _probe_list() -> str:
+    """The probe sets by kind, as the library's tables list them."""
+    from qkv.explain import find_heads, induction
+
+    return (f"{', '.join(find_heads.SENTENCE_PROBES)} over labelled sentences shipped with qkv; "
+            f"{', '.join(induction.PROBES)} on repeated random tokens (for decoders)")
 
 
 # -- shared helpers ------------------------------------------------------------------------------

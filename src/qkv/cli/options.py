@@ -250,12 +250,29 @@ def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> l
     return out
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that a description's or epilog's own line breaks are kept:
+    each line is wrapped on its own, and an example command (an indented line, or one after
+    ``example: ``) not at all, so it can be copied whole."""
+
+    def _fill_text(self, text, width, indent):
+        fill = super()._fill_text
+        return "\n".join(indent + line if line.startswith((" ", "example: ")) else fill(line, width, indent)
+                         for line in text.splitlines())
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, ``qkv: error: <message>``, exit code 2.
 
     argparse's own format is a usage block and ``qkv explain: error: argument --top: …``;
-    the usage is one ``--help`` away, and the command is named at the end instead.
+    the usage is one ``--help`` away, and the command is named at the end instead. Its help keeps
+    the line breaks of descriptions and epilogs (:class:`HelpFormatter`); sub-commands' parsers
+    are Parsers too (argparse makes them of the parent's class).
     """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # argparse's signature
         print(f"qkv: error: {_one_line(message, self.prog)}", file=sys.stderr)

@@ -58,15 +58,16 @@ def _train_type(name: str, kind: type):
 def _register_train(sub) -> None:
     p = sub.add_parser("train", help="train a model (qkv train translate | lm | reader)",
                        description="Train one of qkv's own models.")
-    models = p.add_subparsers(dest="model_kind", metavar="MODEL")
+    models = p.add_subparsers(dest="model_kind", metavar="MODEL",
+                              help="the model to train (qkv train MODEL --help for its options):")
     t = models.add_parser(
         "translate", help="the English→French encoder-decoder on the toy grammar",
         description="Train the encoder-decoder Transformer on the grammar's training split: AdamW "
                     "with warm-up and cosine decay, label smoothing, gradient clipping, validation "
                     "as it goes, atomic checkpoints. A run is a pure function of its options: "
                     "--resume continues a stopped run exactly where its last checkpoint was.",
-        epilog="examples: qkv train translate --out runs/translate    "
-               "qkv train translate --out runs/translate --resume")
+        epilog="examples:\n  qkv train translate --out runs/translate\n"
+               "  qkv train translate --out runs/translate --resume")
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1: the matrices are small, and a "
                                  "second thread makes every op wait for it on a busy machine)")

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "layer × head), the head view (lines and heat map) and the step panel "
                     "(q·k, /√d, softmax, Σ w·v with the model's own numbers). Nothing is loaded "
                     "from the network. With --html FILE: write one self-contained page instead.",
-        epilog=f'example: qkv view "{EXAMPLE}"   ·   qkv view "{EXAMPLE}" --html it.html')
+        epilog=f'examples:\n  qkv view "{EXAMPLE}"\n  qkv view "{EXAMPLE}" --html it.html')
     p.add_argument("text", nargs="?", default=None, type=options.text(most=20000),
                    help="the text to open with (it can be typed in the page too)")
     p.add_argument("--model", type=options.name(), default="minilm",
