@@ -83,7 +83,7 @@ def llama(saved):
 def test_via_hf_is_the_adapter_and_native_is_not(llama):
     truth, native, ours = llama
     assert isinstance(ours, HFModel) and not isinstance(native, HFModel)
-    assert ours.capabilities.causal and ours.capabilities.next_token and not ours.capabilities.head_weights
+    assert ours.capabilities.causal and ours.capabilities.next_token and ours.capabilities.head_weights
     assert (len(ours.layers), ours.layers[0].self_attn.num_heads, ours.layers[0].self_attn.num_kv_heads) == \
         (len(native.layers), native.layers[0].self_attn.num_heads, native.layers[0].self_attn.num_kv_heads)
 
@@ -97,12 +97,15 @@ def test_llama_native_and_adapter_explain_alike(llama):
     for field in ("query", "key", "value", "scores", "weights", "output", "lse"):
         assert_within(getattr(traced[2], field), getattr(traced[0], field), getattr(traced[1], field),
                       what=field)
-    steps = [E.explain_head(m, TEXT, token="it", layer=1, head=3) for m in llama[1:]]
-    assert steps[1].projection and not steps[0].projection  # said where x·W_Q is not shown
-    assert_within(steps[1].weights, steps[0].weights, traced[1].weights[0, 3, 0], what="steps' weights")
+    # x·W_Q + b → RoPE → q on both: the same float64 arithmetic from the same kind of record
+    steps = [E.explain_head(m, TEXT, token="it", layer=1, head=3) for m in llama]
+    assert not any(st.projection for st in steps) and steps[2].qk_transform == steps[1].qk_transform
+    for field in ("x", "query", "keys", "values", "weights", "output"):
+        assert_within(getattr(steps[2], field), getattr(steps[0], field), getattr(steps[1], field),
+                      what=f"steps' {field}")
     ids = torch.tensor([native.tokenizer.encode(TEXT).ids])
     rows = torch.tensor([ids.shape[1] - 1])
-    for method in ("weight", "rollout", "grad", "value-zeroing", "norm"):
+    for method in ("weight", "rollout", "grad", "value-zeroing", "norm", "alti"):
         got = [get_method(method).run(m, ids, rows).scores for m in llama]
         assert_within(got[2], got[0], got[1], what=method)
 
@@ -121,7 +124,9 @@ def test_llama_interventions_and_hidden_states_match_native(llama):
     for i in range(len(native.layers) + 1):
         assert_within(out[2].hidden_states[i], out[0].hidden_states[i].float(), out[1].hidden_states[i],
                       what=f"hidden_states[{i}]")
-    assert torch.equal(out[2].traces[1].self_attn.query_input, patch)  # what entered layer 1
+    # what layer 1's attention read: norm1 of the patch, as the native layer records it
+    assert_within(out[2].traces[1].self_attn.query_input, out[0].traces[1].self_attn.query_input.float(),
+                  out[1].traces[1].self_attn.query_input, what="layer 1's attention input")
 
 
 def test_traced_rows_are_the_forward(llama):
@@ -141,8 +146,9 @@ def test_traced_rows_are_the_forward(llama):
 @pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "olmo2", "electra"])
 def test_explanations_run_on_other_architectures(saved, name):
     """softcap + alternating windows (gemma2), sinks + MoE (gpt-oss), QK-norm (olmo2), an encoder
-    (electra): explain_head's float64 arithmetic from q on equals the forward's head output,
-    every method that applies runs, ALTI says why not."""
+    (electra): explain_head's float64 arithmetic from x on equals the forward's head output,
+    every method that applies runs, ALTI runs on gpt-oss (pre-norm: x + attn, then the MoE) and
+    says why not on the others (norms on the attention's branch; post-norm)."""
     model = adapter(saved(name), name)
     caps = model.capabilities
     assert caps.causal == (name != "electra") and caps.encoder == (name == "electra")
@@ -160,8 +166,12 @@ def test_explanations_run_on_other_architectures(saved, name):
     for method in ("weight", "rollout", "value-zeroing", "norm", "grad"):
         ov = E.explain(model, TEXT, token="it", method=method, **(target if method == "grad" else {}))
         assert len(ov.rows) in (len(model.layers), len(model.layers) * model.layers[0].self_attn.num_heads)
-    with pytest.raises(ArgumentError, match="'alti' does not apply"):
+    assert not st.projection  # x·W_Q + b → (norm) → RoPE → q
+    if name == "gpt_oss":
         E.explain(model, TEXT, token="it", method="alti")
+    else:
+        with pytest.raises(ArgumentError, match="'alti' does not apply .* do not form x \\+ attn"):
+            E.explain(model, TEXT, token="it", method="alti")
     maps = E.attention_maps(model, TEXT).weights
     assert maps.shape[:2] == (len(model.layers), model.layers[0].self_attn.num_heads)
     if caps.causal:  # nothing after a token
@@ -197,7 +207,7 @@ def test_cli_explain_and_heads_on_a_transformers_directory(saved, capsys):
     path = str(saved("gemma2"))
     assert main(["explain", TEXT, "--model", path, "--token", "it", "--layer", "1", "--head", "0"]) == 0
     out = capsys.readouterr().out
-    assert "x·W_Q, x·W_K and x·W_V are not shown" in out and "soft-capped" in out
+    assert "x·W_Q, x·W_K and x·W_V are not shown" not in out and "soft-capped" in out
     assert main(["heads", TEXT, "--model", path, "--to", "pizza"]) == 0
 
 

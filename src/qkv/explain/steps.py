@@ -34,6 +34,7 @@ from qkv.explain.forward import check_layer_head, check_text, encode, model_name
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.wording import Message
+from qkv.modules.multihead import head_norm
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,11 @@ def _project(x: torch.Tensor, linear, rows: slice) -> torch.Tensor:
     return x.double() @ w.T + b
 
 
+def _norm_width(norm) -> int:
+    """How many features ``norm`` normalises together (its weight's width)."""
+    return norm.weight.shape[-1]
+
+
 def _softmax(scaled: torch.Tensor, sink: float | None = None) -> torch.Tensor:
     """exp(z_j − max z) / Σ exp(z_k − max z), written out; −inf entries get weight 0. A sink
     logit adds exp(sink − max) to the denominator and takes no weight of its own."""
@@ -188,24 +194,32 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     xs_v = layer_trace.value_input[0].double()  # (s, vdim)
 
     # 1) project: the query of this token, a key and a value for every token
-    projection = getattr(module, "projection_note", "")
+    projection = module.projection_note
+    transform = []
     if projection:  # projections qkv cannot read as matrices: start from what the kernel read
         query, keys, values = (att.query[0, head, row].double(), att.key[0, head].double(),
                                att.value[0, head].double())
     else:
-        query = _project(x, module.q_proj, q_rows)  # (d,)
-        keys = _project(xs_k, module.k_proj, kv_rows)  # (s, d)
+        d = module.head_dim
+        # OLMo 2 normalises the whole projection, every head's features together: then every
+        # head is projected; otherwise (Qwen3's per-head norm, or none) this head's rows only
+        whole = module.q_norm is not None and _norm_width(module.q_norm) != d
+        query = _project(x, module.q_proj, slice(None) if whole else q_rows)  # (d,) or (h·d,)
+        keys = _project(xs_k, module.k_proj, slice(None) if whole else kv_rows)  # (s, d) or (s, h_kv·d)
         values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
-    transform = []
-    if getattr(module, "q_norm", None) is not None:
-        # Qwen3: each head's query and key vectors are RMS-normalised before the rotation.
-        query, keys = module.q_norm(query), module.k_norm(keys)
-        transform.append("normalised per head (RMSNorm)")
-    if module.rotary is not None:
-        # RoPE rotates queries and keys by their positions before the dot product.
-        query = module.rotary(query[None, None, None], offset=position)[0, 0, 0]
-        keys = module.rotary(keys[None, None])[0, 0]
-        transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
+        if module.q_norm is not None:
+            # Qwen3: each head's query and key vectors are RMS-normalised before the rotation
+            query, keys = head_norm(module.q_norm, query, d), head_norm(module.k_norm, keys, d)
+            transform.append(f"normalised {'across the heads together' if whole else 'per head'} "
+                             f"(RMSNorm)")
+        if whole:
+            query, keys = query[q_rows], keys[:, kv_rows]  # (d,), (s, d)
+        step = layer_trace.position_step
+        if step is not None:
+            # RoPE rotates queries and keys by their positions before the dot product
+            query = step(query[None], torch.tensor([position]))[0]
+            keys = step(keys, torch.arange(keys.shape[0]))
+            transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)

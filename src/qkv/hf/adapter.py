@@ -8,47 +8,49 @@ gpt-oss, ELECTRA …), so every explanation runs on it unchanged (see
     layers[L]        the transformers layer holding the L-th attention module (found by running
                      the model once and listing the attention calls, in order)
       .self_attn     an :class:`HFAttention`: h, h_kv, d, dv, E read off that call; ``out_proj``
-                     the projection that reads the heads' outputs, when one was found
+                     the projection that reads the heads' outputs, when one was found;
+                     ``q_proj``/``k_proj``/``v_proj`` (every head's W_Q, W_K, W_V as matrices)
+                     and ``q_norm``/``k_norm`` from :mod:`qkv.hf.projections`' table, kept only
+                     where they rebuild the kernel's q, k, v (else ``projection_note`` says why)
+      .norm1, .sequential_residual
+                     the norm the attention reads, and whether the layer forms x + attn before
+                     its feed-forward (a child reads exactly that sum): what ALTI decomposes
     forward(ids, mask, trace_rows=, output_hidden_states=, interventions=)
                      the transformers forward inside a :func:`qkv.hf.trace.recording`: the
                      attention function records the traced rows (q, k, v after the model's own
-                     positions and norms) and applies value and head edits; a forward pre-hook
-                     on each layer, registered for the call only, keeps what enters it and
-                     applies ``Interventions.inputs``
+                     positions and norms) and applies value and head edits; hooks registered for
+                     the call only keep what enters each layer (and apply ``Interventions.inputs``),
+                     what enters each attention module (its x and the ``position_embeddings``
+                     it is handed: the trace's ``position_step``) and what it returns (the
+                     residual x + attn)
 
-What it cannot give: the query/key/value projections as matrices one can multiply x by (the
-positions and norms between them and the kernel are the architecture's own code), so
-``explain_head`` starts from q, k, v as the kernel read them (``projection_note``), and the
-residual structure of a layer (ALTI refuses it). ``norm`` needs ``out_proj``.
+What it cannot give, by name: projections that are no linear map of the module's input (or
+that the table does not hold) — ``explain_head`` then starts from q, k, v as the kernel read
+them; ALTI on a layer whose x + attn no child reads (parallel residual, norms on the branch).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from qkv.attention.trace import LseRequest
+from qkv.attention.traced import row_positions
 from qkv.errors import QkvError
+from qkv.hf.projections import Parts, Rotation, Sizes, as_projection, read
 from qkv.hf.trace import Recording, recording
 from qkv.models.outputs import DecoderOutput, EncoderOutput
 from qkv.models.protocol import Capabilities
-from qkv.modules.lse_trace import LseRequest
-from qkv.attention.traced import row_positions
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.transformer import LayerTrace
 
-#: Why explain_head starts from q, k and v on these models (in its result and its render).
-PROJECTION_NOTE = ("x·W_Q, x·W_K and x·W_V are not shown: this model's projections, positions and "
-                   "norms are transformers' code, not matrices qkv can multiply x by; q and every "
-                   "k_j, v_j are the ones its attention kernel read (after the rotation or norm)")
-
-
-class _Transposed:
-    """A GPT-2 ``Conv1D`` (weight (in, out)) seen as an ``nn.Linear`` (weight (out, in))."""
-
-    def __init__(self, conv: nn.Module):
-        self.weight, self.bias = conv.weight.T, conv.bias
+#: Why explain_head starts from q, k and v on a module whose projections cannot be read (the
+#: reason from :func:`qkv.hf.projections.read` follows it, in its result and its render).
+PROJECTION_NOTE = ("x·W_Q, x·W_K and x·W_V are not shown: q and every k_j, v_j are the ones the "
+                   "attention kernel read (after the rotation or norm), because ")
 
 
 class _Weight:
@@ -63,32 +65,68 @@ class HFAttention:
 
     Fields: num_heads h, num_kv_heads h_kv, head_dim d, value_dim dv, embed_dim E; module (the
     transformers attention module); out_proj (an ``nn.Linear``-like (E, h·dv) reading the heads'
-    outputs) or None; q_proj (the query projection module, or any weight: its dtype); rotary,
-    q_norm, k_norm None (applied inside transformers' code); projection_note (see the module).
+    outputs) or None; q_proj, k_proj, v_proj (:class:`~qkv.hf.projections.Projection` s: every
+    head's W_Q (h·d, E), W_K, W_V (h_kv·d, E) and biases) and q_norm, k_norm (the module's own,
+    or None) from ``parts``; projection_note "" when they were read, else why not (then q_proj
+    is any weight of the module: its dtype, for sizes).
     """
 
-    rotary = q_norm = k_norm = None
-    projection_note = PROJECTION_NOTE
+    q_norm = k_norm = None
 
     def __init__(self, module: nn.Module, *, heads: int, kv_heads: int, head_dim: int,
-                 value_dim: int, embed_dim: int, out_proj):
+                 value_dim: int, embed_dim: int, out_proj, parts: Parts | str):
         self.module, self.out_proj = module, out_proj
         self.num_heads, self.num_kv_heads = heads, kv_heads
         self.head_dim, self.value_dim, self.embed_dim = head_dim, value_dim, embed_dim
-        q = next((m for n, m in module.named_children() if n in ("q_proj", "query", "q_lin", "q")), None)
-        self.q_proj = q if q is not None else _Weight(next(module.parameters()))  # its dtype, for sizes
+        self.parts = parts if isinstance(parts, Parts) else None
+        if self.parts is None:
+            self.projection_note = PROJECTION_NOTE + parts
+            self.q_proj = _Weight(next(module.parameters()))  # its dtype, for sizes
+        else:
+            self.projection_note = ""
+            self.q_proj, self.k_proj, self.v_proj = parts.q_proj, parts.k_proj, parts.v_proj
+            self.q_norm, self.k_norm = parts.q_norm, parts.k_norm
+
+    def position_step(self, cos_sin) -> Rotation | None:
+        """The :class:`~qkv.hf.projections.Rotation` the ``position_embeddings`` handed to the
+        module in one forward make of its q and k, in its style, or None (no rotation)."""
+        if self.parts is None or self.parts.rotation is None or cos_sin is None:
+            return None
+        return Rotation(*cos_sin, self.parts.rotation)
 
 
 class HFLayer:
-    """One transformers layer (``block``) and its :class:`HFAttention` (``self_attn``)."""
+    """One transformers layer (``block``) and its :class:`HFAttention` (``self_attn``).
+
+    ``norm1``: the block's child whose output the attention reads (None if none does);
+    ``sequential_residual``: whether a child of the block reads exactly x + attn (a pre-norm
+    layer: x + attn(norm1(x)), then the feed-forward on that sum) — checked on a forward.
+    """
 
     cross_attn = None
+    norm_first = True
 
-    def __init__(self, block: nn.Module, self_attn: HFAttention):
+    def __init__(self, block: nn.Module, self_attn: HFAttention, *, norm1: nn.Module | None = None,
+                 sequential_residual: bool = False):
         self.block, self.self_attn = block, self_attn
+        self.norm1, self.sequential_residual = norm1, sequential_residual
 
     def modules(self):
         return self.block.modules()
+
+
+@dataclass
+class _Seen:
+    """What one forward's hooks kept for one layer: ``entered`` (b, t, E) the layer's input
+    (after any patch), ``x`` (b, t, E) the attention module's input, ``cos_sin`` the
+    ``position_embeddings`` it was handed or None, ``out`` (b, t, E) what it
+    returned; ``children`` (discovery only): each direct child of the block → (input, output)."""
+
+    entered: torch.Tensor | None = None
+    x: torch.Tensor | None = None
+    cos_sin: tuple | None = None
+    out: torch.Tensor | None = None
+    children: dict | None = None
 
 
 class HFModel(nn.Module):
@@ -112,12 +150,14 @@ class HFModel(nn.Module):
 
     # -- what the model is -----------------------------------------------------------------------
     def _discover(self) -> None:
-        """Run the model once on 3 tokens, listing its attention calls: the layers, their sizes, the
-        output projections (the Linear whose input is exactly a call's output), causality."""
+        """Run the model on 3 tokens, listing its attention calls: the layers, their sizes, the
+        output projections (the Linear whose input is exactly a call's output), causality; then
+        once more, traced, to read each module's projections (:func:`qkv.hf.projections.read`)
+        and each layer's residual structure, checked against that forward."""
         ids = torch.tensor([[1, 2, 3]], device=self._device())
         seen: dict[int, list[torch.Tensor]] = {}
         hooks = [m.register_forward_pre_hook(lambda mod, args: seen.setdefault(id(mod), []).append(args[0]))
-                 for m in self.hf.modules() if _projection(m) is not None]
+                 for m in self.hf.modules() if as_projection(m) is not None]
         rec = Recording(keys=None)
         try:
             with torch.no_grad(), recording(rec):
@@ -134,23 +174,52 @@ class HFModel(nn.Module):
                            f"weights); qkv's explanations need one module per layer")
         names = {id(m): n for n, m in self.hf.named_modules()}
         modules = dict(self.hf.named_modules())
-        layers = []
+        blocks, out_projs = [], []
         for c in calls:
             block = modules[_layer_name(names[id(c.module)], modules, self.name)]
             out_proj = None
             for m in block.modules():
                 if any(x.shape == c.output.shape and torch.equal(x, c.output) for x in seen.get(id(m), ())):
-                    out_proj = _projection(m)
-            E = out_proj.weight.shape[0] if out_proj is not None else self.hf.config.hidden_size
-            layers.append(HFLayer(block, HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads,
-                                                     head_dim=c.head_dim, value_dim=c.value_dim,
-                                                     embed_dim=E, out_proj=out_proj)))
-        self._layers = layers
-        self._keys = {id(layer.self_attn.module): i for i, layer in enumerate(layers)}
+                    out_proj = as_projection(m)
+            blocks.append(block)
+            out_projs.append(out_proj)
+        self._layers = [HFLayer(block, HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads,
+                                                   head_dim=c.head_dim, value_dim=c.value_dim,
+                                                   embed_dim=self.hf.config.hidden_size, out_proj=None,
+                                                   parts="the model was not traced yet"))
+                        for block, c in zip(blocks, calls)]
+        self._keys = {id(c.module): i for i, c in enumerate(calls)}
+        self._layers = self._read_layers(ids, calls, out_projs)
         causal = bool(getattr(calls[0].module, "is_causal", False))
         self._logits = getattr(out, "logits", None) is not None
+        weights = all(layer.self_attn.parts is not None and layer.self_attn.out_proj is not None
+                      for layer in self._layers)
         self.capabilities = Capabilities(self_attention=True, causal=causal, encoder=not causal,
-                                         next_token=causal and self._logits, head_weights=False)
+                                         next_token=causal and self._logits, head_weights=weights)
+
+    def _read_layers(self, ids: torch.Tensor, calls, out_projs) -> list[HFLayer]:
+        """One traced forward on ``ids``; each layer's :class:`HFLayer` with what it showed: the
+        attention module's projections, norms and position step (kept where they rebuild the
+        kernel's q, k, v), the norm it reads and whether a child reads x + attn."""
+        rec = Recording(keys=self._keys, rows=slice(None))
+        with torch.no_grad(), self._hooks(None, children=True) as (hidden, layers_seen), recording(rec):
+            self.hf(input_ids=ids)
+        layers = []
+        for i, (c, out_proj, seen) in enumerate(zip(calls, out_projs, layers_seen)):
+            tr = rec.traces[i]
+            g = c.heads // c.kv_heads  # the trace's keys and values are repeated per query head
+            parts = read(c.module, Sizes(c.heads, c.kv_heads, c.head_dim, c.value_dim), seen.x,
+                         seen.cos_sin, tr.query, tr.key[:, ::g], tr.value[:, ::g])
+            E = out_proj.weight.shape[0] if out_proj is not None else self.hf.config.hidden_size
+            attn = HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                               value_dim=c.value_dim, embed_dim=E, out_proj=out_proj, parts=parts)
+            block = self._layers[i].block
+            norm1 = next((child for child, (given, made) in seen.children.items()
+                          if _same(given, seen.entered) and _same(made, seen.x)), None)
+            residual = seen.entered + seen.out  # (b, t, E) as the layer would add them
+            sequential = any(_same(given, residual) for given, _ in seen.children.values())
+            layers.append(HFLayer(block, attn, norm1=norm1, sequential_residual=sequential))
+        return layers
 
     def _device(self) -> torch.device:
         p = next(self.hf.parameters(), None)
@@ -188,29 +257,39 @@ class HFModel(nn.Module):
             {i: e for i in range(L) if (e := interventions.attention(i)) is not None}
         rec = Recording(keys=self._keys, rows=trace_rows, edits=edits)
         kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and self._logits else {}
-        with self._layer_hooks(interventions) as (hidden, entered), recording(rec):
+        with self._hooks(interventions) as (hidden, seen), recording(rec):
             out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         traces = None
         if trace_rows is not None:
-            traces = [LayerTrace(self._trace(rec, i, entered[i], trace_rows)) for i in range(L)]
+            traces = [self._trace(rec, i, seen[i], trace_rows) for i in range(L)]
         states = tuple(hidden) if output_hidden_states else None
         if self._logits:
             return DecoderOutput(logits=out.logits, hidden_states=states, traces=traces)
         return EncoderOutput(last_hidden_state=hidden[-1], hidden_states=states, traces=traces)
 
-    def _trace(self, rec: Recording, i: int, x: torch.Tensor, trace_rows) -> MultiHeadTrace:
+    def _trace(self, rec: Recording, i: int, seen: _Seen, trace_rows) -> LayerTrace:
+        """Layer ``i``'s :class:`LayerTrace`: the attention's record (x = the module's input, its
+        position step, the traced rows, the heads' outputs) and, where the layer forms it, the
+        residual x + attn."""
+        layer = self._layers[i]
+        residual = seen.entered + seen.out if layer.sequential_residual else None  # (b, t, E)
         if isinstance(trace_rows, LseRequest):
-            return rec.traces[i]
+            return LayerTrace(rec.traces[i], residual=residual)
+        x = seen.x  # (b, t, E)
         rows = row_positions(x.shape[1], trace_rows, x.device)
-        return MultiHeadTrace(rows=rows, query_input=x[:, rows], key_input=x, value_input=x,
-                              attention=rec.traces[i], heads=rec.heads[i])
+        step = layer.self_attn.position_step(seen.cos_sin)
+        return LayerTrace(MultiHeadTrace(rows=rows, query_input=x[:, rows], key_input=x, value_input=x,
+                                         attention=rec.traces[i], heads=rec.heads[i],
+                                         position_step=step), residual=residual)
 
     @contextmanager
-    def _layer_hooks(self, interventions):
+    def _hooks(self, interventions, *, children: bool = False):
         """For one forward: ``hidden`` (L + 1 tensors: what the embeddings and each layer
-        computed) and ``entered`` (what each layer received, after any ``inputs`` patch)."""
+        computed) and ``seen`` (a :class:`_Seen` per layer: what entered it, after any
+        ``inputs`` patch; what entered and left its attention module; with ``children``, each
+        direct child's input and output). Every hook is removed when the ``with`` ends."""
         L = len(self._layers)
-        hidden, entered = [None] * (L + 1), [None] * L
+        hidden, seen = [None] * (L + 1), [_Seen(children={} if children else None) for _ in range(L)]
 
         def before(i):
             def hook(module, args, kwargs):
@@ -218,7 +297,7 @@ class HFModel(nn.Module):
                 if i == 0:
                     hidden[0] = x
                 new = interventions.input(i, x) if interventions is not None else x
-                entered[i] = new
+                seen[i].entered = new
                 if new is x:
                     return None
                 return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
@@ -229,24 +308,44 @@ class HFModel(nn.Module):
                 hidden[i + 1] = output[0] if isinstance(output, tuple) else output
             return hook
 
+        def attention_in(i):
+            def hook(module, args, kwargs):
+                seen[i].x = args[0] if args else kwargs["hidden_states"]
+                cos_sin = kwargs.get("position_embeddings")
+                seen[i].cos_sin = tuple(cos_sin) if isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2 else None
+            return hook
+
+        def attention_out(i):
+            def hook(module, args, kwargs, output):
+                seen[i].out = output[0] if isinstance(output, tuple) else output
+            return hook
+
+        def child(i, m):
+            def hook(module, args, kwargs, output):
+                given = args[0] if args else next(iter(kwargs.values()), None)
+                seen[i].children[m] = (given, output[0] if isinstance(output, tuple) else output)
+            return hook
+
         handles = []
         try:
             for i, layer in enumerate(self._layers):
                 handles.append(layer.block.register_forward_pre_hook(before(i), with_kwargs=True))
                 handles.append(layer.block.register_forward_hook(after(i), with_kwargs=True))
-            yield hidden, entered
+                attn = layer.self_attn.module
+                handles.append(attn.register_forward_pre_hook(attention_in(i), with_kwargs=True))
+                handles.append(attn.register_forward_hook(attention_out(i), with_kwargs=True))
+                for m in layer.block.children() if children else ():
+                    handles.append(m.register_forward_hook(child(i, m), with_kwargs=True))
+            yield hidden, seen
         finally:
             for h in handles:
                 h.remove()
 
 
-def _projection(m: nn.Module):
-    """``m`` as an nn.Linear-like (weight (out, in), bias) if it is a Linear or GPT-2's Conv1D."""
-    if isinstance(m, nn.Linear):
-        return m
-    if type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers.pytorch_utils.Conv1D
-        return _Transposed(m)
-    return None
+def _same(a, b) -> bool:
+    """Whether two hooked values are the same tensor values (shape and every number)."""
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+        and torch.equal(a, b)
 
 
 def _layer_name(attention: str, modules: dict[str, nn.Module], model: str) -> str:

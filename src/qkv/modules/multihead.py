@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -39,6 +40,10 @@ class MultiHeadTrace:
         heads: (b, t, h·d) every row's heads concatenated, exactly ``out_proj``'s input (after
             any :class:`~qkv.modules.intervention.AttentionEdit`); not detached, so a forward
             run with autograd on can be differentiated with respect to it.
+        position_step: the model's own position step between the projections (and any q/k
+            norm) and the scores — ``position_step(x (n, d), positions (n,)) → (n, d)`` rotates
+            one head's vectors as the forward rotated them (RoPE) — or None when q·k reads the
+            projections as they are (positions already in x, or a score bias such as ALiBi).
     """
 
     rows: torch.Tensor
@@ -47,6 +52,33 @@ class MultiHeadTrace:
     value_input: torch.Tensor
     attention: AttentionTrace
     heads: torch.Tensor | None = None
+    position_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class ModuleRotation:
+    """The position step of a :class:`MultiHeadAttention`: its own rotary module, applied to one
+    head's vectors at their positions (the ``position_step`` of its traces)."""
+
+    rotary: nn.Module
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (n, d) at positions (n,) → rotated (n, d)."""
+        first = int(positions[0]) if positions.numel() else 0
+        if torch.equal(positions, torch.arange(first, first + len(positions), device=positions.device)):
+            return self.rotary(x[None, None], offset=first)[0, 0]  # as the forward: an offset
+        return self.rotary(x[None, None], positions=positions[None])[0, 0]
+
+
+def head_norm(norm: nn.Module, x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A q/k norm applied as the model applies it, to x (..., n·d), every head's features: per head
+    when the norm's width is d (Qwen3's, qkv's ``q_norm``), over all of them otherwise (OLMo 2
+    normalises the whole projection before splitting heads). Returns (..., n·d)."""
+    weight = getattr(norm, "weight", None)
+    width = weight.shape[-1] if weight is not None else getattr(norm, "normalized_shape", (x.shape[-1],))[-1]
+    if width == x.shape[-1]:
+        return norm(x)
+    return norm(x.unflatten(-1, (-1, head_dim))).flatten(-2)  # (..., n, d) normalised per head
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     sequence_parallel = None  # a qkv.distributed.SequenceParallel, or None: attend locally
+    projection_note = ""  # q_proj, k_proj, v_proj are the projections (explain_head reads them)
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, bias: bool = True,
@@ -267,7 +300,8 @@ class MultiHeadAttention(nn.Module):
         record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
                                 key_input=key if new == s else key.new_empty(0),
                                 value_input=value if new == s else value.new_empty(0),
-                                attention=trace, heads=concat)
+                                attention=trace, heads=concat,
+                                position_step=None if self.rotary is None else ModuleRotation(self.rotary))
         return AttentionOutput(out, weights, record)
 
     def _attend_shard(self, q, k, v, description, bias, dropout_p, gqa, trace_rows, needs_local,

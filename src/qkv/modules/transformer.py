@@ -115,6 +115,13 @@ class TransformerLayer(nn.Module):
                    norm2=make_norm() if cross_attention else None, norm_first=norm_first,
                    dropout=dropout)
 
+    @property
+    def sequential_residual(self) -> bool:
+        """Whether this layer forms x + attn before its feed-forward reads it (what ALTI
+        decomposes): this class's forward does; a subclass with its own forward (GPT-NeoX's
+        parallel residual) does not say so."""
+        return type(self).forward is TransformerLayer.forward
+
     def _residual(self, x: torch.Tensor, norm: nn.Module, block) -> tuple[torch.Tensor, object]:
         """Run ``block`` as a residual branch, pre- or post-norm; pass back its trace, if any."""
         h = norm(x) if self.norm_first else x

@@ -81,6 +81,6 @@ def test_parallel_residual_layers_are_refused():
     fake.name = "parallel"
     fake.layers = nn.ModuleList([Parallel.build(8, 2, 16, norm_first=True)])
     with pytest.raises(ArgumentError, match=r"'alti' does not apply to parallel: its layers "
-                                            r"\(Parallel\) are not qkv's sequential residual layers"):
+                                            r"\(Parallel\) do not form x \+ attn before the feed-forward"):
         check_method(fake, "alti")
     check_method(fake, "norm")  # the others read any self-attention layer

@@ -33,7 +33,6 @@ from qkv.explain.contributions.base import (
     Forward, Matrices, Method, check_layers, out_bias, run, value_vectors,
 )
 from qkv.explain.wording import ArgumentError
-from qkv.modules.transformer import TransformerLayer
 
 FORMULA = ("C_ij ∝ max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = norm-affine(Σ_h A_ij f^h(h_j) "
            "+ δ_ij x_j); R^ℓ = C^ℓ R^{ℓ−1}")
@@ -66,16 +65,18 @@ def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def check_applies(model) -> None:
-    """ArgumentError unless every layer is a plain :class:`~qkv.modules.TransformerLayer`
-    (sequential residual): a parallel-residual layer (GPT-NeoX) never forms x + attn, so there is
-    no attention-block output to decompose."""
+    """ArgumentError unless every layer forms x + attn before its feed-forward
+    (``layer.sequential_residual``: qkv's :class:`~qkv.modules.TransformerLayer`, a transformers
+    layer one of whose parts reads exactly that sum): a parallel-residual layer (GPT-NeoX) or one
+    that normalises the attention's branch before adding it (OLMo 2, Gemma 2) never forms it, so
+    there is no attention-block output to decompose."""
     check_layers(model, "alti")
     for layer in model.layers:
-        if getattr(type(layer), "forward", None) is not TransformerLayer.forward:
+        if not layer.sequential_residual:
             raise ArgumentError("method", "{name} 'alti' does not apply to {model}: its layers "
-                                "({kind}) are not qkv's sequential residual layers (x + attn, then "
-                                "the feed-forward: a parallel residual, or a layer whose norms and "
-                                "residual qkv does not know), so no output of the attention block "
+                                "({kind}) do not form x + attn before the feed-forward (a parallel "
+                                "residual, a norm on the attention's branch, or a layer whose "
+                                "residual qkv cannot read), so no output of the attention block "
                                 "alone can be decomposed",
                                 model=getattr(model, "name", type(model).__name__),
                                 kind=type(layer).__name__)

@@ -1,0 +1,252 @@
+"""A transformers attention module's query, key and value projections as matrices — one table.
+
+What ``explain_head`` multiplies x by (``x · W_Q + b_Q``, then the norm, then the position step)
+is read here, the same way for every architecture: :data:`LAYOUTS` lists how attention modules
+hold their projections, by the names of their children::
+
+    q_proj, k_proj, v_proj          three Linear maps         Llama, Mistral, Qwen, Gemma, OLMo, Phi …
+    query, key, value               three Linear maps         BERT, RoBERTa, ELECTRA
+    q_lin, k_lin, v_lin             three Linear maps         DistilBERT
+    c_attn                          [q | k | v], Conv1D       GPT-2 (weight stored (in, out))
+    qkv_proj, Wqkv                  [q | k | v]               Phi-3, ModernBERT, MPT
+    query_key_value                 per head [q_h | k_h | v_h] GPT-NeoX
+
+and the per-head norms (children ``q_norm`` and ``k_norm``: Qwen3 per head, OLMo 2 over the whole
+projection — :func:`qkv.modules.multihead.head_norm` tells them apart by their width). The
+position step is the model's own: the ``(cos, sin)`` transformers hands the attention module as
+``position_embeddings``, applied to the first features of each head (:class:`Rotation`; GPT-NeoX
+and Phi rotate part of each head) in the layout the forward shows (:data:`STYLES`). ALiBi and learned
+absolute positions need no step: they are in x or in the score bias.
+
+No entry is trusted by its name: :func:`read` rebuilds q, k and v from the module's input with
+the layout, the norms and the position step, and keeps it only where they equal the q, k and v
+the attention kernel received in the same forward (else the reason, by name).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> m = nn.Module(); m.c_attn = nn.Linear(8, 24)          # any module holding c_attn
+    >>> [layout.name for layout in LAYOUTS if layout.fits(m)]
+    ['c_attn']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from qkv.modules.multihead import head_norm
+from qkv.modules.positional import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class Projection:
+    """An ``nn.Linear``-like view of a linear map: ``weight`` (out, in), ``bias`` (out,) or None;
+    ``y = x · weightᵀ + bias``."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.to(x.dtype),
+                                    None if self.bias is None else self.bias.to(x.dtype))
+
+    def rows(self, index) -> "Projection":
+        """The output features ``index`` (a slice or an index tensor)."""
+        return Projection(self.weight[index], None if self.bias is None else self.bias[index])
+
+
+def as_projection(m: nn.Module) -> Projection | None:
+    """``m`` as a :class:`Projection` if it is an ``nn.Linear`` or GPT-2's ``Conv1D`` (weight
+    stored (in, out): transposed here), else None."""
+    if isinstance(m, nn.Linear):
+        return Projection(m.weight, m.bias)
+    if type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers.pytorch_utils.Conv1D
+        return Projection(m.weight.T, m.bias)
+    return None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """heads h, kv_heads h_kv, head_dim d, value_dim dv of one attention call."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+
+
+def _separate(module: nn.Module, names: tuple[str, ...], sz: Sizes):
+    return tuple(as_projection(getattr(module, n)) for n in names)
+
+
+def _stacked(module: nn.Module, names: tuple[str, ...], sz: Sizes):
+    """[q | k | v] along the output features: (h·d + h_kv·d + h_kv·dv, E)."""
+    whole = as_projection(getattr(module, names[0]))
+    if whole is None:
+        return None, None, None
+    q, k = sz.heads * sz.head_dim, sz.kv_heads * sz.head_dim
+    return whole.rows(slice(0, q)), whole.rows(slice(q, q + k)), whole.rows(slice(q + k, None))
+
+
+def _per_head(module: nn.Module, names: tuple[str, ...], sz: Sizes):
+    """[q_h | k_h | v_h] for each head h in turn (GPT-NeoX's ``view(b, t, h, 3·d)``)."""
+    whole = as_projection(getattr(module, names[0]))
+    if whole is None or sz.heads != sz.kv_heads or sz.head_dim != sz.value_dim:
+        return None, None, None
+    d, h = sz.head_dim, sz.heads
+    feature = torch.arange(3 * h * d, device=whole.weight.device).view(h, 3, d)  # (h, q|k|v, d)
+    return tuple(whole.rows(feature[:, part].reshape(-1)) for part in range(3))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way an attention module holds its projections: its children's names and a reader
+    ``(module, names, sizes) → (W_Q, W_K, W_V)`` as :class:`Projection` s (None: not linear)."""
+
+    name: str
+    names: tuple[str, ...]
+    read: Callable
+
+    def fits(self, module: nn.Module) -> bool:
+        return all(isinstance(getattr(module, n, None), nn.Module) for n in self.names)
+
+
+LAYOUTS = (
+    Layout("q_proj, k_proj, v_proj", ("q_proj", "k_proj", "v_proj"), _separate),
+    Layout("query, key, value", ("query", "key", "value"), _separate),
+    Layout("q_lin, k_lin, v_lin", ("q_lin", "k_lin", "v_lin"), _separate),
+    Layout("c_attn", ("c_attn",), _stacked),
+    Layout("qkv_proj", ("qkv_proj",), _stacked),
+    Layout("Wqkv", ("Wqkv",), _stacked),
+    Layout("query_key_value", ("query_key_value",), _per_head),
+)
+
+#: The per-head (or whole-projection) norms between the projections and the position step.
+NORMS = ("q_norm", "k_norm")
+
+
+#: How a model lays its RoPE angles over a head's features (the position step's styles, tried in
+#: this order against the forward): ``"half"`` — feature i turns with i + r/2, cos given for the
+#: r features (Llama, GPT-NeoX, Phi: rotate_half); ``"halves"`` — the same pairing, cos given once
+#: per pair (gpt-oss: r/2 angles); ``"pairs"`` — features 2i and 2i + 1 turn together (Cohere).
+STYLES = ("half", "halves", "pairs")
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """The position step transformers handed an attention call: ``(cos, sin)`` (b, s, ·) for
+    every position, turning the first r features of each head (the others pass as they are) in
+    one of the :data:`STYLES`. A :class:`~qkv.modules.multihead.MultiHeadTrace`'s
+    ``position_step``."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    style: str = "half"
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One head's x (n, d) at positions (n,) of the first sequence → rotated (n, d)."""
+        index = positions.to(self.cos.device)
+        return self._rotate(x, self.cos[0, index], self.sin[0, index])  # cos (n, ·)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """x (b, h, t, d) at positions 0 … t − 1 → rotated, as the forward rotated them."""
+        t = x.shape[-2]
+        return self._rotate(x, self.cos[:, None, :t], self.sin[:, None, :t])
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        if self.style == "halves":  # one angle per pair (i, i + r/2): the rotate-half layout
+            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        r = cos.shape[-1]
+        part = x[..., :r]
+        if self.style == "pairs":  # (x_2i, x_2i+1) → (x_2i cos − x_2i+1 sin, x_2i+1 cos + x_2i sin)
+            turned = torch.stack([-part[..., 1::2], part[..., ::2]], dim=-1).flatten(-2)
+            turned = part * cos + turned * sin
+        else:
+            turned = RotaryEmbedding.rotate(part, cos, sin)
+        return torch.cat([turned, x[..., r:]], dim=-1)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What :func:`read` found for one attention module: its layout's name, the three
+    projections (full width: every head), the q/k norms (or None) and the style in which the
+    forward's position step rotates q and k (:data:`STYLES`; None: NoPE layers, or models whose
+    positions are in x or in a score bias)."""
+
+    layout: str
+    q_proj: Projection
+    k_proj: Projection
+    v_proj: Projection
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    rotation: str | None
+
+
+def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
+    """(b, t, n·d) → (b, n, t, d)."""
+    return y.unflatten(-1, (n, -1)).transpose(1, 2)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether a rebuilt q, k or v is the kernel's, to the rounding of a different summation
+    order: a wrong layout, norm or rotation is off by the size of the numbers themselves."""
+    if got.shape != want.shape:
+        return False
+    eps = torch.finfo(want.dtype).eps
+    top = float(want.abs().max()) if want.numel() else 0.0
+    # E-term dot products (E ≤ 2¹⁶), a norm and a rotation: far inside 2¹⁰ eps of the largest entry
+    return float((got.to(want.dtype) - want).abs().max()) <= 1024 * eps * max(top, 1.0)
+
+
+def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
+         cos_sin: tuple[torch.Tensor, torch.Tensor] | None, query: torch.Tensor, key: torch.Tensor,
+         value: torch.Tensor) -> Parts | str:
+    """The module's :class:`Parts`, checked against one forward, or why none (in words).
+
+    Args:
+        x: (b, t, E) what the module received (its ``hidden_states``).
+        cos_sin: the ``position_embeddings`` it received, or None.
+        query, key, value: (b, h, t, d), (b, h_kv, t, d), (b, h_kv, t, dv) as the kernel read them.
+    """
+    fits = [layout for layout in LAYOUTS if layout.fits(module)]
+    if not fits:
+        return (f"{type(module).__name__} holds none of the projection layouts qkv reads "
+                f"({'; '.join(layout.name for layout in LAYOUTS)})")
+    norms = [getattr(module, n, None) for n in NORMS]
+    q_norm, k_norm = norms if all(isinstance(n, nn.Module) for n in norms) else (None, None)
+    d = sizes.head_dim
+    with torch.no_grad():
+        for layout in fits:
+            wq, wk, wv = layout.read(module, layout.names, sizes)
+            if wq is None or wk is None or wv is None:
+                continue
+            try:
+                q, k, v = wq(x), wk(x), wv(x)  # (b, t, ·)
+            except RuntimeError:  # not of this width
+                continue
+            if q_norm is not None:
+                q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
+            q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)
+            if not _close(v, value):
+                continue
+            for style in (*STYLES, None) if cos_sin is not None else (None,):
+                turn = None if style is None else Rotation(*cos_sin, style)
+                try:
+                    rq, rk = (q, k) if turn is None else (turn.heads(q), turn.heads(k))
+                except RuntimeError:  # the angles do not fit this style
+                    continue
+                if _close(rq, query) and _close(rk, key):
+                    return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style)
+    return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "
+            f"{'its q/k norms, ' if q_norm is not None else ''}"
+            f"{'the angles it is handed (as RoPE in any of ' + ', '.join(STYLES) + ' layouts, or none)' if cos_sin is not None else 'no position step'}"
+            f" do not give the q, k and v its attention kernel read")
+
+
+__all__ = ["LAYOUTS", "Layout", "NORMS", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
+           "as_projection", "read"]

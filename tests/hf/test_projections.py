@@ -1,0 +1,147 @@
+"""Full explanations on transformers models of any architecture (qkv.hf.projections): explain_head
+recomputes x·W_Q + b → (q/k norm) → the model's own position step → q from the module's input,
+with the projections read from one table and each entry checked against the forward; ``norm``
+and ALTI read the heads' W_O and the residual x + attn where the layer forms it.
+
+Tolerances are derived (tests/tolerance.py): a float32 model's recomputation differs from its
+forward by the forward's own float32 roundings, and the same code on the float64 model makes
+the same roundings 2⁻²⁹ times smaller (tests/hf_decoders.py: ``assert_explain_rounding``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")  # the qkv[hf] extra
+import torch  # noqa: E402
+
+import qkv  # noqa: E402
+import qkv.explain as E  # noqa: E402
+from archs import DECODERS, build  # noqa: E402
+from qkv.explain.contributions import get_method  # noqa: E402
+from qkv.explain.contributions.base import out_bias, run  # noqa: E402
+from qkv.explain.contributions.norm import terms  # noqa: E402
+from test_adapter import TEXT, save_tokenizer  # noqa: E402
+from tolerance import assert_within, ulp, unit_roundoff_ratio  # noqa: E402
+
+# name: (the table's layout, the position step's style) — what each architecture must be read as
+EXPECTED = {
+    "llama": ("q_proj, k_proj, v_proj", "half"),
+    "qwen2": ("q_proj, k_proj, v_proj", "half"),  # q/k/v biases
+    "qwen3": ("q_proj, k_proj, v_proj", "half"),  # per-head q/k norms, head_dim ≠ E/h
+    "olmo2": ("q_proj, k_proj, v_proj", "half"),  # q/k norms over the whole projection
+    "gpt2": ("c_attn", None),  # Conv1D [q | k | v] stored (in, out); learned positions are in x
+    "gpt_neox": ("query_key_value", "half"),  # per head [q_h | k_h | v_h], partial rotary
+    "phi3": ("qkv_proj", "half"),  # fused [q | k | v]
+    "gemma2": ("q_proj, k_proj, v_proj", "half"),  # softcap, scale ≠ 1/√d
+    "cohere": ("q_proj, k_proj, v_proj", "pairs"),  # RoPE on interleaved pairs
+}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    dirs = {}
+
+    def get(name):
+        if name not in dirs:
+            path = tmp_path_factory.mktemp(name)
+            build(DECODERS, name).save_pretrained(path)
+            save_tokenizer(path, encoder=False)
+            dirs[name] = path
+        return dirs[name]
+    return get
+
+
+def steps(path, dtype):
+    model = qkv.load(path, via="hf", dtype=dtype)
+    return model, E.explain_head(model, TEXT, token="it", layer=1, head=1)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_explain_head_recomputes_q_from_x(saved, name):
+    model, st = steps(saved(name), torch.float32)
+    _, fine = steps(saved(name), torch.float64)
+    layout, style = EXPECTED[name]
+    attn = model.layers[1].self_attn
+    assert (attn.parts.layout, attn.parts.rotation) == (layout, style)
+    assert st.projection == "" and model.capabilities.head_weights
+    assert ("RoPE" in st.qk_transform) == (style is not None)
+    assert ("normalised" in st.qk_transform) == (name in ("qwen3", "olmo2"))
+    ratio = unit_roundoff_ratio(torch.float32, torch.float64)  # 2²⁹
+    for stage, diff in st.diffs.items():  # each stage against the float32 forward's own tensor
+        tol = 4 * fine.diffs[stage] * ratio + 2 * ulp(getattr(st, stage), torch.float32)
+        assert diff <= tol, f"{name} {stage}: float32 forward vs float64 recomputation {diff:.3g} > {tol:.3g}"
+
+
+def test_gpt2_conv1d_is_read_transposed(saved):
+    """q = x · c_attn.weight[:, head] + b, written out from the Conv1D's own (in, out) weight."""
+    model, st = steps(saved("gpt2"), torch.float64)
+    conv = model.layers[1].self_attn.module.c_attn
+    d = st.head_dim
+    cols = slice(d, 2 * d)  # head 1 of the [q | k | v] columns
+    want = st.x @ conv.weight[:, cols].double() + conv.bias[cols].double()
+    assert float((st.query - want).abs().max()) <= 64 * torch.finfo(torch.float64).eps * float(want.abs().max())
+
+
+def test_neox_interleaved_heads_and_partial_rotary(saved):
+    """GPT-NeoX's query_key_value holds [q_h | k_h | v_h] per head; RoPE turns only the first
+    rotary_pct of each head: the unrotated features are x·W_Q + b as they are."""
+    model, st = steps(saved("gpt_neox"), torch.float64)
+    qkv_ = model.layers[1].self_attn.module.query_key_value
+    d = st.head_dim
+    rows = slice(1 * 3 * d, 1 * 3 * d + d)  # head 1's q rows
+    plain = st.x @ qkv_.weight[rows].double().T + qkv_.bias[rows].double()
+    r = int(d * model.config.rope_parameters["partial_rotary_factor"])
+    assert 0 < r < d
+    assert float((st.query[r:] - plain[r:]).abs().max()) <= 64 * torch.finfo(torch.float64).eps * float(plain.abs().max())
+    assert float((st.query[:r] - plain[:r]).abs().max()) > 1e-3  # the rotated ones moved
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "phi3", "qwen2"])
+def test_norm_terms_rebuild_the_attention_output_and_alti_runs(saved, name):
+    """Σ_h Σ_j A_ij f^h(h_j) + b_O is the attention module's own output (x + attn − x, read from the
+    recorded residual): W_O and the values are the model's; ALTI's own check (its terms sum to the
+    forward's x + attn) passes, and its rows are shares."""
+    model = qkv.load(saved(name), via="hf")
+    ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
+    fwd = run(model, ids, slice(None))
+    for layer, (tr, hidden) in enumerate(zip(fwd.traces, fwd.hidden_states)):
+        attn = model.layers[layer].self_attn
+        rebuilt = terms(attn, tr.self_attn).sum((0, 2)) + out_bias(attn)  # (t, E)
+        got = (tr.residual - hidden)[0]  # (t, E): the attention's output as the layer added it
+        top = float(got.abs().max())
+        # float32 sums of h·s terms of size ≤ top, and the subtraction: far inside 2¹⁰ eps
+        assert float((rebuilt - got).abs().max()) <= 1024 * torch.finfo(torch.float32).eps * max(top, 1.0), layer
+    rows = torch.tensor([ids.shape[1] - 1])
+    scores = get_method("alti").run(model, ids, rows).scores  # (L, r, t)
+    assert torch.allclose(scores.sum(-1), torch.ones_like(scores.sum(-1)), atol=1e-5)
+
+
+def test_gpt2_native_and_adapter_agree_on_alti_and_norm(saved):
+    """GPT-2 has a native family: its float64 run is the truth for the adapter's."""
+    path = saved("gpt2")
+    truth, native, ours = (qkv.load(path, dtype=torch.float64), qkv.load(path), qkv.load(path, via="hf"))
+    ids = torch.tensor([native.tokenizer.encode(TEXT).ids])
+    rows = torch.tensor([ids.shape[1] - 1])
+    for method in ("alti", "norm"):
+        got = [get_method(method).run(m, ids, rows).scores for m in (truth, native, ours)]
+        assert_within(got[2], got[0], got[1], what=method)
+    st = [E.explain_head(m, TEXT, token="it", layer=1, head=2) for m in (truth, native, ours)]
+    for field in ("x", "query", "keys", "values", "weights", "output"):
+        assert_within(getattr(st[2], field), getattr(st[0], field), getattr(st[1], field), what=field)
+
+
+def test_projections_that_cannot_be_read_are_named(saved):
+    """GPT-J computes its angles inside the module (none is handed to it): q is not x·W_Q + b with
+    a step qkv can see, so explain_head starts from the kernel's q and says why, by name."""
+    model, st = steps(saved("gptj"), torch.float32)
+    assert "GPTJAttention" in st.projection and "x·W_Q, x·W_K and x·W_V are not shown" in st.projection
+    assert not model.capabilities.head_weights
+    assert st.max_abs_diff < 1e-5  # from the kernel's q on, the arithmetic is the forward's
+
+
+def test_nothing_stays_hooked(saved):
+    model = qkv.load(saved("qwen3"), via="hf")
+    E.explain_head(model, TEXT, token="it", layer=0, head=0)
+    for m in model.hf.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks, type(m).__name__
