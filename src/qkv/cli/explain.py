@@ -236,6 +236,7 @@ def run_explain(args: argparse.Namespace) -> int:
                        "(it reports every token of every layer, or of --layer L)")
     methods.check_explain(args)
     check_text(args.text)
+    _check_length(model, args.text)
     if args.compare:
         return methods.run_compare(model, args, flags=FLAGS, print_json=_print_json)
     if args.no_projection:
@@ -243,6 +244,22 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.head is not None:
         return _explain_steps(model, args)
     return _explain_overview(model, args)
+
+
+def _check_length(model, text: str) -> None:
+    """A text longer than the model takes: one line that names the shipped model reading it."""
+    from qkv.reader import NAME
+    from qkv.reader.train import ReaderTrainConfig
+
+    tokenizer = getattr(model, "tokenizer", None)
+    limit = getattr(tokenizer, "max_length", None)
+    if not isinstance(limit, int) or limit >= ReaderTrainConfig.max_positions:
+        return  # the reader reads no more than this model: the tokenizer's own message says it
+    n = len(tokenizer.encode(text, max_length=sys.maxsize).ids)
+    if n > limit:
+        raise QkvError(f"the text is {n} tokens and {model.name} takes at most {limit}; the "
+                       f"shipped model {NAME!r} reads up to {ReaderTrainConfig.max_positions:,} "
+                       f"(--model {NAME}, or qkv view --file FILE for a long text's page)")
 
 
 def _show(args, result, *, model=None, figure=None) -> int:

@@ -58,9 +58,16 @@ def lm_dir() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "lm")
 
 
+def reader_dir() -> str:
+    """The small Mistral trained by ``qkv train reader`` on the Python documentation (reads any
+    length: a sliding window), shipped in ``qkv/data/reader``."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "reader")
+
+
 # Names qkv knows → (display name, directory finder).
 KNOWN_MODELS: dict[str, tuple[str, Callable[[], str]]] = {
     "lm": ("qkv-lm", lm_dir),
+    "reader": ("qkv-reader", reader_dir),
     "minilm": ("all-MiniLM-L6-v2", minilm_dir),
     "all-MiniLM-L6-v2": ("all-MiniLM-L6-v2", minilm_dir),
     "sentence-transformers/all-MiniLM-L6-v2": ("all-MiniLM-L6-v2", minilm_dir),

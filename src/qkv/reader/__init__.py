@@ -5,3 +5,8 @@ training (:mod:`qkv.reader.train`, ``qkv train reader``); the model is
 :mod:`qkv.models.llama`'s, the loop and checkpoint :mod:`qkv.lm.run`'s (shared with ``qkv train
 lm``). The trained checkpoint ships in ``qkv/data/reader``: ``qkv.load("reader")``.
 """
+
+#: the name ``qkv.load`` knows the shipped reader by (``models/registry.py``: ``SHIPPED``) —
+#: ``qkv view --file``'s default model, and the one ``qkv explain`` names for a text too long for
+#: its model
+NAME = "reader"
