@@ -37,6 +37,10 @@ def test_the_cli_lists_the_library_names():
      "qkv: error: --sequences must be at least 1, got 0"),
     (["heads", "--ablate", "the cat", "--to", "cat"],
      "qkv: error: --ablate needs --probe"),
+    *[(["faithfulness", "--model", "translate", "--probe", probe],
+       f"qkv: error: --probe {probe} does not apply to translate (shipped): an encoder-decoder "
+       f"supports no probe (induction, previous-token, coref read the heads of a self-attention "
+       f"model); explain its cross-attention instead") for probe in ("coref", "induction")],
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
@@ -63,3 +67,28 @@ def test_heads_ablate_prints_effects_beside_scores(capsys):
     assert code == 0, err
     assert "effect = metric with the head ablated − clean" in out
     assert out.count(" L1 H") == 2 and out.count(" L0 H") == 2
+
+
+def test_a_transformers_encoder_decoder_supports_no_probe(capsys, tmp_path):
+    """A BART directory: no probe applies (before: AttributeError tracebacks), said in one line;
+    the library says the same and lists no probe for it."""
+    pytest.importorskip("transformers")
+    import qkv
+    from qkv.explain.faithfulness import faithfulness
+    from qkv.explain.head_effects import probes_for
+    from qkv.explain.wording import ArgumentError
+    from seq2seq_dirs import save
+
+    path, _ = save(tmp_path, "bart")
+    capsys.readouterr()
+    for probe in ("coref", "previous-token"):
+        code, out, err = run(capsys, "faithfulness", "--model", path, "--probe", probe)
+        # the last line: transformers' own loading bar may come before it (issue 31, minor)
+        assert code == 2 and out == "" and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1].startswith(
+            f"qkv: error: --probe {probe} does not apply to bart: an encoder-decoder supports no "
+            f"probe"), err
+    model = qkv.load(path)
+    with pytest.raises(ArgumentError, match="^probe coref does not apply to bart") as e:
+        faithfulness(model, "coref")
+    assert e.value.argument == "effects_probe" and probes_for(model) == []

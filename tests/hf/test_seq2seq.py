@@ -151,6 +151,49 @@ def test_marian_separate_vocabularies_refused(dirs, tmp_path):
         json.dump(raw, open(config, "w"))
 
 
+def corrupt(kind: str, path) -> None:
+    """Damage the tokenizer of the model directory ``path`` as ``kind`` says."""
+    if kind == "list":
+        (path / "tokenizer.json").write_text("[]")
+    elif kind == "not a tokenizer":
+        (path / "tokenizer.json").write_text('{"version": "1.0"}')
+    elif kind == "fifo":
+        (path / "tokenizer_config.json").unlink()
+        os.mkfifo(path / "tokenizer_config.json")
+    elif kind == "directory":
+        (path / "special_tokens_map.json").mkdir()
+    else:  # "too many tokens": the tokenizer of a model with a larger vocabulary
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.add_tokens([f"extra{i}" for i in range(5)])
+        tok.save_pretrained(path)
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("list", r"tokenizer\.json holds a JSON list, not an object: it is not a tokenizer file$"),
+    ("not a tokenizer", r"tokenizer\.json could not be read as a tokenizer"),
+    ("fifo", r"tokenizer_config\.json is not a regular file"),
+    ("directory", r"special_tokens_map\.json is not a regular file"),
+    ("too many tokens", r"has 104 tokens but the model's vocab_size is 99 \(config\.json\): a "
+                        r"tokenizer from another model\?$"),
+])
+def test_a_corrupt_tokenizer_is_refused_at_load(dirs, tmp_path, capsys, kind, message):
+    """Checked when the model loads, one line naming the file (before: transformers read a
+    ``[]`` tokenizer.json and failed at the first text with a TypeError, skipped a FIFO
+    tokenizer_config.json, and a larger vocabulary indexed past the embedding)."""
+    import shutil
+
+    path = tmp_path / "bart"
+    shutil.copytree(dirs["bart"][0], path)
+    corrupt(kind, path)
+    with pytest.raises(QkvError, match=message):
+        qkv.load(path)
+    assert qkv_cli("translate", SOURCE, "--model", str(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("qkv: error: ") and "Traceback" not in "".join(err)
+
+
 def test_no_tokenizer(dirs, tmp_path):
     _, eager = dirs["t5"]
     eager.save_pretrained(tmp_path)

@@ -49,6 +49,7 @@ import torch
 from qkv.explain import forward, induction, interventions
 from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.finite import NonFiniteError, describe
+from qkv.models.protocol import capabilities_of
 from qkv.modules.intervention import Interventions
 from qkv.explain.wording import ArgumentError
 
@@ -94,6 +95,11 @@ def task(model, probe: str, *, sequences: int, length: int | None, seed: int) ->
     if probe not in PROBES:
         raise ArgumentError("effects_probe", "unknown {name} {value!r}; known: {known}", value=probe,
                             known=", ".join(PROBES))
+    if not capabilities_of(model).self_attention:  # an encoder-decoder: cross-attention only
+        raise ArgumentError("effects_probe", "{name} {value} does not apply to {model}: an "
+                            "encoder-decoder supports no probe ({known} read the heads of a "
+                            "self-attention model); explain its cross-attention instead",
+                            value=probe, model=forward.model_name(model), known=", ".join(PROBES))
     if probe == "coref":
         return _coref_task(model)
     if not is_decoder(model):

@@ -42,7 +42,7 @@ import os
 import torch
 
 from qkv.errors import QkvError
-from qkv.files import read_json
+from qkv.files import parse_json, read_regular
 from qkv.models.protocol import SEQ2SEQ, CrossPass, TooLong
 
 
@@ -168,17 +168,19 @@ def load(path: str | os.PathLike, *, name: str | None = None, dtype=None,
          device: torch.device | str | None = None) -> Seq2SeqModel:
     """The encoder-decoder in ``path`` on qkv's attention, with transformers' tokenizer.
 
-    Raises QkvError when transformers cannot build it (:func:`qkv.hf.load`'s errors), when the
+    Raises QkvError when transformers cannot build it (:func:`qkv.hf.load`'s errors); when the
     directory has no tokenizer transformers can read (naming a missing backend such as
-    sentencepiece), or when its Marian tokenizer keeps separate source and target vocabularies
-    (refused: the same id means different tokens on the two sides, and qkv labels both from one).
+    sentencepiece), or a tokenizer file that is not one (:func:`check_tokenizer_files`); when the
+    tokenizer has more tokens than the model's embedding has rows (a tokenizer from another
+    model); or when its Marian tokenizer keeps separate source and target vocabularies (refused:
+    the same id means different tokens on the two sides, and qkv labels both from one).
     """
     import transformers
 
     from qkv.hf.load import load as load_hf
 
     path = os.fspath(path)
-    _refuse_separate_vocabs(path)
+    check_tokenizer_files(path)
     hf = load_hf(path, dtype=dtype)
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         # transformers would build an empty tokenizer of the model's class and say nothing
@@ -190,22 +192,66 @@ def load(path: str | os.PathLike, *, name: str | None = None, dtype=None,
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True,
                                                                trust_remote_code=False)
-    except (ImportError, OSError, ValueError) as e:
+    except (ImportError, OSError, ValueError, TypeError, KeyError, IndexError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise QkvError(f"{path}: transformers cannot read the tokenizer of this "
                        f"{hf.config.model_type} model ({first}); qkv needs it to tokenise the text "
                        f"and the target (Marian and M2M100 tokenizers need the sentencepiece "
                        f"package)") from None
+    _check_vocabulary(tokenizer, hf, path)
     return Seq2SeqModel(hf, tokenizer, name=name or os.path.basename(os.path.normpath(os.path.abspath(path))))
 
 
-def _refuse_separate_vocabs(path: str) -> None:
-    """Marian checkpoints with ``separate_vocabs``: refused, naming why (see :func:`load`)."""
-    file = os.path.join(path, "tokenizer_config.json")
-    if not os.path.isfile(file):
-        return
-    raw = read_json(file)
-    if isinstance(raw, dict) and raw.get("separate_vocabs"):
-        raise QkvError(f"{file}: this tokenizer keeps separate source and target vocabularies "
-                       f"(separate_vocabs), so an id names different tokens in the text and the "
-                       f"target; qkv does not show such models yet (a shared vocabulary works)")
+# the tokenizer's JSON files transformers reads when present (each must hold one JSON object), and
+# its other files (vocabularies, sentencepiece models: regular files, never a FIFO that blocks)
+TOKENIZER_JSON = ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
+                  "added_tokens.json", "vocab.json")
+TOKENIZER_DATA = ("merges.txt", "vocab.txt", "source.spm", "target.spm", "spiece.model",
+                  "sentencepiece.bpe.model")
+
+
+def check_tokenizer_files(path: str) -> None:
+    """Every tokenizer file in ``path`` is what transformers expects, before it reads any: a
+    regular file (a FIFO would block the reader, a directory fail later), the JSON ones one
+    object each, ``tokenizer.json`` a tokenizer ``tokenizers`` reads; Marian's
+    ``separate_vocabs`` refused (see :func:`load`). QkvError naming the file otherwise.
+
+    (transformers reads a ``tokenizer.json`` holding ``[]`` and fails at the first text with a
+    TypeError; a FIFO ``tokenizer_config.json`` it skips, building a tokenizer without the
+    model's special tokens.)
+    """
+    import tokenizers
+
+    for name in TOKENIZER_JSON + TOKENIZER_DATA:
+        file = os.path.join(path, name)
+        if not os.path.lexists(file):
+            continue
+        data = read_regular(file)  # missing target, FIFO, directory: one line naming the file
+        if name not in TOKENIZER_JSON:
+            continue
+        raw = parse_json(data, file)
+        if not isinstance(raw, dict):
+            raise QkvError(f"{file} holds a JSON {type(raw).__name__}, not an object: it is not a "
+                           f"tokenizer file")
+        if name == "tokenizer.json":
+            try:
+                tokenizers.Tokenizer.from_str(data.decode("utf-8-sig"))
+            except Exception as e:  # the Rust side raises a bare Exception
+                raise QkvError(f"{file} could not be read as a tokenizer: {e}") from None
+        if name == "tokenizer_config.json" and raw.get("separate_vocabs"):
+            raise QkvError(f"{file}: this tokenizer keeps separate source and target vocabularies "
+                           f"(separate_vocabs), so an id names different tokens in the text and "
+                           f"the target; qkv does not show such models yet (a shared vocabulary "
+                           f"works)")
+
+
+def _check_vocabulary(tokenizer, hf, path: str) -> None:
+    """Every id the tokenizer can produce must be a row of the model's embedding table (the
+    rule of :func:`qkv.models.loading.load`'s tokenizer check, asked of the model's own
+    embedding): a tokenizer from another model would index past it or into wrong rows."""
+    rows = hf.get_input_embeddings().num_embeddings
+    ids = tokenizer.get_vocab().values()
+    n = max(ids) + 1 if ids else 0
+    if n > rows:
+        raise QkvError(f"the tokenizer in {path} has {n} tokens but the model's vocab_size is "
+                       f"{rows} (config.json): a tokenizer from another model?")
