@@ -148,7 +148,8 @@ def test_explanations_run_on_other_architectures(saved, name):
     """softcap + alternating windows (gemma2), sinks + MoE (gpt-oss), QK-norm (olmo2), an encoder
     (electra): explain_head's float64 arithmetic from x on equals the forward's head output,
     every method that applies runs, ALTI runs on gpt-oss (pre-norm: x + attn, then the MoE) and
-    says why not on the others (norms on the attention's branch; post-norm)."""
+    electra (post-norm: LayerNorm(x + attn)) and says why not on the others (norms on the
+    attention's branch)."""
     model = adapter(saved(name), name)
     caps = model.capabilities
     assert caps.causal == (name != "electra") and caps.encoder == (name == "electra")
@@ -167,7 +168,7 @@ def test_explanations_run_on_other_architectures(saved, name):
         ov = E.explain(model, TEXT, token="it", method=method, **(target if method == "grad" else {}))
         assert len(ov.rows) in (len(model.layers), len(model.layers) * model.layers[0].self_attn.num_heads)
     assert not st.projection  # x·W_Q + b → (norm) → RoPE → q
-    if name == "gpt_oss":
+    if name in ("gpt_oss", "electra"):
         E.explain(model, TEXT, token="it", method="alti")
     else:
         with pytest.raises(ArgumentError, match="'alti' does not apply .* do not form x \\+ attn"):

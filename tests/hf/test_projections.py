@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 import qkv.explain as E  # noqa: E402
-from archs import DECODERS, build  # noqa: E402
+from archs import DECODERS, ENCODERS, build  # noqa: E402
 from qkv.explain.contributions import get_method  # noqa: E402
 from qkv.explain.contributions.base import out_bias, run  # noqa: E402
 from qkv.explain.contributions.norm import terms  # noqa: E402
@@ -129,6 +129,22 @@ def test_gpt2_native_and_adapter_agree_on_alti_and_norm(saved):
     st = [E.explain_head(m, TEXT, token="it", layer=1, head=2) for m in (truth, native, ours)]
     for field in ("x", "query", "keys", "values", "weights", "output"):
         assert_within(getattr(st[2], field), getattr(st[0], field), getattr(st[1], field), what=field)
+
+
+def test_bert_native_and_adapter_agree_post_norm(tmp_path):
+    """A post-norm encoder: the adapter finds the LayerNorm that reads x + attn (norm1, not
+    norm_first) and ALTI decomposes its output; BERT's native family in float64 is the truth."""
+    build(ENCODERS, "bert").save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, encoder=True)
+    truth, native, ours = (qkv.load(tmp_path, dtype=torch.float64), qkv.load(tmp_path),
+                           qkv.load(tmp_path, via="hf"))
+    layer = ours.layers[0]
+    assert layer.sequential_residual and not layer.norm_first and isinstance(layer.norm1, torch.nn.LayerNorm)
+    ids = torch.tensor([native.tokenizer.encode(TEXT).ids])
+    rows = torch.tensor([4])
+    for method in ("alti", "norm"):
+        got = [get_method(method).run(m, ids, rows).scores for m in (truth, native, ours)]
+        assert_within(got[2], got[0], got[1], what=method)
 
 
 def test_projections_that_cannot_be_read_are_named(saved):

@@ -64,8 +64,9 @@ class HFAttention:
     """One layer's self-attention, as explanations see it (sizes read off the forward).
 
     Fields: num_heads h, num_kv_heads h_kv, head_dim d, value_dim dv, embed_dim E; module (the
-    transformers attention module); out_proj (an ``nn.Linear``-like (E, h·dv) reading the heads'
-    outputs) or None; q_proj, k_proj, v_proj (:class:`~qkv.hf.projections.Projection` s: every
+    transformers attention module); out_module (the module reading the heads' outputs: Linear or
+    GPT-2's Conv1D) and out_proj (it as a :class:`~qkv.hf.projections.Projection` (E, h·dv)), or
+    None; q_proj, k_proj, v_proj (:class:`~qkv.hf.projections.Projection` s: every
     head's W_Q (h·d, E), W_K, W_V (h_kv·d, E) and biases) and q_norm, k_norm (the module's own,
     or None) from ``parts``; projection_note "" when they were read, else why not (then q_proj
     is any weight of the module: its dtype, for sizes).
@@ -74,8 +75,9 @@ class HFAttention:
     q_norm = k_norm = None
 
     def __init__(self, module: nn.Module, *, heads: int, kv_heads: int, head_dim: int,
-                 value_dim: int, embed_dim: int, out_proj, parts: Parts | str):
-        self.module, self.out_proj = module, out_proj
+                 value_dim: int, embed_dim: int, out_module: nn.Module | None, parts: Parts | str):
+        self.module, self.out_module = module, out_module
+        self.out_proj = None if out_module is None else as_projection(out_module)
         self.num_heads, self.num_kv_heads = heads, kv_heads
         self.head_dim, self.value_dim, self.embed_dim = head_dim, value_dim, embed_dim
         self.parts = parts if isinstance(parts, Parts) else None
@@ -98,18 +100,19 @@ class HFAttention:
 class HFLayer:
     """One transformers layer (``block``) and its :class:`HFAttention` (``self_attn``).
 
-    ``norm1``: the block's child whose output the attention reads (None if none does);
-    ``sequential_residual``: whether a child of the block reads exactly x + attn (a pre-norm
-    layer: x + attn(norm1(x)), then the feed-forward on that sum) — checked on a forward.
+    Its residual structure, read off a forward (:func:`_structure`): ``sequential_residual``
+    when the layer forms x + attn (attn: the output projection's output) before its feed-forward
+    — pre-norm (``norm_first``; ``norm1`` the part whose output the attention reads: x + attn is
+    read as it is) or post-norm (``norm1`` the norm that reads x + attn: its output goes on);
+    False otherwise (a parallel residual, a norm on the attention's branch).
     """
 
     cross_attn = None
-    norm_first = True
 
     def __init__(self, block: nn.Module, self_attn: HFAttention, *, norm1: nn.Module | None = None,
-                 sequential_residual: bool = False):
+                 norm_first: bool = True, sequential_residual: bool = False):
         self.block, self.self_attn = block, self_attn
-        self.norm1, self.sequential_residual = norm1, sequential_residual
+        self.norm1, self.norm_first, self.sequential_residual = norm1, norm_first, sequential_residual
 
     def modules(self):
         return self.block.modules()
@@ -119,14 +122,16 @@ class HFLayer:
 class _Seen:
     """What one forward's hooks kept for one layer: ``entered`` (b, t, E) the layer's input
     (after any patch), ``x`` (b, t, E) the attention module's input, ``cos_sin`` the
-    ``position_embeddings`` it was handed or None, ``out`` (b, t, E) what it
-    returned; ``children`` (discovery only): each direct child of the block → (input, output)."""
+    ``position_embeddings`` it was handed or None, ``out`` (b, t, E) what its output projection
+    returned, ``normed`` (b, t, E) what a post-norm layer's ``norm1`` returned; ``inner``
+    (discovery only): every module inside the block → (its input, its output)."""
 
     entered: torch.Tensor | None = None
     x: torch.Tensor | None = None
     cos_sin: tuple | None = None
     out: torch.Tensor | None = None
-    children: dict | None = None
+    normed: torch.Tensor | None = None
+    inner: dict | None = None
 
 
 class HFModel(nn.Module):
@@ -174,22 +179,22 @@ class HFModel(nn.Module):
                            f"weights); qkv's explanations need one module per layer")
         names = {id(m): n for n, m in self.hf.named_modules()}
         modules = dict(self.hf.named_modules())
-        blocks, out_projs = [], []
+        blocks, out_modules = [], []
         for c in calls:
             block = modules[_layer_name(names[id(c.module)], modules, self.name)]
-            out_proj = None
+            out_module = None
             for m in block.modules():
                 if any(x.shape == c.output.shape and torch.equal(x, c.output) for x in seen.get(id(m), ())):
-                    out_proj = as_projection(m)
+                    out_module = m
             blocks.append(block)
-            out_projs.append(out_proj)
+            out_modules.append(out_module)
         self._layers = [HFLayer(block, HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads,
                                                    head_dim=c.head_dim, value_dim=c.value_dim,
-                                                   embed_dim=self.hf.config.hidden_size, out_proj=None,
+                                                   embed_dim=self.hf.config.hidden_size, out_module=m,
                                                    parts="the model was not traced yet"))
-                        for block, c in zip(blocks, calls)]
+                        for block, c, m in zip(blocks, calls, out_modules)]
         self._keys = {id(c.module): i for i, c in enumerate(calls)}
-        self._layers = self._read_layers(ids, calls, out_projs)
+        self._layers = self._read_layers(ids, calls, out_modules)
         causal = bool(getattr(calls[0].module, "is_causal", False))
         self._logits = getattr(out, "logits", None) is not None
         weights = all(layer.self_attn.parts is not None and layer.self_attn.out_proj is not None
@@ -197,28 +202,25 @@ class HFModel(nn.Module):
         self.capabilities = Capabilities(self_attention=True, causal=causal, encoder=not causal,
                                          next_token=causal and self._logits, head_weights=weights)
 
-    def _read_layers(self, ids: torch.Tensor, calls, out_projs) -> list[HFLayer]:
+    def _read_layers(self, ids: torch.Tensor, calls, out_modules) -> list[HFLayer]:
         """One traced forward on ``ids``; each layer's :class:`HFLayer` with what it showed: the
         attention module's projections, norms and position step (kept where they rebuild the
-        kernel's q, k, v), the norm it reads and whether a child reads x + attn."""
+        kernel's q, k, v) and its residual structure (:func:`_structure`)."""
         rec = Recording(keys=self._keys, rows=slice(None))
-        with torch.no_grad(), self._hooks(None, children=True) as (hidden, layers_seen), recording(rec):
+        with torch.no_grad(), self._hooks(None, inner=True) as (hidden, layers_seen), recording(rec):
             self.hf(input_ids=ids)
         layers = []
-        for i, (c, out_proj, seen) in enumerate(zip(calls, out_projs, layers_seen)):
+        for i, (c, out_module, seen) in enumerate(zip(calls, out_modules, layers_seen)):
             tr = rec.traces[i]
             g = c.heads // c.kv_heads  # the trace's keys and values are repeated per query head
             parts = read(c.module, Sizes(c.heads, c.kv_heads, c.head_dim, c.value_dim), seen.x,
                          seen.cos_sin, tr.query, tr.key[:, ::g], tr.value[:, ::g])
-            E = out_proj.weight.shape[0] if out_proj is not None else self.hf.config.hidden_size
             attn = HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
-                               value_dim=c.value_dim, embed_dim=E, out_proj=out_proj, parts=parts)
-            block = self._layers[i].block
-            norm1 = next((child for child, (given, made) in seen.children.items()
-                          if _same(given, seen.entered) and _same(made, seen.x)), None)
-            residual = seen.entered + seen.out  # (b, t, E) as the layer would add them
-            sequential = any(_same(given, residual) for given, _ in seen.children.values())
-            layers.append(HFLayer(block, attn, norm1=norm1, sequential_residual=sequential))
+                               value_dim=c.value_dim, embed_dim=self.hf.config.hidden_size,
+                               out_module=out_module, parts=parts)
+            if attn.out_proj is not None:
+                attn.embed_dim = attn.out_proj.weight.shape[0]
+            layers.append(HFLayer(self._layers[i].block, attn, **_structure(seen, out_module, c.module)))
         return layers
 
     def _device(self) -> torch.device:
@@ -272,7 +274,9 @@ class HFModel(nn.Module):
         position step, the traced rows, the heads' outputs) and, where the layer forms it, the
         residual x + attn."""
         layer = self._layers[i]
-        residual = seen.entered + seen.out if layer.sequential_residual else None  # (b, t, E)
+        residual = None  # (b, t, E): x + attn (pre-norm) or norm1(x + attn) (post-norm)
+        if layer.sequential_residual:
+            residual = seen.entered + seen.out if layer.norm_first else seen.normed
         if isinstance(trace_rows, LseRequest):
             return LayerTrace(rec.traces[i], residual=residual)
         x = seen.x  # (b, t, E)
@@ -283,13 +287,14 @@ class HFModel(nn.Module):
                                          position_step=step), residual=residual)
 
     @contextmanager
-    def _hooks(self, interventions, *, children: bool = False):
+    def _hooks(self, interventions, *, inner: bool = False):
         """For one forward: ``hidden`` (L + 1 tensors: what the embeddings and each layer
         computed) and ``seen`` (a :class:`_Seen` per layer: what entered it, after any
-        ``inputs`` patch; what entered and left its attention module; with ``children``, each
-        direct child's input and output). Every hook is removed when the ``with`` ends."""
+        ``inputs`` patch; what entered its attention module and left its output projection (and
+        a post-norm ``norm1``); with ``inner``, every inner module's input and output). Every
+        hook is removed when the ``with`` ends."""
         L = len(self._layers)
-        hidden, seen = [None] * (L + 1), [_Seen(children={} if children else None) for _ in range(L)]
+        hidden, seen = [None] * (L + 1), [_Seen(inner={} if inner else None) for _ in range(L)]
 
         def before(i):
             def hook(module, args, kwargs):
@@ -315,15 +320,15 @@ class HFModel(nn.Module):
                 seen[i].cos_sin = tuple(cos_sin) if isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2 else None
             return hook
 
-        def attention_out(i):
+        def keep(i, field):
             def hook(module, args, kwargs, output):
-                seen[i].out = output[0] if isinstance(output, tuple) else output
+                setattr(seen[i], field, output[0] if isinstance(output, tuple) else output)
             return hook
 
-        def child(i, m):
+        def any_module(i, m):
             def hook(module, args, kwargs, output):
                 given = args[0] if args else next(iter(kwargs.values()), None)
-                seen[i].children[m] = (given, output[0] if isinstance(output, tuple) else output)
+                seen[i].inner[m] = (given, output[0] if isinstance(output, tuple) else output)
             return hook
 
         handles = []
@@ -333,13 +338,37 @@ class HFModel(nn.Module):
                 handles.append(layer.block.register_forward_hook(after(i), with_kwargs=True))
                 attn = layer.self_attn.module
                 handles.append(attn.register_forward_pre_hook(attention_in(i), with_kwargs=True))
-                handles.append(attn.register_forward_hook(attention_out(i), with_kwargs=True))
-                for m in layer.block.children() if children else ():
-                    handles.append(m.register_forward_hook(child(i, m), with_kwargs=True))
+                out = layer.self_attn.out_module
+                if out is not None:
+                    handles.append(out.register_forward_hook(keep(i, "out"), with_kwargs=True))
+                if not layer.norm_first and layer.sequential_residual:
+                    handles.append(layer.norm1.register_forward_hook(keep(i, "normed"), with_kwargs=True))
+                for m in list(layer.block.modules())[1:] if inner else ():
+                    handles.append(m.register_forward_hook(any_module(i, m), with_kwargs=True))
             yield hidden, seen
         finally:
             for h in handles:
                 h.remove()
+
+
+def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module) -> dict:
+    """A layer's residual structure from what one forward's hooks saw (``HFLayer``'s keywords):
+    pre-norm when a part maps the layer's input x to what the attention reads and some part reads
+    exactly x + attn; post-norm when the attention reads x itself and a norm reads x + attn;
+    neither (``sequential_residual`` False) otherwise."""
+    if out_module is None or seen.out is None:
+        return {}
+    summed = seen.entered + seen.out  # (b, t, E) as the layer would add them
+    readers = [m for m, (given, _) in seen.inner.items() if _same(given, summed)]
+    norm1 = next((m for m, (given, made) in seen.inner.items() if m is not attention
+                  and _same(given, seen.entered) and _same(made, seen.x)), None)
+    if norm1 is not None and not _same(seen.x, seen.entered) and readers:
+        return dict(norm1=norm1, norm_first=True, sequential_residual=True)
+    norms = [m for m in readers if isinstance(m, (nn.LayerNorm, nn.RMSNorm))
+             or "norm" in type(m).__name__.lower()]
+    if _same(seen.x, seen.entered) and norms:
+        return dict(norm1=norms[0], norm_first=False, sequential_residual=True)
+    return {}
 
 
 def _same(a, b) -> bool:
