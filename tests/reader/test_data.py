@@ -42,16 +42,19 @@ def test_batches_are_a_pure_function_of_seed_and_step(stream_and_tokenizer):
     assert a.ids.shape == (4, 65) and bool((a.ids[:, 0] == BOS_ID).all())
 
 
-def test_a_copied_span_repeats_earlier_tokens(stream_and_tokenizer):
+def test_a_repeated_window_is_one_segment_written_again(stream_and_tokenizer):
     stream, _ = stream_and_tokenizer
     cfg = BatchConfig(seq_len=64, repeat_prob=1.0, min_span=5, max_span=5)
-    batch = get_batch(stream, cfg, batch_size=16, seed=0, step=0)
-    for ids, copied in zip(batch.ids.tolist(), batch.copied.tolist()):
-        first = copied.index(True) - 1  # the copy's first token is not marked (unpredictable)
-        span = ids[first:first + 5]
-        assert copied[first:first + 5] == [False] + [True] * 4
-        # the span occurs earlier in the window
-        assert any(ids[i:i + 5] == span for i in range(1, first - 4))
+    batch = get_batch(stream, cfg, batch_size=4, seed=0, step=0)
+    ids, copied = batch.ids[:, 1:], batch.copied[:, 1:]  # after <bos>
+    assert torch.equal(ids[:, 5:], ids[:, :-5])  # period 5
+    # predictable by looking back: every token of a repeat but its first (position 5)
+    assert copied[:, :6].sum() == 0 and bool(copied[:, 6:].all())
+    plain = get_batch(stream, BatchConfig(seq_len=64, repeat_prob=0.0), batch_size=4, seed=0, step=0)
+    assert not bool(plain.copied.any())
+    text = stream.train.tolist()
+    row = plain.ids[0, 1:].tolist()  # a plain window is a slice of the training stream
+    assert any(text[i:i + 64] == row for i in range(len(text) - 63))
 
 
 def test_unigram_loss_is_the_add_one_cross_entropy(stream_and_tokenizer):

@@ -1,19 +1,20 @@
 """The reader's tokenizer and batches: byte-level BPE trained on the corpus, random windows of the
-token stream, some with a span copied again.
+token stream, some of them one segment repeated.
 
 * :func:`train_tokenizer` — a byte-level BPE (GPT-2's scheme: every byte is a token, so no text
   is unknown) learned from the training pages only, ``<bos>`` put first by its post-processor.
 * :class:`TokenStream` — the training pages' token ids end to end (a page closes with ``\\n\\n``),
   and the held-out pages, each its own id list.
 * :func:`get_batch` — ``batch_size`` windows of ``seq_len`` tokens at random offsets, ``<bos>``
-  first; with probability ``repeat_prob`` a window also carries a *copy*: a span of it written
-  again later in the same window, so that the later tokens of the copy are predictable by
-  looking back (what induction heads do, Olsson et al. 2022). English repeats itself too
-  (names, identifiers); the copies only make the signal denser, so induction heads form within
-  the short CPU budget::
+  first. With probability ``repeat_prob`` a window is instead one English *segment* of
+  ``min_span … max_span`` tokens written again and again: after its first occurrence every token
+  (but the first of each repeat) is predictable only by looking back — find the current token's
+  earlier occurrence and read what followed it, what induction heads do (Olsson et al. 2022).
+  English repeats itself too (names, identifiers), but too seldom for induction heads to form
+  within the short CPU budget; the repeated segments make the signal dense::
 
-      <bos> … the with statement ensures that … │the with statement│ … Python …
-                  └──────── span ───────┘        └── its copy ─────┘ (inserted, the rest shifts)
+      <bos> the with statement ensures that │the with statement ensures that │the with …
+            └──────── a segment ──────────┘ └──── its repeat ─────────────┘
 
 A batch is a pure function of (seed, step), like ``qkv train lm``'s.
 
@@ -93,9 +94,9 @@ class BatchConfig:
     """How training windows are drawn (the defaults are the shipped reader's)."""
 
     seq_len: int = 256  # tokens after <bos>
-    repeat_prob: float = 1.0  # the share of windows that carry a copied span
-    min_span: int = 8  # tokens per copied span, drawn uniformly from [min_span, max_span]
-    max_span: int = 48
+    repeat_prob: float = 0.5  # the share of windows that are one segment repeated
+    min_span: int = 16  # tokens per repeated segment, drawn uniformly from [min_span, max_span]
+    max_span: int = 64
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class ReaderBatch:
 
     Fields:
         ids: (b, 1 + seq_len) token ids, ``<bos>`` first.
-        copied: (b, 1 + seq_len) True on the second and later tokens of an inserted copy.
+        copied: (b, 1 + seq_len) True on the tokens of a repeat but its first (those only
+            looking back predicts).
     """
 
     ids: torch.Tensor
@@ -116,18 +118,16 @@ class ReaderBatch:
 
 
 def sample_window(rng: random.Random, stream: torch.Tensor, cfg: BatchConfig) -> tuple[list[int], list[bool]]:
-    """One window of ``cfg.seq_len`` ids (without ``<bos>``) and which are copy tokens."""
+    """One window of ``cfg.seq_len`` ids (without ``<bos>``) and which are predictable repeats."""
     n = cfg.seq_len
-    start = rng.randrange(len(stream) - n + 1)
-    ids = stream[start:start + n].tolist()
-    copied = [False] * n
-    if rng.random() < cfg.repeat_prob:
-        span = rng.randint(cfg.min_span, cfg.max_span)
-        source = rng.randrange(n - 2 * span + 1)  # the span, then room for its copy after it
-        at = rng.randint(source + span, n - span)  # where the copy goes (the rest shifts right)
-        ids = (ids[:at] + ids[source:source + span] + ids[at:])[:n]
-        copied = (copied[:at] + [False] + [True] * (span - 1) + copied[at:])[:n]
-    return ids, copied
+    if rng.random() >= cfg.repeat_prob:
+        start = rng.randrange(len(stream) - n + 1)
+        return stream[start:start + n].tolist(), [False] * n
+    span = rng.randint(cfg.min_span, cfg.max_span)
+    start = rng.randrange(len(stream) - span + 1)
+    segment = stream[start:start + span].tolist()
+    ids = (segment * (n // span + 1))[:n]
+    return ids, [i > span for i in range(n)]  # position span starts a repeat: not predictable
 
 
 def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: int, step: int) -> ReaderBatch:
