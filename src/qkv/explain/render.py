@@ -130,14 +130,11 @@ def render_overview(out: Console, ov: Overview, *, names: Mapping[str, str] = AR
 # -- step by step --------------------------------------------------------------------------------
 def _x_source(st: HeadSteps) -> str:
     i, L, E = st.token_index, st.layer, st.x.numel()
-    if st.projection:
-        return (f"the vector entering layer {L} at token {i} (hidden_states[{L}][{i}]), the {E} "
-                f"numbers the layer turns into q")
+    what = "the layer turns into q" if st.projection else "projected into q"
     if st.x_is_layer_input is False:
         return (f"the layer's normalised input at token {i} (norm1(hidden_states[{L}][{i}]), "
-                f"pre-norm), the {E} numbers projected into q")
-    return (f"the vector entering layer {L} at token {i} (hidden_states[{L}][{i}]), the {E} "
-            f"numbers projected into q")
+                f"pre-norm), the {E} numbers {what}")
+    return f"the vector entering layer {L} at token {i} (hidden_states[{L}][{i}]), the {E} numbers {what}"
 
 
 def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGUMENTS) -> None:

@@ -223,13 +223,12 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)
-    softcap = getattr(att, "softcap", None)
+    softcap = att.softcap
     capped = scaled if softcap is None else soft_cap(scaled, softcap)  # Gemma 2's cap
     # 3) the forward's own mask and bias (padding, causal, ALiBi), as it added them, not re-derived
     mask = att.additive()[0, head, row].double()  # (s,)
     # 4) softmax: positive weights that sum to 1 (less than 1 with a sink: gpt-oss)
-    sinks = getattr(att, "sinks", None)
-    sink = None if sinks is None else float(sinks[head])
+    sink = None if att.sinks is None else float(att.sinks[head])
     weights = _softmax(capped + mask, sink)  # (s,)
     # 5) the weighted sum of the values
     output = weights @ values  # (dv,)

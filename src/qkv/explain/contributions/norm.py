@@ -68,7 +68,7 @@ def check_applies(model) -> None:
     """ArgumentError unless every layer's output projection W_O is known (``out_proj``)."""
     check_layers(model, "norm")
     for layer in model.layers:
-        if getattr(layer.self_attn, "out_proj", None) is None:
+        if layer.self_attn.out_proj is None:
             raise ArgumentError("method", "{name} 'norm' does not apply to {model}: it needs each "
                                 "head's output projection W_O (f^h(h_j) = v_j W_O^h), and no "
                                 "projection reading the heads' outputs was found in its layers",
