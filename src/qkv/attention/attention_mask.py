@@ -41,7 +41,7 @@ unbounded); ``is_causal`` is the window ``(None, 0)``, and both together interse
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
+import functools
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -214,6 +214,19 @@ class VarLen:
     def block_diagonal(self) -> torch.Tensor:
         """(N, N) bool: True where query and key are in the same sequence."""
         return self.sequence[:, None] == self.sequence[None, :]
+
+
+class cached_property(functools.cached_property):
+    """``functools.cached_property`` without Python 3.11's lock (3.12 dropped it): torch.compile
+    cannot enter an ``RLock``, and a traced forward reads ``band`` and ``mask_mod``."""
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        cache = instance.__dict__
+        if self.attrname not in cache:
+            cache[self.attrname] = self.func(instance)
+        return cache[self.attrname]
 
 
 # -- the description -----------------------------------------------------------------------------

@@ -146,6 +146,8 @@ def nan_rows(query: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """NaN in → NaN out: a query row holding a NaN gives a NaN output row (qkv's policy on every
     backend; torch's CPU kernel would give zeros there and hide the NaN)."""
     bad = query.isnan().any(-1, keepdim=True)  # (..., t, 1)
+    if torch.compiler.is_compiling():  # traced: no branch on the numbers (a graph break)
+        return out.masked_fill(bad, float("nan"))
     return out.masked_fill(bad, float("nan")) if bool(bad.any()) else out
 
 
@@ -159,8 +161,11 @@ def _nan_keys(query, key, out, *, mask: AttentionMask, bias):
     with no key: its output row is exact zeros. Any other row that sees a NaN key sums a NaN and
     is NaN already. So the keys are read only when some output row is all zeros: in KV-cache
     decoding (t = 1 against a long cache) reading them cost as much as the attention itself.
+    Traced (``torch.compile``) the rule runs without those checks: a branch on the numbers
+    would break the graph.
     """
-    if out.numel() == 0 or not bool((out == 0).all(-1).any()) or not any_nan(key):
+    if out.numel() == 0 or not torch.compiler.is_compiling() and (
+            not bool((out == 0).all(-1).any()) or not any_nan(key)):
         return out
     bad = key.isnan().any(-1)  # (..., h_kv, s)
     t, s = query.shape[-2], key.shape[-2]
@@ -245,6 +250,8 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
         case                                              backend      path inside it
         ------------------------------------------------  -----------  ----------------------------
         t = 0 or s = 0                                    reference    (kernels' behaviour varied)
+        traced by torch.compile: return_lse / fused       reference /  (the blockwise plan is Python
+                                                          fused         over the mask's blocks)
         block_mask= or return_lse=True, structure only    blockwise    spans (softcap: pure torch)
           … with a dense mask, a bias or dropout          reference
         window, s ≥ BLOCKWISE_MIN_KEYS, band ≤ half a row blockwise    spans: one call for the band
@@ -266,6 +273,8 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
     t, s = query.shape[-2], key.shape[-2]
     if t == 0 or s == 0:
         return "reference"
+    if torch.compiler.is_compiling():
+        return "reference" if return_lse else "fused"
     mask = mask if mask is not None else AttentionMask()
     structure_only = bias is None and not dropout_p and mask.dense is None
     if mask.block is not None or return_lse:

@@ -84,7 +84,9 @@ def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         bias = position_bias.to(query.dtype) if bias is None else bias + position_bias.to(query.dtype)
     groups = query.shape[1] // key.shape[1]
     dropout = float(dropout) if module.training else 0.0
-    rec = recorder.active()  # qkv.hf.trace: an explanation's forward records here
+    # qkv.hf.trace: an explanation's forward records here (never a compiled one: dynamo cannot
+    # read a ContextVar)
+    rec = None if torch.compiler.is_compiling() else recorder.active()
     if rec is not None:
         if rec.keys is None:  # discovering the model's attention modules
             out = scaled_dot_product_attention(query, key, value, mask=mask, bias=bias, scale=scaling,

@@ -12,10 +12,28 @@ transformers' own ``sdpa_mask``, the only thing that can evaluate it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from qkv.attention.block_mask import create_block_mask
+from qkv.attention.block_mask import KeyMask, and_masks, create_block_mask, sliding_window
 from qkv.attention.attention_mask import AttentionMask
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedMask(AttentionMask):
+    """An :class:`AttentionMask` as transformers sees a prepared mask: 4-D, ``shape`` (b, 1, t, s).
+
+    ``generate`` with a static cache builds each step's mask ahead of the forward and passes it
+    back in as ``attention_mask``; transformers' ``_preprocess_mask_arguments`` reads its
+    ``ndim`` (a 2-D mask would be padding) and :func:`qkv_mask` hands it on unchanged.
+    """
+
+    shape: tuple[int, int, int, int] = (0, 1, 0, 0)
+
+    @property
+    def ndim(self) -> int:
+        return 4
 
 
 def _window(mask_function) -> tuple[int | None, int | None] | None:
@@ -53,19 +71,37 @@ def _window(mask_function) -> tuple[int | None, int | None] | None:
 
 def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
              mask_function=None, attention_mask: torch.Tensor | None = None, use_vmap: bool = False,
-             device="cpu", **kwargs):
-    """The mask interface function: an ``AttentionMask``, a ``BlockMask`` or (non-index-based
-    functions only) transformers' dense bool mask (b, 1, t, s)."""
+             device="cpu", **kwargs) -> PreparedMask:
+    """The mask interface function: structure (an ``AttentionMask``, or a ``BlockMask`` in one)
+    or, for non-index-based functions and inside ``torch.compile`` with a static cache,
+    transformers' dense bool mask (b, 1, t, s).
+
+    Queries are at global positions ``q_offset + i``, keys at ``kv_offset + j``. A static cache
+    gives ``q_offset`` as a 0-d tensor (so that a compiled step does not recompile) and keys up
+    to its full length: the diagonal is then not bottom-right, and a recognised causal or window
+    function becomes the same band placed by the offsets (classified from bounds, not evaluated).
+    """
     from transformers import masking_utils as mu
 
+    shape = (batch_size, 1, q_length, kv_length)
+    if isinstance(attention_mask, AttentionMask):  # a mask built here, handed back (generate)
+        if getattr(attention_mask, "shape", None) != shape:
+            raise ValueError(f"qkv attention: a prepared mask of shape {attention_mask.shape} "
+                             f"reached a call of shape {shape} (b, 1, t, s)")
+        return attention_mask
     mask_function = mask_function or mu.causal_mask_function
+    if use_vmap or isinstance(q_offset, torch.Tensor) or torch.compiler.is_compiling():
+        # only transformers can evaluate a function that is not index-based. A static cache's
+        # offset is a tensor so that its compiled step neither breaks nor recompiles, and traced
+        # (torch.compile) recognising structure would branch on the numbers (is every key real?)
+        # and on the function's closure: transformers' index arithmetic draws these without a
+        # guard, O(t·s) bools as for sdpa (a decoding step's t is 1)
+        return PreparedMask(dense=mu.sdpa_mask(
+            batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+            allow_is_causal_skip=False, use_vmap=use_vmap, device=device), shape=shape)
     padding = None  # (b, ≥ kv_offset + s) bool, indexed by global key position
     if attention_mask is not None and not bool(attention_mask.all()):
         padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
-    if use_vmap:
-        return AttentionMask(dense=mu.sdpa_mask(
-            batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
-            allow_is_causal_skip=False, use_vmap=True, device=device))
     window = _window(mask_function)
     if window == (None, None) or (window is not None and q_offset - kv_offset == kv_length - q_length):
         # global positions q_offset + i, kv_offset + j: the diagonal is bottom-right aligned
@@ -74,11 +110,17 @@ def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, 
         causal = right == 0
         keep = (left, None if causal else right)
         keys = padding[:, kv_offset:kv_offset + kv_length] if padding is not None else None  # (b, s)
-        return AttentionMask(causal=causal, alignment="bottom_right", key_padding=keys,
-                             window=None if keep == (None, None) else keep)
-    mod = mask_function if padding is None else _with_padding(mask_function, padding)
-    return AttentionMask(block=create_block_mask(mod, batch_size, None, q_length, kv_length,
-                                                 q_offset=q_offset, k_offset=kv_offset, device=device))
+        return PreparedMask(causal=causal, alignment="bottom_right", key_padding=keys,
+                            window=None if keep == (None, None) else keep, shape=shape)
+    if window is not None:  # the band in global positions: top-left once the offsets are added
+        mod = sliding_window(*window)
+        if padding is not None:
+            mod = and_masks(mod, KeyMask(padding[:, :kv_offset + kv_length]))
+    else:
+        mod = mask_function if padding is None else _with_padding(mask_function, padding)
+    return PreparedMask(block=create_block_mask(mod, batch_size, None, q_length, kv_length,
+                                                q_offset=q_offset, k_offset=kv_offset,
+                                                device=device), shape=shape)
 
 
 def _with_padding(mod, padding: torch.Tensor):
