@@ -92,3 +92,33 @@ def test_a_transformers_encoder_decoder_supports_no_probe(capsys, tmp_path):
     with pytest.raises(ArgumentError, match="^probe coref does not apply to bart") as e:
         faithfulness(model, "coref")
     assert e.value.argument == "effects_probe" and probes_for(model) == []
+
+
+def test_progress_is_told_and_drawn_on_a_terminal_only():
+    """The library tells each stage's progress (issue 32: coref ran 4 minutes without a word);
+    Bars draws it on a terminal, and nothing under --json or in a pipe."""
+    import io
+
+    import qkv
+    from rich.console import Console
+
+    from qkv.cli.progress import Bars
+    from qkv.explain.faithfulness import faithfulness
+
+    told = []
+    methods = ["weight", "rollout", "flow"]  # flow is skipped on 51-token sequences: still a step
+    faithfulness(qkv.load("lm"), "previous-token", methods=methods, sequences=2,
+                 progress=lambda *a: told.append(a))
+    ablating = [a for a in told if a[0] == "ablating"]
+    L, H = 2, 2
+    assert ablating[-1] == ("ablating", 1 + L * H + L, 1 + L * H + L)  # clean + heads + layers
+    assert [d for _, d, _ in ablating] == sorted(d for _, d, _ in ablating)
+    assert [a for a in told if a[0] == "methods"] == [("methods", i, 3) for i in range(4)]
+    assert told.index(ablating[-1]) < told.index(("methods", 0, 3))  # ablations first
+
+    for enabled, terminal, drawn in ((True, True, True), (False, True, False), (True, False, False)):
+        out = io.StringIO()
+        with Bars(enabled=enabled, console=Console(file=out, force_terminal=terminal)) as bars:
+            for stage, done, total in told:
+                bars(stage, done, total)
+        assert ("ablating" in out.getvalue() and "3/3" in out.getvalue()) == drawn, out.getvalue()

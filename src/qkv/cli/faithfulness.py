@@ -6,7 +6,8 @@
 Each head is ablated alone and the probe's metric measured (:mod:`qkv.explain.head_effects`);
 every contribution method scores the heads on the same probe; the table is Spearman's ρ between
 the two (:func:`qkv.explain.faithfulness.faithfulness`). ``--png`` draws each head's effect
-against its attention score.
+against its attention score. While it works, bars on stderr (a terminal only, not with
+``--json``) show the ablations and the methods scored.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 
 from qkv.cli import options
 from qkv.cli.output import print_json
+from qkv.cli.progress import Bars
 from qkv.explain import induction  # its MAX_SEQUENCES bounds --sequences and the library alike
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
@@ -80,7 +82,10 @@ def _run(args: argparse.Namespace) -> int:
         from qkv.explain.plots import check_writable
 
         check_writable(args.png)
-    result = faithfulness(load(args.model), args.probe, mode=args.mode, sequences=args.sequences)
+    model = load(args.model)
+    with Bars(enabled=not args.json) as bars:  # minutes on coref: bars on a terminal's stderr
+        result = faithfulness(model, args.probe, mode=args.mode, sequences=args.sequences,
+                              progress=bars)
     if args.png:
         from qkv.explain.plots import save_atomic
 
@@ -104,7 +109,8 @@ def run_heads_ablate(model, args: argparse.Namespace) -> int:
     from qkv.explain.contributions import DEFAULT
 
     method = args.method or DEFAULT
-    effects = head_effects(model, args.probe)
+    with Bars(enabled=not args.json) as bars:
+        effects = head_effects(model, args.probe, progress=bars)
     scores = method_scores(model, args.probe, method, sequences=effects.sequences, length=None, seed=0)
     if args.json:
         print_json(effects.to_dict() | {"method": method, "scores": scores.tolist()})

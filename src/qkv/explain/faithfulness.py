@@ -35,7 +35,7 @@ apply (``flow`` past 24 tokens, ``grad`` on an encoder without a second text) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import Callable, ClassVar, Iterable
 
 import torch
 
@@ -136,7 +136,8 @@ class Faithfulness:
 
 def faithfulness(model, probe: str = "induction", *, methods: list[str] | None = None,
                  mode: str = "zero", sequences: int = 8, length: int | None = None,
-                 seed: int = 0) -> Faithfulness:
+                 seed: int = 0,
+                 progress: Callable[[str, int, int], None] | None = None) -> Faithfulness:
     """Spearman's ρ between each method's per-head probe scores and the heads' ablation effects.
 
     Args:
@@ -144,6 +145,9 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
         methods: names in :data:`qkv.explain.contributions.METHODS` (default: all).
         mode: the ablation (``"zero"`` or ``"mean"``).
         sequences, length, seed: the decoder probes' random sequences (both sides use them).
+        progress: called as ``progress(stage, done, total)`` while it works: ``"ablating"``
+            (:func:`~qkv.explain.head_effects.head_effects`' copies), then ``"methods"`` (one step
+            per method), e.g. to draw bars (``qkv faithfulness`` does on a terminal).
 
     Raises:
         ArgumentError: an unknown probe, method or mode; a probe that does not apply.
@@ -157,10 +161,12 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
     for name in names:
         contributions.get_method(name)
     task(model, probe, sequences=1, length=length, seed=seed)  # a probe that does not apply: now
+    tell = progress if progress is not None else (lambda stage, done, total: None)
     effects = head_effects(model, probe, mode=mode, sequences=sequences, length=length, seed=seed,
-                           layers=True)
+                           layers=True, progress=progress)
     scores, per, rho, skipped = {}, {}, {}, {}
-    for name in names:
+    for i, name in enumerate(names):
+        tell("methods", i, len(names))
         try:
             s = method_scores(model, probe, name, sequences=sequences, length=length, seed=seed)
         except (ArgumentError, QkvError) as e:
@@ -170,5 +176,6 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
         scores[name] = s if per[name] == "head" else s[:, 0]
         truth = effects.effects if per[name] == "head" else effects.layer_effects
         rho[name] = spearman(scores[name], truth)
+    tell("methods", len(names), len(names))
     return Faithfulness(model=forward.model_name(model), probe=probe, effects=effects,
                         scores=scores, per=per, spearman=rho, skipped=skipped)

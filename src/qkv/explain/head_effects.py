@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -234,9 +234,11 @@ def _copies(L: int, H: int, layers: bool) -> list[tuple[int, list[int]]]:
     return [(l, [h]) for l in range(L) for h in range(H)] + per_layer
 
 
-def _group(model, task_: Task, index: torch.Tensor, mode: str, copies) -> torch.Tensor:
+def _group(model, task_: Task, index: torch.Tensor, mode: str, copies,
+           done=lambda k: None) -> torch.Tensor:
     """(1 + len(copies), n) the metric on n equally long sequences ``index``: row 0 clean, row
-    k with copy k's heads ablated; batched, at most :data:`MAX_BATCH` rows a forward."""
+    k with copy k's heads ablated; batched, at most :data:`MAX_BATCH` rows a forward
+    (``done(k)`` after each, k its copies)."""
     ids = torch.cat([task_.ids[int(i)] for i in index])  # (n, t)
     n = ids.shape[0]
     means = interventions.mean_values(interventions.head_outputs(model, ids)) if mode == "mean" else None
@@ -256,6 +258,7 @@ def _group(model, task_: Task, index: torch.Tensor, mode: str, copies) -> torch.
         batch = ids.repeat(len(chunk), 1)  # (copies · n, t)
         y = interventions.output_of(model, interventions.run(model, batch, edits))
         outputs.append(y.view(len(chunk), n, *y.shape[1:]))
+        done(len(chunk))
     y = torch.cat(outputs)  # (1 + copies, n, t, ·)
     clean = y[0]
     return torch.stack([metric(task_, index, y[k], clean) for k in range(y.shape[0])])
@@ -271,7 +274,8 @@ def _ablation(where: torch.Tensor, mean: torch.Tensor | None):
 
 
 def head_effects(model, probe: str = "induction", *, mode: str = "zero", sequences: int = 20,
-                 length: int | None = None, seed: int = 0, layers: bool = False) -> HeadEffects:
+                 length: int | None = None, seed: int = 0, layers: bool = False,
+                 progress: Callable[[str, int, int], None] | None = None) -> HeadEffects:
     """Every head's effect on ``probe``'s metric when it alone is ablated (see the module doc).
 
     Args:
@@ -280,6 +284,8 @@ def head_effects(model, probe: str = "induction", *, mode: str = "zero", sequenc
         sequences, length, seed: the random sequences of the decoder probes (as
             :func:`qkv.explain.induction.induction_probe`; the coref sentences are fixed).
         layers: also ablate each layer's heads together (``layer_effects``; L more copies).
+        progress: called as ``progress("ablating", done, total)`` after each batched forward
+            (done of total ablated copies of the sequence groups), e.g. to draw a bar.
 
     Raises:
         ArgumentError: an unknown probe or mode, a probe that does not apply to the model.
@@ -290,11 +296,18 @@ def head_effects(model, probe: str = "induction", *, mode: str = "zero", sequenc
     copies = _copies(L, H, layers)
     lengths = torch.tensor([ids.shape[1] for ids in task_.ids])
     total = torch.zeros(1 + len(copies), dtype=torch.float64)
+    groups = lengths.unique().tolist()
+    runs = [0, len(groups) * (1 + len(copies))]  # copies run, of all
+
+    def done(k: int) -> None:
+        runs[0] += k
+        if progress is not None:
+            progress("ablating", *runs)
     with torch.no_grad():
-        for t in lengths.unique().tolist():  # equally long sequences batch together
+        for t in groups:  # equally long sequences batch together
             interventions.check_mode(mode, t)
             index = (lengths == t).nonzero().flatten()
-            total += _group(model, task_, index, mode, copies).sum(-1)
+            total += _group(model, task_, index, mode, copies, done).sum(-1)
     n = len(task_.ids)
     mean = total / n
     if not bool(torch.isfinite(mean).all()):  # a model that computes NaN: no effect to rank
