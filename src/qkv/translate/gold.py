@@ -1,8 +1,9 @@
-"""The grammar's gold alignment for a sentence: what a caller hands to
-:func:`qkv.explain.cross_attention` (``gold=``) to have each head checked against it.
+"""The grammar's gold alignment for a sentence: what the translation model answers when asked
+for its ``gold_alignment(text)`` (:mod:`qkv.models.protocol`), so that
+:func:`qkv.explain.cross_attention` checks each head against it.
 
-The explanation library does not know the toy grammar; the CLI and the viewer look the gold
-alignment up here and pass it in.
+The explanation library does not know the toy grammar: it asks the model, and a model that
+learned no grammar (a transformers encoder-decoder) has no gold alignment.
 
     >>> french, links = grammar_gold("the red apple is next to the black cats")
     >>> french[:3], links[:3]              # "la" ← the, "pomme" ← apple, "rouge" ← red
