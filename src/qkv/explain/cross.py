@@ -248,10 +248,10 @@ def translation_model(model, *, target: str | None = None):
             raise ArgumentError("target", "{name} is for encoder-decoders (a translation to "
                                 "teacher-force); {value!r} has no cross-attention: explain its "
                                 "self-attention without {name}",
-                                value=getattr(model, "name", type(model).__name__))
+                                value=model.name)
         raise ArgumentError("model", "{name} {value!r} has no cross-attention (it is not an "
                             "encoder-decoder); explain its self-attention instead",
-                            value=getattr(model, "name", type(model).__name__))
+                            value=model.name)
     return model
 
 
