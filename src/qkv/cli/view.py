@@ -9,7 +9,8 @@ Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and ex
 
 ``--file``: a long text (up to the model's positions) read from a file and explained once,
 before the server starts, by :func:`qkv.explain.document.document` (one forward, O(N) memory;
-its memory estimate is checked first). A missing, empty or non-UTF-8 file, more tokens than the
+its memory estimate — tokenising, then the tokens and the recorded forward — is checked before
+each; bars on stderr on a terminal). A missing, empty or non-UTF-8 file, more tokens than the
 model takes or more memory than there is: one error line, and no server.
 """
 
@@ -127,15 +128,46 @@ def _read_file(path: str) -> str:
 
 
 def _document(model, path: str, text: str):
-    """The Document of ``text`` (one forward); its own checks — the model's positions, the
-    memory estimate — raise before the forward."""
+    """The Document of ``text`` (one forward); its own checks — the memory tokenising takes, the
+    model's positions, the memory estimate — raise before the forward. Bars on stderr while it
+    tokenises, runs each layer and records it (a terminal only)."""
     from qkv.explain.document import document
 
     print(f"qkv view: reading {path} (one forward over the whole text)…", file=sys.stderr, flush=True)
-    doc = document(model, text)
+    with Bars() as bars:
+        doc = document(model, text, progress=bars)
     print(f"qkv view: {path}: {len(doc):,} tokens, {doc.nbytes / 2**20:.1f} MiB kept",
           file=sys.stderr, flush=True)
     return doc
+
+
+class Bars:
+    """``progress(stage, done, total)`` drawn as rich bars on stderr, one per stage (a spinner
+    and the time taken; the time left once a stage has steps) — nothing when stderr is not a
+    terminal, so logs and pipes get the two lines above only."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+        console = Console(stderr=True)
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description:<10}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=console, transient=True, disable=not console.is_terminal)
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> "Bars":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
 
 
 def _export(args: argparse.Namespace) -> int:

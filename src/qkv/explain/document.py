@@ -40,7 +40,7 @@ import inspect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,6 +55,7 @@ from qkv.explain.forward import check_layer_head, check_top, encode, model_name,
 from qkv.explain.overview import Overview, overview_of
 from qkv.explain.select import choose, choose_in
 from qkv.explain.wording import ArgumentError
+from qkv.modules.intervention import Interventions
 from qkv.modules.lse_trace import LSE
 from qkv.text import clean_text
 
@@ -311,10 +312,27 @@ def _shown(rows) -> str:
 
 
 # -- building one ----------------------------------------------------------------------------------
-def estimate_bytes(model, n: int) -> int:
-    """How much memory :func:`document` needs for ``n`` tokens, in bytes: the record of every
-    layer (queries, keys, values held until the forward ends, lse, value norms) plus one layer's
-    working set (its activations, the widest linear layer three times over)."""
+#: what the text side holds per token once tokenised: the tokenizer's Encoding (ids, offsets,
+#: token strings, masks), the Python lists read from it, the page's label of the token and its
+#: JSON (measured with ``qkv view --file``'s work on reader, 25k–100k tokens: ~0.7 KB; rounded up)
+TOKEN_BYTES = 1024
+#: the peak while the tokenizer runs, per byte of UTF-8 text (measured: ~350 on reader, 2 bytes a
+#: token; a 10 MB text took 1.6 GB): checked before tokenising, when N is not known yet
+TOKENIZING_BYTES = 400
+
+
+def tokenizing_bytes(text: str) -> int:
+    """The most memory tokenising ``text`` takes, in bytes (:data:`TOKENIZING_BYTES` a byte)."""
+    return TOKENIZING_BYTES * len(text.encode("utf-8", "surrogatepass"))
+
+
+def forward_bytes(model, n: int) -> int:
+    """What the recorded forward over ``n`` tokens holds, in bytes: the record of every layer
+    (queries, keys, values until the forward ends, lse, value norms), what enters every layer
+    (the stack keeps each), and one layer's working set — fitted to the peak RSS of ``qkv view
+    --file`` on reader (25k–100k tokens, docs/reliability.md): 16 vectors of the model's width
+    (norms, projections, rotated copies, attention output, residuals) and 6 of its widest linear
+    layer (the gated feed-forward's gate, up, activation and product, with their copies)."""
     total, widest = 0, 0
     for layer in model.layers:
         attn = layer.self_attn
@@ -325,8 +343,23 @@ def estimate_bytes(model, n: int) -> int:
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 widest = max(widest, mod.out_features * size)
-    width = model.layers[0].self_attn.embed_dim * model.layers[0].self_attn.q_proj.weight.element_size()
-    return total + n * (8 * width + 3 * widest)
+    attn = model.layers[0].self_attn
+    width = attn.embed_dim * attn.q_proj.weight.element_size()
+    kept = (len(model.layers) + 1) * width  # what enters each layer, and the last output
+    return total + n * (kept + 16 * width + 6 * widest)
+
+
+#: what a process's first forward allocates whatever the length (torch's thread pools, the
+#: kernels' workspaces): ~40 MiB measured on reader's first document
+FIRST_CALL_BYTES = 64 * 2**20
+
+
+def estimate_bytes(model, n: int) -> int:
+    """How much memory :func:`document` holds at its peak for ``n`` tokens, in bytes: the tokens
+    (:data:`TOKEN_BYTES` each), the recorded forward (:func:`forward_bytes`) and
+    :data:`FIRST_CALL_BYTES`. Measured peaks (reader, ``qkv view --file``'s work): 12k tokens
+    330 MiB, 48k 1,168 MiB, 96k 1,607 MiB against 376, 1,314 and 2,566 estimated."""
+    return n * TOKEN_BYTES + forward_bytes(model, n) + FIRST_CALL_BYTES
 
 
 def memory_allowed(memory_limit) -> int | None:
@@ -357,13 +390,18 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def encoded(model, text: str | bytes):
+def encoded(model, text: str | bytes, *, have: int | None = None):
     """(text, the tokenizer's Encoding): bytes decoded as UTF-8; QkvError for anything but a
-    text, an empty one, or more tokens than the model takes."""
+    text, an empty one, more tokens than the model takes, or — before the tokenizer runs — a
+    text whose tokenising alone needs more than ``have`` bytes (:func:`tokenizing_bytes`)."""
     text = clean_text(text) if isinstance(text, (bytes, bytearray)) else text
     if not isinstance(text, str):
         raise QkvError(f"text must be a str or UTF-8 bytes, got {type(text).__name__}")
     clean_text(text)  # a lone surrogate is named here, not deep in the tokenizer
+    need = tokenizing_bytes(text)
+    if have is not None and need > have:
+        raise QkvError(f"tokenising a text of {len(text.encode()) / 1e6:.1f} MB needs about "
+                       f"{_gib(need)} but {_gib(have)} is available; give a shorter text")
     encoding = encode(model, text)  # empty text; more tokens than the tokenizer's limit
     n = len(encoding.ids)
     limit = getattr(model, "max_length", None)
@@ -372,13 +410,20 @@ def encoded(model, text: str | bytes):
     return text, encoding
 
 
-def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Document:
+def document(model, text: str | bytes, *, memory_limit: int | None = None,
+             progress: Callable[[str, int, int], None] | None = None) -> Document:
     """Run ``model`` once over ``text``, keeping what every later question needs at O(N).
 
     Args:
         model: a self-attention model from :func:`qkv.load` (decoders and encoders alike).
         text: the text (``str``, or UTF-8 ``bytes`` as read from a file).
-        memory_limit: the most bytes the record may take (default: the memory available now).
+        memory_limit: the most bytes the whole run may hold at once, tokens included (default:
+            the memory available now); checked before the tokenizer runs
+            (:func:`tokenizing_bytes`) and again, with N known, before the forward
+            (:func:`estimate_bytes`).
+        progress: called as ``progress(stage, done, total)`` while it works — ``"tokenising"``
+            (0 of 1, then 1 of 1), ``"forward"`` (layer ℓ entered: ℓ of L) and ``"recording"``
+            (ℓ of L layers kept) — e.g. to draw bars (``qkv view --file`` does on a terminal).
 
     Raises:
         QkvError: an empty text, bytes that are not UTF-8, more tokens than the model takes,
@@ -388,18 +433,24 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Do
     Cost: one forward with the blockwise kernel (it returns the lse), about as long as an
     untraced forward; memory O(L · (h + 2 h_kv) · N · d).
     """
-    text, encoding = encoded(model, text)
+    tell = progress if progress is not None else (lambda stage, done, total: None)
+    have = memory_allowed(memory_limit)
+    tell("tokenising", 0, 1)
+    text, encoding = encoded(model, text, have=have)
+    tell("tokenising", 1, 1)
     n = len(encoding.ids)
     need = estimate_bytes(model, n)
-    have = memory_allowed(memory_limit)
     if have is not None and need > have:
         raise QkvError(f"a document of {n} tokens needs about {_gib(need)} for "
-                       f"{model_name(model)}'s {num_layers(model)} layers (queries, keys and values "
-                       f"of every layer) but {_gib(have)} is available; give a shorter text")
+                       f"{model_name(model)}'s {num_layers(model)} layers (its tokens; queries, keys "
+                       f"and values of every layer; one layer's work) but {_gib(have)} is "
+                       f"available; give a shorter text")
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, N)
     kwargs = {}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         kwargs["logits_to_keep"] = 1  # the logits (N × vocabulary) are not needed
+    if progress is not None:  # told through the forward's own per-layer argument: no hook
+        kwargs["interventions"] = _layers_told(tell, num_layers(model))
     with torch.no_grad():
         try:
             out = model(ids, torch.ones_like(ids), trace_rows=LSE, **kwargs)
@@ -408,9 +459,24 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None) -> Do
                 raise QkvError(f"{model_name(model)} adds a score bias (ALiBi) to its attention; "
                                f"a document needs the blockwise kernel, which takes none") from None
             raise
-        layers = [_record(layer.self_attn, tr.self_attn) for layer, tr in zip(model.layers, out.traces)]
+        tell("forward", num_layers(model), num_layers(model))
+        layers = []
+        for layer, tr in zip(model.layers, out.traces):
+            layers.append(_record(layer.self_attn, tr.self_attn))
+            tell("recording", len(layers), num_layers(model))
     _check_finite(model, layers)
     return Document(model, text, encoding, layers)
+
+
+def _layers_told(tell, L: int) -> Interventions:
+    """Interventions that change nothing and tell ``("forward", ℓ, L)`` as layer ℓ is entered."""
+    def entering(layer: int):
+        def same(x: torch.Tensor) -> torch.Tensor:
+            tell("forward", layer, L)
+            return x
+        return same
+
+    return Interventions(inputs={layer: entering(layer) for layer in range(L)})
 
 
 def _record(attn, trace) -> LayerRecord:
@@ -436,4 +502,5 @@ def _check_finite(model, layers: list[LayerRecord]) -> None:
 
 
 __all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "check_block", "document",
-           "encoded", "estimate_bytes", "memory_allowed", "row_index"]
+           "encoded", "estimate_bytes", "forward_bytes", "memory_allowed", "row_index",
+           "tokenizing_bytes"]

@@ -53,9 +53,9 @@ from qkv.attention.reference import reference_attention
 from qkv.distributed.group import gather_rows, group_info
 from qkv.distributed.shard import layout_ranges, shard, shard_positions, unshard
 from qkv.errors import QkvError
-from qkv.explain.document import (Document, LayerRecord, _gib, _record, check_block,
-                                  column_weights, encoded, memory_allowed, row_index)
-from qkv.explain.document import estimate_bytes as document_bytes
+from qkv.explain.document import (Document, LayerRecord, _gib, _record, TOKEN_BYTES, check_block,
+                                  column_weights, encoded, forward_bytes, memory_allowed,
+                                  row_index)
 from qkv.explain.forward import model_name
 from qkv.modules.lse_trace import LSE
 
@@ -256,15 +256,16 @@ def _strategy(model):
 
 
 def estimate_bytes(model, n: int, world: int) -> int:
-    """What :func:`sharded_document` holds on one rank for ``n`` tokens over ``world`` ranks: its
-    shard of everything a one-process Document needs, plus every layer's keys and value norms."""
+    """What :func:`sharded_document` holds on one rank for ``n`` tokens over ``world`` ranks: the
+    whole text's tokens (every rank tokenises it), its shard of the recorded forward, plus every
+    layer's keys and value norms."""
     t = math.ceil(n / world) + 2  # shards differ by at most two tokens
     keys = 0
     for layer in model.layers:
         attn = layer.self_attn
         keys += n * (attn.num_kv_heads * attn.head_dim * attn.q_proj.weight.element_size()
                      + attn.num_heads * 4)
-    return document_bytes(model, t) + keys
+    return n * TOKEN_BYTES + forward_bytes(model, t) + keys
 
 
 def sharded_document(model, text: str | bytes, *, memory_limit: int | None = None) -> ShardedDocument:
@@ -284,10 +285,10 @@ def sharded_document(model, text: str | bytes, *, memory_limit: int | None = Non
     """
     sp = _strategy(model)
     rank, world = group_info(sp.group, what="sharded_document")
-    text, encoding = encoded(model, text)
+    have = memory_allowed(memory_limit)
+    text, encoding = encoded(model, text, have=have)
     n = len(encoding.ids)
     need = estimate_bytes(model, n, world)
-    have = memory_allowed(memory_limit)
     if have is not None and need > have:
         raise QkvError(f"a document of {n} tokens over {world} ranks needs about {_gib(need)} on each "
                        f"for {model_name(model)} but {_gib(have)} is available; give a shorter text "
