@@ -3,7 +3,9 @@
 qkv explain and the viewer's export, and each bad input refused by name.
 
 The truth is transformers' eager attention in float64 on the same ids, ``labels=`` given to its
-own forward (it shifts them); float32 eager is the plain peer (tolerance.py).
+own forward (it shifts them); float32 eager is the plain peer (tolerance.py). qkv's weights are
+exp(scaled score − lse) with the lse of torch's fused CPU kernel, so they carry that kernel's
+rounding: ``FUSED_FACTOR`` times the plain error (BART's cross weights: 2.1× seen on this CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from qkv.errors import QkvError  # noqa: E402
 from qkv.explain import attention_maps, cross_attention, cross_attention_head  # noqa: E402
 from qkv.explain.wording import ArgumentError  # noqa: E402
 from seq2seq_dirs import eager_pair, save  # noqa: E402
-from tolerance import assert_within  # noqa: E402
+from tolerance import FUSED_FACTOR, assert_within  # noqa: E402
 
 NAMES = ["bart", "m2m_100", "marian", "mbart", "t5"]
 SOURCE = "the cat sat on the mat"
@@ -60,7 +62,7 @@ def test_maps_cross_equals_eager_on_labels(dirs, name):
     truth, plain = (eager_weights(m, input_ids=src, labels=labels) for m in eager_pair(eager))
     for ours, field in ((maps.cross, "cross_attentions"), (maps.weights, "encoder_attentions"),
                         (maps.decoder, "decoder_attentions")):
-        assert_within(ours, truth[field], plain[field], what=field)
+        assert_within(ours, truth[field], plain[field], factor=FUSED_FACTOR, what=field)
 
 
 @pytest.mark.parametrize("name", ["bart", "marian", "t5"])
@@ -75,7 +77,8 @@ def test_decoder_start_token_first(dirs, name):
     shifted = torch.tensor([[eager.config.decoder_start_token_id] + labels[:-1]])
     truth, plain = (eager_weights(m, input_ids=src, decoder_input_ids=shifted) for m in eager_pair(eager))
     got = attention_maps(model, SOURCE, target=TARGET).cross
-    assert_within(got, truth["cross_attentions"], plain["cross_attentions"], what="cross")
+    assert_within(got, truth["cross_attentions"], plain["cross_attentions"], factor=FUSED_FACTOR,
+                  what="cross")
 
 
 @pytest.mark.parametrize("name", ["bart", "t5"])
@@ -94,7 +97,8 @@ def test_cross_attention_translates_and_teacher_forces_its_output(dirs, name):
     assert ca.translation == tok.decode(ids, skip_special_tokens=True).strip()
     truth, plain = (eager_weights(m, input_ids=src, decoder_input_ids=generated[None, :len(ids)])
                     for m in eager_pair(eager))
-    assert_within(ca.weights, truth["cross_attentions"], plain["cross_attentions"], what="cross")
+    assert_within(ca.weights, truth["cross_attentions"], plain["cross_attentions"],
+                  factor=FUSED_FACTOR, what="cross")
     doc = ca.to_dict()
     assert doc["kind"] == "cross" and len(doc["ranking"]) == len(ca.target)
 
