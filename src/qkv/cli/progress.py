@@ -15,7 +15,7 @@ from __future__ import annotations
 
 class Bars:
     """``progress(stage, done, total)`` drawn as rich bars on stderr, one per stage (a spinner,
-    done/total, the time taken and the time left).
+    done/total, the time taken and the time left), cleared when the work is done.
 
     Args:
         enabled: False draws nothing (``--json``).
@@ -31,7 +31,8 @@ class Bars:
         console = console if console is not None else Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description:<10}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 console=console, disable=not (enabled and console.is_terminal))
+                                 console=console, transient=True,
+                                 disable=not (enabled and console.is_terminal))
         self.tasks: dict[str, int] = {}
 
     def __enter__(self) -> "Bars":

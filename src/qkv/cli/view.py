@@ -22,6 +22,7 @@ import threading
 import urllib.parse
 
 from qkv.cli import options
+from qkv.cli.progress import Bars
 from qkv.errors import QkvError
 from qkv.paths import check_output_path
 
@@ -139,35 +140,6 @@ def _document(model, path: str, text: str):
     print(f"qkv view: {path}: {len(doc):,} tokens, {doc.nbytes / 2**20:.1f} MiB kept",
           file=sys.stderr, flush=True)
     return doc
-
-
-class Bars:
-    """``progress(stage, done, total)`` drawn as rich bars on stderr, one per stage (a spinner
-    and the time taken; the time left once a stage has steps) — nothing when stderr is not a
-    terminal, so logs and pipes get the two lines above only."""
-
-    def __init__(self):
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)
-
-        console = Console(stderr=True)
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description:<10}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 console=console, transient=True, disable=not console.is_terminal)
-        self.tasks: dict[str, int] = {}
-
-    def __enter__(self) -> "Bars":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(stage, total=total)
-        self.progress.update(self.tasks[stage], completed=done, total=total)
 
 
 def _export(args: argparse.Namespace) -> int:
