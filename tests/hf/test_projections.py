@@ -35,6 +35,7 @@ EXPECTED = {
     "phi3": ("qkv_proj", "half"),  # fused [q | k | v]
     "gemma2": ("q_proj, k_proj, v_proj", "half"),  # softcap, scale ≠ 1/√d
     "cohere": ("q_proj, k_proj, v_proj", "pairs"),  # RoPE on interleaved pairs
+    "opt": ("q_proj, k_proj, v_proj", None),  # q scaled in the module (kernel told 1): W_Q·c
 }
 
 
@@ -64,6 +65,7 @@ def test_explain_head_recomputes_q_from_x(saved, name):
     layout, style = EXPECTED[name]
     attn = model.layers[1].self_attn
     assert (attn.parts.layout, attn.parts.rotation) == (layout, style)
+    assert (attn.parts.q_scale != 1.0) == (name == "opt")
     assert st.projection == "" and model.capabilities.head_weights
     assert ("RoPE" in st.qk_transform) == (style is not None)
     assert ("normalised" in st.qk_transform) == (name in ("qwen3", "olmo2"))
@@ -97,7 +99,7 @@ def test_neox_interleaved_heads_and_partial_rotary(saved):
     assert float((st.query[:r] - plain[:r]).abs().max()) > 1e-3  # the rotated ones moved
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "phi3", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "phi3", "qwen2", "opt"])
 def test_norm_terms_rebuild_the_attention_output_and_alti_runs(saved, name):
     """Σ_h Σ_j A_ij f^h(h_j) + b_O is the attention module's own output (x + attn − x, read from the
     recorded residual): W_O and the values are the model's; ALTI's own check (its terms sum to the

@@ -34,7 +34,7 @@ from qkv.explain.forward import check_layer_head, check_text, encode, model_name
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.wording import Message
-from qkv.modules.multihead import head_norm
+from qkv.modules.multihead import head_norm, norm_width
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,6 @@ def _project(x: torch.Tensor, linear, rows: slice) -> torch.Tensor:
     return x.double() @ w.T + b
 
 
-def _norm_width(norm) -> int:
-    """How many features ``norm`` normalises together (its weight's width)."""
-    return norm.weight.shape[-1]
-
-
 def _softmax(scaled: torch.Tensor, sink: float | None = None) -> torch.Tensor:
     """exp(z_j − max z) / Σ exp(z_k − max z), written out; −inf entries get weight 0. A sink
     logit adds exp(sink − max) to the denominator and takes no weight of its own."""
@@ -203,7 +198,7 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
         d = module.head_dim
         # OLMo 2 normalises the whole projection, every head's features together: then every
         # head is projected; otherwise (Qwen3's per-head norm, or none) this head's rows only
-        whole = module.q_norm is not None and _norm_width(module.q_norm) != d
+        whole = module.q_norm is not None and norm_width(module.q_norm) != d
         query = _project(x, module.q_proj, slice(None) if whole else q_rows)  # (d,) or (h·d,)
         keys = _project(xs_k, module.k_proj, slice(None) if whole else kv_rows)  # (s, d) or (s, h_kv·d)
         values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)

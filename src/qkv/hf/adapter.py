@@ -372,9 +372,10 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module) 
 
 
 def _same(a, b) -> bool:
-    """Whether two hooked values are the same tensor values (shape and every number)."""
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
-        and torch.equal(a, b)
+    """Whether two hooked values hold the same numbers in the same order (a part may read its
+    input flattened to (b·t, E): OPT's feed-forward)."""
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() == b.numel() \
+        and torch.equal(a.reshape(b.shape), b)
 
 
 def _layer_name(attention: str, modules: dict[str, nn.Module], model: str) -> str:

@@ -176,7 +176,8 @@ class Parts:
     """What :func:`read` found for one attention module: its layout's name, the three
     projections (full width: every head), the q/k norms (or None) and the style in which the
     forward's position step rotates q and k (:data:`STYLES`; None: NoPE layers, or models whose
-    positions are in x or in a score bias)."""
+    positions are in x or in a score bias); ``q_scale``: the constant a module multiplies its
+    queries by before the kernel (OPT: 1/√d, the kernel then told 1), already in ``q_proj``."""
 
     layout: str
     q_proj: Projection
@@ -185,6 +186,7 @@ class Parts:
     q_norm: nn.Module | None
     k_norm: nn.Module | None
     rotation: str | None
+    q_scale: float = 1.0
 
 
 def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
@@ -240,8 +242,16 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                     rq, rk = (q, k) if turn is None else (turn.heads(q), turn.heads(k))
                 except RuntimeError:  # the angles do not fit this style
                     continue
-                if _close(rq, query) and _close(rk, key):
+                if not _close(rk, key):
+                    continue
+                if _close(rq, query):
                     return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style)
+                # OPT multiplies q by the scale itself and calls the kernel with 1: still a linear
+                # map, W_Q and b_Q times that constant (found by least squares, then checked)
+                c = float((rq * query).sum() / (rq * rq).sum().clamp_min(torch.finfo(rq.dtype).tiny))
+                if q_norm is None and _close(rq * c, query):
+                    scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
+                    return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c)
     return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "
             f"{'its q/k norms, ' if q_norm is not None else ''}"
             f"{'the angles it is handed (as RoPE in any of ' + ', '.join(STYLES) + ' layouts, or none)' if cos_sin is not None else 'no position step'}"

@@ -74,11 +74,16 @@ def head_norm(norm: nn.Module, x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """A q/k norm applied as the model applies it, to x (..., n·d), every head's features: per head
     when the norm's width is d (Qwen3's, qkv's ``q_norm``), over all of them otherwise (OLMo 2
     normalises the whole projection before splitting heads). Returns (..., n·d)."""
-    weight = getattr(norm, "weight", None)
-    width = weight.shape[-1] if weight is not None else getattr(norm, "normalized_shape", (x.shape[-1],))[-1]
-    if width == x.shape[-1]:
+    if norm_width(norm) == x.shape[-1]:
         return norm(x)
     return norm(x.unflatten(-1, (-1, head_dim))).flatten(-2)  # (..., n, d) normalised per head
+
+
+def norm_width(norm: nn.Module) -> int:
+    """How many features ``norm`` normalises together: its weight's width (or its
+    ``normalized_shape`` without one)."""
+    weight = getattr(norm, "weight", None)
+    return weight.shape[-1] if weight is not None else norm.normalized_shape[-1]
 
 
 @dataclass(frozen=True)
