@@ -292,11 +292,19 @@ def verify_listed_files(directory: str | os.PathLike, files: dict[str, str]) -> 
         QkvError: naming the first file that is missing, not regular, or changed.
     """
     for name, digest in files.items():
-        path = os.path.join(os.fspath(directory), name)
-        if os.path.islink(path):
-            raise QkvError(f"{path}: a symbolic link, listed in config.json; a checkpoint's "
-                           f"files are read only from its own directory")
-        h = hashlib.sha256(read_regular(path))
-        if h.hexdigest() != digest:
-            raise QkvError(f"{path}: corrupt checkpoint (the file does not match its sha256 in "
-                           f"config.json; it changed after it was saved)")
+        read_verified(os.path.join(os.fspath(directory), name), digest)
+
+
+def read_verified(path: str | os.PathLike, digest: str, what: str = "the file") -> bytes:
+    """The bytes of the listed file ``path`` (not a link: a checkpoint's files are read only
+    from its own directory), which must match the sha256 ``digest`` config.json records; the
+    bytes checked are the bytes returned. ``what`` names the file in messages (``"weights
+    file"``)."""
+    if os.path.islink(path):
+        raise QkvError(f"{os.fspath(path)}: a symbolic link, listed in config.json; a checkpoint's "
+                       f"files are read only from its own directory")
+    data = read_regular(path)
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise QkvError(f"{os.fspath(path)}: corrupt checkpoint ({what} does not match its sha256 "
+                       f"in config.json; it changed after it was saved)")
+    return data

@@ -34,11 +34,13 @@ def minilm_tensors() -> dict[str, torch.Tensor]:
 
 
 def checkpoint_copy(path, *, config: dict | None = None, weights: bool = True):
-    """A copy of the MiniLM directory in ``path``: files linked, config.json optionally edited."""
+    """A copy of the MiniLM directory in ``path``: files hard-linked (a symbolic link out of a
+    checkpoint is refused), config.json optionally edited."""
     for f in os.listdir(minilm_dir()):
         if f == "config.json" or (f == "model.safetensors" and not weights):
             continue
-        os.symlink(os.path.join(minilm_dir(), f), path / f)
+        src = os.path.join(minilm_dir(), f)
+        (os.symlink if os.path.isdir(src) else os.link)(src, path / f)
     with open(os.path.join(minilm_dir(), "config.json")) as f:
         raw = json.load(f)
     (path / "config.json").write_text(json.dumps({**raw, **(config or {})}))
@@ -99,7 +101,7 @@ def test_missing_weights(tmp_path):
     with pytest.raises(QkvError, match=f"{tmp_path / 'model.safetensors'} is missing"):
         load(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04")  # a pickle: never opened
-    with pytest.raises(QkvError, match="only pickled PyTorch weights, which qkv never loads"):
+    with pytest.raises(QkvError, match="has only pytorch_model.bin, pickled PyTorch weights, which qkv never loads"):
         load(tmp_path)
 
 
@@ -262,11 +264,12 @@ def neox_dir(tmp_path_factory):
 
 
 def edited_copy(src: str, dst, **changes):
-    """``src``'s files linked into ``dst``, config.json with ``changes``."""
+    """``src``'s files hard-linked into ``dst`` (a symbolic link out of a checkpoint is refused),
+    config.json with ``changes``."""
     dst.mkdir(exist_ok=True)
     for f in os.listdir(src):
         if f != "config.json":
-            os.symlink(os.path.join(src, f), dst / f)
+            os.link(os.path.join(src, f), dst / f)
     with open(os.path.join(src, "config.json")) as f:
         raw = json.load(f)
     (dst / "config.json").write_text(json.dumps(raw | changes))
@@ -421,3 +424,43 @@ def test_peak_memory_while_loading_is_about_the_checkpoint(tmp_path):
                          timeout=300).stdout.split()  # on a timeout, run() kills and reaps the child
     peak_growth = int(out[0])
     assert peak_growth <= 1.3 * size, f"peak RSS grew {peak_growth / size:.2f}× the checkpoint ({size} bytes)"
+
+
+# -- issue 31: the one checkpoint reader on the native path ------------------------------------------
+@pytest.mark.parametrize("model_type", [["bert"], {"a": 1}, 7, ""])
+def test_a_model_type_that_is_not_a_string_is_one_error(tmp_path, model_type):
+    checkpoint_copy(tmp_path, config={"model_type": model_type})
+    for via in (None, "native"):
+        with pytest.raises(QkvError, match=r"model_type must be a non-empty string"):
+            load(tmp_path, via=via)
+
+
+@pytest.mark.parametrize("shard, message", [
+    ("../outside.safetensors", r"'\.\./outside\.safetensors' is not a plain file name"),
+    ("/abs/outside.safetensors", r"'/abs/outside\.safetensors' is not a plain file name"),
+    ("link.safetensors", r"link\.safetensors is a symbolic link to .*model\.safetensors, outside"),
+])
+def test_native_shards_stay_inside_the_directory(tmp_path, shard, message):
+    path = tmp_path / "m"
+    path.mkdir()
+    checkpoint_copy(path, weights=False)
+    names = list(load_file(os.path.join(minilm_dir(), "model.safetensors")))
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: shard for n in names}}))
+    os.symlink(os.path.join(minilm_dir(), "model.safetensors"), tmp_path / "outside.safetensors")
+    os.symlink(tmp_path / "outside.safetensors", path / "link.safetensors")
+    with pytest.raises(QkvError, match=message):
+        load(path)
+
+
+def test_a_base_llama_without_its_head_is_refused_by_name(tmp_path):
+    """A ``LlamaModel`` directory (no lm_head.weight) was refused as a missing tensor."""
+    transformers = pytest.importorskip("transformers")
+    from hf_decoders import save_tokenizer
+
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=24)
+    transformers.LlamaModel(config).save_pretrained(tmp_path)
+    save_tokenizer(str(tmp_path))
+    with pytest.raises(QkvError, match=r"architecture 'LlamaModel' is the base model without its "
+                                       r"head \('lm_head.weight' is not in the weights\)"):
+        load(tmp_path)

@@ -99,3 +99,51 @@ def test_only_family_records_are_registered():
     with pytest.raises(ValueError, match="family must be a qkv.models.family.Family, got dict"):
         register_family("not-a-family", {"build": None})
     assert "not-a-family" not in FAMILIES
+
+
+def test_every_family_file_is_registered():
+    """A family file whose line in the registry is missing would load its checkpoints through
+    transformers without a word (route's last row): every ``FAMILY`` in models/ is registered."""
+    import importlib
+    import pkgutil
+
+    import qkv.models
+    from qkv.models.family import Family
+
+    found = {}
+    for info in pkgutil.iter_modules(qkv.models.__path__):
+        family = getattr(importlib.import_module(f"qkv.models.{info.name}"), "FAMILY", None)
+        if isinstance(family, Family):
+            found[info.name] = family
+    assert len(found) >= 9
+    for name, family in found.items():
+        assert any(f is family for f in FAMILIES.values()), f"models/{name}.py's FAMILY is not registered"
+
+
+@pytest.mark.parametrize("raw, via, loader", [
+    ({"model_type": "qkv-translation"}, None, "translation"),
+    ({"model_type": "bert"}, None, "native"),
+    ({"model_type": "bert"}, "native", "native"),
+    ({"model_type": "bert"}, "hf", "transformers"),
+    ({"model_type": "bart", "is_encoder_decoder": True}, None, "seq2seq"),
+    ({"model_type": "olmo2"}, None, "transformers"),
+])
+def test_route_is_the_one_table(raw, via, loader):
+    from qkv.models.registry import route
+
+    pytest.importorskip("transformers")
+    assert route(raw, via, "config.json") == loader
+
+
+@pytest.mark.parametrize("raw, via, message", [
+    ({"model_type": "olmo2"}, "native", r"model_type 'olmo2' is not supported natively"),
+    ({"model_type": "bart", "is_encoder_decoder": True}, "native", r"'bart' is not supported natively"),
+    ({"model_type": ["bert"]}, None, r"model_type must be a non-empty string"),
+    ({"model_type": "bert", "is_encoder_decoder": "yes"}, None, r"is_encoder_decoder must be true or false"),
+])
+def test_route_refuses_by_name(raw, via, message):
+    from qkv.errors import QkvError
+    from qkv.models.registry import route
+
+    with pytest.raises(QkvError, match=message):
+        route(raw, via, "config.json")

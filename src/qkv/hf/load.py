@@ -1,5 +1,14 @@
 """A transformers checkpoint directory, built with ``attn_implementation="qkv"`` — or one error
-naming the architecture and why it cannot run on qkv (nothing downloaded, no remote code ever).
+naming the architecture or the value that cannot run on qkv (nothing downloaded, no remote code
+ever, no pickle ever).
+
+Before transformers builds anything, ``config.json`` and the weights' headers are checked here,
+by the one safetensors reader every qkv loader uses (:mod:`qkv.models.checkpoint`: files listed,
+inside the directory, never a pickle, index well-formed): the model_type and the architecture
+class, every size a positive integer, the activation, dtype, rope_theta, no quantisation and no
+other attention implementation, and the layer count against the headers. Then the model is laid
+out on the meta device (no memory) and every tensor's shape and dtype checked; transformers'
+own loading bars, log lines and warnings stay off stderr.
 
     >>> import qkv.hf                                            # doctest: +SKIP
     >>> model = qkv.hf.load("path/to/olmo2")                     # doctest: +SKIP
@@ -11,11 +20,48 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
+from contextlib import contextmanager
 
 import torch
 
 from qkv.errors import QkvError
-from qkv.files import read_json
+from qkv.models import config as cfg
+from qkv.models.checkpoint import DTYPE_NAMES, WeightFiles
+from qkv.models.loading import read_config
+
+# config.json keys that hold a count or a size: a positive integer wherever they appear
+# (a string, 0 or a negative number is refused here, not met as a ZeroDivisionError later)
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
+              "decoder_layers", "num_decoder_layers")
+SIZE_KEYS = LAYER_KEYS + (
+    "vocab_size", "hidden_size", "n_embd", "d_model", "dim", "intermediate_size", "n_inner",
+    "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "d_kv", "head_dim",
+    "num_attention_heads", "n_head", "n_heads", "num_heads", "num_key_value_heads",
+    "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "n_positions")
+ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function", "dense_act_fn")
+# attention implementations a config.json may name: qkv's replaces them (others need packages
+# and kernels of their own)
+ATTENTION_IMPLEMENTATIONS = (None, "eager", "sdpa", "qkv")
+
+
+@contextmanager
+def quiet():
+    """transformers' progress bars, log lines and ``warnings.warn`` kept off stderr while it
+    loads (an error is qkv's one line; a good load says nothing). Restores what was set."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def load(path: str | os.PathLike, *, dtype=None):
@@ -23,33 +69,74 @@ def load(path: str | os.PathLike, *, dtype=None):
 
     Raises :class:`~qkv.errors.QkvError` (a ``ValueError``) when transformers cannot build the
     model_type (remote code is never run), when the class's attention does not go through
-    transformers' ``AttentionInterface``, or when the directory has no config.json.
+    transformers' ``AttentionInterface``, when the directory has no config.json, when a value of
+    config.json is unusable (see the module doc), or when the weights are missing, pickled,
+    outside the directory, of another layer count, shape or dtype, or hold tensors the model
+    does not have.
     """
-    import transformers
 
     from qkv.hf.attention import NAME
 
-    config_file = os.path.join(os.fspath(path), "config.json")
+    path = os.fspath(path)
+    config_file = os.path.join(path, "config.json")
     try:  # a regular file, nested at most MAX_JSON_DEPTH: never a hang or a RecursionError
-        raw = read_json(config_file)
+        raw = read_config(config_file)
     except QkvError as e:
         raise QkvError(f"cannot read a transformers config: {e}") from None
-    if not isinstance(raw, dict):
-        raise QkvError(f"{config_file}: cannot read a transformers config (a JSON object is "
-                       f"needed, got {type(raw).__name__})")
+    cls = model_class(raw, config_file)
+    check_fields(raw, config_file)
+    weights = WeightFiles.open(path)  # the files, then every header: before anything is built
+    for key in LAYER_KEYS:  # a layer count beyond the headers' fails here, not after 10⁹ layers
+        weights.check_layers(raw.get(key), key, config_file, at_most=True)
+    with quiet():
+        config = cls.config_class.from_pretrained(path, local_files_only=True,
+                                                  trust_remote_code=False)
+        check_weights(weights, cls, config)
+        kw = {} if dtype is None else dict(dtype=dtype)
+        model, info = cls.from_pretrained(path, config=config, attn_implementation=NAME,
+                                          trust_remote_code=False, local_files_only=True,
+                                          use_safetensors=True, output_loading_info=True, **kw)
+    name = cls.__name__
+    for key, what in (("missing_keys", "has no tensor {0!r}{1} that {2} with this config.json needs"),
+                      ("unexpected_keys", "holds a tensor {0!r}{1} that {2} does not have"),
+                      ("mismatched_keys", "holds a tensor {0!r}{1} of another shape than {2} needs")):
+        found = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(key) or ())
+        if found:  # transformers would go on (random or dropped tensors) and say so in a log line
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise QkvError(f"{path}: the checkpoint {what.format(found[0], more, name)}; "
+                           f"config.json and the weights disagree")
+    return model.eval()
+
+
+def model_class(raw: dict, config_file: str):
+    """The transformers model class config.json names (``architectures[0]``), checked: the
+    model_type is one transformers builds, the class is a model class (not ``AutoModel``, not
+    ``Trainer``) of that model_type, and its attention goes through the AttentionInterface."""
+    import transformers
+
     model_type = raw.get("model_type")
-    architectures = raw.get("architectures") or []
-    name = architectures[0] if architectures else model_type
+    if not isinstance(model_type, str) or not model_type:
+        raise QkvError(f"{config_file}: model_type must be a non-empty string, got {model_type!r}")
     if model_type not in transformers.CONFIG_MAPPING:
         remote = " (its config names remote code, which qkv never runs)" if "auto_map" in raw else ""
         raise QkvError(f"{config_file}: transformers {transformers.__version__} cannot build "
                        f"model_type {model_type!r}{remote}; qkv runs architectures that transformers "
                        f"itself implements")
-    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    architectures = raw.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise QkvError(f"{config_file}: architectures must be a list of class names, got "
+                       f"{architectures!r}")
+    name = architectures[0] if architectures else model_type
+    cls = getattr(transformers, name, None)
     if cls is None:
         raise QkvError(f"{config_file}: architecture {name!r} is not a transformers class; qkv runs "
                        f"architectures that transformers itself implements")
-    wants = getattr(getattr(cls, "config_class", None), "model_type", model_type)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+            and isinstance(getattr(cls, "config_class", None), type)):
+        raise QkvError(f"{config_file}: architecture {name!r} is not a transformers model class "
+                       f"(a PreTrainedModel such as LlamaForCausalLM); qkv builds the class "
+                       f"config.json names")
+    wants = getattr(cls.config_class, "model_type", model_type)
     if wants and wants != model_type:  # transformers would build it, warning in a log line only
         raise QkvError(f"{config_file}: architecture {name!r} is a {wants!r} model but config.json "
                        f"says model_type {model_type!r}; config.json and the weights disagree")
@@ -59,43 +146,64 @@ def load(path: str | os.PathLike, *, dtype=None):
     if can_set is not None and not can_set():
         raise QkvError(f"{name}: its attention does not go through transformers' AttentionInterface, "
                        f"so it cannot run on qkv; load it with attn_implementation='eager'")
-    config = cls.config_class.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    check_weights(path, cls, config)
-    kw = {} if dtype is None else dict(dtype=dtype)
-    model, info = cls.from_pretrained(path, attn_implementation=NAME, trust_remote_code=False,
-                                      local_files_only=True, output_loading_info=True, **kw)
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:  # transformers would initialise them at random and say so in a log line only
-        raise QkvError(f"{path}: the checkpoint has no tensor {missing[0]!r}"
-                       f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that "
-                       f"{name} with this config.json needs; config.json and the weights disagree")
-    return model.eval()
+    return cls
+
+
+def check_fields(raw: dict, where: str) -> None:
+    """The values of config.json that transformers would meet as a traceback: sizes, the
+    activation, dtype, rope_theta, an attention implementation or quantisation qkv cannot run."""
+    from transformers.activations import ACT2FN
+
+    for key in SIZE_KEYS:
+        if raw.get(key) is not None:
+            cfg.get_int(raw, key, where=where)
+    for key in ACTIVATION_KEYS:
+        act = raw.get(key)
+        if act is not None and (not isinstance(act, str) or act not in ACT2FN):
+            raise QkvError(f"{where}: {key} {act!r} is not an activation transformers knows "
+                           f"({', '.join(sorted(ACT2FN))})")
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key)
+        if value is not None and value not in DTYPE_NAMES:
+            raise QkvError(f"{where}: {key} {value!r} is not a floating-point dtype qkv reads "
+                           f"({', '.join(DTYPE_NAMES)})")
+    if raw.get("attn_implementation") not in ATTENTION_IMPLEMENTATIONS:
+        raise QkvError(f"{where}: attn_implementation {raw['attn_implementation']!r} is not "
+                       f"supported: qkv runs the model on its own attention (remove the key)")
+    if raw.get("quantization_config") is not None:
+        method = raw["quantization_config"]
+        method = method.get("quant_method") if isinstance(method, dict) else method
+        raise QkvError(f"{where}: a quantized checkpoint (quantization_config {method!r}); qkv "
+                       f"reads floating-point weights")
+    for owner in _rope_sections(raw):
+        if "rope_theta" in owner:
+            cfg.get_float(owner, "rope_theta", 1.0, where=where)
+
+
+def _rope_sections(raw: dict) -> list[dict]:
+    """config.json and its rope dicts (``rope_parameters``, ``rope_scaling``, one per layer kind
+    in some models): wherever a ``rope_theta`` may be."""
+    out, todo = [], [raw]
+    while todo:
+        d = todo.pop()
+        out.append(d)
+        todo += [v for k, v in d.items() if k in ("rope_parameters", "rope_scaling") and isinstance(v, dict)]
+        if d is not raw:
+            todo += [v for v in d.values() if isinstance(v, dict)]
+    return out
 
 
 # a layer's index in a checkpoint name: model.layers.3.…, encoder.layer.3.…, transformer.h.3.…
 _LAYER = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)\.")
 
 
-def weight_files(path: str) -> list[str]:
-    """The safetensors files of a checkpoint directory (the index's shards, or the one file)."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        raw = read_json(index)
-        shards = sorted(set((raw.get("weight_map") or {}).values())) if isinstance(raw, dict) else []
-        return [os.path.join(path, f) for f in shards if isinstance(f, str)]
-    one = os.path.join(path, "model.safetensors")
-    return [one] if os.path.isfile(one) else []
-
-
-def check_weights(path: str | os.PathLike, cls, config) -> None:
+def check_weights(weights: WeightFiles, cls, config) -> None:
     """One QkvError naming the tensor and file when the safetensors *headers* (no data read)
-    disagree with the model that ``config`` describes: another number of layers, or a tensor
-    whose shape is not the model's (e.g. a changed hidden_size). Names the model does not have
-    under the same name (renamed by transformers' loading, or dropped) are left to it.
+    disagree with the model that ``config`` describes: another number of layers, a tensor
+    whose shape is not the model's (e.g. a changed hidden_size), or a floating-point parameter
+    stored as integers (int8: refused, never cast). Names the model does not have under the
+    same name (renamed by transformers' loading, or dropped) are left to it.
     """
-    from safetensors import SafetensorError, safe_open
-
-    path = os.fspath(path)
     with torch.device("meta"):  # shapes only: nothing allocated, nothing initialised
         model = cls._from_config(config)
     prefix = (getattr(model, "base_model_prefix", "") or "") + "."
@@ -103,22 +211,18 @@ def check_weights(path: str | os.PathLike, cls, config) -> None:
     expected = {strip(n): tuple(p.shape) for n, p in model.state_dict().items()}
     layers = {int(m.group(1)) for n in expected if (m := _LAYER.search("." + n))}
     stored_layers: dict[int, tuple[str, str]] = {}
-    for file in weight_files(path):
-        try:
-            with safe_open(file, framework="pt") as f:
-                for key in f.keys():
-                    name = strip(key)
-                    m = _LAYER.search("." + name)
-                    if m:
-                        stored_layers.setdefault(int(m.group(1)), (key, file))
-                    shape = tuple(f.get_slice(key).get_shape())
-                    want = expected.get(name)
-                    if want is not None and want != shape:
-                        raise QkvError(f"{file}: tensor {key!r} has shape {shape} but "
-                                       f"{cls.__name__} with this config.json needs {want}; "
-                                       f"config.json and the weights disagree")
-        except SafetensorError as e:
-            raise QkvError(f"{file}: not a readable safetensors file ({e})") from None
+    for name, (file, key) in weights.where.items():
+        m = _LAYER.search("." + strip(name))
+        if m:
+            stored_layers.setdefault(int(m.group(1)), (key, file))
+        want = expected.get(strip(name))
+        if want is None:
+            continue
+        if want != weights.shapes[name]:
+            raise QkvError(f"{file}: tensor {key!r} has shape {weights.shapes[name]} but "
+                           f"{cls.__name__} with this config.json needs {want}; config.json and "
+                           f"the weights disagree")
+        weights.check_dtype(name)
     if layers and stored_layers and max(stored_layers) != max(layers):
         n, m = max(layers) + 1, max(stored_layers) + 1
         key, file = stored_layers[max(stored_layers)]
@@ -129,8 +233,9 @@ def check_weights(path: str | os.PathLike, cls, config) -> None:
 def load_explainable(path: str | os.PathLike, *, name: str | None = None, dtype=None, device=None,
                      files=None):
     """``path`` as a qkv model (:class:`qkv.hf.adapter.HFModel`): :func:`load` on ``"qkv"``, with
-    qkv's tokenizer over the directory's tokenizer files — what :func:`qkv.load` returns for a
-    model_type without a native family."""
+    qkv's tokenizer over the directory's tokenizer files — the registry's ``transformers``
+    loader (:mod:`qkv.models.registry`), what :func:`qkv.load` returns for a model_type without
+    a native family."""
     from qkv.hf.adapter import wrap
     from qkv.models.tokenizer import Tokenizer
 
@@ -147,3 +252,4 @@ def load_explainable(path: str | os.PathLike, *, name: str | None = None, dtype=
     if device is not None:
         hf = hf.to(device)
     return wrap(hf, tokenizer, name=name)
+

@@ -43,7 +43,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.files import (
     FILES_KEY, atomic_write, atomic_write_bytes, atomic_write_text, check_name, check_writable,
-    manifest_files, read_json, read_regular,
+    manifest_files, read_json, read_verified,
 )
 
 MANIFEST = "config.json"
@@ -52,10 +52,6 @@ _TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
 # A file's content: bytes, or a function that writes the file at the path it is given.
 Content = bytes | Callable[[str], None]
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -77,6 +73,10 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[str]:
             path.unlink(missing_ok=True)
             removed.append(path.name)
     return sorted(removed)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 # -- the output directory of a training run -------------------------------------------------------
@@ -202,6 +202,13 @@ def read_manifest(directory: str | os.PathLike) -> dict:
 
 def read_listed(directory: str | os.PathLike, manifest: dict, name: object, what: str = "") -> bytes:
     """The bytes of ``name``, when the manifest lists it and they match its sha256."""
+    return read_verified(listed_path(directory, manifest, name, what), manifest[FILES_KEY][name],
+                         f"{what} file" if what else "file")
+
+
+def listed_path(directory: str | os.PathLike, manifest: dict, name: object, what: str = "") -> Path:
+    """``directory/name`` when the manifest lists ``name`` (a plain file name) with a sha256 and
+    the file is there; QkvError naming it else (a stale or foreign file is never read)."""
     directory = Path(directory)
     what = what or "file"
     check_name(name, f"{directory}/{MANIFEST}")
@@ -210,13 +217,9 @@ def read_listed(directory: str | os.PathLike, manifest: dict, name: object, what
         raise QkvError(f"{directory}: {what} file {name!r} is not listed with a sha256 in "
                        f"config.json (a stale or foreign file is never read)")
     path = directory / name
-    if path.is_symlink() or not os.path.lexists(path):
+    if not os.path.lexists(path):
         raise QkvError(f"{directory}: {what} file {name!r} named in config.json is missing")
-    data = read_regular(path)
-    if sha256_bytes(data) != files[name]:
-        raise QkvError(f"{path}: corrupt checkpoint ({what} file does not match its sha256 in "
-                       f"config.json)")
-    return data
+    return path
 
 
 def load_tensors(directory: str | os.PathLike, manifest: dict, name: object,

@@ -23,18 +23,20 @@ from pathlib import Path
 import torch
 
 from qkv.errors import QkvError
-from qkv.files import read_json
+from qkv.files import FILES_KEY, read_json, read_verified
+from qkv.models.checkpoint import WeightFiles
+from qkv.models.registry import TRANSLATION_MODEL_TYPE
 from qkv.models.translation import TranslationConfig, TranslationModel, upgrade_state_dict
 from qkv.training.checkpoint import (
-    get_field, load_optimizer_tensors, load_tensors, optimizer_tensors, read_listed, read_manifest,
-    save_tensors_writer, write_checkpoint,
+    get_field, listed_path, load_optimizer_tensors, load_tensors, optimizer_tensors, read_listed,
+    read_manifest, save_tensors_writer, write_checkpoint,
 )
 from qkv.translate.vocab import Vocab
 
-__all__ = ["Checkpoint", "load_checkpoint", "save_checkpoint", "read_meta", "load_optimizer_tensors",
+__all__ = ["Checkpoint", "load_checkpoint", "load_model", "save_checkpoint", "read_meta", "load_optimizer_tensors",
            "optimizer_tensors", "model_tensors", "load_model_tensors"]
 
-MODEL_TYPE = "qkv-translation"
+MODEL_TYPE = TRANSLATION_MODEL_TYPE
 # 2: every file listed with its sha256 under "files" (1 hashed the tensors only; it is refused).
 FORMAT_VERSION = 2
 # The files a translation checkpoint writes: those not listed by a new config.json are deleted.
@@ -67,7 +69,8 @@ def model_name(directory: Path) -> str:
 def is_translation_model(model: str | os.PathLike | None) -> bool:
     """True when ``model`` names a directory whose config.json says ``"model_type": "qkv-translation"``.
 
-    :func:`qkv.load` uses this to hand such a directory to :func:`load_checkpoint`.
+    (:func:`qkv.load` routes such a directory here by the same model_type:
+    :func:`qkv.models.registry.route`.)
     """
     path = resolve_model_dir(model) / "config.json"
     if not path.is_file():
@@ -85,18 +88,19 @@ def model_tensors(model: TranslationModel) -> dict[str, torch.Tensor]:
     return sd
 
 
-def _check_sizes(config: TranslationConfig, tensors: dict[str, torch.Tensor], where: str) -> None:
+def _check_sizes(config: TranslationConfig, shapes: dict[str, tuple[int, ...]], where: str) -> None:
     """Sizes in config.json that no tensor of the checkpoint could hold are refused before the
-    model is built (``"d_model": 1000000000`` would otherwise ask for terabytes first)."""
-    largest = max((max(t.shape, default=1) for t in tensors.values()), default=1)
+    model is built (``"d_model": 1000000000`` would otherwise ask for terabytes first), from the
+    weights' header (``shapes``: name → shape)."""
+    largest = max((max(s, default=1) for s in shapes.values()), default=1)
     for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "ff_dim"):
         if getattr(config, name) > largest:
             raise QkvError(f"{where}: {name}={getattr(config, name)} but no tensor of the weights "
                            f"has a dimension that large (largest {largest})")
     for name in ("encoder_layers", "decoder_layers"):
-        if getattr(config, name) > len(tensors):
+        if getattr(config, name) > len(shapes):
             raise QkvError(f"{where}: {name}={getattr(config, name)} but the weights hold only "
-                           f"{len(tensors)} tensors")
+                           f"{len(shapes)} tensors")
     if config.max_len > 1 << 16:
         raise QkvError(f"{where}: max_len={config.max_len} is more positions than qkv's "
                        f"translation models take (65536)")
@@ -106,7 +110,8 @@ def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor]
                        *, check_only: bool = False) -> None:
     """Copy ``tensors`` into ``model``; QkvError naming missing, unexpected or mis-shaped tensors.
 
-    ``check_only``: compare names and shapes only (``model`` may be on the meta device)."""
+    ``check_only``: compare names and shapes only (``model`` may be on the meta device; the
+    values of ``tensors`` may be shapes)."""
     tensors = upgrade_state_dict(tensors)  # format-1 checkpoints: layers before the stack
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
@@ -115,12 +120,25 @@ def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor]
         raise QkvError(f"{source}: weights do not match the config (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})")
     for name in expected:  # the model's order: the first mismatch in the forward's order
-        t = tensors[name]
-        if t.shape != expected[name].shape:
-            raise QkvError(f"{source}: tensor {name} has shape {tuple(t.shape)}, the config "
+        shape = tuple(tensors[name] if check_only else tensors[name].shape)
+        if shape != tuple(expected[name].shape):
+            raise QkvError(f"{source}: tensor {name} has shape {shape}, the config "
                            f"needs {tuple(expected[name].shape)}")
     if not check_only:
         model.load_state_dict(tensors, strict=False)
+
+
+def read_weights(directory: Path, meta: dict) -> WeightFiles:
+    """The checkpoint's weights file (``meta["weights"]["file"]``): listed in config.json, its
+    bytes matching the sha256 there, read by the one safetensors reader
+    (:mod:`qkv.models.checkpoint`: a regular file inside the directory, headers only)."""
+    name = meta["weights"]["file"]
+    path = listed_path(directory, meta, name, "weights")
+    read_verified(path, meta[FILES_KEY][name], "weights file")
+    weights = WeightFiles.open(directory, names=[name])
+    for stored in weights.where:
+        weights.check_dtype(stored)
+    return weights
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -183,12 +201,12 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
     if (vocab.src_size, vocab.tgt_size) != (config.src_vocab_size, config.tgt_vocab_size):
         raise QkvError(f"{directory}: tokenizers have {vocab.src_size}/{vocab.tgt_size} words but "
                        f"the config says {config.src_vocab_size}/{config.tgt_vocab_size}")
-    tensors = load_tensors(directory, meta, meta["weights"]["file"], "weights")
-    _check_sizes(config, tensors, f"{directory}/config.json")
+    weights = read_weights(directory, meta)
+    _check_sizes(config, weights.shapes, f"{directory}/config.json")
     with torch.device("meta"):  # the shapes the config implies, nothing allocated
-        load_model_tensors(TranslationModel(config), tensors, str(directory), check_only=True)
+        load_model_tensors(TranslationModel(config), weights.shapes, str(directory), check_only=True)
     net = TranslationModel(config, vocab=vocab, name=model_name(directory), directory=directory)
-    load_model_tensors(net, tensors, str(directory))
+    load_model_tensors(net, {n: weights.read(n, shared=False) for n in weights.where}, str(directory))
     net.eval()
     opt = None
     if with_optimizer:
@@ -197,6 +215,14 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
                            f"(it was saved with --slim)")
         opt = load_tensors(directory, meta, meta["optimizer"]["file"], "optimizer")
     return Checkpoint(net, vocab, meta, directory, opt)
+
+
+def load_model(path: str | os.PathLike, *, name: str | None = None, dtype: torch.dtype | None = None,
+               device: torch.device | None = None, files: dict | None = None) -> TranslationModel:
+    """The registry's ``translation`` loader (:func:`qkv.load`): the checkpoint's model, in eval
+    mode, on ``device`` in ``dtype`` (None: as stored). ``name`` and ``files`` are
+    :func:`load_checkpoint`'s own (config.json names the model's files)."""
+    return load_checkpoint(path).model.to(device=device, dtype=dtype)
 
 
 def save_checkpoint(directory: str | Path, model: TranslationModel, vocab: Vocab, meta: dict,
