@@ -24,9 +24,11 @@ import qkv
 from qkv.attention import AttentionMask, VarLen, padding_mask, structural_mask
 from qkv.attention.block_mask import band_sides, block_mask_for
 from qkv.attention.attention_mask import as_additive, combine, combine_masks, evaluate
+from qkv.attention.backends import backends_with
 from tolerance import FUSED_FACTOR, assert_agree, assert_within
 
-BACKENDS = ("reference", "fused", "auto")
+# every registered backend that takes any mask, bias and dropout (its declared capabilities)
+BACKENDS = (*backends_with(dense_mask=True, bias=True, dropout=True), "auto")
 
 
 def expected_keep(t, s, *, is_causal=False, window=None, alignment="top_left"):

@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 
 import qkv
 from qkv.attention import BACKENDS, AttentionMask, choose_backend, register_backend
+from qkv.attention.backends import backend_for, backends_with
 from tolerance import FUSED_FACTOR, assert_agree, assert_within
 
-NAMES = ("reference", "fused", "auto")
+# every registered backend that takes any mask, bias and dropout (its declared capabilities)
+NAMES = (*backends_with(dense_mask=True, bias=True, dropout=True), "auto")
 
 
 def plain_attention(q, k, v, keep=None, bias=None, scale=None, groups=1):
@@ -99,6 +101,69 @@ def test_registering_a_name_twice_raises_and_keeps_the_first():
     with pytest.raises(ValueError, match="'auto' is already registered"):
         register_backend("auto")(lambda *a, **k: None)
     assert BACKENDS["fused"] is first
+
+
+# what each backend can do, declared at registration: every claim exercised, every gap refused
+CALLS = {  # capability: the arguments of a call that needs it (q, k, v: (1, 2, 6, 8), v dv = 8)
+    "lse": dict(return_lse=True),
+    "softcap": dict(softcap=5.0),
+    "dense_mask": dict(attn_mask=torch.ones(6, 6, dtype=torch.bool).tril()),
+    "bias": dict(bias=torch.randn(6, 6)),
+    "dropout": dict(dropout_p=0.5),
+    "dv_differs": dict(value=torch.randn(1, 2, 6, 5)),
+}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("capability", list(CALLS))
+def test_a_backend_does_what_it_declares_and_refuses_the_rest(backend, capability):
+    torch.manual_seed(0)
+    q = k = torch.randn(1, 2, 6, 8)
+    kwargs = dict(CALLS[capability])
+    v = kwargs.pop("value", torch.randn(1, 2, 6, 8))
+    declared = getattr(BACKENDS[backend].capabilities, capability)
+    if not declared:
+        with pytest.raises(ValueError, match=f"backend '{backend}'|got backend='{backend}'"):
+            qkv.scaled_dot_product_attention(q, k, v, backend=backend, **kwargs)
+        return
+    got = qkv.scaled_dot_product_attention(q, k, v, backend=backend, **kwargs)
+    out = got[0] if isinstance(got, tuple) else got
+    assert out.shape == (1, 2, 6, v.shape[-1]) and out.isfinite().all()
+    if capability not in ("dropout",):  # the reference path gives the same numbers
+        ref = qkv.scaled_dot_product_attention(q.double(), k.double(), v.double(), backend="reference",
+                                               **{n: x.double() if torch.is_tensor(x) and x.is_floating_point() else x
+                                                  for n, x in kwargs.items()})
+        ref = ref[0] if isinstance(ref, tuple) else ref
+        assert (out.double() - ref).abs().max() < 1e-5
+
+
+def test_backends_with_reads_the_declarations():
+    assert backends_with(lse=True) == [n for n, b in BACKENDS.items() if b.capabilities.lse]
+    assert "blockwise" in backends_with(lse=True, softcap=True)
+    assert "blockwise" not in backends_with(bias=True) and "fused" not in backends_with(lse=True)
+    assert all(b.capabilities.sinks == b.capabilities.lse for b in BACKENDS.values())
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
+        backend_for("nope")
+
+
+def test_registering_an_unknown_capability_is_refused():
+    with pytest.raises(ValueError, match=r"register_backend\('x'\): unknown capabilities \['flash'\]"):
+        register_backend("x", flash=True)
+    assert "x" not in BACKENDS
+
+
+def test_a_backend_declaring_devices_is_refused_elsewhere():
+    @register_backend("test-gpu-only", devices=("cuda",))
+    def gpu_only(query, key, value, **kwargs):
+        raise AssertionError("not reached")
+
+    try:
+        q = torch.randn(1, 1, 3, 4)
+        with pytest.raises(ValueError, match=r"backend 'test-gpu-only' cannot do device 'cpu'; "
+                                             r"backends that can: \['reference', 'blockwise', 'fused'"):
+            qkv.scaled_dot_product_attention(q, q, q, backend="test-gpu-only")
+    finally:
+        del BACKENDS["test-gpu-only"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -202,7 +267,7 @@ def test_every_backend_is_close_to_the_fp64_reference(problem):
 
 # -- NaN and devices (issue 9: one behaviour on every backend) -----------------------------------
 
-ALL_BACKENDS = ("reference", "fused", "auto", "blockwise")
+ALL_BACKENDS = (*BACKENDS, "auto")  # the registry, whatever each can do
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -224,7 +289,7 @@ def test_nan_in_a_query_gives_nan_in_that_row_on_every_backend(backend, kwargs):
     assert torch.equal(out[others], clean[others])  # the other rows are untouched
     trace = qkv.attention_trace(bad, k, v, **kwargs)
     assert torch.isnan(trace.output[0, 1, 5]).all()
-    if backend in ("reference", "blockwise"):
+    if backend in backends_with(lse=True):
         _, lse = qkv.scaled_dot_product_attention(bad, k, v, backend=backend, return_lse=True, **kwargs)
         assert torch.isnan(lse[0, 1, 5]) and not torch.isnan(lse[others]).any()
 
@@ -250,7 +315,7 @@ NAN_MASKS = {"none": ({}, lambda i, j: True), "causal": (dict(is_causal=True), l
              "window": (dict(is_causal=True, window=(37, 0)), lambda i, j: i - 37 <= j <= i)}
 
 
-@pytest.mark.parametrize("backend", ["reference", "fused", "blockwise", "blockwise-torch"])
+@pytest.mark.parametrize("backend", [*BACKENDS, "blockwise-torch"])
 @pytest.mark.parametrize("masking", list(NAN_MASKS))
 @pytest.mark.parametrize("where", ["key", "value"])
 @pytest.mark.parametrize("t", [12, 133])

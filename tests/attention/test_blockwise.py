@@ -295,11 +295,14 @@ def test_return_lse_matches_reference_and_bad_combinations_are_named():
     assert_within(out, ref_out, r_out, what="output")
     with pytest.raises(ValueError, match=r"return_lse=True needs a backend .* got backend='fused'"):
         qkv.scaled_dot_product_attention(q, k, v, return_lse=True, backend="fused")
-    with pytest.raises(ValueError, match="a dense attn_mask has no block form"):
+    with pytest.raises(ValueError, match=r"backend 'blockwise' cannot do a tensor attn_mask; "
+                                         r"backends that can: \['reference', 'fused'"):
         qkv.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(50, 50, dtype=torch.bool),
                                          backend="blockwise")
-    with pytest.raises(ValueError, match="no score bias or dropout"):
+    with pytest.raises(ValueError, match="backend 'blockwise' cannot do a score bias"):
         qkv.scaled_dot_product_attention(q, k, v, bias=torch.zeros(50, 50), backend="blockwise")
+    with pytest.raises(ValueError, match="backend 'blockwise' cannot do dropout"):
+        qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.1, backend="blockwise")
 
 
 def test_multihead_attention_takes_a_block_mask_and_shows_its_weights():

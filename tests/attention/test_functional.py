@@ -24,7 +24,8 @@ import qkv.attention.attention_mask
 import qkv.attention.trace
 from tolerance import FUSED_FACTOR, assert_within, bound, max_err, softmax_sum_tolerance
 
-BACKENDS = ("reference", "fused", "auto")
+# every registered backend that takes any mask, bias and dropout (its declared capabilities)
+BACKENDS = (*qkv.attention.backends.backends_with(dense_mask=True, bias=True, dropout=True), "auto")
 
 
 def _double(kwargs):

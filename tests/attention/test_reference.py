@@ -16,9 +16,11 @@ import torch
 
 import qkv
 from qkv.attention import reference_attention
+from qkv.attention.backends import backends_with
 from tolerance import FUSED_FACTOR, assert_agree, assert_within
 
-BACKENDS = ("reference", "fused", "auto")
+# every registered backend that takes any mask, bias and dropout (its declared capabilities)
+BACKENDS = (*backends_with(dense_mask=True, bias=True, dropout=True), "auto")
 
 
 def plain_attention(q, k, v, mask=None, scale=None, gqa=False):
@@ -170,7 +172,7 @@ GRAD_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(GRAD_CASES))
-@pytest.mark.parametrize("backend", ["reference", "fused"])
+@pytest.mark.parametrize("backend", backends_with(dense_mask=True, bias=True, dropout=True))
 def test_gradcheck_fp64(backend, case):
     h, hkv, kwargs = GRAD_CASES[case]
     gen = torch.Generator().manual_seed(3)

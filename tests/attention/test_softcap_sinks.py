@@ -9,6 +9,7 @@ import torch
 import qkv
 from qkv.attention.block_mask import block_mask_for
 from qkv.attention.attention_mask import AttentionMask
+from qkv.attention.backends import backends_with
 from tolerance import assert_within, bound, max_err
 
 
@@ -42,7 +43,7 @@ CASES = [  # (h, h_kv, t, s, d, dv, window, softcap, sinks, scale)
 ]
 
 
-@pytest.mark.parametrize("backend", ["reference", "blockwise"])
+@pytest.mark.parametrize("backend", backends_with(lse=True, softcap=True))
 @pytest.mark.parametrize("case", CASES)
 def test_forward_and_weights_match_float64(backend, case):
     h, hkv, t, s, d, dv, window, cap, with_sinks, scale = case

@@ -24,13 +24,21 @@ what to materialise:
   tensors (:func:`qkv.attention.spans.supports`).
 * ``"auto"`` — the dispatch rule, in :func:`choose_backend` and nowhere else.
 
-``LSE_BACKENDS`` holds the backends that can also return the log-sum-exp ``(..., h, t)``
-(``return_lse=True``): ``"reference"`` and ``"blockwise"``.
+Each backend declares what it can do when it registers (:class:`Capabilities`: the log-sum-exp
+``(..., h, t)`` for ``return_lse=True`` and the sinks merged from it, ``softcap``, a tensor mask,
+a score bias, dropout, dv ≠ d, device types); the public functions check a call against them
+and the tests are parametrised over the registry (:func:`backends_with`)::
+
+    backend      lse  softcap  tensor mask  bias  dropout  dv ≠ d  devices
+    reference    yes  yes      yes          yes   yes      yes     any
+    blockwise    yes  yes      no           no    no       yes     any
+    fused        no   no       yes          yes   yes      yes     any
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from typing import Callable, Protocol
 
 import torch
@@ -62,24 +70,109 @@ class Backend(Protocol):
     ) -> torch.Tensor: ...
 
 
-BACKENDS: dict[str, Backend] = {}
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared once at :func:`register_backend`; calls are checked
+    against it (:meth:`refuses`) and tests select backends by it (:func:`backends_with`)."""
+
+    lse: bool = False  # return_lse=True gives (output, lse); sinks are merged from the lse
+    softcap: bool = False  # Gemma 2's logit cap inside its scores (an lse backend's argument)
+    dense_mask: bool = True  # a tensor attn_mask (bool or float)
+    bias: bool = True  # a float score bias (ALiBi, T5)
+    dropout: bool = True  # dropout_p > 0 on the weights
+    dv_differs: bool = True  # a value head size dv ≠ the query's d
+    devices: tuple[str, ...] | None = None  # the device types it runs on; None = any
+
+    @property
+    def sinks(self) -> bool:
+        """Learned sinks (gpt-oss) are merged from the lse after the backend ran."""
+        return self.lse
+
+    def refuses(self, *, lse: bool = False, softcap: bool = False, dense_mask: bool = False,
+                bias: bool = False, dropout: bool = False, dv_differs: bool = False,
+                device: str | None = None) -> list[str]:
+        """What a call needs that this backend cannot do (empty: it can run the call)."""
+        asked = dict(lse=lse, softcap=softcap, dense_mask=dense_mask, bias=bias, dropout=dropout,
+                     dv_differs=dv_differs)
+        missing = [WORDS[name] for name, wanted in asked.items() if wanted and not getattr(self, name)]
+        if device is not None and self.devices is not None and device not in self.devices:
+            missing.append(f"device {device!r}")
+        return missing
 
 
-def register_backend(name: str) -> Callable[[Backend], Backend]:
-    """Decorator: make a backend selectable as ``backend=name``.
+WORDS = dict(lse="the log-sum-exp", softcap="softcap=", dense_mask="a tensor attn_mask",
+             bias="a score bias", dropout="dropout", dv_differs="dv ≠ d")  # for messages
+
+
+@dataclass(frozen=True, eq=False)
+class RegisteredBackend:
+    """A registry row: the backend, its ``(output, lse)`` variant (lse backends) and what it can do.
+    Called like the backend itself."""
+
+    name: str
+    fn: Backend
+    with_lse: Callable | None
+    capabilities: Capabilities
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        return self.fn(*args, **kwargs)
+
+
+BACKENDS: dict[str, RegisteredBackend] = {}
+
+
+def register_backend(name: str, *, with_lse: Callable | None = None,
+                     **capabilities) -> Callable[[Backend], Backend]:
+    """Decorator: make a backend selectable as ``backend=name``, with what it can do.
+
+    ``with_lse``: the same backend returning ``(output, lse)`` (lse (..., h, t) float32; float64
+    for float64 inputs) and taking ``softcap=`` — the backend then serves ``return_lse=True``
+    and sinks. ``capabilities``: the fields of :class:`Capabilities` other than ``lse`` (a new
+    backend says what it cannot do: ``bias=False``, ``devices=("cpu",)`` …).
 
     A name is registered once: registering it again raises ``ValueError`` (a silent replacement
     would change every caller's numbers). ``"auto"`` is reserved for the dispatch rule.
+
+    Example:
+        >>> @register_backend("mine", bias=False, dropout=False)   # doctest: +SKIP
+        ... def mine(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa): ...
     """
+    known = {f.name for f in fields(Capabilities)} - {"lse"}
+    unknown = set(capabilities) - known
+    if unknown:
+        raise ValueError(f"register_backend({name!r}): unknown capabilities {sorted(unknown)}; "
+                         f"known: {sorted(known)}")
+    declared = Capabilities(lse=with_lse is not None, **capabilities)
 
     def add(fn: Backend) -> Backend:
         if name == "auto" or name in BACKENDS:
             raise ValueError(f"attention backend {name!r} is already registered "
                              f"(registered: {['auto', *BACKENDS]})")
-        BACKENDS[name] = fn
+        BACKENDS[name] = RegisteredBackend(name, fn, with_lse, declared)
         return fn
 
     return add
+
+
+def backends_with(**needs) -> list[str]:
+    """The registered backends that can run a call needing ``needs`` (the arguments of
+    :meth:`Capabilities.refuses`), in registration order: ``backends_with(lse=True)`` →
+    ``["reference", "blockwise"]``."""
+    return [name for name, b in BACKENDS.items() if not b.capabilities.refuses(**needs)]
+
+
+def backend_for(name: str, **needs) -> RegisteredBackend:
+    """The registry row ``name`` after checking it can run the call: ValueError naming the
+    backend, what it lacks and the backends that have it."""
+    row = BACKENDS.get(name)
+    if row is None:
+        raise ValueError(f"unknown backend {name!r}; choose from {['auto', *BACKENDS]}")
+    missing = row.capabilities.refuses(**needs)
+    if missing:
+        wanted = {k: v for k, v in needs.items() if v}
+        raise ValueError(f"backend {name!r} cannot do {', '.join(missing)}; backends that can: "
+                         f"{backends_with(**wanted)}")
+    return row
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -90,12 +183,6 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 def gqa_groups(query: torch.Tensor, key: torch.Tensor, enable_gqa: bool) -> int:
     """How many query heads share one key/value head (1 without GQA or without a head dim)."""
     return query.shape[-3] // key.shape[-3] if enable_gqa and query.ndim >= 3 else 1
-
-
-@register_backend("reference")
-def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
-    return reference_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
-                              scale=scale, enable_gqa=enable_gqa)[0]
 
 
 def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
@@ -109,18 +196,14 @@ def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enabl
     return trace.output, lse.expand(*trace.output.shape[:-1])
 
 
-@register_backend("blockwise")
-def blockwise_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
-    return blockwise_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
+@register_backend("reference", with_lse=reference_with_lse, softcap=True)
+def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    return reference_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
                               scale=scale, enable_gqa=enable_gqa)[0]
 
 
 def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
     """The blockwise backend's ``(output, lse)`` (see :mod:`qkv.attention.blockwise`)."""
-    if bias is not None or dropout_p:
-        raise ValueError(f"the blockwise backend takes no score bias or dropout (got bias "
-                         f"{'set' if bias is not None else 'None'}, dropout_p={dropout_p}); use "
-                         f"backend='fused' or 'reference'")
     groups = gqa_groups(query, key, enable_gqa)
     t, s = query.shape[-2], key.shape[-2]
     batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
@@ -132,7 +215,11 @@ def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enabl
                                softcap=softcap)
 
 
-LSE_BACKENDS = {"reference": reference_with_lse, "blockwise": blockwise_with_lse}
+@register_backend("blockwise", with_lse=blockwise_with_lse, softcap=True, dense_mask=False,
+                  bias=False, dropout=False)
+def blockwise_backend(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
+    return blockwise_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
+                              scale=scale, enable_gqa=enable_gqa)[0]
 
 
 @register_backend("fused")
@@ -179,11 +266,18 @@ def _nan_keys(query, key, out, *, mask: AttentionMask, bias):
     return out.masked_fill(seen.unsqueeze(-1), float("nan"))
 
 
-def _torch_causal(mask: AttentionMask, bias, t: int, s: int) -> bool:
-    """Whether the mask is torch's ``is_causal=True`` (top-left; bottom-right with t == s is the
-    same thing) and nothing else, so torch's own causal kernel runs."""
+def causal_only(mask: AttentionMask) -> bool:
+    """Causal and nothing else — no window, key padding, packed sequences, tensor or block mask —
+    in either alignment. The one "plain causal" test: torch's kernel (:func:`_torch_causal`) and
+    the ``"auto"`` rule's causal row ask it."""
     return (mask.causal and mask.window is None and mask.key_padding is None and mask.varlen is None
-            and mask.dense is None and bias is None and (mask.alignment == "top_left" or t == s))
+            and mask.dense is None and mask.block is None)
+
+
+def _torch_causal(mask: AttentionMask, bias, t: int, s: int) -> bool:
+    """Whether torch's ``is_causal=True`` is the whole mask: causal only, no bias, the diagonal
+    top-left (bottom-right with t == s is the same thing), so torch's own causal kernel runs."""
+    return bias is None and causal_only(mask) and (mask.alignment == "top_left" or t == s)
 
 
 def _fused(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa):
@@ -256,7 +350,7 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
           … with a dense mask, a bias or dropout          reference
         window, s ≥ BLOCKWISE_MIN_KEYS, band ≤ half a row blockwise    spans: one call for the band
         packed sequences, longest ≥ BLOCKWISE_MIN_DOCUMENT blockwise   spans: one call per length
-        plain causal, b·h < torch.get_num_threads()       blockwise    spans: balanced causal levels
+        causal only (either alignment), b·h < threads     blockwise    spans: balanced causal levels
         everything else                                   fused        torch's SDPA (is_causal kernel)
 
     Measured (``benchmarks/long.py``, fp32, d = 64, 16k tokens; RESULTS.md, issue 21 and 10):
@@ -283,7 +377,7 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
         return "blockwise"
     if structure_only and mask.varlen is not None and mask.varlen.max_len >= BLOCKWISE_MIN_DOCUMENT:
         return "blockwise"  # the padded grid holds (n, h, max_len, max_len) mask floats
-    if structure_only and _plain_causal(mask) and query.ndim >= 3:
+    if structure_only and causal_only(mask) and query.ndim >= 3:
         lanes = math.prod(query.shape[:-2])  # b · h: torch's kernel's unit of balance
         if lanes < torch.get_num_threads() and t >= CAUSAL_SPANS_MIN_LENGTH:
             return "blockwise"
@@ -302,12 +396,6 @@ BLOCKWISE_MIN_DOCUMENT = 2048
 # Plain causal by spans only on rows long enough for its log₂(t/128) calls to be balanced work
 # (measured at 16k; below a few blocks torch's kernel has nothing to balance).
 CAUSAL_SPANS_MIN_LENGTH = 2048
-
-
-def _plain_causal(mask: AttentionMask) -> bool:
-    """Causal and nothing else, on a square or top-left alignment (torch's ``is_causal``)."""
-    return (mask.causal and mask.window is None and mask.key_padding is None and mask.varlen is None
-            and mask.dense is None and mask.block is None)
 
 
 def _band_is_sparse(t: int, s: int, mask: AttentionMask) -> bool:

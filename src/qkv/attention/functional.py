@@ -14,7 +14,8 @@ import numbers
 
 import torch
 
-from qkv.attention.backends import BACKENDS, LSE_BACKENDS, choose_backend, gqa_groups, repeat_kv
+from qkv.attention.backends import BACKENDS, RegisteredBackend, backend_for, backends_with, \
+    choose_backend, gqa_groups, repeat_kv
 from qkv.attention.block_mask import BlockMask, block_mask_for
 from qkv.attention.attention_mask import ALIGNMENTS, AttentionMask, combine
 from qkv.attention.reference import reference_attention
@@ -292,7 +293,8 @@ def scaled_dot_product_attention(
         bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
             scores; unlike a float ``attn_mask`` the trace keeps it apart from the mask.
         backend: ``"auto"`` (see :func:`qkv.attention.backends.choose_backend`), or a
-            registered name: ``"reference"``, ``"fused"``, ``"blockwise"``.
+            registered name: ``"reference"``, ``"fused"``, ``"blockwise"``; a named backend
+            that cannot do what the call asks (its declared capabilities) is a ValueError.
         block_mask: a :class:`~qkv.attention.block_mask.BlockMask` from
             :func:`qkv.create_block_mask` (any ``mask_mod``; :mod:`qkv.masks` has the
             built-ins) for this call's (b, h, t, s), instead of the mask arguments above; the
@@ -334,21 +336,29 @@ def scaled_dot_product_attention(
     if softcap is not None or sinks is not None:
         return _capped_or_sunk(query, key, value, description, bias, float(dropout_p), scale,
                                bool(enable_gqa), backend, bool(return_lse), softcap, sinks)
-    if backend == "auto":
-        backend = choose_backend(query, key, description, bias=bias, dropout_p=float(dropout_p),
-                                 return_lse=bool(return_lse))
+    row = _backend(backend, query, key, value, description, bias, float(dropout_p),
+                   lse=bool(return_lse))
     if return_lse:
-        with_lse = LSE_BACKENDS.get(backend)
-        if with_lse is None:
-            raise ValueError(f"return_lse=True needs a backend that gives the log-sum-exp "
-                             f"({list(LSE_BACKENDS)}), got backend={backend!r}")
-        return with_lse(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
-                        scale=scale, enable_gqa=bool(enable_gqa))
-    fn = BACKENDS.get(backend)
-    if fn is None:
-        raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")
-    return fn(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
-              scale=scale, enable_gqa=bool(enable_gqa))
+        return row.with_lse(query, key, value, mask=description, bias=bias,
+                            dropout_p=float(dropout_p), scale=scale, enable_gqa=bool(enable_gqa))
+    return row.fn(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
+                  scale=scale, enable_gqa=bool(enable_gqa))
+
+
+def _backend(name, query, key, value, description, bias, dropout_p, *, lse: bool,
+             softcap: bool = False, why: str = "return_lse=True needs") -> RegisteredBackend:
+    """The registry row that runs the call: ``"auto"``'s choice, or the named backend checked
+    against what the call needs (its declared :class:`~qkv.attention.backends.Capabilities`)."""
+    if name == "auto":
+        return BACKENDS[choose_backend(query, key, description, bias=bias, dropout_p=dropout_p,
+                                       return_lse=lse)]
+    row = BACKENDS.get(name)
+    if row is not None and lse and not row.capabilities.lse:
+        raise ValueError(f"{why} a backend that gives the log-sum-exp "
+                         f"({backends_with(lse=True)}), got backend={name!r}")
+    return backend_for(name, softcap=softcap, dense_mask=description.dense is not None,
+                       bias=bias is not None, dropout=bool(dropout_p),
+                       dv_differs=value.shape[-1] != query.shape[-1], device=query.device.type)
 
 
 def _capped_or_sunk(query, key, value, description, bias, dropout_p, scale, enable_gqa, backend,
@@ -358,16 +368,10 @@ def _capped_or_sunk(query, key, value, description, bias, dropout_p, scale, enab
     if sinks is not None:
         check_sinks(sinks, tuple(query.shape))
         _check_devices(query, sinks=sinks)
-    if backend == "auto":
-        backend = choose_backend(query, key, description, bias=bias, dropout_p=dropout_p,
-                                 return_lse=True)
-    with_lse = LSE_BACKENDS.get(backend)
-    if with_lse is None:
-        raise ValueError(f"softcap= and sinks= need a backend that gives the log-sum-exp "
-                         f"({list(LSE_BACKENDS)}), got backend={backend!r}")
-    out, lse = with_lse(query, key, value, mask=description, bias=bias, dropout_p=dropout_p,
-                        scale=scale, enable_gqa=enable_gqa,
-                        softcap=softcap)
+    row = _backend(backend, query, key, value, description, bias, dropout_p, lse=True,
+                   softcap=softcap is not None, why="softcap= and sinks= need")
+    out, lse = row.with_lse(query, key, value, mask=description, bias=bias, dropout_p=dropout_p,
+                            scale=scale, enable_gqa=enable_gqa, softcap=softcap)
     if sinks is not None:
         out, lse = merge_sinks(out, lse, sinks)
     return (out, lse) if return_lse else out
