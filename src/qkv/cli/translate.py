@@ -201,12 +201,12 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def _is_transformers_seq2seq(model) -> bool:
-    """Whether ``--model`` is a directory whose config.json names a transformers encoder-decoder
-    (the model_types :func:`qkv.load` hands to :mod:`qkv.hf.seq2seq`)."""
+    """Whether ``--model`` is a directory whose config.json says a transformers encoder-decoder
+    (``"is_encoder_decoder": true``, which transformers writes for Marian, BART, mBART, M2M100
+    and T5 alike: what :func:`qkv.load` hands to :mod:`qkv.hf.seq2seq`), not a model_type list."""
     import os
 
     from qkv.files import read_json
-    from qkv.models.loading import SEQ2SEQ_MODEL_TYPES
 
     config = os.path.join(os.path.expanduser(str(model)), "config.json")
     if not os.path.isfile(config):
@@ -215,7 +215,7 @@ def _is_transformers_seq2seq(model) -> bool:
         raw = read_json(config)
     except QkvError:
         return False  # load_checkpoint names what is wrong with it
-    return isinstance(raw, dict) and raw.get("model_type") in SEQ2SEQ_MODEL_TYPES
+    return isinstance(raw, dict) and raw.get("is_encoder_decoder") is True
 
 
 def _translate_transformers(args: argparse.Namespace) -> int:
