@@ -188,13 +188,8 @@ class HFModel(nn.Module):
                     out_module = m
             blocks.append(block)
             out_modules.append(out_module)
-        self._layers = [HFLayer(block, HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads,
-                                                   head_dim=c.head_dim, value_dim=c.value_dim,
-                                                   embed_dim=self.hf.config.hidden_size, out_module=m,
-                                                   parts="the model was not traced yet"))
-                        for block, c, m in zip(blocks, calls, out_modules)]
         self._keys = {id(c.module): i for i, c in enumerate(calls)}
-        self._layers = self._read_layers(ids, calls, out_modules)
+        self._layers = self._read_layers(ids, calls, blocks, out_modules)
         causal = bool(getattr(calls[0].module, "is_causal", False))
         self._logits = getattr(out, "logits", None) is not None
         weights = all(layer.self_attn.parts is not None and layer.self_attn.out_proj is not None
@@ -202,15 +197,20 @@ class HFModel(nn.Module):
         self.capabilities = Capabilities(self_attention=True, causal=causal, encoder=not causal,
                                          next_token=causal and self._logits, head_weights=weights)
 
-    def _read_layers(self, ids: torch.Tensor, calls, out_modules) -> list[HFLayer]:
+    def _read_layers(self, ids: torch.Tensor, calls, blocks, out_modules) -> list[HFLayer]:
         """One traced forward on ``ids``; each layer's :class:`HFLayer` with what it showed: the
         attention module's projections, norms and position step (kept where they rebuild the
         kernel's q, k, v) and its residual structure (:func:`_structure`)."""
+        unread = [HFLayer(block, HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads,
+                                             head_dim=c.head_dim, value_dim=c.value_dim,
+                                             embed_dim=self.hf.config.hidden_size, out_module=m,
+                                             parts="the model was not traced yet"))
+                  for block, c, m in zip(blocks, calls, out_modules)]  # what the hooks need
         rec = Recording(keys=self._keys, rows=slice(None))
-        with torch.no_grad(), self._hooks(None, inner=True) as (hidden, layers_seen), recording(rec):
+        with torch.no_grad(), self._hooks(None, unread, inner=True) as (_, layers_seen), recording(rec):
             self.hf(input_ids=ids)
         layers = []
-        for i, (c, out_module, seen) in enumerate(zip(calls, out_modules, layers_seen)):
+        for i, (c, block, out_module, seen) in enumerate(zip(calls, blocks, out_modules, layers_seen)):
             tr = rec.traces[i]
             g = c.heads // c.kv_heads  # the trace's keys and values are repeated per query head
             parts = read(c.module, Sizes(c.heads, c.kv_heads, c.head_dim, c.value_dim), seen.x,
@@ -220,7 +220,7 @@ class HFModel(nn.Module):
                                out_module=out_module, parts=parts)
             if attn.out_proj is not None:
                 attn.embed_dim = attn.out_proj.weight.shape[0]
-            layers.append(HFLayer(self._layers[i].block, attn, **_structure(seen, out_module, c.module)))
+            layers.append(HFLayer(block, attn, **_structure(seen, out_module, c.module)))
         return layers
 
     def _device(self) -> torch.device:
@@ -259,7 +259,7 @@ class HFModel(nn.Module):
             {i: e for i in range(L) if (e := interventions.attention(i)) is not None}
         rec = Recording(keys=self._keys, rows=trace_rows, edits=edits)
         kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and self._logits else {}
-        with self._hooks(interventions) as (hidden, seen), recording(rec):
+        with self._hooks(interventions, self._layers) as (hidden, seen), recording(rec):
             out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         traces = None
         if trace_rows is not None:
@@ -287,13 +287,13 @@ class HFModel(nn.Module):
                                          position_step=step), residual=residual)
 
     @contextmanager
-    def _hooks(self, interventions, *, inner: bool = False):
+    def _hooks(self, interventions, layers: list[HFLayer], *, inner: bool = False):
         """For one forward: ``hidden`` (L + 1 tensors: what the embeddings and each layer
         computed) and ``seen`` (a :class:`_Seen` per layer: what entered it, after any
         ``inputs`` patch; what entered its attention module and left its output projection (and
         a post-norm ``norm1``); with ``inner``, every inner module's input and output). Every
         hook is removed when the ``with`` ends."""
-        L = len(self._layers)
+        L = len(layers)
         hidden, seen = [None] * (L + 1), [_Seen(inner={} if inner else None) for _ in range(L)]
 
         def before(i):
@@ -333,7 +333,7 @@ class HFModel(nn.Module):
 
         handles = []
         try:
-            for i, layer in enumerate(self._layers):
+            for i, layer in enumerate(layers):
                 handles.append(layer.block.register_forward_pre_hook(before(i), with_kwargs=True))
                 handles.append(layer.block.register_forward_hook(after(i), with_kwargs=True))
                 attn = layer.self_attn.module
