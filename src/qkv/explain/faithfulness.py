@@ -41,6 +41,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import contributions, forward, induction
+from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.head_effects import HeadEffects, head_effects, task
 from qkv.explain.wording import ArgumentError
 
@@ -167,6 +168,12 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
     scores, per, rho, skipped = {}, {}, {}, {}
     for i, name in enumerate(names):
         tell("methods", i, len(names))
+        if contributions.METHODS[name].reads_target and not is_decoder(model):
+            # a target text is what such a method differentiates on an encoder; a probe's
+            # sentences come without one (so no flag could give it: say so, suggest none)
+            skipped[name] = (f"on an encoder ({forward.model_name(model)}) {name} differentiates the "
+                             "similarity to a second text, and a probe's sentences come without one")
+            continue
         try:
             s = method_scores(model, probe, name, sequences=sequences, length=length, seed=seed)
         except (ArgumentError, QkvError) as e:
