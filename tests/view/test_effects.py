@@ -25,21 +25,33 @@ def open_page(watched, served, **query) -> None:
     watched.page.wait_for_selector("#grid button.cell", timeout=60_000)
 
 
-def wait_effects(page, probe: str, timeout: int = 30_000) -> None:
+def wait_effects(page, probe: str, timeout: int = 120_000) -> None:  # every head ablated: seconds, more on a busy machine
     page.wait_for_function("(p) => document.querySelector('#model-hint').textContent"
                            ".includes(`ablation effect on ${p} —`)", arg=probe, timeout=timeout)
 
 
+# Each Δ label's text against its cell: drawn inside it, not over its border (nor cut off).
+OVERFLOWING = """() => [...document.querySelectorAll('#grid button.cell .effect')].flatMap((span) => {
+  const cell = span.closest('button').getBoundingClientRect(), r = document.createRange();
+  r.selectNodeContents(span);
+  const text = r.getBoundingClientRect();
+  return text.left < cell.left || text.right > cell.right || span.scrollWidth > span.clientWidth
+    ? [[span.textContent, text.right - cell.right]] : [];
+})"""
+
+
 def assert_effects_shown(page, effects) -> None:
-    """Every cell's Δ and aria-label, and the ranked list, show ``effects`` (a HeadEffects)."""
+    """Every cell's Δ and aria-label, and the ranked list, show ``effects`` (a HeadEffects); each
+    Δ fits its cell (at 1400 px, 12 heads a row)."""
+    page.set_viewport_size({"width": 1400, "height": 900})
+    assert not page.evaluate(OVERFLOWING), page.evaluate(OVERFLOWING)[:5]
     shown = page.evaluate(READ_EFFECTS)
     L, H = effects.effects.shape
     assert len(shown["labels"]) == L * H
     for layer, head, label, cell in shown["labels"]:
         value = float(effects.effects[layer, head])
         assert_shown(re.search(r"ablation effect (\S+)$", label)[1], value, f"L{layer} H{head} label")
-        assert cell.startswith("Δ ")
-        assert_shown(cell[2:], value, f"L{layer} H{head} cell")
+        assert_shown(cell, value, f"L{layer} H{head} cell")
     ranked = effects.ranked()[:12]
     assert len(shown["ranking"]) == len(ranked)
     for text, (layer, head, value) in zip(shown["ranking"], ranked):

@@ -28,6 +28,11 @@ def test_the_exported_file_works_offline(watched, served, model, tmp_path):
     page = watched.page
     page.goto(path.as_uri())
     wait_steps(page, "Layer 0, head 0, token 12")  # the last word, "it"
+    # the form is off in a file, and says why beside it (it once disabled everything silently)
+    for control in ("#model", "#text", "#run", "#method", "#effects", "#effects-probe"):
+        assert page.is_disabled(control) and "exported file" in page.get_attribute(control, "title"), control
+    assert page.locator("#form-hint").is_visible() and "run qkv view" in page.locator("#form-hint").text_content()
+    assert "exported file" in page.locator("#effects-why").text_content()
     page.click('#grid button.cell[data-layer="3"][data-head="1"]')  # every head of "it" is inside
     wait_steps(page, "Layer 3, head 1, token 12")
     st = explain_head(model, TEXT, token="12", layer=3, head=1).to_dict()

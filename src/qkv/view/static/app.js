@@ -227,8 +227,8 @@
         focus: r.focus, label, extra: whole ? " whole" : "", onclick: () => selectHead(l, perLayer ? S.head : hh) },
         cv, h("span", { class: "num" }, "#" + r.rank + " " + fmt(r.max, 2)),
         r.mark ? h("span", { class: "mark" }, crossAttention() ? "★ gold" : "★ " + probeName()) : null,
-        // two significant digits fit a cell at 12 heads a row; the label above has all four decimals
-        effects ? h("span", { class: "effect" }, "Δ " + compact(effects[l][hh])) : null);
+        // Δ in two significant digits fits a cell at 12 heads a row; its aria-label has all four decimals
+        effects ? h("span", { class: "effect", title: "ablation effect Δ" }, compact(effects[l][hh])) : null);
     } });
     const hint = crossAttention()
       ? "per head: the selected target token's weights over the source; " + (D.cross.gold ? "ranked by words on the gold alignment (★: the best heads)" : "ranked by the largest weight in the row")
