@@ -69,3 +69,17 @@ def test_heads_names_every_probe():
     probe = next(a for a in heads._actions if a.dest == "probe")
     for name in PROBES:
         assert name in heads.description and name in probe.help, name
+
+
+@pytest.mark.parametrize("name", ["qkv explain", "qkv heads", "qkv faithfulness", "qkv view"])
+def test_model_help_names_the_shipped_models_it_takes(name):
+    from qkv.models.registry import SHIPPED
+
+    model = next(a for a in COMMANDS[name]._actions if a.dest == "model")
+    takes_cross_attention = name in ("qkv explain", "qkv view")
+    for shipped_name, shipped in SHIPPED.items():
+        if shipped.display == SHIPPED["minilm"].display and shipped_name != "minilm":
+            continue  # a second name of minilm
+        listed = shipped_name in model.help
+        assert listed == (shipped.self_attention or takes_cross_attention), (name, shipped_name)
+    assert "a known name (minilm)" not in model.help

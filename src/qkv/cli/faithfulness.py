@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "with the ablation effects.",
         epilog="example: qkv faithfulness --model lm --probe induction")
     p.add_argument("--model", type=options.name(), default="minilm",
-                   help="a known name (minilm, lm) or a model directory (default minilm)")
+                   help=f"a shipped model ({options.model_names(self_attention=True)}) or a model "
+                        "directory (default minilm)")
     p.add_argument("--probe", type=options.name(), required=True, metavar="PROBE",
                    help=f"one of {', '.join(PROBES)} (the first two for decoders)")
     p.add_argument("--mode", type=options.name(), default="zero", metavar="MODE",

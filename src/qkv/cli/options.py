@@ -250,6 +250,23 @@ def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> l
     return out
 
 
+def model_names(*, self_attention: bool = False) -> str:
+    """The names ``--model`` takes besides a directory, for help texts: the shipped models of
+    :data:`qkv.models.registry.SHIPPED` (a second name of the same model left out); with
+    ``self_attention``, only those explained by their self-attention (``qkv heads``).
+
+        >>> model_names(self_attention=True)
+        'lm, reader, minilm'
+    """
+    from qkv.models.registry import SHIPPED
+
+    names: dict[str, str] = {}  # display name → the first name that ships it
+    for name, shipped in SHIPPED.items():
+        if shipped.self_attention or not self_attention:
+            names.setdefault(shipped.display, name)
+    return ", ".join(names.values())
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, except that a description's or epilog's own line breaks are kept:
     each line is wrapped on its own, and an example command (an indented line, or one after

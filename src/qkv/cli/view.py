@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("text", nargs="?", default=None, type=options.text(most=20000),
                    help="the text to open with (it can be typed in the page too)")
     p.add_argument("--model", type=options.name(), default=None,
-                   help="a known name (minilm, lm, reader, translate) or a model directory "
+                   help=f"a shipped model ({options.model_names()}) or a model directory "
                         "(default minilm; with --file, reader: it reads any length)")
     p.add_argument("--port", type=options.integer(0, 65535), default=DEFAULT_PORT,
                    help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)")
