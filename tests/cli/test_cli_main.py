@@ -31,3 +31,16 @@ def test_user_error_is_one_line_exit_2():
 def test_version():
     r = subprocess.run([sys.executable, "-m", "qkv", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("qkv ")
+
+
+def test_the_console_script_is_what_activating_the_venv_puts_on_the_path(tmp_path):
+    """README: after ``make demo``, ``. .venv/bin/activate`` puts ``qkv`` on the PATH. That is the
+    console script pip installed beside this interpreter; run it the way the shell would, by name
+    from a PATH holding only that directory (the venv's bin/, as ``activate`` sets it first)."""
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "activate").is_file() or sys.prefix == sys.base_prefix  # a venv, as make setup makes
+    r = subprocess.run(["qkv", "--version"], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout.startswith("qkv "), r.stderr
