@@ -14,10 +14,10 @@ import time
 
 from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
-from qkv.training.config import Schedule
 
 DEFAULT_OUT = "runs/lm"
 
+# The help of LMTrainConfig's own options (Schedule's come with their fields: training/config.py)
 HELPS = {
     "seed": "model initialisation and the training batches", "d_model": "width E of every token vector",
     "num_heads": "attention heads per layer", "layers": "decoder layers (induction needs 2)",
@@ -25,17 +25,16 @@ HELPS = {
     "copy_prob": "chance, after each random word, that a copied span starts",
     "rule_prob": "chance that a word is the fixed rule's function of the word two back",
     "min_span": "shortest copied span", "max_span": "longest copied span",
-    "batch_size": "sequences per step", "eval_every": "steps between evaluations",
     "eval_size": "validation sequences",
     "probe_size": "repeated random sequences for the induction / previous-token scores",
-} | Schedule.HELPS
+}
 
 
 def _option_type(name: str, kind: type):
-    """The checked argparse type of one LMTrainConfig option."""
+    """The checked argparse type of one of LMTrainConfig's own options (LMTrainConfig checks
+    what each value means; these bounds only keep absurd numbers out)."""
     if kind is int:
-        low = 0 if name in ("seed", "warmup", "eval_every", "save_every") else 1
-        return options.seed() if name == "seed" else options.integer(low, 10**7)
+        return options.seed() if name == "seed" else options.integer(1, 10**7)
     return options.real(0.0, 10.0)
 
 

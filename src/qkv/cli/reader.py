@@ -14,7 +14,6 @@ import time
 
 from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
-from qkv.training.config import Schedule
 
 DEFAULT_OUT = "runs/reader"
 
@@ -33,7 +32,7 @@ HELPS = {
     "batch_size": "windows per step", "eval_every": "steps between evaluations",
     "eval_size": "held-out windows per evaluation",
     "probe_size": "repeated random sequences for the induction / previous-token scores",
-} | Schedule.HELPS
+}  # Schedule's options bring their own help (training/config.py)
 
 
 def _option_type(name: str, kind: type):

@@ -3,9 +3,11 @@ model's training config, and the command line that repeats the run.
 
     qkv train MODEL [--out DIR] [--resume] [--slim] [--force] [--quiet] [--threads N] [--<field> V …]
 
-``qkv.cli.translate`` (``qkv train translate``) and ``qkv.cli.lm`` (``qkv train lm``) add these
-to their parsers (each with its own help texts and value bounds) and record
-:func:`run_command` in each checkpoint, so a run can be repeated.
+``qkv.cli.translate`` (``qkv train translate``), ``qkv.cli.lm`` (``qkv train lm``) and
+``qkv.cli.reader`` add these to their parsers and record :func:`run_command` in each checkpoint,
+so a run can be repeated. A field declared with :func:`qkv.training.config.option` brings its
+help and bounds from the dataclass (the ``--flag`` parses with the same bounds the config checks);
+the others take the trainer's ``helps`` / ``type_of``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shlex
 from dataclasses import MISSING, fields
 
 from qkv.cli import options
+from qkv.training.config import Option, option_of
 
 
 def config_options(config_class: type) -> list[tuple[str, type, object]]:
@@ -31,18 +34,39 @@ def config_options(config_class: type) -> list[tuple[str, type, object]]:
 
 
 def add_config_options(parser: argparse.ArgumentParser, config_class: type, *,
-                       helps: dict[str, str], type_of) -> None:
+                       helps: dict[str, str] | None = None, type_of=None) -> None:
     """One ``--flag`` per :func:`config_options` field, default None (= not given, so a resumed
     run keeps its recorded value): a bool as ``--flag`` / ``--no-flag``, any other value parsed
-    by ``type_of(name, kind)``; the help is ``helps[name]`` (or the name in words) and the default."""
+    by its :class:`~qkv.training.config.Option`'s bounds (:func:`option_type`) or, for a field
+    declared without one, ``type_of(name, kind)``. The help: ``helps[name]`` where a trainer
+    words a shared option its own way ("sentences per step"), else the option's, else the name
+    in words; then the default."""
+    helps = helps or {}
     for name, kind, default in config_options(config_class):
         flag = "--" + name.replace("_", "-")
-        text = f"{helps.get(name, name.replace('_', ' '))} (default {default})"
+        spec = option_of(config_class, name)
+        said = helps.get(name) or (spec.help if spec is not None else name.replace("_", " "))
+        text = f"{said} (default {default})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            parser.add_argument(flag, type=type_of(name, kind), default=None,
+            parse = option_type(spec) if spec is not None else type_of(name, kind)
+            parser.add_argument(flag, type=parse, default=None,
                                 metavar="N" if kind is int else "X", help=text)
+
+
+def option_type(spec: Option):
+    """The checked argparse type of an option: its own bounds, the config's check on the CLI.
+
+    Example:
+        >>> from qkv.training.config import Schedule, option_of
+        >>> option_type(option_of(Schedule, "batch_size"))("4097")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: must be at most 4096, got 4097
+    """
+    if isinstance(spec.low, int) and isinstance(spec.high, int):
+        return options.integer(spec.low, spec.high)
+    return options.real(spec.low, spec.high, lo_open=spec.low_open, hi_open=spec.high_open)
 
 
 def given_options(args: argparse.Namespace, config_class: type) -> dict:

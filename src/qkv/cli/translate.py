@@ -20,7 +20,6 @@ from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 from qkv.cli.output import print_json
 from qkv.errors import QkvError
-from qkv.training.config import Schedule
 
 DEFAULT_OUT = "runs/translate"
 MAX_BEAM = 64  # beams beyond the French vocabulary's few dozen words only cost time (100000: 72 s)
@@ -33,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # -- qkv train translate --------------------------------------------------------------------------
-TRAIN_HELPS = {  # the help of each TrainConfig option, from its source comment
+TRAIN_HELPS = {  # TrainConfig's own options (Schedule's come with their fields), and its wording
     "seed": "model initialisation, batch order and dropout", "data_seed": "the grammar's splits",
     "batch_size": "sentences per step",
     "label_smoothing": "label smoothing of the cross-entropy", "dropout": "dropout everywhere",
@@ -43,7 +42,7 @@ TRAIN_HELPS = {  # the help of each TrainConfig option, from its source comment
     "d_model": "width E of every token vector", "num_heads": "attention heads per layer",
     "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
     "ff_dim": "hidden width of the feed-forward blocks",
-} | Schedule.HELPS
+}
 
 
 def _train_type(name: str, kind: type):

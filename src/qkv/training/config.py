@@ -1,10 +1,15 @@
 """Checks shared by every training configuration: types, finite floats, bounds, resumability.
 
 A training config is a frozen dataclass (``qkv.translate.train.TrainConfig``,
-``qkv.lm.train.LMTrainConfig``); its ``__post_init__`` calls :func:`check_int` /
-:func:`check_float` for every field, and ``from_dict`` is :func:`config_from_dict`, which also
-refuses unknown keys and values of the wrong JSON type (``"steps": "abc"`` in a config.json).
-Messages name the CLI flag (``--batch-size``), since that is where a user sets the value.
+``qkv.lm.train.LMTrainConfig``, ``qkv.reader.train.ReaderTrainConfig``). A field declared with
+:func:`option` carries its facts once — help text and bounds — in its metadata:
+:func:`check_options` (called by ``__post_init__``) checks the value against them and the CLI
+(``qkv.cli.train_run.add_config_options``) builds the ``--flag``'s help and checked type from
+them; a subclass that only changes a default inherits its parent's facts (:func:`option_of`).
+Fields without one are checked by :func:`check_int` / :func:`check_float` in ``__post_init__``.
+``from_dict`` is :func:`config_from_dict`, which also refuses unknown keys and values of the
+wrong JSON type (``"steps": "abc"`` in a config.json). Messages name the CLI flag
+(``--batch-size``), since that is where a user sets the value.
 
 Example:
     >>> check_float("lr", float("inf"), low=0.0, high=10.0, low_open=True)
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import get_type_hints
 
 from qkv.errors import QkvError
@@ -44,6 +49,62 @@ def check_float(name: str, value: object, *, low: float, high: float, low_open: 
     if not math.isfinite(value) or not inside:
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise QkvError(f"{flag(name)} must be a finite number in {interval}, got {value}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A training option's facts: what it means (the CLI's help) and the values it may take.
+    ``low``/``high`` None: a bool (no bounds); the ends are closed unless ``*_open``."""
+
+    help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def check(self, name: str, value: object) -> None:
+        """QkvError naming ``--flag`` unless ``value`` is of the default's kind and in bounds."""
+        if self.low is None:  # a yes/no option
+            if not isinstance(value, bool):
+                raise QkvError(f"{flag(name)} must be true or false, got {value!r}")
+        elif isinstance(self.low, int) and isinstance(self.high, int):
+            check_int(name, value, low=self.low, high=self.high)
+        else:
+            check_float(name, value, low=self.low, high=self.high, low_open=self.low_open,
+                        high_open=self.high_open)
+
+
+def option(default, help: str, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False, high_open: bool = False):
+    """A dataclass field with its facts in the metadata (see :class:`Option`); ints are bounded
+    by int ``low``/``high``, floats by float ones, a bool by none.
+
+    Example:
+        >>> @dataclass(frozen=True)
+        ... class C:
+        ...     steps: int = option(10, "optimiser steps", low=1, high=100)
+        >>> option_of(C, "steps").help
+        'optimiser steps'
+    """
+    return field(default=default, metadata={"option": Option(help, low, high, low_open, high_open)})
+
+
+def option_of(cls, name: str) -> Option | None:
+    """The :class:`Option` of field ``name``: its own, or (a subclass that only changed the
+    default) the nearest parent's; None for a field declared without one."""
+    for klass in getattr(cls, "__mro__", type(cls).__mro__):
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and "option" in f.metadata:
+            return f.metadata["option"]
+    return None
+
+
+def check_options(config) -> None:
+    """Check every field of ``config`` that has an :class:`Option` against it."""
+    for f in fields(config):
+        spec = option_of(type(config), f.name)
+        if spec is not None:
+            spec.check(f.name, getattr(config, f.name))
 
 
 def config_from_dict(cls, d: object, *, where: str = "training options"):
@@ -102,42 +163,27 @@ class Schedule:
         (0.0005, 0.001, 0.0001)
     """
 
+    # Bounds: what a CPU run of these toy models can do, so a typo (--batch-size 100000000) is
+    # refused at once instead of failing minutes later.
     # optimisation
-    steps: int = 2000
-    batch_size: int = 32  # sequences per step
-    lr: float = 3e-3  # peak learning rate, reached after `warmup` steps
-    warmup: int = 100
-    min_lr_ratio: float = 0.1  # cosine decay ends at lr · min_lr_ratio on the last step
-    weight_decay: float = 0.01
-    clip: float = 1.0  # max global gradient norm
+    steps: int = option(2000, "optimiser steps in all", low=1, high=10**7)
+    batch_size: int = option(32, "sequences per step", low=1, high=4096)
+    lr: float = option(3e-3, "peak learning rate (after warm-up)", low=0.0, high=10.0, low_open=True)
+    warmup: int = option(100, "linear warm-up steps", low=0, high=10**7)
+    min_lr_ratio: float = option(0.1, "the cosine decay ends at lr × this", low=0.0, high=1.0)
+    weight_decay: float = option(0.01, "AdamW weight decay", low=0.0, high=10.0)
+    clip: float = option(1.0, "max gradient norm", low=0.0, high=1e6, low_open=True)
     # bookkeeping
-    eval_every: int = 100  # steps between evaluations (0: only at the end)
-    save_every: int = 100  # steps between checkpoints (the last step is always saved)
+    eval_every: int = option(100, "steps between evaluations (0: only at the end)", low=0, high=10**7)
+    save_every: int = option(100, "steps between checkpoints (the last step is always saved)",
+                             low=0, high=10**7)
 
     # Options that may change when resuming: they do not change the parameters' trajectory up to
     # the step where the first run stopped (a subclass adds its own evaluation sizes).
     RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "save_every"})
 
-    # The CLI's help of the options whose meaning is the same for every trainer (``qkv train
-    # translate|lm`` add theirs: what a batch holds, what an evaluation does).
-    HELPS = {
-        "steps": "optimiser steps in all", "lr": "peak learning rate (after warm-up)",
-        "warmup": "linear warm-up steps", "min_lr_ratio": "the cosine decay ends at lr × this",
-        "weight_decay": "AdamW weight decay", "clip": "max gradient norm",
-        "save_every": "steps between checkpoints",
-    }
-
     def __post_init__(self) -> None:
-        # Bounds: what a CPU run of these toy models can do, so a typo (--batch-size 100000000)
-        # is refused at once instead of failing minutes later.
-        check_int("steps", self.steps, low=1, high=10**7)
-        check_int("batch_size", self.batch_size, low=1, high=4096)
-        for name in ("warmup", "eval_every", "save_every"):
-            check_int(name, getattr(self, name), low=0, high=10**7)
-        check_float("lr", self.lr, low=0.0, high=10.0, low_open=True)
-        check_float("clip", self.clip, low=0.0, high=1e6, low_open=True)
-        check_float("weight_decay", self.weight_decay, low=0.0, high=10.0)
-        check_float("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_options(self)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for (0-based) ``step``: linear warm-up to ``lr``, cosine down to
