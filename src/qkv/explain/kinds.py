@@ -228,6 +228,8 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                "cross_steps", cross.cross_attention_head, (TOKEN, LAYER, HEAD),
                lambda r: {"token": r.target_index, "layer": r.steps.layer, "head": r.steps.head},
                result=cross.CrossHeadSteps, panel="main"),
+    # every head's sink share and attention distance over a long document (document_heads.py)
+    ResultKind("head-spans", "self_attention", ""),
     # a long document (qkv view --file): one recorded forward answers every question, O(N)
     ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
                (TOKEN, METHOD), document=True, encoding="document-overview"),

@@ -16,7 +16,7 @@ Anything else the page asks for says "not in this exported file" instead of a nu
     >>> from qkv.view.api import Api, Models
     >>> answers, state = collect(Api(Models(["minilm"])), "minilm", "the cat sat", probe=False)
     >>> state["token"], sorted({endpoint for endpoint, _, _ in answers})
-    (3, ['maps', 'overview', 'received', 'steps'])
+    (3, ['maps', 'overview', 'received', 'row_entropy', 'steps'])
 """
 
 from __future__ import annotations
