@@ -10,6 +10,7 @@ library's arguments)::
     map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
     maps         every head's map at once (short texts only: the model view's thumbnails)
     received     AttentionReceived(the head's map)  (= attention_received(model, text, layer, head, words))
+    row_entropy  RowEntropy(the head's map)         (= row_entropy(model, text, layer, head, words))
     probe        probe(model) — the model's default probe (coref; induction for a causal
                  model) (the best heads the model view marks)
     cross        cross_attention(model, text, token)          (encoder-decoders; gold: the model's own)
