@@ -302,3 +302,14 @@ def test_the_estimate_covers_the_peak_memory(llama, tmp_path):
     per_text = got["estimate"] - FIRST_CALL_BYTES  # the process above has paid the first call
     assert got["peak"] <= per_text, got  # never under the truth (the old estimate was 0.7 × it)
     assert per_text <= 3 * got["peak"], got  # nor so far over that it refuses a text that fits
+
+
+def test_one_heads_rows_are_every_heads_rows_for_that_head(llama, mistral):
+    """weights(layer, head, rows) reads one head (h times less memory) and gives its rows of
+    row_weights exactly, causal and windowed alike, with grouped key heads."""
+    for path, _ in (llama, mistral):
+        doc = document(qkv.load(path), SENTENCE * 3)
+        rows = [0, 7, len(doc) - 1]
+        every = doc.row_weights(2, rows)  # (h, r, N)
+        for head in range(every.shape[0]):
+            assert torch.equal(doc.weights(2, head, rows), every[head])

@@ -170,6 +170,15 @@ class Document:
         """
         rec = self.layers[layer]
         index = row_index(rows, rec.query.shape[1])
+        if head is not None and getattr(rec.mask, "block", None) is None \
+                and getattr(rec.mask, "dense", None) is None:
+            # the same for every head: one head's rows alone, h times less memory (512 rows of
+            # a 131,072-token text were 4 heads × 256 MiB of scores and as many weights)
+            kv = head // (rec.query.shape[0] // rec.key.shape[0])
+            k = rec.key[None, kv:kv + 1]  # (1, 1, s, d)
+            trace = attention_trace(rec.query[None, head:head + 1], k, k, mask=rec.mask,
+                                    scale=rec.scale, rows=index)
+            return trace.weights[0]  # (1, r, N)
         trace = attention_trace(rec.query[None], rec.key[None], rec.key[None], mask=rec.mask,
                                 scale=rec.scale, enable_gqa=rec.enable_gqa, rows=index)
         return trace.weights[0] if head is None else trace.weights[0, head:head + 1]  # (h or 1, r, N)
