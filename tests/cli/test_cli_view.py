@@ -119,3 +119,15 @@ def test_file_longer_than_the_models_positions(capsys, tmp_path):
     book.write_text("the cat sat on the mat " * 200)  # 1,200 words; MiniLM takes 512 tokens
     err = _file_error(capsys, ["--file", str(book), "--model", "minilm"])
     assert "512" in err, err
+
+
+def test_progress_bars_only_on_a_terminal(capsys):
+    """view --file draws its bars on stderr when it is a terminal; in a pipe or a log (here:
+    pytest's capture) nothing but its two lines."""
+    from qkv.cli.view import Bars
+
+    with Bars() as bars:
+        assert bars.progress.disable  # stderr is captured: not a terminal
+        for stage, done, total in [("tokenising", 0, 1), ("tokenising", 1, 1), ("forward", 1, 2)]:
+            bars(stage, done, total)
+    assert capsys.readouterr().err == ""
