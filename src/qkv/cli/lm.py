@@ -4,7 +4,8 @@
 
 Registered under ``qkv train`` next to ``translate`` (``qkv.cli.translate`` owns the ``train``
 group and calls :func:`register_train`). The options are :class:`qkv.lm.train.LMTrainConfig`'s
-fields, each parsed by a checked type from :mod:`qkv.cli.options`.
+fields: help and bounds from each field's ``option`` (:mod:`qkv.training.config`), parsed by a
+checked type from :mod:`qkv.cli.options`.
 """
 
 from __future__ import annotations
@@ -16,27 +17,6 @@ from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 
 DEFAULT_OUT = "runs/lm"
-
-# The help of LMTrainConfig's own options (Schedule's come with their fields: training/config.py)
-HELPS = {
-    "seed": "model initialisation and the training batches", "d_model": "width E of every token vector",
-    "num_heads": "attention heads per layer", "layers": "decoder layers (induction needs 2)",
-    "ff_dim": "SwiGLU width", "seq_len": "words per training sequence (after <bos>)",
-    "copy_prob": "chance, after each random word, that a copied span starts",
-    "rule_prob": "chance that a word is the fixed rule's function of the word two back",
-    "min_span": "shortest copied span", "max_span": "longest copied span",
-    "eval_size": "validation sequences",
-    "probe_size": "repeated random sequences for the induction / previous-token scores",
-}
-
-
-def _option_type(name: str, kind: type):
-    """The checked argparse type of one of LMTrainConfig's own options (LMTrainConfig checks
-    what each value means; these bounds only keep absurd numbers out)."""
-    if kind is int:
-        return options.seed() if name == "seed" else options.integer(1, 10**7)
-    return options.real(0.0, 10.0)
-
 
 def register_train(models: argparse._SubParsersAction) -> None:
     """Add ``lm`` to the ``qkv train`` sub-commands."""
@@ -55,7 +35,7 @@ def register_train(models: argparse._SubParsersAction) -> None:
                    help="draw the loss curves and the best induction score per evaluation (PNG/SVG)")
     from qkv.lm.train import LMTrainConfig
 
-    add_config_options(t, LMTrainConfig, helps=HELPS, type_of=_option_type)
+    add_config_options(t, LMTrainConfig)  # every field's help and bounds from the dataclass
     t.set_defaults(func=run_train_lm)
 
 

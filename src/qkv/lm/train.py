@@ -27,7 +27,7 @@ from qkv.lm.data import BOS_ID, VOCAB_SIZE, DataConfig, LMBatch, build_tokenizer
 from qkv.lm.run import DecoderRun, hf_config, hf_tensors, init_weights, train_decoder
 from qkv.lm.run import read_training as read_run
 from qkv.models.llama import LlamaConfig, LlamaModel
-from qkv.training.config import Schedule, check_float, check_int, config_from_dict
+from qkv.training.config import Schedule, config_from_dict, option
 from qkv.training.loop import TrainState
 
 __all__ = ["LMTrainConfig", "LMEval", "appeared_at", "evaluate", "hf_config", "hf_tensors",
@@ -49,38 +49,33 @@ class LMTrainConfig(Schedule):
         10
     """
 
-    seed: int = 0  # model initialisation and the training batches
+    seed: int = option(0, "model initialisation and the training batches", low=0, high=2**63 - 1)
     # model (a Llama: RMSNorm, SwiGLU, RoPE); two layers are the fewest induction needs. Heads of
     # 32 dimensions: RoPE rotates the fast pairs of a head with its position, so only the slow
     # ones can match content; with 16-dimensional heads (64 wide, 4 heads) no induction head had
     # formed after 1,700 steps, with 32 one did within a few hundred (measured, same data).
-    d_model: int = 64
-    num_heads: int = 2
-    layers: int = 2
-    ff_dim: int = 128  # SwiGLU width
+    d_model: int = option(64, "width E of every token vector", low=1, high=1024)
+    num_heads: int = option(2, "attention heads per layer", low=1, high=64)
+    layers: int = option(2, "decoder layers (induction needs 2)", low=1, high=24)
+    ff_dim: int = option(128, "SwiGLU width", low=1, high=4096)
     # data (see qkv.lm.data.DataConfig)
-    seq_len: int = 64
-    copy_prob: float = 1.0
-    rule_prob: float = 0.0
-    min_span: int = 4
-    max_span: int = 16
+    seq_len: int = option(64, "words per training sequence (after <bos>)", low=1, high=1024)
+    copy_prob: float = option(1.0, "chance, after each random word, that a copied span starts",
+                              low=0.0, high=1.0)
+    rule_prob: float = option(0.0, "chance that a word is the fixed rule's function of the word "
+                                   "two back", low=0.0, high=1.0)
+    min_span: int = option(4, "shortest copied span", low=1, high=1024)
+    max_span: int = option(16, "longest copied span", low=1, high=1024)
     # optimisation and bookkeeping: Schedule's (steps, batch_size, lr, warmup, min_lr_ratio,
     # weight_decay, clip, eval_every, save_every), at its defaults
-    eval_size: int = 64  # validation sequences
-    probe_size: int = 20  # repeated random sequences for the head scores
+    eval_size: int = option(64, "validation sequences", low=1, high=10**5)
+    probe_size: int = option(20, "repeated random sequences for the induction / previous-token "
+                                 "scores", low=1, high=1000)
 
     RESUMABLE_CHANGES = Schedule.RESUMABLE_CHANGES | {"eval_size", "probe_size"}
 
     def __post_init__(self) -> None:
-        for name, high in (("d_model", 1024), ("num_heads", 64), ("layers", 24), ("ff_dim", 4096),
-                           ("seq_len", 1024), ("min_span", 1024), ("max_span", 1024)):
-            check_int(name, getattr(self, name), low=1, high=high)
-        check_int("seed", self.seed, low=0, high=2**63 - 1)
-        super().__post_init__()
-        check_int("eval_size", self.eval_size, low=1, high=10**5)
-        check_int("probe_size", self.probe_size, low=1, high=1000)
-        check_float("copy_prob", self.copy_prob, low=0.0, high=1.0)
-        check_float("rule_prob", self.rule_prob, low=0.0, high=1.0)
+        super().__post_init__()  # every option against its bounds (training/config.py)
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise QkvError(f"--d-model ({self.d_model}) must be --num-heads ({self.num_heads}) × an "
                            f"even head size (RoPE rotates pairs)")
