@@ -75,6 +75,18 @@ def test_explain_head_recomputes_q_from_x(saved, name):
         assert diff <= tol, f"{name} {stage}: float32 forward vs float64 recomputation {diff:.3g} > {tol:.3g}"
 
 
+@pytest.mark.parametrize("name", ["llama", "olmo2"])
+def test_bfloat16_models_are_read_too(saved, name):
+    """In bfloat16 the check against the kernel allows the model's own roundings (OLMo 2 rotates
+    in float32 angles, then rounds): the projections are read, and the float64 q, k_j from the
+    model's own x and weights differ from the kernel's by its roundings — a matmul rounded once
+    (float32 accumulation), a norm, a rotation: at most 8 bfloat16 ulp of the largest entry."""
+    model, st = steps(saved(name), torch.bfloat16)
+    assert st.projection == "" and model.layers[1].self_attn.parts.layout == EXPECTED[name][0]
+    for stage in ("query", "keys", "values"):
+        assert st.diffs[stage] <= 8 * ulp(getattr(st, stage), torch.bfloat16), stage
+
+
 def test_gpt2_conv1d_is_read_transposed(saved):
     """q = x · c_attn.weight[:, head] + b, written out from the Conv1D's own (in, out) weight."""
     model, st = steps(saved("gpt2"), torch.float64)

@@ -149,16 +149,24 @@ class Rotation:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One head's x (n, d) at positions (n,) of the first sequence → rotated (n, d)."""
-        index = positions.to(self.cos.device)
-        return self._rotate(x, self.cos[0, index], self.sin[0, index])  # cos (n, ·)
+        cos, sin = self._tables()
+        index = positions.to(cos.device)
+        return self._rotate(x, cos[0, index], sin[0, index])  # cos (n, ·)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         """x (b, h, t, d) at positions 0 … t − 1 → rotated, as the forward rotated them."""
+        cos, sin = self._tables()
         t = x.shape[-2]
-        return self._rotate(x, self.cos[:, None, :t], self.sin[:, None, :t])
+        return self._rotate(x, cos[:, None, :t], sin[:, None, :t])
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin as (b, s, ·) whether they came as (s, ·), (b, s, ·) or (b, 1, s, ·)."""
+        return tuple(c.reshape(-1, *c.shape[-2:]) for c in (self.cos, self.sin))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        # in the wider of x's and the angles' dtypes, then x's (OLMo 2 keeps float32 angles for a
+        # bfloat16 model and rounds the rotated q once)
+        cos, sin = cos.to(x.device), sin.to(x.device)
         if self.style == "halves":  # one angle per pair (i, i + r/2): the rotate-half layout
             cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
         r = cos.shape[-1]
@@ -168,7 +176,7 @@ class Rotation:
             turned = part * cos + turned * sin
         else:
             turned = RotaryEmbedding.rotate(part, cos, sin)
-        return torch.cat([turned, x[..., r:]], dim=-1)
+        return torch.cat([turned.to(x.dtype), x[..., r:]], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -199,10 +207,13 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     order: a wrong layout, norm or rotation is off by the size of the numbers themselves."""
     if got.shape != want.shape:
         return False
-    eps = torch.finfo(want.dtype).eps
+    eps = max(torch.finfo(got.dtype).eps, torch.finfo(want.dtype).eps)  # the model's, not the trace's
     top = float(want.abs().max()) if want.numel() else 0.0
-    # E-term dot products (E ≤ 2¹⁶), a norm and a rotation: far inside 2¹⁰ eps of the largest entry
-    return float((got.to(want.dtype) - want).abs().max()) <= 1024 * eps * max(top, 1.0)
+    # float32/64: E-term dot products summed in another order (E ≤ 2¹⁶), a norm and a rotation,
+    # far inside 2¹⁰ eps of the largest entry; 16-bit: the same operations rounded to a few ulp
+    # (float32 accumulation), inside 16 eps — where a wrong layout is off by the entries' size
+    factor = 1024 if eps < 1e-4 else 16
+    return float((got.to(want.dtype) - want).abs().max()) <= factor * eps * max(top, 1.0)
 
 
 def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
