@@ -45,7 +45,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # Commands that are not run, by their first words, with why; each is still parsed.
-NOT_RUN = {
+NOT_RUN = {  # the first entry whose words start the command gives the reason
+    "qkv view \"The dog found some pizza next to the baby and ate it\" --html":
+        "writes a 3.6 MB page (about 10 s of CPU); tests/view/ check the exported page",
     "qkv view \"The dog found some pizza next to the baby and ate it\"":
         "serves until Ctrl-C (tests/view/ start the server and drive the page)",
     "qkv view --file BOOK.txt --model DIR": "placeholders for the reader's own book and model",
@@ -308,6 +310,7 @@ def test_the_rules_of_this_file():
     assert shlex.split("qkv x") == argv_of("qkv x")
     assert not_run_reason("qkv train lm --out runs/lm --resume") and not not_run_reason("qkv evaluate")
     assert output_ok(["model: .../data/translate (step 1200) · greedy"],
+    assert "3.6 MB" in not_run_reason('qkv view "The dog found some pizza next to the baby and ate it" --html x')
                      ["model: /a/b/data/translate (step 1200)   · greedy"])
     assert not output_ok(["model: .../data/translate (step 1200)"], ["model: /a/data/lm (step 1200)"])
     assert output_ok(["a", "...", "d"], ["a", "b", "c", "d"]) and not output_ok(["a", "b"], ["a", "b", "c"])
