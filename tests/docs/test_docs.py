@@ -309,8 +309,8 @@ def test_the_rules_of_this_file():
         "qkv", "explain", os.fsdecode(b"a \xff b"), "--token", "7"]
     assert shlex.split("qkv x") == argv_of("qkv x")
     assert not_run_reason("qkv train lm --out runs/lm --resume") and not not_run_reason("qkv evaluate")
-    assert output_ok(["model: .../data/translate (step 1200) · greedy"],
     assert "3.6 MB" in not_run_reason('qkv view "The dog found some pizza next to the baby and ate it" --html x')
+    assert output_ok(["model: .../data/translate (step 1200) · greedy"],
                      ["model: /a/b/data/translate (step 1200)   · greedy"])
     assert not output_ok(["model: .../data/translate (step 1200)"], ["model: /a/data/lm (step 1200)"])
     assert output_ok(["a", "...", "d"], ["a", "b", "c", "d"]) and not output_ok(["a", "b"], ["a", "b", "c"])
