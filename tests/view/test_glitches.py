@@ -82,7 +82,7 @@ def test_the_translation_models_menus_say_why_they_are_off(watched, served):
 def test_switching_to_translation_leaves_nothing_of_the_last_model(watched, served):
     page = watched.page
     open_ready(watched, served, model=DECODER, text=TEXT, effects="induction")
-    page.wait_for_selector("#grid .effect", timeout=60_000)
+    page.wait_for_selector("#grid .effect", timeout=120_000)  # every head ablated (cached after test_effects)
     page.select_option("#model", "translate")
     page.wait_for_function("() => document.body.dataset.state === 'ready' && "
                            "document.querySelector('#steps-body p')?.textContent.startsWith('Cross-attention')",
