@@ -161,6 +161,33 @@ def test_bert_native_and_adapter_agree_post_norm(tmp_path):
         assert_within(got[2], got[0], got[1], what=method)
 
 
+def test_modernbert_fused_wqkv_rope_encoder(tmp_path):
+    """An encoder the other tests never build: ModernBERT's fused Wqkv [q | k | v], RoPE, pre-norm
+    (its first layer has no attention norm: the attention reads x itself there)."""
+    import transformers
+
+    config = transformers.ModernBertConfig(vocab_size=99, hidden_size=32, intermediate_size=37,
+                                           num_hidden_layers=2, num_attention_heads=4,
+                                           max_position_embeddings=64, pad_token_id=3,
+                                           global_attn_every_n_layers=1)
+    torch.manual_seed(0)
+    transformers.ModernBertModel(config).save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, encoder=True)
+    model, fine = qkv.load(tmp_path), qkv.load(tmp_path, dtype=torch.float64)
+    assert model.capabilities.encoder and model.capabilities.head_weights
+    attn = model.layers[1].self_attn
+    assert (attn.parts.layout, attn.parts.rotation) == ("Wqkv", "half")
+    st = E.explain_head(model, TEXT, token="it", layer=1, head=1)
+    st64 = E.explain_head(fine, TEXT, token="it", layer=1, head=1)
+    ratio = unit_roundoff_ratio(torch.float32, torch.float64)
+    assert st.projection == "" and "RoPE" in st.qk_transform
+    for stage, diff in st.diffs.items():
+        assert diff <= 4 * st64.diffs[stage] * ratio + 2 * ulp(getattr(st, stage), torch.float32), stage
+    ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
+    scores = get_method("alti").run(model, ids, torch.tensor([3])).scores  # (L, r, t)
+    assert torch.allclose(scores.sum(-1), torch.ones_like(scores.sum(-1)), atol=1e-5)
+
+
 def test_projections_that_cannot_be_read_are_named(saved):
     """GPT-J computes its angles inside the module (none is handed to it): q is not x·W_Q + b with
     a step qkv can see, so explain_head starts from the kernel's q and says why, by name."""
