@@ -68,7 +68,9 @@ def tiny_llama() -> LlamaModel:
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, max_position_embeddings=64)
-    return LlamaModel(config, tokenizer=Tokenizer(build_tokenizer(), name="tiny"), name="tiny").eval()
+    # the tokenizer's limit is the model's positions, as qkv.load gives it (the protocol's limit)
+    tokenizer = Tokenizer(build_tokenizer(), name="tiny", max_length=config.max_position_embeddings)
+    return LlamaModel(config, tokenizer=tokenizer, name="tiny").eval()
 
 
 def test_sequences_are_bos_then_r_twice_without_specials():

@@ -257,7 +257,7 @@ def coref_item(model, item: ProbeItem, *, role: str = "probe"):
     """(encoding, units, pronoun unit, referent unit) of one coref sentence for ``model``;
     ArgumentError naming ``role`` when its tokenizer cannot hold the labelled words or the
     model has fewer positions than the sentence has tokens (the user gave no text to shorten)."""
-    limit = getattr(model.tokenizer, "max_length", None)
+    limit = model.tokenizer.max_length
     if limit is not None:
         n = len(model.tokenizer.encode(item.text, max_length=sys.maxsize).ids)
         if n > limit:

@@ -22,6 +22,7 @@ from qkv.text import is_blank, shown
 from qkv.explain.finite import check_layers
 from qkv.explain.select import Units, units_for
 from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import SelfAttentionModel
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,14 @@ def num_heads(model) -> int:
 
 
 def model_name(model) -> str:
-    return str(getattr(model, "name", type(model).__name__))
+    """How messages name ``model`` (every model of the protocol has a ``name``)."""
+    return str(model.name)
 
 
 def check_model(model) -> None:
-    """ArgumentError unless ``model`` is a loaded model (``qkv.load``): layers and a tokenizer."""
-    if not (hasattr(model, "layers") and hasattr(model, "tokenizer")):
+    """ArgumentError unless ``model`` is a self-attention model from ``qkv.load`` (the typed
+    protocol :class:`~qkv.models.protocol.SelfAttentionModel`: layers, a tokenizer, a name …)."""
+    if not isinstance(model, SelfAttentionModel):
         raise ArgumentError("model", "{name} must be a model from qkv.load (with layers and a "
                             "tokenizer), got {value}", value=type(model).__name__)
 

@@ -125,29 +125,10 @@ class HeadScores:
                           for layer, head, score in self.ranked()]}
 
 
-def _ordinary_ids(model) -> list[int]:
-    """Token ids that are not special tokens (from the tokenizer, else the embedding size)."""
-    tok = getattr(model, "tokenizer", None)
-    raw = getattr(tok, "_tok", None)
-    if raw is not None:
-        special = {i for i, t in raw.get_added_tokens_decoder().items() if t.special}
-        return [i for i in range(tok.vocab_size) if i not in special]
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
-    if not isinstance(size, int):
-        raise QkvError(f"{forward.model_name(model)} has no tokenizer or vocab_size to draw "
-                       f"random tokens from")
-    return list(range(size))
-
-
 def _prefix_ids(model) -> list[int]:
     """The special tokens the tokenizer puts before any text (``<bos>``, ``[CLS]``), if any."""
-    tok = getattr(model, "tokenizer", None)
-    if tok is None:
-        return []
-    raw = getattr(tok, "_tok", None)
-    if raw is None:
-        return []
-    word = raw.id_to_token(_ordinary_ids(model)[0])
+    tok = model.tokenizer
+    word = tok.id_to_token(tok.ordinary_ids()[0])
     enc = tok.encode(word if word else "a")
     out = []
     for i, special in zip(enc.ids, enc.special):
@@ -158,17 +139,13 @@ def _prefix_ids(model) -> list[int]:
 
 
 def _limit(model) -> int | None:
-    """The most tokens the model takes (its own ``max_length``, else its tokenizer's)."""
-    for owner in (model, getattr(model, "tokenizer", None)):
-        limit = getattr(owner, "max_length", None)
-        if isinstance(limit, int):
-            return limit
-    return None
+    """The most tokens the model takes: its tokenizer's limit (the model's positions)."""
+    return model.tokenizer.max_length
 
 
 def repeated_random_tokens(model, *, sequences: int, length: int, seed: int) -> torch.Tensor:
     """(sequences, prefix + 2·length) ids: prefix, r, r with r drawn from the ordinary tokens."""
-    ids = _ordinary_ids(model)
+    ids = model.tokenizer.ordinary_ids()
     rng = random.Random(seed)
     prefix = _prefix_ids(model)
     rows = []
@@ -246,8 +223,7 @@ def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
     score = (lambda w: induction_scores_of(w, length)) if probe == "induction" else previous_token_scores_of
     scores = torch.stack([score(w) for w in layers])  # (L, h)
     causal = capabilities_of(model).causal
-    prefix = tuple(model.tokenizer._tok.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist()) \
-        if getattr(model, "tokenizer", None) is not None else ()
+    prefix = tuple(model.tokenizer.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist())
     return HeadScores(model=forward.model_name(model), probe=probe, scores=scores,
                       chance=chance_of(probe, ids.shape[1], length, causal), sequences=sequences,
                       length=length, prefix=prefix, causal=causal, seed=seed)

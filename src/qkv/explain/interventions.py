@@ -196,8 +196,7 @@ def ablate(model, text_or_ids, *, heads, mode: str = "zero") -> Ablation:
 
 
 def _tokens(model, ids: torch.Tensor) -> list[str]:
-    raw = getattr(getattr(model, "tokenizer", None), "_tok", None)
-    return [raw.id_to_token(int(i)) if raw is not None else str(int(i)) for i in ids[0]]
+    return [model.tokenizer.id_to_token(int(i)) for i in ids[0]]
 
 
 # -- patch ----------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The one model protocol: what an explainable model provides and what it can do.
 
 Explanations, the CLI and the viewer ask a model for its :class:`Capabilities` — never for its
-class, family or a kind string. A model from :func:`qkv.load` (a native family, the translation
-model, or a transformers model wrapped behind qkv's attention) provides:
+class, family or a kind string. Every model :func:`qkv.load` returns (a native family, the
+shipped ``lm``, a transformers model behind qkv's attention, a transformers encoder-decoder, the
+translation model) meets :class:`SelfAttentionModel` or :class:`CrossAttentionModel` — typed
+below, checked for every loader by ``tests/models/test_protocol.py`` — so explanations read these
+attributes directly, never guessing with ``hasattr``:
 
 ``capabilities``
     a :class:`Capabilities` (frozen; a class attribute is enough).
@@ -11,8 +14,9 @@ model, or a transformers model wrapped behind qkv's attention) provides:
 ``config``
     its config dataclass (sizes: layers, heads, vocabulary).
 ``tokenizer``
-    a :class:`~qkv.models.Tokenizer` (``encode(text).tokens / .ids``), for self-attention models;
-    a translation model has ``vocab`` (its English/French vocabularies) instead.
+    a :class:`~qkv.models.Tokenizer` (``encode(text).tokens / .ids``, ``id_to_token``,
+    ``special_ids``, ``max_length``), for self-attention models; a cross-attention model reads
+    its text through ``cross_pass`` instead.
 ``layers``
     the self-attention stack's layers: ``layers[L].self_attn`` is a
     :class:`~qkv.modules.MultiHeadAttention` (``num_heads``, ``head_dim``, its projections when
@@ -57,12 +61,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from qkv.errors import QkvError
 
 if TYPE_CHECKING:
     import torch
+
+    from qkv.models.tokenizer import Encoding
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,85 @@ class CrossPass:
 # per target token the source token indices it translates), a sentence saying why there is none
 # for this text, or None (the model knows no gold alignment).
 Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
+
+
+# -- the protocol, typed -------------------------------------------------------------------------
+@runtime_checkable
+class TokenizerLike(Protocol):
+    """What explanations ask a self-attention model's tokenizer (:class:`qkv.models.Tokenizer`)."""
+
+    name: str
+    max_length: int | None  # the most tokens the model takes, special tokens included
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def special_ids(self) -> frozenset[int]: ...
+
+    def encode(self, text: str, *, max_length: int | None = None,
+               truncate: bool = False) -> Encoding: ...
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> str: ...
+
+    def id_to_token(self, i: int) -> str | None: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
+@runtime_checkable
+class AttentionLayerLike(Protocol):
+    """``layers[L].self_attn``: its sizes (h, d) and, with ``capabilities.head_weights``, its
+    projections (``q_proj`` … ``out_proj``)."""
+
+    num_heads: int
+    head_dim: int
+
+
+@runtime_checkable
+class SelfAttentionModel(Protocol):
+    """A model explained by its self-attention (``capabilities.self_attention``): a native
+    family, the shipped ``lm``, a transformers model behind qkv's attention (``HFModel``).
+
+    ``model(input_ids (b, t), attention_mask (b, t), *, trace_rows=, output_hidden_states=,
+    interventions=)`` is its own forward: an ``EncoderOutput`` or ``DecoderOutput`` whose
+    ``traces[L].self_attn`` holds the rows asked for (:mod:`qkv.explain.forward` reads it).
+    """
+
+    capabilities: Capabilities
+    name: str
+    config: object
+    tokenizer: TokenizerLike
+
+    @property
+    def layers(self) -> Sequence: ...  # layers[L].self_attn: an AttentionLayerLike
+
+    def __call__(self, input_ids, attention_mask=None, **kwargs): ...
+
+
+@runtime_checkable
+class CrossAttentionModel(Protocol):
+    """A model explained by its cross-attention (``capabilities.cross_attention``): the
+    translation model, a transformers encoder-decoder (``Seq2SeqModel``).
+
+    ``cross_pass(text, target=None)`` → :class:`CrossPass` (one teacher-forced forward; None:
+    the model's own greedy translation), ``cross_shape`` (decoder layers, heads per layer),
+    ``translate(texts, beam=1)`` → one string per text, ``gold_alignment(text)`` → the
+    alignment the model knows for ``text`` or None.
+    """
+
+    capabilities: Capabilities
+    name: str
+    config: object
+
+    @property
+    def cross_shape(self) -> tuple[int, int]: ...
+
+    def cross_pass(self, text: str, target: str | None = None) -> CrossPass: ...
+
+    def translate(self, texts: list[str], *, beam: int = 1) -> list[str]: ...
+
+    def gold_alignment(self, text: str) -> Gold: ...
 
 
 def capabilities_of(model) -> Capabilities:

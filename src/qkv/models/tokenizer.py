@@ -142,7 +142,27 @@ class Tokenizer:
         return unk is not None and bool(tokens) and all(t == unk for t in tokens)
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of ``token`` (``"[CLS]"``, ``"Ġdog"``), None when the vocabulary lacks it."""
         return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        """The token string of id ``i`` (``"##ing"``, ``"Ġworld"``), None outside the vocabulary."""
+        return self._tok.id_to_token(int(i))
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the special tokens (``[CLS]``, ``<|endoftext|>``): never drawn as text."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
+    def ordinary_ids(self) -> list[int]:
+        """Every id that is not a special token, in order (what random text is drawn from).
+
+        Example:
+            >>> tok.ordinary_ids()[:3]                    # doctest: +SKIP
+            [0, 1, 2]
+        """
+        special = self.special_ids
+        return [i for i in range(self.vocab_size) if i not in special]
 
     def encode(self, text: str, *, max_length: int | None = None, truncate: bool = False) -> Encoding:
         """Tokenise one text (special tokens added as the model expects).

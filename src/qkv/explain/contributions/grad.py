@@ -44,7 +44,7 @@ def is_decoder(model) -> bool:
 
 def check_target(model, target_text: str | None) -> None:
     """ArgumentError when ``grad`` has no target on ``model``, or an empty one."""
-    name = getattr(model, "name", type(model).__name__)
+    name = model.name
     if is_decoder(model):
         if target_text is not None:
             raise ArgumentError("target_text", "{name} is for encoders: on {model}, a decoder, "

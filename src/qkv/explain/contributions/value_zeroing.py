@@ -48,7 +48,7 @@ def matrices(model, ids: torch.Tensor, rows: torch.Tensor | None = None,
     with torch.no_grad():
         out = model(batch, torch.ones_like(batch), output_hidden_states=True, interventions=edits)
     outputs = out.hidden_states[1:]  # L tensors (t + 1, t, E)
-    check_finite((), model=getattr(model, "name", type(model).__name__), output=outputs[-1])
+    check_finite((), model=model.name, output=outputs[-1])
     return Matrices([_matrix(o, t) for o in outputs])
 
 
