@@ -760,9 +760,13 @@
     const sec = h("section", { id: "alone", "aria-labelledby": "alone-title" }, h("h2", { id: "alone-title" }, caption),
       h("table", { id: "alone-table" }, h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "rank"), ...cols.map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, heads.map((r, i) => h("tr", {}, h("td", {}, String(i + 1)), ...cols.map((c) => h("td", { class: c }, cell(r[c]))))))));
+    hideTextViews();
+    $("steps").before(sec);
+  }
+  // A result shown alone has no text's tokens, model view, head view or steps: not drawn empty
+  function hideTextViews() {
     for (const id of ["tokens-section", "steps"]) $(id).hidden = true;
     document.querySelector("main .columns").hidden = true;
-    $("steps").before(sec);
   }
 
   // -- start -----------------------------------------------------------------------------------
@@ -789,7 +793,7 @@
         alone = kind;
         status("a single qkv.explain result: only its numbers are in this page");
         if (p.alone) await p.alone(EMBED.answers[0][2]);
-        else await drawHeadPanels(kind);
+        else { hideTextViews(); await drawHeadPanels(kind); }
       }
     });
     if (!alone) await run();
