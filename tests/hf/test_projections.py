@@ -177,6 +177,8 @@ def test_modernbert_fused_wqkv_rope_encoder(tmp_path):
     assert model.capabilities.encoder and model.capabilities.head_weights
     attn = model.layers[1].self_attn
     assert (attn.parts.layout, attn.parts.rotation) == ("Wqkv", "half")
+    # layer 0's norm before the attention is the identity: its x + attn still goes on unnormed
+    assert [(layer.norm_first, layer.sequential_residual) for layer in model.layers] == [(True, True)] * 2
     st = E.explain_head(model, TEXT, token="it", layer=1, head=1)
     st64 = E.explain_head(fine, TEXT, token="it", layer=1, head=1)
     ratio = unit_roundoff_ratio(torch.float32, torch.float64)

@@ -207,7 +207,7 @@ class HFModel(nn.Module):
                                              parts="the model was not traced yet"))
                   for block, c, m in zip(blocks, calls, out_modules)]  # what the hooks need
         rec = Recording(keys=self._keys, rows=slice(None))
-        with torch.no_grad(), self._hooks(None, unread, inner=True) as (_, layers_seen), recording(rec):
+        with torch.no_grad(), self._hooks(None, unread, inner=True) as (hidden, layers_seen), recording(rec):
             self.hf(input_ids=ids)
         layers = []
         for i, (c, block, out_module, seen) in enumerate(zip(calls, blocks, out_modules, layers_seen)):
@@ -220,7 +220,7 @@ class HFModel(nn.Module):
                                out_module=out_module, parts=parts)
             if attn.out_proj is not None:
                 attn.embed_dim = attn.out_proj.weight.shape[0]
-            layers.append(HFLayer(block, attn, **_structure(seen, out_module, c.module)))
+            layers.append(HFLayer(block, attn, **_structure(seen, out_module, c.module, hidden[i + 1])))
         return layers
 
     def _device(self) -> torch.device:
@@ -351,22 +351,31 @@ class HFModel(nn.Module):
                 h.remove()
 
 
-def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module) -> dict:
-    """A layer's residual structure from what one forward's hooks saw (``HFLayer``'s keywords):
-    pre-norm when a part maps the layer's input x to what the attention reads and some part reads
-    exactly x + attn; post-norm when the attention reads x itself and a norm reads x + attn;
-    neither (``sequential_residual`` False) otherwise."""
+def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
+               output: torch.Tensor) -> dict:
+    """A layer's residual structure from what one forward's hooks saw (``HFLayer``'s keywords;
+    ``output`` (b, t, E) the layer's): it forms x + attn when some part reads exactly that sum;
+    pre-norm when a part maps x to what the attention reads, or when the sum goes on unnormed
+    (the layer's output is x + attn + f, f what a part made of the sum's reader's output: an
+    identity norm before the attention, ModernBERT's first layer); post-norm when the attention
+    reads x itself and a norm reads x + attn; neither (``sequential_residual`` False) otherwise."""
     if out_module is None or seen.out is None:
         return {}
     summed = seen.entered + seen.out  # (b, t, E) as the layer would add them
-    readers = [m for m, (given, _) in seen.inner.items() if _same(given, summed)]
+    readers = [made for m, (given, made) in seen.inner.items() if _same(given, summed)]
+    if not readers:
+        return {}
     norm1 = next((m for m, (given, made) in seen.inner.items() if m is not attention
                   and _same(given, seen.entered) and _same(made, seen.x)), None)
-    if norm1 is not None and not _same(seen.x, seen.entered) and readers:
+    reads_x = _same(seen.x, seen.entered)
+    branch = [made.reshape(summed.shape) for given, made in seen.inner.values()  # (b, t, E) each
+              if isinstance(made, torch.Tensor) and made.numel() == summed.numel()
+              and any(_same(given, r) for r in readers)]
+    if (norm1 is not None and not reads_x) or any(_same(output, summed + f) for f in branch):
         return dict(norm1=norm1, norm_first=True, sequential_residual=True)
-    norms = [m for m in readers if isinstance(m, (nn.LayerNorm, nn.RMSNorm))
-             or "norm" in type(m).__name__.lower()]
-    if _same(seen.x, seen.entered) and norms:
+    norms = [m for m, (given, _) in seen.inner.items() if _same(given, summed) and (
+        isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(m).__name__.lower())]
+    if reads_x and norms:
         return dict(norm1=norms[0], norm_first=False, sequential_residual=True)
     return {}
 
