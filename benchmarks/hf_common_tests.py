@@ -4,7 +4,8 @@ Runs ``tests/test_modeling_common.py`` of transformers' source distribution (the
 installed version) over a dozen tiny architectures, with ``"sdpa"`` registered as qkv's
 ``AttentionInterface`` and ``AttentionMaskInterface`` functions (:mod:`qkv.hf`), and two checks
 of our own per architecture: ``generate`` with a static cache and with the default dynamic cache
-equals eager token for token (issue 31: the static cache is where qkv failed).
+equals eager token for token (issue 31: the static cache is where qkv failed), and
+``torch.compile(fullgraph=True)`` of the causal LM gives the uncompiled logits.
 
 The sdist ships ``test_modeling_common.py`` but no per-model testers (no ``tests/models/``, no
 ``causal_lm_tester.py``) and not the generation/exporters mixins it imports: the testers are
@@ -136,9 +137,31 @@ class QkvChecks:
     def test_qkv_dynamic_cache_generate_matches_eager(self):
         self._generate_equal(None)
 
+    def test_qkv_compiled_forward_fullgraph(self):
+        """torch.compile(fullgraph=True) (dynamo's trace, the "eager" backend: no kernel build)
+        of the causal LM on qkv gives the uncompiled logits (right padding, every row a key)."""
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        model_class = next(c for c in self.all_model_classes if c.can_generate())
+        torch.manual_seed(0)
+        model = model_class._from_config(config, attn_implementation="sdpa").eval()
+        if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+            model.set_experts_implementation("eager")
+        ids = torch.tensor([[5, 17, 3, 44, 9, 81, 23], [19, 60, 4, 33, 90, 0, 0]])
+        kw = dict(input_ids=ids, attention_mask=(ids != 0).long(), use_cache=False)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = model(**kw).logits
+            got = torch.compile(model, fullgraph=True, backend="eager", dynamic=False)(**kw).logits
+        real = (ids != 0)[:, :, None].expand_as(want)
+        torch.testing.assert_close(got[real], want[real])
+
+    @classmethod
+    def setUpClass(cls):
+        cls.calls_before = CALLS["n"]
+
     @classmethod
     def tearDownClass(cls):
-        print(f"\\nQKV_CALLS {{cls.__name__}} {{CALLS['n']}}")
+        print(f"\\nQKV_CALLS {{cls.__name__}} {{CALLS['n'] - cls.calls_before}}")
 '''
 
 CLASS = '''
