@@ -29,6 +29,16 @@ SPLIT_NUMBERS = """(id) => {
 }"""
 
 
+# The labels of the model view's cells whose text runs past the cell (or is clipped by it).
+CUT_LABELS = """() => [...document.querySelectorAll('#grid button.cell span')].flatMap((span) => {
+  const cell = span.closest('button').getBoundingClientRect(), r = document.createRange();
+  r.selectNodeContents(span);
+  const text = r.getBoundingClientRect();
+  return text.left < cell.left || text.right > cell.right || span.scrollWidth > span.clientWidth
+    ? [span.textContent] : [];
+})"""
+
+
 def open_ready(watched, served, **query) -> None:
     watched.page.set_viewport_size({"width": 1400, "height": 900})
     watched.page.goto(served.url + "?" + urlencode(query))
@@ -44,6 +54,9 @@ def test_vectors_wrap_between_numbers_and_the_state_is_set(watched, served):
         got = page.evaluate(SPLIT_NUMBERS, vector)
         assert got["numbers"] > 0 and not got["split"], f"{vector}: numbers cut across lines: {got['split'][:5]}"
     assert page.evaluate(SPLIT_NUMBERS, "step-x")["lines"] > 1  # it does wrap, between numbers
+
+    # every label of a model-view cell ("#rank weight") is drawn inside its cell, not cut off
+    assert not page.evaluate(CUT_LABELS), page.evaluate(CUT_LABELS)[:5]
 
     # the state follows every update: busy at a click, ready once the head is drawn
     page.click('#grid button.cell[data-layer="0"][data-head="4"]')
