@@ -225,3 +225,13 @@ def test_the_cli_says_one_line_and_exits_2(olmo2_dir, tmp_path, capfd):
         captured = capfd.readouterr()
         err = captured.err.strip().splitlines()
         assert len(err) == 1 and message in err[0] and not captured.out, err
+
+
+def test_an_encoder_decoder_pickle_is_refused_too(tmp_path):
+    """Item 1 on the seq2seq path (BART): the same reader, the same refusal."""
+    from seq2seq_dirs import save
+
+    path, _ = save(tmp_path, "bart")
+    os.rename(os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin"))
+    with pytest.raises(QkvError, match="has only pytorch_model.bin, pickled PyTorch weights"):
+        qkv.load(path)
