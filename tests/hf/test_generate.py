@@ -87,9 +87,12 @@ def test_prepared_mask_of_another_call_is_refused():
         qkv_mask(2, 1, 8, 7, 0, attention_mask=mask)
 
 
-def test_seq2seq_generate_equals_eager():
-    _, eager, ours = twins(build(SEQ2SEQ, "bart"))
-    kw = dict(input_ids=PROMPT[:1], max_new_tokens=10, do_sample=False, num_beams=1)
+@pytest.mark.parametrize("name,cache", [("bart", None), ("bart", "static"), ("t5", "static")])
+def test_seq2seq_generate_equals_eager(name, cache):
+    """Static: the decoder's self-attention cache is static, cross-attention's keys fixed."""
+    _, eager, ours = twins(build(SEQ2SEQ, name))
+    kw = dict(input_ids=PROMPT[:1], max_new_tokens=10, do_sample=False, num_beams=1,
+              cache_implementation=cache)
     with torch.no_grad():
         assert torch.equal(ours.generate(**kw), eager.generate(**kw))
 
