@@ -22,14 +22,14 @@ from importlib import resources
 
 import torch
 
-from qkv.explain import contributions, forward, induction
+from qkv.explain import contributions, forward, induction, retrieval
 from qkv.explain.overview import unit_rows
 from qkv.explain.select import Units, choose, word_units
 from qkv.explain.wording import ArgumentError, Message
 from qkv.models.protocol import capabilities_of
 
 SENTENCE_PROBES = ("coref",)  # over sentences shipped with qkv (qkv/data/<name>.jsonl)
-PROBES = SENTENCE_PROBES + induction.PROBES  # every name probe() takes, the default first
+PROBES = SENTENCE_PROBES + induction.PROBES + retrieval.PROBES  # every name probe() takes, the default first
 
 
 @dataclass(frozen=True)
@@ -305,13 +305,15 @@ def default_probe(model) -> str:
 
 
 def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
-          ) -> "ProbeResult | induction.HeadScores":
+          ) -> "ProbeResult | induction.HeadScores | retrieval.RetrievalScores":
     """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
 
     ``coref`` → :class:`ProbeResult`: each head's accuracy at putting its largest weight (from
     the pronoun, over the words of the sentence other than the pronoun itself) on the labelled
     referent. ``induction`` / ``previous-token`` → :class:`~qkv.explain.induction.HeadScores`
     (:func:`~qkv.explain.induction.induction_probe`, weights only).
+    ``retrieval`` → :class:`~qkv.explain.retrieval.RetrievalScores` (decoders: Wu et al.'s
+    copy-paste score on needle-in-a-haystack inputs, :func:`~qkv.explain.retrieval.retrieval_probe`).
 
     ``method``: score by a contribution method's largest share instead (see
     :mod:`qkv.explain.contributions`); a per-layer method scores each layer. ``grad`` on an
@@ -338,6 +340,11 @@ def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
             raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
                                 "scores attention weights", value=method, probe=name)
         return induction.induction_probe(model, name)
+    if name in retrieval.PROBES:
+        if method is not None and not contributions.get_method(method).raw:
+            raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
+                                "reads each head's largest attention weight", value=method, probe=name)
+        return retrieval.retrieval_probe(model)
     m = contributions.check_method(model, method)
     items = load_probe(name)
     results = [_probe_one(model, item, m.name) for item in items]

@@ -20,6 +20,11 @@ together) the probe's metric is measured with that head ablated
   same pairs (:func:`task` is the one definition of a probe's data). An induction circuit solves
   the pairs too (the earlier x was followed by y), which itself needs the previous-token head:
   so ablating one induction head alone barely matters, ablating both does.
+* ``retrieval`` (decoders) — the mean next-token loss on the needle's copy in the retrieval
+  probe's needle-in-a-haystack inputs (:func:`qkv.explain.retrieval.needle_inputs`): the copy's
+  tokens after the first are predictable only by finding the needle earlier in the input.
+  Effect: loss ablated − loss clean. (The top-k retrieval heads against k random heads, on the
+  needle's accuracy: :func:`qkv.explain.retrieval.retrieval_ablation`.)
 * ``coref`` (any model whose tokenizer splits the probe sentences into the labelled words; made
   for encoders) — 1 − cos(h^L_p ablated, h^L_p clean), h^L_p the pronoun's final vector (its
   tokens averaged), averaged over the shipped coref sentences. An encoder has no next token to
@@ -53,7 +58,7 @@ from qkv.models.protocol import capabilities_of
 from qkv.modules.intervention import Interventions
 from qkv.explain.wording import ArgumentError
 
-PROBES = ("induction", "previous-token", "coref")
+PROBES = ("induction", "previous-token", "coref", "retrieval")
 
 #: most sequence copies in one forward (bounds memory: copies × t × E numbers per layer)
 MAX_BATCH = 512
@@ -106,6 +111,8 @@ def task(model, probe: str, *, sequences: int, length: int | None, seed: int) ->
         raise ArgumentError("effects_probe", "{name} {value} measures next-token loss; {model} is an "
                             "encoder (no next token to predict): use coref", value=probe,
                             model=forward.model_name(model))
+    if probe == "retrieval":
+        return _retrieval_task(model, sequences=sequences, length=length, seed=seed)
     prefix = len(induction._prefix_ids(model))
     n = length if length is not None else _default_length(model, prefix)
     if probe == "induction":
@@ -150,6 +157,18 @@ def _default_length(model, prefix: int) -> int:
     limit = induction._limit(model)
     room = (limit - prefix) // 2 if limit is not None else induction.DEFAULT_LENGTH
     return max(2, min(induction.DEFAULT_LENGTH, room))
+
+
+def _retrieval_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
+    """The retrieval probe's needle inputs (:func:`qkv.explain.retrieval.needle_inputs`, length
+    = tokens per input); scored: the query copy's predictions of the needle tokens n₁ … nₘ₋₁."""
+    from qkv.explain import retrieval
+
+    inputs = retrieval.needle_inputs(model, samples=sequences, length=length, seed=seed)
+    t = len(inputs[0].ids)
+    scored = torch.zeros(t - 1, dtype=torch.bool)
+    scored[inputs[0].rows] = True  # row q + k predicts n_{k+1}
+    return Task(ids=[x.ids[None] for x in inputs], scored=scored, length=t)
 
 
 def _coref_task(model) -> Task:
@@ -225,6 +244,8 @@ METRICS = {
     "previous-token": "mean next-token loss on alternating pairs x y x y … (the next token is "
                       "the one before the current)",
     "coref": "1 − cos(pronoun's final vector, clean run's), mean over the coref sentences",
+    "retrieval": "mean next-token loss on the needle's copy (its tokens after the first, "
+                 "teacher-forced) in needle-in-a-haystack inputs",
 }
 
 

@@ -48,6 +48,9 @@ ARGUMENTS: Mapping[str, str] = {
     "memory_limit": "memory_limit",  # qkv.explain.document
     "sequences": "sequences", "methods": "methods",  # head_effects, faithfulness
 }
+    # qkv.explain.retrieval, needle, atlas
+    "needle": "needle", "depth": "depth", "samples": "samples", "k": "k", "lengths": "lengths",
+    "depths": "depths", "window": "window", "contexts": "contexts",
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,37 @@
+"""Printing :class:`~qkv.explain.retrieval.RetrievalScores` (``qkv heads --probe retrieval``):
+the inputs, the model's own copy accuracy, chance, and the heads ranked."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from qkv.explain.render import head_name
+from qkv.explain.retrieval import RetrievalScores
+
+
+def render_retrieval(out: Console, result: RetrievalScores, *, top: int) -> None:
+    """The ``top`` heads by retrieval score, beside their attention on the needle."""
+    out.print(Text(f"model: {result.model} · retrieval probe: {result.samples} inputs of "
+                   f"{result.length} tokens, a {result.needle}-token needle in a {result.haystack} "
+                   f"haystack at depths {result.depths[0]:.2f}–{result.depths[-1]:.2f}, copied "
+                   f"again at the end (seed {result.seed})"))
+    out.print(Text("score: share of the needle's tokens the head copy-pastes (the model predicts "
+                   "the token and the head's top key is the needle position holding it; Wu et "
+                   "al. 2024)"))
+    out.print(Text(f"the model predicts {result.accuracy:.1%} of the needle's tokens · chance "
+                   f"(top key uniform over the visible keys): {result.chance:.4f}"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name, justify in (("rank", "right"), ("head", "left"), ("score", "right"),
+                          ("× chance", "right"), ("on needle", "right")):
+        table.add_column(name, justify=justify)
+    ranked = result.ranked()
+    for rank, (layer, head, score) in enumerate(ranked[:top], 1):
+        times = f"{score / result.chance:.1f}" if result.chance > 0 else "—"
+        table.add_row(str(rank), head_name(layer, head), f"{score:.3f}", times,
+                      f"{float(result.needle_weight[layer, head]):.3f}")
+    out.print(table)
+    if len(ranked) > top:
+        out.print(Text(f"… {len(ranked) - top} more heads (--top {len(ranked)} or --json for all)"))
