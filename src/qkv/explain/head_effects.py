@@ -51,14 +51,17 @@ from typing import Callable, ClassVar
 
 import torch
 
-from qkv.explain import forward, induction, interventions
+from qkv.explain import forward, induction, interventions, retrieval
 from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.finite import NonFiniteError, describe
 from qkv.models.protocol import capabilities_of
 from qkv.modules.intervention import Interventions
 from qkv.explain.wording import ArgumentError
 
-PROBES = ("induction", "previous-token", "coref", "retrieval")
+PROBES = ("induction", "previous-token", "coref")  # the probes faithfulness compares methods on
+#: every probe head_effects takes: those, and retrieval (no method scores a head on it — its own
+#: score is qkv.explain.retrieval's copy-paste count, so faithfulness leaves it out)
+EFFECT_PROBES = PROBES + retrieval.PROBES
 
 #: most sequence copies in one forward (bounds memory: copies × t × E numbers per layer)
 MAX_BATCH = 512
@@ -97,9 +100,9 @@ def task(model, probe: str, *, sequences: int, length: int | None, seed: int) ->
     """The probe's data for ``model``; ArgumentError when the probe does not apply to it, or for
     ``sequences`` and ``length`` out of :func:`qkv.explain.induction.check_sizes`' bounds."""
     induction.check_sizes(sequences, length)
-    if probe not in PROBES:
+    if probe not in EFFECT_PROBES:
         raise ArgumentError("effects_probe", "unknown {name} {value!r}; known: {known}", value=probe,
-                            known=", ".join(PROBES))
+                            known=", ".join(EFFECT_PROBES))
     if not capabilities_of(model).self_attention:  # an encoder-decoder: cross-attention only
         raise ArgumentError("effects_probe", "{name} {value} does not apply to {model}: an "
                             "encoder-decoder supports no probe ({known} read the heads of a "
@@ -162,8 +165,6 @@ def _default_length(model, prefix: int) -> int:
 def _retrieval_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
     """The retrieval probe's needle inputs (:func:`qkv.explain.retrieval.needle_inputs`, length
     = tokens per input); scored: the query copy's predictions of the needle tokens n₁ … nₘ₋₁."""
-    from qkv.explain import retrieval
-
     inputs = retrieval.needle_inputs(model, samples=sequences, length=length, seed=seed)
     t = len(inputs[0].ids)
     scored = torch.zeros(t - 1, dtype=torch.bool)
