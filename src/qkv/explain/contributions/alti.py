@@ -78,7 +78,7 @@ def check_applies(model) -> None:
                                 "residual, a norm on the attention's branch, or a layer whose "
                                 "residual qkv cannot read), so no output of the attention block "
                                 "alone can be decomposed",
-                                model=getattr(model, "name", type(model).__name__),
+                                model=model.name,
                                 kind=type(layer).__name__)
 
 

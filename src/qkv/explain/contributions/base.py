@@ -202,7 +202,7 @@ def check_layers(model, method: str) -> None:
             raise ArgumentError("method", "{name} {value!r} does not apply to {model}: its layers "
                                 "also attend to an encoder (cross-attention); the methods read "
                                 "self-attention models", value=method,
-                                model=getattr(model, "name", type(model).__name__))
+                                model=model.name)
 
 
 def _leaf(x: torch.Tensor) -> torch.Tensor:
@@ -222,7 +222,7 @@ def run(model, ids: torch.Tensor, rows: torch.Tensor | slice, *, grad: bool = Fa
     leaf = {"interventions": Interventions(inputs={0: _leaf})} if grad else {}
     with torch.set_grad_enabled(grad):
         out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True, **leaf)
-    name = getattr(model, "name", type(model).__name__)
+    name = model.name
     check_finite(out.traces or (), model=name, output=out.hidden_states[-1])  # NaN: named
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states),
                    traces=list(out.traces or ()))

@@ -72,7 +72,7 @@ def check_applies(model) -> None:
             raise ArgumentError("method", "{name} 'norm' does not apply to {model}: it needs each "
                                 "head's output projection W_O (f^h(h_j) = v_j W_O^h), and no "
                                 "projection reading the heads' outputs was found in its layers",
-                                model=getattr(model, "name", type(model).__name__))
+                                model=model.name)
 
 
 METHOD = Method(name="norm", per="head", formula=FORMULA, compute=compute, document=from_document,
