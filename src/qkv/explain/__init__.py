@@ -92,6 +92,10 @@ Where things are:
   need them.
 """
 
+from qkv.explain.circuits import (
+    Composition, LogitAttribution, ScoreAttribution, ScoreRow, composition, logit_attribution,
+    score_attribution,
+)
 from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
 from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
 from qkv.explain.contributions import Contributions
@@ -112,5 +116,6 @@ __all__ = [
     "attention_map", "attention_maps", "cross_attention", "cross_attention_head", "explain",
     "explain_head", "heads", "no_projection", "probe", "Contributions", "Document", "document",
     "Ablation", "Faithfulness", "HeadEffects", "Patching", "ablate", "faithfulness", "head_effects",
-    "patch",
+    "patch", "Composition", "LogitAttribution", "ScoreAttribution", "ScoreRow", "composition",
+    "logit_attribution", "score_attribution",
 ]

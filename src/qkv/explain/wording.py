@@ -39,6 +39,7 @@ ARGUMENTS: Mapping[str, str] = {
     "top": "top", "source": "source", "target": "target", "probe": "name", "dims": "dims",
     "keys": "keys", "trials": "trials", "model": "model",
     "method": "method", "target_text": "target_text",  # qkv.explain.contributions
+    "key": "key", "component": "component",  # qkv.explain.circuits
     # fields of a probe file (qkv/data/coref.jsonl), named when one does not match its sentence
     "pronoun": "pronoun", "referent": "referent",
     # qkv.explain.interventions, head_effects, faithfulness (their probe= is "probe", not "name")

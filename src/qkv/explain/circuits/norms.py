@@ -1,0 +1,102 @@
+"""A norm as the affine map it is for one forward: the scale read from the vector it normalised.
+
+LayerNorm and RMSNorm are not linear, but for a given input x their output is
+
+    LayerNorm:  y = (x − mean(x)) · γ / σ(x) + β,    σ(x) = √(var(x) + ε)
+    RMSNorm:    y = x · γ / rms(x),                  rms(x) = √(mean(x²) + ε)
+
+so with σ (or rms) frozen at the value the forward computed, y is affine in x: any split of x
+into parts x = Σ_c x_c carries through as y = Σ_c (x_c − mean(x_c)) · γ/σ + β (the standard,
+exact reading of that forward: Elhage et al. 2021, "folding" the norm; Ferrando et al. 2022).
+
+:func:`linearise` reads γ, β and ε off the module and keeps the form only where it rebuilds the
+module's own output on x (else the norm is named: Gemma's 1 + γ, a norm with another formula).
+
+Example:
+    >>> import torch
+    >>> norm = torch.nn.LayerNorm(4)
+    >>> x = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
+    >>> lin = linearise(norm, x)
+    >>> torch.allclose(lin.apply(x) + lin.shift, norm(x).double())
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from qkv.errors import QkvError
+from qkv.hf.projections import _close  # a rebuilt tensor equals the forward's, to rounding
+
+
+def rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether ``got`` (float64, rebuilt from parts) is the forward's ``want`` to its rounding —
+    float32's where a float64 model computed in float32 (transformers' RMSNorms and RoPE tables
+    are float32 whatever the model's dtype)."""
+    return _close(got, want) or (want.dtype == torch.float64 and _close(got.float(), want.float()))
+
+
+@dataclass(frozen=True)
+class Linearised:
+    """One norm frozen at one forward's inputs: ``y = apply(x) + shift``.
+
+    Fields: scale (n, E) γ/σ per row; shift (E,) β; centres: whether the mean is subtracted.
+    """
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+    centres: bool
+
+    def apply(self, parts: torch.Tensor) -> torch.Tensor:
+        """Parts (..., n, E) of the n normalised vectors → their parts after the norm, (..., n, E),
+        without β (the shift belongs to the "bias" component once)."""
+        if self.centres:
+            parts = parts - parts.mean(-1, keepdim=True)
+        return parts * self.scale
+
+
+def _eps(norm: nn.Module, dtype: torch.dtype) -> float:
+    for name in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(norm, name, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return torch.finfo(dtype).eps  # torch's nn.RMSNorm with eps=None
+
+
+def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
+    """``norm`` as an affine map at the rows of ``x`` (n, E) (the vectors it read in the
+    forward), checked against ``norm(x)``; QkvError naming the norm where neither a LayerNorm's
+    nor an RMSNorm's formula with its γ, β and ε rebuilds its output."""
+    x64 = x.double()
+    E = x.shape[-1]
+    weight = getattr(norm, "weight", None)
+    gamma = weight.detach().double() if isinstance(weight, torch.Tensor) else x64.new_ones(E)
+    bias = getattr(norm, "bias", None)
+    beta = bias.detach().double() if isinstance(bias, torch.Tensor) else x64.new_zeros(E)
+    eps = _eps(norm, x.dtype)
+    with torch.no_grad():
+        want = norm(x)
+    y = want.double() - beta  # (n, E)
+    for centres in (True, False):
+        centred = x64 - x64.mean(-1, keepdim=True) if centres else x64
+        spread = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (n, 1): σ or rms
+        # the scale the forward computed, read off its output where it has one (an RMSNorm of
+        # transformers normalises in float32 whatever the model's dtype): 1/σ fitted per row
+        z = centred * gamma  # (n, E)
+        zz = z.pow(2).sum(-1, keepdim=True)
+        fitted = torch.where(zz > 0, (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300),
+                             1 / spread)  # (n, 1): 1/σ
+        for inverse in (fitted, 1 / spread):
+            lin = Linearised(gamma * inverse, beta, centres)
+            got = lin.apply(x64) + beta
+            if rebuilds(got, want):
+                return lin
+    raise QkvError(f"{type(norm).__name__} is neither LayerNorm nor RMSNorm with its own weight, "
+                   f"bias and eps (they do not rebuild its output); qkv cannot freeze it into an "
+                   f"affine map")
+
+
+__all__ = ["Linearised", "linearise"]

@@ -1,0 +1,154 @@
+"""The residual stream by component: what each upstream part wrote into a layer's input.
+
+For a traced forward, the vector entering layer ℓ at position i is the sum of
+
+    embed            what the embedding wrote (hidden_states[0]: token, position and type
+                     embeddings together, after the embedding's norm where the model has one)
+    L{l}.H{h}        head h of an earlier layer l: its output o^{l,h}_i through W_O^h  (E,)
+    L{l}.ffn         the feed-forward of an earlier layer l
+    bias             what no upstream part writes: output-projection biases, norm offsets β
+
+Pre-norm layers (GPT-2, Llama) add their parts::
+
+    x_{l+1} = x_l + Σ_h o^{l,h} W_O^h + b_O + ffn_l,     ffn_l = x_{l+1} − (x_l + attn_l)
+
+with ``x_l + attn_l`` the residual the forward recorded (``LayerTrace.residual``) and the heads'
+outputs those it recorded (``MultiHeadTrace.heads``). Post-norm layers (BERT, MiniLM) normalise
+each sum; each norm is frozen at the scale that forward computed (:mod:`.norms`), so every
+component c is carried through as (c − mean(c)) · γ/σ and β joins ``bias``::
+
+    y_l     = norm1(x_l + attn_l)        (recorded: LayerTrace.residual)
+    x_{l+1} = norm3(y_l + ff(y_l))       (ff run on the recorded y_l: qkv's own layer)
+
+Every step is per token, so the stream is built for the positions asked only (a 16k-token
+document is split by positions in chunks). :func:`stream` checks that the components sum to the
+recorded hidden state (to the forward's rounding) and raises otherwise.
+
+Example:
+    >>> import qkv, torch
+    >>> from qkv.explain.contributions.base import run
+    >>> lm = qkv.load("lm")
+    >>> ids = torch.tensor([lm.tokenizer.encode("the cat sat").ids])
+    >>> st = stream(lm, run(lm, ids, torch.tensor([0])), 2, torch.arange(ids.shape[1]))
+    >>> st.names[:3], st.parts.shape[0] == len(st.names)
+    (('embed', 'L0.H0', 'L0.H1'), True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.explain.circuits.norms import linearise, rebuilds
+from qkv.explain.contributions.base import check_layers, out_bias
+
+EMBED, BIAS = "embed", "bias"
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}.H{head}"
+
+
+def ffn_name(layer: int) -> str:
+    return f"L{layer}.ffn"
+
+
+def names(model, layer: int) -> tuple[str, ...]:
+    """The components of layer ``layer``'s input, in order, ``bias`` last (C names)."""
+    n_heads = model.layers[0].self_attn.num_heads
+    out = [EMBED]
+    for ell in range(layer):
+        out += [head_name(ell, h) for h in range(n_heads)] + [ffn_name(ell)]
+    return (*out, BIAS)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Layer ``layer``'s input at ``positions`` (n,), split: ``parts`` (C, n, E) float64 with
+    one row per name of ``names`` (``bias`` last); ``parts.sum(0)`` is the recorded hidden state
+    to within ``error`` (max abs)."""
+
+    layer: int
+    positions: torch.Tensor
+    names: tuple[str, ...]
+    parts: torch.Tensor
+    error: float
+
+
+def out_weight(attn) -> torch.Tensor:
+    """(h, dv, E) W_O per head, from the output projection (native or transformers)."""
+    w = attn.out_proj.weight  # (E, h·dv)
+    return w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0)
+
+
+def check(model) -> None:
+    """QkvError naming what :func:`stream` cannot read in ``model``."""
+    check_layers(model, "circuits")
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        if attn.out_proj is None:
+            raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
+                           f"writes into the residual stream cannot be read")
+        if layer.norm_first and not layer.sequential_residual:
+            raise QkvError(f"{model.name}: layer {i} ({type(layer).__name__}) does not form "
+                           f"x + attn before its feed-forward (a parallel residual, or a norm on "
+                           f"the attention's branch: a sandwich norm); its residual stream cannot "
+                           f"be split by component")
+        if not layer.norm_first and getattr(layer, "feed_forward", None) is None:
+            # qkv's own post-norm layers run ff on the recorded y; a transformers one hides it
+            raise QkvError(f"{model.name}: layer {i} is post-norm and its feed-forward is not "
+                           f"one qkv runs (a transformers post-norm layer); its residual stream "
+                           f"cannot be split by component")
+
+
+def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
+    """(h, n, E) each head's write o^{l,h}_i W_O^h at the positions."""
+    o = fwd.traces[ell].self_attn.heads[0, positions].double()  # (n, h·dv)
+    o = o.view(o.shape[0], attn.num_heads, -1)  # (n, h, dv)
+    return torch.einsum("nhd,hde->hne", o, out_weight(attn).double())  # (h, n, E)
+
+
+@torch.no_grad()
+def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
+    """The input of layer ``layer`` (0 … L; L: the last layer's output, before any final norm)
+    at ``positions``, split by component, from ``fwd`` (a
+    :class:`~qkv.explain.contributions.base.Forward` with the residuals and heads recorded)."""
+    check(model)
+    positions = torch.as_tensor(positions).long()
+    parts = fwd.hidden_states[0][0, positions].double()[None]  # (1, n, E)
+    bias = torch.zeros_like(parts[0])  # (n, E)
+    for ell in range(layer):
+        lay = model.layers[ell]
+        attn = lay.self_attn
+        heads = _heads(fwd, ell, attn, positions)  # (h, n, E)
+        b_out = out_bias(attn).double()  # (E,)
+        residual = fwd.traces[ell].residual[0, positions]  # (n, E) as the forward made it
+        after = fwd.hidden_states[ell + 1][0, positions]  # (n, E)
+        if lay.norm_first:  # x + attn + ffn, the ffn read off the recorded states
+            ffn = (after.double() - residual.double())[None]  # (1, n, E)
+            parts = torch.cat([parts, heads, ffn])
+            bias = bias + b_out
+        else:  # post-norm: norm1 then norm3, each frozen at the forward's own scale
+            parts = torch.cat([parts, heads])
+            bias = bias + b_out
+            summed = parts.sum(0) + bias  # (n, E): x + attn, rebuilt
+            lin = linearise(lay.norm1, summed.to(residual.dtype))
+            parts, bias = lin.apply(parts), lin.apply(bias) + lin.shift
+            ff = lay.feed_forward(residual)  # (n, E): qkv's layer, on the y the forward made
+            lin = linearise(lay.norm3, residual + ff)
+            parts = torch.cat([parts, ff.double()[None]])
+            parts, bias = lin.apply(parts), lin.apply(bias) + lin.shift
+    parts = torch.cat([parts, bias[None]])  # (C, n, E)
+    want = fwd.hidden_states[layer][0, positions]
+    total = parts.sum(0)
+    if not rebuilds(total, want):
+        raise QkvError(f"{model.name}: the components of layer {layer}'s input do not sum to the "
+                       f"forward's (max diff {float((total - want.double()).abs().max()):.3g})")
+    err = float((total - want.double()).abs().max()) if total.numel() else 0.0
+    return Stream(layer, positions, names(model, layer), parts, err)
+
+
+__all__ = ["BIAS", "EMBED", "Stream", "check", "ffn_name", "head_name", "names", "out_weight",
+           "stream"]

@@ -1,0 +1,303 @@
+"""Why does the query of "it" line up with the key of "pizza"? One attention score, split.
+
+Head h of layer ℓ scores key j for query i as s_ij = (q_i · k_j) / √d. Every step from the
+layer's input to q and k is linear once each norm is frozen at the scale the forward computed
+(:mod:`.norms`), and RoPE is a rotation (linear at each position), so with the layer's input
+split by component (:mod:`.residual`: x_i = Σ_a x_{i,a}, ``bias`` last)::
+
+    q_i = Σ_a q_a,   q_a = rot_i( n_q( norm1(x_{i,a}) · W_Q^h ) )       (+ b_Q, β in bias)
+    k_j = Σ_b k_b,   k_b = rot_j( n_k( norm1(x_{j,b}) · W_K^h ) )
+    s_ij = Σ_a Σ_b terms[a, b],     terms[a, b] = (q_a · k_b) / √d
+
+(n_q, n_k: the per-head query/key norms where the model has them, frozen the same way.) A
+soft-capped model (Gemma 2) applies c·tanh(s/c) after: ``terms`` sum to the score *before* the
+cap (``capped`` is the score after). A score bias (ALiBi) is no component: ``score_bias``.
+
+:func:`score_attribution` does this for one (query, key) pair; with ``key=None`` for the whole
+row: every key's split over the key-side components (query side summed), O(N · C) memory.
+
+Example:
+    >>> import qkv
+    >>> from qkv.explain import score_attribution
+    >>> minilm = qkv.load("minilm")
+    >>> a = score_attribution(minilm, "The dog found some pizza next to the baby and ate it",
+    ...                       layer=3, head=1, token="it", key="pizza")
+    >>> a.terms.shape, abs(float(a.terms.sum()) - a.score) <= a.bound
+    (torch.Size([41, 41]), True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from qkv.attention.softcap import soft_cap
+from qkv.errors import QkvError
+from qkv.explain.circuits.norms import linearise, rebuilds
+from qkv.explain.circuits.residual import Stream, stream
+from qkv.explain.contributions.base import run
+from qkv.explain.forward import check_layer_head, encode, model_name
+from qkv.explain.jsonable import numbers
+from qkv.explain.select import choose_in
+from qkv.explain.steps import head_slice
+from qkv.explain.wording import ArgumentError
+from qkv.modules.multihead import norm_width
+
+# Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
+# (32 MB), whatever the document's length.
+CHUNK_NUMBERS = 1 << 22
+
+
+@dataclass(frozen=True)
+class ScoreAttribution:
+    """One head's score of one key, as a (query components × key components) matrix.
+
+    Fields:
+        tokens: the text's tokens; token_index i, key_index j: the query and the key.
+        query_components, key_components: the C names of the rows and columns of ``terms``
+            (``embed``, ``L{l}.H{h}``, ``L{l}.ffn``, ``bias``; the same upstream parts).
+        terms: (C, C) float64, terms[a, b] = (q_a · k_b)/√d; ``terms.sum()`` = ``score``.
+        score: the head's scaled score s_ij from the forward (before any soft-cap).
+        capped: c·tanh(score/c) with the model's soft-cap c, else None (terms are before it).
+        score_bias: what the forward added to the score besides q·k (ALiBi), 0 otherwise.
+        bound: how far ``terms.sum()`` may be from ``score``: the rounding of the forward's
+            q and k (measured: ``q_error``, ``k_error``, each checked to be rounding) carried
+            through the dot product, plus the dot product's own rounding in the model's dtype.
+    """
+
+    kind: ClassVar[str] = "score-attribution"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    text: str
+    tokens: list[str]
+    layer: int
+    head: int
+    token_index: int
+    key_index: int
+    query_components: tuple[str, ...]
+    key_components: tuple[str, ...]
+    terms: torch.Tensor
+    score: float
+    bound: float
+    q_error: float
+    k_error: float
+    capped: float | None = None
+    score_bias: float = 0.0
+
+    def top(self, n: int = 10) -> list[tuple[str, str, float]]:
+        """The n largest terms by size: (query component, key component, term)."""
+        flat = self.terms.flatten()
+        order = flat.abs().argsort(descending=True)[:n]
+        C = self.terms.shape[1]
+        return [(self.query_components[int(i) // C], self.key_components[int(i) % C],
+                 float(flat[i])) for i in order]
+
+    def key_totals(self) -> torch.Tensor:
+        """(C,) each key-side component's part of the score (query side summed)."""
+        return self.terms.sum(0)
+
+    def query_totals(self) -> torch.Tensor:
+        """(C,) each query-side component's part of the score (key side summed)."""
+        return self.terms.sum(1)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "text": self.text, "tokens": self.tokens,
+                "layer": self.layer, "head": self.head, "token_index": self.token_index,
+                "token": self.tokens[self.token_index], "key_index": self.key_index,
+                "key": self.tokens[self.key_index],
+                "query_components": list(self.query_components),
+                "key_components": list(self.key_components), "terms": numbers(self.terms),
+                "terms_sum": float(self.terms.sum()), "score": self.score, "bound": self.bound,
+                "q_error": self.q_error, "k_error": self.k_error, "capped": self.capped,
+                "score_bias": self.score_bias,
+                "top": [{"query": a, "key": b, "term": t} for a, b, t in self.top()]}
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One head's scores of every key for one query, each split over the key-side components.
+
+    Fields:
+        keys: (s,) the key positions the head scored (masked ones left out).
+        key_components: the C names; terms: (s, C) float64, terms[j, b] = (q · k_{j,b})/√d
+            with q whole; ``terms.sum(1)`` = ``scores``.
+        scores: (s,) the forward's scaled scores; bound: as :class:`ScoreAttribution`'s, the
+            largest over the row.
+    """
+
+    kind: ClassVar[str] = "score-row"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    text: str
+    tokens: list[str]
+    layer: int
+    head: int
+    token_index: int
+    keys: torch.Tensor
+    key_components: tuple[str, ...]
+    terms: torch.Tensor
+    scores: torch.Tensor
+    bound: float
+
+    def shares(self) -> torch.Tensor:
+        """(s, C) each component's share of its key's score: terms / score (rows sum to 1)."""
+        return self.terms / self.scores[:, None]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "text": self.text, "tokens": self.tokens,
+                "layer": self.layer, "head": self.head, "token_index": self.token_index,
+                "keys": self.keys.tolist(), "key_components": list(self.key_components),
+                "terms": numbers(self.terms), "scores": numbers(self.scores), "bound": self.bound}
+
+
+# -- one side: the layer's input, split, → q or k -------------------------------------------------
+def check_model(model, layer: int) -> None:
+    """QkvError where the head's W_Q, W_K cannot be read as matrices."""
+    attn = model.layers[layer].self_attn
+    if attn.projection_note:
+        raise QkvError(f"{model_name(model)}: layer {layer}'s projections are not linear maps qkv "
+                       f"reads ({attn.projection_note}); its scores cannot be split")
+
+
+def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Tensor:
+    """(C, n, d) float64: each component of the layer's input at ``st.positions`` as its part
+    of head ``head``'s query (``which="q"``) or key (``"k"``) there."""
+    lay = model.layers[layer]
+    attn = lay.self_attn
+    trace = fwd.traces[layer].self_attn
+    parts = st.parts  # (C, n, E)
+    dtype = fwd.hidden_states[layer].dtype
+    if lay.norm_first:  # pre-norm: the attention reads norm1(x), frozen at this forward's scale
+        lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
+        parts = lin.apply(parts)
+        parts[-1] += lin.shift
+    q_rows, kv_rows = head_slice(attn, head)
+    proj, norm, rows = ((attn.q_proj, attn.q_norm, q_rows) if which == "q"
+                        else (attn.k_proj, attn.k_norm, kv_rows))
+    d = attn.head_dim
+    whole = norm is not None and norm_width(norm) != d  # OLMo 2: one norm over every head
+    take = slice(None) if whole else rows
+    w = proj.weight[take].double()  # (d or h·d, E)
+    out = parts @ w.T  # (C, n, ·)
+    if proj.bias is not None:
+        out[-1] += proj.bias[take].double()
+    if norm is not None:  # Qwen3 / OLMo 2: the query's (key's) own norm, frozen the same way
+        total = out.sum(0).to(dtype)  # (n, ·)
+        lin = linearise(norm, total if whole else total)
+        out = lin.apply(out)
+        out[-1] += lin.shift
+        if whole:
+            out = out[..., rows]  # (C, n, d)
+    step = trace.position_step
+    if step is not None:  # RoPE: the rotation of each position, applied to every component
+        C, n, _ = out.shape
+        out = step(out.reshape(C * n, d), st.positions.repeat(C)).view(C, n, d)
+    return out
+
+
+def _pick(model, text: str, encoding, spec, role: str) -> int:
+    units, choice = choose_in(spec, encoding, text, words=False, role=role)
+    return units.groups[choice.unit][-1]
+
+
+def _bound(q: torch.Tensor, k: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, scale: float,
+           dtype: torch.dtype) -> torch.Tensor:
+    """|Σ terms − score| ≤ scale · (|dq|·|k| + |q|·|dk| + |dq|·|dk| + γ_d |q|·|k|): the forward's
+    q and k differ from the sums of the parts by dq, dk (its rounding, measured), and its dot
+    product of d terms rounds by at most γ_d = d·u/(1 − d·u) of Σ|q||k| (Higham, Thm 3.1).
+    q, k, dq, dk: (..., d)."""
+    d = q.shape[-1]
+    u = torch.finfo(dtype).eps / 2
+    gamma = d * u / (1 - d * u)
+    aq, ak, adq, adk = q.abs(), k.abs(), dq.abs(), dk.abs()
+    return scale * ((adq * ak).sum(-1) + (aq * adk).sum(-1) + (adq * adk).sum(-1)
+                    + gamma * (aq * ak).sum(-1)) + 64 * torch.finfo(torch.float64).eps * \
+        scale * (aq * ak).sum(-1)
+
+
+def _checked(model, got: torch.Tensor, want: torch.Tensor, what: str) -> torch.Tensor:
+    """want − got (the forward's rounding), after checking it is rounding."""
+    if not rebuilds(got, want):
+        raise QkvError(f"{model_name(model)}: the components' {what} is not the forward's (max "
+                       f"diff {float((got - want.double()).abs().max()):.3g})")
+    return want.double() - got
+
+
+@torch.no_grad()
+def score_attribution(model, text: str, *, layer: int, head: int, token=None, key=None):
+    """Head ``head`` of layer ``layer``: the score of ``key`` for the query ``token``, split
+    into (query component × key component) terms — a :class:`ScoreAttribution`; with
+    ``key=None`` every key's score split over the key-side components — a :class:`ScoreRow`
+    (see the module doc).
+
+    Args:
+        model: a model from :func:`qkv.load` whose heads' weights are read
+            (``capabilities.head_weights``) and whose residual stream splits (pre-norm, or
+            qkv's own post-norm layers).
+        token, key: an index, a word or ``"word@N"`` (as :func:`qkv.explain.explain` takes
+            them); ``token=None``: the last word.
+
+    Raises:
+        ArgumentError: a token or key not in the text, a layer/head out of range, a key the
+            head never scores (masked: after the token in a causal model).
+        QkvError: a model whose parts are not linear maps qkv reads (named).
+    """
+    check_layer_head(model, layer, head)
+    check_model(model, layer)
+    encoding = encode(model, text)
+    i = _pick(model, text, encoding, token, "token")
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    fwd = run(model, ids, torch.tensor([i]))
+    att = fwd.traces[layer].self_attn.attention
+    dtype, scale = att.query.dtype, float(att.scale)
+    mask = att.additive()[0, head, 0].double()  # (s,)
+    query = stream(model, fwd, layer, torch.tensor([i]))
+    q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
+    dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
+    tokens = list(encoding.tokens)
+    if key is None:
+        keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
+        return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype)
+    j = _pick(model, text, encoding, key, "key")
+    if not torch.isfinite(mask[j]):
+        raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
+                            "{i}: the head never scores it", value=key, j=j, i=i)
+    keyside = stream(model, fwd, layer, torch.tensor([j]))
+    k = side(model, fwd, keyside, layer, head, "k")[:, 0]  # (C, d)
+    dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
+    terms = (q @ k.T) * scale  # (C, C)
+    score = float(att.scores[0, head, 0, j]) * scale
+    cap = att.softcap
+    return ScoreAttribution(
+        model=model_name(model), text=text, tokens=tokens, layer=layer, head=head, token_index=i,
+        key_index=j, query_components=query.names, key_components=keyside.names, terms=terms,
+        score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
+        q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
+        capped=None if cap is None else float(soft_cap(torch.tensor(score), cap)),
+        score_bias=float(mask[j]))
+
+
+def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) -> ScoreRow:
+    """Every key's score split over the key-side components, ``keys`` in chunks (O(N · C))."""
+    att = fwd.traces[layer].self_attn.attention
+    E = fwd.hidden_states[layer].shape[-1]
+    C = len(stream(model, fwd, layer, keys[:1]).names)
+    step = max(1, CHUNK_NUMBERS // (C * E))
+    terms, bounds = [], []
+    for start in range(0, len(keys), step):
+        chunk = keys[start:start + step]
+        st = stream(model, fwd, layer, chunk)
+        k = side(model, fwd, st, layer, head, "k")  # (C, n, d)
+        total = k.sum(0)  # (n, d)
+        dk = _checked(model, total, att.key[0, head, chunk], "key")
+        terms.append(torch.einsum("cnd,d->nc", k, q) * scale)  # (n, C)
+        bounds.append(_bound(q, total, dq, dk, scale, dtype))
+    return ScoreRow(model=model_name(model), text=text, tokens=tokens, layer=layer, head=head,
+                    token_index=i, keys=keys, key_components=st.names, terms=torch.cat(terms),
+                    scores=att.scores[0, head, 0, keys].double() * scale,
+                    bound=float(torch.cat(bounds).max()))
+
+
+__all__ = ["ScoreAttribution", "ScoreRow", "score_attribution", "side"]
