@@ -27,7 +27,8 @@ HELPS = {
     "window": "sliding window: a token sees itself and the window − 1 tokens before it",
     "max_positions": "the most tokens a text may have",
     "seq_len": "tokens per training window (after <bos>)",
-    "repeat_prob": "share of training windows that are one segment repeated (for induction heads)",
+    "repeat_prob": "share of training windows that are one English segment repeated (induction heads)",
+    "random_prob": "share of training windows that are one segment of random tokens repeated",
     "min_span": "shortest repeated segment", "max_span": "longest repeated segment",
     "batch_size": "windows per step", "eval_every": "steps between evaluations",
     "eval_size": "held-out windows per evaluation",
@@ -52,8 +53,8 @@ def register_train(models: argparse._SubParsersAction) -> None:
         description="Train a 4-layer Mistral (Llama with a sliding window: RMSNorm, SwiGLU, RoPE) "
                     "on the English prose of the Python documentation (Debian's python3.11-doc, "
                     "PSF License Version 2), with a byte-level BPE tokenizer learned from the same "
-                    "pages; the tutorial's pages are held out. Half the training windows are "
-                    "one segment repeated, so induction heads form. The final checkpoint records the "
+                    "pages; the tutorial's pages are held out. Some training windows are one "
+                    "segment (English, or random tokens) repeated, so induction heads form. The final checkpoint records the "
                     "held-out loss against a unigram model of the text.",
         epilog="example: qkv train reader --out runs/reader --steps 1000")
     add_run_options(t, default_out=DEFAULT_OUT,

@@ -6,12 +6,14 @@ token stream, some of them one segment repeated.
 * :class:`TokenStream` — the training pages' token ids end to end (a page closes with ``\\n\\n``),
   and the held-out pages, each its own id list.
 * :func:`get_batch` — ``batch_size`` windows of ``seq_len`` tokens at random offsets, ``<bos>``
-  first. With probability ``repeat_prob`` a window is instead one English *segment* of
-  ``min_span … max_span`` tokens written again and again: after its first occurrence every token
-  (but the first of each repeat) is predictable only by looking back — find the current token's
-  earlier occurrence and read what followed it, what induction heads do (Olsson et al. 2022).
-  English repeats itself too (names, identifiers), but too seldom for induction heads to form
-  within the short CPU budget; the repeated segments make the signal dense::
+  first. Some windows are instead one *segment* of ``min_span … max_span`` tokens written again
+  and again — English from the stream (``repeat_prob``) or tokens drawn at random from the
+  vocabulary (``random_prob``, TransformerLens's repeated random tokens). After its first
+  occurrence every token of a segment (but the first of each repeat) is predictable only by
+  looking back: find the current token's earlier occurrence and read what followed it — what
+  induction heads do (Olsson et al. 2022). English repeats itself too (names, identifiers), but
+  too seldom for induction heads to form within the short CPU budget, and a repeated English
+  segment is partly predictable without looking back; random tokens are not::
 
       <bos> the with statement ensures that │the with statement ensures that │the with …
             └──────── a segment ──────────┘ └──── its repeat ─────────────┘
@@ -94,7 +96,8 @@ class BatchConfig:
     """How training windows are drawn (the defaults are the shipped reader's)."""
 
     seq_len: int = 256  # tokens after <bos>
-    repeat_prob: float = 0.5  # the share of windows that are one segment repeated
+    repeat_prob: float = 0.25  # the share of windows that are one English segment repeated
+    random_prob: float = 0.375  # … that are one segment of random tokens repeated
     min_span: int = 16  # tokens per repeated segment, drawn uniformly from [min_span, max_span]
     max_span: int = 64
 
@@ -117,15 +120,19 @@ class ReaderBatch:
         return int(self.ids[:, 1:].numel())
 
 
-def sample_window(rng: random.Random, stream: torch.Tensor, cfg: BatchConfig) -> tuple[list[int], list[bool]]:
+def sample_window(rng: random.Random, stream: torch.Tensor, cfg: BatchConfig,
+                  vocab_size: int) -> tuple[list[int], list[bool]]:
     """One window of ``cfg.seq_len`` ids (without ``<bos>``) and which are predictable repeats."""
-    n = cfg.seq_len
-    if rng.random() >= cfg.repeat_prob:
+    n, u = cfg.seq_len, rng.random()
+    if u >= cfg.random_prob + cfg.repeat_prob:
         start = rng.randrange(len(stream) - n + 1)
         return stream[start:start + n].tolist(), [False] * n
     span = rng.randint(cfg.min_span, cfg.max_span)
-    start = rng.randrange(len(stream) - span + 1)
-    segment = stream[start:start + span].tolist()
+    if u < cfg.random_prob:
+        segment = [rng.randrange(BOS_ID + 1, vocab_size) for _ in range(span)]  # never <bos>
+    else:
+        start = rng.randrange(len(stream) - span + 1)
+        segment = stream[start:start + span].tolist()
     ids = (segment * (n // span + 1))[:n]
     return ids, [i > span for i in range(n)]  # position span starts a repeat: not predictable
 
@@ -136,7 +143,7 @@ def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: i
         raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len "
                        f"{cfg.seq_len}")
     rng = random.Random(f"reader/train/{seed}/{step}")
-    rows = [sample_window(rng, stream.train, cfg) for _ in range(batch_size)]
+    rows = [sample_window(rng, stream.train, cfg, stream.vocab_size) for _ in range(batch_size)]
     ids = torch.tensor([[BOS_ID] + r for r, _ in rows], dtype=torch.long)  # (b, 1 + seq_len)
     copied = torch.tensor([[False] + c for _, c in rows], dtype=torch.bool)
     return ReaderBatch(ids, copied)
