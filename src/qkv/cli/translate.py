@@ -32,26 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # -- qkv train translate --------------------------------------------------------------------------
-TRAIN_HELPS = {  # TrainConfig's own options (Schedule's come with their fields), and its wording
-    "seed": "model initialisation, batch order and dropout", "data_seed": "the grammar's splits",
-    "batch_size": "sentences per step",
-    "label_smoothing": "label smoothing of the cross-entropy", "dropout": "dropout everywhere",
-    "eval_every": "steps between validation passes",
-    "eval_size": "validation sentences decoded for exact match",
-    "norm_first": "pre-norm layers instead of the paper's post-norm",
-    "d_model": "width E of every token vector", "num_heads": "attention heads per layer",
-    "encoder_layers": "encoder layers", "decoder_layers": "decoder layers",
-    "ff_dim": "hidden width of the feed-forward blocks",
-}
-
-
-def _train_type(name: str, kind: type):
-    """The checked type of a TrainConfig option: a seed (0 … 2**63 − 1), a whole number
-    0 … 10**9, or a finite float (nan and inf refused). TrainConfig checks what each value means
-    (e.g. a batch that fits in memory); these bounds only keep absurd numbers out."""
-    if kind is int:
-        return options.seed() if name.endswith("seed") else options.integer(0, 10**9)
-    return options.real()
+# How `qkv train translate` words two of Schedule's options (their bounds, and every other
+# option's help and bounds, come with TrainConfig's fields: training/config.py's option())
+TRAIN_HELPS = {"batch_size": "sentences per step", "eval_every": "steps between validation passes"}
 
 
 def _register_train(sub) -> None:
@@ -72,7 +55,7 @@ def _register_train(sub) -> None:
                                  "second thread makes every op wait for it on a busy machine)")
     from qkv.translate.train import TrainConfig
 
-    add_config_options(t, TrainConfig, helps=TRAIN_HELPS, type_of=_train_type)
+    add_config_options(t, TrainConfig, helps=TRAIN_HELPS)
     t.set_defaults(func=run_train)
     from qkv.cli.lm import register_train as register_train_lm  # qkv train lm (induction heads)
 

@@ -29,7 +29,7 @@ from qkv.models.translation import TranslationConfig, TranslationModel
 from qkv.training import loop
 from qkv.training.checkpoint import prepare_out_dir
 from qkv.training.config import (
-    Schedule, changed_options, check_float, check_int, check_threads, config_from_dict,
+    Schedule, changed_options, check_threads, config_from_dict, option,
 )
 from qkv.training.loop import TrainState
 from qkv.translate.checkpoint import (
@@ -54,18 +54,19 @@ class TrainConfig(Schedule):
     """
 
     # data and randomness
-    seed: int = 0  # model init, batch order and dropout
-    data_seed: int = 0  # the grammar's splits (make_splits(seed=data_seed))
-    # model (see TranslationConfig)
-    d_model: int = 128
-    num_heads: int = 4
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    ff_dim: int = 256
+    seed: int = option(0, "model initialisation, batch order and dropout", low=0, high=2**63 - 1)
+    data_seed: int = option(0, "the grammar's splits", low=0, high=2**31 - 1)  # make_splits(seed=)
+    # model (see TranslationConfig). Bounds: what a CPU run of this toy model can do, so a typo
+    # (--d-model 1000000) is refused at once instead of failing minutes later.
+    d_model: int = option(128, "width E of every token vector", low=1, high=2048)
+    num_heads: int = option(4, "attention heads per layer", low=1, high=64)
+    encoder_layers: int = option(3, "encoder layers", low=1, high=48)
+    decoder_layers: int = option(3, "decoder layers", low=1, high=48)
+    ff_dim: int = option(256, "hidden width of the feed-forward blocks", low=1, high=8192)
     # No dropout: the grammar is noise-free, held-out combinations are translated perfectly
     # without it (measured), and on CPU its random masks cost ~40% of a step.
-    dropout: float = 0.0
-    norm_first: bool = False
+    dropout: float = option(0.0, "dropout everywhere", low=0.0, high=1.0, high_open=True)
+    norm_first: bool = option(False, "pre-norm layers instead of the paper's post-norm")
     # optimisation and bookkeeping: Schedule's fields; these defaults differ from its
     steps: int = 1200
     batch_size: int = 64  # sentences per step
@@ -73,24 +74,14 @@ class TrainConfig(Schedule):
     min_lr_ratio: float = 0.05
     eval_every: int = 200
     save_every: int = 200
-    label_smoothing: float = 0.1
-    eval_size: int = 500  # validation sentences decoded for exact match during training
+    label_smoothing: float = option(0.1, "label smoothing of the cross-entropy", low=0.0, high=1.0,
+                                    high_open=True)
+    eval_size: int = option(500, "validation sentences decoded for exact match", low=0, high=10**6)
 
     RESUMABLE_CHANGES = Schedule.RESUMABLE_CHANGES | {"eval_size"}
 
     def __post_init__(self) -> None:
-        # Bounds: what a CPU run of this toy model can do, so a typo (--d-model 1000000) is
-        # refused at once instead of failing minutes later.
-        super().__post_init__()
-        for name, high in (("d_model", 2048), ("num_heads", 64), ("encoder_layers", 48),
-                           ("decoder_layers", 48), ("ff_dim", 8192)):
-            check_int(name, getattr(self, name), low=1, high=high)
-        for name, high in (("seed", 2**63 - 1), ("data_seed", 2**31 - 1), ("eval_size", 10**6)):
-            check_int(name, getattr(self, name), low=0, high=high)
-        check_float("label_smoothing", self.label_smoothing, low=0.0, high=1.0, high_open=True)
-        check_float("dropout", self.dropout, low=0.0, high=1.0, high_open=True)
-        if not isinstance(self.norm_first, bool):
-            raise QkvError(f"--norm-first must be true or false, got {self.norm_first!r}")
+        super().__post_init__()  # every option against its bounds (training/config.py)
         if self.d_model % self.num_heads:
             raise QkvError(f"--d-model ({self.d_model}) must be divisible by --num-heads ({self.num_heads})")
 
