@@ -218,7 +218,7 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                "qkv.explain.render_faithfulness:render_faithfulness"),
     ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
     ResultKind("patching", "self_attention", ""),  # qkv.explain.patch
-    ResultKind("score-attribution", "self_attention", ""),  # qkv why
+    ResultKind("score-attribution", "self_attention", "qkv.explain.circuits.render:render_terms"),
     ResultKind("score-row", "self_attention", ""),  # score_attribution(..., key=None)
     ResultKind("logit-attribution", "next_token", ""),  # qkv.explain.logit_attribution
     ResultKind("composition", "self_attention", ""),  # qkv.explain.composition

@@ -1,0 +1,82 @@
+"""``qkv why``: why does a head's query of one token line up with the key of another?
+
+    qkv why "The dog found some pizza next to the baby and ate it" --token it --to pizza --layer 3 --head 1
+    qkv why TEXT --token 7 --to 4 --layer 1 --head 0 --model lm [--top N] [--json] [--png FILE]
+
+The head's scaled score, split into (query component × key component) terms — embeddings, each
+earlier head, each feed-forward, bias — that sum to it (:func:`qkv.explain.score_attribution`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkv.cli import options
+from qkv.cli.output import print_json
+
+# How this command's flags spell the library's argument roles (see qkv.explain.wording).
+FLAGS = {"token": "--token", "key": "--to", "layer": "--layer", "head": "--head", "top": "--top"}
+EXAMPLE = "The dog found some pizza next to the baby and ate it"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "why", help="why a head's query lines up with a key: its score split by component",
+        description="Split one head's pre-softmax score of a key into (query component × key "
+                    "component) terms — the embeddings, every earlier head, every feed-forward "
+                    "and a bias — exactly (norms frozen at the forward's scale, RoPE as its "
+                    "rotation); the terms sum to the forward's score.",
+        epilog=f'example: qkv why "{EXAMPLE}" --token it --to pizza --layer 3 --head 1')
+    p.add_argument("text", type=options.text(), help="the text to run the model on")
+    p.add_argument("--model", type=options.name(), default="minilm",
+                   help=f"a shipped model ({options.model_names(self_attention=True)}) or a model "
+                        "directory (default minilm)")
+    p.add_argument("--token", type=options.word(), default=None, metavar="WORD|INDEX",
+                   help="the query token: a word, WORD@N or an index (default: the last word)")
+    p.add_argument("--to", type=options.word(), required=True, metavar="WORD|INDEX",
+                   help="the key token: a word, WORD@N or an index")
+    p.add_argument("--layer", type=options.integer(0, 1 << 16), required=True, help="layer, from 0")
+    p.add_argument("--head", type=options.integer(0, 1 << 16), required=True,
+                   help="head within the layer, from 0")
+    p.add_argument("--top", type=options.integer(1, 10_000), default=12,
+                   help="how many of the largest terms to list (default 12)")
+    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
+                   help="also draw the terms as a heat map (.png/.svg/.pdf)")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    p.set_defaults(func=run_why)
+
+
+def run_why(args: argparse.Namespace) -> int:
+    from qkv.explain.wording import ArgumentError
+
+    try:
+        return _run(args)
+    except ArgumentError as e:
+        raise e.spelled(FLAGS) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qkv.explain import score_attribution
+    from qkv.explain.circuits.render import render_terms, terms_figure
+    from qkv.explain.render import console
+    from qkv.models import load
+
+    if args.png:
+        from qkv.explain.plots import check_writable
+
+        check_writable(args.png)
+    model = load(args.model)
+    result = score_attribution(model, args.text, layer=args.layer, head=args.head,
+                               token=args.token, key=args.to)
+    if args.png:
+        from qkv.explain.plots import save_atomic
+
+        save_atomic(terms_figure(result), args.png)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        render_terms(console(), result, top=args.top)
+    if args.png:
+        print(f"wrote {args.png}", file=sys.stderr)
+    return 0
