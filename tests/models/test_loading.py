@@ -464,3 +464,21 @@ def test_a_base_llama_without_its_head_is_refused_by_name(tmp_path):
     with pytest.raises(QkvError, match=r"architecture 'LlamaModel' is the base model without its "
                                        r"head \('lm_head.weight' is not in the weights\)"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"dtype": "float99"}, r"dtype 'float99' is not a floating-point dtype qkv reads"),
+    ({"torch_dtype": "int8"}, r"torch_dtype 'int8' is not a floating-point dtype qkv reads"),
+    ({"attn_implementation": "flash_attention_2"}, r"attn_implementation 'flash_attention_2' is not supported"),
+    ({"quantization_config": {"quant_method": "gptq"}}, r"a quantized checkpoint \(quantization_config 'gptq'\)"),
+    ({"rope_theta": "x"}, r"rope_theta must be a positive finite number, got 'x'"),
+    ({"rope_scaling": {"rope_theta": -1.0}}, r"rope_theta must be a positive finite number, got -1.0"),
+    ({"num_attention_heads": "4"}, r"num_attention_heads must be an integer >= 1, got '4'"),
+])
+def test_config_json_is_checked_the_same_way_on_every_path(neox_dir, tmp_path, change, message):
+    """The checks of issue 31 item 3 are models/config.py's check_common, asked by qkv.load of
+    every config.json: a native family refuses what the transformers path refuses (these
+    loaded natively, the quantized one and the unknown dtype silently)."""
+    path = edited_copy(neox_dir, tmp_path / "ckpt", **change)
+    with pytest.raises(QkvError, match=message):
+        load(path)

@@ -27,23 +27,8 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.models import config as cfg
-from qkv.models.checkpoint import DTYPE_NAMES, WeightFiles
+from qkv.models.checkpoint import WeightFiles
 from qkv.models.loading import read_config
-
-# config.json keys that hold a count or a size: a positive integer wherever they appear
-# (a string, 0 or a negative number is refused here, not met as a ZeroDivisionError later)
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
-              "decoder_layers", "num_decoder_layers")
-SIZE_KEYS = LAYER_KEYS + (
-    "vocab_size", "hidden_size", "n_embd", "d_model", "dim", "intermediate_size", "n_inner",
-    "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "d_kv", "head_dim",
-    "num_attention_heads", "n_head", "n_heads", "num_heads", "num_key_value_heads",
-    "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "n_positions")
-ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function", "dense_act_fn")
-# attention implementations a config.json may name: qkv's replaces them (others need packages
-# and kernels of their own)
-ATTENTION_IMPLEMENTATIONS = (None, "eager", "sdpa", "qkv")
-
 
 @contextmanager
 def quiet():
@@ -84,9 +69,10 @@ def load(path: str | os.PathLike, *, dtype=None):
     except QkvError as e:
         raise QkvError(f"cannot read a transformers config: {e}") from None
     cls = model_class(raw, config_file)
-    check_fields(raw, config_file)
+    cfg.check_common(raw, config_file)
+    check_activations(raw, config_file)
     weights = WeightFiles.open(path)  # the files, then every header: before anything is built
-    for key in LAYER_KEYS:  # a layer count beyond the headers' fails here, not after 10⁹ layers
+    for key in cfg.LAYER_KEYS:  # a layer count beyond the headers' fails here, not after 10⁹ layers
         weights.check_layers(raw.get(key), key, config_file, at_most=True)
     with quiet():
         config = cls.config_class.from_pretrained(path, local_files_only=True,
@@ -149,48 +135,16 @@ def model_class(raw: dict, config_file: str):
     return cls
 
 
-def check_fields(raw: dict, where: str) -> None:
-    """The values of config.json that transformers would meet as a traceback: sizes, the
-    activation, dtype, rope_theta, an attention implementation or quantisation qkv cannot run."""
+def check_activations(raw: dict, where: str) -> None:
+    """The activations config.json names are ones transformers knows (a KeyError inside
+    transformers' model code otherwise)."""
     from transformers.activations import ACT2FN
 
-    for key in SIZE_KEYS:
-        if raw.get(key) is not None:
-            cfg.get_int(raw, key, where=where)
-    for key in ACTIVATION_KEYS:
+    for key in cfg.ACTIVATION_KEYS:
         act = raw.get(key)
         if act is not None and (not isinstance(act, str) or act not in ACT2FN):
             raise QkvError(f"{where}: {key} {act!r} is not an activation transformers knows "
                            f"({', '.join(sorted(ACT2FN))})")
-    for key in ("dtype", "torch_dtype"):
-        value = raw.get(key)
-        if value is not None and value not in DTYPE_NAMES:
-            raise QkvError(f"{where}: {key} {value!r} is not a floating-point dtype qkv reads "
-                           f"({', '.join(DTYPE_NAMES)})")
-    if raw.get("attn_implementation") not in ATTENTION_IMPLEMENTATIONS:
-        raise QkvError(f"{where}: attn_implementation {raw['attn_implementation']!r} is not "
-                       f"supported: qkv runs the model on its own attention (remove the key)")
-    if raw.get("quantization_config") is not None:
-        method = raw["quantization_config"]
-        method = method.get("quant_method") if isinstance(method, dict) else method
-        raise QkvError(f"{where}: a quantized checkpoint (quantization_config {method!r}); qkv "
-                       f"reads floating-point weights")
-    for owner in _rope_sections(raw):
-        if "rope_theta" in owner:
-            cfg.get_float(owner, "rope_theta", 1.0, where=where)
-
-
-def _rope_sections(raw: dict) -> list[dict]:
-    """config.json and its rope dicts (``rope_parameters``, ``rope_scaling``, one per layer kind
-    in some models): wherever a ``rope_theta`` may be."""
-    out, todo = [], [raw]
-    while todo:
-        d = todo.pop()
-        out.append(d)
-        todo += [v for k, v in d.items() if k in ("rope_parameters", "rope_scaling") and isinstance(v, dict)]
-        if d is not raw:
-            todo += [v for v in d.values() if isinstance(v, dict)]
-    return out
 
 
 # a layer's index in a checkpoint name: model.layers.3.…, encoder.layer.3.…, transformer.h.3.…

@@ -127,3 +127,68 @@ def read_fields(cls: type, d: dict, names: Iterable[str], *, where: str = "confi
         else:
             raise TypeError(f"read_fields: {cls.__name__}.{name} has type {kind}")
     return out
+
+
+# -- what any config.json is checked for, native or transformers ------------------------------------
+# keys that hold a count or a size: a positive integer wherever they appear (a string, 0 or a
+# negative number is refused here, not met as a ZeroDivisionError inside a model's code)
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
+              "decoder_layers", "num_decoder_layers")
+SIZE_KEYS = LAYER_KEYS + (
+    "vocab_size", "hidden_size", "n_embd", "d_model", "dim", "intermediate_size", "n_inner",
+    "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "d_kv", "head_dim",
+    "num_attention_heads", "n_head", "n_heads", "num_heads", "num_key_value_heads",
+    "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "n_positions")
+ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function", "dense_act_fn")
+# attention implementations a config.json may name: qkv's attention replaces them (the others
+# need packages and kernels of their own)
+ATTENTION_IMPLEMENTATIONS = (None, "eager", "sdpa", "qkv")
+
+
+def check_common(raw: dict, where: str = "config.json") -> None:
+    """One QkvError naming the key and value for what no checkpoint qkv reads may say: a size
+    that is not a positive integer, a dtype that is not floating point, another attention
+    implementation, a quantisation, a rope_theta that is not a positive finite number (at the
+    top or in the rope dicts, as transformers 5 writes it). :func:`qkv.load` asks it of every
+    config.json it routes; a family's own reader checks the rest.
+
+    Example:
+        >>> check_common({"hidden_size": 0})
+        Traceback (most recent call last):
+        ...
+        qkv.errors.QkvError: config.json: hidden_size must be an integer >= 1, got 0
+    """
+    from qkv.models.checkpoint import DTYPE_NAMES
+
+    for key in SIZE_KEYS:
+        if raw.get(key) is not None:
+            get_int(raw, key, where=where)
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key)
+        if value is not None and value not in DTYPE_NAMES:
+            raise QkvError(f"{where}: {key} {value!r} is not a floating-point dtype qkv reads "
+                           f"({', '.join(DTYPE_NAMES)})")
+    if raw.get("attn_implementation") not in ATTENTION_IMPLEMENTATIONS:
+        raise QkvError(f"{where}: attn_implementation {raw['attn_implementation']!r} is not "
+                       f"supported: qkv runs the model on its own attention (remove the key)")
+    if raw.get("quantization_config") is not None:
+        method = raw["quantization_config"]
+        method = method.get("quant_method") if isinstance(method, dict) else method
+        raise QkvError(f"{where}: a quantized checkpoint (quantization_config {method!r}); qkv "
+                       f"reads floating-point weights")
+    for owner in _rope_sections(raw):
+        if "rope_theta" in owner:
+            get_float(owner, "rope_theta", 1.0, where=where)
+
+
+def _rope_sections(raw: dict) -> list[dict]:
+    """config.json and its rope dicts (``rope_parameters``, ``rope_scaling``, one per layer kind
+    in some models): wherever a ``rope_theta`` may be."""
+    out, todo = [], [raw]
+    while todo:
+        d = todo.pop()
+        out.append(d)
+        todo += [v for k, v in d.items() if k in ("rope_parameters", "rope_scaling") and isinstance(v, dict)]
+        if d is not raw:
+            todo += [v for v in d.values() if isinstance(v, dict)]
+    return out

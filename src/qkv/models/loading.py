@@ -40,6 +40,7 @@ from torch import nn
 
 from qkv.errors import QkvError
 from qkv.files import manifest_files, read_json, verify_listed_files
+from qkv.models import config as cfg
 from qkv.models.checkpoint import WeightFiles
 from qkv.models.family import Family
 from qkv.models.registry import FAMILIES, LOADERS, SHIPPED, VIA, minilm_dir, route
@@ -103,6 +104,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
     config_file = os.path.join(path, "config.json")
     raw = read_config(config_file)
     kind = route(raw, via, config_file)
+    cfg.check_common(raw, config_file)
     listed = manifest_files(raw, config_file)  # a qkv checkpoint: exactly these files, verified
     if listed is not None:
         verify_listed_files(path, listed)
