@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 from qkv.errors import QkvError  # noqa: E402
-from qkv.explain import attention_maps, cross_attention, cross_attention_head  # noqa: E402
+from qkv.explain import attention_maps, cross_attention  # noqa: E402
 from qkv.explain.wording import ArgumentError  # noqa: E402
 from seq2seq_dirs import eager_pair, save  # noqa: E402
 from tolerance import FUSED_FACTOR, assert_within  # noqa: E402
@@ -135,12 +135,6 @@ def test_target_on_a_model_without_cross_attention():
         with pytest.raises(ArgumentError, match="^target is for encoder-decoders") as e:
             call(lm, "a b c", target="x")
         assert e.value.argument == "target"
-
-
-def test_cross_attention_head_refused_without_head_weights(dirs):
-    model = qkv.load(dirs["bart"][0])
-    with pytest.raises(ArgumentError, match="qkv cannot redo one head's arithmetic"):
-        cross_attention_head(model, SOURCE, layer=0, head=0)
 
 
 def test_marian_separate_vocabularies_refused(dirs, tmp_path):

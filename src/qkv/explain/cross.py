@@ -378,11 +378,19 @@ def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
 
 
 def cross_attention_head(model, text: str, *, token: str | None = None, layer: int, head: int,
-                         gold: Gold = None) -> CrossHeadSteps:
+                         gold: Gold = None, target: str | None = None) -> CrossHeadSteps:
     """One cross-attention head's arithmetic for one target token, redone in float64.
 
+    On every cross-attention model the same steps: x (what the decoder layer's cross-attention
+    received) · W_Q + b → q; each source token's memory vector (the encoder's output) · W_K + b
+    → k_i, · W_V + b → v_i; the scores scaled by the model's own scale (1/√d; 1 for T5, which
+    leaves it out), its mask and bias, softmax, Σ w·v — compared stage by stage with the
+    forward's (``steps.diffs``). A transformers encoder-decoder's W_Q, W_K, W_V come from
+    :mod:`qkv.hf.projections`' table, checked against its forward (``steps.projection`` says why
+    where they could not be read: then q, k, v are the kernel's).
+
     Args:
-        model, gold: as for :func:`cross_attention`.
+        model, gold, target: as for :func:`cross_attention`.
         token: the target token (None: the last target word).
         layer, head: the decoder layer and the head within it, counting from 0.
 
@@ -396,16 +404,13 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
         >>> cs.target_index, cs.gold, cs.steps.max_abs_diff < 1e-4
         (2, (1,), True)
     """
-    model = translation_model(model)
-    if not capabilities_of(model).head_weights:
-        raise ArgumentError("head", "{model} keeps its weights in transformers: qkv cannot redo "
-                            "one head's arithmetic step by step for it yet; cross_attention shows "
-                            "every head's weights (leave out {head})", model=model.name)
+    model = translation_model(model, target=target)
     check_layer_head(model, layer, head)
-    ca = _translate_and_trace(model, text, gold)
+    ca = _translate_and_trace(model, text, gold, target)
     choice = choose(token, _target_units(ca), role="token")
     j = choice.unit
-    steps = head_steps(model.decoder[layer].cross_attn, ca.trace.decoder[layer].cross_attn,
+    decoder_layer = model.decoder[layer]  # its cross_attn (h, d, W_Q, W_K, W_V) and norm_first
+    steps = head_steps(decoder_layer.cross_attn, ca.trace.decoder[layer].cross_attn,
                        layer=layer, head=head, row=j, tokens=ca.source, model=ca.model, text=text)
     ca = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
-    return CrossHeadSteps(attention=ca, steps=steps, norm_first=model.config.norm_first)
+    return CrossHeadSteps(attention=ca, steps=steps, norm_first=decoder_layer.norm_first)

@@ -75,16 +75,23 @@ def render_cross_steps(out: Console, cs: CrossHeadSteps) -> None:
                    f"target token {j} {ca.target[j]!r} of {ca.translation!r} · head dim d = {d}"))
     E = st.x.numel()
     out.print(Text(f"1) x = {cs.x_source}\n   x = {vector(st.x)}"))
-    out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the cross-attention's "
-                   f"query projection)\n   q = {vector(st.query)}"))
+    if st.projection:  # projections qkv could not read as matrices: the kernel's q, k, v
+        out.print(Text(f"2) {st.projection}\n   q = {vector(st.query)}"))
+    else:
+        out.print(Text(f"2) q = x·W_Q + b_Q   (W_Q: {E}×{d}, this head's slice of the "
+                       f"cross-attention's query projection)\n   q = {vector(st.query)}"))
+    root = abs(st.scale * d ** 0.5 - 1) < 1e-6  # T5 leaves 1/√d out (its scale is 1)
+    scale = f"{number(st.scale, 6)} (= 1/√{d})" if root else \
+        f"{number(st.scale, 6)} (the model's scale, not 1/√{d})"
+    scaled = f"/√{d}" if root else f"×{number(st.scale, 4)}"
     out.print(Text(f"3) for every source token i, m_i = the encoder's output (the memory): "
-                   f"k_i = m_i·W_K + b_K, v_i = m_i·W_V + b_V; score q·k_i, scaled by "
-                   f"{number(st.scale, 6)} (= 1/√{d}), softmax"))
+                   f"k_i = m_i·W_K + b_K, v_i = m_i·W_V + b_V; score q·k_i, scaled by {scale}, "
+                   f"softmax"))
     gold = cs.gold
     masked = bool((st.mask != 0).any())
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     cols = [("i", "right"), ("source", "left")] + ([("gold", "left")] if gold is not None else []) + \
-           [(f"k_i ({d})", "left"), ("q·k_i", "right"), (f"/√{d}", "right")] + \
+           [(f"k_i ({d})", "left"), ("q·k_i", "right"), (scaled, "right")] + \
            ([("mask", "right")] if masked else []) + \
            [("weight", "right"), (f"v_i ({st.values.shape[-1]})", "left")]
     for name, justify in cols:

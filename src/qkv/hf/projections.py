@@ -10,6 +10,7 @@ hold their projections, by the names of their children::
     c_attn                          [q | k | v], Conv1D       GPT-2 (weight stored (in, out))
     qkv_proj, Wqkv                  [q | k | v]               Phi-3, ModernBERT, MPT
     query_key_value                 per head [q_h | k_h | v_h] GPT-NeoX
+    q, k, v                         three Linear maps         T5 (self- and cross-attention)
 
 and the per-head norms (children ``q_norm`` and ``k_norm``: Qwen3 per head, OLMo 2 over the whole
 projection — :func:`qkv.modules.multihead.head_norm` tells them apart by their width). The
@@ -123,6 +124,7 @@ LAYOUTS = (
     Layout("qkv_proj", ("qkv_proj",), _stacked),
     Layout("Wqkv", ("Wqkv",), _stacked),
     Layout("query_key_value", ("query_key_value",), _per_head),
+    Layout("q, k, v", ("q", "k", "v"), _separate),
 )
 
 #: The per-head (or whole-projection) norms between the projections and the position step.
@@ -218,14 +220,17 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
          cos_sin: tuple[torch.Tensor, torch.Tensor] | None, query: torch.Tensor, key: torch.Tensor,
-         value: torch.Tensor) -> Parts | str:
+         value: torch.Tensor, *, memory: torch.Tensor | None = None) -> Parts | str:
     """The module's :class:`Parts`, checked against one forward, or why none (in words).
 
     Args:
         x: (b, t, E) what the module received (its ``hidden_states``).
+        memory: (b, s, E) what a cross-attention projects its keys and values from (the
+            encoder's output, its ``key_value_states``); None: x itself (self-attention).
         cos_sin: the ``position_embeddings`` it received, or None.
-        query, key, value: (b, h, t, d), (b, h_kv, t, d), (b, h_kv, t, dv) as the kernel read them.
+        query, key, value: (b, h, t, d), (b, h_kv, s, d), (b, h_kv, s, dv) as the kernel read them.
     """
+    kv_input = x if memory is None else memory  # (b, s, E)
     fits = [layout for layout in LAYOUTS if layout.fits(module)]
     if not fits:
         return (f"{type(module).__name__} holds none of the projection layouts qkv reads "
@@ -239,7 +244,7 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             if wq is None or wk is None or wv is None:
                 continue
             try:
-                q, k, v = wq(x), wk(x), wv(x)  # (b, t, ·)
+                q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
             except RuntimeError:  # not of this width
                 continue
             if q_norm is not None:

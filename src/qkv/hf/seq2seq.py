@@ -23,10 +23,14 @@ adds what :mod:`qkv.explain.cross` asks every cross-attention model for
 ``translate(texts, beam=1)``
     ``generate`` on qkv's attention (greedy or beam search), decoded without special tokens.
 
-Seam: the weights come from ``output_attentions=True`` (qkv's ``attention_weights`` over the
-forward's lse). When transformers models keep per-layer q/k/lse traces (the decoder adapter's
-recording), ``cross_pass`` should read them instead, and ``capabilities.head_weights`` can turn on
-``cross_attention_head``.
+Every attention call of that forward is recorded (:mod:`qkv.hf.trace`, the one traced attention
+qkv's own layers call too): the weights are the traces', and ``CrossPass.trace`` holds each
+layer's record — like the translation model's — so :func:`qkv.explain.cross_attention_head`
+redoes a cross-attention head step by step: the decoder's x (what the module received) · W_Q + b
+→ q, the encoder's output (its ``key_value_states``: the memory) · W_K + b → k_i for every source
+token, with W_Q, W_K, W_V read by :mod:`qkv.hf.projections`' table and checked against the
+forward (``decoder[L].cross_attn``, an :class:`~qkv.hf.adapter.HFAttention`). The hooks that keep
+x and the memory are registered for the call only.
 
     >>> import qkv                                             # doctest: +SKIP
     >>> model = qkv.load("path/to/opus-mt-en-fr")              # doctest: +SKIP
@@ -38,14 +42,21 @@ recording), ``cross_pass`` should read them instead, and ``capabilities.head_wei
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
+from typing import Hashable
 
 import torch
+from torch import nn
 
 from qkv.errors import QkvError
 from qkv.files import parse_json, read_regular
+from qkv.hf.adapter import HFAttention
+from qkv.hf.projections import Sizes, as_projection, read
+from qkv.hf.trace import Recording, recording
 from qkv.models.protocol import SEQ2SEQ, CrossPass, TooLong
-
-
+from qkv.models.translation import TranslationTrace
+from qkv.modules.multihead import MultiHeadTrace
+from qkv.modules.transformer import LayerTrace
 
 # a directory's tokenizer is described by one of these (save_pretrained writes both)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
@@ -55,14 +66,20 @@ class Seq2SeqModel:
     """A transformers encoder-decoder (``hf``, eval, on qkv's attention) and its tokenizer.
 
     Fields: ``hf`` the ``…ForConditionalGeneration`` model; ``tokenizer`` transformers' own
-    tokenizer of the directory; ``name`` for messages; ``config`` the transformers config.
+    tokenizer of the directory; ``name`` for messages; ``config`` the transformers config;
+    ``decoder[L]`` layer L's :class:`CrossLayer` (its cross-attention's projections, read off a
+    forward at construction); ``capabilities`` (``head_weights`` where every layer's W_Q, W_K,
+    W_V and W_O were read).
     """
-
-    capabilities = SEQ2SEQ  # the one model protocol (qkv.models.protocol)
 
     def __init__(self, hf, tokenizer, *, name: str):
         self.hf, self.tokenizer, self.name = hf, tokenizer, name
         self.config = hf.config
+        self._keys, self.decoder = _discover(hf, name)
+        # the one model protocol (qkv.models.protocol): W_Q … W_O known where every layer's were read
+        self.capabilities = replace(SEQ2SEQ, head_weights=all(
+            layer.cross_attn.parts is not None and layer.cross_attn.out_proj is not None
+            for layer in self.decoder))
 
     @property
     def cross_shape(self) -> tuple[int, int]:
@@ -136,13 +153,14 @@ class Seq2SeqModel:
             eos = torch.isin(generated[1:], torch.tensor(eos_ids, dtype=generated.dtype)).nonzero()
             end = int(eos[0]) + 2 if len(eos) else len(generated)  # through the first EOS
             labels = generated[1:end][None]  # (1, t)
-            out = self.hf(input_ids=src, attention_mask=ones, decoder_input_ids=generated[None, :end - 1],
-                          output_attentions=True, use_cache=False)
+            inputs = dict(decoder_input_ids=generated[None, :end - 1])
         else:
             labels = self.encode_target(target)  # (1, t)
             # transformers shifts the labels itself (its decoder start token, mBART's language code)
-            out = self.hf(input_ids=src, attention_mask=ones, labels=labels, output_attentions=True,
-                          use_cache=False)
+            inputs = dict(labels=labels)
+        rec, seen = _recorded(self.hf, self._keys, input_ids=src, attention_mask=ones, **inputs)
+        trace = TranslationTrace(encoder=_layer_traces(rec, seen, "encoder"),
+                                 decoder=_layer_traces(rec, seen, "decoder"))
         tok = self.tokenizer
         ids = labels[0].tolist()
         specials = set(tok.all_special_ids)
@@ -152,16 +170,156 @@ class Seq2SeqModel:
             special=[i in specials for i in ids],
             words=[t for t, i in zip(target_tokens, ids) if i not in specials],
             translation=tok.decode(ids, skip_special_tokens=True).strip(),
-            cross=_stack(out.cross_attentions), encoder=_stack(out.encoder_attentions),
-            decoder=_stack(out.decoder_attentions))
+            cross=_weights(rec, "cross"), encoder=_weights(rec, "encoder"),
+            decoder=_weights(rec, "decoder"), trace=trace)
 
 
-def _stack(per_layer) -> torch.Tensor:
-    """transformers' per-layer (1, H, t, s) weights → (L, H, t, s)."""
-    if any(w is None for w in per_layer):
-        raise QkvError("a layer returned no attention weights: its attention does not go "
-                       "through transformers' AttentionInterface")
-    return torch.stack([w[0] for w in per_layer])
+@dataclass(frozen=True)
+class CrossLayer:
+    """One decoder layer as :func:`qkv.explain.cross_attention_head` reads it (as it reads the
+    translation model's layers): ``cross_attn`` the layer's cross-attention
+    (:class:`~qkv.hf.adapter.HFAttention`: h, d, W_Q, W_K, W_V and W_O where they were read, else
+    its ``projection_note``); ``norm_first`` whether the module reads a norm of the residual
+    stream (pre-norm: mBART, M2M100, T5) rather than the residual itself (post-norm: BART, Marian
+    — then a norm reads x + attn, which is how a forward tells them apart)."""
+
+    cross_attn: HFAttention
+    norm_first: bool
+
+
+@dataclass
+class _Seen:
+    """What one attention module received and returned in one forward: ``x`` (b, t, E) its
+    ``hidden_states``, ``memory`` (b, s, E) its ``key_value_states`` (cross-attention: the
+    encoder's output) or None, ``out`` (b, t, E) its output (after its output projection)."""
+
+    x: torch.Tensor | None = None
+    memory: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+
+
+# Discovery runs a 3-token source and a 2-token target: s ≠ t, so each attention call's
+# (queries, keys) says what it is — the encoder's self-attention, the decoder's, or a
+# cross-attention (the decoder's queries, the encoder's keys).
+PROBE = {(3, 3): "encoder", (2, 2): "decoder", (2, 3): "cross"}
+
+
+def _discover(hf: nn.Module, name: str) -> tuple[dict[int, Hashable], list[CrossLayer]]:
+    """The keys of every attention module (``("encoder" | "decoder" | "cross", layer)``, by the
+    order of their calls) and each decoder layer's :class:`CrossLayer`: two forwards of the
+    :data:`PROBE` lengths, the first listing the calls (and which projection reads each call's
+    output: its W_O), the second traced, reading W_Q, W_K, W_V off it
+    (:func:`qkv.hf.projections.read`, kept only where they rebuild the kernel's q, k, v)."""
+    device = next(hf.parameters()).device
+    src, tgt = torch.arange(1, 4, device=device)[None], torch.arange(1, 3, device=device)[None]
+    read_by: dict[int, list[torch.Tensor]] = {}  # id(projection) → what it read
+    hooks = [m.register_forward_pre_hook(lambda mod, args: read_by.setdefault(id(mod), []).append(args[0]))
+             for m in hf.modules() if as_projection(m) is not None]
+    rec = Recording(keys=None)
+    try:
+        with torch.no_grad(), recording(rec):
+            hf(input_ids=src, decoder_input_ids=tgt, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    calls = rec.calls
+    if not calls or len({id(c.module) for c in calls}) != len(calls):
+        raise QkvError(f"{name}: its attention calls do not reach qkv once per module (none, or "
+                       f"shared weights); qkv's explanations need one module per layer")
+    keys, count = {}, {kind: 0 for kind in PROBE.values()}
+    for c in calls:
+        kind = PROBE.get((c.t, c.s))
+        if kind is None:
+            raise QkvError(f"{name}: an attention call of {c.t} queries over {c.s} keys on a "
+                           f"3-token source and a 2-token target is none of the encoder's, the "
+                           f"decoder's or a cross-attention")
+        keys[id(c.module)] = (kind, count[kind])
+        count[kind] += 1
+    cross = [c for c in calls if keys[id(c.module)][0] == "cross"]
+    modules = {id(m): m for m in hf.modules()}
+    out_modules = [next((modules[i] for i, xs in read_by.items()
+                         if any(x.shape == c.output.shape and torch.equal(x, c.output) for x in xs)),
+                        None) for c in cross]
+    traced, seen = _recorded(hf, keys, input_ids=src, decoder_input_ids=tgt, inner=True)
+    layers = []
+    for i, (c, out_module) in enumerate(zip(cross, out_modules)):
+        tr, at = traced.traces[("cross", i)], seen[("cross", i)]
+        g = c.heads // c.kv_heads  # the trace's keys and values are repeated per query head
+        parts = read(c.module, Sizes(c.heads, c.kv_heads, c.head_dim, c.value_dim), at.x, None,
+                     tr.query, tr.key[:, ::g], tr.value[:, ::g], memory=at.memory)
+        attn = HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                           value_dim=c.value_dim, embed_dim=at.x.shape[-1], out_module=out_module,
+                           parts=parts)
+        summed = at.x + at.out  # (b, t, E): what a post-norm layer's norm reads
+        post_norm = any(x.shape == summed.shape and torch.equal(x, summed) for x in seen["inner"])
+        layers.append(CrossLayer(attn, norm_first=not post_norm))
+    return keys, layers
+
+
+@torch.no_grad()
+def _recorded(hf: nn.Module, keys: dict[int, Hashable], *, inner: bool = False, **inputs):
+    """One forward of ``hf`` on ``inputs`` with every attention call keyed in ``keys`` traced
+    (every row: :func:`qkv.hf.trace.recording`) → (the :class:`~qkv.hf.trace.Recording`, a
+    :class:`_Seen` per key; with ``inner``, also ``"inner"``: what every module read). Every
+    hook is removed when it returns."""
+    rec = Recording(keys=keys, rows=slice(None))
+    modules = {id(m): m for m in hf.modules()}
+    seen: dict = {key: _Seen() for key in keys.values()}
+    seen["inner"] = []
+
+    def attention_in(key):
+        def hook(module, args, kwargs):
+            seen[key].x = args[0] if args else kwargs["hidden_states"]
+            seen[key].memory = kwargs.get("key_value_states")
+        return hook
+
+    def attention_out(key):
+        def hook(module, args, output):
+            seen[key].out = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def any_in(module, args, kwargs):
+        given = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(given, torch.Tensor):
+            seen["inner"].append(given)
+
+    handles = []
+    try:
+        for i, key in keys.items():
+            handles.append(modules[i].register_forward_pre_hook(attention_in(key), with_kwargs=True))
+            handles.append(modules[i].register_forward_hook(attention_out(key)))
+        if inner:
+            handles += [m.register_forward_pre_hook(any_in, with_kwargs=True) for m in hf.modules()]
+        with recording(rec):
+            hf(**inputs, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return rec, seen
+
+
+def _layer_traces(rec: Recording, seen: dict, part: str) -> list[LayerTrace]:
+    """The encoder's (``part="encoder"``) or the decoder's :class:`LayerTrace` s, every row: the
+    self-attention's record (x: the module's input, projected into q, k and v) and, in the
+    decoder, the cross-attention's (q from x, k and v from the memory)."""
+    def record(key, memory: bool) -> MultiHeadTrace:
+        at, x = seen[key], seen[key].x  # x (b, t, E)
+        kv = at.memory if memory else x  # (b, s, E)
+        return MultiHeadTrace(rows=torch.arange(x.shape[1], device=x.device), query_input=x,
+                              key_input=kv, value_input=kv, attention=rec.traces[key],
+                              heads=rec.heads[key])
+
+    n = sum(1 for key in rec.traces if key[0] == part)
+    return [LayerTrace(record((part, i), False),
+                       cross_attn=record(("cross", i), True) if part == "decoder" else None)
+            for i in range(n)]
+
+
+def _weights(rec: Recording, part: str) -> torch.Tensor:
+    """(L, H, t, s) the traced weights of every ``part`` call (``"encoder"``, ``"decoder"``,
+    ``"cross"``), in layer order."""
+    n = sum(1 for key in rec.traces if key[0] == part)
+    return torch.stack([rec.traces[(part, i)].weights[0] for i in range(n)])
 
 
 def load(path: str | os.PathLike, *, name: str | None = None, dtype=None,
