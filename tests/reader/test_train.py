@@ -83,8 +83,10 @@ def test_killed_run_resumes_exactly(docs, tmp_path):
 
 
 def test_option_errors(docs, tmp_path):
-    with pytest.raises(QkvError, match=r"need --min-span \(8\) <= --max-span \(48\) <= --seq-len / 2 \(16\)"):
+    with pytest.raises(QkvError, match=r"need --min-span \(16\) <= --max-span \(64\) <= --seq-len / 2 \(16\)"):
         ReaderTrainConfig(seq_len=32)
+    with pytest.raises(QkvError, match=r"--random-prob must be a finite number in \[0.0, 0.5\], got 0.6"):
+        ReaderTrainConfig(repeat_prob=0.5, random_prob=0.6)
     with pytest.raises(QkvError, match=r"--max-positions \(32\) must exceed --seq-len \(32\)"):
         ReaderTrainConfig(**{**TINY, "max_positions": 32})
     with pytest.raises(QkvError, match="--vocab-size must be at least 258"):
