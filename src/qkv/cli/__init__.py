@@ -14,7 +14,7 @@ import sys
 # Command modules, in the order ``qkv --help`` lists them. A module that is missing (a feature
 # not built yet) is skipped, so the CLI keeps working while the package grows.
 COMMAND_MODULES = ("qkv.cli.explain", "qkv.cli.faithfulness", "qkv.cli.translate", "qkv.cli.demo",
-                   "qkv.cli.view", "qkv.cli.why")
+                   "qkv.cli.view", "qkv.cli.needle", "qkv.cli.atlas", "qkv.cli.why")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -143,10 +143,11 @@ def _register_softmax_demo(sub) -> None:
 
 def _probe_list() -> str:
     """The probe sets by kind, as the library's tables list them."""
-    from qkv.explain import find_heads, induction
+    from qkv.explain import find_heads, induction, retrieval
 
     return (f"{', '.join(find_heads.SENTENCE_PROBES)} over labelled sentences shipped with qkv; "
-            f"{', '.join(induction.PROBES)} on repeated random tokens (for decoders)")
+            f"{', '.join(induction.PROBES)} on repeated random tokens (for decoders); "
+            f"{', '.join(retrieval.PROBES)} on needle-in-a-haystack inputs (decoders)")
 
 
 # -- shared helpers ------------------------------------------------------------------------------

@@ -239,6 +239,8 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     # Wu et al.'s retrieval heads on needle inputs (retrieval.py: qkv heads --probe retrieval)
     ResultKind("retrieval-scores", "self_attention", "qkv.explain.render_retrieval:render_retrieval"),
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation
+    ResultKind("needle-map", "self_attention", "qkv.explain.render_retrieval:render_needle"),  # qkv needle
+    ResultKind("atlas", "self_attention", "qkv.explain.render_atlas:render_atlas"),  # qkv atlas
                (TOKEN, METHOD), document=True, encoding="document-overview"),
     ResultKind("block-map", "self_attention", "", "doc_block_map", document_results.block_map,
                _indices(document_results.block_map, "layer", "head", "block"), document=True, encoding="values"),

@@ -1,5 +1,6 @@
 """Printing :class:`~qkv.explain.retrieval.RetrievalScores` (``qkv heads --probe retrieval``):
-the inputs, the model's own copy accuracy, chance, and the heads ranked."""
+the inputs, the model's own copy accuracy, chance, and the heads ranked; and
+:class:`~qkv.explain.needle.NeedleMap` (``qkv needle``) as depth × length tables."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qkv.explain.needle import NeedleMap
 from qkv.explain.render import head_name
 from qkv.explain.retrieval import RetrievalScores
 
@@ -35,3 +37,20 @@ def render_retrieval(out: Console, result: RetrievalScores, *, top: int) -> None
     out.print(table)
     if len(ranked) > top:
         out.print(Text(f"… {len(ranked) - top} more heads (--top {len(ranked)} or --json for all)"))
+
+
+def render_needle(out: Console, result: NeedleMap) -> None:
+    """Two tables, depth × length: the needle's accuracy, the retrieval heads' attention on it."""
+    heads = ", ".join(head_name(layer, head) for layer, head in result.heads)
+    out.print(Text(f"model: {result.model} · a {result.needle}-token needle in a {result.haystack} "
+                   f"haystack, copied again at the end; {result.samples} input(s) a cell "
+                   f"(seed {result.seed}); retrieval heads: {heads}"))
+    for title, values in (("needle accuracy (share of its tokens predicted)", result.accuracy),
+                          ("retrieval heads' attention on the needle", result.attention)):
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        table.add_column("depth", justify="right")
+        for n in result.lengths:
+            table.add_column(f"{n:,}", justify="right")
+        for i, depth in enumerate(result.depths):
+            table.add_row(f"{depth:.0%}", *(f"{float(v):.2f}" for v in values[i]))
+        out.print(table)

@@ -262,12 +262,12 @@ def default_length(model) -> int:
     return DEFAULT_LENGTH if limit is None else min(DEFAULT_LENGTH, limit)
 
 
-def check_decoder(model, role: str = "probe") -> None:
+def check_decoder(model, role: str = "model") -> None:
     """ArgumentError unless ``model`` is a causal self-attention model with a next token."""
     caps = capabilities_of(model)
     if not (caps.self_attention and caps.causal and caps.next_token):
-        raise ArgumentError(role, "{name} retrieval needs a decoder that predicts the next token "
-                            "(a needle is copied token by token); {model} is not one",
+        raise ArgumentError(role, "retrieval needs a decoder that predicts the next token (a "
+                            "needle is copied token by token); {model} is not one",
                             model=forward.model_name(model))
 
 

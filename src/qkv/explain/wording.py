@@ -48,10 +48,10 @@ ARGUMENTS: Mapping[str, str] = {
     "block": "block", "rows": "rows",  # qkv.explain.document_results (a document's tiles, rows)
     "memory_limit": "memory_limit",  # qkv.explain.document
     "sequences": "sequences", "methods": "methods",  # head_effects, faithfulness
-}
     # qkv.explain.retrieval, needle, atlas
     "needle": "needle", "depth": "depth", "samples": "samples", "k": "k", "lengths": "lengths",
-    "depths": "depths", "window": "window", "contexts": "contexts",
+    "depths": "depths", "window": "window", "contexts": "contexts", "first": "first",
+}
 
 
 @dataclass(frozen=True)

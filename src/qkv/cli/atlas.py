@@ -1,0 +1,75 @@
+"""``qkv atlas``: every head's metrics over a corpus, with the contexts where each is strongest.
+
+    qkv atlas --model reader --file CORPUS.txt [--window W] [--contexts K] [--json]
+
+(:func:`qkv.explain.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
+distance, entropy; O(N) memory in the corpus.) Bars on stderr while it works (a terminal only,
+not with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from qkv.cli import options
+from qkv.cli.output import print_json
+from qkv.cli.progress import Bars
+
+FLAGS = {"window": "--window", "first": "--first", "contexts": "--contexts", "model": "--model",
+         "samples": "--samples"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from qkv.reader import NAME
+
+    p = sub.add_parser(
+        "atlas", help="every head's metrics over a corpus, and where each is strongest",
+        description="Read a UTF-8 corpus in windows and give every head its induction, "
+                    "previous-token, retrieval, sink-share, mean-distance and entropy scores, with "
+                    "its top contexts (the rows whose largest weight past the sink is largest). "
+                    "O(N) memory in the corpus length.",
+        epilog=f"example: qkv atlas --model {NAME} --file book.txt --json")
+    p.add_argument("--model", type=options.name(), default=NAME,
+                   help=f"a decoder: a shipped model ({options.model_names(self_attention=True)}) or "
+                        f"a model directory (default {NAME})")
+    p.add_argument("--file", type=options.path(), required=True, metavar="CORPUS",
+                   help="the corpus, a UTF-8 text file")
+    p.add_argument("--window", type=options.integer(2, 1 << 17), default=None,
+                   help="tokens a window (default 512, or the model's limit if fewer)")
+    p.add_argument("--first", type=options.integer(1, 1 << 17), default=1,
+                   help="how many first tokens of a window are the sink (default 1)")
+    p.add_argument("--contexts", type=options.integer(0, 100), default=3,
+                   help="top contexts kept per head (default 3)")
+    p.add_argument("--samples", type=options.integer(1, 1000), default=8,
+                   help="needle inputs of the retrieval score (default 8)")
+    p.add_argument("--json", action="store_true", help="print every number and context as JSON")
+    p.set_defaults(func=run_atlas)
+
+
+def run_atlas(args: argparse.Namespace) -> int:
+    from qkv.explain.wording import ArgumentError
+
+    try:
+        return _run(args)
+    except ArgumentError as e:
+        raise e.spelled(FLAGS) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qkv.explain.atlas import atlas
+    from qkv.explain.render import console
+    from qkv.explain.render_atlas import render_atlas
+    from qkv.models import load
+    from qkv.text import clean_text
+
+    with open(args.file, "rb") as f:
+        text = clean_text(f.read())
+    model = load(args.model)
+    with Bars(enabled=not args.json) as bars:
+        result = atlas(model, text, window=args.window, first=args.first, contexts=args.contexts,
+                       retrieval_samples=args.samples, progress=bars)
+    if args.json:
+        print_json(result.to_dict(), ensure_ascii=False)
+    else:
+        render_atlas(console(), result)
+    return 0

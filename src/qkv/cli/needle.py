@@ -1,0 +1,111 @@
+"""``qkv needle``: where a decoder finds a needle and where it loses it, over depth × length.
+
+    qkv needle --model reader --lengths 1024,4096,16384 --depths 0,50,100 [--samples N]
+               [--haystack FILE] [--png FILE] [--json]
+
+Prints two depth × length tables (:func:`qkv.explain.needle.needle_map`): the share of the
+needle's tokens the model predicts, and the retrieval heads' attention on the needle. ``--png``
+draws them as heat maps. Bars on stderr (a terminal only, not with ``--json``) while it works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkv.cli import options
+from qkv.cli.output import print_json
+from qkv.cli.progress import Bars
+
+# How this command's flags spell the library's argument roles (see qkv.explain.wording).
+FLAGS = {"lengths": "--lengths", "length": "--lengths", "depths": "--depths", "depth": "--depths",
+         "needle": "--needle", "samples": "--samples", "top": "--top", "model": "--model",
+         "probe": "--model"}
+
+MAX_LENGTH = 1 << 17  # qkv.explain.retrieval.MAX_LENGTH (tested equal): --help needs no torch
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from qkv.reader import NAME
+
+    p = sub.add_parser(
+        "needle", help="needle in a haystack: accuracy and retrieval-head attention over depth × length",
+        description="Put a random-token needle at each depth of a haystack of each length, copy it "
+                    "again at the end (teacher-forced) and measure the share of its tokens the "
+                    "model predicts and the weight its retrieval heads (qkv heads --probe "
+                    "retrieval) put on it. O(N) memory per input.",
+        epilog=f"example: qkv needle --model {NAME} --lengths 1024,4096 --depths 0,50,100")
+    p.add_argument("--model", type=options.name(), default=NAME,
+                   help=f"a decoder: a shipped model ({options.model_names(self_attention=True)}) or "
+                        f"a model directory (default {NAME})")
+    p.add_argument("--lengths", type=options.int_list(2, MAX_LENGTH, most=20), required=True,
+                   metavar="N,N,…", help="input lengths in tokens, e.g. 1024,4096,32768")
+    p.add_argument("--depths", type=options.int_list(0, 100, most=20), default=[0, 25, 50, 75, 100],
+                   metavar="P,P,…", help="needle depths in percent of the haystack (default 0,25,50,75,100)")
+    p.add_argument("--samples", type=options.integer(1, 100), default=1,
+                   help="inputs per cell, each with its own needle (default 1)")
+    p.add_argument("--needle", type=options.integer(2, 256), default=8,
+                   help="needle length in tokens (default 8)")
+    p.add_argument("--top", type=options.integer(1, 1024), default=4,
+                   help="how many retrieval heads to read (default 4)")
+    p.add_argument("--haystack", type=options.path(), default=None, metavar="FILE",
+                   help="fill the haystack with this UTF-8 text's tokens (default: random tokens)")
+    p.add_argument("--seed", type=options.seed(), default=0, help="the first input's seed (default 0)")
+    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
+                   help="also draw both maps as heat maps")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    p.set_defaults(func=run_needle)
+
+
+def haystack_ids(model, path: str | None) -> list[int] | None:
+    """The tokens of the text at ``path`` (None: none given); QkvError for an unreadable or
+    empty file."""
+    if path is None:
+        return None
+    from qkv.errors import QkvError
+    from qkv.text import clean_text
+
+    with open(path, "rb") as f:
+        text = clean_text(f.read())
+    ids = model.tokenizer.encode(text, max_length=sys.maxsize).ids if text.strip() else []
+    if not ids:
+        raise QkvError(f"--haystack {path!r} holds no text")
+    return ids
+
+
+def run_needle(args: argparse.Namespace) -> int:
+    from qkv.explain.wording import ArgumentError
+
+    try:
+        return _run(args)
+    except ArgumentError as e:
+        raise e.spelled(FLAGS) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qkv.explain.needle import needle_figure, needle_map
+    from qkv.explain.render import console
+    from qkv.explain.render_retrieval import render_needle
+    from qkv.models import load
+
+    if args.png:
+        from qkv.explain.plots import check_writable
+
+        check_writable(args.png)
+    model = load(args.model)
+    hay = haystack_ids(model, args.haystack)
+    with Bars(enabled=not args.json) as bars:
+        result = needle_map(model, lengths=args.lengths, depths=[d / 100 for d in args.depths],
+                            samples=args.samples, needle=args.needle, top=args.top, seed=args.seed,
+                            haystack=hay, progress=bars)
+    if args.png:
+        from qkv.explain.plots import save_atomic
+
+        save_atomic(needle_figure(result), args.png)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        render_needle(console(), result)
+    if args.png:
+        print(f"wrote {args.png}", file=sys.stderr)
+    return 0

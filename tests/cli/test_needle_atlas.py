@@ -1,0 +1,71 @@
+"""``qkv needle`` and ``qkv atlas``: the tables, the JSON, the picture, and one-line errors with
+exit 2 before any model runs where the flags alone are wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qkv.cli import main
+from qkv.cli import needle as cli
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_spells_the_librarys_bound():
+    from qkv.explain.retrieval import MAX_LENGTH
+
+    assert cli.MAX_LENGTH == MAX_LENGTH
+
+
+def test_needle_table_json_and_png(capsys, tmp_path):
+    png = tmp_path / "n.png"
+    code, out, err = run(capsys, "needle", "--model", "lm", "--lengths", "30,50", "--depths", "0,100",
+                         "--top", "2", "--png", str(png))
+    assert code == 0 and "needle accuracy" in out and png.stat().st_size > 0
+    code, out, _ = run(capsys, "needle", "--model", "lm", "--lengths", "30", "--depths", "50", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["kind"] == "needle-map" and d["depths"] == [0.5] and len(d["accuracy"]) == 1
+
+
+def test_atlas_json(capsys, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("baka bela dima fona gisa doma feta " * 10)
+    code, out, _ = run(capsys, "atlas", "--model", "lm", "--file", str(corpus), "--json",
+                       "--samples", "2", "--contexts", "1")
+    d = json.loads(out)
+    assert code == 0 and d["kind"] == "atlas" and len(d["heads"]) == 4
+    assert len(d["heads"][0]["contexts"]) == 1
+    code, out, _ = run(capsys, "atlas", "--model", "lm", "--file", str(corpus), "--samples", "2")
+    assert code == 0 and "previous-token" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["needle", "--model", "lm", "--lengths", "30,99"],
+     "qkv: error: --lengths 99 is more tokens than qkv-lm takes (65)"),
+    (["needle", "--model", "lm", "--lengths", "30", "--depths", "101"],
+     "qkv: error: --depths must be comma-separated whole numbers from 0 to 100, got '101'"),
+    (["needle", "--model", "lm", "--lengths", "x"],
+     "qkv: error: --lengths must be comma-separated whole numbers from 2 to 131072, got 'x'"),
+    (["needle", "--model", "minilm", "--lengths", "30"],
+     "qkv: error: retrieval needs a decoder that predicts the next token"),
+    (["needle", "--model", "lm", "--lengths", "30", "--top", "9"],
+     "qkv: error: --top must be a whole number of heads in 1–4, got 9"),
+    (["atlas", "--model", "lm", "--file", "/nonexistent/corpus.txt"],
+     "qkv: error: [Errno 2] No such file or directory"),
+    (["atlas", "--model", "lm", "--file", "CORPUS", "--window", "99"],
+     "qkv: error: --window must be a whole number of tokens in 3–65, got 99"),
+    (["atlas", "--model", "minilm", "--file", "CORPUS"],
+     "qkv: error: retrieval needs a decoder that predicts the next token"),
+])
+def test_one_line_errors(capsys, tmp_path, argv, message):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("baka bela dima")
+    argv = [str(corpus) if a == "CORPUS" else a for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.startswith(message) and err.count("\n") == 1, err
