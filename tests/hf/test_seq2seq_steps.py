@@ -33,7 +33,10 @@ EXPECTED = {
     "bart": ("q_proj, k_proj, v_proj", "q_proj", False),  # post-norm, q_proj with a bias
     "marian": ("q_proj, k_proj, v_proj", "q_proj", False),  # post-norm, sinusoidal positions
     "t5": ("q, k, v", "q", True),  # pre-norm (RMS), no biases, scale 1, a position bias
+    "mbart": ("q_proj, k_proj, v_proj", "q_proj", True),  # pre-norm
+    "m2m_100": ("q_proj, k_proj, v_proj", "q_proj", True),  # pre-norm, sinusoidal positions
 }
+PEERS = ["bart", "marian", "t5"]  # also checked against transformers' eager attention
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,7 @@ def test_every_step_is_the_forward_within_its_rounding(dirs, name):
     assert abs(float(st.weights.sum()) - 1) <= 64 * torch.finfo(torch.float64).eps
 
 
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name", PEERS)
 def test_q_and_k_are_x_and_memory_times_the_modules_own_weights(dirs, name):
     """Written out from the transformers module itself (not through qkv's table): q = x·W_Qᵀ + b
     for this head's rows, k_i = m_i·W_Kᵀ + b with m the encoder's output — which is
@@ -101,7 +104,7 @@ def test_q_and_k_are_x_and_memory_times_the_modules_own_weights(dirs, name):
     assert_within(memory, truth, plain, what="memory")
 
 
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name", PEERS)
 def test_weights_equal_transformers_eager(dirs, name):
     path, eager = dirs[name]
     model, cs = steps(path)
@@ -132,3 +135,28 @@ def test_the_panel_renders_and_nothing_stays_hooked(dirs):
     assert "not shown" not in text
     for m in model.hf.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks, type(m).__name__
+
+
+def test_projections_that_cannot_be_read_are_named(dirs):
+    """A cross-attention whose q_proj is no Linear (here wrapped in a Sequential: the table's
+    names fit, the map is not read as a matrix): the steps start from the kernel's q, k, v and
+    say why, by name; head_weights is false; from the scores on the arithmetic is the forward's."""
+    from qkv.hf.seq2seq import Seq2SeqModel
+
+    loaded = qkv.load(dirs["bart"][0])
+    attn = loaded.hf.model.decoder.layers[LAYER].encoder_attn
+    attn.q_proj = torch.nn.Sequential(attn.q_proj)
+    model = Seq2SeqModel(loaded.hf, loaded.tokenizer, name="bart")
+    assert not model.capabilities.head_weights and model.decoder[0].cross_attn.parts is not None
+    cs = cross_attention_head(model, SOURCE, target=TARGET, token="chat", layer=LAYER, head=HEAD)
+    st = cs.steps
+    assert "BartAttention" in st.projection and "x·W_Q, x·W_K and x·W_V are not shown" in st.projection
+    assert st.diffs["query"] == 0 and st.diffs["keys"] == 0  # the kernel's own
+    top = float(st.values.abs().max())
+    s = len(cs.attention.source)
+    assert st.max_abs_diff <= 4 * s * torch.finfo(torch.float32).eps * max(top, 1.0)
+    from rich.console import Console
+
+    out = Console(width=200, record=True)
+    render_cross_steps(out, cs)
+    assert "x·W_Q, x·W_K and x·W_V are not shown" in out.export_text()

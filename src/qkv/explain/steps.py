@@ -17,8 +17,10 @@ tensors the model's own forward recorded; ``max_abs_diff`` is the largest differ
 the recomputed output and the model's head output.
 
 :func:`explain_head` is the entry point for a model and a text; :func:`head_steps` does the
-arithmetic for any traced :class:`~qkv.modules.MultiHeadAttention` (the translation model's
-cross-attention included).
+arithmetic for any traced attention — a :class:`~qkv.modules.MultiHeadAttention` or a
+transformers module read by :mod:`qkv.hf.projections` (:class:`~qkv.hf.adapter.HFAttention`),
+self- or cross-attention (:func:`qkv.explain.cross_attention_head`: q from the decoder's x, each
+k_j and v_j from the encoder's memory, ``key_input``).
 """
 
 from __future__ import annotations
@@ -166,9 +168,11 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     """Recompute head ``head`` of ``module`` for traced row ``row``, and compare with the trace.
 
     Args:
-        module: the layer's :class:`~qkv.modules.MultiHeadAttention` (its weights are used).
+        module: the layer's :class:`~qkv.modules.MultiHeadAttention` or
+            :class:`~qkv.hf.adapter.HFAttention` (its weights are used).
         layer_trace: the :class:`~qkv.modules.multihead.MultiHeadTrace` the forward recorded
-            for this layer (queries for the traced rows, keys/values for every position).
+            for this layer (queries for the traced rows from ``query_input``, keys/values for
+            every position from ``key_input``/``value_input``: a cross-attention's memory).
         row: index into the traced rows (0 when one token was traced).
         tokens: the s key tokens; model, text: what was run, for the record.
 
