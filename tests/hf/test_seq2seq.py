@@ -3,9 +3,11 @@
 qkv explain and the viewer's export, and each bad input refused by name.
 
 The truth is transformers' eager attention in float64 on the same ids, ``labels=`` given to its
-own forward (it shifts them); float32 eager is the plain peer (tolerance.py). qkv's weights are
-exp(scaled score − lse) with the lse of torch's fused CPU kernel, so they carry that kernel's
-rounding: ``FUSED_FACTOR`` times the plain error (BART's cross weights: 2.1× seen on this CPU).
+own forward (it shifts them); float32 eager is the plain peer (tolerance.py). ``cross_pass``'s
+weights are the traced rows' (qkv.hf.trace: the reference path, 1.0× the plain error on all five
+here); ``output_attentions`` ones are exp(scaled score − lse) with the lse of torch's fused CPU
+kernel, so they carry that kernel's rounding: ``FUSED_FACTOR`` times the plain error (BART's
+cross weights: 2.1× seen on this CPU), the bound every comparison here allows.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ protocol: what :func:`qkv.load` returns for such a directory.
 
 The model runs with ``attn_implementation="qkv"`` (every encoder, decoder and cross-attention goes
 through :func:`qkv.hf.attention.qkv_attention_forward`; T5's relative position bias arrives as
-``bias=``), so the weights it reports are qkv's own, from the forward's log-sum-exp. The adapter
+``bias=``), so the weights it reports are qkv's own (``output_attentions``: from the forward's
+log-sum-exp; ``cross_pass``: the traced rows', below). The adapter
 adds what :mod:`qkv.explain.cross` asks every cross-attention model for
 (:class:`~qkv.models.protocol.CrossPass`):
 
