@@ -77,6 +77,9 @@ class Seq2SeqModel:
         self.hf, self.tokenizer, self.name = hf, tokenizer, name
         self.config = hf.config
         self._keys, self.decoder = _discover(hf, name)
+        if len(self.decoder) != self.cross_shape[0]:
+            raise QkvError(f"{name}: {len(self.decoder)} cross-attention calls reached qkv in a "
+                           f"forward, but its config has {self.cross_shape[0]} decoder layers")
         # the one model protocol (qkv.models.protocol): W_Q … W_O known where every layer's were read
         self.capabilities = replace(SEQ2SEQ, head_weights=all(
             layer.cross_attn.parts is not None and layer.cross_attn.out_proj is not None
