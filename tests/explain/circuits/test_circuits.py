@@ -84,7 +84,7 @@ def test_lm_terms_sum_to_the_score(lm64, layer, head):
     check_sum(score_attribution(lm64, LM_TEXT, layer=layer, head=head, token=7, key=4))
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen2", "qwen3", "phi3", "gemma", "opt"])
 def test_transformers_terms_sum_to_the_score(hf64, name):
     model = hf64(name)
     for layer in range(len(model.layers)):

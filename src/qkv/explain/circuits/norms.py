@@ -9,8 +9,8 @@ so with σ (or rms) frozen at the value the forward computed, y is affine in x: 
 into parts x = Σ_c x_c carries through as y = Σ_c (x_c − mean(x_c)) · γ/σ + β (the standard,
 exact reading of that forward: Elhage et al. 2021, "folding" the norm; Ferrando et al. 2022).
 
-:func:`linearise` reads γ, β and ε off the module and keeps the form only where it rebuilds the
-module's own output on x (else the norm is named: Gemma's 1 + γ, a norm with another formula).
+:func:`linearise` reads γ (or Gemma's 1 + γ), β and ε off the module and keeps the form only
+where it rebuilds the module's own output on x (else the norm is named).
 
 Example:
     >>> import torch
@@ -73,14 +73,16 @@ def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
     x64 = x.double()
     E = x.shape[-1]
     weight = getattr(norm, "weight", None)
-    gamma = weight.detach().double() if isinstance(weight, torch.Tensor) else x64.new_ones(E)
+    weight = weight.detach().double() if isinstance(weight, torch.Tensor) else None
+    # γ as the module stores it, or 1 + γ (Gemma's RMSNorm keeps the offset from 1)
+    gammas = (x64.new_ones(E),) if weight is None else (weight, 1 + weight)
     bias = getattr(norm, "bias", None)
     beta = bias.detach().double() if isinstance(bias, torch.Tensor) else x64.new_zeros(E)
     eps = _eps(norm, x.dtype)
     with torch.no_grad():
         want = norm(x)
     y = want.double() - beta  # (n, E)
-    for centres in (True, False):
+    for gamma, centres in ((g, c) for g in gammas for c in (True, False)):
         centred = x64 - x64.mean(-1, keepdim=True) if centres else x64
         spread = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (n, 1): σ or rms
         # the scale the forward computed, read off its output where it has one (an RMSNorm of
