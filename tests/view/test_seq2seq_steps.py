@@ -53,3 +53,10 @@ def test_cross_steps_out_of_range_is_4xx(client):
     r = c.post("/api/cross_steps", json={"model": path, "text": SOURCE, "layer": 9, "head": 0})
     assert r.status_code == 422 and r.json()["error"]["field"] == "layer"
     assert "Traceback" not in r.text
+
+
+def test_info_says_the_model_has_head_weights(client):
+    c, path = client
+    info = c.get("/api/info").json()
+    caps = next(m["capabilities"] for m in info["models"] if m["name"] == path)
+    assert caps["cross_attention"] and caps["head_weights"] and not caps["self_attention"]
