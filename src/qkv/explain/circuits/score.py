@@ -36,7 +36,7 @@ import torch
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
-from qkv.explain.circuits.residual import Stream, stream
+from qkv.explain.circuits.residual import Stream, names, stream
 from qkv.explain.contributions.base import run
 from qkv.explain.forward import check_layer_head, encode, model_name
 from qkv.explain.jsonable import numbers
@@ -253,26 +253,28 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
-    query = stream(model, fwd, layer, torch.tensor([i]))
-    q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
-    dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
     tokens = list(encoding.tokens)
     if key is None:
+        query = stream(model, fwd, layer, torch.tensor([i]))
+        q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
+        dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
         return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype)
     j = _pick(model, text, encoding, key, "key")
     if not torch.isfinite(mask[j]):
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)
-    keyside = stream(model, fwd, layer, torch.tensor([j]))
-    k = side(model, fwd, keyside, layer, head, "k")[:, 0]  # (C, d)
+    both = stream(model, fwd, layer, torch.tensor([i, j]))  # the query's and the key's input
+    q = side(model, fwd, both, layer, head, "q")[:, 0]  # (C, d)
+    k = side(model, fwd, both, layer, head, "k")[:, 1]  # (C, d)
+    dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
     dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
     terms = (q @ k.T) * scale  # (C, C)
     score = float(att.scores[0, head, 0, j]) * scale
     cap = att.softcap
     return ScoreAttribution(
         model=model_name(model), text=text, tokens=tokens, layer=layer, head=head, token_index=i,
-        key_index=j, query_components=query.names, key_components=keyside.names, terms=terms,
+        key_index=j, query_components=both.names, key_components=both.names, terms=terms,
         score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
         q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
         capped=None if cap is None else float(soft_cap(torch.tensor(score), cap)),
@@ -283,7 +285,7 @@ def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) ->
     """Every key's score split over the key-side components, ``keys`` in chunks (O(N · C))."""
     att = fwd.traces[layer].self_attn.attention
     E = fwd.hidden_states[layer].shape[-1]
-    C = len(stream(model, fwd, layer, keys[:1]).names)
+    C = len(names(model, layer))
     step = max(1, CHUNK_NUMBERS // (C * E))
     terms, bounds = [], []
     for start in range(0, len(keys), step):
