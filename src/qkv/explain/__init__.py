@@ -36,6 +36,10 @@ plus printing: ``--json`` prints ``to_dict()``.
 * ``cross_attention_head(model, text, *, token, layer, head, gold)`` → :class:`CrossHeadSteps`
   (``… --model translate --layer L --head H``)
 * ``received.attention_received(model, text, *, layer, head, words)`` → each key's Σ_i w_ij
+* ``probe(model, "retrieval")`` → :class:`RetrievalScores` (Wu et al.'s retrieval heads on
+  needle inputs); ``needle_map(model, lengths=…, depths=…)`` → :class:`NeedleMap` (``qkv
+  needle``); ``atlas(model, corpus)`` → :class:`Atlas`: every head's metrics over a corpus
+  (``qkv atlas``) — each at O(N) memory
 
 ``model`` is a model from :func:`qkv.load` (pass it in; nothing here loads or caches models),
 asked for its ``capabilities`` (:mod:`qkv.models.protocol`): self-attention models for the
@@ -108,6 +112,9 @@ from qkv.explain.interventions import Ablation, Patching, ablate, patch
 from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
 from qkv.explain.overview import HeadRow, Overview, explain
 from qkv.explain.steps import HeadSteps, explain_head
+from qkv.explain.retrieval import RetrievalScores, retrieval_ablation
+from qkv.explain.needle import NeedleMap, needle_map
+from qkv.explain.atlas import Atlas, atlas
 from qkv.explain.wording import ArgumentError, Message
 
 __all__ = [
@@ -117,5 +124,6 @@ __all__ = [
     "explain_head", "heads", "no_projection", "probe", "Contributions", "Document", "document",
     "Ablation", "Faithfulness", "HeadEffects", "Patching", "ablate", "faithfulness", "head_effects",
     "patch", "Composition", "LogitAttribution", "ScoreAttribution", "ScoreRow", "composition",
-    "logit_attribution", "score_attribution",
+    "logit_attribution", "score_attribution", "RetrievalScores", "retrieval_ablation", "NeedleMap",
+    "needle_map", "Atlas", "atlas",
 ]
