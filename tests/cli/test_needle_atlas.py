@@ -69,3 +69,13 @@ def test_one_line_errors(capsys, tmp_path, argv, message):
     argv = [str(corpus) if a == "CORPUS" else a for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_heads_probe_retrieval_ablate_scores_are_the_probes(capsys):
+    import qkv
+    from qkv.explain.retrieval import retrieval_probe
+
+    code, out, _ = run(capsys, "heads", "--probe", "retrieval", "--ablate", "--model", "lm", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["probe"] == "retrieval"
+    assert d["scores"] == retrieval_probe(qkv.load("lm")).scores.tolist()

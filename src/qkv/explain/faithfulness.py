@@ -40,7 +40,7 @@ from typing import Callable, ClassVar, Iterable
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain import contributions, forward, induction
+from qkv.explain import contributions, forward, induction, retrieval
 from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.head_effects import HeadEffects, head_effects, task
 from qkv.explain.wording import ArgumentError
@@ -96,6 +96,10 @@ def method_scores(model, probe: str, method: str, *, sequences: int, length: int
         from qkv.explain.find_heads import probe as coref_probe
 
         return coref_probe(model, "coref", method=method).accuracy
+    if probe in retrieval.PROBES:  # its score reads the weights' argmax: the probe's own
+        from qkv.explain.find_heads import probe as retrieval_probe
+
+        return retrieval_probe(model, probe, method=method).scores
     task_ = task(model, probe, sequences=sequences, length=length, seed=seed)  # what is ablated
     return _sequence_scores(model, probe, method, task_.ids, task_.length)
 
