@@ -13,6 +13,7 @@ import qkv
 from qkv.explain.document import document
 from qkv.explain.document_heads import head_spans
 from qkv.explain.maps import attention_maps
+from qkv.errors import QkvError
 from qkv.explain.wording import ArgumentError
 from qkv.models.registry import data_dir
 
@@ -83,5 +84,5 @@ def test_first_must_be_a_token_count():
         with pytest.raises(ArgumentError, match="first must be a whole number of tokens in 1–4"):
             head_spans(doc, first=bad)
     assert head_spans(doc).ranked("distance")[0][2] >= head_spans(doc).ranked("distance")[-1][2]
-    with pytest.raises(ArgumentError, match="metric must be one of sink, distance"):
+    with pytest.raises(QkvError, match="metric must be one of sink, distance, got 'entropy'"):
         head_spans(doc).ranked("entropy")

@@ -37,6 +37,7 @@ from typing import ClassVar
 import torch
 
 from qkv.attention.received import attention_received
+from qkv.errors import QkvError
 from qkv.explain.document import Document
 from qkv.explain.forward import model_name
 from qkv.explain.wording import ArgumentError
@@ -66,8 +67,7 @@ class HeadSpans:
     def ranked(self, metric: str = "sink") -> list[tuple[int, int, float]]:
         """(layer, head, value) for ``metric`` (``"sink"`` or ``"distance"``), largest first."""
         if metric not in METRICS:
-            raise ArgumentError("metric", "{name} must be one of {known}, got {value!r}",
-                                value=metric, known=", ".join(METRICS))
+            raise QkvError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
         values = getattr(self, metric)
         L, H = values.shape
         return sorted(((layer, head, float(values[layer, head])) for layer in range(L) for head in range(H)),
