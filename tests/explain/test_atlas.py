@@ -93,3 +93,15 @@ def test_a_transformers_llama(tmp_path):
 def test_bad_arguments(kw, match):
     with pytest.raises(ArgumentError, match=match):
         atlas(qkv.load("lm"), "baka bela", **(dict(window=40) | kw))
+
+
+@pytest.mark.skipif(not __import__("os").path.isfile(__import__("os").path.join(
+    __import__("qkv.models.registry", fromlist=["data_dir"]).data_dir("reader"), "config.json")),
+    reason="no reader")
+def test_the_reader_past_its_window():
+    reader = qkv.load("reader")
+    text = "The file is closed when the block ends, and the name still refers to it. " * 14
+    got = check(reader, qkv.load("reader", dtype=torch.float64), text,
+                window=reader.config.sliding_window + 37)
+    # a windowed head looks no further back than its window
+    assert float(got.metrics["distance"].max()) <= reader.config.sliding_window - 1
