@@ -41,8 +41,11 @@ def test_atlas_json(capsys, tmp_path):
     d = json.loads(out)
     assert code == 0 and d["kind"] == "atlas" and len(d["heads"]) == 4
     assert len(d["heads"][0]["contexts"]) == 1
-    code, out, _ = run(capsys, "atlas", "--model", "lm", "--file", str(corpus), "--samples", "2")
-    assert code == 0 and "previous-token" in out
+    page = tmp_path / "atlas.html"
+    code, out, err = run(capsys, "atlas", "--model", "lm", "--file", str(corpus), "--samples", "2",
+                         "--html", str(page))
+    assert code == 0 and "previous-token" in out and f"wrote {page}" in err
+    assert '"kind": "atlas"' in page.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -60,6 +63,8 @@ def test_atlas_json(capsys, tmp_path):
      "qkv: error: [Errno 2] No such file or directory"),
     (["atlas", "--model", "lm", "--file", "CORPUS", "--window", "99"],
      "qkv: error: --window must be a whole number of tokens in 3–65, got 99"),
+    (["atlas", "--model", "lm", "--file", "CORPUS", "--html", "/nonexistent-dir/x/a.html"],
+     "qkv: error: --html '/nonexistent-dir/x/a.html': the directory '/nonexistent-dir/x' does not exist"),
     (["atlas", "--model", "minilm", "--file", "CORPUS"],
      "qkv: error: retrieval needs a decoder that predicts the next token"),
 ])

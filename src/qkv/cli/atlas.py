@@ -1,15 +1,17 @@
 """``qkv atlas``: every head's metrics over a corpus, with the contexts where each is strongest.
 
-    qkv atlas --model reader --file CORPUS.txt [--window W] [--contexts K] [--json]
+    qkv atlas --model reader --file CORPUS.txt [--window W] [--contexts K] [--html FILE] [--json]
 
 (:func:`qkv.explain.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
-distance, entropy; O(N) memory in the corpus.) Bars on stderr while it works (a terminal only,
+distance, entropy; O(N) memory in the corpus.) ``--html``: a page with every head a point by two
+chosen metrics, a click listing its contexts (:mod:`qkv.view.atlas_page`). Bars on stderr while it works (a terminal only,
 not with ``--json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from qkv.cli import options
 from qkv.cli.output import print_json
@@ -42,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="top contexts kept per head (default 3)")
     p.add_argument("--samples", type=options.integer(1, 1000), default=8,
                    help="needle inputs of the retrieval score (default 8)")
+    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
+                   help="also write a page: every head a point by two metrics you choose, a "
+                        "click listing its contexts (self-contained, no server)")
     p.add_argument("--json", action="store_true", help="print every number and context as JSON")
     p.set_defaults(func=run_atlas)
 
@@ -62,14 +67,25 @@ def _run(args: argparse.Namespace) -> int:
     from qkv.models import load
     from qkv.text import clean_text
 
+    if args.html:
+        from qkv.paths import check_output_path
+
+        check_output_path(args.html, flag="--html", example="atlas.html")  # before the model runs
     with open(args.file, "rb") as f:
         text = clean_text(f.read())
     model = load(args.model)
     with Bars(enabled=not args.json) as bars:
         result = atlas(model, text, window=args.window, first=args.first, contexts=args.contexts,
                        retrieval_samples=args.samples, progress=bars)
+    if args.html:
+        from qkv.files import atomic_write_text
+        from qkv.view.atlas_page import atlas_page
+
+        atomic_write_text(args.html, atlas_page(result.to_dict()))
     if args.json:
         print_json(result.to_dict(), ensure_ascii=False)
     else:
         render_atlas(console(), result)
+    if args.html:
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0

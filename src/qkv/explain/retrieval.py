@@ -120,7 +120,7 @@ def needle_input(model, *, length: int, depth: float, needle: int = DEFAULT_NEED
         >>> import qkv
         >>> x = needle_input(qkv.load("lm"), length=30, depth=0.5, needle=4)
         >>> x.ids.shape, x.start, x.query, bool((x.ids[x.start:x.start + 4] == x.ids[-4:]).all())
-        (torch.Size([30]), 12, 26, True)
+        (torch.Size([30]), 11, 26, True)
     """
     hay = check_needle(model, length=length, needle=needle, depth=depth)
     rng = random.Random(seed)
