@@ -25,9 +25,11 @@ def test_the_cli_spells_the_librarys_bound():
 
 def test_needle_table_json_and_png(capsys, tmp_path):
     png = tmp_path / "n.png"
+    page = tmp_path / "n.html"
     code, out, err = run(capsys, "needle", "--model", "lm", "--lengths", "30,50", "--depths", "0,100",
-                         "--top", "2", "--png", str(png))
+                         "--top", "2", "--png", str(png), "--html", str(page))
     assert code == 0 and "needle accuracy" in out and png.stat().st_size > 0
+    assert page.read_text(encoding="utf-8").count("<td") == 2 * 2 * 2  # two maps of 2 × 2 cells
     code, out, _ = run(capsys, "needle", "--model", "lm", "--lengths", "30", "--depths", "50", "--json")
     d = json.loads(out)
     assert code == 0 and d["kind"] == "needle-map" and d["depths"] == [0.5] and len(d["accuracy"]) == 1

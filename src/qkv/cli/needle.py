@@ -1,7 +1,7 @@
 """``qkv needle``: where a decoder finds a needle and where it loses it, over depth × length.
 
     qkv needle --model reader --lengths 1024,4096,16384 --depths 0,50,100 [--samples N]
-               [--haystack FILE] [--png FILE] [--json]
+               [--haystack FILE] [--png FILE] [--html FILE] [--json]
 
 Prints two depth × length tables (:func:`qkv.explain.needle.needle_map`): the share of the
 needle's tokens the model predicts, and the retrieval heads' attention on the needle. ``--png``
@@ -53,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=options.seed(), default=0, help="the first input's seed (default 0)")
     p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
                    help="also draw both maps as heat maps")
+    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
+                   help="also write both maps as a self-contained page")
     p.add_argument("--json", action="store_true", help="print every number as one JSON object")
     p.set_defaults(func=run_needle)
 
@@ -92,6 +94,10 @@ def _run(args: argparse.Namespace) -> int:
         from qkv.explain.plots import check_writable
 
         check_writable(args.png)
+    if args.html:
+        from qkv.paths import check_output_path
+
+        check_output_path(args.html, flag="--html", example="needle.html")  # before the model runs
     model = load(args.model)
     hay = haystack_ids(model, args.haystack)
     with Bars(enabled=not args.json) as bars:
@@ -102,10 +108,16 @@ def _run(args: argparse.Namespace) -> int:
         from qkv.explain.plots import save_atomic
 
         save_atomic(needle_figure(result), args.png)
+    if args.html:
+        from qkv.files import atomic_write_text
+        from qkv.view.needle_page import needle_page
+
+        atomic_write_text(args.html, needle_page(result.to_dict()))
     if args.json:
         print_json(result.to_dict())
     else:
         render_needle(console(), result)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
+    for written in (args.png, args.html):
+        if written:
+            print(f"wrote {written}", file=sys.stderr)
     return 0
