@@ -5,8 +5,10 @@
   on MiniLM (post-norm, 6 × 12 heads: 80 components) and the shipped ``lm`` and ``reader``;
 * a whole row of a long document: ``score_attribution(..., key=None)`` (every key the head scores,
   each split over the key-side components, in position chunks: O(N · C) memory) on the shipped
-  ``reader`` (a Mistral: 4 layers × 4 heads, window 128) at ``--length`` tokens, against its
-  forward; the growth of the peak RSS (ru_maxrss) during the row, over the forward's.
+  ``reader`` (a Mistral: 4 layers × 4 heads, window 128) at ``--length`` tokens, and on a
+  random-weight causal Llama with no window (4 layers × 8 heads, d_model 256, the lm's byte
+  tokenizer) so the last token's row holds every key, each against its forward; the growth of the
+  peak RSS (ru_maxrss) during the row, over the forward's.
 
 Goals (issue 29): one attribution ≤ 3× a forward; a row of a 16k document ≤ 10× its forward,
 memory O(N).
@@ -78,25 +80,45 @@ def main() -> None:
         print(f"  {name:7s} {t:3d} tokens: forward {f * 1e3:7.2f} ms, attribution {a * 1e3:7.2f} ms "
               f"→ {r:.2f}×")
     reader = qkv.load("reader")
-    ids = reader.tokenizer.encode(PROSE * (args.length // 30)).ids[:args.length]
-    text = reader.tokenizer.decode(ids)
-    n = len(reader.tokenizer.encode(text).ids)
-    tokens = torch.tensor([reader.tokenizer.encode(text).ids])
+    row(reader, "reader", PROSE, args.length)
+    from qkv.models.llama import LlamaConfig, LlamaModel
+
+    lm = qkv.load("lm")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=lm.config.vocab_size, hidden_size=256, intermediate_size=1024,
+                         num_hidden_layers=4, num_attention_heads=8,
+                         max_position_embeddings=args.length + 8)
+    from qkv.models.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(lm.tokenizer._tok, name="llama-4x256", max_length=args.length + 8)
+    causal = LlamaModel(config, tokenizer=tokenizer, name="llama-4x256 (random)").eval()
+    row(causal, "llama-4x256 (random, causal)", LM_TEXT + " ", args.length)
+
+
+def row(model, name: str, unit: str, length: int) -> None:
+    """The last token's whole row at ``length`` tokens against one forward of the same text."""
+    per = len(model.tokenizer.encode(unit).ids)
+    ids = model.tokenizer.encode(unit * (length // per + 2)).ids
+    text = model.tokenizer.decode(ids[:length])
+    tokens = torch.tensor([model.tokenizer.encode(text).ids[:length]])
+    text = model.tokenizer.decode(tokens[0].tolist())
+    tokens = torch.tensor([model.tokenizer.encode(text).ids])
+    n = tokens.shape[1]
+    layer = len(model.layers) - 1
     with torch.no_grad():
         start = time.perf_counter()
-        reader(tokens, torch.ones_like(tokens))
+        model(tokens, torch.ones_like(tokens))
         forward = time.perf_counter() - start
         before = rss_mb()
         start = time.perf_counter()
-        row = score_attribution(reader, text, layer=3, head=0, token=n - 1)
+        r = score_attribution(model, text, layer=layer, head=0, token=n - 1)
         spent = time.perf_counter() - start
-    print(f"a whole row on reader at {n} tokens (layer 3 head 0, the last token; "
-          f"{len(row.keys)} keys scored, {len(row.key_components)} components)")
+    print(f"a whole row on {name} at {n} tokens (layer {layer} head 0, the last token; "
+          f"{len(r.keys)} keys scored, {len(r.key_components)} components)")
     print(f"  forward {forward:.2f} s, row {spent:.2f} s → {spent / forward:.2f}×; peak RSS "
           f"{before:.0f} MiB after the forward, {rss_mb():.0f} MiB after the row; "
-          f"max |Σ terms − score| {float((row.terms.sum(1) - row.scores).abs().max()):.2g} "
-          f"≤ bound {row.bound:.2g}")
-
+          f"max |Σ terms − score| {float((r.terms.sum(1) - r.scores).abs().max()):.2g} "
+          f"≤ bound {r.bound:.2g}")
 
 if __name__ == "__main__":
     main()
