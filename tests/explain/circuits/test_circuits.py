@@ -185,3 +185,21 @@ def test_removing_a_component_from_a_pre_norm_key_rescales(lm64):
 def test_a_sandwich_norm_is_refused_by_name(hf64):
     with pytest.raises(QkvError, match="does not form"):
         score_attribution(hf64("gemma2"), HF_TEXT, layer=1, head=0, token="it", key="pizza")
+
+
+def test_a_post_norm_row_sums_to_every_score(minilm64):
+    row = score_attribution(minilm64, SENTENCE, layer=3, head=1, token="it")
+    assert row.terms.shape == (14, 41)  # every key of an encoder, 1 + 3 × 13 + 1 components
+    assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= TIGHT * 10
+
+
+def test_a_transformers_post_norm_layer_is_refused_by_name(tmp_path):
+    pytest.importorskip("transformers")
+    from archs import ENCODERS, build
+    from test_adapter import save_tokenizer
+
+    build(ENCODERS, "bert").save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, encoder=True)
+    with pytest.raises(QkvError, match="post-norm and its feed-forward is not one qkv runs"):
+        score_attribution(qkv.load(tmp_path, via="hf"), HF_TEXT, layer=1, head=0, token="it",
+                          key="pizza")
