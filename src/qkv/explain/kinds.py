@@ -232,15 +232,15 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                "cross_steps", cross.cross_attention_head, (TOKEN, LAYER, HEAD),
                lambda r: {"token": r.target_index, "layer": r.steps.layer, "head": r.steps.head},
                result=cross.CrossHeadSteps, panel="main"),
-    # every head's sink share and attention distance over a long document (document_heads.py)
-    ResultKind("head-spans", "self_attention", ""),
-    # a long document (qkv view --file): one recorded forward answers every question, O(N)
-    ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
     # Wu et al.'s retrieval heads on needle inputs (retrieval.py: qkv heads --probe retrieval)
     ResultKind("retrieval-scores", "self_attention", "qkv.explain.render_retrieval:render_retrieval"),
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation
     ResultKind("needle-map", "self_attention", "qkv.explain.render_retrieval:render_needle"),  # qkv needle
     ResultKind("atlas", "self_attention", "qkv.explain.render_atlas:render_atlas"),  # qkv atlas
+    # every head's sink share and attention distance over a long document (document_heads.py)
+    ResultKind("head-spans", "self_attention", ""),
+    # a long document (qkv view --file): one recorded forward answers every question, O(N)
+    ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
                (TOKEN, METHOD), document=True, encoding="document-overview"),
     ResultKind("block-map", "self_attention", "", "doc_block_map", document_results.block_map,
                _indices(document_results.block_map, "layer", "head", "block"), document=True, encoding="values"),
