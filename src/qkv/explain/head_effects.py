@@ -70,7 +70,7 @@ MAX_BATCH = 512
 # -- the probes' data ----------------------------------------------------------------------------
 def alternating_pairs(model, *, sequences: int, length: int, seed: int) -> torch.Tensor:
     """(sequences, prefix + 2·length) ids: prefix, then x y repeated ``length`` times (x ≠ y)."""
-    ordinary = induction._ordinary_ids(model)
+    ordinary = model.tokenizer.ordinary_ids()
     prefix = induction._prefix_ids(model)
     rng = random.Random(seed)
     rows = [prefix + rng.sample(ordinary, 2) * length for _ in range(sequences)]
