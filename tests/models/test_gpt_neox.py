@@ -145,7 +145,7 @@ def test_sharded_checkpoint_loads_the_same_weights(pythia_like, tmp_path):
     for (name, a), (_, b) in zip(one.state_dict().items(), sharded.state_dict().items()):
         assert torch.equal(a, b), name
     os.remove(tmp_path / shards[1])
-    with pytest.raises(QkvError, match=f"{shards[1]} is missing \\(a shard listed in .*index.json\\)"):
+    with pytest.raises(QkvError, match=f"{shards[1]} is missing \\(named in .*index.json\\)"):
         load(tmp_path)
 
 

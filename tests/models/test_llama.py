@@ -180,7 +180,7 @@ def test_unsupported_options_are_named(tiny_dir, tmp_path, change, message):
 
 
 def test_unsupported_model_type_names_the_supported_ones(tiny_dir, tmp_path):
-    with pytest.raises(QkvError, match=r"model_type 'mixtral' is not supported; qkv runs .*llama.*mistral.*qwen2.*qwen3"):
+    with pytest.raises(QkvError, match=r"model_type 'mixtral' is not supported natively; qkv runs .*llama.*mistral.*qwen2.*qwen3"):
         load(_with_config(tiny_dir, tmp_path / "x", {"model_type": "mixtral"}), via="native")
 
 
