@@ -51,16 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_atlas)
 
 
+
+
+@options.in_flags(FLAGS)
 def run_atlas(args: argparse.Namespace) -> int:
-    from qkv.explain.wording import ArgumentError
-
-    try:
-        return _run(args)
-    except ArgumentError as e:
-        raise e.spelled(FLAGS) from None
-
-
-def _run(args: argparse.Namespace) -> int:
     from qkv.explain.atlas import atlas
     from qkv.explain.render import console
     from qkv.explain.render_atlas import render_atlas

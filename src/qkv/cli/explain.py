@@ -17,7 +17,6 @@ arguments (``token``, ``source``); :data:`FLAGS` re-spells them as this command 
 from __future__ import annotations
 
 import argparse
-import functools
 import shlex
 import sys
 
@@ -151,21 +150,6 @@ def _probe_list() -> str:
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-def _in_flags(run):
-    """Run a command; re-raise a :mod:`qkv.explain` ArgumentError in the words of :data:`FLAGS`."""
-
-    @functools.wraps(run)
-    def wrapper(args: argparse.Namespace) -> int:
-        from qkv.explain.wording import ArgumentError
-
-        try:
-            return run(args)
-        except ArgumentError as e:
-            raise e.spelled(FLAGS) from None
-
-    return wrapper
-
-
 def _notes(notes) -> None:
     for note in notes:
         print(f"qkv: note: {note.spelled(FLAGS)}", file=sys.stderr)
@@ -219,7 +203,7 @@ def _check_png(path: str | None) -> None:
 
 
 # -- qkv explain -----------------------------------------------------------------------------------
-@_in_flags
+@options.in_flags(FLAGS)
 def run_explain(args: argparse.Namespace) -> int:
     from qkv.explain.forward import check_text, check_top
 
@@ -359,7 +343,7 @@ def _explain_translation(model, args) -> int:
 
 
 # -- qkv heads -------------------------------------------------------------------------------------
-@_in_flags
+@options.in_flags(FLAGS)
 def run_heads(args: argparse.Namespace) -> int:
     from qkv.explain.forward import check_text, check_top
 
@@ -405,7 +389,7 @@ def _heads_probe(model, args) -> int:
 
 
 # -- qkv softmax-demo ----------------------------------------------------------------------------
-@_in_flags
+@options.in_flags(FLAGS)
 def run_softmax_demo(args: argparse.Namespace) -> int:
     from qkv.explain.render import console, render_saturation
     from qkv.explain.saturation import saturation

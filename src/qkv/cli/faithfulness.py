@@ -63,16 +63,10 @@ def check(args: argparse.Namespace) -> None:
         raise QkvError(f"unknown --mode {args.mode!r}; known: {', '.join(MODES)}")
 
 
+
+
+@options.in_flags(FLAGS)
 def run_faithfulness(args: argparse.Namespace) -> int:
-    from qkv.explain.wording import ArgumentError
-
-    try:
-        return _run(args)
-    except ArgumentError as e:
-        raise e.spelled(FLAGS) from None
-
-
-def _run(args: argparse.Namespace) -> int:
     from qkv.explain.faithfulness import faithfulness
     from qkv.models import load
     from qkv.explain.render import console

@@ -75,16 +75,10 @@ def haystack_ids(model, path: str | None) -> list[int] | None:
     return ids
 
 
+
+
+@options.in_flags(FLAGS)
 def run_needle(args: argparse.Namespace) -> int:
-    from qkv.explain.wording import ArgumentError
-
-    try:
-        return _run(args)
-    except ArgumentError as e:
-        raise e.spelled(FLAGS) from None
-
-
-def _run(args: argparse.Namespace) -> int:
     from qkv.explain.needle import needle_figure, needle_map
     from qkv.explain.render import console
     from qkv.explain.render_retrieval import render_needle

@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -310,3 +311,22 @@ def _one_line(message: str, prog: str) -> str:
             message = f"{m.group(1).split('/')[0]}: {m.group(2)}"
         message += f" (see {prog} --help)"
     return " ".join(message.split())
+
+
+def in_flags(flags: dict[str, str]):
+    """Decorator for a command's ``run(args)``: a :mod:`qkv.explain` ArgumentError it raises is
+    re-raised in the words of ``flags`` (the library says ``token``, the command line ``--token``)."""
+
+    def decorate(run):
+        @functools.wraps(run)
+        def wrapper(args: argparse.Namespace) -> int:
+            from qkv.explain.wording import ArgumentError
+
+            try:
+                return run(args)
+            except ArgumentError as e:
+                raise e.spelled(flags) from None
+
+        return wrapper
+
+    return decorate

@@ -47,16 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_why)
 
 
+
+
+@options.in_flags(FLAGS)
 def run_why(args: argparse.Namespace) -> int:
-    from qkv.explain.wording import ArgumentError
-
-    try:
-        return _run(args)
-    except ArgumentError as e:
-        raise e.spelled(FLAGS) from None
-
-
-def _run(args: argparse.Namespace) -> int:
     from qkv.explain import score_attribution
     from qkv.explain.circuits.render import render_terms, terms_figure
     from qkv.explain.render import console
