@@ -31,9 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "its top contexts (the rows whose largest weight past the sink is largest). "
                     "O(N) memory in the corpus length.",
         epilog=f"example: qkv atlas --model {NAME} --file book.txt --json")
-    p.add_argument("--model", type=options.name(), default=NAME,
-                   help=f"a decoder: a shipped model ({options.model_names(self_attention=True)}) or "
-                        f"a model directory (default {NAME})")
+    options.add_model_argument(p, default=NAME, self_attention=True, what="a decoder: ")
     p.add_argument("--file", type=options.path(), required=True, metavar="CORPUS",
                    help="the corpus, a UTF-8 text file")
     p.add_argument("--window", type=options.integer(2, 1 << 17), default=None,

@@ -61,9 +61,7 @@ def _register_explain(sub) -> None:
                     "the real numbers. Layers, heads and indices count from 0.",
         epilog=f'example: qkv explain "{EXAMPLE}" --token it')
     p.add_argument("text", type=options.text(), help="the text to run the model on")
-    p.add_argument("--model", type=options.name(), default="minilm",
-                   help=f"a shipped model ({options.model_names()}) or a model directory "
-                        "(default minilm)")
+    options.add_model_argument(p, default="minilm")
     p.add_argument("--token", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the token to explain: a word (its last occurrence), WORD@N (occurrence N, "
                         "from 0) or an index (default: the last word). A whole number is always "
@@ -102,9 +100,7 @@ def _register_heads(sub) -> None:
         epilog=f'examples:\n  qkv heads "{EXAMPLE}" --from it --to pizza\n  qkv heads --probe coref')
     p.add_argument("text", nargs="?", type=options.text(), default=None,
                    help="the text (not with --probe)")
-    p.add_argument("--model", type=options.name(), default="minilm",
-                   help=f"a shipped model ({options.model_names(self_attention=True)}) or a model "
-                        "directory (default minilm)")
+    options.add_model_argument(p, default="minilm", self_attention=True)
     p.add_argument("--from", dest="source", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the word attention comes from (default: the last word; a whole number "
                         "is an index)")

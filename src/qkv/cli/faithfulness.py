@@ -37,9 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "method on the same probe, and print the rank correlation of each method "
                     "with the ablation effects.",
         epilog="example: qkv faithfulness --model lm --probe induction")
-    p.add_argument("--model", type=options.name(), default="minilm",
-                   help=f"a shipped model ({options.model_names(self_attention=True)}) or a model "
-                        "directory (default minilm)")
+    options.add_model_argument(p, default="minilm", self_attention=True)
     p.add_argument("--probe", type=options.name(), required=True, metavar="PROBE",
                    help=f"one of {', '.join(PROBES)} (the first two for decoders)")
     p.add_argument("--mode", type=options.name(), default="zero", metavar="MODE",

@@ -35,9 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "model predicts and the weight its retrieval heads (qkv heads --probe "
                     "retrieval) put on it. O(N) memory per input.",
         epilog=f"example: qkv needle --model {NAME} --lengths 1024,4096 --depths 0,50,100")
-    p.add_argument("--model", type=options.name(), default=NAME,
-                   help=f"a decoder: a shipped model ({options.model_names(self_attention=True)}) or "
-                        f"a model directory (default {NAME})")
+    options.add_model_argument(p, default=NAME, self_attention=True, what="a decoder: ")
     p.add_argument("--lengths", type=options.int_list(2, MAX_LENGTH, most=20), required=True,
                    metavar="N,N,…", help="input lengths in tokens, e.g. 1024,4096,32768")
     p.add_argument("--depths", type=options.int_list(0, 100, most=20), default=[0, 25, 50, 75, 100],

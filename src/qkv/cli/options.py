@@ -330,3 +330,12 @@ def in_flags(flags: dict[str, str]):
         return wrapper
 
     return decorate
+
+
+def add_model_argument(parser: argparse.ArgumentParser, *, default: str, self_attention: bool = False,
+                       what: str = "") -> None:
+    """``--model``: a shipped model's name or a model directory, its help listing the shipped names
+    (``what`` says what kind of model the command needs, e.g. ``"a decoder: "``)."""
+    parser.add_argument("--model", type=name(), default=default,
+                        help=f"{what}a shipped model ({model_names(self_attention=self_attention)}) "
+                             f"or a model directory (default {default})")

@@ -29,9 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "rotation); the terms sum to the forward's score.",
         epilog=f'example: qkv why "{EXAMPLE}" --token it --to pizza --layer 3 --head 1')
     p.add_argument("text", type=options.text(), help="the text to run the model on")
-    p.add_argument("--model", type=options.name(), default="minilm",
-                   help=f"a shipped model ({options.model_names(self_attention=True)}) or a model "
-                        "directory (default minilm)")
+    options.add_model_argument(p, default="minilm", self_attention=True)
     p.add_argument("--token", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the query token: a word, WORD@N or an index (default: the last word)")
     p.add_argument("--to", type=options.word(), required=True, metavar="WORD|INDEX",
