@@ -40,7 +40,20 @@ from qkv.modules.multihead import head_norm, norm_width
 
 
 @dataclass(frozen=True)
-class HeadSteps:
+class OneHead:
+    """What names one head's answer for one token of a text: the fields every per-head result
+    starts with (``HeadSteps`` here, the score attributions of :mod:`qkv.explain.circuits`)."""
+
+    model: str
+    text: str
+    tokens: list[str]
+    layer: int
+    head: int
+    token_index: int
+
+
+@dataclass(frozen=True)
+class HeadSteps(OneHead):
     """Every number of one head's attention for one token, recomputed in float64.
 
     Shapes: x (E,); query (d,); keys (s, d); values (s, dv); scores, scaled, mask, weights (s,);
@@ -66,12 +79,6 @@ class HeadSteps:
 
     kind: ClassVar[str] = "steps"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    tokens: list[str]
-    layer: int
-    head: int
-    token_index: int
     head_dim: int
     scale: float
     x: torch.Tensor

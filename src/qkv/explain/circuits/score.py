@@ -41,7 +41,7 @@ from qkv.explain.contributions.base import run
 from qkv.explain.forward import check_layer_head, encode, model_name
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
-from qkv.explain.steps import head_slice
+from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.modules.multihead import norm_width
 
@@ -51,7 +51,7 @@ CHUNK_NUMBERS = 1 << 22
 
 
 @dataclass(frozen=True)
-class ScoreAttribution:
+class ScoreAttribution(OneHead):
     """One head's score of one key, as a (query components × key components) matrix.
 
     Fields:
@@ -69,12 +69,6 @@ class ScoreAttribution:
 
     kind: ClassVar[str] = "score-attribution"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    tokens: list[str]
-    layer: int
-    head: int
-    token_index: int
     key_index: int
     query_components: tuple[str, ...]
     key_components: tuple[str, ...]
@@ -116,7 +110,7 @@ class ScoreAttribution:
 
 
 @dataclass(frozen=True)
-class ScoreRow:
+class ScoreRow(OneHead):
     """One head's scores of every key for one query, each split over the key-side components.
 
     Fields:
@@ -129,12 +123,6 @@ class ScoreRow:
 
     kind: ClassVar[str] = "score-row"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    tokens: list[str]
-    layer: int
-    head: int
-    token_index: int
     keys: torch.Tensor
     key_components: tuple[str, ...]
     terms: torch.Tensor
