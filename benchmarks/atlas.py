@@ -47,7 +47,7 @@ def child(n: int, threads: int, model_name: str) -> dict:
 
     torch.set_num_threads(threads)
     import qkv
-    from qkv.explain.atlas import atlas
+    from qkv.explain.probes.atlas import atlas
 
     model = qkv.load(model_name)
     text = _text(model, n)

@@ -84,8 +84,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import qkv
-    from qkv.explain.faithfulness import faithfulness
-    from qkv.explain.head_effects import head_effects, task
+    from qkv.explain.causal.faithfulness import faithfulness
+    from qkv.explain.causal.head_effects import head_effects, task
 
     print(f"threads {args.threads}, {args.rounds} rounds, {args.mode} ablation; goal: "
           f"head_effects ≤ 2.0× (layers × heads) plain forwards")

@@ -87,7 +87,7 @@ def endpoints(examples: int, seed: int, slow: float, rss_mib: float) -> bool:
     from conftest import serving
     from view_checks import long_text, tiny_decoder
 
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
     from qkv.explain.kinds import KINDS
     from qkv.view.api import Api, Models
 
@@ -182,7 +182,7 @@ def causal_calls(rng: random.Random, lm):
     import torch
 
     from qkv.explain import ablate, faithfulness, head_effects, patch
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     ids = lm.tokenizer.encode("the cat sat on the mat").ids
     texts = ([ids, ids[:2], ids[::-1]],
@@ -220,7 +220,7 @@ def causal_calls(rng: random.Random, lm):
 
 
 def _document_of(lm):
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     return document(lm, lm.tokenizer.decode(list(range(10, 60))))  # 50 of its own words
 

@@ -62,7 +62,7 @@ def peak_mb() -> float:
 
 
 def available_mb() -> float:
-    from qkv.explain.document import available_bytes
+    from qkv.explain.long.document import available_bytes
 
     return (available_bytes() or 0) / 2**20
 
@@ -98,7 +98,7 @@ def text_of(model, n: int) -> str:
 
 def one_doc(spec: dict) -> dict:
     import qkv
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     torch.set_num_threads(spec["threads"])
     model = qkv.load(spec["dir"])

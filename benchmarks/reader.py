@@ -36,8 +36,8 @@ def child(n: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     import qkv
-    from qkv.explain.document import document
-    from qkv.explain.document_heads import head_spans
+    from qkv.explain.long.document import document
+    from qkv.explain.long.document_heads import head_spans
     from pathlib import Path
 
     from qkv.reader.corpus import DEFAULT_DIR, HELD_OUT, page_text

@@ -1,6 +1,6 @@
 """Training and decoding speed of qkv's translation model, against torch's own, in the same run.
 
-Training: qkv's :class:`~qkv.models.translation.TranslationModel` against a model built on
+Training: qkv's :class:`~qkv.translate.model.TranslationModel` against a model built on
 ``torch.nn.Transformer`` with the same sizes (post-norm, ReLU, same embeddings × √d, sinusoidal
 positions, tied generator), the same batches (``get_batch`` of the grammar's training split), the
 same loss (label-smoothed cross-entropy) and the same optimiser (AdamW, gradient clipping).
@@ -27,7 +27,7 @@ import warnings
 import torch
 from torch import nn
 
-from qkv.models.translation import TranslationModel
+from qkv.translate.model import TranslationModel
 from qkv.modules import SinusoidalPositionalEncoding
 from qkv.translate.data import encode_pairs, get_batch, load_splits
 from qkv.translate.decode import greedy_decode

@@ -305,7 +305,7 @@ def document_test(tokens: int, switches: int) -> dict:
     from playwright.sync_api import sync_playwright
 
     import qkv
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
     from qkv.models.llama import LlamaConfig, LlamaModel
     from qkv.view.api import Api, Models
     from qkv.view.server import bind, create_app, make_server, url_of

@@ -202,7 +202,7 @@ def test_causal_arguments_are_valueerrors(lm, case):
 
 def test_the_cli_bounds_sequences_by_the_librarys_bound(capsys):
     from qkv.cli import main
-    from qkv.explain.induction import MAX_SEQUENCES
+    from qkv.explain.probes.induction import MAX_SEQUENCES
 
     assert main(["faithfulness", "--model", "lm", "--sequences", str(MAX_SEQUENCES + 1)]) == 2
     assert f"{MAX_SEQUENCES + 1}" in capsys.readouterr().err
@@ -228,7 +228,7 @@ DOCUMENT_ERRORS = {
 
 
 def _document(model, **kw):
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     return document(model, "the cat sat on the mat", **kw)
 

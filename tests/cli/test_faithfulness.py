@@ -18,8 +18,8 @@ def run(capsys, *argv):
 
 
 def test_the_cli_lists_the_library_names():
-    from qkv.explain.head_effects import PROBES
-    from qkv.explain.interventions import MODES
+    from qkv.explain.causal.head_effects import PROBES
+    from qkv.explain.causal.interventions import MODES
 
     assert cli.PROBES == PROBES and cli.MODES == MODES  # spelled in the CLI so --help needs no torch
 
@@ -74,8 +74,8 @@ def test_a_transformers_encoder_decoder_supports_no_probe(capsys, tmp_path):
     the library says the same and lists no probe for it."""
     pytest.importorskip("transformers")
     import qkv
-    from qkv.explain.faithfulness import faithfulness
-    from qkv.explain.head_effects import probes_for
+    from qkv.explain.causal.faithfulness import faithfulness
+    from qkv.explain.causal.head_effects import probes_for
     from qkv.explain.wording import ArgumentError
     from seq2seq_dirs import save
 
@@ -103,7 +103,7 @@ def test_progress_is_told_and_drawn_on_a_terminal_only():
     from rich.console import Console
 
     from qkv.cli.progress import Bars
-    from qkv.explain.faithfulness import faithfulness
+    from qkv.explain.causal.faithfulness import faithfulness
 
     told = []
     methods = ["weight", "rollout", "flow"]  # flow is skipped on 51-token sequences: still a step

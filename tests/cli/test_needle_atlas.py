@@ -18,7 +18,7 @@ def run(capsys, *argv):
 
 
 def test_the_cli_spells_the_librarys_bound():
-    from qkv.explain.retrieval import MAX_LENGTH
+    from qkv.explain.probes.retrieval import MAX_LENGTH
 
     assert cli.MAX_LENGTH == MAX_LENGTH
 
@@ -80,7 +80,7 @@ def test_one_line_errors(capsys, tmp_path, argv, message):
 
 def test_heads_probe_retrieval_ablate_scores_are_the_probes(capsys):
     import qkv
-    from qkv.explain.retrieval import retrieval_probe
+    from qkv.explain.probes.retrieval import retrieval_probe
 
     code, out, _ = run(capsys, "heads", "--probe", "retrieval", "--ablate", "--model", "lm", "--json")
     d = json.loads(out)

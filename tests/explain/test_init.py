@@ -11,7 +11,7 @@ def test_the_library_functions_are_exported():
                  "cross_attention", "cross_attention_head", "ArgumentError"):
         assert name in qkv.explain.__all__ and hasattr(qkv.explain, name)
     # a function never shadows a submodule of the same name
-    from qkv.explain import find_heads
+    from qkv.explain.probes import find_heads
 
     assert callable(qkv.explain.heads) and find_heads.heads is qkv.explain.heads
 

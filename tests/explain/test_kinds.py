@@ -64,7 +64,7 @@ def test_every_result_class_has_a_row():
             if cls.__module__ == info.name and isinstance(getattr(cls, "kind", None), str) \
                     and callable(getattr(cls, "to_dict", None)):
                 kinds[f"{info.name}.{name}"] = cls.kind
-    assert "qkv.explain.head_effects.HeadEffects" in kinds  # the walk finds the results
+    assert "qkv.explain.causal.head_effects.HeadEffects" in kinds  # the walk finds the results
     assert {c: k for c, k in kinds.items() if k not in KINDS} == {}
 
 

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 from qkv.explain import cross_attention_head  # noqa: E402
-from qkv.explain.render_cross import render_cross_steps  # noqa: E402
+from qkv.explain.rendering.render_cross import render_cross_steps  # noqa: E402
 from seq2seq_dirs import eager_pair, save  # noqa: E402
 from tolerance import FUSED_FACTOR, assert_within, ulp, unit_roundoff_ratio  # noqa: E402
 

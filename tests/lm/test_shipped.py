@@ -13,7 +13,7 @@ import os
 import pytest
 
 import qkv
-from qkv.explain.induction import induction_probe
+from qkv.explain.probes.induction import induction_probe
 from qkv.lm.train import read_training
 from qkv.models.loading import lm_dir
 

@@ -260,7 +260,7 @@ def test_attention_sink_is_named(tiny_dir, capsys):
     assert sum(r.argmax == 0 for r in ov.rows if r.layer == 0) == h
     from rich.console import Console
 
-    from qkv.explain.render import render_overview
+    from qkv.explain.rendering.render import render_overview
 
     console = Console(record=True, width=300)
     render_overview(console, ov)

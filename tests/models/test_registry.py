@@ -149,12 +149,6 @@ def test_route_refuses_by_name(raw, via, message):
         route(raw, via, "config.json")
 
 
-# the one module of models/ still reaching up: the translation model decodes with and reads its
-# grammar from translate/ (lazily); moving those below models/ is the translation model's own
-# change (issue 28 item 4), not the registry's
-STILL_REACHING_UP = {"qkv.models.translation"}
-
-
 def test_models_import_nothing_above_them():
     """models/ sits below hf/, translate/, explain/ …: loaders are named in the registry by module
     path, so no module of models/ imports them (counting imports inside functions)."""
@@ -165,4 +159,4 @@ def test_models_import_nothing_above_them():
     reaching = {m: sorted(d for d in deps if d != "qkv" and not d.startswith(below))
                 for m, deps in graph.items() if m.startswith("qkv.models")}
     reaching = {m: deps for m, deps in reaching.items() if deps}
-    assert set(reaching) <= STILL_REACHING_UP, reaching
+    assert not reaching, reaching

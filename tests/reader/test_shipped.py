@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.explain.induction import induction_probe
+from qkv.explain.probes.induction import induction_probe
 from qkv.models.registry import data_dir
 from qkv.reader.train import read_training
 
@@ -97,7 +97,7 @@ def test_the_record_names_the_run_the_corpus_and_beats_unigram():
 
 
 def test_a_ten_thousand_token_text_is_one_document(reader):
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     text = PROSE * 230
     doc = document(reader, text)

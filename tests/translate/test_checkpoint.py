@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkv.errors import QkvError
-from qkv.models.translation import TranslationConfig, TranslationModel
+from qkv.translate.model import TranslationConfig, TranslationModel
 from qkv.translate.checkpoint import (
     DEFAULT_MODEL_NAME, default_model_dir, is_translation_model, load_checkpoint, resolve_model_dir,
     save_checkpoint,

@@ -75,7 +75,7 @@ def test_docstring_examples_of_the_translation_modules():
     import doctest
     import importlib
 
-    names = ["qkv.models.translation", "qkv.translate.data", "qkv.translate.decode",
+    names = ["qkv.translate.model", "qkv.translate.data", "qkv.translate.decode",
              "qkv.translate.metrics", "qkv.translate.train", "qkv.translate.vocab"]
     for name in names:
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)

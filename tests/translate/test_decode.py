@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkv.errors import QkvError
-from qkv.models.translation import TranslationConfig, TranslationModel
+from qkv.translate.model import TranslationConfig, TranslationModel
 from qkv.translate.checkpoint import load_checkpoint
 from qkv.translate.data import load_splits, pad
 from qkv.translate.decode import beam_search, greedy_decode, translate

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from qkv.models.translation import TranslationConfig, TranslationModel
+from qkv.translate.model import TranslationConfig, TranslationModel
 from qkv.translate.data import encode_pairs, iter_batches, load_splits
 from qkv.translate.grammar import make_pair
 from qkv.translate.metrics import AlignmentScores, bleu, exact_match, gold_matrix, head_alignment

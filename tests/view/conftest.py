@@ -50,7 +50,7 @@ LONG_TOKENS = 3000  # "a few thousand tokens": the page's token strip and block 
 def long_document(model):
     """The Document of a ~3,000-token text read by a random Llama decoder (tiny_decoder with
     4,096 positions)."""
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     return document(tiny_decoder(model, positions=4096, name=LONG), long_text(LONG_TOKENS - 2))
 

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from view_checks import FRENCH_TEXT, TEXT, assert_shown, assert_steps
 
 from qkv.explain import attention_map, cross_attention, cross_attention_head, explain, explain_head
-from qkv.explain.induction import induction_probe
+from qkv.explain.probes.induction import induction_probe
 from qkv.translate.gold import grammar_gold
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import qkv
-from qkv.explain.atlas import atlas
+from qkv.explain.probes.atlas import atlas
 from qkv.view.atlas_page import atlas_page
 
 

@@ -11,7 +11,7 @@ import re
 import torch
 from view_checks import assert_shown
 
-from qkv.explain.document_results import received
+from qkv.explain.long.document_results import received
 
 READY = "() => document.body.dataset.state === 'ready'"
 

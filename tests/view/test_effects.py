@@ -8,7 +8,7 @@ import re
 
 from view_checks import DECODER, TEXT, assert_shown
 
-from qkv.explain.head_effects import head_effects, probes_for
+from qkv.explain.causal.head_effects import head_effects, probes_for
 
 READ_EFFECTS = """() => ({
   labels: [...document.querySelectorAll('#grid button.cell')].map((c) => [

@@ -107,7 +107,7 @@ def traced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     extras = dict(mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
                   softcap=softcap, sinks=sinks)
     trace, weights = None, None
-    if isinstance(rows, LseRequest):  # qkv.explain.document: every row's lse, O(t)
+    if isinstance(rows, LseRequest):  # qkv.explain.long.document: every row's lse, O(t)
         if softcap is not None or sinks is not None:  # a document's rows and sums take neither
             raise QkvError("a document of a model with soft-capped attention logits (Gemma 2) or "
                            "sink logits (gpt-oss) is not supported yet: its weights would leave "

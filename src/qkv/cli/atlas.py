@@ -2,7 +2,7 @@
 
     qkv atlas --model reader --file CORPUS.txt [--window W] [--contexts K] [--html FILE] [--json]
 
-(:func:`qkv.explain.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
+(:func:`qkv.explain.probes.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
 distance, entropy; O(N) memory in the corpus.) ``--html``: a page with every head a point by two
 chosen metrics, a click listing its contexts (:mod:`qkv.view.atlas_page`). Bars on stderr while it works (a terminal only,
 not with ``--json``).
@@ -53,9 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @options.in_flags(FLAGS)
 def run_atlas(args: argparse.Namespace) -> int:
-    from qkv.explain.atlas import atlas
-    from qkv.explain.render import console
-    from qkv.explain.render_atlas import render_atlas
+    from qkv.explain.probes.atlas import atlas
+    from qkv.explain.rendering.render import console
+    from qkv.explain.rendering.render_atlas import render_atlas
     from qkv.models import load
     from qkv.text import clean_text
 

@@ -90,7 +90,7 @@ def _register_explain(sub) -> None:
 def _register_heads(sub) -> None:
     # The probe names are the library's table (importing it costs ~0.1 s: qkv.cli.methods has
     # already imported qkv.explain); a new probe then needs no edit here.
-    from qkv.explain.find_heads import PROBES
+    from qkv.explain.probes.find_heads import PROBES
 
     p = sub.add_parser(
         "heads", help=f"rank heads by the weight from one word to another, or run a probe ({', '.join(PROBES)})",
@@ -138,7 +138,7 @@ def _register_softmax_demo(sub) -> None:
 
 def _probe_list() -> str:
     """The probe sets by kind, as the library's tables list them."""
-    from qkv.explain import find_heads, induction, retrieval
+    from qkv.explain.probes import find_heads, induction, retrieval
 
     return (f"{', '.join(find_heads.SENTENCE_PROBES)} over labelled sentences shipped with qkv; "
             f"{', '.join(induction.PROBES)} on repeated random tokens (for decoders); "
@@ -169,7 +169,7 @@ def _refuse_non_finite(model, text: str, result: dict) -> None:
 
 
 def _save(fig, path: str) -> None:
-    from qkv.explain.plots import save_atomic
+    from qkv.explain.rendering.plots import save_atomic
 
     save_atomic(fig, path)
 
@@ -193,7 +193,7 @@ def _self_attention_model(name: str):
 
 def _check_png(path: str | None) -> None:
     if path:
-        from qkv.explain.plots import check_writable
+        from qkv.explain.rendering.plots import check_writable
 
         check_writable(path)  # before the model runs, so a typo costs nothing
 
@@ -253,7 +253,7 @@ def _show(args, result, *, model=None, figure=None) -> int:
     from importlib import import_module
 
     from qkv.explain.kinds import kind_of
-    from qkv.explain.render import console
+    from qkv.explain.rendering.render import console
 
     row, doc, png = kind_of(result), result.to_dict(), getattr(args, "png", None)
     if model is not None:
@@ -284,7 +284,7 @@ def _explain_overview(model, args) -> int:
                  layer=args.layer, **methods.method_args(args))
 
     def figure():
-        from qkv.explain.figures import overview_figure
+        from qkv.explain.rendering.figures import overview_figure
 
         return overview_figure(ov)
     return _show(args, ov, model=model, figure=figure)
@@ -297,7 +297,7 @@ def _explain_steps(model, args) -> int:
                       words=args.words)
 
     def figure():
-        from qkv.explain.figures import map_figure
+        from qkv.explain.rendering.figures import map_figure
 
         return map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
                                         words=args.words))
@@ -331,7 +331,7 @@ def _explain_translation(model, args) -> int:
                                       layer=args.layer)
 
     def figure():
-        from qkv.explain.figures import cross_figure, cross_head_figure
+        from qkv.explain.rendering.figures import cross_figure, cross_head_figure
 
         return (cross_head_figure(ca, args.layer, args.head) if args.head is not None
                 else cross_figure(ca))
@@ -350,7 +350,7 @@ def run_heads(args: argparse.Namespace) -> int:
     if args.probe is not None:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
-        from qkv.explain.find_heads import PROBES
+        from qkv.explain.probes.find_heads import PROBES
 
         if args.probe not in PROBES:  # fail before the model loads
             raise QkvError(f"unknown probe {args.probe!r}; known probes: {', '.join(PROBES)}")
@@ -387,7 +387,7 @@ def _heads_probe(model, args) -> int:
 # -- qkv softmax-demo ----------------------------------------------------------------------------
 @options.in_flags(FLAGS)
 def run_softmax_demo(args: argparse.Namespace) -> int:
-    from qkv.explain.render import console, render_saturation
+    from qkv.explain.rendering.render import console, render_saturation
     from qkv.explain.saturation import saturation
 
     dims = args.dims

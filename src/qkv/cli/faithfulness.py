@@ -5,7 +5,7 @@
 
 Each head is ablated alone and the probe's metric measured (:mod:`qkv.explain.head_effects`);
 every contribution method scores the heads on the same probe; the table is Spearman's ρ between
-the two (:func:`qkv.explain.faithfulness.faithfulness`). ``--png`` draws each head's effect
+the two (:func:`qkv.explain.causal.faithfulness.faithfulness`). ``--png`` draws each head's effect
 against its attention score. While it works, bars on stderr (a terminal only, not with
 ``--json``) show the ablations and the methods scored.
 """
@@ -18,14 +18,14 @@ import sys
 from qkv.cli import options
 from qkv.cli.output import print_json
 from qkv.cli.progress import Bars
-from qkv.explain import induction  # its MAX_SEQUENCES bounds --sequences and the library alike
+from qkv.explain.probes import induction  # its MAX_SEQUENCES bounds --sequences and the library alike
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
 FLAGS = {"effects_probe": "--probe", "probe": "--probe", "mode": "--mode", "method": "--method",
          "length": "--length"}
 
-PROBES = ("induction", "previous-token", "coref")  # qkv.explain.head_effects.PROBES (tested equal)
-MODES = ("zero", "mean")  # qkv.explain.interventions.MODES (tested equal)
+PROBES = ("induction", "previous-token", "coref")  # qkv.explain.causal.head_effects.PROBES (tested equal)
+MODES = ("zero", "mean")  # qkv.explain.causal.interventions.MODES (tested equal)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,14 +65,14 @@ def check(args: argparse.Namespace) -> None:
 
 @options.in_flags(FLAGS)
 def run_faithfulness(args: argparse.Namespace) -> int:
-    from qkv.explain.faithfulness import faithfulness
+    from qkv.explain.causal.faithfulness import faithfulness
     from qkv.models import load
-    from qkv.explain.render import console
-    from qkv.explain.render_faithfulness import effects_figure, render_faithfulness
+    from qkv.explain.rendering.render import console
+    from qkv.explain.rendering.render_faithfulness import effects_figure, render_faithfulness
 
     check(args)
     if args.png:
-        from qkv.explain.plots import check_writable
+        from qkv.explain.rendering.plots import check_writable
 
         check_writable(args.png)
     model = load(args.model)
@@ -80,7 +80,7 @@ def run_faithfulness(args: argparse.Namespace) -> int:
         result = faithfulness(model, args.probe, mode=args.mode, sequences=args.sequences,
                               progress=bars)
     if args.png:
-        from qkv.explain.plots import save_atomic
+        from qkv.explain.rendering.plots import save_atomic
 
         save_atomic(effects_figure(result), args.png)
     if args.json:
@@ -94,10 +94,10 @@ def run_faithfulness(args: argparse.Namespace) -> int:
 
 def run_heads_ablate(model, args: argparse.Namespace) -> int:
     """``qkv heads --probe P --ablate``: each head's ablation effect beside its probe score."""
-    from qkv.explain.faithfulness import method_scores
-    from qkv.explain.head_effects import head_effects
-    from qkv.explain.render import console
-    from qkv.explain.render_faithfulness import render_effects
+    from qkv.explain.causal.faithfulness import method_scores
+    from qkv.explain.causal.head_effects import head_effects
+    from qkv.explain.rendering.render import console
+    from qkv.explain.rendering.render_faithfulness import render_effects
 
     from qkv.explain.contributions import DEFAULT
 

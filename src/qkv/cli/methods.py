@@ -71,8 +71,8 @@ def method_args(args: argparse.Namespace) -> dict:
 def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
     """``qkv explain TEXT --compare``: every method's top words for ``--token``."""
     from qkv.explain.contributions.compare import compare
-    from qkv.explain.render import console
-    from qkv.explain.render_contributions import render_compare
+    from qkv.explain.rendering.render import console
+    from qkv.explain.rendering.render_contributions import render_compare
 
     _estimate_compare(model, args.text)
     result = compare(model, args.text, token=args.token, words=args.words, top=args.top,

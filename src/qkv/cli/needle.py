@@ -3,7 +3,7 @@
     qkv needle --model reader --lengths 1024,4096,16384 --depths 0,50,100 [--samples N]
                [--haystack FILE] [--png FILE] [--html FILE] [--json]
 
-Prints two depth × length tables (:func:`qkv.explain.needle.needle_map`): the share of the
+Prints two depth × length tables (:func:`qkv.explain.probes.needle.needle_map`): the share of the
 needle's tokens the model predicts, and the retrieval heads' attention on the needle. ``--png``
 draws them as heat maps. Bars on stderr (a terminal only, not with ``--json``) while it works.
 """
@@ -22,7 +22,7 @@ FLAGS = {"lengths": "--lengths", "length": "--lengths", "depths": "--depths", "d
          "needle": "--needle", "samples": "--samples", "top": "--top", "model": "--model",
          "probe": "--model"}
 
-MAX_LENGTH = 1 << 17  # qkv.explain.retrieval.MAX_LENGTH (tested equal): --help needs no torch
+MAX_LENGTH = 1 << 17  # qkv.explain.probes.retrieval.MAX_LENGTH (tested equal): --help needs no torch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,13 +77,13 @@ def haystack_ids(model, path: str | None) -> list[int] | None:
 
 @options.in_flags(FLAGS)
 def run_needle(args: argparse.Namespace) -> int:
-    from qkv.explain.needle import needle_figure, needle_map
-    from qkv.explain.render import console
-    from qkv.explain.render_retrieval import render_needle
+    from qkv.explain.probes.needle import needle_figure, needle_map
+    from qkv.explain.rendering.render import console
+    from qkv.explain.rendering.render_retrieval import render_needle
     from qkv.models import load
 
     if args.png:
-        from qkv.explain.plots import check_writable
+        from qkv.explain.rendering.plots import check_writable
 
         check_writable(args.png)
     if args.html:
@@ -97,7 +97,7 @@ def run_needle(args: argparse.Namespace) -> int:
                             samples=args.samples, needle=args.needle, top=args.top, seed=args.seed,
                             haystack=hay, progress=bars)
     if args.png:
-        from qkv.explain.plots import save_atomic
+        from qkv.explain.rendering.plots import save_atomic
 
         save_atomic(needle_figure(result), args.png)
     if args.html:

@@ -1,7 +1,7 @@
 """Progress bars on stderr for commands that take more than a few seconds.
 
 The library reports progress through a plain callback, ``progress(stage, done, total)`` (e.g.
-:func:`qkv.explain.faithfulness.faithfulness`, :func:`qkv.explain.head_effects.head_effects`);
+:func:`qkv.explain.causal.faithfulness.faithfulness`, :func:`qkv.explain.causal.head_effects.head_effects`);
 :class:`Bars` is that callback drawn with rich: one bar per stage, on stderr, and nothing at all
 when stderr is not a terminal or the command prints ``--json`` — a pipe or a log gets only the
 command's own lines.

@@ -323,7 +323,7 @@ def render_report(report: dict, file=None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from qkv.explain.render import console
+    from qkv.explain.rendering.render import console
 
     out = console(file)
     decoding = "greedy" if report["beam"] == 1 else f"beam {report['beam']}"

@@ -8,7 +8,7 @@ model once (so a bad ``--model`` fails here, not in the page), prints the URL an
 Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and exits.
 
 ``--file``: a long text (up to the model's positions) read from a file and explained once,
-before the server starts, by :func:`qkv.explain.document.document` (one forward, O(N) memory;
+before the server starts, by :func:`qkv.explain.long.document.document` (one forward, O(N) memory;
 its memory estimate — tokenising, then the tokens and the recorded forward — is checked before
 each; bars on stderr on a terminal). A missing, empty or non-UTF-8 file, more tokens than the
 model takes or more memory than there is: one error line, and no server.
@@ -132,7 +132,7 @@ def _document(model, path: str, text: str):
     """The Document of ``text`` (one forward); its own checks — the memory tokenising takes, the
     model's positions, the memory estimate — raise before the forward. Bars on stderr while it
     tokenises, runs each layer and records it (a terminal only)."""
-    from qkv.explain.document import document
+    from qkv.explain.long.document import document
 
     print(f"qkv view: reading {path} (one forward over the whole text)…", file=sys.stderr, flush=True)
     with Bars() as bars:

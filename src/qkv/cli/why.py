@@ -51,18 +51,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_why(args: argparse.Namespace) -> int:
     from qkv.explain import score_attribution
     from qkv.explain.circuits.render import render_terms, terms_figure
-    from qkv.explain.render import console
+    from qkv.explain.rendering.render import console
     from qkv.models import load
 
     if args.png:
-        from qkv.explain.plots import check_writable
+        from qkv.explain.rendering.plots import check_writable
 
         check_writable(args.png)
     model = load(args.model)
     result = score_attribution(model, args.text, layer=args.layer, head=args.head,
                                token=args.token, key=args.to)
     if args.png:
-        from qkv.explain.plots import save_atomic
+        from qkv.explain.rendering.plots import save_atomic
 
         save_atomic(terms_figure(result), args.png)
     if args.json:

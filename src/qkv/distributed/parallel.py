@@ -62,7 +62,7 @@ class SequenceParallel:
         traces, KV caches, cross-attention — what only a local attention can give).
         ``return_lse``: (out, lse), lse (b, h, t_r) the global log-sum-exp of this shard's rows
         (what ``trace_rows=LSE`` records for
-        :func:`qkv.explain.sharded_document.sharded_document`).
+        :func:`qkv.explain.long.sharded_document.sharded_document`).
         """
         if needs_local:
             raise ValueError("sequence-parallel attention is self-attention over a sharded sequence: "

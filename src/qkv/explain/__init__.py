@@ -100,21 +100,21 @@ from qkv.explain.circuits import (
     Composition, LogitAttribution, ScoreAttribution, ScoreRow, composition, logit_attribution,
     score_attribution,
 )
-from qkv.explain.ablation import LayerSelf, NoProjection, no_projection
+from qkv.explain.causal.ablation import LayerSelf, NoProjection, no_projection
 from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, cross_attention_head
 from qkv.explain.contributions import Contributions
-from qkv.explain.document import Document, document
-from qkv.explain.faithfulness import Faithfulness, faithfulness
-from qkv.explain.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
-from qkv.explain.head_effects import HeadEffects, head_effects
-from qkv.explain.induction import HeadScores
-from qkv.explain.interventions import Ablation, Patching, ablate, patch
+from qkv.explain.long.document import Document, document
+from qkv.explain.causal.faithfulness import Faithfulness, faithfulness
+from qkv.explain.probes.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
+from qkv.explain.causal.head_effects import HeadEffects, head_effects
+from qkv.explain.probes.induction import HeadScores
+from qkv.explain.causal.interventions import Ablation, Patching, ablate, patch
 from qkv.explain.maps import AttentionMap, AttentionMaps, attention_map, attention_maps
 from qkv.explain.overview import HeadRow, Overview, explain
 from qkv.explain.steps import HeadSteps, explain_head
-from qkv.explain.retrieval import RetrievalScores, retrieval_ablation
-from qkv.explain.needle import NeedleMap, needle_map
-from qkv.explain.atlas import Atlas, atlas
+from qkv.explain.probes.retrieval import RetrievalScores, retrieval_ablation
+from qkv.explain.probes.needle import NeedleMap, needle_map
+from qkv.explain.probes.atlas import Atlas, atlas
 from qkv.explain.wording import ArgumentError, Message
 
 __all__ = [

@@ -48,7 +48,7 @@ from qkv.explain.steps import HeadSteps, head_steps
 from qkv.explain.wording import ArgumentError, Message
 from qkv.explain.finite import NonFiniteError, check_layers, describe
 from qkv.models.protocol import CrossPass, Gold, TooLong, capabilities_of
-from qkv.models.translation import TranslationTrace
+from qkv.translate.model import TranslationTrace
 from qkv.text import is_blank, shown
 
 GOLD_MARK = "✓"

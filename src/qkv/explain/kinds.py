@@ -30,10 +30,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qkv.explain import (
-    cross, document_results, find_heads, induction, maps, overview, received, row_entropy, steps,
+    cross,
+    maps,
+    overview,
+    received,
+    row_entropy,
+    steps,
 )
+from qkv.explain.long import document_results
+from qkv.explain.probes import find_heads, induction
 from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
-from qkv.explain.head_effects import HeadEffects, head_effects
+from qkv.explain.causal.head_effects import HeadEffects, head_effects
 
 
 def _whole(doc: dict) -> Any:
@@ -128,7 +135,7 @@ class ResultKind:
             answers it from the text's maps, which it keeps, instead of a forward per head.
         result: the result class a notebook displays as this row's panel (its ``kind`` is
             ``name``; :mod:`qkv.view.notebook` registers it), or None: not displayed on its own.
-        document: answered from a :class:`~qkv.explain.document.Document` (``qkv view --file``):
+        document: answered from a :class:`~qkv.explain.long.document.Document` (``qkv view --file``):
             ``run(document, **fields)``; the request names no model or text (the document's).
         encoding: how the viewer sends it — ``"json"``: its ``to_dict()``; the others send its
             numbers as float32 bytes (:data:`qkv.view.answers.ENCODINGS`).
@@ -172,7 +179,7 @@ class ResultKind:
 
 def _effects(model, text, *, probe=None):
     """The viewer's ablation effects: ``probe`` None is the model's default probe (the one whose
-    best heads the model view marks, :func:`~qkv.explain.find_heads.default_probe`)."""
+    best heads the model view marks, :func:`~qkv.explain.probes.find_heads.default_probe`)."""
     return head_effects(model, find_heads.default_probe(model) if probe is None else probe)
 
 
@@ -182,11 +189,11 @@ def _head_request(r) -> dict:
 
 
 KINDS: dict[str, ResultKind] = {k.name: k for k in (
-    ResultKind("overview", "self_attention", "qkv.explain.render:render_overview", "overview",
+    ResultKind("overview", "self_attention", "qkv.explain.rendering.render:render_overview", "overview",
                overview.explain, (TOKEN, WORDS, METHOD),
                lambda r: {"token": r.unit, "words": r.units.words, "method": r.method},
                result=overview.Overview, panel="main"),
-    ResultKind("steps", "self_attention", "qkv.explain.render:render_steps", "steps",
+    ResultKind("steps", "self_attention", "qkv.explain.rendering.render:render_steps", "steps",
                steps.explain_head, (TOKEN, LAYER, HEAD, WORDS),
                lambda r: {"token": r.token_index, "layer": r.layer, "head": r.head, "words": False},
                result=steps.HeadSteps, panel="main"),
@@ -201,21 +208,21 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("row-entropy", "self_attention", "", "row_entropy", row_entropy.RowEntropy,
                (LAYER, HEAD, WORDS), _head_request, whole_map=True, from_map=True,
                result=row_entropy.RowEntropy, panel="head"),
-    ResultKind("probe", "self_attention", "qkv.explain.render:render_probe", "probe",
+    ResultKind("probe", "self_attention", "qkv.explain.rendering.render:render_probe", "probe",
                lambda model, text: find_heads.probe(model), (), lambda r: {}, _heads_list,
                text=False, result=find_heads.ProbeResult, panel="main"),
-    ResultKind("head-scores", "self_attention", "qkv.explain.render_induction:render_head_scores",
+    ResultKind("head-scores", "self_attention", "qkv.explain.rendering.render_induction:render_head_scores",
                "probe", request=lambda r: {}, text=False, result=induction.HeadScores, panel="main"),
-    ResultKind("heads", "self_attention", "qkv.explain.render:render_pair", json=_heads_list),
-    ResultKind("no-projection", "self_attention", "qkv.explain.render:render_ablation"),
+    ResultKind("heads", "self_attention", "qkv.explain.rendering.render:render_pair", json=_heads_list),
+    ResultKind("no-projection", "self_attention", "qkv.explain.rendering.render:render_ablation"),
     # one dimension's softmax saturation (qkv softmax-demo prints a list of them as one table)
     ResultKind("saturation", "self_attention", ""),
     # causal ground truth (issue 22): ablation effects per head, and the methods ranked against them
-    ResultKind("head_effects", "self_attention", "qkv.explain.render_faithfulness:render_effects",
+    ResultKind("head_effects", "self_attention", "qkv.explain.rendering.render_faithfulness:render_effects",
                "effects", _effects, (PROBE,), lambda r: {"probe": r.probe}, text=False,
                result=HeadEffects, panel="main"),
     ResultKind("faithfulness", "self_attention",
-               "qkv.explain.render_faithfulness:render_faithfulness"),
+               "qkv.explain.rendering.render_faithfulness:render_faithfulness"),
     ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
     ResultKind("patching", "self_attention", ""),  # qkv.explain.patch
     ResultKind("score-attribution", "self_attention", "qkv.explain.circuits.render:render_terms"),
@@ -224,19 +231,19 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("composition", "self_attention", ""),  # qkv.explain.composition
     # what tokens contribute by a method (qkv.explain.contributions), and the methods side by side
     ResultKind("contributions", "self_attention", ""),
-    ResultKind("comparison", "self_attention", "qkv.explain.render_contributions:render_compare"),
-    ResultKind("cross", "cross_attention", "qkv.explain.render_cross:render_cross_overview",
+    ResultKind("comparison", "self_attention", "qkv.explain.rendering.render_contributions:render_compare"),
+    ResultKind("cross", "cross_attention", "qkv.explain.rendering.render_cross:render_cross_overview",
                "cross", cross.cross_attention, (TOKEN,), lambda r: {"token": r.focus},
                result=cross.CrossAttention, panel="main"),
-    ResultKind("cross_steps", "cross_attention", "qkv.explain.render_cross:render_cross_steps",
+    ResultKind("cross_steps", "cross_attention", "qkv.explain.rendering.render_cross:render_cross_steps",
                "cross_steps", cross.cross_attention_head, (TOKEN, LAYER, HEAD),
                lambda r: {"token": r.target_index, "layer": r.steps.layer, "head": r.steps.head},
                result=cross.CrossHeadSteps, panel="main"),
     # Wu et al.'s retrieval heads on needle inputs (retrieval.py: qkv heads --probe retrieval)
-    ResultKind("retrieval-scores", "self_attention", "qkv.explain.render_retrieval:render_retrieval"),
+    ResultKind("retrieval-scores", "self_attention", "qkv.explain.rendering.render_retrieval:render_retrieval"),
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation
-    ResultKind("needle-map", "self_attention", "qkv.explain.render_retrieval:render_needle"),  # qkv needle
-    ResultKind("atlas", "self_attention", "qkv.explain.render_atlas:render_atlas"),  # qkv atlas
+    ResultKind("needle-map", "self_attention", "qkv.explain.rendering.render_retrieval:render_needle"),  # qkv needle
+    ResultKind("atlas", "self_attention", "qkv.explain.rendering.render_atlas:render_atlas"),  # qkv atlas
     # every head's sink share and attention distance over a long document (document_heads.py)
     ResultKind("head-spans", "self_attention", ""),
     # a long document (qkv view --file): one recorded forward answers every question, O(N)

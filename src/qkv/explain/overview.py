@@ -341,7 +341,7 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
 def overview_of(model, text: str, encoding, units: Units, choice, scores, *, focus: int | None,
                 top: int, layer: int | None) -> Overview:
     """The :class:`Overview` of a method's ``scores`` for the chosen unit: rows ranked, the focus
-    and the attention sink found. :func:`explain` and :meth:`qkv.explain.document.Document.explain`
+    and the attention sink found. :func:`explain` and :meth:`qkv.explain.long.document.Document.explain`
     (the same answer from a long text's saved log-sum-exp) both end here.
 
     Args:

@@ -55,7 +55,7 @@ from qkv.hf.adapter import HFAttention
 from qkv.hf.projections import Sizes, as_projection, read
 from qkv.hf.trace import Recording, recording
 from qkv.models.protocol import SEQ2SEQ, CrossPass, TooLong
-from qkv.models.translation import TranslationTrace
+from qkv.translate.model import TranslationTrace
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.transformer import LayerTrace
 

@@ -144,7 +144,7 @@ class LMEval:
 @torch.no_grad()
 def evaluate(model: LlamaModel, cfg: LMTrainConfig) -> LMEval:
     """Loss on the run's validation batch and every head's probe scores."""
-    from qkv.explain.induction import induction_probe
+    from qkv.explain.probes.induction import induction_probe
 
     was_training = model.training
     model.eval()

@@ -11,7 +11,6 @@
 * ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
 * ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
 * ``registry.py``  — :data:`FAMILIES` by ``model_type``; ``family.py``: the :class:`Family` record
-* ``translation.py`` — :class:`TranslationModel`, the encoder-decoder of ``qkv train translate``
 * ``outputs.py``   — :class:`EncoderOutput`, :class:`DecoderOutput`
 
 No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.

@@ -179,7 +179,7 @@ class ReaderEval:
 @torch.no_grad()
 def evaluate(model: LlamaModel, cfg: ReaderTrainConfig, windows: torch.Tensor) -> ReaderEval:
     """Loss on the held-out ``windows`` (b, 1 + seq_len) and every head's probe scores."""
-    from qkv.explain.induction import induction_probe
+    from qkv.explain.probes.induction import induction_probe
 
     was_training = model.training
     model.eval()

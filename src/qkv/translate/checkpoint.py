@@ -26,7 +26,7 @@ from qkv.errors import QkvError
 from qkv.files import FILES_KEY, read_json, read_verified
 from qkv.models.checkpoint import WeightFiles
 from qkv.models.registry import TRANSLATION_MODEL_TYPE
-from qkv.models.translation import TranslationConfig, TranslationModel, upgrade_state_dict
+from qkv.translate.model import TranslationConfig, TranslationModel, upgrade_state_dict
 from qkv.training.checkpoint import (
     get_field, listed_path, load_optimizer_tensors, load_tensors, optimizer_tensors, read_listed,
     read_manifest, save_tensors_writer, write_checkpoint,

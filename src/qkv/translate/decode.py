@@ -5,7 +5,7 @@ cached keys and values of the French tokens so far, its cross-attention the memo
 values projected once per sentence. Without it (``use_cache=False``, kept as the reference the
 tests and the benchmark compare against), every step re-runs the decoder over the whole prefix.
 
-``model`` is a :class:`~qkv.models.translation.TranslationModel` (its ``start``/``step``),
+``model`` is a :class:`~qkv.translate.model.TranslationModel` (its ``start``/``step``),
 annotated as ``nn.Module``: that module calls these for its own ``translate``/``cross_pass``,
 so importing it here would make a cycle.
 
@@ -42,7 +42,7 @@ def greedy_decode(model: nn.Module, src: torch.Tensor, *, max_new: int | None = 
     """Most likely next token, one at a time: src (b, s) → ids (b, n) ending in [EOS].
 
     Example:
-        >>> from qkv.models.translation import TranslationConfig, TranslationModel
+        >>> from qkv.translate.model import TranslationConfig, TranslationModel
         >>> m = TranslationModel(TranslationConfig(10, 12, d_model=8, num_heads=2, encoder_layers=1,
         ...                                        decoder_layers=1, ff_dim=16)).eval()
         >>> src = torch.tensor([[5, 6, 2]])

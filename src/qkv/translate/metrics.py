@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.errors import QkvError
-from qkv.models.translation import TranslationModel
+from qkv.translate.model import TranslationModel
 from qkv.translate.data import encode_pairs, iter_batches
 from qkv.translate.grammar import Pair
 from qkv.translate.vocab import Vocab

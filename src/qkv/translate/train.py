@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.errors import QkvError
-from qkv.models.translation import TranslationConfig, TranslationModel
+from qkv.translate.model import TranslationConfig, TranslationModel
 from qkv.training import loop
 from qkv.training.checkpoint import prepare_out_dir
 from qkv.training.config import (

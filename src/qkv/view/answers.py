@@ -39,7 +39,7 @@ def all_maps(maps) -> dict:
 
 
 def document_overview(r) -> dict:
-    """A document's overview (:class:`~qkv.explain.document_results.DocumentOverview`): every
+    """A document's overview (:class:`~qkv.explain.long.document_results.DocumentOverview`): every
     head's row over the N keys as one float32 (rows, N) array, in the order of ``heads``."""
     import torch
 

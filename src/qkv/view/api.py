@@ -19,7 +19,7 @@ library's arguments)::
                  to the model (``/api/info`` lists them, its default first: the model view's)
 
 A server started on a long document (``qkv view --file``) holds its
-:class:`~qkv.explain.document.Document`, built once, and answers the ``document`` rows from it
+:class:`~qkv.explain.long.document.Document`, built once, and answers the ``document`` rows from it
 (their requests name no model or text; :mod:`qkv.explain.document_results`)::
 
     doc_overview   doc.explain(token, method)                 → DocumentOverview (rows as bytes)
@@ -63,10 +63,11 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
-from qkv.explain import ArgumentError, attention_maps, document_results
+from qkv.explain import ArgumentError, attention_maps
+from qkv.explain.long import document_results
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
-from qkv.explain.head_effects import probes_for
+from qkv.explain.causal.head_effects import probes_for
 from qkv.explain.contributions import DEFAULT, METHODS as REGISTRY
 from qkv.explain.kinds import KINDS, Field
 from qkv.view import answers
@@ -285,7 +286,7 @@ class Api:
     def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES,
                  map_tokens: int = MAX_MAP_TOKENS, text: str | None = None, document=None):
         self.models, self.text = models, text  # text: what the bare page opens with
-        # document: a qkv.explain.document.Document (qkv view --file), answering the rows of
+        # document: a qkv.explain.long.document.Document (qkv view --file), answering the rows of
         # KINDS marked ``document``; described once (its token labels go to the page once)
         self.document = document
         self._described = None if document is None else document_results.describe(document)

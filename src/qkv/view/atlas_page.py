@@ -1,7 +1,7 @@
 """The head atlas as one self-contained HTML page (``qkv atlas --html FILE``): every head a point
 placed by two metrics chosen from menus; a click lists that head's top contexts.
 
-The page draws what :meth:`qkv.explain.atlas.Atlas.to_dict` says and computes nothing: the JSON
+The page draws what :meth:`qkv.explain.probes.atlas.Atlas.to_dict` says and computes nothing: the JSON
 is embedded whole (``<`` written ``\\u003c``, so no text of the corpus can close the script).
 
     >>> page = atlas_page({"kind": "atlas", "model": "</script>", "metrics": ["sink"], "heads": []})

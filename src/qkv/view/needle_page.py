@@ -1,6 +1,6 @@
 """A needle map as one self-contained HTML page (``qkv needle --html FILE``): two depth × length
 heat maps (accuracy, the retrieval heads' attention on the needle), each cell's number written in
-it — a static page, drawn from :meth:`qkv.explain.needle.NeedleMap.to_dict` (no script).
+it — a static page, drawn from :meth:`qkv.explain.probes.needle.NeedleMap.to_dict` (no script).
 
     >>> d = {"model": "m", "needle": 8, "samples": 1, "heads": [[1, 1]], "haystack": "random",
     ...      "lengths": [32, 64], "depths": [0.0, 1.0],

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qkv.explain import explain, heads
-from qkv.explain import find_heads
+from qkv.explain.probes import find_heads
 from qkv.explain import contributions as registry
 from qkv.explain.contributions import METHODS, check_method, contributions, get_method, shares
 from qkv.explain.wording import ArgumentError

@@ -1,7 +1,7 @@
 """A score attribution in a terminal (a ranked table of the largest terms) and as a heat map.
 
 :func:`render_terms` is the ``score-attribution`` row's printer (``qkv why``); :func:`terms_figure`
-draws the (query × key components) matrix, headless (:func:`qkv.explain.plots.new_figure`).
+draws the (query × key components) matrix, headless (:func:`qkv.explain.rendering.plots.new_figure`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from qkv.explain.circuits.score import ScoreAttribution
-from qkv.explain.plots import new_figure
+from qkv.explain.rendering.plots import new_figure
 
 #: Terms listed by default.
 TOP = 12

@@ -64,7 +64,7 @@ class Method:
         applies: ``(model) -> None``, raising ArgumentError where the method cannot read the
             model's layers (beyond the common cross-attention check), or None.
         raw: the scores are the attention weights themselves (rows already sum to 1, no shares).
-        document: ``(doc, rows (r,)) -> Scores`` from a :class:`~qkv.explain.document.Document`'s
+        document: ``(doc, rows (r,)) -> Scores`` from a :class:`~qkv.explain.long.document.Document`'s
             record (q, k, lse, value norms) at O(N) memory, or None: the method re-runs the model.
     """
 

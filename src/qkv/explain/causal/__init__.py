@@ -1,0 +1,1 @@
+"""Causal tools: changing a forward (ablate, patch) and measuring what a head does."""

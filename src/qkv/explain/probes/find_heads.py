@@ -1,0 +1,357 @@
+"""Head finding: which (layer, head) sends the most weight from one word to another
+(:func:`heads`), and the probes (:func:`probe`, the one entry for all of them): ``coref`` — how
+often each head's largest weight from a pronoun lands on its referent — and ``induction`` /
+``previous-token`` on repeated random tokens (:mod:`qkv.explain.induction`).
+
+Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
+(see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
+
+``method=`` ranks by a contribution method instead of the weights (see
+:mod:`qkv.explain.contributions`): each row as shares of its total; a per-layer method ranks
+layers (``head`` None).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from importlib import resources
+
+import torch
+
+from qkv.explain import contributions, forward
+from qkv.explain.probes import induction, retrieval
+from qkv.explain.overview import unit_rows
+from qkv.explain.select import Units, choose, word_units
+from qkv.explain.wording import ArgumentError, Message
+from qkv.models.protocol import capabilities_of
+
+SENTENCE_PROBES = ("coref",)  # over sentences shipped with qkv (qkv/data/<name>.jsonl)
+PROBES = SENTENCE_PROBES + induction.PROBES + retrieval.PROBES  # every name probe() takes, the default first
+
+
+@dataclass(frozen=True)
+class HeadWeight:
+    """The weight (or a method's share) one head sends from the ``source`` word to the
+    ``target`` word; ``head`` is None for a per-layer method's row."""
+
+    layer: int
+    head: int | None
+    weight: float
+
+
+@dataclass(frozen=True)
+class HeadRanking:
+    """Every (layer, head) by the weight it sends from one word to another — what :func:`heads`
+    returns.
+
+    Fields:
+        model, text: what was run; units: its words; source, target: indices into ``units``.
+        heads: one :class:`HeadWeight` per head, largest weight first (ties by layer, head).
+        notes: how an ambiguous ``source``/``target`` was resolved.
+        method, per: what ranks the heads (``"weight"``) and whether its rows are heads or layers.
+    """
+
+    kind: ClassVar[str] = "heads"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    text: str
+    units: Units
+    source: int
+    target: int
+    heads: list[HeadWeight]
+    notes: tuple[Message, ...] = ()
+    method: str = contributions.DEFAULT
+    per: str = "head"
+
+    def to_dict(self) -> dict:
+        """The ranking; ``qkv heads TEXT --from A --to B --json`` prints its ``"heads"`` list."""
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+                "source": self.source, "target": self.target, "method": self.method,
+                "heads": [{"layer": h.layer, "head": h.head, "weight": h.weight} for h in self.heads]}
+
+
+def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) -> list[HeadWeight]:
+    """Every (layer, head) by the weight from unit ``source`` to unit ``target``, largest first.
+
+    Args:
+        per_layer: for each layer, the traced weights (h, r, s) for the r tokens of ``source``.
+
+    Example:
+        >>> from qkv.explain.select import token_units
+        >>> from types import SimpleNamespace as E
+        >>> u = token_units(E(tokens=["a", "b"], special=[0, 0]))
+        >>> w = [torch.tensor([[[0.75, 0.25]], [[0.5, 0.5]]])]     # 1 layer, 2 heads, r=1
+        >>> [(h.layer, h.head, h.weight) for h in rank_pair(w, u, 1, 1)]
+        [(0, 1, 0.5), (0, 0, 0.25)]
+    """
+    out = []
+    for layer, w in enumerate(per_layer):
+        rows = unit_rows(w.double(), units)  # (h, U)
+        out += [HeadWeight(layer, head, float(rows[head, target])) for head in range(rows.shape[0])]
+    return sorted(out, key=lambda h: (-h.weight, h.layer, h.head))
+
+
+def _rows(model, encoding, units, unit: int, method: str, target_text: str | None):
+    """(L × (h or 1, r, s) rows of ``unit``'s tokens by ``method`` — shares unless the method's
+    scores are the raw weights — and the method record)."""
+    m = contributions.check_method(model, method, target_text)
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    s = contributions.scores(model, ids, torch.tensor(units.groups[unit]), method=m.name,
+                             target_text=target_text)
+    per_layer = s.per_layer()
+    return [m.as_shares(x) for x in per_layer], m
+
+
+def heads(model, text: str, *, source: str | None = None, target: str, method: str = contributions.DEFAULT,
+          target_text: str | None = None) -> HeadRanking:
+    """Rank every head of ``model`` by the weight from word ``source`` to word ``target``.
+
+    Args:
+        source, target: a word (its last occurrence), ``"word@N"`` or an index over the words
+            (see :func:`qkv.explain.select.choose`); ``source`` None: the last word.
+        method, target_text: rank by a contribution method's share instead of the weight
+            (see :func:`qkv.explain.explain`).
+
+    Raises:
+        ArgumentError: a word that is not in the text, an index out of range.
+        QkvError: an empty text.
+
+    Example:
+        >>> import qkv
+        >>> r = heads(qkv.load("minilm"), "The dog found some pizza next to the baby and ate it",
+        ...           source="it", target="pizza")
+        >>> best = r.heads[0]
+        >>> len(r.heads), (best.layer, best.head), round(best.weight, 2)
+        (72, (3, 1), 0.75)
+    """
+    contributions.check_method(model, method, target_text)
+    encoding = forward.encode(model, text)
+    units = word_units(encoding, text)
+    src = choose(source, units, role="source")
+    tgt = choose(target, units, role="target")
+    per_layer, m = _rows(model, encoding, units, src.unit, method, target_text)
+    ranked = rank_pair(per_layer, units, src.unit, tgt.unit)
+    if m.per == "layer":
+        ranked = [replace(h, head=None) for h in ranked]
+    notes = tuple(c.note for c in (src, tgt) if c.note)
+    if capabilities_of(model).causal and tgt.unit > src.unit:
+        notes += (Message("decoder: {target!r} comes after {source!r}, and a token attends only to "
+                          "itself and the tokens before it, so every weight here is 0",
+                          target=units.labels[tgt.unit], source=units.labels[src.unit]),)
+    return HeadRanking(model=forward.model_name(model), text=text, units=units, source=src.unit,
+                       target=tgt.unit, heads=ranked, notes=notes, method=m.name, per=m.per)
+
+
+# -- the coreference probe ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProbeItem:
+    """One probe sentence: the pronoun, its referent, and the decoy words between them."""
+
+    text: str
+    pronoun: str
+    referent: str
+    decoys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Per-head accuracy over the probe set — what :func:`probe` returns.
+
+    Fields:
+        model: the model's name; name: the probe's (``"coref"``).
+        items: the sentences, in file order.
+        hits: (n, layers, heads) bool — head's largest weight from the pronoun on the referent.
+        candidates: (n,) how many words each argmax chose among (chance = 1/candidates).
+        chosen: (n, layers, heads) the word each head picked, as text.
+        method, per: what the heads were scored by; with a per-layer method ``heads`` is 1 and
+            the rows are layers.
+        parked: (n,) the share of the pronoun's row on [CLS]/[SEP]/punctuation, mean over the
+            heads (layers), by ``method``; ``parked_weight`` the same for the raw weights.
+    """
+
+    kind: ClassVar[str] = "probe"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    name: str
+    items: list[ProbeItem]
+    hits: torch.Tensor
+    candidates: torch.Tensor
+    chosen: list[list[list[str]]]
+    method: str = contributions.DEFAULT
+    per: str = "head"
+    parked: torch.Tensor | None = None
+    parked_weight: torch.Tensor | None = None
+
+    @property
+    def accuracy(self) -> torch.Tensor:
+        """(layers, heads) fraction of sentences each head got right."""
+        return self.hits.double().mean(0)
+
+    @property
+    def chance(self) -> float:
+        """Expected accuracy of a head that picks a candidate word uniformly at random."""
+        return float((1.0 / self.candidates.double()).mean())
+
+    def ranked(self) -> list[tuple[int, int, float, int]]:
+        """(layer, head, accuracy, correct count), best first; ties by layer, head."""
+        acc, n = self.accuracy, self.hits.sum(0)
+        cells = [(l, h, float(acc[l, h]), int(n[l, h]))
+                 for l in range(acc.shape[0]) for h in range(acc.shape[1])]
+        return sorted(cells, key=lambda c: (-c[3], c[0], c[1]))
+
+    def held_out(self) -> tuple[tuple[int, int], float, float]:
+        """Pick the best head on the even-numbered sentences, score it on the odd ones.
+
+        The ranking above is measured on the same sentences it ranks heads by; this split says
+        how much of the best head's score survives on sentences it was not chosen on.
+        Returns ((layer, head), accuracy on even, accuracy on odd).
+        """
+        even, odd = self.hits[0::2].double().mean(0), self.hits[1::2].double().mean(0)
+        flat = int(even.flatten().argmax())
+        layer, head = divmod(flat, even.shape[1])
+        return (layer, head), float(even[layer, head]), float(odd[layer, head])
+
+    def to_dict(self) -> dict:
+        """Every head's score; ``qkv heads --probe coref --json`` prints its ``"heads"`` list
+        (``weight`` repeats ``accuracy``, the figure heads are ranked by)."""
+        n = len(self.items)
+        (layer, head), even, odd = self.held_out()
+        per_head = self.per == "head"
+        return {
+            "kind": self.kind, "model": self.model, "probe": self.name, "sentences": n,
+            "chance": self.chance,
+            "method": self.method, "per": self.per,
+            "parked": None if self.parked is None else float(self.parked.mean()),
+            "parked_weight": None if self.parked_weight is None else float(self.parked_weight.mean()),
+            "held_out": {"layer": layer, "head": head if per_head else None, "even": even, "odd": odd},
+            "heads": [{"layer": l, "head": h if per_head else None, "weight": acc, "accuracy": acc,
+                       "correct": c, "n": n}
+                      for l, h, acc, c in self.ranked()],
+        }
+
+
+def load_probe(name: str) -> list[ProbeItem]:
+    """The probe set shipped with qkv (``qkv/data/<name>.jsonl``)."""
+    if name not in SENTENCE_PROBES:
+        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
+                            known=", ".join(PROBES))
+    text = resources.files("qkv").joinpath("data", f"{name}.jsonl").read_text(encoding="utf-8")
+    items = []
+    for line in text.splitlines():
+        if line.strip():
+            d = json.loads(line)
+            items.append(ProbeItem(d["text"], d["pronoun"], d["referent"], tuple(d.get("decoys", ()))))
+    return items
+
+
+def _parked(per_layer: list[torch.Tensor], units: Units) -> float:
+    """The mean over heads (or layers) of the rows' share on [CLS]/[SEP]/punctuation."""
+    rows = torch.stack([unit_rows(w.double(), units) for w in per_layer])  # (L, h, U)
+    return float(contributions.parked(rows, units).mean())
+
+
+def coref_item(model, item: ProbeItem, *, role: str = "probe"):
+    """(encoding, units, pronoun unit, referent unit) of one coref sentence for ``model``;
+    ArgumentError naming ``role`` when its tokenizer cannot hold the labelled words or the
+    model has fewer positions than the sentence has tokens (the user gave no text to shorten)."""
+    limit = model.tokenizer.max_length
+    if limit is not None:
+        n = len(model.tokenizer.encode(item.text, max_length=sys.maxsize).ids)
+        if n > limit:
+            raise ArgumentError(role, "{name} coref cannot run on {model}: its probe sentence "
+                                "{text!r} is {n} tokens, more than the {limit} positions {model} "
+                                "has", model=forward.model_name(model), text=item.text, n=n,
+                                limit=limit)
+    encoding = forward.encode(model, item.text, unknown_ok=True)  # the probe says why below
+    units = word_units(encoding, item.text)
+    try:
+        pronoun = choose(item.pronoun, units, role="pronoun").unit
+        referent = choose(item.referent, units, role="referent").unit
+    except ArgumentError as e:  # a tokenizer that keeps "it." as one word (the shipped lm's)
+        raise ArgumentError(role, "{name} coref cannot run on {model}: its tokenizer does not "
+                            "split the probe sentence {text!r} into words holding the labelled "
+                            "ones ({reason})", model=forward.model_name(model), text=item.text,
+                            reason=str(e)) from e
+    return encoding, units, pronoun, referent
+
+
+def _probe_one(model, item: ProbeItem, method: str = contributions.DEFAULT
+               ) -> tuple[torch.Tensor, int, list[list[str]], float, float]:
+    """(layers, heads) hits, the number of candidate words, each head's pick, and the share
+    parked on [CLS]/[SEP]/punctuation by the method and by the weights."""
+    encoding, units, pronoun, referent = coref_item(model, item)
+    per_layer, m = _rows(model, encoding, units, pronoun, method, None)
+    plain = per_layer if m.raw else _rows(model, encoding, units, pronoun, contributions.DEFAULT, None)[0]
+    # Candidates: every word except the pronoun itself; special tokens are not words.
+    excluded = torch.tensor([s or u == pronoun for u, s in enumerate(units.special)])
+    hits, picks = [], []
+    for weights in per_layer:
+        rows = unit_rows(weights.double(), units)  # (h, U)
+        best = rows.masked_fill(excluded, -1.0).argmax(-1)  # (h,)
+        hits.append(best == referent)
+        picks.append([units.labels[int(b)] for b in best])
+    return (torch.stack(hits), int((~excluded).sum()), picks, _parked(per_layer, units),
+            _parked(plain, units))
+
+
+def default_probe(model) -> str:
+    """The probe that has something to find in ``model``: ``coref`` for an encoder, ``induction``
+    for a causal model (a pronoun cannot see its referent's successors there, an induction head
+    has its earlier occurrence to find)."""
+    return "induction" if capabilities_of(model).causal else "coref"
+
+
+def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
+          ) -> "ProbeResult | induction.HeadScores | retrieval.RetrievalScores":
+    """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
+
+    ``coref`` → :class:`ProbeResult`: each head's accuracy at putting its largest weight (from
+    the pronoun, over the words of the sentence other than the pronoun itself) on the labelled
+    referent. ``induction`` / ``previous-token`` → :class:`~qkv.explain.probes.induction.HeadScores`
+    (:func:`~qkv.explain.probes.induction.induction_probe`, weights only).
+    ``retrieval`` → :class:`~qkv.explain.probes.retrieval.RetrievalScores` (decoders: Wu et al.'s
+    copy-paste score on needle-in-a-haystack inputs, :func:`~qkv.explain.probes.retrieval.retrieval_probe`).
+
+    ``method``: score by a contribution method's largest share instead (see
+    :mod:`qkv.explain.contributions`); a per-layer method scores each layer. ``grad`` on an
+    encoder does not apply (the probe has no second text to compare with).
+
+    Raises:
+        ArgumentError: an unknown probe ``name`` (see :data:`PROBES`), an unknown ``method`` or
+            one that does not apply.
+        NonFiniteError: the model computes NaN/inf (named by layer and head).
+
+    Example (49 forward passes, a few seconds; skipped in the doctest run):
+        >>> import qkv
+        >>> result = probe(qkv.load("minilm"))                      # doctest: +SKIP
+        >>> layer, head, accuracy, correct = result.ranked()[0]     # doctest: +SKIP
+        >>> len(result.items), accuracy > 4 * result.chance         # doctest: +SKIP
+        (49, True)
+    """
+    name = default_probe(model) if name is None else name
+    if name not in PROBES:
+        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
+                            known=", ".join(PROBES))
+    if name in induction.PROBES:
+        if method is not None and not contributions.get_method(method).raw:
+            raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
+                                "scores attention weights", value=method, probe=name)
+        return induction.induction_probe(model, name)
+    if name in retrieval.PROBES:
+        if method is not None and not contributions.get_method(method).raw:
+            raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
+                                "reads each head's largest attention weight", value=method, probe=name)
+        return retrieval.retrieval_probe(model)
+    m = contributions.check_method(model, method)
+    items = load_probe(name)
+    results = [_probe_one(model, item, m.name) for item in items]
+    return ProbeResult(model=forward.model_name(model), name=name, items=items,
+                       hits=torch.stack([r[0] for r in results]),
+                       candidates=torch.tensor([r[1] for r in results]),
+                       chosen=[r[2] for r in results], method=m.name, per=m.per,
+                       parked=torch.tensor([r[3] for r in results], dtype=torch.float64),
+                       parked_weight=torch.tensor([r[4] for r in results], dtype=torch.float64))

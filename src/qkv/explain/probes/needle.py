@@ -1,0 +1,162 @@
+"""Needle in a haystack over depth × length: where a decoder finds a needle and where it loses it.
+
+For every input length T and needle depth δ (0: the haystack's start, 1: its end) the inputs of
+:mod:`qkv.explain.retrieval` — a random-token needle, copied again at the end — are read once
+each (O(N) memory: the Document's record, never an N × N map) and give two numbers per cell::
+
+    accuracy(δ, T)   the share of the needle's tokens n₁ … nₘ₋₁ the model predicts (argmax)
+    attention(δ, T)  the mean weight the retrieval heads' query rows put on the needle
+
+The retrieval heads are the ``top`` heads by :func:`~qkv.explain.probes.retrieval.retrieval_probe`'s
+score at the probe's short default length (or the caller's ``heads``). A sliding window shows as
+the cells whose needle lies further back than the window: their attention is 0 in every
+windowed layer, and the accuracy is what the layers' stacked windows can still reach.
+
+Example:
+    >>> import qkv
+    >>> m = needle_map(qkv.load("lm"), lengths=[32, 64], depths=[0.0, 1.0], top=1)
+    >>> m.accuracy.shape, m.heads                                   # (depths, lengths)
+    (torch.Size([2, 2]), ((1, 1),))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Sequence
+
+import torch
+
+from qkv.explain import forward
+from qkv.explain.probes.retrieval import (DEFAULT_NEEDLE, check_decoder, check_needle, check_samples,
+                                   needle_input, read_needle, retrieval_probe)
+from qkv.explain.wording import ArgumentError
+
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+MAX_CELLS = 400  # depths × lengths
+
+
+@dataclass(frozen=True)
+class NeedleMap:
+    """Needle accuracy and the retrieval heads' attention on it, per depth and length — what
+    :func:`needle_map` returns.
+
+    Fields:
+        model; lengths (n_len,), depths (n_depth,): the grid; samples: inputs per cell (seeds
+        ``seed … seed + samples − 1``); needle: m; heads: the retrieval heads read.
+        accuracy: (n_depth, n_len) float64; attention: (n_depth, n_len) float64, the mean over
+        ``heads`` of their query rows' weight on the needle; haystack: ``"random"`` or ``"text"``.
+    """
+
+    kind: ClassVar[str] = "needle-map"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    samples: int
+    needle: int
+    heads: tuple[tuple[int, int], ...]
+    accuracy: torch.Tensor
+    attention: torch.Tensor
+    haystack: str
+    seed: int
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "lengths": list(self.lengths),
+                "depths": list(self.depths), "samples": self.samples, "needle": self.needle,
+                "heads": [list(h) for h in self.heads], "haystack": self.haystack, "seed": self.seed,
+                "accuracy": self.accuracy.tolist(), "attention": self.attention.tolist()}
+
+
+def _check_grid(model, lengths, depths, needle) -> None:
+    for name, values in (("lengths", lengths), ("depths", depths)):
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ArgumentError(name, "{name} must be a non-empty list, got {value!r}", value=values)
+    if len(lengths) * len(depths) > MAX_CELLS:
+        raise ArgumentError("lengths", "{name} × depths is {n} cells; at most {most}",
+                            n=len(lengths) * len(depths), most=MAX_CELLS)
+    for length in lengths:
+        check_needle(model, length=length, needle=needle, depth=0.5)
+    for depth in depths:
+        check_needle(model, length=lengths[0], needle=needle, depth=depth)
+
+
+def needle_map(model, *, lengths: Sequence[int], depths: Sequence[float] = DEFAULT_DEPTHS,
+               samples: int = 1, needle: int = DEFAULT_NEEDLE, top: int = 4,
+               heads: Sequence[tuple[int, int]] | None = None, seed: int = 0,
+               haystack: Sequence[int] | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> NeedleMap:
+    """Needle accuracy and retrieval-head attention over ``depths`` × ``lengths`` (module doc).
+
+    Args:
+        lengths: input lengths in tokens (each within the model's limit); depths: 0 … 1.
+        samples: inputs per cell; needle: m; seed: the first input's seed.
+        top, heads: the retrieval heads — ``heads`` as given, else the ``top`` best by
+            :func:`~qkv.explain.probes.retrieval.retrieval_probe` (at its default length).
+        haystack: token ids to fill the haystack with (a text's); None: random tokens.
+        progress: called as ``progress("needles", done, cells × samples)``.
+
+    Raises:
+        ArgumentError: not a decoder; a length, depth, needle, sample count or head out of
+            bounds — all checked before the first forward.
+    """
+    check_decoder(model)
+    _check_grid(model, lengths, depths, needle)
+    check_samples(samples)
+    L, H = forward.num_layers(model), forward.num_heads(model)
+    if heads is None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= L * H:
+            raise ArgumentError("top", "{name} must be a whole number of heads in 1–{most}, got "
+                                "{value!r}", value=top, most=L * H)
+        heads = retrieval_probe(model, needle=needle, seed=seed).top(top)
+    heads = tuple((int(l), int(h)) for l, h in heads)
+    for l, h in heads:
+        forward.check_layer_head(model, l, h)
+    if not heads:
+        raise ArgumentError("heads", "{name} must name at least one (layer, head)")
+    rows = torch.tensor([l for l, _ in heads]), torch.tensor([h for _, h in heads])
+    accuracy = torch.zeros(len(depths), len(lengths), dtype=torch.float64)
+    attention = torch.zeros_like(accuracy)
+    total, done = len(depths) * len(lengths) * samples, 0
+    for j, length in enumerate(lengths):
+        for i, depth in enumerate(depths):
+            for s in range(samples):
+                x = needle_input(model, length=length, depth=depth, needle=needle, seed=seed + s,
+                                 haystack=haystack)
+                r = read_needle(model, x)
+                accuracy[i, j] += r.correct.double().mean() / samples
+                attention[i, j] += r.needle_weight[rows].mean() / samples
+                done += 1
+                if progress is not None:
+                    progress("needles", done, total)
+    return NeedleMap(model=forward.model_name(model), lengths=tuple(lengths),
+                     depths=tuple(float(d) for d in depths), samples=samples, needle=needle,
+                     heads=heads, accuracy=accuracy, attention=attention,
+                     haystack="random" if haystack is None else "text", seed=seed)
+
+
+def needle_figure(m: NeedleMap):
+    """Two heat maps side by side, depth (rows) × length (columns): accuracy, attention."""
+    from qkv.explain.rendering.plots import new_figure
+
+    fig, axes = new_figure(1, 2, figsize=(max(7.0, 1.1 * len(m.lengths) + 5), 0.5 * len(m.depths) + 2.5))
+    for ax, values, title in ((axes[0], m.accuracy, "needle accuracy"),
+                              (axes[1], m.attention, "retrieval heads' attention on the needle")):
+        im = ax.imshow(values.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(m.lengths)), [f"{n:,}" for n in m.lengths], rotation=45, fontsize=8)
+        ax.set_yticks(range(len(m.depths)), [f"{d:.0%}" for d in m.depths], fontsize=8)
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel("needle depth")
+        ax.set_title(title, fontsize=9)
+        for r in range(values.shape[0]):
+            for c in range(values.shape[1]):
+                v = float(values[r, c])
+                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if v < 0.5 else "black")
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    heads = ", ".join(f"L{l} H{h}" for l, h in m.heads)
+    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input(s) a cell; heads {heads}",
+                 fontsize=10)
+    return fig
+
+
+__all__ = ["DEFAULT_DEPTHS", "NeedleMap", "needle_figure", "needle_map"]

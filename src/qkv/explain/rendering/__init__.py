@@ -1,0 +1,1 @@
+"""Printing (rich) and drawing (matplotlib) the results; the library never prints."""

@@ -1,0 +1,96 @@
+"""Figures of :mod:`qkv.explain` results: each function takes a result and returns a matplotlib
+figure; write it with :func:`qkv.explain.rendering.plots.save_atomic`.
+
+* :func:`overview_figure` — an :class:`~qkv.explain.Overview`: every head's row for the token
+* :func:`map_figure` — an :class:`~qkv.explain.AttentionMap`: one head's whole map
+* :func:`cross_figure`, :func:`cross_head_figure` — an encoder-decoder's cross-attention, target
+  rows, source columns, a gold alignment (when the model has one) boxed in red
+
+The drawing primitives (a headless figure, a heat map, a grid of rows) are in
+:mod:`qkv.explain.plots`.
+"""
+
+from __future__ import annotations
+
+import torch
+from matplotlib.patches import Rectangle
+
+from qkv.explain.contributions import get_method
+from qkv.explain.cross import CrossAttention
+from qkv.explain.maps import AttentionMap
+from qkv.explain.overview import Overview
+from qkv.explain.rendering.plots import grid_map, head_map, new_figure
+
+
+def overview_figure(ov: Overview):
+    """Every head's row for the chosen unit, in layer/head order; heads on the focus in red."""
+    ordered = sorted(ov.rows, key=lambda r: (r.layer, r.head or 0))
+    rows = torch.stack([r.weights for r in ordered])  # (layers·heads, U), or (layers, U)
+    label = ov.units.labels[ov.unit]
+    m = get_method(ov.method)
+    kind = "every layer" if ov.per == "layer" else "every head"
+    largest = m.value
+    title = f"{ov.model}: {m.row_heading} {label!r}, {kind} (red dot: its largest {largest})"
+    if ov.focus is not None:
+        title += (f"\nred labels: {kind.split()[1]}s whose largest {largest} is on "
+                  f"{ov.units.labels[ov.focus]!r}")
+    return grid_map(rows, ov.units.labels, heads=1 if ov.per == "layer" else ov.num_heads,
+                    title=title, highlight=[ov.highlighted(r) for r in ordered],
+                    names=[f"L{r.layer}" if r.head is None else f"L{r.layer} H{r.head}"
+                           for r in ordered])
+
+
+def map_figure(m: AttentionMap):
+    """One head's map, rows from and columns to the units."""
+    return head_map(m.weights, m.units.labels, title=f"{m.model}: layer {m.layer}, head {m.head}")
+
+
+# -- cross-attention -----------------------------------------------------------------------------
+def _draw_map(ax, ca: CrossAttention, layer: int, head: int, *, annotate: bool):
+    w = ca.weights[layer, head].double()  # (t, s)
+    im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(len(ca.source)), ca.source, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(ca.target)), ca.target, fontsize=7)
+    for j, srcs in enumerate(ca.gold or []):
+        for i in srcs:
+            ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.2))
+    if annotate:
+        for j in range(w.shape[0]):
+            for i in range(w.shape[1]):
+                v = float(w[j, i])
+                if v >= 0.005:
+                    label = f"{v:.2f}"  # "0.37" → ".37"; anything that rounds to 1.00 → "1"
+                    label = "1" if label.startswith("1") else label[1:]
+                    ax.text(i, j, label, ha="center", va="center", fontsize=6,
+                            color="white" if v < 0.5 else "black")
+    return im
+
+
+def cross_figure(ca: CrossAttention):
+    """Every head of ``ca.layers`` as a small (t, s) map, one row of heads per layer."""
+    H = ca.num_heads
+    t, s = ca.weights.shape[2:]
+    cell = 0.32
+    fig, axes = new_figure(len(ca.layers), H, squeeze=False,
+                           figsize=(H * (cell * s + 1.2), len(ca.layers) * (cell * t + 1.2)))
+    for r, l in enumerate(ca.layers):
+        for h in range(H):
+            _draw_map(axes[r][h], ca, l, h, annotate=False)
+            axes[r][h].set_title(f"L{l} H{h}", fontsize=8)
+    fig.suptitle(f"{ca.model}: cross-attention, target (rows) → source (columns)"
+                 + ("; red boxes: gold alignment" if ca.gold else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def cross_head_figure(ca: CrossAttention, layer: int, head: int):
+    """One head's (t, s) map, each weight written in its cell."""
+    t, s = ca.weights.shape[2:]
+    fig, ax = new_figure(figsize=(max(4.0, 0.42 * s + 2.2), max(3.5, 0.42 * t + 1.5)))
+    im = _draw_map(ax, ca, layer, head, annotate=True)
+    ax.set_xlabel("source (keys: the encoder's output)")
+    ax.set_ylabel("target (queries: the decoder producing this token)")
+    ax.set_title(f"{ca.model}: layer {layer}, head {head} cross-attention"
+                 + ("; red boxes: gold alignment" if ca.gold else ""), fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+    return fig
