@@ -151,6 +151,18 @@ def test_bad_config_fields_are_one_error_each(olmo2_dir, tmp_path, change, messa
     with pytest.raises(QkvError, match=message):
         qkv.load(path)
 
+@pytest.mark.parametrize("change, field", [
+    (dict(initializer_range=-1), "initializer_range"),
+    (dict(rms_norm_eps=10**9), "rms_norm_eps"),
+    (dict(attention_dropout=True), "attention_dropout"),
+])
+def test_fields_transformers_refuses_are_one_error(olmo2_dir, tmp_path, change, field):
+    """Found by benchmarks/fuzz_checkpoints.py: a field of the wrong type for transformers' own
+    config class (an int where it wants a float, a bool) was a TypeError traceback."""
+    path = edited(olmo2_dir, tmp_path / "m", config=change)
+    with pytest.raises(QkvError, match=rf"config.json: transformers refuses it: .*{field}"):
+        qkv.load(path)
+
 
 @pytest.mark.parametrize("index, message", [
     ([1, 2], r"model.safetensors.index.json must be a JSON object whose weight_map .* got list"),

@@ -60,6 +60,8 @@ def load(path: str | os.PathLike, *, dtype=None):
     does not have.
     """
 
+    from huggingface_hub.errors import StrictDataclassError
+
     from qkv.hf.attention import NAME
 
     path = os.fspath(path)
@@ -75,8 +77,13 @@ def load(path: str | os.PathLike, *, dtype=None):
     for key in cfg.LAYER_KEYS:  # a layer count beyond the headers' fails here, not after 10⁹ layers
         weights.check_layers(raw.get(key), key, config_file, at_most=True)
     with quiet():
-        config = cls.config_class.from_pretrained(path, local_files_only=True,
-                                                  trust_remote_code=False)
+        try:  # transformers' own field checks (huggingface_hub's strict dataclass: a type per field)
+            config = cls.config_class.from_pretrained(path, local_files_only=True,
+                                                      trust_remote_code=False)
+        except (TypeError, ValueError, StrictDataclassError) as e:
+            cause = e.__cause__ or e  # the strict dataclass error wraps the TypeError that names the value
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(e).__name__
+            raise QkvError(f"{config_file}: transformers refuses it: {first}") from None
         check_weights(weights, cls, config)
         kw = {} if dtype is None else dict(dtype=dtype)
         model, info = cls.from_pretrained(path, config=config, attn_implementation=NAME,
