@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from qkv.explain.long.document_heads import head_spans
 from qkv.view.api import Api, ApiError, Models
 
 
@@ -53,6 +54,9 @@ def test_answers_are_the_documents_numbers(api, long_document):
     ("doc_overview", {"text": "the cat"}, "text"),
     ("doc_overview", {"method": "alti"}, "method"),
     ("doc_overview", {"token": 99999}, "token"),
+    ("doc_spans", {"first": 0}, "first"),
+    ("doc_spans", {"first": 99999}, "first"),
+    ("doc_spans", {"first": True}, "first"),
 ])
 def test_bad_fields_are_named(api, endpoint, body, field):
     with pytest.raises(ApiError) as e:
@@ -64,3 +68,41 @@ def test_a_server_without_a_document_refuses(model):
     with pytest.raises(ApiError) as e:
         Api(Models(["minilm"], loader=lambda name: model)).handle("doc_overview", {})
     assert e.value.status == 404 and "qkv view --file" in e.value.message
+
+
+def test_sinks_and_spans_are_head_spans(api, long_document):
+    got = api.handle("doc_spans", {})
+    assert got == head_spans(long_document).to_dict() and got["first"] == 1
+    assert api.handle("doc_spans", {"first": 3}) == head_spans(long_document, first=3).to_dict()
+
+
+def test_sinks_and_spans_against_the_definition():
+    """doc_spans on a short text against both definitions in float64 on the dense weights of the
+    model's own forward (the lm run in float64): S = mean_i Σ_{j<first} w_ij, D = mean_i Σ_j w_ij (i − j).
+    Bound: twice the float32 forward's own error, plus the float32 lse's (|lse|·eps/2 on each
+    weight: S moves by at most that, D by that times N − 1), plus rounding of the result."""
+    import qkv
+    from qkv.explain.long.document import document
+    from qkv.explain.maps import attention_maps
+
+    text = "baka bela dima fona gisa baka bela dima fona gisa doma feta"
+    lm, lm64 = qkv.load("lm"), qkv.load("lm", dtype=torch.float64)
+    doc = document(lm, text)
+    n, first = len(doc), 2
+    got = Api(Models(["lm"], loader=lambda name: lm), document=doc).handle("doc_spans", {"first": first})
+    eps = torch.finfo(torch.float32).eps
+    lse = max(float(rec.lse.abs().max()) for rec in doc.layers)
+
+    def definitions(weights):
+        w, i = weights.double(), torch.arange(n, dtype=torch.float64)
+        return {"sink": w[..., :first].sum(-1).mean(-1),
+                "distance": (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)}
+
+    ref, plain = definitions(attention_maps(lm64, text).weights), definitions(attention_maps(lm, text).weights)
+    for metric, span in (("sink", 1.0), ("distance", n - 1.0)):
+        shown = torch.tensor([[h[metric] for h in got["heads"] if h["layer"] == layer]
+                              for layer in range(ref[metric].shape[0])], dtype=torch.float64)
+        allowed = (2 * float((plain[metric] - ref[metric]).abs().max()) + lse * eps * span
+                   + 2 * eps * float(ref[metric].abs().max()))
+        assert float((shown - ref[metric]).abs().max()) <= allowed, metric
+    assert all(h["rows"] == n for h in got["heads"])

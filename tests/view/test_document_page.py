@@ -128,3 +128,56 @@ def test_the_long_page_shows_the_documents_numbers(watched, document_served, lon
     page.keyboard.press("Escape")
     page.wait_for_function(READY)
     assert page.locator("#crumbs button").count() == 1
+
+
+def spans_shown(page) -> dict:
+    """(layer, head) → the sinks-and-spans cell's label (its tooltip: the exact value)."""
+    labels = page.eval_on_selector_all("#spans-grid button.cell", "cs => cs.map(c => c.getAttribute('title'))")
+    return {tuple(map(int, re.match(r"layer (\d+) head (\d+)", s).groups())): s for s in labels}
+
+
+def assert_spans(page, spans, metric: str) -> None:
+    """Every head's cell names ``spans``' value of ``metric`` to the digits shown."""
+    shown = spans_shown(page)
+    L, H = spans.sink.shape
+    assert set(shown) == {(layer, head) for layer in range(L) for head in range(H)}
+    word = {"sink": "sink share", "distance": "mean attention distance"}[metric]
+    for (layer, head), label in shown.items():
+        m = re.search(word + r" (\S+)", label)
+        assert m, label
+        assert_shown(m[1], float(getattr(spans, metric)[layer, head]), f"{metric} L{layer} H{head}")
+        assert f"over {int(spans.rows[layer, head])} rows" in label
+
+
+def test_the_long_page_shows_sinks_and_spans(watched, document_served, long_document):
+    from qkv.explain.long.document_heads import head_spans
+
+    doc, page = long_document, watched.page
+    open_document(watched, document_served)
+    spans = head_spans(doc)  # the library's default: the first token is the sink
+    assert_spans(page, spans, "sink")
+    assert page.input_value("#spans-first") == "1"
+
+    # the tooltip on hover: the exact value of the head under the mouse
+    page.hover('#spans-grid button.cell[data-layer="1"][data-head="3"]')
+    tip = page.locator("#spans-tip")
+    assert tip.is_visible() and tip.get_attribute("data-layer") == "1" and tip.get_attribute("data-head") == "3"
+    value = re.search(r"sink share (\S+)", tip.text_content())[1]
+    assert len(value.split(".")[1]) == 6
+    assert_shown(value, float(spans.sink[1, 3]), "sink L1 H3 (tip)")
+
+    # switch to the mean distance: the same heads, the other number
+    page.select_option("#spans-metric", "distance")
+    assert_spans(page, spans, "distance")
+    assert "spans=distance" in page.url
+
+    # a larger sink: the library's numbers for first=4, asked again
+    page.select_option("#spans-first", "4")
+    page.wait_for_function(READY, timeout=30_000)
+    assert_spans(page, head_spans(doc, first=4), "distance")
+    assert "first=4" in page.url
+
+    # a click selects the head: the block map is that head's, the cell marked
+    click_and_wait(page, '#spans-grid button.cell[data-layer="0"][data-head="2"]')
+    assert page.locator("#map-title").text_content() == "Block map — layer 0, head 2"
+    assert page.get_attribute('#spans-grid button.cell[data-layer="0"][data-head="2"]', "aria-pressed") == "true"

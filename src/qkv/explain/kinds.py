@@ -21,7 +21,7 @@ A new result kind is a result class, one row here and, to show it, one entry of 
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
     ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
-    ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows']
+    ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows', 'doc_spans']
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from qkv.explain import (
     row_entropy,
     steps,
 )
-from qkv.explain.long import document_results
+from qkv.explain.long import document_heads, document_results
 from qkv.explain.probes import find_heads, induction
 from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
 from qkv.explain.causal.head_effects import HeadEffects, head_effects
@@ -244,8 +244,10 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation
     ResultKind("needle-map", "self_attention", "qkv.explain.rendering.render_retrieval:render_needle"),  # qkv needle
     ResultKind("atlas", "self_attention", "qkv.explain.rendering.render_atlas:render_atlas"),  # qkv atlas
-    # every head's sink share and attention distance over a long document (document_heads.py)
-    ResultKind("head-spans", "self_attention", ""),
+    # every head's sink share and attention distance over a long document (document_heads.py):
+    # the long page's sinks-and-spans grid
+    ResultKind("head-spans", "self_attention", "", "doc_spans", document_heads.head_spans,
+               _indices(document_heads.head_spans, "first"), document=True),
     # a long document (qkv view --file): one recorded forward answers every question, O(N)
     ResultKind("document-overview", "self_attention", "", "doc_overview", document_results.overview,
                (TOKEN, METHOD), document=True, encoding="document-overview"),

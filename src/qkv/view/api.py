@@ -26,6 +26,7 @@ A server started on a long document (``qkv view --file``) holds its
     doc_block_map  doc.block_map(layer, head, block)          → BlockMap (tile sums)
     doc_rows       doc.weights(layer, head, start…stop)[:, key_start…key_stop] → WeightRows
     doc_received   doc.received(layer, head), its top keys     → KeysReceived
+    doc_spans      head_spans(doc, first): every head's sink share and mean distance → HeadSpans
 
 Each request field is declared once, in its row (:class:`~qkv.explain.kinds.Field`: name, type,
 default, bounds), checked here by :func:`read_field` and sent to the page by ``/api/info`` with

@@ -7,7 +7,9 @@
 //
 // Views: a virtualised token strip (only the lines in sight are in the DOM), the model view (every
 // head's row for the token: doc_overview), the block map (doc_block_map tiles → doc_rows of one
-// tile → a token), the attention-received strip (doc_received). document.body.dataset.state is
+// tile → a token), sinks and spans (doc_spans: every head's sink share or mean attention distance
+// over the whole document, a layers × heads grid), the attention-received strip (doc_received).
+// document.body.dataset.state is
 // "busy" while an update runs and "ready" when it has finished ("error" after a failure).
 "use strict";
 
@@ -19,9 +21,12 @@
   const BLOCKS = [32, 64, 128, 256, 512, 1024];
 
   // null: the default of the request field, from /api/info (the library's own)
-  const S = { token: null, layer: null, head: null, method: null, block: null, zoom: null };
+  const S = { token: null, layer: null, head: null, method: null, block: null, zoom: null,
+    spans: "sink", first: null };
   const D = { info: null, doc: null, overview: null, weights: null, byHead: null, tiles: null,
-    region: null, received: null, timings: {} };
+    region: null, received: null, spans: null, timings: {} };
+  const FIRSTS = [1, 2, 4, 8, 16];  // the sink's sizes offered (the library takes any 1 … N)
+  const SPANS = { sink: "sink share", distance: "mean attention distance" };  // doc_spans' metrics
 
   // shared.js: the POST, the element builder, formatting, the busy/ready state, the model grid
   const { $, h, fmt, status, decodeF32, update, grid, gridCell } = qkvPage;
@@ -34,13 +39,15 @@
   function readUrl() {
     let q;
     try { q = new URLSearchParams(location.search); } catch (e) { return; }
-    for (const k of ["token", "layer", "head", "block"]) {
+    for (const k of ["token", "layer", "head", "block", "first"]) {
       if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
     }
     if (q.has("method")) S.method = q.get("method");
+    if (SPANS[q.get("spans")]) S.spans = q.get("spans");
   }
   function writeUrl() {
-    const q = new URLSearchParams({ token: S.token, layer: S.layer, head: S.head, method: S.method, block: S.block });
+    const q = new URLSearchParams({ token: S.token, layer: S.layer, head: S.head, method: S.method, block: S.block,
+      spans: S.spans, first: S.first });
     try { history.replaceState(null, "", "?" + q.toString()); } catch (e) { /* sandboxed */ }
   }
 
@@ -256,6 +263,59 @@
   });
   recv.addEventListener("mouseleave", () => { rtip.hidden = true; });
 
+  // -- sinks and spans: every head's sink share or mean distance over the document ---------------
+  const spansGrid = $("spans-grid"), stip = $("spans-tip");
+  async function loadSpans() {
+    D.spans = await ask("doc_spans", { first: S.first });
+  }
+  function spanText(r) {
+    const v = r[S.spans], sp = D.spans;
+    return S.spans === "sink"
+      ? `layer ${r.layer} head ${r.head}: sink share ${fmt(v, 6)} — each row's weight on the first ${sp.first} ` +
+        `token(s), averaged over ${r.rows} rows`
+      : `layer ${r.layer} head ${r.head}: mean attention distance ${fmt(v, 6)} tokens — Σⱼ wᵢⱼ (i − j) ` +
+        `averaged over ${r.rows} rows`;
+  }
+  function drawSpans() {
+    const sp = D.spans;
+    if (!sp) return;
+    const by = new Map(sp.heads.map((r) => [r.layer + ":" + r.head, r]));
+    // a cell's shade: its value on the scale of the largest |value| (drawing only)
+    const most = sp.heads.reduce((a, r) => Math.max(a, Math.abs(r[S.spans])), 0) || 1;
+    const layers = [...new Set(sp.heads.map((r) => r.layer))];
+    const heads = sp.heads.reduce((a, r) => Math.max(a, r.head + 1), 0);
+    stip.hidden = true;
+    grid(spansGrid, { layers, heads, perLayer: false, cell: (l, hh) => {
+      const r = by.get(l + ":" + hh), v = r[S.spans];
+      const b = gridCell({ layer: l, head: hh, chosen: l === S.layer && hh === S.head, label: spanText(r),
+        onclick: () => selectHead(l, hh) }, S.spans === "sink" ? fmt(v, 3) : fmt(v, 1));
+      b.style.setProperty("--w", (0.85 * Math.abs(v) / most).toFixed(3));
+      b.dataset.value = v;
+      return b;
+    } });
+    $("spans-hint").textContent = S.spans === "sink"
+      ? `— each head's share of attention on the first ${sp.first} token(s) of all ${sp.tokens}, averaged over its rows (exact, head_spans: O(N))`
+      : `— how far back each head looks, Σⱼ wᵢⱼ (i − j) averaged over its rows, in tokens (exact, head_spans: O(N))`;
+  }
+  function showSpanTip(b) {
+    const r = D.spans.heads.find((x) => x.layer === Number(b.dataset.layer) && x.head === Number(b.dataset.head));
+    stip.textContent = spanText(r);
+    stip.dataset.layer = r.layer; stip.dataset.head = r.head; stip.hidden = false;
+    stip.style.left = (b.offsetLeft + b.offsetWidth + 6) + "px"; stip.style.top = (b.offsetTop + b.offsetHeight) + "px";
+  }
+  for (const ev of ["mouseover", "focusin"]) {
+    spansGrid.addEventListener(ev, (e) => { const b = e.target.closest("button.cell"); if (b) showSpanTip(b); });
+  }
+  spansGrid.addEventListener("mouseleave", () => { stip.hidden = true; });
+  $("spans-metric").addEventListener("change", () => {
+    S.spans = $("spans-metric").value;
+    writeUrl(); drawSpans();
+  });
+  $("spans-first").addEventListener("change", () => {
+    S.first = Number($("spans-first").value);
+    update(async () => { await loadSpans(); writeUrl(); drawSpans(); });
+  });
+
   // -- selections ------------------------------------------------------------------------------
   async function loadOverview() {
     const t0 = performance.now();
@@ -281,7 +341,7 @@
     return update(async () => {
       writeUrl();
       await Promise.all([loadMap(), loadReceived()]);
-      drawStrip(); drawModelView(); drawMap(); drawReceived();
+      drawStrip(); drawModelView(); drawMap(); drawReceived(); drawSpans();
     });
   }
 
@@ -290,6 +350,10 @@
     $("method").replaceChildren(...D.doc.methods.map((m) => h("option", { value: m, selected: m === S.method }, m)));
     $("block").replaceChildren(...BLOCKS.filter((b) => Math.ceil(D.doc.num_tokens / b) <= 1024)
       .map((b) => h("option", { value: b, selected: b === S.block }, String(b))));
+    $("spans-metric").value = S.spans;
+    $("spans-first").replaceChildren(...FIRSTS.filter((f) => f <= D.doc.num_tokens || f === S.first)
+      .concat(FIRSTS.includes(S.first) ? [] : [S.first])
+      .map((f) => h("option", { value: f, selected: f === S.first }, String(f))));
   }
   $("method").addEventListener("change", () => {
     S.method = $("method").value;
@@ -299,7 +363,7 @@
   $("theme").addEventListener("click", () => {
     const root = document.documentElement, dark = matchMedia("(prefers-color-scheme: dark)").matches;
     root.dataset.theme = (root.dataset.theme || (dark ? "dark" : "light")) === "dark" ? "light" : "dark";
-    if (D.overview) { drawModelView(); drawMap(); drawReceived(); }
+    if (D.overview) { drawModelView(); drawMap(); drawReceived(); drawSpans(); }
   });
 
   // -- start -----------------------------------------------------------------------------------
@@ -309,9 +373,11 @@
       D.info = await r.json();
       D.doc = D.info.document;
       const defaults = (kind) => Object.fromEntries(D.info.kinds[kind].fields.map((f) => [f.name, f.default]));
-      const first = Object.assign({ layer: 0, head: 0 }, defaults("document-overview"), defaults("block-map"));
+      const first = Object.assign({ layer: 0, head: 0 }, defaults("document-overview"), defaults("block-map"),
+        defaults("head-spans"));
       readUrl();
-      for (const k of ["layer", "head", "method", "block"]) if (S[k] === null) S[k] = first[k];
+      for (const k of ["layer", "head", "method", "block", "first"]) if (S[k] === null) S[k] = first[k];
+      if (S.first < 1 || S.first > D.doc.num_tokens) S.first = first.first;
       if (!D.doc.methods.includes(S.method)) S.method = first.method;
       if (S.token !== null && S.token >= D.doc.num_tokens) S.token = null;
       S.layer = Math.min(S.layer, D.doc.num_layers - 1);
@@ -323,6 +389,9 @@
       await Promise.all([loadOverview(), loadMap(), loadReceived()]);
       writeUrl(); scrollStripTo(S.token); drawStrip(); drawModelView(); drawMap(); drawReceived();
     });
+    // one sweep per layer over the whole document (answered once, then from the API's cache):
+    // after the views above, so the page is usable while it runs
+    await update(async () => { await loadSpans(); drawSpans(); });
   }
   window.qkvDocument = { state: S, data: D };
   start();
