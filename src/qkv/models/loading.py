@@ -210,9 +210,25 @@ def _build_without_parameters(family: Family, config, **kwargs) -> nn.Module:
 
     handle = nn.modules.module.register_module_parameter_registration_hook(on_meta)
     try:
-        return family.build(config, **kwargs)
+        with _SkipMetaInit():
+            return family.build(config, **kwargs)
     finally:
         handle.remove()
+
+
+class _SkipMetaInit(torch.overrides.TorchFunctionMode):
+    """In-place calls on a meta tensor (``nn.init.normal_(weight)`` …) skipped: a meta tensor has
+    no numbers to fill. Not only saved work: torch's meta ``normal_`` imports ``torch._dynamo``
+    on first use, which took seconds of every ``qkv.load`` (and of every command that loads)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        first = args[0] if args else kwargs.get("tensor")  # nn.init passes it by keyword
+        if name.endswith("_") and not name.endswith("__") and isinstance(first, torch.Tensor) \
+                and first.is_meta:
+            return first
+        return func(*args, **kwargs)
 
 
 def read_config(file: str) -> dict:
