@@ -34,7 +34,7 @@ def test_byte_level_bpe_puts_bos_first_and_reads_any_text(stream_and_tokenizer):
 
 def test_batches_are_a_pure_function_of_seed_and_step(stream_and_tokenizer):
     stream, _ = stream_and_tokenizer
-    cfg = BatchConfig(seq_len=64, min_span=4, max_span=12)
+    cfg = BatchConfig(seq_len=64, repeat_prob=0.25, random_prob=0.375, min_span=4, max_span=12)
     a = get_batch(stream, cfg, batch_size=4, seed=1, step=7)
     b = get_batch(stream, cfg, batch_size=4, seed=1, step=7)
     c = get_batch(stream, cfg, batch_size=4, seed=1, step=8)
@@ -47,16 +47,18 @@ def test_a_repeated_window_is_one_segment_written_again(stream_and_tokenizer):
     text = stream.train.tolist()
     for english in (1.0, 0.0):  # an English segment, or random tokens
         cfg = BatchConfig(seq_len=64, repeat_prob=english, random_prob=1.0 - english, min_span=5,
-                          max_span=5)
+                          max_span=5, random_vocab=100)
         batch = get_batch(stream, cfg, batch_size=4, seed=0, step=0)
         ids, copied = batch.ids[:, 1:], batch.copied[:, 1:]  # after <bos>
         assert torch.equal(ids[:, 5:], ids[:, :-5])  # period 5
         # predictable by looking back: every token of a repeat but its first (position 5)
         assert copied[:, :6].sum() == 0 and bool(copied[:, 6:].all())
         assert bool((ids != BOS_ID).all())
+        assert english or bool((ids < 100).all())  # random tokens from the first random_vocab ids
         from_text = [any(text[i:i + 5] == row[:5] for i in range(len(text) - 4)) for row in ids.tolist()]
         assert all(from_text) if english else not any(from_text)
-    plain = get_batch(stream, BatchConfig(seq_len=64, repeat_prob=0.0, random_prob=0.0),
+    plain = get_batch(stream, BatchConfig(seq_len=64, repeat_prob=0.0, random_prob=0.0, min_span=4,
+                                              max_span=12),
                       batch_size=4, seed=0, step=0)
     assert not bool(plain.copied.any())
     row = plain.ids[0, 1:].tolist()  # a plain window is a slice of the training stream

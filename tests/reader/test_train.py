@@ -11,6 +11,7 @@ import torch
 import qkv
 from qkv.cli import main
 from qkv.errors import QkvError
+from qkv.reader.data import train_tokenizer
 from qkv.reader.train import ReaderTrainConfig, new_model, prepare, read_training, train
 from reader_corpus import write_docs
 from tolerance import assert_within
@@ -85,12 +86,14 @@ def test_killed_run_resumes_exactly(docs, tmp_path):
 def test_option_errors(docs, tmp_path):
     with pytest.raises(QkvError, match=r"need --min-span \(16\) <= --max-span \(64\) <= --seq-len / 2 \(16\)"):
         ReaderTrainConfig(seq_len=32)
-    with pytest.raises(QkvError, match=r"--random-prob must be a finite number in \[0.0, 0.5\], got 0.6"):
+    with pytest.raises(QkvError, match=r"--repeat-prob \(0.5\) \+ --random-prob \(0.6\) must be at most 1"):
         ReaderTrainConfig(repeat_prob=0.5, random_prob=0.6)
     with pytest.raises(QkvError, match=r"--max-positions \(32\) must exceed --seq-len \(32\)"):
         ReaderTrainConfig(**{**TINY, "max_positions": 32})
+    with pytest.raises(QkvError, match="--vocab-size must be between 258 and 65536, got 200"):
+        ReaderTrainConfig(**{**TINY, "vocab_size": 200}, corpus=str(docs))
     with pytest.raises(QkvError, match="--vocab-size must be at least 258"):
-        prepare(ReaderTrainConfig(**{**TINY, "vocab_size": 200}, corpus=str(docs)))
+        train_tokenizer(["a text"], vocab_size=200)
     with pytest.raises(QkvError, match="is not a directory"):
         prepare(ReaderTrainConfig(**TINY, corpus=str(tmp_path / "none")))
     with pytest.raises(QkvError, match="is not a run of qkv train reader"):

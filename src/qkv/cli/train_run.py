@@ -64,6 +64,8 @@ def option_type(spec: Option):
         Traceback (most recent call last):
         argparse.ArgumentTypeError: must be at most 4096, got 4097
     """
+    if spec.text:
+        return options.path()
     if isinstance(spec.low, int) and isinstance(spec.high, int):
         return options.integer(spec.low, spec.high)
     return options.real(spec.low, spec.high, lo_open=spec.low_open, hi_open=spec.high_open)

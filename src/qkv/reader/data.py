@@ -24,7 +24,7 @@ Example:
     >>> import tokenizers
     >>> tok = train_tokenizer(["the cat sat on the mat. " * 20], vocab_size=300)
     >>> stream = TokenStream.of(tok, ["the cat sat on the mat. " * 40], ["a mat."])
-    >>> b = get_batch(stream, BatchConfig(seq_len=16, min_span=2, max_span=4), batch_size=2, seed=0, step=0)
+    >>> b = get_batch(stream, BatchConfig(16, 0.5, 0.25, 2, 4), batch_size=2, seed=0, step=0)
     >>> b.ids.shape, int(b.ids[0, 0]) == BOS_ID                    # (b, 1 + seq_len)
     (torch.Size([2, 17]), True)
 """
@@ -41,6 +41,7 @@ from qkv.errors import QkvError
 BOS = "<bos>"
 BOS_ID = 0
 PAGE_END = "\n\n"
+MIN_VOCAB = 258  # <bos>, the 256 bytes and at least one merge
 
 
 def train_tokenizer(pages: list[str], *, vocab_size: int):
@@ -51,7 +52,7 @@ def train_tokenizer(pages: list[str], *, vocab_size: int):
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    if vocab_size < 257 + 1:
+    if vocab_size < MIN_VOCAB:
         raise QkvError(f"--vocab-size must be at least 258 (<bos>, the 256 bytes and one merge), "
                        f"got {vocab_size}")
     tok = Tokenizer(models.BPE())
@@ -93,13 +94,15 @@ class TokenStream:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """How training windows are drawn (the defaults are the shipped reader's)."""
+    """How training windows are drawn (:attr:`qkv.reader.train.ReaderTrainConfig.batches` holds
+    the shipped reader's values)."""
 
-    seq_len: int = 256  # tokens after <bos>
-    repeat_prob: float = 0.25  # the share of windows that are one English segment repeated
-    random_prob: float = 0.375  # … that are one segment of random tokens repeated
-    min_span: int = 16  # tokens per repeated segment, drawn uniformly from [min_span, max_span]
-    max_span: int = 64
+    seq_len: int  # tokens after <bos>
+    repeat_prob: float  # the share of windows that are one English segment repeated
+    random_prob: float  # … that are one segment of random tokens repeated
+    min_span: int  # tokens per repeated segment, drawn uniformly from [min_span, max_span]
+    max_span: int
+    random_vocab: int | None = None  # random tokens are ids 1 … random_vocab − 1 (None: all)
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,8 @@ def sample_window(rng: random.Random, stream: torch.Tensor, cfg: BatchConfig,
         return stream[start:start + n].tolist(), [False] * n
     span = rng.randint(cfg.min_span, cfg.max_span)
     if u < cfg.random_prob:
-        segment = [rng.randrange(BOS_ID + 1, vocab_size) for _ in range(span)]  # never <bos>
+        high = min(cfg.random_vocab or vocab_size, vocab_size)
+        segment = [rng.randrange(BOS_ID + 1, high) for _ in range(span)]  # never <bos>
     else:
         start = rng.randrange(len(stream) - span + 1)
         segment = stream[start:start + span].tolist()

@@ -30,10 +30,10 @@ from qkv.lm.run import DecoderRun, init_weights, read_training as read_run, trai
 from qkv.models.llama import LlamaConfig, LlamaModel
 from qkv.reader.corpus import DEFAULT_DIR, read_corpus
 from qkv.reader.data import (
-    BOS_ID, BatchConfig, ReaderBatch, TokenStream, get_batch, heldout_windows, train_tokenizer,
+    BOS_ID, MIN_VOCAB, BatchConfig, ReaderBatch, TokenStream, get_batch, heldout_windows, train_tokenizer,
     unigram_loss,
 )
-from qkv.training.config import Schedule, check_float, check_int, config_from_dict
+from qkv.training.config import Schedule, config_from_dict, option
 from qkv.training.loop import TrainState
 
 FORMAT_VERSION = 1
@@ -50,55 +50,55 @@ class ReaderTrainConfig(Schedule):
         128
     """
 
-    seed: int = 0  # model initialisation and the training batches
-    corpus: str = DEFAULT_DIR  # the documentation's HTML (tutorial/ held out)
-    vocab_size: int = 4096  # byte-level BPE tokens, <bos> included
+    seed: int = option(0, "model initialisation and the training batches", low=0, high=2**63 - 1)
+    corpus: str = option(DEFAULT_DIR, "directory of the Python documentation's HTML (apt-get "
+                         "install python3.11-doc); its tutorial/ pages are held out")
+    vocab_size: int = option(4096, "byte-level BPE tokens learned from the training pages, <bos> "
+                             "included", low=MIN_VOCAB, high=65536)
     # model: a Mistral (Llama + sliding window): RMSNorm, SwiGLU, RoPE, tied embeddings. Heads of
     # 32 dimensions (what let `qkv train lm`'s induction heads form, see qkv.lm.train).
-    d_model: int = 128
-    num_heads: int = 4
-    layers: int = 4
-    ff_dim: int = 384  # SwiGLU width
-    window: int = 128  # a token sees itself and the window − 1 before it, in every layer
-    # The most tokens a text may have. RoPE's angles grow with the position and float32 keeps
-    # fewer of their digits the larger they are: at 131,072 the fastest pair's angle is still
-    # exact to 0.008 rad.
-    max_positions: int = 131072
+    d_model: int = option(128, "width E of every token vector", low=1, high=1024)
+    num_heads: int = option(4, "attention heads per layer", low=1, high=64)
+    layers: int = option(4, "decoder layers", low=1, high=24)
+    ff_dim: int = option(384, "SwiGLU width", low=1, high=4096)
+    window: int = option(128, "sliding window: a token sees itself and the window − 1 tokens "
+                         "before it", low=1, high=1 << 20)
+    # RoPE's angles grow with the position and float32 keeps fewer of their digits the larger
+    # they are: at 131,072 the fastest pair's angle is still exact to 0.008 rad.
+    max_positions: int = option(131072, "the most tokens a text may have", low=1, high=1 << 20)
     # data (qkv.reader.data.BatchConfig); seq_len > window, so training meets the window's edge
-    seq_len: int = 256
-    # Windows that are one segment repeated (qkv.reader.data): 25 % English, 37.5 % random
-    # tokens; the CPU budget allows ~0.5M training tokens, and induction heads need a dense,
-    # pure copying signal to form within it. Measured: one 8–48-token copy in every window, or
-    # half the windows an English segment repeated, had formed none after 200 steps (best
-    # induction score 0.034 and 0.037, chance 0.027).
-    repeat_prob: float = 0.25
-    random_prob: float = 0.375
-    min_span: int = 16
-    max_span: int = 64
+    seq_len: int = option(256, "tokens per training window (after <bos>)", low=1, high=4096)
+    # Windows that are one segment repeated: 25 % English, 50 % random tokens. The CPU budget
+    # allows ~0.5M training tokens, and induction heads need a dense, pure copying signal to form
+    # within it. Measured (400-step runs, seq 128, batch 16, only random repeats): tokens drawn
+    # from the whole 4096-token vocabulary formed no induction head by step 100 (score 0.027 =
+    # chance), drawn from the 512 lowest ids (the bytes and the first merges: the pieces the
+    # English text uses most, so their embeddings are the trained ones) one of 0.30 (11× chance)
+    # by step 150 — and it copies tokens from the whole vocabulary (the probe draws from all).
+    repeat_prob: float = option(0.25, "share of training windows that are one English segment "
+                                "repeated (induction heads)", low=0.0, high=1.0)
+    random_prob: float = option(0.5, "share of training windows that are one segment of random "
+                                "tokens repeated", low=0.0, high=1.0)
+    random_vocab: int = option(512, "random segments draw their tokens from ids 1 … this − 1 (the "
+                               "bytes and the first BPE merges; at most the whole vocabulary)", low=2, high=65536)
+    min_span: int = option(16, "shortest repeated segment", low=1, high=4096)
+    max_span: int = option(64, "longest repeated segment", low=1, high=4096)
     # optimisation and bookkeeping (Schedule's, some with other defaults)
-    steps: int = 350
+    steps: int = 600
     batch_size: int = 8
     lr: float = 3e-3
     warmup: int = 30
-    eval_size: int = 32  # held-out windows per evaluation
-    probe_size: int = 20  # repeated random sequences for the head scores
+    eval_size: int = option(32, "held-out windows per evaluation", low=1, high=10**5)
+    probe_size: int = option(20, "repeated random sequences for the induction / previous-token "
+                             "scores", low=1, high=1000)
 
     RESUMABLE_CHANGES = Schedule.RESUMABLE_CHANGES | {"eval_size", "probe_size"}
 
     def __post_init__(self) -> None:
-        for name, high in (("vocab_size", 65536), ("d_model", 1024), ("num_heads", 64),
-                           ("layers", 24), ("ff_dim", 4096), ("window", 1 << 20),
-                           ("max_positions", 1 << 20), ("seq_len", 4096), ("min_span", 4096),
-                           ("max_span", 4096)):
-            check_int(name, getattr(self, name), low=1, high=high)
-        check_int("seed", self.seed, low=0, high=2**63 - 1)
-        super().__post_init__()
-        check_int("eval_size", self.eval_size, low=1, high=10**5)
-        check_int("probe_size", self.probe_size, low=1, high=1000)
-        check_float("repeat_prob", self.repeat_prob, low=0.0, high=1.0)
-        check_float("random_prob", self.random_prob, low=0.0, high=1.0 - self.repeat_prob)
-        if not isinstance(self.corpus, str) or not self.corpus:
-            raise QkvError(f"--corpus must name a directory, got {self.corpus!r}")
+        super().__post_init__()  # every option() field against its bounds
+        if self.repeat_prob + self.random_prob > 1.0:
+            raise QkvError(f"--repeat-prob ({self.repeat_prob}) + --random-prob ({self.random_prob}) "
+                           f"must be at most 1")
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise QkvError(f"--d-model ({self.d_model}) must be --num-heads ({self.num_heads}) × an "
                            f"even head size (RoPE rotates pairs)")
@@ -118,7 +118,8 @@ class ReaderTrainConfig(Schedule):
     @property
     def batches(self) -> BatchConfig:
         return BatchConfig(seq_len=self.seq_len, repeat_prob=self.repeat_prob,
-                           random_prob=self.random_prob, min_span=self.min_span,
+                           random_prob=self.random_prob, random_vocab=self.random_vocab,
+                           min_span=self.min_span,
                            max_span=self.max_span)
 
     def model_config(self, vocab_size: int) -> LlamaConfig:

@@ -54,17 +54,22 @@ def check_float(name: str, value: object, *, low: float, high: float, low_open: 
 @dataclass(frozen=True)
 class Option:
     """A training option's facts: what it means (the CLI's help) and the values it may take.
-    ``low``/``high`` None: a bool (no bounds); the ends are closed unless ``*_open``."""
+    ``low``/``high`` None: a bool, or with ``text`` a non-empty string such as a path (no
+    bounds); the ends are closed unless ``*_open``."""
 
     help: str
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
+    text: bool = False
 
     def check(self, name: str, value: object) -> None:
         """QkvError naming ``--flag`` unless ``value`` is of the default's kind and in bounds."""
-        if self.low is None:  # a yes/no option
+        if self.text:
+            if not isinstance(value, str) or not value:
+                raise QkvError(f"{flag(name)} must be a non-empty string, got {value!r}")
+        elif self.low is None:  # a yes/no option
             if not isinstance(value, bool):
                 raise QkvError(f"{flag(name)} must be true or false, got {value!r}")
         elif isinstance(self.low, int) and isinstance(self.high, int):
@@ -77,7 +82,7 @@ class Option:
 def option(default, help: str, *, low: float | None = None, high: float | None = None,
            low_open: bool = False, high_open: bool = False):
     """A dataclass field with its facts in the metadata (see :class:`Option`); ints are bounded
-    by int ``low``/``high``, floats by float ones, a bool by none.
+    by int ``low``/``high``, floats by float ones, a bool or a string (a path) by none.
 
     Example:
         >>> @dataclass(frozen=True)
@@ -86,7 +91,8 @@ def option(default, help: str, *, low: float | None = None, high: float | None =
         >>> option_of(C, "steps").help
         'optimiser steps'
     """
-    return field(default=default, metadata={"option": Option(help, low, high, low_open, high_open)})
+    spec = Option(help, low, high, low_open, high_open, text=isinstance(default, str))
+    return field(default=default, metadata={"option": spec})
 
 
 def option_of(cls, name: str) -> Option | None:
