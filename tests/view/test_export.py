@@ -45,3 +45,34 @@ def test_the_exported_file_works_offline(watched, served, model, tmp_path):
     page.click('#grid button.cell[data-layer="4"][data-head="2"]')  # not inside: said so, no number
     page.wait_for_selector("#steps-body .missing")
     assert watched.requests == [path.as_uri()], "the exported page made a request"
+
+
+def test_every_answer_is_the_servers_at_two_forwards_a_token(model):
+    """The exported answers are the API's own (the step panels of every head come from one
+    forward, each equal to what the server answers that head's request), and the whole page
+    costs two forwards per token, not one per head (it once ran L·H + 2U forwards: 102 s for one
+    sentence on a loaded machine, issue 32)."""
+    from qkv.view.api import Api, Models
+    from qkv.view.export import collect
+
+    text = "the cat sat on the mat"
+    api = Api(Models(["minilm"], loader=lambda name: model))
+    forwards = []
+    hook = model.register_forward_hook(lambda *_: forwards.append(1))
+    told = []
+    try:
+        answers, state = collect(api, "minilm", text, probe=False,
+                                 progress=lambda *a: told.append(a))
+    finally:
+        hook.remove()
+    units = len(model.tokenizer.encode(text).ids)
+    assert len(forwards) <= 2 * units + 2, len(forwards)
+    L, H = len(model.layers), model.layers[0].self_attn.num_heads
+    steps = {(f["token"], f["layer"], f["head"]): a for e, f, a in answers if e == "steps"}
+    assert len(steps) == L * H + units - 1  # every head of the chosen token, the chosen head of every token
+    for token, layer, head in [(state["token"], 0, 0), (state["token"], 3, 1), (state["token"], L - 1, H - 1),
+                               (1, 0, 0)]:
+        body = {"model": "minilm", "text": text, "token": token, "layer": layer, "head": head,
+                "words": False}
+        assert steps[token, layer, head] == api.handle("steps", body)
+    assert told[-1][1] == told[-1][2] and [d for _, d, _ in told] == list(range(1, len(told) + 1))

@@ -5,7 +5,8 @@
 
 The server, its API and the page are :mod:`qkv.view`; this command checks the flags, loads the
 model once (so a bad ``--model`` fails here, not in the page), prints the URL and serves until
-Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and exits.
+Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and exits (a bar on
+stderr while it computes them, on a terminal).
 
 ``--file``: a long text (up to the model's positions) read from a file and explained once,
 before the server starts, by :func:`qkv.explain.long.document.document` (one forward, O(N) memory;
@@ -151,7 +152,8 @@ def _export(args: argparse.Namespace) -> int:
                        f"\"{EXAMPLE}\" --html it.html")
     check_output_path(args.html, flag="--html", example="view.html")  # before the model runs
     try:
-        size = export_html(args.html, args.model, args.text)
+        with Bars() as bars:  # on a terminal only: the answers of every head and token
+            size = export_html(args.html, args.model, args.text, progress=bars)
     except ApiError as e:
         raise QkvError(e.message if e.field in ("text", "model") else f"{e.field}: {e.message}") from None
     print(f"qkv view: wrote {args.html} ({size / 1e6:.1f} MB): open it in any browser, no server "

@@ -242,7 +242,10 @@ def translation_model(model, *, target: str | None = None):
         from qkv.models.loading import load
 
         model = load(model)
-    model = getattr(model, "model", model)  # a translate Checkpoint → its model
+    from qkv.translate.checkpoint import Checkpoint
+
+    if isinstance(model, Checkpoint):
+        model = model.model
     if not capabilities_of(model).cross_attention:
         if target is not None:
             raise ArgumentError("target", "{name} is for encoder-decoders (a translation to "
@@ -404,13 +407,34 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
         >>> cs.target_index, cs.gold, cs.steps.max_abs_diff < 1e-4
         (2, (1,), True)
     """
+    return cross_attention_heads(model, text, token=token, heads=[(layer, head)], gold=gold,
+                                 target=target)[0]
+
+
+def cross_attention_heads(model, text: str, *, token: str | None = None,
+                          heads: list[tuple[int, int]], gold: Gold = None,
+                          target: str | None = None) -> list[CrossHeadSteps]:
+    """:func:`cross_attention_head` of one target token for each ``(layer, head)`` in
+    ``heads``, from one translation and its one traced forward (a page showing every head of a
+    token needs one, not L·H).
+
+    Example:
+        >>> text = "the red apple is next to the black cats"
+        >>> both = cross_attention_heads("translate", text, token="rouge", heads=[(0, 0), (2, 1)])
+        >>> [(cs.steps.layer, cs.steps.head) for cs in both]
+        [(0, 0), (2, 1)]
+    """
     model = translation_model(model, target=target)
-    check_layer_head(model, layer, head)
+    for layer, head in heads:
+        check_layer_head(model, layer, head)
     ca = _translate_and_trace(model, text, gold, target)
     choice = choose(token, _target_units(ca), role="token")
     j = choice.unit
-    decoder_layer = model.decoder[layer]  # its cross_attn (h, d, W_Q, W_K, W_V) and norm_first
-    steps = head_steps(decoder_layer.cross_attn, ca.trace.decoder[layer].cross_attn,
-                       layer=layer, head=head, row=j, tokens=ca.source, model=ca.model, text=text)
-    ca = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
-    return CrossHeadSteps(attention=ca, steps=steps, norm_first=decoder_layer.norm_first)
+    out = []
+    for layer, head in heads:
+        decoder_layer = model.decoder[layer]  # its cross_attn (h, d, W_Q, W_K, W_V) and norm_first
+        steps = head_steps(decoder_layer.cross_attn, ca.trace.decoder[layer].cross_attn,
+                           layer=layer, head=head, row=j, tokens=ca.source, model=ca.model, text=text)
+        one = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())
+        out.append(CrossHeadSteps(attention=one, steps=steps, norm_first=decoder_layer.norm_first))
+    return out

@@ -284,18 +284,40 @@ def explain_head(model, text: str, *, token: str | None = None, layer: int, head
         >>> st.keys.shape, st.max_abs_diff < 1e-5       # (s, d): one key per token
         (torch.Size([14, 32]), True)
     """
+    return explain_heads(model, text, token=token, heads=[(layer, head)], words=words)[0]
+
+
+def explain_heads(model, text: str, *, token: str | None = None,
+                  heads: list[tuple[int, int]], words: bool = False) -> list[HeadSteps]:
+    """:func:`explain_head` of one token for each ``(layer, head)`` in ``heads``, from one
+    forward: the forward records that token's rows in every layer, and each head is read off
+    the same record (a page that shows every head of a token needs one forward, not L·H).
+
+    Example:
+        >>> import qkv
+        >>> model = qkv.load("minilm")
+        >>> both = explain_heads(model, "the cat sat", token="cat", heads=[(0, 0), (3, 1)])
+        >>> [(st.layer, st.head) for st in both]
+        [(0, 0), (3, 1)]
+        >>> both[1].to_dict() == explain_head(model, "the cat sat", token="cat", layer=3, head=1).to_dict()
+        True
+    """
     check_text(text)
-    check_layer_head(model, layer, head)
+    for layer, head in heads:
+        check_layer_head(model, layer, head)
     encoding = encode(model, text)
     units, choice = choose_in(token, encoding, text, words=words, role="token")
     group = units.groups[choice.unit]
     position = group[-1]
     traced = trace(model, text, torch.tensor([position]), words=words, encoding=encoding)
-    layer_trace = traced.traces[layer].self_attn
-    st = head_steps(model.layers[layer].self_attn, layer_trace, layer=layer, head=head, row=0,
-                    tokens=traced.tokens, model=model_name(model), text=text)
-    entering = traced.hidden_states[layer][0, position]
-    return replace(st, x_is_layer_input=torch.equal(entering, layer_trace.query_input[0, 0]),
-                   word=units.labels[choice.unit] if words else None,
-                   word_tokens=tuple(group) if words else (),
-                   notes=(choice.note,) if choice.note else ())
+    out = []
+    for layer, head in heads:
+        layer_trace = traced.traces[layer].self_attn
+        st = head_steps(model.layers[layer].self_attn, layer_trace, layer=layer, head=head, row=0,
+                        tokens=traced.tokens, model=model_name(model), text=text)
+        entering = traced.hidden_states[layer][0, position]
+        out.append(replace(st, x_is_layer_input=torch.equal(entering, layer_trace.query_input[0, 0]),
+                           word=units.labels[choice.unit] if words else None,
+                           word_tokens=tuple(group) if words else (),
+                           notes=(choice.note,) if choice.note else ()))
+    return out

@@ -22,9 +22,13 @@ Anything else the page asks for says "not in this exported file" instead of a nu
 from __future__ import annotations
 
 import os
+from typing import Callable
 
+from qkv.explain.cross import cross_attention_heads
 from qkv.explain.kinds import KINDS, METHOD
+from qkv.explain.steps import explain_heads
 from qkv.files import atomic_write_text
+from qkv.view.answers import answer as answer_of
 from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models
 from qkv.view.page import standalone
 
@@ -35,58 +39,84 @@ HEAD_PANELS = tuple(k for k in KINDS.values() if k.panel == "head" and k.needs =
 
 
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
-            head: int = 0, words: bool = False, probe: bool = True) -> tuple[dict, dict]:
+            head: int = 0, words: bool = False, probe: bool = True,
+            progress: Callable[[str, int, int], None] | None = None) -> tuple[list, dict]:
     """([[endpoint, request fields, answer], …], the page's opening state) for ``text`` on
-    ``model`` (the page finds an answer by its request; it alone spells the lookup key)."""
+    ``model`` (the page finds an answer by its request; it alone spells the lookup key).
+
+    ``progress(stage, done, total)``: called after each group of answers (``qkv view --html``
+    draws it as a bar on a terminal)."""
     answers: dict = {}  # (endpoint, fields) → [endpoint, fields, answer]: each request once
+    loaded = api.models.get(model)
+
+    def key(endpoint: str, fields: dict) -> tuple:
+        return endpoint, tuple(sorted(fields.items()))
 
     def get(endpoint: str, **fields) -> dict:
         fields = {k: v for k, v in fields.items() if v is not None}
-        a = api.handle(endpoint, {"model": model, "text": text, **fields})
-        answers[(endpoint, tuple(sorted(fields.items())))] = [endpoint, fields, a]
-        return a
+        if key(endpoint, fields) not in answers:
+            a = api.handle(endpoint, {"model": model, "text": text, **fields})
+            answers[key(endpoint, fields)] = [endpoint, fields, a]
+        return answers[key(endpoint, fields)][2]
+
+    def every_head(endpoint: str, explain_heads: Callable, **fields) -> None:
+        """``endpoint``'s answer for every head at one token, from one forward
+        (``explain_heads``): each the answer the server gives that head's request."""
+        with api.models.lock:
+            # the token as the API passes it: a string (an index, a word or word@N)
+            results = explain_heads(loaded, text, heads=every, **(fields | {"token": str(fields["token"])}))
+        for (l, h), r in zip(every, results, strict=True):  # in the order asked
+            one = fields | {"layer": l, "head": h}
+            answers[key(endpoint, one)] = [endpoint, one, answer_of(r)]
+
+    def run(work: list[Callable[[], object]]) -> None:
+        for done, do in enumerate(work, 1):
+            do()
+            if progress is not None:
+                progress("page", done, len(work))
 
     token = int(token) if isinstance(token, str) and token.isdigit() else token
-    if api.models.get(model).capabilities.cross_attention:
+    if loaded.capabilities.cross_attention:
         j = api.handle("cross", {"model": model, "text": text, "token": token})["focus"]  # the library's default
         ca = get("cross", token=j)
         L, H = ca["num_layers"], ca["num_heads"]
         layer, head = min(layer, L - 1), min(head, H - 1)
+        every = [(l, h) for l in range(L) for h in range(H)]
         # step panels need each head's weights in qkv (a transformers encoder-decoder has none:
         # the page says the answer is missing)
-        steps = api.models.get(model).capabilities.head_weights
-        for l in range(L if steps else 0):
-            for h in range(H):
-                get("cross_steps", token=j, layer=l, head=h)
-        for i in range(len(ca["target"]) if steps else 0):
-            get("cross_steps", token=i, layer=layer, head=head)
+        if loaded.capabilities.head_weights:
+            run([lambda: every_head("cross_steps", cross_attention_heads, token=j)]
+                + [lambda i=i: get("cross_steps", token=i, layer=layer, head=head)
+                   for i in range(len(ca["target"]))])
         return list(answers.values()), {"token": j, "layer": layer, "head": head, "words": False,
-                         "method": DEFAULT_METHOD}
+                                        "method": DEFAULT_METHOD}
 
     first = api.handle("overview", {"model": model, "text": text, "token": token, "words": words})
     t = first["unit_index"]
     ov = get("overview", token=t, words=words, method=DEFAULT_METHOD)
     L, H = ov["num_layers"], ov["num_heads"]
     layer, head = min(layer, L - 1), min(head, H - 1)
-    short = len(first["tokens"]) <= MAX_WHOLE_MAPS_UNITS
-    if short:
-        get("maps", words=words)
-        for u in range(len(ov["units"])):
-            get("overview", token=u, words=words, method=DEFAULT_METHOD)
-            get("steps", token=u, layer=layer, head=head, words=words)
-        for l in range(L):
-            for h in range(H):
-                get("steps", token=t, layer=l, head=h, words=words)
-                selection = {"token": t, "layer": l, "head": h, "words": words}
-                for row in HEAD_PANELS:
-                    get(row.endpoint, **{f: selection[f] for f in row.field_names})
-        if probe:
-            get("probe")
-    else:
+    every = [(l, h) for l in range(L) for h in range(H)]
+    if len(first["tokens"]) > MAX_WHOLE_MAPS_UNITS:  # a long text: the chosen head only
         get("map", layer=layer, head=head, words=words)
         get("steps", token=t, layer=layer, head=head, words=words)
+        return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
+                                        "method": DEFAULT_METHOD}
+
+    def panels(l: int, h: int) -> None:
+        selection = {"token": t, "layer": l, "head": h, "words": words}
+        for row in HEAD_PANELS:
+            get(row.endpoint, **{f: selection[f] for f in row.field_names})
+
+    units = range(len(ov["units"]))
+    run([lambda: get("maps", words=words),
+         lambda: every_head("steps", explain_heads, token=t, words=words)]
+        + [lambda u=u: get("overview", token=u, words=words, method=DEFAULT_METHOD) for u in units]
+        + [lambda u=u: get("steps", token=u, layer=layer, head=head, words=words) for u in units]
+        + [lambda lh=lh: panels(*lh) for lh in every]
+        + ([lambda: get("probe")] if probe else []))
     return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
-                     "method": DEFAULT_METHOD}
+                                    "method": DEFAULT_METHOD}
 
 
 def export_html(path: str | os.PathLike, model: str, text: str, *, api: Api | None = None,
