@@ -29,7 +29,8 @@ def test_needle_table_json_and_png(capsys, tmp_path):
     code, out, err = run(capsys, "needle", "--model", "lm", "--lengths", "30,50", "--depths", "0,100",
                          "--top", "2", "--png", str(png), "--html", str(page))
     assert code == 0 and "needle accuracy" in out and png.stat().st_size > 0
-    assert page.read_text(encoding="utf-8").count("<td") == 2 * 2 * 2  # two maps of 2 × 2 cells
+    shown = embedded(page)  # the viewer's needle page, the map's to_dict() in it
+    assert shown["kind"] == "needle-map" and [len(r) for r in shown["accuracy"] + shown["attention"]] == [2] * 4
     code, out, _ = run(capsys, "needle", "--model", "lm", "--lengths", "30", "--depths", "50", "--json")
     d = json.loads(out)
     assert code == 0 and d["kind"] == "needle-map" and d["depths"] == [0.5] and len(d["accuracy"]) == 1
@@ -47,7 +48,17 @@ def test_atlas_json(capsys, tmp_path):
     code, out, err = run(capsys, "atlas", "--model", "lm", "--file", str(corpus), "--samples", "2",
                          "--html", str(page))
     assert code == 0 and "previous-token" in out and f"wrote {page}" in err
-    assert '"kind": "atlas"' in page.read_text(encoding="utf-8")
+    shown = embedded(page)  # the viewer's atlas page, the atlas's to_dict() in it
+    assert shown["kind"] == "atlas" and len(shown["heads"]) == 4 and len(shown["heads"][0]["contexts"]) == 3
+
+
+def embedded(page) -> dict:
+    """The result a page written by --html shows: its <script id="qkv-data"> JSON."""
+    import re
+
+    text = page.read_text(encoding="utf-8")
+    assert '<script src=' not in text and "connect-src 'none'" in text  # self-contained, offline
+    return json.loads(re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>', text, re.S)[1])
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -3,9 +3,10 @@
     qkv atlas --model reader --file CORPUS.txt [--window W] [--contexts K] [--html FILE] [--json]
 
 (:func:`qkv.explain.probes.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
-distance, entropy; O(N) memory in the corpus.) ``--html``: a page with every head a point by two
-chosen metrics, a click listing its contexts (:mod:`qkv.view.atlas_page`). Bars on stderr while it works (a terminal only,
-not with ``--json``).
+distance, entropy; O(N) memory in the corpus.) ``--html``: the viewer's atlas page with the atlas
+in it, every head a point by two chosen metrics, a click listing its contexts
+(:mod:`qkv.view.atlas_page`; ``qkv view`` shows a saved ``--json`` at ``/atlas``). Bars on stderr
+while it works (a terminal only, not with ``--json``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="needle inputs of the retrieval score (default 8)")
     p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
                    help="also write a page: every head a point by two metrics you choose, a "
-                        "click listing its contexts (self-contained, no server)")
+                        "click listing its contexts (self-contained, no server; qkv view shows "
+                        "a saved --json at /atlas)")
     p.add_argument("--json", action="store_true", help="print every number and context as JSON")
     p.set_defaults(func=run_atlas)
 

@@ -5,7 +5,9 @@
 
 Prints two depth × length tables (:func:`qkv.explain.probes.needle.needle_map`): the share of the
 needle's tokens the model predicts, and the retrieval heads' attention on the needle. ``--png``
-draws them as heat maps. Bars on stderr (a terminal only, not with ``--json``) while it works.
+draws them as heat maps; ``--html`` writes the viewer's needle page with the map in it
+(:mod:`qkv.view.needle_page`; ``qkv view`` shows a saved ``--json`` at ``/needle``). Bars on
+stderr (a terminal only, not with ``--json``) while it works.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
                    help="also draw both maps as heat maps")
     p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
-                   help="also write both maps as a self-contained page")
+                   help="also write both maps as a self-contained page (no server; qkv view "
+                        "shows a saved --json at /needle)")
     p.add_argument("--json", action="store_true", help="print every number as one JSON object")
     p.set_defaults(func=run_needle)
 

@@ -50,22 +50,25 @@ def _json_in_html(data) -> str:
     return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-# Two pages, one style: a text's (index.html, app.js) and a long document's (document.html,
-# document.js: qkv view --file — a virtualised token strip, the block map, served only).
-PAGES = {"text": ("index.html", "app.js"), "document": ("document.html", "document.js")}
+# Four pages, one style: a text's (index.html, app.js), a long document's (document.html,
+# document.js: qkv view --file — a virtualised token strip, the block map, served only), a head
+# atlas's and a needle map's (qkv atlas/needle --html, or a saved --json opened at /atlas, /needle).
+PAGES = {"text": ("index.html", "app.js"), "document": ("document.html", "document.js"),
+         "atlas": ("atlas.html", "atlas.js"), "needle": ("needle.html", "needle.js")}
 SHARED_SCRIPT = "shared.js"  # loaded before either page's script: the POST, helpers, the model grid
 
 
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page: str = "text") -> str:
     """The page: served (``embed`` None) or standalone with ``embed`` inlined (see the module doc).
 
-    ``embed``: ``{"model", "text", "state", "info", "answers": [[endpoint, fields, answer], …]}``.
+    ``embed``: the text page's ``{"model", "text", "state", "info", "answers": [[endpoint,
+    fields, answer], …]}``; an atlas's or a needle map's ``to_dict()``.
     ``page``: which of :data:`PAGES` (a document's is served only).
     """
     static_dir = Path(static_dir)
     html_name, script_name = PAGES[page]
-    if embed is not None and page != "text":
-        raise ValueError(f"only the text page is written standalone, not {page!r}")
+    if embed is not None and page == "document":
+        raise ValueError("a document's page is served only, never written standalone")
     template = (static_dir / html_name).read_text(encoding="utf-8")
     if embed is None:
         parts = {"csp": "", "data": "",

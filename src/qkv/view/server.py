@@ -7,6 +7,11 @@ Routes (:func:`create_app`)::
                           can name anything else (``/static/../server.py`` is a 404)
     GET  /api/info        the models served, the methods, the limits
     POST /api/ENDPOINT    a JSON object in, the API's answer out (see :mod:`qkv.view.api`)
+    GET  /atlas, /needle  a saved result's page (static/atlas.html, needle.html): open a file …
+    POST /api/atlas       … a saved ``qkv atlas --json`` (``/api/needle``: ``qkv needle --json``)
+                          in; out, the result it describes, rebuilt and checked by
+                          ``Atlas.from_dict`` / ``NeedleMap.from_dict`` (:data:`SAVED`), as its
+                          ``to_dict()``: anything else is a 4xx naming the field and the value
 
 Slow clients: a request's line, headers and body must arrive within :data:`REQUEST_TIMEOUT`
 seconds of its first byte (else a 408), and a connection still waiting for its request does not
@@ -47,10 +52,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from qkv.errors import QkvError
+from qkv.explain.probes.atlas import Atlas
+from qkv.explain.probes.needle import NeedleMap
 from qkv.view.api import Api, ApiError
 from qkv.view.page import STATIC_DIR, page_html, static_files
 
 MAX_BODY_BYTES = 160 * 1024  # a 20,000-character text fits even with every character escaped (6 bytes each)
+# a saved atlas: ~600 bytes a head with its three contexts, so 1,024 heads (32 × 32) in ~0.6 MB
+MAX_SAVED_BYTES = 8 * 1024 * 1024
+# the saved results a page shows (GET /NAME, POST /api/NAME): the class that reads one back
+SAVED = {"atlas": Atlas, "needle": NeedleMap}
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger("qkv.view")
 
@@ -59,22 +70,22 @@ def _error(status: int, field: str | None, message: str) -> JSONResponse:
     return JSONResponse({"error": {"field": field, "message": message}}, status_code=status)
 
 
-async def read_json(request: Request) -> dict:
-    """The request's JSON object, read at most :data:`MAX_BODY_BYTES` bytes far."""
+async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
+    """The request's JSON object, read at most ``limit`` bytes far."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise ApiError("body", f"Content-Length {declared[:20]!r} is not a number", 400)
-        if int(declared) > MAX_BODY_BYTES:
-            raise ApiError("body", f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}", 413)
+        if int(declared) > limit:
+            raise ApiError("body", f"the body is {declared} bytes; the limit is {limit}", 413)
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/json":
         raise ApiError("body", f"send JSON (Content-Type: application/json), not {kind or 'nothing'}", 415)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError("body", f"the body is over the limit of {MAX_BODY_BYTES} bytes", 413)
+        if size > limit:
+            raise ApiError("body", f"the body is over the limit of {limit} bytes", 413)
         chunks.append(chunk)
     try:
         body = json.loads(b"".join(chunks).decode("utf-8"))
@@ -191,6 +202,26 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
             return Response(status_code=408)
         return Response(data, media_type="application/json")
 
+    saved_pages = {name: page_html(static_dir, page=name).encode() for name in SAVED}
+
+    async def saved_page(request: Request) -> Response:
+        return Response(saved_pages[request.url.path.strip("/")], media_type="text/html; charset=utf-8",
+                        headers=_page_headers())
+
+    async def saved(request: Request) -> Response:
+        """A saved result checked: its class's ``from_dict`` rebuilds it, its ``to_dict()`` answers."""
+        read_back = SAVED[request.url.path.rsplit("/", 1)[1]].from_dict
+        try:
+            body = await read_json(request, limit=MAX_SAVED_BYTES)
+            result = await run_in_threadpool(read_back, body)
+        except ApiError as e:
+            return JSONResponse(e.to_dict(), status_code=e.status)
+        except QkvError as e:  # not the result it claims to be: which field, which value
+            return _error(422, "body", str(e))
+        except ClientDisconnect:
+            return Response(status_code=408)
+        return JSONResponse(result.to_dict())
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return _error(exc.status_code, "path", f"{exc.detail}: {request.method} {request.url.path[:80]}")
 
@@ -202,6 +233,8 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
         Route("/", index, methods=["GET"]),
         Route("/static/{name:path}", static, methods=["GET"]),
         Route("/api/info", info, methods=["GET"]),
+        *(Route(f"/{name}", saved_page, methods=["GET"]) for name in SAVED),
+        *(Route(f"/api/{name}", saved, methods=["POST"]) for name in SAVED),  # before /api/{endpoint}
         Route("/api/{endpoint}", endpoint, methods=["POST"]),
     ]
     from starlette.middleware import Middleware

@@ -41,7 +41,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import forward
-from qkv.explain.probes import induction
+from qkv.explain.probes import induction, saved
 from qkv.explain.long.document_heads import head_spans
 from qkv.explain.overview import entropy_bits
 from qkv.explain.probes.retrieval import check_decoder, record, retrieval_probe
@@ -66,6 +66,17 @@ class Context:
     def to_dict(self) -> dict:
         return {"query": self.query, "key": self.key, "weight": self.weight,
                 "distance": self.query - self.key, "text": self.before, "key_text": self.key_text}
+
+    @classmethod
+    def from_dict(cls, d, where: str = "context") -> Context:
+        """The context a ``to_dict()`` describes, checked (its ``distance`` must be query − key)."""
+        query, key = saved.whole(d, "query", where), saved.whole(d, "key", where)
+        if saved.get(d, "distance", where) != query - key:
+            raise QkvError(f"{where}: distance must be query − key = {query - key}, got "
+                           f"{repr(d['distance'])[:saved.SHOWN]}")
+        return cls(query=query, key=key,
+                   weight=saved.number(saved.get(d, "weight", where), "weight", where, low=0),
+                   before=saved.text(d, "text", where), key_text=saved.text(d, "key_text", where))
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,50 @@ class Atlas:
                            **{name: float(self.metrics[name][l, h]) for name in METRICS},
                            "contexts": [c.to_dict() for c in self.contexts[l][h]]}
                           for l in range(L) for h in range(H)]}
+
+    @classmethod
+    def from_dict(cls, d) -> Atlas:
+        """The atlas a ``to_dict()`` describes (``qkv atlas --json`` read back), every field
+        checked first: a :class:`~qkv.errors.QkvError` naming the first one wrong and its value.
+
+            >>> a = Atlas.from_dict({"kind": "atlas", "model": "m", "tokens": 9, "window": 9,
+            ...     "windows": 1, "first": 1, "metrics": list(METRICS), "retrieval_chance": 0.1,
+            ...     "heads": [{"layer": 0, "head": 0, "contexts": [], **dict.fromkeys(METRICS, 0.5)}]})
+            >>> a.metrics["sink"].shape, a.to_dict()["heads"][0]["entropy"]
+            (torch.Size([1, 1]), 0.5)
+        """
+        where = "atlas"
+        saved.kind(d, cls.kind)
+        if saved.get(d, "metrics", where) != list(METRICS):
+            raise QkvError(f"atlas: metrics must be {', '.join(METRICS)} in that order, got "
+                           f"{repr(d['metrics'])[:saved.SHOWN]}")
+        heads = saved.items(d, "heads", where, least=1)
+        cells = {}
+        for n, head in enumerate(heads):
+            at = f"atlas heads[{n}]"
+            cell = (saved.whole(head, "layer", at), saved.whole(head, "head", at))
+            if cell in cells:
+                raise QkvError(f"{at}: layer {cell[0]} head {cell[1]} is listed twice")
+            cells[cell] = head
+        L, H = 1 + max(c[0] for c in cells), 1 + max(c[1] for c in cells)
+        if len(cells) != L * H:
+            missing = next((l, h) for l in range(L) for h in range(H) if (l, h) not in cells)
+            raise QkvError(f"atlas: heads must list every head of {L} layers × {H} heads; layer "
+                           f"{missing[0]} head {missing[1]} is missing")
+        metrics = {name: torch.tensor([[saved.number(saved.get(cells[l, h], name, f"atlas layer {l} head {h}"),
+                                                     name, f"atlas layer {l} head {h}")
+                                        for h in range(H)] for l in range(L)], dtype=torch.float64)
+                   for name in METRICS}
+        return cls(model=saved.text(d, "model", where), tokens=saved.whole(d, "tokens", where, least=1),
+                   window=saved.whole(d, "window", where, least=1),
+                   windows=saved.whole(d, "windows", where, least=1),
+                   first=saved.whole(d, "first", where, least=1),
+                   metrics=metrics,
+                   retrieval_chance=saved.number(saved.get(d, "retrieval_chance", where),
+                                                 "retrieval_chance", where, low=0, high=1),
+                   contexts=[[[Context.from_dict(c, f"atlas layer {l} head {h} contexts[{k}]")
+                               for k, c in enumerate(saved.items(cells[l, h], "contexts", f"atlas layer {l} head {h}"))]
+                              for h in range(H)] for l in range(L)])
 
 
 def _whole(x) -> bool:

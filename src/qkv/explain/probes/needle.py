@@ -26,7 +26,9 @@ from typing import Callable, ClassVar, Sequence
 
 import torch
 
+from qkv.errors import QkvError
 from qkv.explain import forward
+from qkv.explain.probes import saved
 from qkv.explain.probes.retrieval import (DEFAULT_NEEDLE, check_decoder, check_needle, check_samples,
                                    needle_input, read_needle, retrieval_probe)
 from qkv.explain.wording import ArgumentError
@@ -65,6 +67,53 @@ class NeedleMap:
                 "depths": list(self.depths), "samples": self.samples, "needle": self.needle,
                 "heads": [list(h) for h in self.heads], "haystack": self.haystack, "seed": self.seed,
                 "accuracy": self.accuracy.tolist(), "attention": self.attention.tolist()}
+
+    @classmethod
+    def from_dict(cls, d) -> NeedleMap:
+        """The map a ``to_dict()`` describes (``qkv needle --json`` read back), every field checked
+        first: a :class:`~qkv.errors.QkvError` naming the first one wrong and its value.
+
+            >>> m = NeedleMap.from_dict({"kind": "needle-map", "model": "m", "lengths": [32, 64],
+            ...     "depths": [0.5], "samples": 1, "needle": 8, "heads": [[1, 0]], "haystack": "random",
+            ...     "seed": 0, "accuracy": [[1.0, 0.5]], "attention": [[0.25, 0.0]]})
+            >>> m.accuracy.shape, m.heads
+            (torch.Size([1, 2]), ((1, 0),))
+        """
+        where = "needle map"
+        saved.kind(d, cls.kind)
+        lengths = saved.items(d, "lengths", where, least=1)
+        depths = saved.items(d, "depths", where, least=1)
+        lengths = tuple(saved.whole({"lengths": n}, "lengths", f"{where} lengths[{k}]", least=2)
+                        for k, n in enumerate(lengths))
+        depths = tuple(saved.number(x, f"depths[{k}]", where, low=0, high=1) for k, x in enumerate(depths))
+
+        def grid(name: str) -> torch.Tensor:
+            rows = saved.items(d, name, where, least=len(depths))
+            if len(rows) != len(depths):
+                raise QkvError(f"{where}: {name} must have a row per depth ({len(depths)}), got {len(rows)}")
+            for i, row in enumerate(rows):
+                if not isinstance(row, list) or len(row) != len(lengths):
+                    raise QkvError(f"{where}: {name}[{i}] must be a list of a number per length "
+                                   f"({len(lengths)}), got {repr(row)[:saved.SHOWN]}")
+            return torch.tensor([[saved.number(v, f"{name}[{i}][{j}]", where, low=0, high=1)
+                                  for j, v in enumerate(row)] for i, row in enumerate(rows)],
+                                dtype=torch.float64)
+
+        heads = []
+        for k, pair in enumerate(saved.items(d, "heads", where, least=1)):
+            if not isinstance(pair, list) or len(pair) != 2 or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair):
+                raise QkvError(f"{where}: heads[{k}] must be [layer, head], two whole numbers, got "
+                               f"{repr(pair)[:saved.SHOWN]}")
+            heads.append((pair[0], pair[1]))
+        haystack = saved.text(d, "haystack", where)
+        if haystack not in ("random", "text"):
+            raise QkvError(f"{where}: haystack must be 'random' or 'text', got {haystack[:saved.SHOWN]!r}")
+        return cls(model=saved.text(d, "model", where), lengths=lengths, depths=depths,
+                   samples=saved.whole(d, "samples", where, least=1),
+                   needle=saved.whole(d, "needle", where, least=2), heads=tuple(heads),
+                   accuracy=grid("accuracy"), attention=grid("attention"), haystack=haystack,
+                   seed=saved.whole(d, "seed", where))
 
 
 def _check_grid(model, lengths, depths, needle) -> None:

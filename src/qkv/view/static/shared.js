@@ -7,7 +7,7 @@
 const qkvPage = (() => {
   const DIGITS = 4; // weights, scores and vector entries are shown with 4 decimals
   const $ = (id) => document.getElementById(id);
-  const SVG = ["svg", "line", "text", "rect", "g", "title", "path"];
+  const SVG = ["svg", "line", "text", "rect", "g", "title", "path", "circle"];
 
   // Identical requests in flight share one promise; an error answer becomes an Error naming its
   // field ("field: message"), as the API's 4xx bodies give them.
