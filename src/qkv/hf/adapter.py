@@ -103,16 +103,21 @@ class HFLayer:
     Its residual structure, read off a forward (:func:`_structure`): ``sequential_residual``
     when the layer forms x + attn (attn: the output projection's output) before its feed-forward
     — pre-norm (``norm_first``; ``norm1`` the part whose output the attention reads: x + attn is
-    read as it is) or post-norm (``norm1`` the norm that reads x + attn: its output goes on);
-    False otherwise (a parallel residual, a norm on the attention's branch).
+    read as it is) or post-norm (``norm1`` the norm that reads x + attn: its output goes on;
+    ``norm3`` the norm whose output is the layer's, when one is: what it reads, y + ff(y), is
+    kept per call in ``LayerTrace.ffn_sum``); False otherwise, ``residual_note`` saying what the
+    forward showed instead (a parallel residual, a norm on the attention's branch, a scaled
+    branch).
     """
 
     cross_attn = None
 
     def __init__(self, block: nn.Module, self_attn: HFAttention, *, norm1: nn.Module | None = None,
-                 norm_first: bool = True, sequential_residual: bool = False):
+                 norm3: nn.Module | None = None, norm_first: bool = True,
+                 sequential_residual: bool = False, residual_note: str = ""):
         self.block, self.self_attn = block, self_attn
         self.norm1, self.norm_first, self.sequential_residual = norm1, norm_first, sequential_residual
+        self.norm3, self.residual_note = norm3, residual_note
 
     def modules(self):
         return self.block.modules()
@@ -123,7 +128,8 @@ class _Seen:
     """What one forward's hooks kept for one layer: ``entered`` (b, t, E) the layer's input
     (after any patch), ``x`` (b, t, E) the attention module's input, ``cos_sin`` the
     ``position_embeddings`` it was handed or None, ``out`` (b, t, E) what its output projection
-    returned, ``normed`` (b, t, E) what a post-norm layer's ``norm1`` returned; ``inner``
+    returned, ``normed`` (b, t, E) what a post-norm layer's ``norm1`` returned, ``ffn_sum``
+    (b, t, E) what its ``norm3`` read; ``inner``
     (discovery only): every module inside the block → (its input, its output)."""
 
     entered: torch.Tensor | None = None
@@ -131,6 +137,7 @@ class _Seen:
     cos_sin: tuple | None = None
     out: torch.Tensor | None = None
     normed: torch.Tensor | None = None
+    ffn_sum: torch.Tensor | None = None
     inner: dict | None = None
 
 
@@ -278,13 +285,14 @@ class HFModel(nn.Module):
         if layer.sequential_residual:
             residual = seen.entered + seen.out if layer.norm_first else seen.normed
         if isinstance(trace_rows, LseRequest):
-            return LayerTrace(rec.traces[i], residual=residual)
+            return LayerTrace(rec.traces[i], residual=residual, ffn_sum=seen.ffn_sum)
         x = seen.x  # (b, t, E)
         rows = row_positions(x.shape[1], trace_rows, x.device)
         step = layer.self_attn.position_step(seen.cos_sin)
         return LayerTrace(MultiHeadTrace(rows=rows, query_input=x[:, rows], key_input=x, value_input=x,
                                          attention=rec.traces[i], heads=rec.heads[i],
-                                         position_step=step), residual=residual)
+                                         position_step=step), residual=residual,
+                          ffn_sum=seen.ffn_sum)
 
     @contextmanager
     def _hooks(self, interventions, layers: list[HFLayer], *, inner: bool = False):
@@ -325,6 +333,11 @@ class HFModel(nn.Module):
                 setattr(seen[i], field, output[0] if isinstance(output, tuple) else output)
             return hook
 
+        def read(i, field):
+            def hook(module, args, kwargs):
+                setattr(seen[i], field, args[0] if args else next(iter(kwargs.values()), None))
+            return hook
+
         def any_module(i, m):
             def hook(module, args, kwargs, output):
                 given = args[0] if args else next(iter(kwargs.values()), None)
@@ -343,6 +356,9 @@ class HFModel(nn.Module):
                     handles.append(out.register_forward_hook(keep(i, "out"), with_kwargs=True))
                 if not layer.norm_first and layer.sequential_residual:
                     handles.append(layer.norm1.register_forward_hook(keep(i, "normed"), with_kwargs=True))
+                    if layer.norm3 is not None:
+                        handles.append(layer.norm3.register_forward_pre_hook(read(i, "ffn_sum"),
+                                                                             with_kwargs=True))
                 for m in list(layer.block.modules())[1:] if inner else ():
                     handles.append(m.register_forward_hook(any_module(i, m), with_kwargs=True))
             yield hidden, seen
@@ -364,7 +380,7 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
     summed = seen.entered + seen.out  # (b, t, E) as the layer would add them
     readers = [made for m, (given, made) in seen.inner.items() if _same(given, summed)]
     if not readers:
-        return {}
+        return dict(residual_note=_not_summed(seen, output))
     norm1 = next((m for m, (given, made) in seen.inner.items() if m is not attention
                   and _same(given, seen.entered) and _same(made, seen.x)), None)
     reads_x = _same(seen.x, seen.entered)
@@ -373,11 +389,42 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
               and any(_same(given, r) for r in readers)]
     if (norm1 is not None and not reads_x) or any(_same(output, summed + f) for f in branch):
         return dict(norm1=norm1, norm_first=True, sequential_residual=True)
-    norms = [m for m, (given, _) in seen.inner.items() if _same(given, summed) and (
-        isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(m).__name__.lower())]
-    if reads_x and norms:
-        return dict(norm1=norms[0], norm_first=False, sequential_residual=True)
-    return {}
+    norms = [m for m, (given, _) in seen.inner.items() if _same(given, summed) and _is_norm(m)]
+    if reads_x and norms:  # norm3: the norm that makes the layer's output (reads y + ff(y))
+        norm3 = next((m for m, (given, made) in seen.inner.items() if m is not norms[0]
+                      and isinstance(given, torch.Tensor) and _same(made, output) and _is_norm(m)), None)
+        return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True)
+    return dict(residual_note=_not_summed(seen, output))
+
+
+def _is_norm(m: nn.Module) -> bool:
+    return isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(m).__name__.lower()
+
+
+def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
+    """What a layer does instead of handing x + attn on, as one forward shows it (``output``
+    (b, t, E) the layer's): a norm reads the attention's output (a sandwich norm); a part reads
+    x + c·attn (a residual multiplier, Granite); the output is x + attn + f with f a part's output
+    (a parallel residual: GPT-J, GPT-NeoX, Phi)."""
+    out, entered = seen.out.double().flatten(), seen.entered.double().flatten()  # (b·t·E,)
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:  # to a float32 forward's rounding
+        return torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+
+    made = [(m, given, y) for m, (given, y) in seen.inner.items() if isinstance(given, torch.Tensor)]
+    if any(_is_norm(m) and _same(given, seen.out) for m, given, _ in made):
+        return "x + norm(attn(x)): the attention's output normalised before it is added (a norm on the branch, as in a sandwich norm)"
+    for _, given, _ in made:
+        if given.numel() == out.numel() and float(out @ out) > 0:
+            rest = given.double().flatten() - entered
+            c = float(rest @ out) / float(out @ out)
+            if min(abs(c), abs(c - 1)) > 1e-3 and close(rest, c * out):  # c = 0: x itself
+                return f"x + {c:.3g}·attn: the attention's output scaled before it is added (a residual multiplier)"
+    summed = entered + out
+    if any(isinstance(y, torch.Tensor) and y.numel() == out.numel()
+           and close(output.double().flatten(), summed + y.double().flatten()) for _, _, y in made):
+        return "x + attn(x) + ff(x): a parallel residual (the feed-forward reads the layer's input)"
+    return "no part of it reads x + attn"
 
 
 def _same(a, b) -> bool:

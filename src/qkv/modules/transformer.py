@@ -42,11 +42,15 @@ class LayerTrace:
         residual: (b, t, E) what the self-attention sub-block hands on, every row: ``x + attn``
             (pre-norm) or ``norm1(x + attn)`` (post-norm); None for a layer that never forms it
             (GPT-NeoX's parallel residual). Not detached (see ``MultiHeadTrace.heads``).
+        ffn_sum: (b, t, E) what a post-norm layer's last norm read, ``residual + ff(residual)``,
+            where the forward records it (a transformers post-norm layer, whose feed-forward
+            qkv does not run); None otherwise.
     """
 
     self_attn: MultiHeadTrace
     cross_attn: MultiHeadTrace | None = None
     residual: torch.Tensor | None = None
+    ffn_sum: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

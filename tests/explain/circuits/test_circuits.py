@@ -9,6 +9,8 @@ plus that dot product's own rounding γ_d Σ|q||k| (Higham, Thm 3.1). Run in flo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -38,19 +40,32 @@ def lm64():
 
 
 @pytest.fixture(scope="module")
-def hf64(tmp_path_factory):
+def saved(tmp_path_factory):
+    """name → a directory transformers saved (a tiny random model of tests/hf/archs.py)."""
     pytest.importorskip("transformers")
-    from archs import DECODERS, build
+    from archs import DECODERS, ENCODERS, build
     from test_adapter import save_tokenizer
 
+    dirs = {}
+
+    def get(name):
+        if name not in dirs:
+            table = ENCODERS if name in ENCODERS else DECODERS
+            dirs[name] = tmp_path_factory.mktemp(name)
+            build(table, name).save_pretrained(dirs[name])
+            save_tokenizer(dirs[name], encoder=table is ENCODERS)
+        return dirs[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def hf64(saved):
+    """name → the transformers model on qkv's adapter (``via="hf"``), float64."""
     models = {}
 
     def get(name):
         if name not in models:
-            path = tmp_path_factory.mktemp(name)
-            build(DECODERS, name).save_pretrained(path)
-            save_tokenizer(path, encoder=False)
-            models[name] = qkv.load(path, via="hf", dtype=torch.float64)
+            models[name] = qkv.load(saved(name), via="hf", dtype=torch.float64)
         return models[name]
     return get
 
@@ -75,8 +90,9 @@ def test_minilm_terms_sum_to_the_score(minilm64, layer, head):
 def test_minilm_float32_within_its_bound():
     a = score_attribution(qkv.load("minilm"), SENTENCE, layer=3, head=1, token="it", key="pizza")
     assert abs(float(a.terms.sum()) - a.score) <= a.bound
-    assert a.key_components[0] == "embed" and a.key_components[-1] == "bias"
-    assert len(a.key_components) == 1 + 3 * (12 + 1) + 1
+    assert a.key_components[:3] == ("embed.token", "embed.position", "embed.type")
+    assert a.key_components[-1] == "bias"
+    assert len(a.key_components) == 3 + 3 * (12 + 1) + 1
 
 
 @pytest.mark.parametrize("layer,head", [(0, 1), (1, 0), (1, 1)])
@@ -182,24 +198,93 @@ def test_removing_a_component_from_a_pre_norm_key_rescales(lm64):
         assert abs(r.measured - r.scale_ratio * r.predicted) <= 4 * a.bound * r.scale_ratio
 
 
-def test_a_sandwich_norm_is_refused_by_name(hf64):
-    with pytest.raises(QkvError, match="does not form"):
-        score_attribution(hf64("gemma2"), HF_TEXT, layer=1, head=0, token="it", key="pizza")
-
-
 def test_a_post_norm_row_sums_to_every_score(minilm64):
     row = score_attribution(minilm64, SENTENCE, layer=3, head=1, token="it")
-    assert row.terms.shape == (14, 41)  # every key of an encoder, 1 + 3 × 13 + 1 components
+    assert row.terms.shape == (14, 43)  # every key of an encoder, 3 + 3 × 13 + 1 components
     assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= TIGHT * 10
 
 
-def test_a_transformers_post_norm_layer_is_refused_by_name(tmp_path):
-    pytest.importorskip("transformers")
-    from archs import ENCODERS, build
-    from test_adapter import save_tokenizer
+# -- transformers post-norm layers (BERT), the embeddings by table, refusals by name --------------
+@pytest.mark.parametrize("name", ["bert", "distilbert", "roberta"])
+def test_transformers_post_norm_terms_sum_to_the_score(hf64, name):
+    """A transformers BERT: each norm3 reads what the forward recorded (LayerTrace.ffn_sum)."""
+    model = hf64(name)
+    for layer in range(len(model.layers)):
+        for head in (0, 3):
+            check_sum(score_attribution(model, HF_TEXT, layer=layer, head=head, token="it",
+                                        key="pizza"))
+    row = score_attribution(model, HF_TEXT, layer=1, head=2, token="it")
+    assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= TIGHT
 
-    build(ENCODERS, "bert").save_pretrained(tmp_path)
-    save_tokenizer(tmp_path, encoder=True)
-    with pytest.raises(QkvError, match="post-norm and its feed-forward is not one qkv runs"):
-        score_attribution(qkv.load(tmp_path, via="hf"), HF_TEXT, layer=1, head=0, token="it",
-                          key="pizza")
+
+def test_transformers_bert_splits_as_the_native_family_does(saved, hf64):
+    """The same checkpoint through transformers and through qkv's BertModel: the same terms,
+    component by component (two float64 forwards: 4 × the larger bound apart at most)."""
+    native = qkv.load(saved("bert"), via="native", dtype=torch.float64)
+    for layer, head in ((0, 1), (1, 2)):
+        a = score_attribution(hf64("bert"), HF_TEXT, layer=layer, head=head, token="it", key="pizza")
+        b = score_attribution(native, HF_TEXT, layer=layer, head=head, token="it", key="pizza")
+        assert a.key_components == b.key_components
+        assert a.key_components[:3] == ("embed.token", "embed.position", "embed.type")
+        assert float((a.terms - b.terms).abs().max()) <= 4 * max(a.bound, b.bound)
+
+
+def test_removing_a_component_from_a_transformers_bert_key_is_exact(hf64):
+    a = score_attribution(hf64("bert"), HF_TEXT, layer=1, head=1, token="it", key="pizza")
+    top = a.key_components[int(a.key_totals().abs().argmax())]
+    r = remove_component(hf64("bert"), a, top)
+    assert r.exact and abs(r.measured - r.predicted) <= 4 * a.bound
+    assert abs(r.measured - r.before) > 100 * a.bound  # it did move
+
+
+@pytest.mark.parametrize("name,embeddings", [
+    ("gpt2", ("embed.token", "embed.position")), ("opt", ("embed.token", "embed.position")),
+    ("llama", ("embed.token",)), ("gemma", ("embed.token",))])
+def test_the_embeddings_split_by_table(hf64, name, embeddings):
+    """GPT-2 and OPT add a learned position row, RoPE models none; Gemma's token rows are
+    scaled by √E in its embedding module (read as the module computes them)."""
+    model = hf64(name)
+    a = score_attribution(model, HF_TEXT, layer=1, head=1, token="it", key="pizza")
+    assert a.key_components[:len(embeddings) + 1] == (*embeddings, "L0.H0")
+    check_sum(a, TIGHT if name in ("gpt2", "opt") else LOOSE)
+
+
+def test_gpt2s_embedding_parts_are_its_table_rows(hf64):
+    """No norm before layer 0: the parts are the checkpoint's own rows, wte[id] and wpe[p]."""
+    model = hf64("gpt2")
+    ids = torch.tensor([model.tokenizer.encode(HF_TEXT).ids])
+    every = torch.arange(ids.shape[1])
+    st = stream(model, run(model, ids, torch.tensor([0])), 0, every)
+    assert st.names == ("embed.token", "embed.position", "bias")
+    tf = model.hf.transformer
+    assert torch.equal(st.parts[0], tf.wte.weight[ids[0]].double())
+    assert torch.equal(st.parts[1], tf.wpe.weight[every].double())
+    assert not st.parts[2].any()
+
+
+def test_logit_attribution_names_the_position_rows(hf64):
+    a = logit_attribution(hf64("gpt2"), HF_TEXT, token="ate")
+    assert a.components[:3] == ("embed.token", "embed.position", "L0.H0")
+    assert abs(float(a.contributions.sum()) - a.logit) <= a.bound <= TIGHT * max(1.0, abs(a.logit))
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("gptj", "x + attn(x) + ff(x): a parallel residual"),
+    ("phi", "x + attn(x) + ff(x): a parallel residual"),
+    ("gpt_neox", "x + attn(x) + ff(x): a parallel residual"),
+    ("gemma2", "x + norm(attn(x)): the attention's output normalised before it is added"),
+    ("olmo2", "x + norm(attn(x)): the attention's output normalised before it is added"),
+    ("granite", "x + 0.5·attn: the attention's output scaled before it is added")])
+def test_a_layer_without_x_plus_attn_is_refused_by_name(hf64, name, reason):
+    """What each architecture does instead of x + attn, read off its forward (granite: the
+    residual_multiplier 0.5 of tests/hf/archs.py)."""
+    with pytest.raises(QkvError, match=rf"layer 0 \(HFLayer\) does not form x \+ attn .*"
+                                       rf"{re.escape(reason)}"):
+        score_attribution(hf64(name), HF_TEXT, layer=1, head=0, token="it", key="pizza")
+
+
+def test_qkv_gpt_neox_parallel_residual_is_refused_by_name(saved):
+    model = qkv.load(saved("gpt_neox"), via="native")
+    with pytest.raises(QkvError, match=r"\(ParallelResidualLayer\) does not form x \+ attn .*"
+                                       r"a parallel residual"):
+        score_attribution(model, HF_TEXT, layer=1, head=0, token="it", key="pizza")

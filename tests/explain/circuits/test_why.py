@@ -20,7 +20,7 @@ def test_the_table_ranks_the_largest_terms(capsys):
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "model: qkv-lm · layer 1 head 0 · query 7:dima → key 4:fona"
-    assert lines[3].split()[:3] == ["1", "embed", "L0.H1"]  # the previous-token head's write
+    assert lines[3].split()[:3] == ["1", "embed.token", "L0.H1"]  # the previous-token head's write
     assert len([line for line in lines if line.strip()[:1].isdigit()]) == 3
 
 

@@ -2,8 +2,10 @@
 
 For a traced forward, the vector entering layer ℓ at position i is the sum of
 
-    embed            what the embedding wrote (hidden_states[0]: token, position and type
-                     embeddings together, after the embedding's norm where the model has one)
+    embed.token      what each embedding table wrote (:mod:`.embed`): the token's row, and
+    embed.position   the position's and the segment's where the model adds them, through the
+    embed.type       embedding's norm where it has one (``embed``: hidden_states[0] whole where
+                     no table is found)
     L{l}.H{h}        head h of an earlier layer l: its output o^{l,h}_i through W_O^h  (E,)
     L{l}.ffn         the feed-forward of an earlier layer l
     bias             what no upstream part writes: output-projection biases, norm offsets β
@@ -18,7 +20,8 @@ each sum; each norm is frozen at the scale that forward computed (:mod:`.norms`)
 component c is carried through as (c − mean(c)) · γ/σ and β joins ``bias``::
 
     y_l     = norm1(x_l + attn_l)        (recorded: LayerTrace.residual)
-    x_{l+1} = norm3(y_l + ff(y_l))       (ff run on the recorded y_l: qkv's own layer)
+    x_{l+1} = norm3(y_l + ff(y_l))       (y_l + ff(y_l): recorded in LayerTrace.ffn_sum by a
+                                          transformers layer; qkv's own runs ff on y_l)
 
 Every step is per token, so the stream is built for the positions asked only (a 16k-token
 document is split by positions in chunks). :func:`stream` checks that the components sum to the
@@ -31,7 +34,7 @@ Example:
     >>> ids = torch.tensor([lm.tokenizer.encode("the cat sat").ids])
     >>> st = stream(lm, run(lm, ids, torch.tensor([0])), 2, torch.arange(ids.shape[1]))
     >>> st.names[:3], st.parts.shape[0] == len(st.names)
-    (('embed', 'L0.H0', 'L0.H1'), True)
+    (('embed.token', 'L0.H0', 'L0.H1'), True)
 """
 
 from __future__ import annotations
@@ -41,10 +44,13 @@ from dataclasses import dataclass
 import torch
 
 from qkv.errors import QkvError
+from qkv.explain.circuits import embed
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
 
-EMBED, BIAS = "embed", "bias"
+BIAS = "bias"
+#: What qkv's own layers that form no x + attn do instead (GPT-NeoX).
+PARALLEL = "x + attn(x) + ff(x): a parallel residual (the feed-forward reads the layer's input)"
 
 
 def head_name(layer: int, head: int) -> str:
@@ -56,9 +62,10 @@ def ffn_name(layer: int) -> str:
 
 
 def names(model, layer: int) -> tuple[str, ...]:
-    """The components of layer ``layer``'s input, in order, ``bias`` last (C names)."""
+    """The components of layer ``layer``'s input, in order: the embedding's (:func:`.embed.names`),
+    each earlier layer's heads and feed-forward, ``bias`` last (C names)."""
     n_heads = model.layers[0].self_attn.num_heads
-    out = [EMBED]
+    out = list(embed.names(model))
     for ell in range(layer):
         out += [head_name(ell, h) for h in range(n_heads)] + [ffn_name(ell)]
     return (*out, BIAS)
@@ -92,15 +99,15 @@ def check(model) -> None:
             raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
                            f"writes into the residual stream cannot be read")
         if layer.norm_first and not layer.sequential_residual:
+            # a transformers layer says what it does instead; qkv's own: GPT-NeoX's parallel one
+            how = getattr(layer, "residual_note", "") or PARALLEL
             raise QkvError(f"{model.name}: layer {i} ({type(layer).__name__}) does not form "
-                           f"x + attn before its feed-forward (a parallel residual, or a norm on "
-                           f"the attention's branch: a sandwich norm); its residual stream cannot "
+                           f"x + attn before its feed-forward ({how}); its residual stream cannot "
                            f"be split by component")
-        if not layer.norm_first and getattr(layer, "feed_forward", None) is None:
-            # qkv's own post-norm layers run ff on the recorded y; a transformers one hides it
-            raise QkvError(f"{model.name}: layer {i} is post-norm and its feed-forward is not "
-                           f"one qkv runs (a transformers post-norm layer); its residual stream "
-                           f"cannot be split by component")
+        if not layer.norm_first and layer.norm3 is None:
+            raise QkvError(f"{model.name}: layer {i} is post-norm and no norm after its "
+                           f"feed-forward was found; its residual stream cannot be split by "
+                           f"component")
 
 
 def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
@@ -110,6 +117,15 @@ def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
     return torch.einsum("nhd,hde->hne", o, out_weight(attn).double())  # (h, n, E)
 
 
+def _ffn_sum(lay, trace, residual: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(n, E) what a post-norm layer's ``norm3`` read, y + ff(y): recorded by the forward
+    (``LayerTrace.ffn_sum``: a transformers layer), else qkv's own ``feed_forward`` run on the
+    y the forward made."""
+    if trace.ffn_sum is not None:
+        return trace.ffn_sum[0, positions]
+    return residual + lay.feed_forward(residual)
+
+
 @torch.no_grad()
 def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     """The input of layer ``layer`` (0 … L; L: the last layer's output, before any final norm)
@@ -117,8 +133,8 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     :class:`~qkv.explain.contributions.base.Forward` with the residuals and heads recorded)."""
     check(model)
     positions = torch.as_tensor(positions).long()
-    parts = fwd.hidden_states[0][0, positions].double()[None]  # (1, n, E)
-    bias = torch.zeros_like(parts[0])  # (n, E)
+    first = fwd.hidden_states[0][0, positions]  # (n, E)
+    _, parts, bias = embed.split(model, fwd.ids[0], first, positions)  # (P, n, E), (n, E)
     for ell in range(layer):
         lay = model.layers[ell]
         attn = lay.self_attn
@@ -136,9 +152,9 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
             summed = parts.sum(0) + bias  # (n, E): x + attn, rebuilt
             lin = linearise(lay.norm1, summed.to(residual.dtype))
             parts, bias = lin.apply(parts), lin.apply(bias) + lin.shift
-            ff = lay.feed_forward(residual)  # (n, E): qkv's layer, on the y the forward made
-            lin = linearise(lay.norm3, residual + ff)
-            parts = torch.cat([parts, ff.double()[None]])
+            summed = _ffn_sum(lay, fwd.traces[ell], residual, positions)  # (n, E): y + ff(y)
+            lin = linearise(lay.norm3, summed)
+            parts = torch.cat([parts, (summed.double() - residual.double())[None]])
             parts, bias = lin.apply(parts), lin.apply(bias) + lin.shift
     parts = torch.cat([parts, bias[None]])  # (C, n, E)
     want = fwd.hidden_states[layer][0, positions]
@@ -150,5 +166,5 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     return Stream(layer, positions, names(model, layer), parts, err)
 
 
-__all__ = ["BIAS", "EMBED", "Stream", "check", "ffn_name", "head_name", "names", "out_weight",
+__all__ = ["BIAS", "Stream", "check", "ffn_name", "head_name", "names", "out_weight",
            "stream"]

@@ -23,7 +23,7 @@ Example:
     >>> a = score_attribution(minilm, "The dog found some pizza next to the baby and ate it",
     ...                       layer=3, head=1, token="it", key="pizza")
     >>> a.terms.shape, abs(float(a.terms.sum()) - a.score) <= a.bound
-    (torch.Size([41, 41]), True)
+    (torch.Size([43, 43]), True)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
-from qkv.explain.circuits.residual import Stream, names, stream
+from qkv.explain.circuits.residual import Stream, check, names, stream
 from qkv.explain.contributions.base import run
 from qkv.explain.forward import check_layer_head, encode, model_name
 from qkv.explain.jsonable import numbers
@@ -57,7 +57,8 @@ class ScoreAttribution(OneHead):
     Fields:
         tokens: the text's tokens; token_index i, key_index j: the query and the key.
         query_components, key_components: the C names of the rows and columns of ``terms``
-            (``embed``, ``L{l}.H{h}``, ``L{l}.ffn``, ``bias``; the same upstream parts).
+            (``embed.token``, ``embed.position``, ``embed.type`` where the model adds them,
+            ``L{l}.H{h}``, ``L{l}.ffn``, ``bias``: :func:`.residual.names`).
         terms: (C, C) float64, terms[a, b] = (q_a · k_b)/√d; ``terms.sum()`` = ``score``.
         score: the head's scaled score s_ij from the forward (before any soft-cap).
         capped: c·tanh(score/c) with the model's soft-cap c, else None (terms are before it).
@@ -222,8 +223,9 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
 
     Args:
         model: a model from :func:`qkv.load` whose heads' weights are read
-            (``capabilities.head_weights``) and whose residual stream splits (pre-norm, or
-            qkv's own post-norm layers).
+            (``capabilities.head_weights``) and whose residual stream splits (pre- or
+            post-norm layers that form x + attn; a parallel residual, a norm on the attention's
+            branch or a scaled branch is refused by name).
         token, key: an index, a word or ``"word@N"`` (as :func:`qkv.explain.explain` takes
             them); ``token=None``: the last word.
 
@@ -233,6 +235,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         QkvError: a model whose parts are not linear maps qkv reads (named).
     """
     check_layer_head(model, layer, head)
+    check(model)  # the stream first: a parallel residual is named before its projections
     check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
