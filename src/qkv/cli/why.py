@@ -2,9 +2,12 @@
 
     qkv why "The dog found some pizza next to the baby and ate it" --token it --to pizza --layer 3 --head 1
     qkv why TEXT --token 7 --to 4 --layer 1 --head 0 --model lm [--top N] [--json] [--png FILE]
+                                                                 [--html FILE]
 
 The head's scaled score, split into (query component × key component) terms — embeddings, each
 earlier head, each feed-forward, bias — that sum to it (:func:`qkv.explain.score_attribution`).
+``--html``: the viewer's "why this weight" panel for it as one self-contained page
+(:func:`qkv.view.export.result_page`), written whole or not at all.
 """
 
 from __future__ import annotations
@@ -41,10 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how many of the largest terms to list (default 12)")
     p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
                    help="also draw the terms as a heat map (.png/.svg/.pdf)")
+    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
+                   help="also write the viewer's 'why this weight' panel for it as one "
+                        "self-contained page (no server, nothing loaded from the network)")
     p.add_argument("--json", action="store_true", help="print every number as one JSON object")
     p.set_defaults(func=run_why)
-
-
 
 
 @options.in_flags(FLAGS)
@@ -58,6 +62,10 @@ def run_why(args: argparse.Namespace) -> int:
         from qkv.explain.rendering.plots import check_writable
 
         check_writable(args.png)
+    if args.html:
+        from qkv.paths import check_output_path
+
+        check_output_path(args.html, flag="--html", example="why.html")  # before the model runs
     model = load(args.model)
     result = score_attribution(model, args.text, layer=args.layer, head=args.head,
                                token=args.token, key=args.to)
@@ -65,10 +73,16 @@ def run_why(args: argparse.Namespace) -> int:
         from qkv.explain.rendering.plots import save_atomic
 
         save_atomic(terms_figure(result), args.png)
+    if args.html:
+        from qkv.files import atomic_write_text
+        from qkv.view.export import result_page
+
+        atomic_write_text(args.html, result_page(result))
     if args.json:
         print_json(result.to_dict())
     else:
         render_terms(console(), result, top=args.top)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
+    for written in (args.png, args.html):
+        if written:
+            print(f"wrote {written}", file=sys.stderr)
     return 0

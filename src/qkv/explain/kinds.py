@@ -19,7 +19,7 @@ A new result kind is a result class, one row here and, to show it, one entry of 
     >>> [f.name for f in KINDS["steps"].fields], KINDS["steps"].needs
     (['token', 'layer', 'head', 'words'], 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
-    ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps']
+    ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps', 'why']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
     ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows', 'doc_spans']
 """
@@ -38,7 +38,11 @@ from qkv.explain import (
     steps,
 )
 from qkv.explain.long import document_heads, document_results
+from qkv.errors import QkvError
+from qkv.explain.circuits import residual as circuits_residual, score as circuits_score
+from qkv.explain.forward import check_layer_head
 from qkv.explain.probes import find_heads, induction
+from qkv.explain.wording import ArgumentError
 from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
 from qkv.explain.causal.head_effects import HeadEffects, head_effects
 
@@ -64,7 +68,7 @@ class Field:
             ``layer 9 is out of range …``).
         bool: true or false.
         token: an index, a word or ``"word@N"`` (at most ``limit`` characters); None: the
-            library's default (the last word).
+            library's default (the last word). ``key`` (a score's key) is one too, required.
         method: a name of :data:`qkv.explain.contributions.METHODS` that applies to the model.
         probe: a probe whose effects the library measures on the model; None: its default probe.
 
@@ -96,6 +100,7 @@ HEAD = Field("head", "index", required=True)
 WORDS = Field("words", "bool", False)
 METHOD = Field("method", "method", DEFAULT_METHOD)
 PROBE = Field("probe", "probe", limit=100)
+KEY = Field("key", "token", required=True, limit=100)  # a score's key (qkv why --to)
 
 
 def _indices(run: Callable, *names: str) -> tuple[Field, ...]:
@@ -109,7 +114,7 @@ def _indices(run: Callable, *names: str) -> tuple[Field, ...]:
 
 
 ENCODINGS = ("json", "map", "maps", "document-overview", "values")
-PANELS = ("main", "head", "alone")
+PANELS = ("main", "head", "cell", "alone")
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,8 @@ class ResultKind:
         panel: where the page draws it with ``PANELS[name]``: ``"main"`` (its own place in the
             page: model view, head view, step panel), ``"head"`` (a section of its own under the
             head view, asked again with the selection's fields whenever the head changes),
+            ``"cell"`` (a section under the head view for the heat map's clicked cell: the
+            selection's fields with the cell's column as ``key``),
             ``"alone"`` (only a result shown on its own: a notebook), None (no panel).
     """
 
@@ -181,6 +188,21 @@ def _effects(model, text, *, probe=None):
     """The viewer's ablation effects: ``probe`` None is the model's default probe (the one whose
     best heads the model view marks, :func:`~qkv.explain.probes.find_heads.default_probe`)."""
     return head_effects(model, find_heads.default_probe(model) if probe is None else probe)
+
+
+def _why(model, text, *, layer, head, key, token=None):
+    """The viewer's "why this weight" (a clicked cell): :func:`score_attribution` of ``key`` for
+    the query ``token``; a model whose stream or projections qkv cannot split is refused as the
+    ``model``'s fault, by its one-line reason."""
+    check_layer_head(model, layer, head)
+    try:
+        circuits_residual.check(model)
+        circuits_score.check_model(model, layer)
+    except ArgumentError:
+        raise
+    except QkvError as e:
+        raise ArgumentError("model", "{reason}", reason=str(e)) from None
+    return circuits_score.score_attribution(model, text, layer=layer, head=head, token=token, key=key)
 
 
 def _head_request(r) -> dict:
@@ -225,7 +247,11 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                "qkv.explain.rendering.render_faithfulness:render_faithfulness"),
     ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
     ResultKind("patching", "self_attention", ""),  # qkv.explain.patch
-    ResultKind("score-attribution", "self_attention", "qkv.explain.circuits.render:render_terms"),
+    # why a head scores a key (qkv why; the viewer's "why this weight": a clicked heat-map cell)
+    ResultKind("score-attribution", "self_attention", "qkv.explain.circuits.render:render_terms", "why",
+               _why, (TOKEN, KEY, LAYER, HEAD),
+               lambda r: {"token": r.token_index, "key": r.key_index, "layer": r.layer, "head": r.head},
+               result=circuits_score.ScoreAttribution, panel="cell"),
     ResultKind("score-row", "self_attention", ""),  # score_attribution(..., key=None)
     ResultKind("logit-attribution", "next_token", ""),  # qkv.explain.logit_attribution
     ResultKind("composition", "self_attention", ""),  # qkv.explain.composition

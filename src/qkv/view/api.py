@@ -17,6 +17,9 @@ library's arguments)::
     cross_steps  cross_attention_head(model, text, token, layer, head)
     effects      head_effects(model, probe) — each head's ablation effect on a probe that applies
                  to the model (``/api/info`` lists them, its default first: the model view's)
+    why          score_attribution(model, text, layer, head, token, key) — "why this weight": one
+                 score split into (query × key component) terms (a clicked heat-map cell; a model
+                 whose residual stream qkv cannot split: 422 naming ``model`` and the reason)
 
 A server started on a long document (``qkv view --file``) holds its
 :class:`~qkv.explain.long.document.Document`, built once, and answers the ``document`` rows from it
@@ -145,16 +148,19 @@ def _boolean(body: dict, field: str) -> bool:
     return value
 
 
-def _token(body: dict, limit: int) -> str | None:
-    """``token``: an index (int), a word, ``"word@N"``, or absent (the last word)."""
-    value = body.get("token")
+def _token(body: dict, field: str, limit: int, *, required: bool = False) -> str | None:
+    """A token field (``token``, ``key``): an index (int), a word, ``"word@N"``, or absent (the
+    last word; a required one: an error)."""
+    value = body.get(field)
     if value is None:
+        if required:
+            raise ApiError(field, f"{field} is required")
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise ApiError("token", f"token {value} is out of range (counting from 0)")
+            raise ApiError(field, f"{field} {value} is out of range (counting from 0)")
         return str(value)
-    return _string(body, "token", limit=limit)
+    return _string(body, field, limit=limit)
 
 
 def read_field(body: dict, field: Field) -> Any:
@@ -165,7 +171,7 @@ def read_field(body: dict, field: Field) -> Any:
     elif field.type == "bool":
         value = _boolean(body, field.name) if field.name in body else None
     elif field.type == "token":
-        value = _token(body, field.limit)
+        value = _token(body, field.name, field.limit, required=field.required)
     else:  # method, probe: names
         value = _string(body, field.name, limit=field.limit or MAX_TOKEN_CHARS)
     return field.default if value is None else value

@@ -9,10 +9,9 @@ after which ``explain(...)``, ``explain_head(...)``, ``attention_map(...)``, ``c
 
 from __future__ import annotations
 
-from qkv.explain.kinds import KINDS, kind_of
-from qkv.view import answers
-from qkv.view.api import page_info
-from qkv.view.page import iframe, standalone
+from qkv.explain.kinds import KINDS
+from qkv.view.export import result_page
+from qkv.view.page import iframe
 
 # The result classes a notebook displays, by kind: the rows of the table that name one.
 SHOWN = {k.name: k.result for k in KINDS.values() if k.result is not None}
@@ -20,16 +19,8 @@ SHOWN = {k.name: k.result for k in KINDS.values() if k.result is not None}
 
 def html(result) -> str:
     """``result`` as a notebook shows it: the viewer for its numbers only, in a sandboxed iframe
-    (the page draws it with its row's panel: ``PANELS[kind]``)."""
-    endpoint, fields, answer = answers.of_result(result)
-    row = kind_of(result)
-    text, model = answer.get("text") or "", answer.get("model") or ""
-    state = {k: v for k, v in fields.items() if v is not None} | {"view": row.name}
-    # what the page knows of a model it cannot ask: the capability the result needed
-    caps = {"self_attention": False, "cross_attention": False, row.needs: True}
-    info = page_info([{"name": model, "capabilities": caps, "methods": [], "probes": []}])
-    return iframe(standalone([[endpoint, fields, answer]], model=model, text=text, state=state,
-                             info=info))
+    (the page draws it with its row's panel: ``PANELS[kind]``; :func:`qkv.view.export.result_page`)."""
+    return iframe(result_page(result))
 
 
 def register(ipython=None) -> None:

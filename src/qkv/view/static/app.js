@@ -2,8 +2,9 @@
 // is a field of an answer from the API (qkv/view/api.py → qkv.explain's to_dict()), or, in an
 // exported file, the same answers embedded in <script id="qkv-data">.
 //
-// One selection drives every view: S = {model, text, words, method, token, layer, head}. It lives
-// in the URL (?text=…&layer=3&head=1&token=12), so a view can be shared and reopened.
+// One selection drives every view: S = {model, text, words, method, token, layer, head, key}. It
+// lives in the URL (?text=…&layer=3&head=1&token=12&key=5), so a view can be shared and reopened;
+// key is the heat map's clicked column ("why this weight"), null until a cell is clicked.
 "use strict";
 
 (function () {
@@ -12,7 +13,7 @@
   const ALL_LINES_UNTIL = 64; // longer texts: the head view draws the selected token's lines only
 
   // text null: the model's example sentence (/api/info); method null: the default method
-  const S = { model: null, text: null, words: false, method: null, token: null, layer: 0, head: 0, effects: null };
+  const S = { model: null, text: null, words: false, method: null, token: null, layer: 0, head: 0, key: null, effects: null };
   const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null, effects: null };
   // shared.js: the POST, the element builder, formatting, the busy/ready state, the model grid
   const { $, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update } = qkvPage;
@@ -47,7 +48,7 @@
     if (q.has("method")) S.method = q.get("method");
     if (q.has("effects")) S.effects = q.get("effects");
     S.words = q.get("words") === "1";
-    for (const k of ["layer", "head", "token"]) {
+    for (const k of ["layer", "head", "token", "key"]) {
       if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
     }
   }
@@ -57,6 +58,7 @@
       layer: S.layer, head: S.head });
     if (S.words) q.set("words", "1");
     if (S.token !== null) q.set("token", S.token);
+    if (S.key !== null) q.set("key", S.key);
     if (S.effects) q.set("effects", S.effects);
     try { history.replaceState(null, "", "?" + q.toString()); } catch (e) { /* sandboxed */ }
   }
@@ -433,6 +435,13 @@
   heat.addEventListener("mouseleave", () => { tip.hidden = true; });
   heat.addEventListener("blur", () => { tip.hidden = true; });
   heat.addEventListener("focus", () => { D.cursor = null; }); // the keys start at the selected row
+  // A cell (i, j) clicked (or Enter on it): row i becomes the selected token, column j the key
+  // whose score "why this weight" splits (a cell panel, PANELS below).
+  async function selectCell(i, j) {
+    S.key = crossAttention() ? null : j;
+    if (i !== S.token) { await selectToken(i); return; } // its redraw asks the cell panels too
+    await update(async () => { writeUrl(); await drawHeadPanels(null, "cell"); });
+  }
   heat.addEventListener("keydown", (ev) => {
     const M = D.map; if (!M) return;
     const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
@@ -442,13 +451,14 @@
       const [di, dj] = moves[ev.key];
       showCell(M, Math.min(M.n - 1, Math.max(0, at.i + di)), Math.min(M.m - 1, Math.max(0, at.j + dj)));
     } else if (ev.key === "Enter" && D.cursor) {
-      selectToken(D.cursor.i + (M.first || 0));
+      selectCell(D.cursor.i + (M.first || 0), D.cursor.j);
     }
   });
   heat.addEventListener("click", (ev) => {
     const M = D.map; if (!M) return;
-    const i = Math.floor((ev.clientY - heat.getBoundingClientRect().top) / cellHeight(M));
-    if (i >= 0 && i < M.n) selectToken(i + (M.first || 0));
+    const rect = heat.getBoundingClientRect();
+    const i = Math.floor((ev.clientY - rect.top) / cellHeight(M)), j = Math.floor((ev.clientX - rect.left) / cellSize(M));
+    if (i >= 0 && i < M.n && j >= 0 && j < M.m) selectCell(i + (M.first || 0), j);
   });
 
   // -- step panel: explain_head's numbers ---------------------------------------------------------
@@ -667,7 +677,7 @@
     // no "pizza"); a sentence typed by hand stays
     S.text = modelChanged && text === modelInfo().example ? modelInfo(model).example : text;
     S.model = model; S.method = $("method").value; S.words = $("words").checked;
-    if (changed) { S.token = null; clearViews(); }
+    if (changed) { S.token = null; S.key = null; clearViews(); }
     if (modelChanged) { D.probe = null; D.effects = null; }
     fillForm(); run();
   });
@@ -683,6 +693,8 @@
   // PANELS[kind] for the rows of qkv.explain.kinds (/api/info's kinds: endpoint, fields, panel):
   //   "head" rows: {title, hint, draw(answer) → children} — a section under the head view, asked
   //     again with the selection's values of the row's fields whenever the head changes;
+  //   "cell" rows: the same, for the heat map's clicked cell (S.key: its column) — {…, box: the
+  //     element draw fills ("table" by default), empty: what it says before a cell is clicked};
   //   alone(answer): a result shown on its own (a notebook's display, qkv.view.notebook).
   // A new result kind is a row in kinds.py and an entry here.
   const PANELS = {
@@ -712,46 +724,108 @@
         h("tbody", {}, r.units.map((u, i) => h("tr", { "data-i": i }, h("td", {}, String(i)), h("td", {}, u),
           h("td", { class: "num" }, fmt(r.entropy[i])), h("td", {}, r.units[r.argmax[i]]), h("td", { class: "num" }, fmt(r.max_weight[i])))))],
     },
+    "score-attribution": {
+      title: "Why this weight", box: "div",
+      hint: "— a cell's score q·k/√d (row: the query, column: the key) split into (query component × key component) " +
+        "terms: the embeddings, every earlier head, every earlier feed-forward and a bias (qkv why)",
+      empty: "click a cell of the heat map (row: the query, column: the key) to split its score",
+      draw: whyPanel,
+    },
     probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
     "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
     head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
       `minus the clean run's ${fmt(a.clean)} (${a.sequences} sequences)`, a.heads) },
   };
-  function headPanels() {
-    return Object.values(D.info.kinds).filter((row) => row.panel === "head" && PANELS[row.name] && PANELS[row.name].draw);
+  // panel: "head" and "cell" (which: only one of them)
+  function headPanels(which) {
+    return Object.values(D.info.kinds).filter((row) => (which ? row.panel === which : row.panel === "head" || row.panel === "cell") &&
+      PANELS[row.name] && PANELS[row.name].draw);
   }
+  // a cell panel sits right under the head view (its clicks ask it), the head panels before the steps
   function panelSection(row) {
     let sec = $(row.name);
     if (!sec) {
-      const p = PANELS[row.name];
+      const p = PANELS[row.name], box = p.box || "table";
       sec = h("section", { id: row.name, class: "head-panel", "aria-labelledby": row.name + "-title" },
         h("h2", { id: row.name + "-title" }, p.title + " ", h("span", { class: "hint" }, p.hint)),
-        h("table", { id: row.name + "-table" }));
-      $("steps").before(sec);
+        h(box, { id: row.name + (box === "table" ? "-table" : "-body") }));
+      if (row.panel === "cell") document.querySelector("main .columns").after(sec);
+      else $("steps").before(sec);
     }
     return sec;
   }
+  // What a panel shows instead of numbers (a table's caption, or a paragraph)
+  function panelNote(box, message) { return h(box.tagName === "TABLE" ? "caption" : "p", { class: "missing" }, message); }
   // The request of a row: the selection's value of each of its fields (their defaults: the row's)
   function requestOf(row) {
     return Object.fromEntries(row.fields.map((f) => [f.name, S[f.name] ?? f.default]));
   }
-  async function drawHeadPanels(alone) {
-    for (const row of headPanels()) {
-      const sec = panelSection(row), table = $(row.name + "-table");
+  async function drawHeadPanels(alone, which) {
+    for (const row of headPanels(which)) {
+      const sec = panelSection(row), box = sec.lastElementChild;
       // a panel needs the text's own model view (a notebook's single result has none)
       sec.hidden = !modelInfo().capabilities[row.needs] || (!D.overview && alone !== row.name);
       if (sec.hidden) continue;
       const limit = D.info.limits.map_tokens;
       if (row.whole_map && D.overview && D.overview.tokens.length > limit) {  // every row of a head: short texts only
-        table.replaceChildren(h("caption", { class: "missing" }, `a long text: kept for at most ${limit} tokens`));
+        box.replaceChildren(panelNote(box, `a long text: kept for at most ${limit} tokens`));
         continue;
       }
+      if (row.panel === "cell" && alone !== row.name) {
+        // a score is between two tokens: a word map's cell is no one pair (the library splits tokens)
+        const why = S.key === null ? PANELS[row.name].empty : S.words ? "a score is between two tokens: switch words off, then click a cell" : null;
+        if (why) { box.replaceChildren(panelNote(box, why)); continue; }
+      }
       try {
-        table.replaceChildren(...PANELS[row.name].draw(await ask(row.endpoint, requestOf(row))));
+        box.replaceChildren(...PANELS[row.name].draw(await ask(row.endpoint, requestOf(row))));
       } catch (e) {
-        table.replaceChildren(h("caption", { class: "missing" }, e.message)); // an extra: the rest still draws
+        box.replaceChildren(panelNote(box, e.message)); // an extra: the rest still draws
       }
     }
+  }
+  // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
+  // bound, the library's largest terms (ScoreAttribution.top) and every term as a heat map.
+  function whyPanel(a) {
+    const pair = `layer ${a.layer}, head ${a.head}: query ${a.token_index} “${a.token}” → key ${a.key_index} “${a.key}”`;
+    const cap = a.capped === null ? "" : ` (the terms are before the soft-cap; after it ${fmt(a.capped)})`;
+    return [
+      h("p", { id: "why-title" }, pair),
+      h("p", {}, "score q·k/√d = ", h("span", { class: "num", id: "why-score" }, fmt(a.score)), ` from the forward${cap} · Σ terms = `,
+        h("span", { class: "num", id: "why-sum" }, fmt(a.terms_sum)), " · |Σ terms − score| ≤ ",
+        h("span", { class: "num", id: "why-bound" }, Number(a.bound).toExponential(2)), " (the forward's rounding, derived)"),
+      ...(a.score_bias ? [h("p", { class: "hint" }, `the forward also added ${signed(a.score_bias)} (a score bias, ALiBi) besides q·k`)] : []),
+      h("div", { class: "why-parts" },
+        h("table", { id: "why-top" }, h("caption", {}, "the largest terms, by size"),
+          h("thead", {}, h("tr", {}, ...["rank", "query side", "key side", "term"].map((c) => h("th", { scope: "col" }, c)))),
+          h("tbody", {}, a.top.map((t, r) => h("tr", {}, h("td", {}, String(r + 1)), h("td", { class: "query" }, t.query),
+            h("td", { class: "key" }, t.key), h("td", { class: "num term" }, signed(t.term)))))),
+        termsMap(a)),
+    ];
+  }
+  // Every term as a cell: rows the query side's components, columns the key side's; colour by sign,
+  // strength by size against the largest; hover for the exact term.
+  function termsMap(a) {
+    const n = a.query_components.length, m = a.key_components.length, c = Math.max(3, Math.min(12, Math.floor(360 / Math.max(n, m))));
+    const cv = h("canvas", { id: "why-map", width: m * c, height: n * c, role: "img",
+      "aria-label": `every term: ${n} query-side × ${m} key-side components; hover for a term` });
+    const tip = h("p", { class: "hint", id: "why-tip" }, "rows: query side · columns: key side · blue +, orange −; hover a cell");
+    const ctx = cv.getContext("2d"), pos = heatRgb(), neg = cssColor("--focus");
+    let top = 0;
+    for (const row of a.terms) for (const t of row) top = Math.max(top, Math.abs(t));
+    ctx.fillStyle = cssColor("--bg"); ctx.fillRect(0, 0, cv.width, cv.height);
+    a.terms.forEach((row, i) => row.forEach((t, j) => {
+      if (!t) return;
+      ctx.globalAlpha = Math.abs(t) / (top || 1);
+      ctx.fillStyle = t > 0 ? `rgb(${pos.join(",")})` : neg;
+      ctx.fillRect(j * c, i * c, c, c);
+    }));
+    ctx.globalAlpha = 1;
+    cv.addEventListener("mousemove", (ev) => {
+      const r = cv.getBoundingClientRect(), i = Math.floor((ev.clientY - r.top) / c), j = Math.floor((ev.clientX - r.left) / c);
+      if (i < 0 || j < 0 || i >= n || j >= m) return;
+      tip.textContent = `${a.query_components[i]} × ${a.key_components[j]}: ${signed(a.terms[i][j])}`;
+    });
+    return h("div", { class: "why-map" }, cv, tip);
   }
   // A result on its own: its ranked heads as a table (every field of the answer's rows)
   function alonePanel(caption, heads) {

@@ -1,0 +1,68 @@
+"""``qkv why … --html FILE``: the viewer's "why this weight" panel as one self-contained page
+holding the library's ``to_dict()``; on an error no file is written (an old one is left as it
+was), one line and exit code 2. (The page drawn in a browser: tests/view/test_why_panel.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import qkv
+from qkv.cli import main
+from qkv.explain import score_attribution
+
+LM_TEXT = "baka bela dima fona baka bela dima fona"
+ARGS = ("why", LM_TEXT, "--model", "lm", "--token", "7", "--to", "4", "--layer", "1", "--head", "0")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def embedded(page: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>',
+                                page, re.S)[1])
+
+
+def test_the_page_holds_the_librarys_result_and_nothing_from_outside(capsys, tmp_path):
+    path = tmp_path / "why.html"
+    code, out, err = run(capsys, *ARGS, "--html", str(path), "--json")
+    assert code == 0 and err == f"wrote {path}\n"
+    want = score_attribution(qkv.load("lm"), LM_TEXT, layer=1, head=0, token=7, key=4).to_dict()
+    assert json.loads(out) == want  # --json still prints the result
+    page = path.read_text(encoding="utf-8")
+    data = embedded(page)
+    [[endpoint, fields, answer]] = data["answers"]
+    assert (endpoint, fields) == ("why", {"token": 7, "key": 4, "layer": 1, "head": 0})
+    assert answer == want and data["state"]["view"] == "score-attribution"
+    assert "connect-src 'none'" in page and not re.search(r"""(src|href)=["']?https?:""", page)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--to", "zzz"), "--to 'zzz' is not a token of the text"),
+    (("--to", "9"), "--to 9 is out of range"),
+    (("--to", "8"), "--to '8' (position 8) is masked for the query at 7"),
+    (("--layer", "2"), "--layer 2 is out of range"),
+])
+def test_an_error_writes_no_file_and_leaves_an_old_one(capsys, tmp_path, argv, says):
+    fresh, old = tmp_path / "fresh.html", tmp_path / "old.html"
+    old.write_text("before", encoding="utf-8")
+    args = list(ARGS)
+    flag = args.index(argv[0])
+    args[flag + 1] = argv[1]
+    for path in (fresh, old):
+        code, out, err = run(capsys, *args, "--html", str(path))
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert says in err, err
+    assert not fresh.exists() and old.read_text(encoding="utf-8") == "before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.html"]  # no temporary file left
+
+
+def test_a_missing_directory_is_refused_before_the_model_runs(capsys, tmp_path):
+    code, out, err = run(capsys, *ARGS, "--html", str(tmp_path / "no" / "why.html"))
+    assert code == 2 and out == ""
+    assert err.startswith("qkv: error: --html ") and "does not exist" in err and err.count("\n") == 1
