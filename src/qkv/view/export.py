@@ -12,6 +12,8 @@ numbers are the ones the server would send. What is included:
   chosen target token and of the chosen head for every target token.
 
 Anything else the page asks for says "not in this exported file" instead of a number.
+:func:`result_page` is the other form: one result alone, drawn by its panel (``qkv why --html``,
+a notebook's display).
 
     >>> from qkv.view.api import Api, Models
     >>> answers, state = collect(Api(Models(["minilm"])), "minilm", "the cat sat", probe=False)
@@ -25,11 +27,11 @@ import os
 from typing import Callable
 
 from qkv.explain.cross import cross_attention_heads
-from qkv.explain.kinds import KINDS, METHOD
+from qkv.explain.kinds import KINDS, METHOD, kind_of
 from qkv.explain.steps import explain_heads
 from qkv.files import atomic_write_text
-from qkv.view.answers import answer as answer_of
-from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models
+from qkv.view.answers import answer as answer_of, of_result
+from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models, page_info
 from qkv.view.page import standalone
 
 DEFAULT_METHOD = METHOD.default
@@ -117,6 +119,20 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         + ([lambda: get("probe")] if probe else []))
     return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
                                     "method": DEFAULT_METHOD}
+
+
+def result_page(result) -> str:
+    """One :mod:`qkv.explain` result alone as a self-contained page (its row's panel,
+    ``PANELS[kind]``, draws its numbers; nothing else is in it): ``qkv why --html``, and a
+    notebook's display in an iframe (:mod:`qkv.view.notebook`)."""
+    endpoint, fields, answer = of_result(result)
+    row = kind_of(result)
+    text, model = answer.get("text") or "", answer.get("model") or ""
+    state = {k: v for k, v in fields.items() if v is not None} | {"view": row.name}
+    # what the page knows of a model it cannot ask: the capability the result needed
+    caps = {"self_attention": False, "cross_attention": False, row.needs: True}
+    info = page_info([{"name": model, "capabilities": caps, "methods": [], "probes": []}])
+    return standalone([[endpoint, fields, answer]], model=model, text=text, state=state, info=info)
 
 
 def export_html(path: str | os.PathLike, model: str, text: str, *, api: Api | None = None,
