@@ -107,6 +107,63 @@ def test_calls_cut_by_the_memory_budget_give_the_same_answer(monkeypatch):
         agree(bm, *tensors(1, 4, 2, 260, 260, 8), f"one unit per call {mod}")
 
 
+def test_inputs_in_a_models_layout_give_the_same_answer():
+    """q, k, v as a model's attention passes them, (b, t, h, d) transposed to (b, h, t, d): read in
+    place where b = 1, copied once where the batch and heads are not one stride (b = 2)."""
+    bm = qkv.create_block_mask(sliding_window(40, 0), None, None, 300, 300, block_size=32)
+    for b in (1, 2):
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in tensors(b, 4, 2, 300, 300, 8))
+        assert not q.is_contiguous()
+        agree(bm, q, k, v, f"model layout b={b}")
+
+
+def allocated_peak(fn) -> int:
+    """The peak of torch's CPU allocations while ``fn`` runs (bytes above what was held before,
+    what it returns included): the profiler's allocation events summed in order — counted, not timed."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        kept = fn()  # noqa: F841 (held until the profile ends, as a caller would hold it)
+    events = []
+
+    def walk(node):
+        if node.name == "[memory]":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    held = peak = 0
+    for _, size in sorted(events, key=lambda e: e[0]):
+        held += size
+        peak = max(peak, held)
+    return peak
+
+
+def test_the_backward_holds_one_call_beyond_its_gradients(monkeypatch):
+    """A window's backward at N and 4N, inputs in a model's layout: beyond dq, dk, dv it holds one
+    call's temporaries (its budget, whatever N) and a float per row (lse) — no copy of q, k, v,
+    out or dout, no (N × window) part. Before: 4 copies of the strided inputs, 64 MiB calls."""
+    budget = 1 << 20
+    monkeypatch.setattr(spans, "BACKWARD_CALL_BYTES", budget)
+    monkeypatch.setattr(spans, "MAX_CALL_BYTES", budget)
+    h, d, w = 4, 64, 256
+    extra = {}
+    for n in (2048, 8192):
+        g = torch.Generator().manual_seed(n)
+        q, k, v, dout = (torch.randn(1, n, h, d, generator=g).transpose(1, 2) for _ in range(4))  # (1, h, n, d)
+        bm = qkv.create_block_mask(sliding_window(w, 0), None, None, n, n, block_size=64)
+        out, lse = spans.spans_forward(q, k, v, bm, scale=d ** -0.5)
+        peak = allocated_peak(lambda: spans.spans_backward(q, k, v, out, dout, lse, bm, scale=d ** -0.5))
+        extra[n] = peak - 3 * q.numel() * 4  # above dq, dk, dv
+    # one call: its units' share of the budget; the kernel's per-thread scores (2 × 32 × 512
+    # floats a thread) and the call's mask (64 × (w + 64)); lse with its −inf rows zeroed
+    kernel = torch.get_num_threads() * 2 * 32 * 512 * 4 + 64 * (w + 64) * 4
+    rows = h * 8192 * 4
+    assert extra[8192] <= budget + kernel + rows + (64 << 10), extra
+    assert extra[8192] - extra[2048] <= h * (8192 - 2048) * 4 * 2, extra  # grows by lse alone
+
+
 def test_decoding_splits_long_spans_into_key_chunks(monkeypatch):
     monkeypatch.setattr(spans, "SPLIT_MIN_KEYS", 64)
     monkeypatch.setattr(spans, "SPLIT_KEYS", 50)

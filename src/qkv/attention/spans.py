@@ -72,9 +72,15 @@ _NEG_INF = float("-inf")
 # before it is merged; calls with more units than this budget allows are cut into several calls
 # (each still of equal units). 16 MiB keeps a 64k window's extra memory far under 64 MB.
 CALL_BYTES = 16 << 20
-# The backward's parts are dQ, dK and dV of a call's units (dK, dV over overlapping spans): a
-# larger budget keeps a window's backward to a few calls (it holds O(N) gradients anyway).
-BACKWARD_CALL_BYTES = 64 << 20
+# The backward's parts are the kernel's dQ, dK, dV of a call's units (dK, dV over overlapping
+# spans, added into the gradients at once) and its copy of dO: small calls keep them in cache and
+# reuse the allocator's memory (64 MiB calls spent a fifth of a window's backward zeroing fresh
+# pages).
+BACKWARD_CALL_BYTES = 8 << 20
+# The kernel splits a call's (batch, head) items statically over the threads: a call cut by its
+# budget to fewer than ITEMS_PER_THREAD items per thread takes more units, up to MAX_CALL_BYTES.
+ITEMS_PER_THREAD = 4
+MAX_CALL_BYTES = 32 << 20
 # Flash-decoding: a span of at least SPLIT_MIN_KEYS keys whose call has fewer than
 # SPLIT_ITEMS_PER_THREAD kernel work items per thread is cut into chunks of SPLIT_KEYS keys.
 SPLIT_MIN_KEYS = 4096
@@ -290,44 +296,55 @@ def _mark_first(calls: list[Call], t: int) -> list[Call]:
 
 
 # -- running a plan -------------------------------------------------------------------------------
+def _flat(x: torch.Tensor, *shape: int) -> torch.Tensor:
+    """``x`` as ``shape`` — a view whenever its strides allow (a transposed (b, t, h, d) input with
+    b = 1, as a model's attention passes it, is read in place), else one copy; the kernel needs
+    the last dim contiguous."""
+    y = x.reshape(shape)
+    return y if y.stride(-1) == 1 else y.contiguous()
+
+
 class _Tensors:
     """q (X, g, t, d), k, v (X, s, d), the running out (X, g, t, dv) and lse (X, g, t), with
-    X = batch · key heads and g query heads per key head; views of one call's units as the
-    kernel's (X, units · g, rows, ·) (query head i of a call uses key head i // g)."""
+    X = batch · key heads and g query heads per key head, any strides (last dim contiguous);
+    views of one call's units as the kernel's (X, units · g, rows, ·) (query head i of a call
+    uses key head i // g)."""
 
     def __init__(self, lay: _Layout, q, k, v):
         self.lay, self.X, self.g = lay, lay.b * lay.h_kv, lay.g
         self.q, self.k, self.v = q, k, v
 
-    def rows(self, x: torch.Tensor, c: Call, u0: int, u1: int, copy_ok: bool = True) -> torch.Tensor:
-        """x (X, g, t, e) → the units' rows (X, (u1 − u0)·g, n, e) (a copy when g > 1 and units > 1)."""
+    @staticmethod
+    def out_rows(x: torch.Tensor, c: Call, u0: int, u1: int) -> torch.Tensor:
+        """x (X, g, t, e) → the units' rows (X, units, g, n, e), a view."""
         X, g, t, e = x.shape
-        n_u = u1 - u0
-        v = x.as_strided((X, n_u, g, c.n, e), (g * t * e, c.q_step * e, t * e, e, 1),
-                         x.storage_offset() + (c.q0 + u0 * c.q_step) * e)  # (X, units, g, n, e)
-        return v.reshape(X, n_u * g, c.n, e)
+        sx, sg, st, _ = x.stride()
+        return x.as_strided((X, u1 - u0, g, c.n, e), (sx, c.q_step * st, sg, st, 1),
+                            x.storage_offset() + (c.q0 + u0 * c.q_step) * st)
 
-    def row_values(self, x: torch.Tensor, c: Call, u0: int, u1: int) -> torch.Tensor:
+    def rows(self, x: torch.Tensor, c: Call, u0: int, u1: int) -> torch.Tensor:
+        """x (X, g, t, e) → the units' rows (X, (u1 − u0)·g, n, e) (a copy when g > 1 and units > 1)."""
+        X, g, _, e = x.shape
+        return self.out_rows(x, c, u0, u1).reshape(X, (u1 - u0) * g, c.n, e)
+
+    @staticmethod
+    def row_values(x: torch.Tensor, c: Call, u0: int, u1: int) -> torch.Tensor:
         """x (X, g, t) → (X, units, g, n) view."""
         X, g, t = x.shape
-        return x.as_strided((X, u1 - u0, g, c.n), (g * t, c.q_step, t, 1),
-                            x.storage_offset() + c.q0 + u0 * c.q_step)
-
-    def out_rows(self, x: torch.Tensor, c: Call, u0: int, u1: int) -> torch.Tensor:
-        """x (X, g, t, e) → (X, units, g, n, e) view."""
-        X, g, t, e = x.shape
-        return x.as_strided((X, u1 - u0, g, c.n, e), (g * t * e, c.q_step * e, t * e, e, 1),
-                            x.storage_offset() + (c.q0 + u0 * c.q_step) * e)
+        sx, sg, st = x.stride()
+        return x.as_strided((X, u1 - u0, g, c.n), (sx, c.q_step * st, sg, st),
+                            x.storage_offset() + (c.q0 + u0 * c.q_step) * st)
 
     @staticmethod
     def keys(x: torch.Tensor, c: Call, u0: int, u1: int, k0: int | None = None,
              L: int | None = None) -> torch.Tensor:
         """x (X, s, e) → the units' keys (X, units, L, e), overlapping views of x."""
         X, s, e = x.shape
+        sx, ss, _ = x.stride()
         k0 = c.k0 if k0 is None else k0
         L = c.L if L is None else L
-        return x.as_strided((X, u1 - u0, L, e), (s * e, c.k_step * e, e, 1),
-                            x.storage_offset() + (k0 + u0 * c.k_step) * e)
+        return x.as_strided((X, u1 - u0, L, e), (sx, c.k_step * ss, ss, 1),
+                            x.storage_offset() + (k0 + u0 * c.k_step) * ss)
 
     def mask(self, c: Call, dtype) -> torch.Tensor | None:
         """The additive mask (0 / −inf) broadcasting to (X, units · g, n, L)."""
@@ -345,8 +362,15 @@ class _Tensors:
         return torch.zeros(m.shape, dtype=dtype).masked_fill_(~m, _NEG_INF)
 
 
-def _unit_ranges(c: Call, per_unit_bytes: int, budget: int = CALL_BYTES):
-    step = max(1, budget // max(per_unit_bytes, 1))
+def _unit_ranges(c: Call, per_unit_bytes: int, budget: int = CALL_BYTES, items_per_unit: int = 0):
+    """The call's units cut into ranges of at most ``budget`` bytes of temporaries — or more, up to
+    MAX_CALL_BYTES, where ``items_per_unit`` kernel work items per unit would otherwise leave
+    fewer than ITEMS_PER_THREAD per thread."""
+    step = budget // max(per_unit_bytes, 1)
+    if items_per_unit:
+        balanced = -(-ITEMS_PER_THREAD * torch.get_num_threads() // items_per_unit)
+        step = max(step, min(balanced, MAX_CALL_BYTES // max(per_unit_bytes, 1)))
+    step = max(1, step)
     for u0 in range(0, c.count, step):
         yield u0, min(u0 + step, c.count)
 
@@ -375,9 +399,9 @@ def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     _check_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
     X, g, t, s, d = lay.b * lay.h_kv, lay.g, lay.t, lay.s, lay.d
-    q = lay.queries(query.to(c)).reshape(X, g, t, d).contiguous()  # (X, g, t, d)
-    k = lay.keys(key.to(c)).reshape(X, s, d).contiguous()  # (X, s, d)
-    v = lay.keys(value.to(c)).reshape(X, s, d).contiguous()
+    q = _flat(lay.queries(query.to(c)), X, g, t, d)  # (X, g, t, d), in place where strides allow
+    k = _flat(lay.keys(key.to(c)), X, s, d)  # (X, s, d)
+    v = _flat(lay.keys(value.to(c)), X, s, d)
     out = q.new_zeros(X, g, t, d)  # (X, g, t, dv)
     lse = q.new_full((X, g, t), _NEG_INF)  # (X, g, t)
     # NaN in → NaN out for keys: one check of the keys the plan visits (a decoding row's window
@@ -413,6 +437,7 @@ def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 l_view.copy_(l)
             else:
                 merge_into(o_view, l_view, o, l, rows=slice(None))
+            del o, l  # before the next call's
     shape5 = (lay.b, lay.h_kv, g, t)
     _nan_rows(query, lay, out.view(*shape5, d), lse.view(shape5))
     return lay.back_q(out.view(*shape5, d)).to(query.dtype), lay.back_rows(lse.view(shape5))
@@ -423,60 +448,84 @@ def spans_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                    dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's backward by the forward's calls: ``(dq, dk, dv)`` shaped like
-    query, key, value (the contract of :func:`qkv.attention.blockwise.blockwise_backward`)."""
+    query, key, value (the contract of :func:`qkv.attention.blockwise.blockwise_backward`).
+
+    Memory beyond dq, dk, dv: one call's temporaries (``BACKWARD_CALL_BYTES``) and lse; q, k, v,
+    out and dout are read in place (no copies of them), D = rowsum(dO ∘ O) is the kernel's, per
+    row block."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
     X, g, t, s, d = lay.b * lay.h_kv, lay.g, lay.t, lay.s, lay.d
-    q = lay.queries(query.to(c)).reshape(X, g, t, d)
-    k = lay.keys(key.to(c)).reshape(X, s, d)
-    v = lay.keys(value.to(c)).reshape(X, s, d)
-    o = lay.queries(out.to(c)).reshape(X, g, t, d)
-    do = lay.queries(dout.to(c)).reshape(X, g, t, d)
+    q = _flat(lay.queries(query.to(c)), X, g, t, d)  # (X, g, t, d), views where strides allow
+    k = _flat(lay.keys(key.to(c)), X, s, d)  # (X, s, d)
+    v = _flat(lay.keys(value.to(c)), X, s, d)
+    o = _flat(lay.queries(out.to(c)), X, g, t, d)  # (X, g, t, dv)
+    do = _flat(lay.queries(dout.to(c)), X, g, t, d)
     lse3 = lay.rows(lse.to(c)).reshape(X, g, t)
-    e = d
-    if dlse is not None:  # one more head dimension carries −dlse into D (see the module doc)
-        e = d + 1
-        q, k, v = (torch.nn.functional.pad(x, (0, 1)) for x in (q, k, v))
-        o = torch.cat([o, -lay.rows(dlse.to(c)).reshape(X, g, t, 1)], -1)
-        do = torch.nn.functional.pad(do, (0, 1), value=1.0)
-    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
-    lse3 = lse3.masked_fill(torch.isneginf(lse3), 0.0).contiguous()  # rows with no key: P = 0 anyway
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    lse3 = lse3.masked_fill(torch.isneginf(lse3), 0.0)  # (X, g, t); rows with no key: P = 0 anyway
+    neg_dlse = None if dlse is None else -lay.rows(dlse.to(c)).reshape(X, g, t)  # (X, g, t)
+    dq, dk, dv = q.new_zeros(X, g, t, d), k.new_zeros(X, s, d), v.new_zeros(X, s, d)
     ts = _Tensors(lay, q, k, v)
     for call in plan(block_mask):
         call = _split_keys(call, X, g)
         mask = ts.mask(call, c)
-        per_unit = X * (g * call.n + 2 * call.L) * e * q.element_size()
-        units = [(0, call.count)] if call.q_step == 0 else _unit_ranges(call, per_unit, BACKWARD_CALL_BYTES)
-        for u0, u1 in units:
-            n_u = u1 - u0
-            rows_u = 1 if call.q_step == 0 else n_u  # distinct row sets
-            r1 = u0 + rows_u
-
-            def rows(x):  # rows shared by the units (a key split) repeat for each
-                got = ts.rows(x, call, u0, r1)  # (X, rows_u · g, n, e)
-                return got if rows_u == n_u else _repeat_units(got, n_u, g)
-
-            def lrows(x):
-                got = ts.row_values(x, call, u0, r1).reshape(X, rows_u * g, call.n)
-                return got if rows_u == n_u else _repeat_units(got.unsqueeze(-1), n_u, g).squeeze(-1)
-
-            gq, gk, gv = flash_backward(
-                rows(do), rows(q), ts.keys(k, call, u0, u1), ts.keys(v, call, u0, u1), rows(o),
-                lrows(lse3), scale=scale, causal=call.causal,
-                mask=mask)
-            gq = gq.view(X, n_u, g, call.n, e)
-            if rows_u != n_u:
-                gq = gq.sum(1, keepdim=True)
-            ts.out_rows(dq, call, u0, r1).add_(gq)
+        if call.q_step == 0:
+            ranges = [(0, call.count)]  # units sharing their rows (a key split): one call
+        else:
+            per_unit = _backward_unit_bytes(call, X, g, d, q.element_size(), dlse is not None)
+            ranges = _unit_ranges(call, per_unit, BACKWARD_CALL_BYTES, items_per_unit=X * g)
+        for u0, u1 in ranges:
+            gq, gk, gv = _backward_units(ts, call, u0, u1, do, o, lse3, neg_dlse, scale, mask)
+            ts.out_rows(dq, call, u0, u0 + gq.shape[1]).add_(gq)
             _overlap_add(dk, gk, call, u0, u1)
             _overlap_add(dv, gv, call, u0, u1)
-    if e != d:
-        dq, dk, dv = dq[..., :d], dk[..., :d], dv[..., :d]
+            del gq, gk, gv  # before the next call's: one call's parts at a time
     shape_q = (lay.b, lay.h_kv, g, t, d)
-    return (lay.back_q(dq.reshape(shape_q)).to(query.dtype), lay.back_k(dk, key).to(key.dtype),
+    return (lay.back_q(dq.view(shape_q)).to(query.dtype), lay.back_k(dk, key).to(key.dtype),
             lay.back_k(dv, value).to(value.dtype))
+
+
+def _backward_unit_bytes(c: Call, X: int, g: int, d: int, size: int, padded: bool) -> int:
+    """The temporaries one unit of a backward call holds: the kernel's dQ (g·n rows), dK and dV
+    (L rows each) and its contiguous copy of dO (g·n rows); q, out, dO rows copied where g > 1
+    (units × g heads are not one stride); with dlse, the call's rows and keys padded by one."""
+    e = d + 1 if padded else d
+    copies = (3 if g > 1 else 0) + (3 if padded else 0)
+    return X * size * e * (g * c.n * (2 + copies) + 2 * c.L * (2 if padded else 1))
+
+
+def _backward_units(ts: _Tensors, c: Call, u0: int, u1: int, do, o, lse3, neg_dlse, scale, mask):
+    """The kernel's backward over units [u0, u1) of call c: dq (X, rows, g, n, d) for the
+    distinct row sets (1 for a key split, whose units' shares are summed), dk, dv (X, units, L, d).
+
+    A gradient reaching lse enters through one extra head dimension of this call's rows and
+    keys (see the module doc): q, k padded with 0, v with 0, out with −dlse and dO with 1."""
+    X, g, n_u = ts.X, ts.g, u1 - u0
+    rows_u = 1 if c.q_step == 0 else n_u  # distinct row sets
+    r1 = u0 + rows_u
+
+    def rows(x):  # (X, n_u · g, n, e); rows shared by the units (a key split) repeat for each
+        got = ts.rows(x, c, u0, r1)  # (X, rows_u · g, n, e)
+        return got if rows_u == n_u else _repeat_units(got, n_u, g)
+
+    def row_values(x):  # x (X, g, t) → (X, n_u · g, n, 1)
+        got = ts.row_values(x, c, u0, r1).reshape(X, rows_u * g, c.n, 1)
+        return got if rows_u == n_u else _repeat_units(got, n_u, g)
+
+    qr, dor, orr = rows(ts.q), rows(do), rows(o)
+    lr = row_values(lse3).squeeze(-1)
+    kr, vr = ts.keys(ts.k, c, u0, u1), ts.keys(ts.v, c, u0, u1)  # (X, n_u, L, d)
+    d = qr.shape[-1]
+    if neg_dlse is not None:
+        qr, kr, vr = (torch.nn.functional.pad(x, (0, 1)) for x in (qr, kr, vr))
+        dor = torch.nn.functional.pad(dor, (0, 1), value=1.0)
+        orr = torch.cat([orr, row_values(neg_dlse)], -1)
+    gq, gk, gv = flash_backward(dor, qr, kr, vr, orr, lr, scale=scale, causal=c.causal, mask=mask)
+    gq = gq.view(X, n_u, g, c.n, gq.shape[-1])[..., :d]  # (X, n_u, g, n, d)
+    if rows_u != n_u:
+        gq = gq.sum(1, keepdim=True)
+    return gq, gk[..., :d], gv[..., :d]
 
 
 def _repeat_units(x: torch.Tensor, n_u: int, g: int) -> torch.Tensor:
