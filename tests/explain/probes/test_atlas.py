@@ -3,12 +3,14 @@ every window's whole attention maps, on the shipped lm and a tiny transformers L
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import qkv
 from qkv.explain.probes import induction
-from qkv.explain.probes.atlas import METRICS, atlas
+from qkv.explain.probes.atlas import METRICS, Atlas, atlas
 from qkv.explain.probes.retrieval import retrieval_probe
 from qkv.explain.wording import ArgumentError
 
@@ -72,6 +74,10 @@ def test_the_lm_against_the_definitions():
     assert all(c.query - c.key == 1 for c in got.contexts[0][1])
     d = got.to_dict()
     assert len(d["heads"]) == 4 and len(d["heads"][0]["contexts"]) == 3
+    # read back from its JSON (qkv atlas --json → qkv view's /atlas): the same atlas
+    back = Atlas.from_dict(json.loads(json.dumps(d)))
+    assert back.to_dict() == d and back.contexts == got.contexts
+    assert all(torch.equal(back.metrics[m], got.metrics[m]) for m in METRICS)
 
 
 def test_a_transformers_llama(tmp_path):

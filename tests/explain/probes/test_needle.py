@@ -4,11 +4,14 @@ float64 whole maps; and the grid's checks before any forward."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
 
 import qkv
-from qkv.explain.probes.needle import needle_figure, needle_map
+from qkv.explain.probes.needle import NeedleMap, needle_figure, needle_map
 from qkv.explain.probes.retrieval import needle_input, read_needle
 from qkv.explain.wording import ArgumentError
 
@@ -26,6 +29,10 @@ def test_cells_are_the_readings_of_their_inputs():
             assert float(m.attention[i, j]) == pytest.approx(att, rel=1e-12)
     assert len(needle_figure(m).axes) == 4  # two maps and their colour bars
     assert m.to_dict()["accuracy"] == m.accuracy.tolist()
+    # read back from its JSON (qkv needle --json → qkv view's /needle): the same map
+    back = NeedleMap.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back == replace(m, accuracy=back.accuracy, attention=back.attention)
+    assert torch.equal(back.accuracy, m.accuracy) and torch.equal(back.attention, m.attention)
 
 
 def test_the_heads_default_to_the_probes_top():
