@@ -83,6 +83,14 @@ def test_a_clicked_cell_shows_its_score_split(watched, served, model):
     wait_title(page, "layer 1, head 4: query 9 “baby” → key 2 “dog”")
     assert_panel(page, score_attribution(model, TEXT, layer=1, head=4, token=9, key=2))
 
+    # by keyboard: the arrows move from the selected row, Enter asks for the cell
+    page.focus("#heat")
+    page.keyboard.press("ArrowRight")  # (9, 0)
+    page.keyboard.press("ArrowRight")  # (9, 1)
+    page.keyboard.press("Enter")
+    wait_title(page, "layer 1, head 4: query 9 “baby” → key 1 “the”")
+    assert_panel(page, score_attribution(model, TEXT, layer=1, head=4, token=9, key=1))
+
 
 def test_a_masked_cell_says_why_in_one_line(watched, served):
     page = watched.page
