@@ -181,3 +181,14 @@ def test_the_long_page_shows_sinks_and_spans(watched, document_served, long_docu
     click_and_wait(page, '#spans-grid button.cell[data-layer="0"][data-head="2"]')
     assert page.locator("#map-title").text_content() == "Block map — layer 0, head 2"
     assert page.get_attribute('#spans-grid button.cell[data-layer="0"][data-head="2"]', "aria-pressed") == "true"
+
+
+def test_the_sink_size_opens_from_the_url(watched, document_served, long_document):
+    from qkv.explain.long.document_heads import head_spans
+
+    open_document(watched, document_served, "?first=3&spans=distance")
+    page = watched.page
+    assert page.input_value("#spans-first") == "3" and page.input_value("#spans-metric") == "distance"
+    options = page.eval_on_selector_all("#spans-first option", "os => os.map(o => Number(o.value))")
+    assert options == [1, 2, 3, 4, 8, 16]
+    assert_spans(page, head_spans(long_document, first=3), "distance")

@@ -351,9 +351,9 @@
     $("block").replaceChildren(...BLOCKS.filter((b) => Math.ceil(D.doc.num_tokens / b) <= 1024)
       .map((b) => h("option", { value: b, selected: b === S.block }, String(b))));
     $("spans-metric").value = S.spans;
-    $("spans-first").replaceChildren(...FIRSTS.filter((f) => f <= D.doc.num_tokens || f === S.first)
-      .concat(FIRSTS.includes(S.first) ? [] : [S.first])
-      .map((f) => h("option", { value: f, selected: f === S.first }, String(f))));
+    // the offered sizes within the document, and the one asked for (?first=N) where it is another
+    const firsts = [...new Set([...FIRSTS.filter((f) => f <= D.doc.num_tokens), S.first])].sort((a, b) => a - b);
+    $("spans-first").replaceChildren(...firsts.map((f) => h("option", { value: f, selected: f === S.first }, String(f))));
   }
   $("method").addEventListener("change", () => {
     S.method = $("method").value;
