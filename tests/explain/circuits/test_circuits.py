@@ -217,15 +217,18 @@ def test_transformers_post_norm_terms_sum_to_the_score(hf64, name):
     assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= TIGHT
 
 
-def test_transformers_bert_splits_as_the_native_family_does(saved, hf64):
-    """The same checkpoint through transformers and through qkv's BertModel: the same terms,
+@pytest.mark.parametrize("name,embeddings", [
+    ("bert", ("embed.token", "embed.position", "embed.type")),
+    ("distilbert", ("embed.token", "embed.position")), ("gpt2", ("embed.token", "embed.position"))])
+def test_transformers_splits_as_the_native_family_does(saved, hf64, name, embeddings):
+    """The same checkpoint through transformers and through qkv's own family: the same terms,
     component by component (two float64 forwards: 4 × the larger bound apart at most)."""
-    native = qkv.load(saved("bert"), via="native", dtype=torch.float64)
+    native = qkv.load(saved(name), via="native", dtype=torch.float64)
     for layer, head in ((0, 1), (1, 2)):
-        a = score_attribution(hf64("bert"), HF_TEXT, layer=layer, head=head, token="it", key="pizza")
+        a = score_attribution(hf64(name), HF_TEXT, layer=layer, head=head, token="it", key="pizza")
         b = score_attribution(native, HF_TEXT, layer=layer, head=head, token="it", key="pizza")
         assert a.key_components == b.key_components
-        assert a.key_components[:3] == ("embed.token", "embed.position", "embed.type")
+        assert a.key_components[:len(embeddings)] == embeddings
         assert float((a.terms - b.terms).abs().max()) <= 4 * max(a.bound, b.bound)
 
 
@@ -247,6 +250,23 @@ def test_the_embeddings_split_by_table(hf64, name, embeddings):
     a = score_attribution(model, HF_TEXT, layer=1, head=1, token="it", key="pizza")
     assert a.key_components[:len(embeddings) + 1] == (*embeddings, "L0.H0")
     check_sum(a, TIGHT if name in ("gpt2", "opt") else LOOSE)
+
+
+def test_an_embedding_the_tables_do_not_rebuild_stays_whole(tmp_path):
+    """ELECTRA with embedding_size < hidden_size projects the normalised rows up
+    (``embeddings_project``): the tables do not rebuild layer 0's input, which stays one exact
+    component, ``embed``."""
+    pytest.importorskip("transformers")
+    from archs import build
+    from test_adapter import save_tokenizer
+
+    build({"electra": ("ElectraConfig", "ElectraModel", dict(embedding_size=16))},
+          "electra").save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, encoder=True)
+    model = qkv.load(tmp_path, via="hf", dtype=torch.float64)
+    a = score_attribution(model, HF_TEXT, layer=1, head=0, token="it", key="pizza")
+    assert a.key_components[:2] == ("embed", "L0.H0")
+    check_sum(a)
 
 
 def test_gpt2s_embedding_parts_are_its_table_rows(hf64):

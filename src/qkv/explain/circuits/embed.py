@@ -12,8 +12,10 @@ embedding norm (BERT, DistilBERT)::
 The norm is frozen at the scale the forward computed (:mod:`.norms`): each row carried through
 as (row − mean(row)) · γ/σ, β going to ``bias``. The tables are found by the names qkv's
 families and transformers give them (:data:`TABLES`) among the children of the module that
-holds the token table; a model where none is found keeps one component, ``embed``
-(``hidden_states[0]`` whole). :func:`split` checks that the rows rebuild what entered layer 0.
+holds the token table. :func:`split` checks that the rows rebuild what entered layer 0; a model
+where no table is found, or whose tables do not rebuild it (a projection or a multiplier after
+them: ELECTRA's ``embeddings_project``, Granite's ``embedding_multiplier``), keeps one component,
+``embed``: ``hidden_states[0]`` whole, still exact.
 
 Example:
     >>> import qkv, torch
@@ -96,8 +98,9 @@ def tables(model) -> Tables | None:
 
 
 def names(model) -> tuple[str, ...]:
-    """The embedding's components: ``embed.token`` and, where the model has them,
-    ``embed.position`` and ``embed.type``; ``("embed",)`` where no table is found."""
+    """The embedding's components as the model's tables say: ``embed.token`` and, where the model
+    has them, ``embed.position`` and ``embed.type``; ``("embed",)`` where no table is found (a
+    forward's own are :func:`split`'s, ``("embed",)`` too where the tables do not rebuild it)."""
     found = tables(model)
     return (EMBED,) if found is None else tuple(found.tables)
 
@@ -121,22 +124,25 @@ def split(model, ids: torch.Tensor, first: torch.Tensor, positions: torch.Tensor
           ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
     """Layer 0's input at ``positions`` (n,) by table: (names, parts (P, n, E) float64, bias
     (n, E) float64: the embedding norm's β, else 0), checked to sum to ``first`` (n, E), what the
-    forward fed layer 0, for the text ``ids`` (t,). QkvError naming the model where they do not."""
+    forward fed layer 0, for the text ``ids`` (t,); ``(("embed",), first, 0)`` where the tables
+    are not found or do not rebuild it."""
     found = tables(model)
     bias = torch.zeros(first.shape, dtype=torch.float64)
+    whole = (EMBED,), first.double()[None], bias
     if found is None:
-        return (EMBED,), first.double()[None], bias
-    rows = _rows(found, ids, positions, first.dtype)  # (P, n, E) in the model's dtype
+        return whole
+    rows = _rows(found, ids, positions, first.dtype)  # (P, n, E') in the model's dtype
+    if rows.shape[1:] != first.shape:  # E' ≠ E: the rows are projected (ELECTRA)
+        return whole
     parts = rows.double()
     if found.norm is not None:  # BERT: the sum normalised, frozen at the forward's scale
-        lin = linearise(found.norm, rows.sum(0))
+        try:
+            lin = linearise(found.norm, rows.sum(0))
+        except QkvError:  # not a LayerNorm / RMSNorm qkv can freeze: the embedding stays whole
+            return whole
         parts, bias = lin.apply(parts), bias + lin.shift
-    total = parts.sum(0) + bias
-    if not rebuilds(total, first):
-        diff = float((total - first.double()).abs().max())
-        raise QkvError(f"{getattr(model, 'name', type(model).__name__)}: its embedding tables "
-                       f"({' + '.join(found.tables)}) do not rebuild what enters layer 0 (max "
-                       f"diff {diff:.3g}); qkv cannot split its embeddings")
+    if not rebuilds(parts.sum(0) + bias, first):
+        return whole
     return tuple(found.tables), parts, bias
 
 

@@ -61,11 +61,12 @@ def ffn_name(layer: int) -> str:
     return f"L{layer}.ffn"
 
 
-def names(model, layer: int) -> tuple[str, ...]:
-    """The components of layer ``layer``'s input, in order: the embedding's (:func:`.embed.names`),
-    each earlier layer's heads and feed-forward, ``bias`` last (C names)."""
+def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The components of layer ``layer``'s input, in order: the embedding's (``embedding``, as
+    :func:`.embed.split` gave them; default :func:`.embed.names`), each earlier layer's heads and
+    feed-forward, ``bias`` last (C names)."""
     n_heads = model.layers[0].self_attn.num_heads
-    out = list(embed.names(model))
+    out = list(embed.names(model) if embedding is None else embedding)
     for ell in range(layer):
         out += [head_name(ell, h) for h in range(n_heads)] + [ffn_name(ell)]
     return (*out, BIAS)
@@ -134,7 +135,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     check(model)
     positions = torch.as_tensor(positions).long()
     first = fwd.hidden_states[0][0, positions]  # (n, E)
-    _, parts, bias = embed.split(model, fwd.ids[0], first, positions)  # (P, n, E), (n, E)
+    embedding, parts, bias = embed.split(model, fwd.ids[0], first, positions)  # (P, n, E), (n, E)
     for ell in range(layer):
         lay = model.layers[ell]
         attn = lay.self_attn
@@ -163,7 +164,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
         raise QkvError(f"{model.name}: the components of layer {layer}'s input do not sum to the "
                        f"forward's (max diff {float((total - want.double()).abs().max()):.3g})")
     err = float((total - want.double()).abs().max()) if total.numel() else 0.0
-    return Stream(layer, positions, names(model, layer), parts, err)
+    return Stream(layer, positions, names(model, layer, embedding), parts, err)
 
 
 __all__ = ["BIAS", "Stream", "check", "ffn_name", "head_name", "names", "out_weight",
