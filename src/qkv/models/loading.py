@@ -32,6 +32,7 @@ Every failure is one :class:`QkvError` line naming the file, tensor or limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable
 
@@ -198,12 +199,24 @@ def _check_vocabulary(tokenizer: Tokenizer, config, path: str) -> None:
 
 
 def _build_without_parameters(family: Family, config, **kwargs) -> nn.Module:
-    """``family.build(config, **kwargs)`` with every parameter on the meta device.
+    """``family.build(config, **kwargs)`` with every parameter on the meta device
+    (:func:`parameters_on_meta`): they are about to be replaced by the checkpoint's tensors."""
+    with parameters_on_meta():
+        return family.build(config, **kwargs)
 
-    The parameters are about to be replaced by the checkpoint's tensors, so they are neither
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Every module built in the block gets its parameters on the meta device: neither
     allocated nor randomly initialised; buffers (rotary frequencies, …) are computed for real,
-    which building the whole model under ``torch.device("meta")`` would not do. (The hook is
-    global while it is registered: load models from one thread at a time.)
+    which building the whole model under ``torch.device("meta")`` would not do (and torch's meta
+    ``arange`` and ``normal_`` import ``torch._dynamo``: seconds). (The hook is global while it is
+    registered: load models from one thread at a time.)
+
+        >>> with parameters_on_meta():
+        ...     layer = nn.Linear(4, 2)
+        >>> layer.weight.is_meta
+        True
     """
     def on_meta(module, name, param):
         return None if param is None else nn.Parameter(param.to("meta"), param.requires_grad)
@@ -211,7 +224,7 @@ def _build_without_parameters(family: Family, config, **kwargs) -> nn.Module:
     handle = nn.modules.module.register_module_parameter_registration_hook(on_meta)
     try:
         with _SkipMetaInit():
-            return family.build(config, **kwargs)
+            yield
     finally:
         handle.remove()
 

@@ -25,6 +25,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.files import FILES_KEY, read_json, read_verified
 from qkv.models.checkpoint import WeightFiles
+from qkv.models.loading import parameters_on_meta
 from qkv.models.registry import TRANSLATION_MODEL_TYPE
 from qkv.translate.model import TranslationConfig, TranslationModel, upgrade_state_dict
 from qkv.training.checkpoint import (
@@ -203,8 +204,9 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
                        f"the config says {config.src_vocab_size}/{config.tgt_vocab_size}")
     weights = read_weights(directory, meta)
     _check_sizes(config, weights.shapes, f"{directory}/config.json")
-    with torch.device("meta"):  # the shapes the config implies, nothing allocated
-        load_model_tensors(TranslationModel(config), weights.shapes, str(directory), check_only=True)
+    with parameters_on_meta():  # the shapes the config implies, no parameter allocated
+        shaped = TranslationModel(config)
+    load_model_tensors(shaped, weights.shapes, str(directory), check_only=True)
     net = TranslationModel(config, vocab=vocab, name=model_name(directory), directory=directory)
     load_model_tensors(net, {n: weights.read(n, shared=False) for n in weights.where}, str(directory))
     net.eval()
