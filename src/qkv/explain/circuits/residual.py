@@ -5,7 +5,7 @@ For a traced forward, the vector entering layer ℓ at position i is the sum of
     embed.token      what each embedding table wrote (:mod:`.embed`): the token's row, and
     embed.position   the position's and the segment's where the model adds them, through the
     embed.type       embedding's norm where it has one (``embed``: hidden_states[0] whole where
-                     no table is found)
+                     the tables are not found or do not rebuild it)
     L{l}.H{h}        head h of an earlier layer l: its output o^{l,h}_i through W_O^h  (E,)
     L{l}.ffn         the feed-forward of an earlier layer l
     bias             what no upstream part writes: output-projection biases, norm offsets β
