@@ -70,6 +70,12 @@ def test_a_clicked_cell_shows_its_score_split(watched, served, model):
     hover_term(page, a, qi, kj)
     hover_term(page, a, len(a.query_components) - 1, 0)
     assert "key=5" in page.url and "token=12" in page.url
+    # the heat map outlines the cell (the text's colour on the cell's left edge, mid-height)
+    edge = page.evaluate("""([i, j, n]) => { const cv = document.getElementById('heat'), c = cv.width / n;
+      const px = cv.getContext('2d').getImageData(j * c + 1, i * c + c / 2, 1, 1).data;
+      const fg = getComputedStyle(document.documentElement).getPropertyValue('--fg').trim();
+      return [Array.from(px.slice(0, 3)), fg]; }""", [12, 5, units])
+    assert "#%02x%02x%02x" % tuple(edge[0]) == edge[1], edge
 
     # another row's cell: the row becomes the selected token, the column the key
     click_cell(page, 9, 2, units)

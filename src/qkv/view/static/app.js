@@ -412,6 +412,10 @@
     ctx.drawImage(off, 0, 0, cv.width, cv.height);
     ctx.strokeStyle = cssColor("--focus"); ctx.lineWidth = Math.max(1, c / 6);
     ctx.strokeRect(0, (S.token - (M.first || 0)) * ch, cv.width, ch);
+    if (S.key !== null && S.key < M.m && !crossAttention()) { // the cell "why this weight" splits
+      ctx.strokeStyle = cssColor("--fg"); ctx.lineWidth = Math.max(1, c / 8);
+      ctx.strokeRect(S.key * c + 1, (S.token - (M.first || 0)) * ch + 1, c - 2, ch - 2);
+    }
     if (M.gold && c >= 4) {
       ctx.strokeStyle = cssColor("--gold");
       M.gold.forEach((js, i) => js.forEach((j) => ctx.strokeRect(j * c + 1, i * c + 1, c - 2, c - 2)));
@@ -441,7 +445,7 @@
   async function selectCell(i, j) {
     S.key = crossAttention() ? null : j;
     if (i !== S.token) { await selectToken(i); return; } // its redraw asks the cell panels too
-    await update(async () => { writeUrl(); await drawHeadPanels(null, "cell"); });
+    await update(async () => { writeUrl(); if (D.map) drawHeat(D.map); await drawHeadPanels(null, "cell"); });
   }
   heat.addEventListener("keydown", (ev) => {
     const M = D.map; if (!M) return;
