@@ -39,6 +39,11 @@ def lm64():
     return qkv.load("lm").double()
 
 
+# archs.py's RoBERTa pads with id 1, its tokenizer's [CLS]: transformers then counts positions
+# around it, qkv's family does not; with [PAD]'s id 3 both read the same rows
+ROBERTA_PAD3 = {"roberta-pad3": ("RobertaConfig", "RobertaModel", dict(pad_token_id=3))}
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """name → a directory transformers saved (a tiny random model of tests/hf/archs.py)."""
@@ -50,10 +55,10 @@ def saved(tmp_path_factory):
 
     def get(name):
         if name not in dirs:
-            table = ENCODERS if name in ENCODERS else DECODERS
+            table = next(t for t in (ENCODERS, ROBERTA_PAD3, DECODERS) if name in t)
             dirs[name] = tmp_path_factory.mktemp(name)
             build(table, name).save_pretrained(dirs[name])
-            save_tokenizer(dirs[name], encoder=table is ENCODERS)
+            save_tokenizer(dirs[name], encoder=table is not DECODERS)
         return dirs[name]
     return get
 
@@ -219,6 +224,7 @@ def test_transformers_post_norm_terms_sum_to_the_score(hf64, name):
 
 @pytest.mark.parametrize("name,embeddings", [
     ("bert", ("embed.token", "embed.position", "embed.type")),
+    ("roberta-pad3", ("embed.token", "embed.position", "embed.type")),
     ("distilbert", ("embed.token", "embed.position")), ("gpt2", ("embed.token", "embed.position"))])
 def test_transformers_splits_as_the_native_family_does(saved, hf64, name, embeddings):
     """The same checkpoint through transformers and through qkv's own family: the same terms,
@@ -282,8 +288,10 @@ def test_gpt2s_embedding_parts_are_its_table_rows(hf64):
     assert not st.parts[2].any()
 
 
-def test_logit_attribution_names_the_position_rows(hf64):
-    a = logit_attribution(hf64("gpt2"), HF_TEXT, token="ate")
+@pytest.mark.parametrize("via", ["hf", "native"])
+def test_logit_attribution_names_the_position_rows(saved, via):
+    model = qkv.load(saved("gpt2"), via=via, dtype=torch.float64)
+    a = logit_attribution(model, HF_TEXT, token="ate")
     assert a.components[:3] == ("embed.token", "embed.position", "L0.H0")
     assert abs(float(a.contributions.sum()) - a.logit) <= a.bound <= TIGHT * max(1.0, abs(a.logit))
 
