@@ -71,7 +71,7 @@ def target(model, fwd: Forward, row: int, target_text: str | None) -> tuple[torc
     if is_decoder(model):
         logits = fwd.output.logits[0, row]  # (V,)
         k = int(logits.argmax())
-        word = model.tokenizer.decode([k]) if hasattr(model.tokenizer, "decode") else str(k)
+        word = model.tokenizer.decode([k]) if model.tokenizer is not None else str(k)  # a bare transformers model
         return logits[k], f"the logit of the predicted next token {word!r} (id {k}) at token {row}"
     ids = torch.tensor([model.tokenizer.encode(target_text).ids], dtype=torch.long)
     with torch.no_grad():
