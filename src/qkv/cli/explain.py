@@ -379,9 +379,12 @@ def _heads_pair(model, args) -> int:
 
 
 def _heads_probe(model, args) -> int:
+    from qkv.cli.progress import Bars
     from qkv.explain import probe
 
-    return _show(args, probe(model, args.probe, method=methods.method_args(args)["method"]))
+    with Bars(enabled=not args.json) as bars:  # coref: 49 sentences, a forward each
+        result = probe(model, args.probe, method=methods.method_args(args)["method"], progress=bars)
+    return _show(args, result)
 
 
 # -- qkv softmax-demo ----------------------------------------------------------------------------

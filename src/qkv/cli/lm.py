@@ -14,6 +14,7 @@ import argparse
 import time
 
 from qkv.cli import options
+from qkv.cli.progress import drawn
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 
 DEFAULT_OUT = "runs/lm"
@@ -53,7 +54,7 @@ def run_train_lm(args: argparse.Namespace) -> int:
     base = dict(read_training(out)["train"]) if args.resume else {}
     cfg = LMTrainConfig.from_dict({**base, **given})
     start = time.perf_counter()
-    state = train(cfg, out, resume=args.resume, progress=not args.quiet,
+    state = train(cfg, out, resume=args.resume, progress=drawn(not args.quiet),
                   command=run_command("lm", str(out), args, given), slim=args.slim, force=args.force)
     if args.plot is not None:
         from qkv.files import atomic_write

@@ -70,13 +70,15 @@ def method_args(args: argparse.Namespace) -> dict:
 
 def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
     """``qkv explain TEXT --compare``: every method's top words for ``--token``."""
+    from qkv.cli.progress import Bars
     from qkv.explain.contributions.compare import compare
     from qkv.explain.rendering.render import console
     from qkv.explain.rendering.render_contributions import render_compare
 
     _estimate_compare(model, args.text)
-    result = compare(model, args.text, token=args.token, words=args.words, top=args.top,
-                     layer=args.layer, target_text=args.target_text)
+    with Bars(enabled=not args.json) as bars:  # seconds: value zeroing runs t + 1 copies
+        result = compare(model, args.text, token=args.token, words=args.words, top=args.top,
+                         layer=args.layer, target_text=args.target_text, progress=bars)
     if args.json:
         print_json(result.to_dict())
     else:

@@ -8,9 +8,24 @@ command's own lines.
 
     >>> with Bars(enabled=False) as bars:                 # what --json gives: draws nothing
     ...     bars("ablating", 3, 10)
+
+:func:`drawn` is that rule alone, for the training loop's own bar (tqdm): ``qkv train … --quiet``
+or a pipe, no bar (the evaluation lines still go to stderr).
 """
 
 from __future__ import annotations
+
+
+def drawn(enabled: bool = True, console=None) -> bool:
+    """Whether progress is drawn: ``enabled`` (not ``--json``, not ``--quiet``) and stderr (or
+    ``console``) a terminal."""
+    if not enabled:
+        return False
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    return console.is_terminal
 
 
 class Bars:
@@ -32,7 +47,7 @@ class Bars:
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description:<10}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                                  console=console, transient=True,
-                                 disable=not (enabled and console.is_terminal))
+                                 disable=not drawn(enabled, console))
         self.tasks: dict[str, int] = {}
 
     def __enter__(self) -> "Bars":

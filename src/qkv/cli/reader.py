@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from qkv.cli.progress import drawn
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 
 DEFAULT_OUT = "runs/reader"
@@ -47,7 +48,7 @@ def run_train_reader(args: argparse.Namespace) -> int:
     base = dict(read_training(out)["train"]) if args.resume else {}
     cfg = ReaderTrainConfig.from_dict({**base, **given})
     start = time.perf_counter()
-    state = train(cfg, out, resume=args.resume, progress=not args.quiet,
+    state = train(cfg, out, resume=args.resume, progress=drawn(not args.quiet),
                   command=run_command("reader", str(out), args, given), slim=args.slim,
                   force=args.force)
     print_summary(state, out, time.perf_counter() - start)

@@ -88,7 +88,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, default_out: str, thread
     parser.add_argument("--force", action="store_true",
                         help="train into a non-empty --out (its old checkpoint files are deleted); with "
                              "--resume, accept a different --threads (the run is recorded as inexact)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (one is drawn only when stderr is a terminal)")
     parser.add_argument("--threads", type=options.threads(), default=1, help=threads_help)
 
 

@@ -19,6 +19,7 @@ import time
 from qkv.cli import options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 from qkv.cli.output import print_json
+from qkv.cli.progress import Bars, drawn
 from qkv.errors import QkvError
 
 DEFAULT_OUT = "runs/translate"
@@ -86,7 +87,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig.from_dict({**base, **given})
     command = run_command("translate", out, args, given)
     start = time.perf_counter()
-    state = train(cfg, out, resume=args.resume, progress=not args.quiet, command=command,
+    state = train(cfg, out, resume=args.resume, progress=drawn(not args.quiet), command=command,
                   slim=args.slim, force=args.force)
     ev = state.last_eval
     summary = f"trained to step {state.step} in {time.perf_counter() - start:.0f} s"
@@ -308,7 +309,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     _not_a_load_name(args.model)
     ckpt = load_checkpoint(args.model)
     _check_finite(ckpt, args.model)
-    report = test_report(ckpt, beam=args.beam)
+    with Bars(enabled=not args.json) as bars:  # 2,000 sentences: seconds, on a terminal's stderr
+        report = test_report(ckpt, beam=args.beam, progress=bars)
     if args.json:
         print_json(report, ensure_ascii=False)
     else:

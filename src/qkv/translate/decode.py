@@ -15,6 +15,8 @@ with [EOS] and are right-padded with [PAD].
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from torch import nn
@@ -114,12 +116,16 @@ def beam_search(model: nn.Module, src: torch.Tensor, beam_size: int = 4, *,
 
 
 def translate(model: nn.Module, vocab: Vocab, texts: list[str], *, beam: int = 1,
-              batch_size: int = 256) -> list[str]:
-    """French for each English text (QkvError for empty text or unknown words, before decoding)."""
+              batch_size: int = 256, progress: Callable[[str, int, int], None] | None = None
+              ) -> list[str]:
+    """French for each English text (QkvError for empty text or unknown words, before decoding);
+    ``progress("translating", done, len(texts))`` told after each batch."""
     ids = [vocab.encode_en(t) for t in texts]
     out: list[str] = []
     for start in range(0, len(ids), batch_size):
         src = pad(ids[start : start + batch_size])
         gen = greedy_decode(model, src) if beam == 1 else beam_search(model, src, beam)
         out.extend(vocab.decode_fr(row.tolist()) for row in gen)
+        if progress is not None:
+            progress("translating", len(out), len(ids))
     return out

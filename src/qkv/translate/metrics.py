@@ -9,7 +9,7 @@ French. The English [EOS] counts as a position: attending most to it is a miss.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,8 +78,10 @@ def gold_matrix(pair: Pair, s: int) -> torch.Tensor:
 
 @torch.no_grad()
 def head_alignment(model: TranslationModel, vocab: Vocab, pairs: Sequence[Pair],
-                   batch_size: int = 250) -> AlignmentScores:
-    """Alignment accuracy of every decoder cross-attention head on ``pairs`` (teacher-forced)."""
+                   batch_size: int = 250, progress: Callable[[str, int, int], None] | None = None
+                   ) -> AlignmentScores:
+    """Alignment accuracy of every decoder cross-attention head on ``pairs`` (teacher-forced);
+    ``progress("aligning", done, len(pairs))`` told after each batch."""
     corpus = encode_pairs(pairs, vocab)
     L, H = model.config.decoder_layers, model.config.num_heads
     hits = torch.zeros(L, H)
@@ -96,4 +98,6 @@ def head_alignment(model: TranslationModel, vocab: Vocab, pairs: Sequence[Pair],
             hits += gold[torch.arange(n), picked].sum(-1)
             total += n
         start += batch.src.shape[0]
+        if progress is not None:
+            progress("aligning", start, len(pairs))
     return AlignmentScores(hits / max(total, 1), total)

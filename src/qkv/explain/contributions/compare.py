@@ -15,7 +15,7 @@ only on short texts; otherwise they are left out with a note saying why.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -75,8 +75,10 @@ def _row(s, layer: int | None) -> torch.Tensor:
 
 
 def compare(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
-            layer: int | None = None, target_text: str | None = None) -> Comparison:
-    """Run every method of :data:`~qkv.explain.contributions.METHODS` on one token.
+            layer: int | None = None, target_text: str | None = None,
+            progress: Callable[[str, int, int], None] | None = None) -> Comparison:
+    """Run every method of :data:`~qkv.explain.contributions.METHODS` on one token
+    (``progress("methods", done, total)`` told after each: some take seconds).
 
     Raises:
         ArgumentError: a bad ``token``, ``layer`` out of range, ``top`` < 1, an empty
@@ -100,7 +102,9 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
     rows_t = torch.tensor(units.groups[choice.unit])
     rows, best, skipped = {}, {}, {}
-    for name, method in METHODS.items():
+    for done, (name, method) in enumerate(METHODS.items()):
+        if progress is not None:
+            progress("methods", done, len(METHODS))
         given = target_text if method.reads_target else None
         try:  # a method that does not apply (grad without a target, flow on a long text)
             check_method(model, name, given)
@@ -112,6 +116,8 @@ def compare(model, text: str, *, token: str | None = None, words: bool = False, 
         rows[name] = row
         values, index = row.topk(min(top, len(row)))
         best[name] = [(int(i), float(v)) for i, v in zip(index, values)]
+    if progress is not None:
+        progress("methods", len(METHODS), len(METHODS))
     return Comparison(model=forward.model_name(model), text=text, tokens=list(encoding.tokens),
                       units=units, unit=choice.unit, layer=layer, rows=rows, top=best,
                       skipped=skipped, parked={k: float(parked(r, units)) for k, r in rows.items()},

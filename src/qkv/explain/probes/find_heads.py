@@ -13,7 +13,7 @@ layers (``head`` None).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import json
 import sys
@@ -305,7 +305,8 @@ def default_probe(model) -> str:
     return "induction" if capabilities_of(model).causal else "coref"
 
 
-def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
+def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT,
+          progress: Callable[[str, int, int], None] | None = None
           ) -> "ProbeResult | induction.HeadScores | retrieval.RetrievalScores":
     """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
 
@@ -319,6 +320,9 @@ def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
     ``method``: score by a contribution method's largest share instead (see
     :mod:`qkv.explain.contributions`); a per-layer method scores each layer. ``grad`` on an
     encoder does not apply (the probe has no second text to compare with).
+
+    ``progress(stage, done, total)``: told after each of coref's sentences (``"sentences"``)
+    and each of retrieval's needles (``"needles"``); induction's one batched forward tells nothing.
 
     Raises:
         ArgumentError: an unknown probe ``name`` (see :data:`PROBES`), an unknown ``method`` or
@@ -345,10 +349,14 @@ def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
         if method is not None and not contributions.get_method(method).raw:
             raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
                                 "reads each head's largest attention weight", value=method, probe=name)
-        return retrieval.retrieval_probe(model)
+        return retrieval.retrieval_probe(model, progress=progress)
     m = contributions.check_method(model, method)
     items = load_probe(name)
-    results = [_probe_one(model, item, m.name) for item in items]
+    results = []
+    for item in items:
+        results.append(_probe_one(model, item, m.name))
+        if progress is not None:
+            progress("sentences", len(results), len(items))
     return ProbeResult(model=forward.model_name(model), name=name, items=items,
                        hits=torch.stack([r[0] for r in results]),
                        candidates=torch.tensor([r[1] for r in results]),
