@@ -62,7 +62,7 @@ class Tables:
         position; a transformers RoBERTa counts the tokens that are not padding from pad + 1
         (padding reads row pad)."""
         if self.pad is None:
-            return self.offset + torch.arange(len(ids))
+            return self.offset + torch.arange(len(ids), device=ids.device)
         real = (ids != self.pad).long()  # (t,)
         return torch.cumsum(real, 0) * real + self.pad
 
@@ -88,7 +88,12 @@ def tables(model) -> Tables | None:
             continue
         found = {TOKEN: token}
         for part in (POSITION, TYPE):
-            found.update((part, m) for n, m in children.items() if n in TABLES[part])
+            for n, m in children.items():
+                if n in TABLES[part]:
+                    weight = getattr(m, "weight", None)
+                    if not (isinstance(weight, torch.Tensor) and weight.ndim == 2):
+                        return None  # a computed code (sinusoidal positions): no rows to read
+                    found[part] = m
         holds_layers = any(id(m) in inside for m in holder.modules())
         norm = None if holds_layers else next(
             (m for n, m in children.items() if n in NORMS), None)
@@ -127,7 +132,7 @@ def split(model, ids: torch.Tensor, first: torch.Tensor, positions: torch.Tensor
     forward fed layer 0, for the text ``ids`` (t,); ``(("embed",), first, 0)`` where the tables
     are not found or do not rebuild it."""
     found = tables(model)
-    bias = torch.zeros(first.shape, dtype=torch.float64)
+    bias = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
     whole = (EMBED,), first.double()[None], bias
     if found is None:
         return whole
