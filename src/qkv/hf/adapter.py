@@ -392,7 +392,8 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
     norms = [m for m, (given, _) in seen.inner.items() if _same(given, summed) and _is_norm(m)]
     if reads_x and norms:  # norm3: the norm that makes the layer's output (reads y + ff(y))
         norm3 = next((m for m, (given, made) in seen.inner.items() if m is not norms[0]
-                      and isinstance(given, torch.Tensor) and _same(made, output) and _is_norm(m)), None)
+                      and isinstance(given, torch.Tensor) and _same(made, output)
+                      and _is_norm(m)), None)
         return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True)
     return dict(residual_note=_not_summed(seen, output))
 
@@ -411,15 +412,18 @@ def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
     def close(a: torch.Tensor, b: torch.Tensor) -> bool:  # to a float32 forward's rounding
         return torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
 
-    made = [(m, given, y) for m, (given, y) in seen.inner.items() if isinstance(given, torch.Tensor)]
+    made = [(m, given, y) for m, (given, y) in seen.inner.items()
+            if isinstance(given, torch.Tensor)]
     if any(_is_norm(m) and _same(given, seen.out) for m, given, _ in made):
-        return "x + norm(attn(x)): the attention's output normalised before it is added (a norm on the branch, as in a sandwich norm)"
+        return ("x + norm(attn(x)): the attention's output normalised before it is added (a norm "
+                "on the branch, as in a sandwich norm)")
     for _, given, _ in made:
         if given.numel() == out.numel() and float(out @ out) > 0:
             rest = given.double().flatten() - entered
             c = float(rest @ out) / float(out @ out)
             if min(abs(c), abs(c - 1)) > 1e-3 and close(rest, c * out):  # c = 0: x itself
-                return f"x + {c:.3g}·attn: the attention's output scaled before it is added (a residual multiplier)"
+                return (f"x + {c:.3g}·attn: the attention's output scaled before it is added (a "
+                        f"residual multiplier)")
     summed = entered + out
     if any(isinstance(y, torch.Tensor) and y.numel() == out.numel()
            and close(output.double().flatten(), summed + y.double().flatten()) for _, _, y in made):
