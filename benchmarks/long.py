@@ -16,7 +16,10 @@ Cases:
 
 Implementations: ``spans`` is the blockwise backend as a user calls it (torch's fused kernel per
 span, :mod:`qkv.attention.spans`), ``torch_blockwise`` its pure-torch reference path
-(:func:`qkv.attention.blockwise.blockwise_attention`), ``spans+backward`` forward + backward.
+(:func:`qkv.attention.blockwise.blockwise_attention`), ``spans fwd+bwd`` forward + backward: its
+speed-up column is (forward + backward) / forward, and ``bwd MB`` the backward's peak of torch's
+allocations beyond dq, dk, dv (the profiler's allocation events summed in order: counted, not
+timed; what issue 33 asks ≤ 64 MB at 64k), dout held by the caller as the inputs are.
 
 Peers: ``sdpa+mask`` is torch's SDPA given the materialised (N, N) mask (what ``"fused"`` does
 for a window; skipped above 16k, where the mask alone is ≥ 1 GiB); ``flex`` is FlexAttention
@@ -27,6 +30,10 @@ fp32 matmul rate measured in the same run at the same thread count.
     python benchmarks/long.py --threads 1,2 --lengths 16384,65536 --flex --markdown   # issue 21's table
     python benchmarks/long.py --threads 1                  # every length (a few minutes)
     python benchmarks/long.py --threads 1 --quick          # N = 4k, 8k only
+    python benchmarks/long.py --threads 1,2 --lengths 16384,65536 --cases window,document \
+        --impls blockwise,blockwise+backward                # training: fwd+bwd / fwd, bwd MB
+
+The header names the CPU (``/proc/cpuinfo``'s model name): ratios differ between CPUs.
 """
 
 from __future__ import annotations
@@ -52,6 +59,39 @@ def rss_mb() -> float:
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    import platform
+    return (names[0] if names else platform.processor() or platform.machine()) + f", {os.cpu_count()} CPUs"
+
+
+def allocated_peak_bytes(fn) -> int:
+    """The peak of torch's CPU allocations while ``fn`` runs, above what was held before (the same
+    count as tests/attention/test_spans.py's ``allocated_peak``)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        kept = fn()  # noqa: F841
+    events = []
+
+    def walk(node):
+        if node.name == "[memory]":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    held = peak = 0
+    for _, size in sorted(events, key=lambda e: e[0]):
+        held += size
+        peak = max(peak, held)
+    return peak
 
 
 def matmul_gflops() -> float:
@@ -122,12 +162,18 @@ def one(spec: dict) -> dict:
     elif impl == "blockwise+backward":
         bm = qkv.create_block_mask(mod, None, None, n, n, block_size=tile)
         q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+        dout = torch.ones(1, h, n, D)  # the gradient arriving, held by the caller
 
         def call():
             out = qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)
-            out.backward(torch.ones_like(out))
+            out.backward(dout)
             q.grad = k.grad = v.grad = None
-        base += 3 * q.numel() * 4 / 2**20  # the three gradients
+        base += 4 * q.numel() * 4 / 2**20  # dout and the three gradients
+
+        def backward_only():  # the backward alone, on a forward run outside the count
+            out = qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)
+            spec["bwd_mb"] = (allocated_peak_bytes(lambda: out.backward(dout)) - 3 * q.numel() * 4) / 2**20
+            q.grad = k.grad = v.grad = None
     elif impl == "sdpa+mask":  # qkv's "fused": torch's SDPA with the materialised (N, N) mask
         def call():
             extra = dict(attn_mask=varlen.block_diagonal()) if kwargs.get("attn_mask", 1) is None else kwargs
@@ -164,8 +210,10 @@ def one(spec: dict) -> dict:
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
-    return dict(spec, time_s=statistics.median(times), build_s=build,
-                extra_mb=max(0.0, peak_mb() - base))
+    extra_mb = max(0.0, peak_mb() - base)
+    if impl == "blockwise+backward":
+        backward_only()
+    return dict(spec, time_s=statistics.median(times), build_s=build, extra_mb=extra_mb)
 
 
 def decode(spec: dict) -> dict:
@@ -215,6 +263,8 @@ def main() -> None:
     p.add_argument("--full", action="store_true", help="also causal H = 4 at N = 64k")
     p.add_argument("--lengths", help="comma-separated N (default 4k … 64k)")
     p.add_argument("--cases", default="window,document,causal", help="comma-separated cases")
+    p.add_argument("--impls", help="comma-separated implementations to keep (default: every one "
+                   "the case runs), e.g. blockwise,blockwise+backward")
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
@@ -224,6 +274,7 @@ def main() -> None:
     for threads in (int(x) for x in a.threads.split(",")):
         rows += table(a, threads)
     if a.markdown:
+        print(f"\n{cpu_name()}, torch {torch.__version__}")
         print("\n| threads | case | N | impl | ms | extra MB | useful GF/s | % matmul | peer / spans | build ms |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
@@ -246,7 +297,8 @@ def table(a, threads: int) -> list[list[str]]:
     if a.lengths:
         lengths = tuple(int(n) for n in a.lengths.split(","))
     cases = a.cases.split(",")
-    print(f"torch {torch.__version__}, {threads} thread(s), fp32 matmul (2048³): {peak:.1f} GFLOP/s")
+    print(f"{cpu_name()}; torch {torch.__version__}, {threads} thread(s), fp32 matmul (2048³): "
+          f"{peak:.1f} GFLOP/s")
     print(f"{'case':10} {'N':>6} {'impl':20} {'ms':>9} {'extra MB':>9} {'useful GF/s':>11} "
           f"{'% matmul':>8} {'speed-up':>9} {'build ms':>9}")
     for case, heads in (("window", H), ("document", H), ("causal", H), ("causal", 1), ("decode", H)):
@@ -282,6 +334,8 @@ def table(a, threads: int) -> list[list[str]]:
                 impls.append("flex")
             if case in ("window", "document") and n in (16384, 65536) or case == "causal" and n == 16384 and heads == 4:
                 impls.append("blockwise+backward")
+            if a.impls:
+                impls = [i for i in impls if i in a.impls.split(",")]
             res = {impl: run(dict(base, impl=impl)) for impl in impls}
             ours = res.get("blockwise")
             for impl, r in res.items():
@@ -293,6 +347,7 @@ def table(a, threads: int) -> list[list[str]]:
                 ratio = (r["time_s"] / ours["time_s"]) if ours and impl != "blockwise" else None
                 extra = f" compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
                 extra += f" (auto chose {r['chose']})" if "chose" in r else ""
+                extra += f" bwd {r['bwd_mb']:.1f} MB" if "bwd_mb" in r else ""
                 print(f"{case + ('/H1' if heads == 1 else ''):10} {n:6} {impl:20} {r['time_s'] * 1e3:9.1f} "
                       f"{r['extra_mb']:9.1f} {gf if gf else float('nan'):11.1f} "
                       f"{100 * gf / peak if gf else float('nan'):8.0f} "
@@ -301,7 +356,8 @@ def table(a, threads: int) -> list[list[str]]:
                       flush=True)
                 name = NAMES.get(impl, impl) + (f" ({r['chose']})" if "chose" in r else "")
                 md.append([str(threads), f"{case}{' H=1' if heads == 1 else ''}", f"{n // 1024}k", name,
-                           f"{r['time_s'] * 1e3:.1f}", f"{r['extra_mb']:.0f}",
+                           f"{r['time_s'] * 1e3:.1f}",
+                           f"{r['extra_mb']:.0f}" + (f" (bwd {r['bwd_mb']:.1f})" if "bwd_mb" in r else ""),
                            f"{gf:.1f}" if gf else "", f"{100 * gf / peak:.0f} %" if gf else "",
                            f"{ratio:.2f}×" if ratio else "",
                            (f"{r['build_s'] * 1e3:.0f}" if r.get("build_s") is not None else "")
