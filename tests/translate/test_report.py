@@ -39,13 +39,13 @@ def test_report_of_hand_made_translations(monkeypatch):
         calls["seed"] = seed
         return splits
 
-    def fake_translate(model, vocab, texts, *, beam):
+    def fake_translate(model, vocab, texts, *, beam, progress=None):
         calls["texts"], calls["beam"] = texts, beam
         return list(hyps)
 
     monkeypatch.setattr(report_module, "load_splits", fake_load_splits)
     monkeypatch.setattr(report_module, "translate", fake_translate)
-    monkeypatch.setattr(report_module, "head_alignment", lambda model, vocab, p: AlignmentScores(accuracy, 17))
+    monkeypatch.setattr(report_module, "head_alignment", lambda model, vocab, p, progress=None: AlignmentScores(accuracy, 17))
     ckpt = Checkpoint(model=None, vocab=None, meta={"step": 3, "train": {"data_seed": 7}},
                       directory=Path("hand-made"))
 
@@ -72,9 +72,9 @@ def test_report_shows_only_the_first_wrong_translations(monkeypatch):
     pairs = tuple(make_pair(f"the {n} is hungry") for n in ("cat", "dog", "bird", "horse", "girl",
                                                             "boy", "child"))
     monkeypatch.setattr(report_module, "load_splits", lambda seed: Splits(0, (), (), pairs))
-    monkeypatch.setattr(report_module, "translate", lambda m, v, texts, beam: ["non"] * len(texts))
+    monkeypatch.setattr(report_module, "translate", lambda m, v, texts, beam, progress=None: ["non"] * len(texts))
     monkeypatch.setattr(report_module, "head_alignment",
-                        lambda m, v, p: AlignmentScores(torch.zeros(1, 1), 0))
+                        lambda m, v, p, progress=None: AlignmentScores(torch.zeros(1, 1), 0))
     got = test_report(Checkpoint(None, None, {}, Path("x")))
     assert got["wrong"] == 7 and got["splits"]["all"]["exact_match"] == 0.0
     assert [e["en"] for e in got["errors"]] == [p.en for p in pairs[: report_module.SHOWN_ERRORS]]
