@@ -76,3 +76,21 @@ def test_every_answer_is_the_servers_at_two_forwards_a_token(model):
                 "words": False}
         assert steps[token, layer, head] == api.handle("steps", body)
     assert told[-1][1] == told[-1][2] and [d for _, d, _ in told] == list(range(1, len(told) + 1))
+
+
+def test_a_translations_step_panels_are_the_servers():
+    """Every cross-attention head's step panel for the chosen target token comes from one
+    translation (cross_attention_heads), each what the server answers for that head."""
+    from qkv.view.api import Api, Models
+    from qkv.view.export import collect
+
+    text = "the red apple is next to the black cats"
+    api = Api(Models(["translate"]))
+    answers, state = collect(api, "translate", text)
+    steps = {(f["token"], f["layer"], f["head"]): a for e, f, a in answers if e == "cross_steps"}
+    model = api.models.get("translate")
+    L, H = model.config.decoder_layers, model.config.num_heads
+    assert {(l, h) for t, l, h in steps if t == state["token"]} == {(l, h) for l in range(L) for h in range(H)}
+    for layer, head in [(0, 0), (L - 1, H - 1)]:
+        body = {"model": "translate", "text": text, "token": state["token"], "layer": layer, "head": head}
+        assert steps[state["token"], layer, head] == api.handle("cross_steps", body)
