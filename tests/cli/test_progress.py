@@ -82,7 +82,7 @@ def test_the_rule_terminal_and_not_json():
 
 def test_view_html_draws_a_bar_on_a_terminal_only(tmp_path, capsys):
     code, drawn = on_a_terminal(["view", TEXT, "--html", str(tmp_path / "a.html")])
-    assert code == 0 and "page" in drawn and BAR in drawn, drawn
+    assert code == 0 and "page" in drawn and "sentences" in drawn and BAR in drawn, drawn  # coref: the probe
     assert "wrote" in capsys.readouterr().out
     assert main(["view", TEXT, "--html", str(tmp_path / "b.html")]) == 0  # stderr: pytest's capture
     assert capsys.readouterr().err == ""

@@ -94,3 +94,16 @@ def test_a_translations_step_panels_are_the_servers():
     for layer, head in [(0, 0), (L - 1, H - 1)]:
         body = {"model": "translate", "text": text, "token": state["token"], "layer": layer, "head": head}
         assert steps[state["token"], layer, head] == api.handle("cross_steps", body)
+
+
+def test_the_probe_answer_is_the_servers():
+    """The page's probe (run by the export itself, to tell its progress) is the server's answer."""
+    from qkv.view.api import Api, Models
+    from qkv.view.export import collect
+
+    api = Api(Models(["lm"]))
+    told = []
+    answers, _ = collect(api, "lm", "baka bela dima fona", progress=lambda *a: told.append(a))
+    probe = [a for e, f, a in answers if e == "probe"]
+    assert probe == [api.handle("probe", {"model": "lm"})] and probe[0]["probe"] == "induction"
+    assert told[-1][0] == "page" and told[-1][1] == told[-1][2]

@@ -28,6 +28,7 @@ from typing import Callable
 
 from qkv.explain.cross import cross_attention_heads
 from qkv.explain.kinds import KINDS, METHOD, kind_of
+from qkv.explain.probes import find_heads
 from qkv.explain.steps import explain_heads
 from qkv.files import atomic_write_text
 from qkv.view.answers import answer as answer_of, of_result
@@ -105,6 +106,13 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
                                         "method": DEFAULT_METHOD}
 
+    def best_heads() -> None:
+        """The model's probe (the server's ``probe`` answer: ``find_heads.probe(model)``),
+        run here to tell its own progress (49 sentences for coref: the page's longest step)."""
+        with api.models.lock:
+            result = find_heads.probe(loaded, progress=progress)
+        answers[key("probe", {})] = ["probe", {}, answer_of(result)]
+
     def panels(l: int, h: int) -> None:
         selection = {"token": t, "layer": l, "head": h, "words": words}
         for row in HEAD_PANELS:
@@ -116,7 +124,7 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
         + [lambda u=u: get("overview", token=u, words=words, method=DEFAULT_METHOD) for u in units]
         + [lambda u=u: get("steps", token=u, layer=layer, head=head, words=words) for u in units]
         + [lambda lh=lh: panels(*lh) for lh in every]
-        + ([lambda: get("probe")] if probe else []))
+        + ([best_heads] if probe else []))
     return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
                                     "method": DEFAULT_METHOD}
 
