@@ -203,8 +203,10 @@ def one(spec: dict) -> dict:
         call = lambda: compiled(q, k, v, block_mask=fbm)  # noqa: E731
     else:
         raise SystemExit(f"unknown impl {impl}")
-    if n <= 16384:
-        call()  # warm-up (above 16k a call takes seconds; its one-time costs are noise there)
+    if n <= 16384 or impl in ("blockwise", "blockwise+backward"):
+        # warm-up (above 16k a call takes seconds, but a cold first call's page faults are not
+        # noise under every kernel: a VM's cost 2-6× the backward's time; the spans pair always)
+        call()
     times = []
     for _ in range(spec["rounds"]):
         t0 = time.perf_counter()
