@@ -22,3 +22,27 @@ def test_the_parser_and_the_shipped_models_import_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+def test_torch_runs_on_one_thread_unless_told(monkeypatch, capsys):
+    """A second torch thread on a busy machine made one sentence take a minute (issue 32's 102 s):
+    every command runs on one thread unless --threads or OMP_NUM_THREADS says otherwise."""
+    import torch
+
+    from qkv.cli import main
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        assert main(["explain", "the cat sat", "--json"]) == 0
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert main(["translate", "the cat is red", "--threads", "2"]) == 0  # told: kept
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # told by the environment: left alone
+        assert main(["explain", "the cat sat", "--json"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()

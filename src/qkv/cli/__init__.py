@@ -60,6 +60,19 @@ def _closed_streams() -> bool:
     return sys.stdout is None
 
 
+def _torch_threads(args: argparse.Namespace) -> None:
+    """torch on one CPU thread unless told otherwise: by the command's ``--threads`` (translate,
+    evaluate, train: default 1 too) or by OMP_NUM_THREADS. qkv's matrices are small (one
+    sentence on MiniLM: 14 × 384), a second thread gains them nothing, and on a busy machine
+    torch's threads spin waiting for one another — measured on 2 busy cores: ``qkv heads --probe
+    coref`` 38 s wall and 25 s of CPU with torch's default 2 threads, 5.5 s and 4.2 s with one;
+    ``qkv view TEXT --html`` 63-70 s against 6.4 s (issue 32's "102 s for one sentence")."""
+    if getattr(args, "threads", None) is None and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``qkv`` console script and ``python -m qkv``."""
     from qkv.cli.output import finish_output, write_failed
@@ -74,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad option (already printed on one line)
         return finish_output(e.code if isinstance(e.code, int) else 2)
+    _torch_threads(args)
     try:
         return finish_output(int(args.func(args) or 0))
     except (QkvError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
