@@ -2,7 +2,11 @@
 
 The file holds the page (style and script inlined, see :mod:`qkv.view.page`) and the API's
 answers for one text, computed here by the same :class:`~qkv.view.api.Api` a server uses, so the
-numbers are the ones the server would send. What is included:
+numbers are the ones the server would send. Where the server answers one head per request, the
+export asks the library for every head of a token at once (:func:`~qkv.explain.steps.explain_heads`,
+:func:`~qkv.explain.cross.cross_attention_heads`: one forward, each head the answer its request
+gets; tests/view/test_export.py compares them), so a sentence costs two forwards per token, not
+one per head. What is included:
 
 * self-attention: the overview of the chosen token; for a short text (at most
   :data:`~qkv.view.api.MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
