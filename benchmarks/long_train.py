@@ -88,7 +88,8 @@ def one(spec: dict) -> dict:
 
 
 def run(spec: dict) -> dict | None:
-    proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  {spec['impl']}: failed ({proc.stderr.strip()[-300:]})", flush=True)
         return None

@@ -41,12 +41,13 @@ stays float64 (the kernel runs in float64). Memory: O(N) — the output, lse, an
 (``CALL_BYTES``); the backward holds dq, dk, dv, lse and one call's temporaries
 (``BACKWARD_CALL_BYTES`` a thread, at most ``MAX_CALL_BYTES``), reading q, k, v, out and dout
 in place in any layout whose batch and heads are one stride (b = 1, or contiguous). Time: the
-backward's five matrix products per block to the forward's two make forward + backward 3.5× the
-forward where the kernel runs both at one rate (an AMD EPYC); on a Xeon its backward runs faster
-per product (2.8× for a window, 3.0-3.2× for documents). NaN in → NaN out; a row with no key
-gives 0 and lse −inf. Not expressible in the kernel, so :func:`spans_with_lse` in
-``backends.py`` runs the pure-torch path instead: ``softcap=`` (the kernel has no score
-transform), a value head size ≠ the query's, non-CPU tensors. Threads: the kernel's own (``torch.get_num_threads()``); nothing global is set.
+backward's five matrix products per block to the forward's two make forward + backward ≈ 3.5×
+the forward where the kernel runs both passes at one rate; a Xeon's (benchmarks/long.py, 16k
+and 64k, 1-2 threads) gave 2.9-3.7× for a window of 512, 3.1-3.3× for documents of 2,048.
+NaN in → NaN out; a row with no key gives 0 and lse −inf. Not expressible in the kernel, so
+:func:`spans_with_lse` in ``backends.py`` runs the pure-torch path instead: ``softcap=`` (the
+kernel has no score transform), a value head size ≠ the query's, non-CPU tensors. Threads: the
+kernel's own (``torch.get_num_threads()``); nothing global is set.
 
 Example:
     >>> import torch, qkv
@@ -79,11 +80,11 @@ _NEG_INF = float("-inf")
 CALL_BYTES = 16 << 20
 # The backward's parts are the kernel's dQ, dK, dV of a call's units (dK, dV over overlapping
 # spans, added into the gradients at once) and its copy of dO, BACKWARD_CALL_BYTES a thread, at
-# most MAX_CALL_BYTES. Measured on a Xeon (w = 512, N = 16k, fwd+bwd / fwd): 1 thread 2.8× at
-# 8-16 MiB, 3.0-3.1× at 32 MiB; 2 threads 2.8× at 32 MiB, 2.9-3.6× at 8-16 MiB; the earlier
-# 64 MiB calls (3.4× on an AMD EPYC, 4.4-5.0× here) spent a fifth of the backward zeroing fresh
-# pages. The kernel splits a call's (batch, head) items statically over the threads: a call cut
-# to fewer than ITEMS_PER_THREAD items a thread takes more units, up to MAX_CALL_BYTES.
+# most MAX_CALL_BYTES. Measured on a Xeon, window 512 at 16k, the backward alone: 1 thread
+# 284-294 ms at 8 MiB calls, 296 at 16, 335-364 at 32; 2 threads 219-242 ms at 8, 185 at 16,
+# 167-169 at 32; the earlier 64 MiB calls 404 and 282 ms (a fifth of it zeroing fresh pages).
+# The kernel splits a call's (batch, head) items statically over the threads: a call cut to
+# fewer than ITEMS_PER_THREAD items a thread takes more units, up to MAX_CALL_BYTES.
 BACKWARD_CALL_BYTES = 16 << 20
 ITEMS_PER_THREAD = 4
 MAX_CALL_BYTES = 32 << 20
