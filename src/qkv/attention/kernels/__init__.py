@@ -1,0 +1,203 @@
+"""qkv's own C++ forward for the spans path, for masks that give each query row one interval of keys.
+
+A sliding window, causality, packed documents (each document's tokens contiguous) and their
+``and_masks`` intersections keep, for query row i, exactly the keys ``[lo_i, hi_i)``::
+
+    window (left 2)      documents [0 0 0 1 1]     lo/hi per row
+    ■ . . . .            ■ ■ ■ . .                 window: [i − 2, i + 1)
+    ■ ■ . . .            ■ ■ ■ . .                 documents: [first, last + 1) of row i's document
+    ■ ■ ■ . .            ■ ■ ■ . .
+    . ■ ■ ■ .            . . . ■ ■
+    . . ■ ■ ■            . . . ■ ■
+
+For such a mask the kernel (``intervals.cpp``) runs FlashAttention-2's forward per query tile
+of ``BLOCK_Q`` rows: S = scale · Q_tile · K_spanᵀ by BLAS over the tile's span of keys (in chunks
+of at most ``BLOCK_K``), the interval and the online softmax applied in one sweep over S while it
+is in cache, then O += P · V_span by BLAS; (batch · head, tile) items split over torch's threads.
+It returns ``(out, lse)`` with :func:`qkv.attention.spans.spans_forward`'s contract, so the
+backward is the spans path's (:func:`qkv.attention.spans.spans_backward`, from the saved lse).
+
+It is compiled by set-up (``python -m qkv.attention.kernels.build``) and only *loaded* here: where
+it was not built (no compiler), for float64, a mask that is not one interval per row, or
+non-CPU tensors, :func:`supports` says no and the pure-torch spans path answers —
+the reference the tests compare the kernel against. ``use_kernel(False)`` selects that path for
+comparison.
+
+Example:
+    >>> import torch, qkv
+    >>> from qkv.attention import kernels
+    >>> q = k = v = torch.randn(1, 2, 300, 16)
+    >>> bm = qkv.create_block_mask(qkv.masks.sliding_window(64, 0), None, None, 300, 300, block_size=32)
+    >>> if kernels.supports(q, k, v, bm):                                 # built by make setup
+    ...     out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.25)    # (1, 2, 300, 16), (1, 2, 300)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import weakref
+
+import torch
+
+from qkv.attention.block_mask import Band, BlockMask, Combined, Document
+from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, differentiable
+
+# Query rows per tile and keys per chunk of a tile's span. Measured (fp32, d = 64, H = 4, N = 4k,
+# one thread of a loaded 2-core AMD EPYC, window 512, ms): 32/512 53, 32/2048 43, 64/512 41,
+# 64/2048 42, 128/512 47, 128/2048 47 (spans path 48-61). Small tiles waste little of the band
+# (a tile of T rows visits w + T keys per row where w + 1 take part).
+BLOCK_Q = 64
+BLOCK_K = 512
+# Fewer query rows than this go to the spans path (decoding: its key split keeps the threads busy).
+MIN_ROWS = 64
+
+_state = {"module": None, "loaded": False, "enabled": True}
+
+
+def load():
+    """The compiled kernel module, or None when this source was not built for this torch."""
+    if not _state["loaded"]:
+        _state["loaded"] = True
+        from qkv.attention.kernels.build import library_path
+        path = library_path()
+        if path.exists():
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _state["module"] = module
+    return _state["module"]
+
+
+def available() -> bool:
+    """Whether the kernel is built (and not switched off by :func:`use_kernel`)."""
+    return _state["enabled"] and load() is not None
+
+
+@contextlib.contextmanager
+def use_kernel(enabled: bool):
+    """``with use_kernel(False):`` runs the pure-torch spans path where the kernel would answer."""
+    before = _state["enabled"]
+    _state["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _state["enabled"] = before
+
+
+# -- the mask as one key interval per row ---------------------------------------------------------
+_INTERVALS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def intervals(bm: BlockMask) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(lo, hi)``, each (B', t) int64 (B' = 1 or the mask's batch): row i keeps keys
+    ``[lo_i, hi_i)`` (local indices, possibly outside [0, s): the kernel clamps) — or None when
+    ``bm``'s mask is not one interval per row. Cached per block mask."""
+    if bm in _INTERVALS:
+        return _INTERVALS[bm]
+    got = None
+    if bm.tiles is None:
+        q = torch.arange(bm.t, dtype=torch.int64) + bm.q_offset  # global query positions (t,)
+        got = _mod_intervals(bm.mask_mod, q)
+        if got is not None:
+            got = tuple(x.sub(bm.k_offset).reshape(-1, bm.t).contiguous() for x in got)
+    _INTERVALS[bm] = got
+    return got
+
+
+def _mod_intervals(mod, q: torch.Tensor):
+    """Global key interval per global query ``q`` of a mask_mod, or None (not an interval mask)."""
+    if isinstance(mod, Band):
+        p = q + mod._offset()
+        lo = p - mod.left if mod.left is not None else torch.full_like(q, -(1 << 62))
+        hi = p + mod.right + 1 if mod.right is not None else torch.full_like(q, 1 << 62)
+        return lo, hi
+    if isinstance(mod, Document) and mod.kv_ids is None:
+        return _document_intervals(mod.ids, q)
+    if isinstance(mod, Combined) and mod.op == "and":
+        parts = [_mod_intervals(p, q) for p in mod.parts]
+        if any(p is None for p in parts):
+            return None
+        lo, hi = parts[0]
+        for plo, phi in parts[1:]:
+            lo, hi = torch.maximum(lo, plo), torch.minimum(hi, phi)  # broadcasting (B', t)
+        return lo, hi
+    return None
+
+
+def _document_intervals(ids: torch.Tensor, q: torch.Tensor):
+    """Row i's document as the key interval [first, last + 1) — None unless every document's
+    tokens are contiguous (packing) in every batch row."""
+    ids = ids.reshape(-1, ids.shape[-1]).long()  # (B', N)
+    n = ids.shape[-1]
+    new = torch.ones_like(ids, dtype=torch.bool)
+    new[:, 1:] = ids[:, 1:] != ids[:, :-1]  # a run of one id starts here
+    for row, starts in zip(ids, new):
+        if int(starts.sum()) != int(row.unique().numel()):
+            return None  # some document comes back after another: its keys are not one interval
+    pos = torch.arange(n).expand_as(ids)  # (B', N)
+    first = torch.where(new, pos, 0).cummax(-1).values  # (B', N) where each token's run starts
+    starts_after = torch.where(new, pos, n)[:, 1:]  # (B', N − 1) token i + 1's position if a run starts there
+    starts_after = torch.cat([starts_after, torch.full((ids.shape[0], 1), n)], -1)  # (B', N)
+    end = starts_after.flip(-1).cummin(-1).values.flip(-1)  # (B', N) the next run's start, or N
+    return first[:, q], end[:, q]
+
+
+def _has_window(mod) -> bool:
+    """Whether the mask bounds each row's keys on both sides by a band (a sliding window, alone or
+    intersected): where the kernel was measured faster than the spans path. Documents alone run
+    as full blocks, where torch's kernel (the spans path) was faster (N = 4k, one thread: 150 ms
+    against the kernel's 164-210)."""
+    if isinstance(mod, Band):
+        return mod.left is not None and mod.right is not None
+    return isinstance(mod, Combined) and mod.op == "and" and any(_has_window(p) for p in mod.parts)
+
+
+# -- the forward --------------------------------------------------------------------------------
+def can_run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            block_mask: BlockMask) -> bool:
+    """Whether the kernel can answer this call: built and enabled (:func:`use_kernel`), float32
+    CPU (q, k, v) of one head size, shaped (b, h, ·, d) or (h, ·, d), at least ``MIN_ROWS`` query
+    rows, an interval mask (:func:`intervals`).
+
+    NaN in → NaN out, as on the spans path: a row that sees a key holding a NaN gives NaN (its
+    score's exp is NaN); a NaN value may also reach a row of the same tile that does not see it
+    (0 · NaN in P · V, as in torch's kernel)."""
+    return (available() and query.device.type == "cpu" and query.dtype == torch.float32
+            and key.dtype == value.dtype == torch.float32 and query.ndim in (3, 4)
+            and key.ndim == value.ndim == query.ndim
+            and query.shape[-1] == key.shape[-1] == value.shape[-1] > 0
+            and query.shape[-2] >= MIN_ROWS and key.shape[-2] > 0
+            and intervals(block_mask) is not None)
+
+
+def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             block_mask: BlockMask) -> bool:
+    """Whether the blockwise backend runs this call by the kernel (else by the spans path): it
+    can (:func:`can_run`) and was measured faster there — a window (:func:`_has_window`)."""
+    return _has_window(block_mask.mask_mod) and can_run(query, key, value, block_mask)
+
+
+def kernel_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   block_mask: BlockMask, *, scale: float,
+                   enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out (..., h, t, d), lse (..., h, t))`` by the C++ kernel — the contract of
+    :func:`qkv.attention.spans.spans_forward` (call :func:`can_run` first)."""
+    lay = _Layout(query, key, enable_gqa)
+    _check_mask(block_mask, lay)
+    lo, hi = intervals(block_mask)
+    q4, k4, v4 = (x if x.ndim == 4 else x.unsqueeze(0) for x in (query, key, value))  # (b, h, n, d)
+    q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
+    out, lse = load().interval_forward(q4, k4, v4, lo, hi, float(scale), BLOCK_Q, BLOCK_K)
+    shape5 = (lay.b, lay.h_kv, lay.g, lay.t)
+    _nan_rows(query, lay, out.view(*shape5, lay.d), lse.view(shape5))
+    return out.view(query.shape), lse.view(query.shape[:-1])
+
+
+def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     block_mask: BlockMask, *, scale: float,
+                     enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable: the kernel's forward, the spans path's backward (from the saved lse)."""
+    from qkv.attention.spans import spans_backward
+    return differentiable((kernel_forward, spans_backward), query, key, value, block_mask,
+                          scale=float(scale), enable_gqa=bool(enable_gqa))

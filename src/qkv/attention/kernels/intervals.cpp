@@ -1,0 +1,189 @@
+// Attention whose mask gives every query row one contiguous interval of keys [lo_i, hi_i):
+// a sliding window, causality, packed documents, and their intersections. One pass per query
+// tile (FlashAttention-2's forward): S = scale · Q_tile · K_spanᵀ by BLAS, the mask and the
+// online softmax fused in one sweep over S while it is in cache, then O += P · V_span by BLAS.
+//
+//   q (B, Hq, t, d), k, v (B, Hkv, s, d)   float32, last dim contiguous, any other strides
+//   lo, hi (Bm, t) int64, Bm ∈ {1, B}      row i's keys [lo_i, hi_i) (lo_i ≥ hi_i: no key)
+//   → out (B, Hq, t, d), lse (B, Hq, t)     a row with no key: 0 and −inf
+//
+// Query head h reads key head h / (Hq / Hkv) (grouped-query attention).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+// BLAS's sgemm (column-major), as torch's CPU library exports it (MKL in the x86 wheels;
+// torch's own gemm wrapper is not exported to extensions). Inside the parallel region MKL runs
+// on the calling thread, as it does for torch's own flash kernel.
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const float* a, const int* lda,
+                       const float* b, const int* ldb, const float* beta, float* c, const int* ldc);
+
+namespace {
+
+// C (m, n) = alpha · op(A) op(B) + beta · C, column-major, op = 'T' (transposed) or 'N'.
+inline void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int M = m, N = n, K = k, LDA = lda, LDB = ldb, LDC = ldc;
+  sgemm_(&ta, &tb, &M, &N, &K, &alpha, a, &LDA, b, &LDB, &beta, c, &LDC);
+}
+
+constexpr int LANES = 16;  // independent partial max / sum: the loops vectorise without -ffast-math
+
+// exp(x) for x ≤ 0 (scores minus their running max), Cephes' expf polynomial (≤ 2 ulp on
+// [-87, 0]); written branch-free so the compiler vectorises the loop that calls it. Below −87
+// it returns exp(−87.3) ≈ 1e-38 instead of a subnormal: nothing a row sum ≥ 1 can see.
+inline float exp_le0(float x) {
+  x = x < -87.3f ? -87.3f : x;  // NaN stays NaN (the comparison is false)
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (|n| < 2²²)
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+// The largest of x[0, n), NaN skipped (a NaN score reaches the row through its exp instead).
+inline float row_max(const float* x, int64_t n, float start) {
+  float part[LANES];
+  for (int l = 0; l < LANES; ++l) part[l] = start;
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; ++l) part[l] = std::max(part[l], x[j + l]);
+  float m = start;
+  for (int l = 0; l < LANES; ++l) m = part[l] > m ? part[l] : m;
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// x[j] ← exp(x[j] − m) over [0, n); returns their sum.
+inline float exp_sum(float* x, int64_t n, float m) {
+  float part[LANES] = {0};
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; ++l) {
+      float e = exp_le0(x[j + l] - m);
+      x[j + l] = e;
+      part[l] += e;
+    }
+  float sum = 0.0f;
+  for (; j < n; ++j) {
+    float e = exp_le0(x[j] - m);
+    x[j] = e;
+    sum += e;
+  }
+  for (int l = 0; l < LANES; ++l) sum += part[l];
+  return sum;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& lo, const at::Tensor& hi, double scale,
+                                         int64_t block_q, int64_t block_k) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, n, d)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "q, k, v must be float32");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
+  TORCH_CHECK(lo.scalar_type() == at::kLong && hi.scalar_type() == at::kLong && lo.is_contiguous() &&
+                  hi.is_contiguous() && lo.dim() == 2 && lo.sizes() == hi.sizes(), "lo, hi: (Bm, t) int64");
+  const int64_t B = q.size(0), Hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t Hkv = k.size(1), s = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == s &&
+                  k.size(3) == d && v.size(3) == d && Hkv > 0 && Hq % Hkv == 0, "shapes disagree");
+  TORCH_CHECK(lo.size(1) == t && (lo.size(0) == 1 || lo.size(0) == B), "lo, hi: (1 or B, t)");
+  TORCH_CHECK(block_q > 0 && block_k > 0, "block sizes must be > 0");
+  const int64_t g = Hq / Hkv, Bm = lo.size(0);
+  auto out = at::zeros({B, Hq, t, d}, q.options());
+  auto lse = at::full({B, Hq, t}, -std::numeric_limits<float>::infinity(), q.options());
+  if (t == 0 || s == 0) return {out, lse};
+  const int64_t tiles = (t + block_q - 1) / block_q;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int64_t* lop = lo.data_ptr<int64_t>();
+  const int64_t* hip = hi.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  const float NEG_INF = -std::numeric_limits<float>::infinity();
+
+  at::parallel_for(0, B * Hq * tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> S(block_q * block_k);            // (m, n) scores, then P
+    std::vector<float> mrow(block_q), lrow(block_q);     // running max and sum per row
+    std::vector<int64_t> a(block_q), e(block_q);         // row intervals, clamped to [0, s)
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t bh = w / tiles, tile = w % tiles, b = bh / Hq, h = bh % Hq, hk = h / g;
+      const int64_t r0 = tile * block_q, m = std::min(block_q, t - r0);
+      const int64_t* lrow_lo = lop + (Bm == 1 ? 0 : b) * t + r0;
+      const int64_t* lrow_hi = hip + (Bm == 1 ? 0 : b) * t + r0;
+      int64_t span_lo = s, span_hi = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        a[i] = std::max<int64_t>(lrow_lo[i], 0);
+        e[i] = std::min<int64_t>(lrow_hi[i], s);
+        if (a[i] < e[i]) {
+          span_lo = std::min(span_lo, a[i]);
+          span_hi = std::max(span_hi, e[i]);
+        }
+        mrow[i] = NEG_INF;
+        lrow[i] = 0.0f;
+      }
+      if (span_lo >= span_hi) continue;  // no key for any row: out 0, lse −inf already
+      const float* Q = qp + b * q.stride(0) + h * q.stride(1) + r0 * q.stride(2);
+      const float* K = kp + b * k.stride(0) + hk * k.stride(1);
+      const float* V = vp + b * v.stride(0) + hk * v.stride(1);
+      float* O = op + (bh * t + r0) * d;  // (m, d), contiguous: the accumulator in place
+      for (int64_t c0 = span_lo; c0 < span_hi; c0 += block_k) {
+        const int64_t n = std::min(block_k, span_hi - c0);
+        // S (m, n) row-major = scale · Q Kᵀ; as column-major BLAS: Sᵀ = K · Qᵀ
+        gemm('T', 'N', n, m, d, fscale, K + c0 * k.stride(2), k.stride(2), Q, q.stride(2), 0.0f,
+             S.data(), n);
+        for (int64_t i = 0; i < m; ++i) {
+          float* row = S.data() + i * n;
+          const int64_t ja = std::max(a[i], c0) - c0, je = std::min(e[i], c0 + n) - c0;
+          if (ja >= je) {  // none of this chunk's keys: P row 0
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          const float mx = row_max(row + ja, je - ja, mrow[i]);
+          const float alpha = mrow[i] == NEG_INF ? 0.0f : std::exp(mrow[i] - mx);
+          std::fill(row, row + ja, 0.0f);
+          std::fill(row + je, row + n, 0.0f);
+          const float sum = exp_sum(row + ja, je - ja, mx);
+          if (lrow[i] != 0.0f && alpha != 1.0f)  // an earlier chunk's share: rescale it
+            for (int64_t c = 0; c < d; ++c) O[i * d + c] *= alpha;
+          lrow[i] = lrow[i] * alpha + sum;
+          mrow[i] = mx;
+        }
+        // O (m, d) += P V_chunk; column-major: Oᵀ += V_chunkᵀ · Pᵀ
+        gemm('N', 'N', d, m, n, 1.0f, V + c0 * v.stride(2), v.stride(2), S.data(), n, 1.0f, O, d);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        if (lrow[i] == 0.0f && mrow[i] == NEG_INF) continue;  // no key: 0, −inf
+        const float inv = 1.0f / lrow[i];
+        for (int64_t c = 0; c < d; ++c) O[i * d + c] *= inv;
+        lp[bh * t + r0 + i] = mrow[i] + std::log(lrow[i]);
+      }
+    }
+  });
+  return {out, lse};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("interval_forward", &interval_forward,
+        "attention over one key interval per query row: (out, lse)");
+}

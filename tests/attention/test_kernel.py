@@ -1,0 +1,151 @@
+"""qkv's C++ forward for interval masks (:mod:`qkv.attention.kernels`) against the float64 answer,
+with the error the pure-torch path makes in float32 as the yardstick, and against the spans path.
+
+The kernel's exp is a polynomial within 2 ulp and it normalises by a rounded reciprocal, like
+torch's fused kernel, so it gets that kernel's factor (``tolerance.FUSED_FACTOR``) over the plain
+float32 path (:func:`qkv.attention.blockwise.blockwise_attention`). Skipped only where set-up did
+not build the kernel (no C++ compiler).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkv
+from qkv.attention import kernels
+from qkv.attention.blockwise import blockwise_attention
+from qkv.attention.spans import spans_attention, spans_forward
+from qkv.masks import and_masks, causal, document, sliding_window
+from tolerance import FUSED_FACTOR, assert_within
+
+pytestmark = pytest.mark.skipif(
+    kernels.load() is None,
+    reason="qkv's C++ kernel is not built here (make setup builds it: python -m qkv.attention.kernels.build)")
+
+
+def tensors(b, h, t, s, d, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, h, n, d, generator=g, dtype=dtype) for n in (t, s, s))
+
+
+def uneven_documents(n):
+    lengths = [50, 113, 1, 77]
+    ids = torch.cat([torch.full((x,), i) for i, x in enumerate(lengths)])
+    return torch.cat([ids, torch.full((n - len(ids),), len(lengths))])[:n]
+
+
+MASKS = {  # name: (mask_mod, t, s)
+    "window": (sliding_window(37, 0), 203, 203),
+    "two-sided window": (sliding_window(20, 9), 203, 203),
+    "window, bottom-right, t < s": (sliding_window(30, 0, "bottom_right"), 113, 203),
+    "window, rows with no key (t > s)": (sliding_window(30, 0, "bottom_right"), 203, 113),
+    "documents": (document(uneven_documents(300)), 300, 300),
+    "documents ∩ causal": (and_masks(document(uneven_documents(300)), causal()), 300, 300),
+    "documents ∩ window": (and_masks(document(uneven_documents(300)), sliding_window(40, 0)), 300, 300),
+}
+
+
+@pytest.mark.parametrize("name", MASKS)
+def test_the_kernel_is_as_exact_as_the_pure_path(name):
+    mod, t, s = MASKS[name]
+    bm = qkv.create_block_mask(mod, None, None, t, s, block_size=32)
+    q, k, v = tensors(2, 4, t, s, 64)
+    x32 = [a.float() for a in (q, k, v)]
+    assert kernels.intervals(bm) is not None and kernels.can_run(*x32, bm)
+    out, lse = kernels.kernel_forward(*x32, bm, scale=0.125)  # (2, 4, t, 64), (2, 4, t)
+    ref, ref_lse = blockwise_attention(q, k, v, bm, scale=0.125)  # float64
+    plain, plain_lse = blockwise_attention(*x32, bm, scale=0.125)
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ~seen)  # rows with no key: lse −inf …
+    assert not out[~seen].any()  # … and output 0
+    assert_within(out, ref, plain, factor=FUSED_FACTOR, what=f"{name} out")
+    assert_within(lse, ref_lse, plain_lse, factor=FUSED_FACTOR, where=seen, what=f"{name} lse")
+    spans_out, _ = spans_forward(*x32, bm, scale=0.125)  # the path it replaces: the same answer
+    assert_within(out, ref, spans_out, factor=2 * FUSED_FACTOR, what=f"{name} out vs spans")
+
+
+def test_gradients_are_the_spans_backward_from_the_kernels_lse():
+    bm = qkv.create_block_mask(sliding_window(50, 0), None, None, 257, 257, block_size=64)
+    q, k, v = tensors(1, 4, 257, 257, 32, seed=1)
+    dout = torch.randn(1, 4, 257, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def grads(fn, dtype):
+        x = [a.to(dtype).requires_grad_() for a in (q, k, v)]
+        out, lse = fn(*x, bm, scale=0.2)
+        return torch.autograd.grad((out * dout.to(dtype)).sum() + lse.sum(), x)
+
+    ref, plain = grads(blockwise_attention, torch.float64), grads(blockwise_attention, torch.float32)
+    for name, got, r, p in zip("qkv", grads(kernels.kernel_attention, torch.float32), ref, plain):
+        assert_within(got, r, p, factor=2 * FUSED_FACTOR, what=f"d{name}")
+
+
+def test_any_thread_count_gives_the_same_bits():
+    # each (batch · head, tile) is computed whole by one thread with the same operations
+    bm = qkv.create_block_mask(sliding_window(64, 0), None, None, 515, 515, block_size=64)
+    q, k, v = tensors(1, 4, 515, 515, 64, dtype=torch.float32)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(kernels.kernel_forward(q, k, v, bm, scale=0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for o in outs[1:] for a, b in zip(o, outs[0]))
+
+
+def test_a_models_layout_is_read_in_place():
+    bm = qkv.create_block_mask(sliding_window(40, 0), None, None, 200, 200, block_size=32)
+    x = torch.randn(2, 200, 4, 3, 32)  # (b, t, h, q/k/v, d): strided heads, as a model passes them
+    q, k, v = (x[..., i, :].transpose(1, 2) for i in range(3))  # (b, h, t, d) views
+    got = kernels.kernel_forward(q, k, v, bm, scale=0.3)
+    want = kernels.kernel_forward(*(a.contiguous() for a in (q, k, v)), bm, scale=0.3)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))  # the same numbers, read in place
+
+
+def test_the_blockwise_backend_runs_the_kernel_for_a_window_and_spans_when_switched_off():
+    q, k, v = tensors(1, 4, 1500, 1500, 64, dtype=torch.float32)
+    kw = dict(window=(128, 0), is_causal=True, backend="blockwise", scale=0.125)
+    got = qkv.scaled_dot_product_attention(q, k, v, **kw)
+    bm = qkv.create_block_mask(sliding_window(128, 0), None, None, 1500, 1500, block_size=64)
+    assert kernels.supports(q, k, v, bm)
+    assert torch.equal(got, kernels.kernel_forward(q, k, v, bm, scale=0.125)[0])
+    with kernels.use_kernel(False):
+        assert not kernels.supports(q, k, v, bm)
+        pure = qkv.scaled_dot_product_attention(q, k, v, **kw)
+    assert torch.equal(pure, spans_attention(q, k, v, bm, scale=0.125)[0])
+
+
+def test_masks_that_are_not_one_interval_per_row_go_to_the_spans_path():
+    for mod in (document(torch.tensor([0, 0, 1, 1, 0, 0] * 50)),  # a document comes back
+                qkv.masks.prefix_lm(10),  # or_masks
+                lambda b, h, i, j: (i - j).abs() % 3 == 0):  # a custom mask_mod
+        bm = qkv.create_block_mask(mod, None, None, 300, 300, block_size=32)
+        assert kernels.intervals(bm) is None
+    bm = qkv.create_block_mask(sliding_window(16, 0), None, None, 300, 300, block_size=32)
+    q, k, v = tensors(1, 2, 300, 300, 16, dtype=torch.float32)
+    assert not kernels.can_run(q.double(), k.double(), v.double(), bm)  # float64: the spans path
+
+
+def test_a_nan_key_reaches_the_rows_that_see_it():
+    bm = qkv.create_block_mask(sliding_window(16, 0), None, None, 300, 300, block_size=32)
+    q, k, v = tensors(1, 2, 300, 300, 16, dtype=torch.float32)
+    clean = kernels.kernel_forward(q, k, v, bm, scale=0.25)
+    k[0, 1, 7, 3] = float("nan")
+    out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.25)
+    sees = torch.zeros(1, 2, 300, dtype=torch.bool)
+    sees[0, 1, 7:24] = True  # rows 7 … 7 + 16 see key 7
+    assert out[sees].isnan().all() and lse[sees].isnan().all()
+    assert torch.equal(out[~sees], clean[0][~sees]) and torch.equal(lse[~sees], clean[1][~sees])
+
+
+def test_nan_in_a_query_row_gives_a_nan_row():
+    bm = qkv.create_block_mask(sliding_window(16, 0), None, None, 128, 128, block_size=32)
+    q, k, v = tensors(1, 2, 128, 128, 16, dtype=torch.float32)
+    q[0, 1, 70, 5] = float("nan")
+    out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.25)
+    bad = torch.zeros(1, 2, 128, dtype=torch.bool)
+    bad[0, 1, 70] = True
+    assert out[bad].isnan().all() and lse[bad].isnan().all()
+    assert not out[~bad].isnan().any() and not lse[~bad].isnan().any()
