@@ -4,7 +4,9 @@
 #               (QKV_TEST_THREADS=n make test: n torch threads per pytest worker, default 1)
 #   make docs   set everything up, then build the documentation site into site/ (warnings are errors)
 # Afterwards `. .venv/bin/activate` puts qkv on the PATH for the README's `qkv ...` commands.
-# Set-up installs torch pinned to the local 2.13.0 CPU wheel *first*, so no CUDA packages are pulled.
+# Set-up installs torch pinned to the local 2.13.0 CPU wheel *first*, so no CUDA packages are pulled,
+# then compiles qkv's C++ attention kernel into .venv/qkv-kernels with the machine's g++ (about a
+# minute; without a compiler qkv runs its pure-torch path).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -26,6 +28,13 @@ $(STAMP): pyproject.toml
 	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; }; } || \
 	  echo "note: no chromium (Debian package) here; the browser tests of qkv view will fail"
+	$(BIN)/python -m qkv.attention.kernels.build --can-compile || \
+	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ python3-dev >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ python3-dev >/dev/null; }; }; } || \
+	  echo "note: no g++ / Python headers (Debian packages) here; qkv runs its pure-torch spans path"
+	$(BIN)/python -m qkv.attention.kernels.build || \
+	  echo "note: the C++ kernel did not build; qkv runs its pure-torch spans path"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,6 +1,7 @@
 """Compile qkv's C++ attention kernels into the environment, once, at set-up (``make setup``):
 
-    python -m qkv.attention.kernels.build        # → <venv>/qkv-kernels/qkv_intervals_<tag>.so
+    python -m qkv.attention.kernels.build                 # → <venv>/qkv-kernels/qkv_intervals_<tag>.so
+    python -m qkv.attention.kernels.build --can-compile   # exit 0 when g++ and Python.h are here
 
 The kernel is a torch C++ extension (``torch/extension.h``, ATen's BLAS and ``parallel_for``),
 compiled by the machine's ``g++`` with torch's own include and library paths
@@ -49,16 +50,25 @@ def library_path() -> Path:
     return build_dir() / f"{NAME}_{tag()}.so"
 
 
-def compile_command(out: Path, compiler: str) -> list[str]:
+def compile_command(out: Path, cxx: str) -> list[str]:
     import torch
     from torch.utils import cpp_extension
     name = out.stem
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     libs = cpp_extension.library_paths()
-    return [compiler, *FLAGS, f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+    return [cxx, *FLAGS, f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             *(f"-I{p}" for p in includes), str(SOURCE), "-o", str(out),
             *(f"-L{p}" for p in libs), "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def _loads(path: Path) -> bool:
+    """Whether the built module imports next to this torch (in a fresh interpreter: a module
+    imported here could not be replaced by the final file)."""
+    probe = ("import importlib.util, sys, torch; p = sys.argv[1]; "
+             "s = importlib.util.spec_from_file_location(p.rsplit('/', 1)[1][:-3], p); "
+             "importlib.util.module_from_spec(s)")
+    return subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True).returncode == 0
 
 
 def build() -> Path | None:
@@ -67,19 +77,22 @@ def build() -> Path | None:
     if out.exists():
         print(f"qkv kernels: {out} (already built)")
         return out
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        print("note: no C++ compiler (g++), so qkv runs its pure-torch spans path (install g++ and "
-              "run `python -m qkv.attention.kernels.build` for the C++ kernel)")
+    if not can_compile():
+        print("note: no C++ compiler (g++) or Python headers (python3-dev), so qkv runs its "
+              "pure-torch spans path (install them and run `python -m qkv.attention.kernels.build`)")
         return None
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # no partial file under the final name
         part = Path(tmp) / out.name
-        proc = subprocess.run(compile_command(part, compiler), capture_output=True, text=True)
+        proc = subprocess.run(compile_command(part, compiler()), capture_output=True, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
             print(f"note: the C++ kernel did not build ({last[:200]}); qkv runs its pure-torch spans path")
+            return None
+        if not _loads(part):
+            print("note: the C++ kernel built but does not load with this torch; qkv runs its "
+                  "pure-torch spans path")
             return None
         for old in out.parent.glob(f"{NAME}_*.so"):  # earlier builds: never loaded again
             old.unlink()
@@ -88,5 +101,17 @@ def build() -> Path | None:
     return out
 
 
+def compiler() -> str | None:
+    """The C++ compiler to use ($CXX, else g++ or c++), or None."""
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def can_compile() -> bool:
+    """A compiler and the Python headers torch's extension header needs (``Python.h``)."""
+    return compiler() is not None and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--can-compile"]:  # set-up asks first, and installs g++ where it may
+        sys.exit(0 if can_compile() else 1)
     build()
