@@ -15,11 +15,16 @@ Cases:
                (qkv: a block mask; peer: SDPA with the dense (1, s) mask row)
 
 Implementations: ``spans`` is the blockwise backend as a user calls it (torch's fused kernel per
-span, :mod:`qkv.attention.spans`), ``torch_blockwise`` its pure-torch reference path
+span, :mod:`qkv.attention.spans`; for a window qkv's C++ kernel where it is built), ``torch_blockwise`` its pure-torch reference path
 (:func:`qkv.attention.blockwise.blockwise_attention`), ``spans fwd+bwd`` forward + backward: its
 speed-up column is (forward + backward) / forward, and ``bwd MB`` the backward's peak of torch's
 allocations beyond dq, dk, dv (the profiler's allocation events summed in order: counted, not
 timed; what issue 33 asks ≤ 64 MB at 64k), dout held by the caller as the inputs are.
+
+``kernel`` is the forward by qkv's C++ kernel (:mod:`qkv.attention.kernels`, built by ``make
+setup``; the blockwise backend runs it for a window), ``spans_torch`` the forward by torch's
+fused kernel per span (:func:`qkv.attention.spans.spans_forward`): the pure-torch spans path the
+kernel is compared with, for windows and documents alike.
 
 Peers: ``sdpa+mask`` is torch's SDPA given the materialised (N, N) mask (what ``"fused"`` does
 for a window; skipped above 16k, where the mask alone is ≥ 1 GiB); ``flex`` is FlexAttention
@@ -159,6 +164,14 @@ def one(spec: dict) -> dict:
                 == "blockwise"
             assert qkv.attention.spans.supports(q, k, v)
             call = lambda: qkv.scaled_dot_product_attention(q, k, v, **kwargs)  # noqa: E731
+    elif impl in ("kernel", "spans_torch"):  # the forward by qkv's C++ kernel / by torch's kernel per span
+        from qkv.attention import kernels
+        from qkv.attention.spans import spans_forward
+        bm = qkv.create_block_mask(mod, None, None, n, n, block_size=tile)
+        if impl == "kernel" and not kernels.can_run(q, k, v, bm):
+            raise SystemExit("qkv's C++ kernel is not built here (python -m qkv.attention.kernels.build)")
+        fwd = kernels.kernel_forward if impl == "kernel" else spans_forward
+        call = lambda: fwd(q, k, v, bm, scale=D ** -0.5)  # noqa: E731
     elif impl == "blockwise+backward":
         bm = qkv.create_block_mask(mod, None, None, n, n, block_size=tile)
         q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
@@ -326,6 +339,8 @@ def table(a, threads: int) -> list[list[str]]:
             rounds = a.rounds if n <= 16384 else 1
             base = dict(case=case, n=n, h=heads, threads=threads, rounds=rounds)
             impls = ["blockwise", "torch_blockwise"] if case != "causal" or n <= 16384 else ["blockwise"]
+            if case != "causal":
+                impls += ["kernel", "spans_torch"]
             if case == "causal":
                 impls += ["auto", "torch_causal"]
             elif n <= 16384:
@@ -345,7 +360,8 @@ def table(a, threads: int) -> list[list[str]]:
                     continue
                 flops = 4 * n * keys_per_row(case, n) * D * heads
                 gf = (flops / r["time_s"] / 1e9
-                      if impl in ("blockwise", "flex", "torch_causal", "auto", "torch_blockwise") else None)
+                      if impl in ("blockwise", "flex", "torch_causal", "auto", "torch_blockwise", "kernel",
+                                  "spans_torch") else None)
                 ratio = (r["time_s"] / ours["time_s"]) if ours and impl != "blockwise" else None
                 extra = f" compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
                 extra += f" (auto chose {r['chose']})" if "chose" in r else ""
@@ -370,7 +386,8 @@ def table(a, threads: int) -> list[list[str]]:
 
 NAMES = {"blockwise": "spans", "torch_blockwise": "pure-torch blockwise", "sdpa+mask": "SDPA + mask",
          "sdpa+grid": "packed grid", "flex": "FlexAttention (compiled)", "torch_causal": "torch is_causal",
-         "blockwise+backward": "spans fwd+bwd", "auto": "qkv auto"}
+         "blockwise+backward": "spans fwd+bwd", "auto": "qkv auto", "kernel": "C++ kernel fwd",
+         "spans_torch": "spans by torch's kernel fwd"}
 
 
 if __name__ == "__main__":

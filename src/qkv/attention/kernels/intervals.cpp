@@ -57,15 +57,32 @@ inline float exp_le0(float x) {
   return p * two_n;
 }
 
-// The largest of x[0, n), NaN skipped (a NaN score reaches the row through its exp instead).
+// The largest of x[0, n) and start, 32 at a time in four 8-wide registers (GCC's vector
+// extension: AVX2/AVX-512 here, NEON elsewhere; a scalar max loop is not vectorised without
+// -ffast-math). A NaN score may make the max NaN: its row is NaN either way.
+typedef float f8 __attribute__((vector_size(32)));
+
+inline f8 load8(const float* x) {
+  f8 v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+
+inline f8 max8(f8 a, f8 b) { return a > b ? a : b; }
+
 inline float row_max(const float* x, int64_t n, float start) {
-  float part[LANES];
-  for (int l = 0; l < LANES; ++l) part[l] = start;
+  f8 m0 = {start, start, start, start, start, start, start, start}, m1 = m0, m2 = m0, m3 = m0;
   int64_t j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int l = 0; l < LANES; ++l) part[l] = std::max(part[l], x[j + l]);
+  for (; j + 32 <= n; j += 32) {
+    m0 = max8(m0, load8(x + j));
+    m1 = max8(m1, load8(x + j + 8));
+    m2 = max8(m2, load8(x + j + 16));
+    m3 = max8(m3, load8(x + j + 24));
+  }
+  for (; j + 8 <= n; j += 8) m0 = max8(m0, load8(x + j));
+  m0 = max8(max8(m0, m1), max8(m2, m3));
   float m = start;
-  for (int l = 0; l < LANES; ++l) m = part[l] > m ? part[l] : m;
+  for (int l = 0; l < 8; ++l) m = m0[l] > m ? m0[l] : m;
   for (; j < n; ++j) m = x[j] > m ? x[j] : m;
   return m;
 }
