@@ -149,3 +149,18 @@ def test_nan_in_a_query_row_gives_a_nan_row():
     bad[0, 1, 70] = True
     assert out[bad].isnan().all() and lse[bad].isnan().all()
     assert not out[~bad].isnan().any() and not lse[~bad].isnan().any()
+
+
+def test_grouped_heads_and_documents_per_batch_row():
+    ids = torch.stack([uneven_documents(260), torch.arange(260) // 100])  # (2, 260): each row its own
+    bm = qkv.create_block_mask(and_masks(document(ids), sliding_window(60, 0)), 2, None, 260, 260,
+                               block_size=32)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 260, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 260, 16, generator=g, dtype=torch.float64) for _ in range(2))  # 2 key heads
+    x32 = [a.float() for a in (q, k, v)]
+    out, lse = kernels.kernel_forward(*x32, bm, scale=0.25, enable_gqa=True)
+    ref, ref_lse = blockwise_attention(q, k, v, bm, scale=0.25, enable_gqa=True)
+    plain, plain_lse = blockwise_attention(*x32, bm, scale=0.25, enable_gqa=True)
+    assert_within(out, ref, plain, factor=FUSED_FACTOR, what="out")
+    assert_within(lse, ref_lse, plain_lse, factor=FUSED_FACTOR, what="lse")
