@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -77,26 +78,12 @@ def cpu_name() -> str:
 
 
 def allocated_peak_bytes(fn) -> int:
-    """The peak of torch's CPU allocations while ``fn`` runs, above what was held before (the same
-    count as tests/attention/test_spans.py's ``allocated_peak``)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        kept = fn()  # noqa: F841
-    events = []
+    """The peak of torch's CPU allocations while ``fn`` runs, above what was held before
+    (tests/memory.py's count, the one the spans tests assert)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from memory import allocated_peak
 
-    def walk(node):
-        if node.name == "[memory]":
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        for child in node.children:
-            walk(child)
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    held = peak = 0
-    for _, size in sorted(events, key=lambda e: e[0]):
-        held += size
-        peak = max(peak, held)
-    return peak
+    return allocated_peak(fn)
 
 
 def matmul_gflops() -> float:

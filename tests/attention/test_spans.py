@@ -17,6 +17,7 @@ import qkv
 import qkv.attention.spans as spans
 from qkv.attention.blockwise import blockwise_attention
 from qkv.masks import causal, document, sliding_window
+from memory import allocated_peak
 from tolerance import FUSED_FACTOR, assert_agree
 
 
@@ -116,29 +117,6 @@ def test_inputs_in_a_models_layout_give_the_same_answer():
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in tensors(b, 4, 2, 300, 300, 8))
         assert not q.is_contiguous()
         agree(bm, q, k, v, f"model layout b={b}")
-
-
-def allocated_peak(fn) -> int:
-    """The peak of torch's CPU allocations while ``fn`` runs (bytes above what was held before,
-    what it returns included): the profiler's allocation events summed in order — counted, not timed."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        kept = fn()  # noqa: F841 (held until the profile ends, as a caller would hold it)
-    events = []
-
-    def walk(node):
-        if node.name == "[memory]":
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        for child in node.children:
-            walk(child)
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    held = peak = 0
-    for _, size in sorted(events, key=lambda e: e[0]):
-        held += size
-        peak = max(peak, held)
-    return peak
 
 
 def test_the_backward_holds_one_call_beyond_its_gradients(monkeypatch):
