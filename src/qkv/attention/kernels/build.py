@@ -6,8 +6,8 @@
 The kernel is a torch C++ extension (``torch/extension.h``, ATen's BLAS and ``parallel_for``),
 compiled by the machine's ``g++`` with torch's own include and library paths
 (``torch.utils.cpp_extension``) for *this* CPU (``-march=native``: the build is local to the
-environment that runs it). ``<tag>`` hashes the source, the flags and torch's version, so a
-build made from another source or for another torch is never loaded (:mod:`qkv.attention.kernels`
+environment that runs it). ``<tag>`` hashes the source, the flags, the CPU and torch's version,
+so a build made from another source, for another CPU or another torch is never loaded (:mod:`qkv.attention.kernels`
 then uses the pure-torch spans path). Nothing compiles at import or at run time.
 
 Exit status 0 whether or not it built: set-up goes on without the kernel, and says so in one line.
@@ -35,11 +35,25 @@ def build_dir() -> Path:
     return Path(sys.prefix) / "qkv-kernels"
 
 
+def cpu_features() -> str:
+    """This CPU's model and instruction-set flags (``/proc/cpuinfo``): a ``-march=native`` build is
+    for them only (an environment copied to another machine must not run it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [x for x in f if x.startswith(("model name", "flags", "Features", "CPU part"))]
+    except OSError:
+        lines = []
+    import platform
+    return "".join(sorted(set(lines))) or platform.machine()
+
+
 def tag() -> str:
-    """The build's identity: source, flags, torch version and C++ ABI (a change to any is a rebuild)."""
+    """The build's identity: source, flags, the CPU, torch version and C++ ABI (a change to any
+    is another build; a build of another identity is never loaded)."""
     import torch
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(" ".join(FLAGS).encode())
+    h.update(cpu_features().encode())
     h.update(torch.__version__.encode())
     h.update(str(torch._C._GLIBCXX_USE_CXX11_ABI).encode())
     return h.hexdigest()[:12]
