@@ -46,8 +46,10 @@ MASKS = {  # name: (mask_mod, t, s)
 }
 
 
+@pytest.mark.parametrize("block_k", [kernels.BLOCK_K, 40])  # 40: spans in several chunks (online softmax)
 @pytest.mark.parametrize("name", MASKS)
-def test_the_kernel_is_as_exact_as_the_pure_path(name):
+def test_the_kernel_is_as_exact_as_the_pure_path(name, block_k, monkeypatch):
+    monkeypatch.setattr(kernels, "BLOCK_K", block_k)
     mod, t, s = MASKS[name]
     bm = qkv.create_block_mask(mod, None, None, t, s, block_size=32)
     q, k, v = tensors(2, 4, t, s, 64)

@@ -44,12 +44,13 @@ import torch
 from qkv.attention.block_mask import Band, BlockMask, Combined, Document
 from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, differentiable
 
-# Query rows per tile and keys per chunk of a tile's span. Measured (fp32, d = 64, H = 4, N = 4k,
-# one thread of a loaded 2-core AMD EPYC, window 512, ms): 32/512 53, 32/2048 43, 64/512 41,
-# 64/2048 42, 128/512 47, 128/2048 47 (spans path 48-61). Small tiles waste little of the band
-# (a tile of T rows visits w + T keys per row where w + 1 take part).
+# Query rows per tile and keys per chunk of a tile's span. Measured (fp32, d = 64, H = 4, window
+# 512, N = 16k, one thread of a loaded 2-core AMD EPYC, rounds interleaved, ms): 32/1024 192,
+# 64/1024 181, 64/512 192, 96/1024 192, 128/1024 202 (the spans path 219). Small tiles waste
+# little of the band (a tile of T rows visits w + T keys per row where w + 1 take part); below
+# 64 rows the two GEMMs per tile lose more than that.
 BLOCK_Q = 64
-BLOCK_K = 512
+BLOCK_K = 1024  # a window of 512 + a tile of 64 in one chunk: no rescaling of O
 # Fewer query rows than this go to the spans path (decoding: its key split keeps the threads busy).
 MIN_ROWS = 64
 
@@ -156,9 +157,10 @@ def _document_intervals(ids: torch.Tensor, q: torch.Tensor):
 
 def _has_window(mod) -> bool:
     """Whether the mask bounds each row's keys on both sides by a band (a sliding window, alone or
-    intersected): where the kernel was measured faster than the spans path. Documents alone run
-    as full blocks, where torch's kernel (the spans path) was faster (N = 4k, one thread: 150 ms
-    against the kernel's 164-210)."""
+    intersected): where the kernel was measured faster than the spans path (window 512, 16k,
+    interleaved on a loaded 2-core AMD EPYC: 1.17× with one thread, 2.2× with two; 1.07× at 64k).
+    Documents alone run as full blocks, where torch's kernel per span was as fast (documents of
+    2,048 at 16k: 0.95-1.08×, at 64k 0.94×), so they stay on the spans path."""
     if isinstance(mod, Band):
         return mod.left is not None and mod.right is not None
     return isinstance(mod, Combined) and mod.op == "and" and any(_has_window(p) for p in mod.parts)
