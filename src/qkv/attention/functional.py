@@ -440,6 +440,11 @@ def attention_trace(
                                scale=scale, dropout_p=float(dropout_p), bias=bias, **extras)
 
 
+# A short text's rows read their mask off the whole (t, s) mask: drawing it costs less than
+# describing it by blocks up to this many cells (~0.6 ms a layer saved at t = s = 9).
+DENSE_ROWS = 1 << 16
+
+
 def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, groups,
                 extras) -> AttentionTrace:
     """The reference trace of some query rows, with the mask drawn for those rows only."""
@@ -456,7 +461,9 @@ def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, gr
 
     keep = None
     structure = description.with_(dense=None)
-    if not structure.empty:
+    if not structure.empty and structure.block is None and t * s <= DENSE_ROWS:
+        keep = row_part(structure.materialize(t, s, rank=query.ndim, device=query.device))
+    elif not structure.empty:
         batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
         heads = query.shape[-3] if query.ndim >= 3 else 1
         keep = block_mask_for(structure, batch, heads, t, s, device=query.device).rows_mask(
