@@ -81,3 +81,17 @@ def test_heldout_windows_and_short_texts(stream_and_tokenizer):
     assert torch.equal(w[0, 1:], text[:32])  # the first window starts at the first token
     with pytest.raises(QkvError, match="fewer than --seq-len"):
         heldout_windows(stream, seq_len=10**6, count=1)
+
+
+def test_the_copying_phase_draws_only_random_repeats(stream_and_tokenizer):
+    stream, _ = stream_and_tokenizer
+    text = stream.train.tolist()
+    cfg = BatchConfig(seq_len=64, repeat_prob=0.0, random_prob=0.0, min_span=5, max_span=5,
+                      random_vocab=100, copy_steps=3)
+    for step in range(3):  # plain English after the phase, random repeats inside it
+        ids = get_batch(stream, cfg, batch_size=4, seed=0, step=step).ids[:, 1:]
+        assert torch.equal(ids[:, 5:], ids[:, :-5]) and bool((ids < 100).all())
+    late = get_batch(stream, cfg, batch_size=4, seed=0, step=3)
+    assert not bool(late.copied.any())
+    row = late.ids[0, 1:].tolist()
+    assert any(text[i:i + 64] == row for i in range(len(text) - 63))

@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -103,6 +103,7 @@ class BatchConfig:
     min_span: int  # tokens per repeated segment, drawn uniformly from [min_span, max_span]
     max_span: int
     random_vocab: int | None = None  # random tokens are ids 1 … random_vocab − 1 (None: all)
+    copy_steps: int = 0  # steps 0 … copy_steps − 1: every window is random tokens repeated
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,8 @@ def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: i
         raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len "
                        f"{cfg.seq_len}")
     rng = random.Random(f"reader/train/{seed}/{step}")
+    if step < cfg.copy_steps:  # the copying phase: induction heads first, English after
+        cfg = replace(cfg, repeat_prob=0.0, random_prob=1.0)
     rows = [sample_window(rng, stream.train, cfg, stream.vocab_size) for _ in range(batch_size)]
     ids = torch.tensor([[BOS_ID] + r for r, _ in rows], dtype=torch.long)  # (b, 1 + seq_len)
     copied = torch.tensor([[False] + c for _, c in rows], dtype=torch.bool)
