@@ -12,10 +12,9 @@ while it works (a terminal only, not with ``--json``).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from qkv.cli import options
-from qkv.cli.output import print_json
+from qkv.cli.output import check_files, print_json, say_written, write_files
 from qkv.cli.progress import Bars
 
 FLAGS = {"window": "--window", "first": "--first", "contexts": "--contexts", "model": "--model",
@@ -61,25 +60,19 @@ def run_atlas(args: argparse.Namespace) -> int:
     from qkv.models import load
     from qkv.text import clean_text
 
-    if args.html:
-        from qkv.paths import check_output_path
-
-        check_output_path(args.html, flag="--html", example="atlas.html")  # before the model runs
+    check_files(args, example="atlas.html")
     with open(args.file, "rb") as f:
         text = clean_text(f.read())
     model = load(args.model)
     with Bars(enabled=not args.json) as bars:
         result = atlas(model, text, window=args.window, first=args.first, contexts=args.contexts,
                        retrieval_samples=args.samples, progress=bars)
-    if args.html:
-        from qkv.files import atomic_write_text
-        from qkv.view.atlas_page import atlas_page
+    from qkv.view.atlas_page import atlas_page
 
-        atomic_write_text(args.html, atlas_page(result.to_dict()))
+    written = write_files(args, page=lambda: atlas_page(result.to_dict()))
     if args.json:
         print_json(result.to_dict(), ensure_ascii=False)
     else:
         render_atlas(console(), result)
-    if args.html:
-        print(f"wrote {args.html}", file=sys.stderr)
+    say_written(written)
     return 0

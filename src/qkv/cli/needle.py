@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from qkv.cli import options
-from qkv.cli.output import print_json
+from qkv.cli.output import check_files, print_json, say_written, write_files
 from qkv.cli.progress import Bars
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
@@ -85,34 +85,20 @@ def run_needle(args: argparse.Namespace) -> int:
     from qkv.explain.rendering.render_retrieval import render_needle
     from qkv.models import load
 
-    if args.png:
-        from qkv.explain.rendering.plots import check_writable
-
-        check_writable(args.png)
-    if args.html:
-        from qkv.paths import check_output_path
-
-        check_output_path(args.html, flag="--html", example="needle.html")  # before the model runs
+    check_files(args, example="needle.html")
     model = load(args.model)
     hay = haystack_ids(model, args.haystack)
     with Bars(enabled=not args.json) as bars:
         result = needle_map(model, lengths=args.lengths, depths=[d / 100 for d in args.depths],
                             samples=args.samples, needle=args.needle, top=args.top, seed=args.seed,
                             haystack=hay, progress=bars)
-    if args.png:
-        from qkv.explain.rendering.plots import save_atomic
+    from qkv.view.needle_page import needle_page
 
-        save_atomic(needle_figure(result), args.png)
-    if args.html:
-        from qkv.files import atomic_write_text
-        from qkv.view.needle_page import needle_page
-
-        atomic_write_text(args.html, needle_page(result.to_dict()))
+    written = write_files(args, figure=lambda: needle_figure(result),
+                          page=lambda: needle_page(result.to_dict()))
     if args.json:
         print_json(result.to_dict())
     else:
         render_needle(console(), result)
-    for written in (args.png, args.html):
-        if written:
-            print(f"wrote {written}", file=sys.stderr)
+    say_written(written)
     return 0

@@ -96,3 +96,41 @@ def _silence_stdout() -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def check_files(args, *, example: str) -> None:
+    """Before the model runs: ``--png`` and ``--html`` (where the command has them and they are
+    given) must be writable files — a typo costs nothing. ``example``: the page's file name to
+    suggest instead of a directory (``why.html``)."""
+    if getattr(args, "png", None):
+        from qkv.explain.rendering.plots import check_writable
+
+        check_writable(args.png)
+    if getattr(args, "html", None):
+        from qkv.paths import check_output_path
+
+        check_output_path(args.html, flag="--html", example=example)
+
+
+def write_files(args, *, figure=None, page=None) -> list[str]:
+    """Write ``figure()`` to ``--png`` and ``page()`` (a self-contained HTML string) to
+    ``--html``, each atomically (no partial file), where given; the paths written, for
+    :func:`say_written` once the result is printed."""
+    written = []
+    if figure is not None and getattr(args, "png", None):
+        from qkv.explain.rendering.plots import save_atomic
+
+        save_atomic(figure(), args.png)
+        written.append(args.png)
+    if page is not None and getattr(args, "html", None):
+        from qkv.files import atomic_write_text
+
+        atomic_write_text(args.html, page())
+        written.append(args.html)
+    return written
+
+
+def say_written(paths: list[str]) -> None:
+    """``wrote FILE`` on stderr for each file a command wrote (stdout keeps the result)."""
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)

@@ -13,10 +13,9 @@ earlier head, each feed-forward, bias — that sum to it (:func:`qkv.explain.sco
 from __future__ import annotations
 
 import argparse
-import sys
 
 from qkv.cli import options
-from qkv.cli.output import print_json
+from qkv.cli.output import check_files, print_json, say_written, write_files
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
 FLAGS = {"token": "--token", "key": "--to", "layer": "--layer", "head": "--head", "top": "--top"}
@@ -58,31 +57,16 @@ def run_why(args: argparse.Namespace) -> int:
     from qkv.explain.rendering.render import console
     from qkv.models import load
 
-    if args.png:
-        from qkv.explain.rendering.plots import check_writable
-
-        check_writable(args.png)
-    if args.html:
-        from qkv.paths import check_output_path
-
-        check_output_path(args.html, flag="--html", example="why.html")  # before the model runs
+    check_files(args, example="why.html")
     model = load(args.model)
     result = score_attribution(model, args.text, layer=args.layer, head=args.head,
                                token=args.token, key=args.to)
-    if args.png:
-        from qkv.explain.rendering.plots import save_atomic
+    from qkv.view.export import result_page
 
-        save_atomic(terms_figure(result), args.png)
-    if args.html:
-        from qkv.files import atomic_write_text
-        from qkv.view.export import result_page
-
-        atomic_write_text(args.html, result_page(result))
+    written = write_files(args, figure=lambda: terms_figure(result), page=lambda: result_page(result))
     if args.json:
         print_json(result.to_dict())
     else:
         render_terms(console(), result, top=args.top)
-    for written in (args.png, args.html):
-        if written:
-            print(f"wrote {written}", file=sys.stderr)
+    say_written(written)
     return 0
