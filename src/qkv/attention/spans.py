@@ -54,7 +54,8 @@ Example:
     >>> q = k = v = torch.randn(1, 2, 300, 16)
     >>> bm = qkv.create_block_mask(qkv.masks.sliding_window(64, 0), None, None, 300, 300, block_size=32)
     >>> out, lse = spans_attention(q, k, v, bm, scale=0.25)
-    >>> ref, ref_lse = qkv.attention.blockwise.blockwise_attention(q, k, v, bm, scale=0.25)
+    >>> from qkv.attention.blockwise import blockwise_attention
+    >>> ref, ref_lse = blockwise_attention(q, k, v, bm, scale=0.25)
     >>> bool((out - ref).abs().max() < 1e-5), bool((lse - ref_lse).abs().max() < 1e-5)
     (True, True)
 """
