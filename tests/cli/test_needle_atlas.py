@@ -8,19 +8,12 @@ import json
 import pytest
 
 from qkv.cli import main
-from qkv.cli import needle as cli
 
 
 def run(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def test_the_cli_spells_the_librarys_bound():
-    from qkv.explain.probes.retrieval import MAX_LENGTH
-
-    assert cli.MAX_LENGTH == MAX_LENGTH
 
 
 def test_needle_table_json_and_png(capsys, tmp_path):

@@ -19,13 +19,12 @@ from qkv.cli import options
 from qkv.cli.output import print_json
 from qkv.cli.progress import Bars
 from qkv.explain.probes import induction  # its MAX_SEQUENCES bounds --sequences and the library alike
+from qkv.explain.causal.head_effects import PROBES
+from qkv.explain.causal.interventions import MODES
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
 FLAGS = {"effects_probe": "--probe", "probe": "--probe", "mode": "--mode", "method": "--method",
          "length": "--length"}
-
-PROBES = ("induction", "previous-token", "coref")  # qkv.explain.causal.head_effects.PROBES (tested equal)
-MODES = ("zero", "mean")  # qkv.explain.causal.interventions.MODES (tested equal)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,8 +58,6 @@ def check(args: argparse.Namespace) -> None:
         raise QkvError(f"unknown --probe {args.probe!r}; known: {', '.join(PROBES)}")
     if args.mode not in MODES:
         raise QkvError(f"unknown --mode {args.mode!r}; known: {', '.join(MODES)}")
-
-
 
 
 @options.in_flags(FLAGS)

@@ -18,13 +18,12 @@ import sys
 from qkv.cli import options
 from qkv.cli.output import check_files, print_json, say_written, write_files
 from qkv.cli.progress import Bars
+from qkv.explain.probes.retrieval import MAX_LENGTH
 
 # How this command's flags spell the library's argument roles (see qkv.explain.wording).
 FLAGS = {"lengths": "--lengths", "length": "--lengths", "depths": "--depths", "depth": "--depths",
          "needle": "--needle", "samples": "--samples", "top": "--top", "model": "--model",
          "probe": "--model"}
-
-MAX_LENGTH = 1 << 17  # qkv.explain.probes.retrieval.MAX_LENGTH (tested equal): --help needs no torch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,8 +73,6 @@ def haystack_ids(model, path: str | None) -> list[int] | None:
     if not ids:
         raise QkvError(f"--haystack {path!r} holds no text")
     return ids
-
-
 
 
 @options.in_flags(FLAGS)
