@@ -176,6 +176,8 @@ class ParallelResidualLayer(TransformerLayer):
         torch.Size([2, 5, 16])
     """
 
+    residual_note = "x + attn(x) + ff(x): a parallel residual (the feed-forward reads the layer's input)"
+
     def forward(self, x: torch.Tensor, *, mask: AttentionMask | None = None,
                 memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,

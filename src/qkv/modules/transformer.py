@@ -119,6 +119,11 @@ class TransformerLayer(nn.Module):
                    norm2=make_norm() if cross_attention else None, norm_first=norm_first,
                    dropout=dropout)
 
+    #: What the layer forms instead of x + attn before its feed-forward, in words; "" when it
+    #: forms it (a subclass with its own forward says what it does; a transformers layer's
+    #: adapter reads it off a forward).
+    residual_note: str = ""
+
     @property
     def sequential_residual(self) -> bool:
         """Whether this layer forms x + attn before its feed-forward reads it (what ALTI

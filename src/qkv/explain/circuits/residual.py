@@ -50,9 +50,6 @@ from qkv.explain.contributions.base import check_layers, out_bias
 
 BIAS = "bias"
 #: What qkv's own layers that form no x + attn do instead (GPT-NeoX).
-PARALLEL = "x + attn(x) + ff(x): a parallel residual (the feed-forward reads the layer's input)"
-
-
 def head_name(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
 
@@ -100,8 +97,7 @@ def check(model) -> None:
             raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
                            f"writes into the residual stream cannot be read")
         if layer.norm_first and not layer.sequential_residual:
-            # a transformers layer says what it does instead; qkv's own: GPT-NeoX's parallel one
-            how = getattr(layer, "residual_note", "") or PARALLEL
+            how = layer.residual_note or "its own forward"  # what it forms instead, in words
             raise QkvError(f"{model.name}: layer {i} ({type(layer).__name__}) does not form "
                            f"x + attn before its feed-forward ({how}); its residual stream cannot "
                            f"be split by component")
