@@ -427,7 +427,9 @@ def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
     summed = entered + out
     if any(isinstance(y, torch.Tensor) and y.numel() == out.numel()
            and close(output.double().flatten(), summed + y.double().flatten()) for _, _, y in made):
-        return "x + attn(x) + ff(x): a parallel residual (the feed-forward reads the layer's input)"
+        from qkv.models.gpt_neox import ParallelResidualLayer
+
+        return ParallelResidualLayer.residual_note  # the same words as qkv's own parallel layer
     return "no part of it reads x + attn"
 
 
