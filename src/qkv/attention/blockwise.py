@@ -236,7 +236,7 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 def any_nan(x: torch.Tensor) -> bool:
     """Whether ``x`` holds a NaN: the one check per call on the path without NaN. ``amax``
     propagates NaN and reads ``x`` once without a bool copy (4 × 16k × 64 floats, one thread:
-    0.6 ms against 8 ms for ``isnan().any(-1)``)."""
+    0.6 ms against 8 ms for ``isnan().any(-1)`` on a 2-core AMD EPYC)."""
     return x.numel() > 0 and bool(x.amax().isnan())
 
 
