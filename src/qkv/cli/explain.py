@@ -234,9 +234,9 @@ def _check_length(model, text: str) -> None:
     from qkv.reader import NAME
     from qkv.reader.train import ReaderTrainConfig
 
-    tokenizer = getattr(model, "tokenizer", None)
-    limit = getattr(tokenizer, "max_length", None)
-    if not isinstance(limit, int) or limit >= ReaderTrainConfig.max_positions:
+    tokenizer = model.tokenizer  # a self-attention model's (models.protocol.SelfAttentionModel)
+    limit = tokenizer.max_length if tokenizer is not None else None  # None: a bare transformers model
+    if limit is None or limit >= ReaderTrainConfig.max_positions:
         return  # the reader reads no more than this model: the tokenizer's own message says it
     n = len(tokenizer.encode(text, max_length=sys.maxsize).ids)
     if n > limit:

@@ -413,8 +413,8 @@ def encoded(model, text: str | bytes, *, have: int | None = None):
                        f"{_gib(need)} but {_gib(have)} is available; give a shorter text")
     encoding = encode(model, text)  # empty text; more tokens than the tokenizer's limit
     n = len(encoding.ids)
-    limit = getattr(model, "max_length", None)
-    if isinstance(limit, int) and n > limit:
+    limit = model.tokenizer.max_length  # the protocol's: the most tokens the model takes
+    if limit is not None and n > limit:
         raise QkvError(f"the text is {n} tokens; {model_name(model)} takes at most {limit}")
     return text, encoding
 
