@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import re
 
-from view_checks import TEXT, assert_shown, assert_steps
+from view_checks import TEXT, assert_shown, assert_steps, notebook_frame
 
 from qkv.explain import attention_map, explain, explain_head
 from qkv.view import notebook
@@ -26,8 +26,7 @@ def test_repr_html_is_an_isolated_iframe(model):
 def test_a_notebook_shows_the_steps(watched, model):
     st = explain_head(model, TEXT, token="pizza", layer=3, head=1)
     page = watched.page
-    page.set_content(f"<!doctype html><title>notebook</title>{notebook.html(st)}")
-    frame = page.frames[1]
+    frame = notebook_frame(page, notebook.html(st))
     frame.wait_for_selector("#steps-table", timeout=30_000)
     d = st.to_dict()
     assert_steps(frame, d, d["tokens"])
@@ -78,14 +77,14 @@ def test_a_notebook_shows_a_probe_and_head_effects(watched):
     for result, value in ((probe(lm, "previous-token"), "score"),
                           (head_effects(lm, "previous-token", sequences=2), "effect")):
         d = result.to_dict()
-        page.set_content(f"<!doctype html><title>notebook</title>{notebook.html(result)}")
-        title, columns, rows = read_alone(page.frames[1])
+        frame = notebook_frame(page, notebook.html(result))
+        title, columns, rows = read_alone(frame)
         assert d["probe"] in title and d["model"] in title
-        assert not page.frames[1].locator("#grid button.cell").count()
+        assert not frame.locator("#grid button.cell").count()
         assert len(rows) == len(d["heads"]) > 0
         k = columns.index(value)
         for rank, (row, head) in enumerate(zip(rows, d["heads"]), 1):
             assert row[0] == str(rank)
             assert (int(row[columns.index("layer")]), int(row[columns.index("head")])) == (head["layer"], head["head"])
             assert_shown(row[k], head[value], f"{type(result).__name__} L{head['layer']} H{head['head']}")
-        assert "not in this exported file" not in page.frames[1].inner_text("body")
+        assert "not in this exported file" not in frame.inner_text("body")

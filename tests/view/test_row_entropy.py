@@ -8,7 +8,7 @@ import html
 import re
 from urllib.parse import urlencode
 
-from view_checks import TEXT, assert_shown
+from view_checks import TEXT, assert_shown, notebook_frame
 
 from qkv.explain.row_entropy import row_entropy
 from qkv.view import notebook
@@ -42,7 +42,6 @@ def test_a_notebook_shows_it_alone(watched, model):
     r = row_entropy(model, TEXT, layer=3, head=1)
     out = notebook.html(r)
     assert '"kind":"row-entropy"' in html.unescape(re.search(r'srcdoc="([^"]*)"', out)[1])
-    watched.page.set_content(f"<!doctype html><title>notebook</title>{out}")
-    frame = watched.page.frames[1]
+    frame = notebook_frame(watched.page, out)
     frame.wait_for_selector("#row-entropy-table tbody tr", timeout=30_000)
     assert_panel(frame, r)

@@ -100,3 +100,12 @@ def long_text(words: int, seed: int = 0) -> str:
                   "after the storm passed over the quiet town near the river").split()
     rng = random.Random(seed)
     return " ".join(rng.choice(vocabulary) for _ in range(words)) + "."
+
+
+def notebook_frame(page, cell_html: str):
+    """Show ``cell_html`` (a notebook cell's output: a sandboxed iframe) as the page's content and
+    return that iframe's frame — the one just attached (``page.frames[1]`` right after a second
+    ``set_content`` may still be the detached frame of the first, and waiting on it fails with
+    "Target page, context or browser has been closed")."""
+    page.set_content(f"<!doctype html><title>notebook</title>{cell_html}")
+    return page.wait_for_selector("iframe").content_frame()
