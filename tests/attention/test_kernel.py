@@ -1,10 +1,14 @@
-"""qkv's C++ forward for interval masks (:mod:`qkv.attention.kernels`) against the float64 answer,
-with the error the pure-torch path makes in float32 as the yardstick, and against the spans path.
+"""qkv's C++ forward and backward for interval masks (:mod:`qkv.attention.kernels`) against the
+float64 answer, with the error the pure-torch path makes in float32 as the yardstick, and against
+the spans path.
 
 The kernel's exp is a polynomial within 2 ulp and it normalises by a rounded reciprocal, like
 torch's fused kernel, so it gets that kernel's factor (``tolerance.FUSED_FACTOR``) over the plain
-float32 path (:func:`qkv.attention.blockwise.blockwise_attention`). Skipped only where set-up did
-not build the kernel (no C++ compiler).
+float32 path (:func:`qkv.attention.blockwise.blockwise_attention`). Its gradients are float64
+autograd's through the readable reference (:func:`qkv.attention.reference.reference_attention`
+on the materialised mask), the yardstick that same autograd in float32; they inherit the
+forward's error through D = rowsum(dO ∘ O) and P = exp(S − lse) and add the backward's own
+exp, hence 2 × FUSED_FACTOR. Skipped only where set-up did not build the kernel (no C++ compiler).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import torch
 import qkv
 from qkv.attention import kernels
 from qkv.attention.blockwise import blockwise_attention
-from qkv.attention.spans import spans_attention, spans_forward
+from qkv.attention.reference import reference_attention
+from qkv.attention.spans import spans_attention, spans_backward, spans_forward
 from qkv.masks import and_masks, causal, document, sliding_window
+from memory import allocated_peak
 from tolerance import FUSED_FACTOR, assert_within
 
 pytestmark = pytest.mark.skipif(
@@ -67,7 +73,63 @@ def test_the_kernel_is_as_exact_as_the_pure_path(name, block_k, monkeypatch):
     assert_within(out, ref, spans_out, factor=2 * FUSED_FACTOR, what=f"{name} out vs spans")
 
 
-def test_gradients_are_the_spans_backward_from_the_kernels_lse():
+def reference_grads(q, k, v, bm, dout, dlse, *, scale, dtype):
+    """(dq, dk, dv) by autograd through the reference attention in ``dtype`` (k, v heads repeated
+    for grouped queries); the loss Σ out ∘ dout (+ Σ lse ∘ dlse)."""
+    x = [a.detach().to(dtype).requires_grad_() for a in (q, k, v)]
+    g = q.shape[1] // k.shape[1]
+    trace = reference_attention(x[0], x[1].repeat_interleave(g, 1), x[2].repeat_interleave(g, 1),
+                                bm.materialize(), scale=scale)
+    loss = (trace.output * dout.to(dtype)).sum()
+    if dlse is not None:
+        loss = loss + (trace.lse * dlse.to(dtype)).sum()
+    return torch.autograd.grad(loss, x)
+
+
+def uneven_ids(b, n):  # (b, n): each batch row its own documents
+    return torch.stack([uneven_documents(n), torch.arange(n) // 100][:b])
+
+
+GRAD_CASES = {  # name: (mask_mod, t, s, batch, key heads, with dlse)
+    "window": (sliding_window(37, 0), 203, 203, 2, 4, True),
+    "causal ∩ two-sided window": (and_masks(causal(), sliding_window(20, 9)), 203, 203, 1, 4, True),
+    "documents": (document(uneven_documents(300)), 300, 300, 1, 4, True),
+    "documents ∩ causal, grouped heads": (and_masks(document(uneven_documents(300)), causal()),
+                                          300, 300, 2, 2, True),
+    "documents per batch row ∩ window": (and_masks(document(uneven_ids(2, 260)), sliding_window(60, 0)),
+                                         260, 260, 2, 2, True),
+    "rows with no key (t > s)": (sliding_window(30, 0, "bottom_right"), 203, 113, 1, 4, False),
+}
+
+
+@pytest.mark.parametrize("block_k", [kernels.BLOCK_K, 40])  # 40: spans in several chunks
+@pytest.mark.parametrize("name", GRAD_CASES)
+def test_the_kernels_gradients_are_float64s(name, block_k, monkeypatch):
+    monkeypatch.setattr(kernels, "BLOCK_K", block_k)
+    mod, t, s, b, h_kv, with_dlse = GRAD_CASES[name]
+    bm = qkv.create_block_mask(mod, b if "batch row" in name else None, None, t, s, block_size=32)
+    gen = torch.Generator().manual_seed(len(name))
+    q = torch.randn(b, 4, t, 64, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(b, h_kv, s, 64, generator=gen, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(b, 4, t, 64, generator=gen, dtype=torch.float64)
+    dlse = torch.randn(b, 4, t, generator=gen, dtype=torch.float64) if with_dlse else None
+    x32 = [a.float() for a in (q, k, v)]
+    gqa = dict(scale=0.125, enable_gqa=h_kv < 4)
+    out, lse = kernels.kernel_forward(*x32, bm, **gqa)  # (b, 4, t, 64), (b, 4, t)
+    d32 = None if dlse is None else dlse.float()
+    got = kernels.kernel_backward(*x32, out, dout.float(), lse, bm, dlse=d32, **gqa)
+    ref = reference_grads(q, k, v, bm, dout, dlse, scale=0.125, dtype=torch.float64)
+    plain = reference_grads(q, k, v, bm, dout, dlse, scale=0.125, dtype=torch.float32)
+    spans = spans_backward(*x32, out, dout.float(), lse, bm, dlse=d32, **gqa)  # the path it replaces
+    for i, name_i in enumerate("qkv"):
+        assert_within(got[i], ref[i], plain[i], factor=2 * FUSED_FACTOR, what=f"{name} d{name_i}")
+        assert_within(got[i], ref[i], spans[i], factor=2 * FUSED_FACTOR, what=f"{name} d{name_i} vs spans")
+    empty = torch.isneginf(lse)
+    if empty.any():  # rows with no key: dq 0, as spans gives
+        assert not got[0][empty].any() and not spans[0][empty].any()
+
+
+def test_kernel_attention_trains_through_the_kernels_backward():
     bm = qkv.create_block_mask(sliding_window(50, 0), None, None, 257, 257, block_size=64)
     q, k, v = tensors(1, 4, 257, 257, 32, seed=1)
     dout = torch.randn(1, 4, 257, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -77,9 +139,66 @@ def test_gradients_are_the_spans_backward_from_the_kernels_lse():
         out, lse = fn(*x, bm, scale=0.2)
         return torch.autograd.grad((out * dout.to(dtype)).sum() + lse.sum(), x)
 
+    got = grads(kernels.kernel_attention, torch.float32)
     ref, plain = grads(blockwise_attention, torch.float64), grads(blockwise_attention, torch.float32)
-    for name, got, r, p in zip("qkv", grads(kernels.kernel_attention, torch.float32), ref, plain):
-        assert_within(got, r, p, factor=2 * FUSED_FACTOR, what=f"d{name}")
+    for name, g, r, p in zip("qkv", got, ref, plain):
+        assert_within(g, r, p, factor=2 * FUSED_FACTOR, what=f"d{name}")
+    x32 = [a.float() for a in (q, k, v)]  # the same numbers as kernel_backward called directly
+    out, lse = kernels.kernel_forward(*x32, bm, scale=0.2)
+    direct = kernels.kernel_backward(*x32, out, dout.float(), lse, bm, scale=0.2, dlse=torch.ones_like(lse))
+    assert all(torch.equal(a, b) for a, b in zip(got, direct))
+
+
+def test_the_backward_reads_a_models_layout_in_place():
+    bm = qkv.create_block_mask(and_masks(causal(), sliding_window(40, 0)), None, None, 200, 200,
+                               block_size=32)
+    x = torch.randn(2, 200, 4, 4, 32)  # (b, t, h, q/k/v/dout, d): strided heads, as a model passes them
+    q, k, v, dout = (x[..., i, :].transpose(1, 2) for i in range(4))  # (b, h, t, d) views
+    out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.3)
+    out_t = out.transpose(1, 2).contiguous().transpose(1, 2)  # (b, h, t, d) view of (b, t, h, d)
+    got = kernels.kernel_backward(q, k, v, out_t, dout, lse, bm, scale=0.3)
+    want = kernels.kernel_backward(*(a.contiguous() for a in (q, k, v, out, dout)), lse, bm, scale=0.3)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))  # the same numbers, read in place
+
+
+@pytest.mark.parametrize("mod", [sliding_window(64, 0), document(torch.arange(515) // 400)],
+                         ids=["window", "a document longer than a thread's share"])
+def test_any_thread_count_gives_the_gradients(mod):
+    # one (batch, key head) and 3 threads: the query tiles split into runs, even runs then odd
+    # (a window); a document spanning several runs keeps one item per (batch, key head)
+    bm = qkv.create_block_mask(mod, None, None, 515, 515, block_size=64)
+    q, k, v = tensors(1, 1, 515, 515, 64, seed=5)
+    dout = torch.randn(1, 1, 515, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    x32 = [a.float() for a in (q, k, v)]
+    out, lse = kernels.kernel_forward(*x32, bm, scale=0.125)
+    ref = reference_grads(q, k, v, bm, dout, None, scale=0.125, dtype=torch.float64)
+    plain = reference_grads(q, k, v, bm, dout, None, scale=0.125, dtype=torch.float32)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got = kernels.kernel_backward(*x32, out, dout.float(), lse, bm, scale=0.125)
+            for i, name in enumerate("qkv"):
+                assert_within(got[i], ref[i], plain[i], factor=2 * FUSED_FACTOR, what=f"d{name}, {threads} threads")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_backward_holds_its_tiles_beyond_its_gradients():
+    """A window's backward at N and 4N, inputs in a model's layout: beyond dq, dk, dv only the
+    threads' tiles — no copy of q, k, v, out or dout, nothing that grows with N."""
+    h, d, w = 4, 64, 256
+    extra = {}
+    for n in (2048, 8192):
+        g = torch.Generator().manual_seed(n)
+        q, k, v, dout = (torch.randn(1, n, h, d, generator=g).transpose(1, 2) for _ in range(4))  # (1, h, n, d)
+        bm = qkv.create_block_mask(sliding_window(w, 0), None, None, n, n, block_size=64)
+        out, lse = kernels.kernel_forward(q, k, v, bm, scale=d ** -0.5)
+        peak = allocated_peak(lambda: kernels.kernel_backward(q, k, v, out, dout, lse, bm, scale=d ** -0.5))
+        extra[n] = peak - 3 * q.numel() * 4  # above dq, dk, dv
+    tiles = torch.get_num_threads() * (2 * kernels.BLOCK_Q * kernels.BLOCK_K + 2 * kernels.BLOCK_Q) * 4
+    assert 0 <= extra[8192] <= tiles, extra
+    assert extra[8192] == extra[2048], extra
 
 
 def test_any_thread_count_gives_the_same_bits():

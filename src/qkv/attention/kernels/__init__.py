@@ -1,4 +1,5 @@
-"""qkv's own C++ forward for the spans path, for masks that give each query row one interval of keys.
+"""qkv's own C++ forward and backward for the spans path, for masks that give each query row one
+interval of keys.
 
 A sliding window, causality, packed documents (each document's tokens contiguous) and their
 ``and_masks`` intersections keep, for query row i, exactly the keys ``[lo_i, hi_i)``::
@@ -14,8 +15,16 @@ For such a mask the kernel (``intervals.cpp``) runs FlashAttention-2's forward p
 of ``BLOCK_Q`` rows: S = scale · Q_tile · K_spanᵀ by BLAS over the tile's span of keys (in chunks
 of at most ``BLOCK_K``), the interval and the online softmax applied in one sweep over S while it
 is in cache, then O += P · V_span by BLAS; (batch · head, tile) items split over torch's threads.
-It returns ``(out, lse)`` with :func:`qkv.attention.spans.spans_forward`'s contract, so the
-backward is the spans path's (:func:`qkv.attention.spans.spans_backward`, from the saved lse).
+It returns ``(out, lse)`` with :func:`qkv.attention.spans.spans_forward`'s contract.
+
+The backward (:func:`kernel_backward`, the contract of :func:`qkv.attention.spans.spans_backward`)
+is FlashAttention-2's over the same tiles: per chunk of a tile's keys it recomputes
+P = exp(S − lse) on the rows' intervals and runs dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D + dlse),
+dQ += scale · dS K, dK += scale · dSᵀ Q by BLAS — five products to the forward's two, so
+forward + backward ≈ 3.5× the forward at one rate. Work items are (batch, key head) pairs, each
+owning its dK, dV rows and its query heads' dQ rows (no locks, no per-thread copies: beyond dq,
+dk, dv it holds two (``BLOCK_Q``, ``BLOCK_K``) tiles a thread); with fewer pairs than threads the
+query tiles split into runs whose keys do not overlap every other run, even runs then odd.
 
 It is compiled by set-up (``python -m qkv.attention.kernels.build``) and only *loaded* here: where
 it was not built (no compiler), for float64, a mask that is not one interval per row, or
@@ -30,6 +39,7 @@ Example:
     >>> bm = qkv.create_block_mask(qkv.masks.sliding_window(64, 0), None, None, 300, 300, block_size=32)
     >>> if kernels.supports(q, k, v, bm):                                 # built by make setup
     ...     out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.25)    # (1, 2, 300, 16), (1, 2, 300)
+    ...     dq, dk, dv = kernels.kernel_backward(q, k, v, out, torch.ones_like(out), lse, bm, scale=0.25)
 """
 
 from __future__ import annotations
@@ -207,10 +217,33 @@ def kernel_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.view(query.shape), lse.view(query.shape[:-1])
 
 
+def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+                    block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
+                    dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` shaped like query, key, value by the C++ kernel — the contract of
+    :func:`qkv.attention.spans.spans_backward` (call :func:`can_run` first): FlashAttention-2's
+    backward from the saved ``out`` and ``lse`` of either forward, ``dlse`` (..., h, t) the
+    gradient reaching lse or None. A row with no key (lse −inf) gets dq 0 and adds nothing.
+
+    Memory beyond dq, dk, dv: two (BLOCK_Q, BLOCK_K) tiles a thread; q, k, v, out and dout are
+    read in place (any strides with the last dim contiguous), lse and dlse as (b, h, t)."""
+    lay = _Layout(query, key, enable_gqa)
+    _check_mask(block_mask, lay)
+    lo, hi = intervals(block_mask)
+    q4, k4, v4, o4, do4 = (x if x.ndim == 4 else x.unsqueeze(0) for x in (query, key, value, out, dout))
+    q4, k4, v4, o4, do4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4, o4, do4))
+    rows = q4.shape[:-1]  # (b, h, t)
+    lse3 = lse.reshape(rows).contiguous()  # (b, h, t)
+    dlse3 = lse3.new_empty(0) if dlse is None else dlse.reshape(rows).float().contiguous()  # (b, h, t)
+    dq, dk, dv = load().interval_backward(q4, k4, v4, o4, do4, lse3, dlse3, lo, hi, float(scale),
+                                          BLOCK_Q, BLOCK_K)
+    return dq.view(query.shape), dk.view(key.shape), dv.view(value.shape)
+
+
 def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      block_mask: BlockMask, *, scale: float,
                      enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable: the kernel's forward, the spans path's backward (from the saved lse)."""
-    from qkv.attention.spans import spans_backward
-    return differentiable((kernel_forward, spans_backward), query, key, value, block_mask,
+    """Differentiable: the kernel's forward and backward (from the saved lse)."""
+    return differentiable((kernel_forward, kernel_backward), query, key, value, block_mask,
                           scale=float(scale), enable_gqa=bool(enable_gqa))

@@ -1,11 +1,22 @@
 // Attention whose mask gives every query row one contiguous interval of keys [lo_i, hi_i):
-// a sliding window, causality, packed documents, and their intersections. One pass per query
-// tile (FlashAttention-2's forward): S = scale · Q_tile · K_spanᵀ by BLAS, the mask and the
-// online softmax fused in one sweep over S while it is in cache, then O += P · V_span by BLAS.
+// a sliding window, causality, packed documents, and their intersections.
+//
+// interval_forward — one pass per query tile (FlashAttention-2's forward): S = scale · Q_tile ·
+// K_spanᵀ by BLAS, the mask and the online softmax fused in one sweep over S while it is in
+// cache, then O += P · V_span by BLAS.
 //
 //   q (B, Hq, t, d), k, v (B, Hkv, s, d)   float32, last dim contiguous, any other strides
 //   lo, hi (Bm, t) int64, Bm ∈ {1, B}      row i's keys [lo_i, hi_i) (lo_i ≥ hi_i: no key)
 //   → out (B, Hq, t, d), lse (B, Hq, t)     a row with no key: 0 and −inf
+//
+// interval_backward — FlashAttention-2's backward from the saved lse, over the same tiles and
+// intervals: per chunk of a tile's keys, P = exp(scale · Q Kᵀ − lse) recomputed, then
+// dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D + dlse) with D = rowsum(dO ∘ O), dQ += scale · dS K,
+// dK += scale · dSᵀ Q — five BLAS products to the forward's two.
+//
+//   out, dout (B, Hq, t, d)                float32, last dim contiguous, any other strides
+//   lse, dlse (B, Hq, t)                   contiguous; dlse may be empty (no gradient reaches lse)
+//   → dq (B, Hq, t, d), dk, dv (B, Hkv, s, d)   a row with no key (lse −inf): dq 0, adds nothing
 //
 // Query head h reads key head h / (Hq / Hkv) (grouped-query attention).
 #include <torch/extension.h>
@@ -200,7 +211,186 @@ std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& 
   return {out, lse};
 }
 
+namespace {
+
+// Each work item of the backward owns the dK, dV rows it adds into: a (batch, key head) pair —
+// all its query heads' tiles — or, where there are fewer pairs than threads, one of `parts`
+// consecutive runs of its tiles. Runs p and p + 2, p + 4, … must touch disjoint keys: even runs go
+// in one parallel sweep, odd runs in a second (no locks, no per-thread copies of dK, dV).
+struct Parts {
+  int64_t count = 1;      // runs of tiles per (batch, key head)
+  std::vector<int64_t> first;  // run p's tiles: [first[p], first[p + 1])
+};
+
+// The runs' key spans over every mask row (clamped to [0, s)); disjoint within each parity?
+bool runs_disjoint(const Parts& parts, const int64_t* lo, const int64_t* hi, int64_t Bm, int64_t t,
+                   int64_t s, int64_t block_q) {
+  std::vector<int64_t> a(parts.count, s), e(parts.count, 0);
+  for (int64_t p = 0; p < parts.count; ++p)
+    for (int64_t bm = 0; bm < Bm; ++bm)
+      for (int64_t i = parts.first[p] * block_q; i < std::min(parts.first[p + 1] * block_q, t); ++i) {
+        const int64_t x = std::max<int64_t>(lo[bm * t + i], 0), y = std::min<int64_t>(hi[bm * t + i], s);
+        if (x < y) {
+          a[p] = std::min(a[p], x);
+          e[p] = std::max(e[p], y);
+        }
+      }
+  for (int64_t p = 0; p < parts.count; ++p)
+    for (int64_t r = p + 2; r < parts.count; r += 2)
+      if (a[p] < e[p] && a[r] < e[r] && a[p] < e[r] && a[r] < e[p]) return false;
+  return true;
+}
+
+Parts split_tiles(int64_t items, int64_t tiles, const int64_t* lo, const int64_t* hi, int64_t Bm,
+                  int64_t t, int64_t s, int64_t block_q) {
+  Parts parts;
+  const int64_t threads = at::get_num_threads();
+  if (items < threads) {  // two sweeps, each with at least one run per thread
+    parts.count = std::min(tiles, 2 * ((threads + items - 1) / items));
+  }
+  for (int64_t p = 0; p <= parts.count; ++p) parts.first.push_back(p * tiles / parts.count);
+  if (parts.count > 1 && !runs_disjoint(parts, lo, hi, Bm, t, s, block_q)) {
+    parts.count = 1;  // a long interval spans several runs: one item per (batch, key head)
+    parts.first = {0, tiles};
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& out, const at::Tensor& dout,
+                                          const at::Tensor& lse, const at::Tensor& dlse,
+                                          const at::Tensor& lo, const at::Tensor& hi, double scale,
+                                          int64_t block_q, int64_t block_k) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, n, d)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "q, k, v must be float32");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
+  TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && out.scalar_type() == at::kFloat &&
+                  dout.scalar_type() == at::kFloat && out.stride(3) == 1 && dout.stride(3) == 1,
+              "out, dout: float32 shaped like q, last dim contiguous");
+  TORCH_CHECK(lo.scalar_type() == at::kLong && hi.scalar_type() == at::kLong && lo.is_contiguous() &&
+                  hi.is_contiguous() && lo.dim() == 2 && lo.sizes() == hi.sizes(), "lo, hi: (Bm, t) int64");
+  const int64_t B = q.size(0), Hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t Hkv = k.size(1), s = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == s &&
+                  k.size(3) == d && v.size(3) == d && Hkv > 0 && Hq % Hkv == 0, "shapes disagree");
+  TORCH_CHECK(lo.size(1) == t && (lo.size(0) == 1 || lo.size(0) == B), "lo, hi: (1 or B, t)");
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
+                  lse.sizes() == at::IntArrayRef({B, Hq, t}), "lse: contiguous float32 (B, Hq, t)");
+  const bool has_dlse = dlse.numel() > 0;
+  TORCH_CHECK(!has_dlse || (dlse.scalar_type() == at::kFloat && dlse.is_contiguous() &&
+                            dlse.sizes() == lse.sizes()), "dlse: empty, or contiguous float32 like lse");
+  TORCH_CHECK(block_q > 0 && block_k > 0, "block sizes must be > 0");
+  const int64_t g = Hq / Hkv, Bm = lo.size(0);
+  auto dq = at::empty({B, Hq, t, d}, q.options());  // every tile writes its rows (0 where no key)
+  auto dk = at::zeros({B, Hkv, s, d}, q.options());
+  auto dv = at::zeros({B, Hkv, s, d}, q.options());
+  if (t == 0 || s == 0) return {dq.zero_(), dk, dv};
+  const int64_t tiles = (t + block_q - 1) / block_q;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const float* opp = out.data_ptr<float>();
+  const float* dop = dout.data_ptr<float>();
+  const float* lsep = lse.data_ptr<float>();
+  const float* dlsep = has_dlse ? dlse.data_ptr<float>() : nullptr;
+  const int64_t* lop = lo.data_ptr<int64_t>();
+  const int64_t* hip = hi.data_ptr<int64_t>();
+  float* dqp = dq.data_ptr<float>();
+  float* dkp = dk.data_ptr<float>();
+  float* dvp = dv.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  const float NEG_INF = -std::numeric_limits<float>::infinity();
+  const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = out.stride(2),
+                lddo = dout.stride(2);
+  const Parts parts = split_tiles(B * Hkv, tiles, lop, hip, Bm, t, s, block_q);
+
+  // Query tile `tile` of query head h in batch b: its dQ rows, its share of key head hk's dK, dV.
+  auto tile_backward = [&](int64_t b, int64_t h, int64_t tile, float* S, float* dS, float* D,
+                           float* L, int64_t* a, int64_t* e) {
+    const int64_t hk = h / g, bh = b * Hq + h, r0 = tile * block_q, m = std::min(block_q, t - r0);
+    const int64_t* row_lo = lop + (Bm == 1 ? 0 : b) * t + r0;
+    const int64_t* row_hi = hip + (Bm == 1 ? 0 : b) * t + r0;
+    const float* Q = qp + b * q.stride(0) + h * q.stride(1) + r0 * ldq;
+    const float* O = opp + b * out.stride(0) + h * out.stride(1) + r0 * ldo;
+    const float* dO = dop + b * dout.stride(0) + h * dout.stride(1) + r0 * lddo;
+    const float* K = kp + b * k.stride(0) + hk * k.stride(1);
+    const float* V = vp + b * v.stride(0) + hk * v.stride(1);
+    float* dQ = dqp + (bh * t + r0) * d;  // (m, d), contiguous
+    float* dK = dkp + (b * Hkv + hk) * s * d;  // (s, d), contiguous
+    float* dV = dvp + (b * Hkv + hk) * s * d;
+    int64_t span_lo = s, span_hi = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      L[i] = lsep[bh * t + r0 + i];
+      a[i] = std::max<int64_t>(row_lo[i], 0);
+      e[i] = L[i] == NEG_INF ? a[i] : std::min<int64_t>(row_hi[i], s);  // lse −inf: no key, P = 0
+      if (a[i] >= e[i]) continue;
+      span_lo = std::min(span_lo, a[i]);
+      span_hi = std::max(span_hi, e[i]);
+      float dot = 0.0f;  // D_i = rowsum(dO_i ∘ O_i) − dlse_i: dS = P ∘ (dP − D_i)
+      for (int64_t c = 0; c < d; ++c) dot += dO[i * lddo + c] * O[i * ldo + c];
+      D[i] = dot - (dlsep ? dlsep[bh * t + r0 + i] : 0.0f);
+    }
+    if (span_lo >= span_hi) {  // no key for any row: dQ 0, nothing for dK, dV
+      std::fill(dQ, dQ + m * d, 0.0f);
+      return;
+    }
+    for (int64_t c0 = span_lo; c0 < span_hi; c0 += block_k) {
+      const int64_t n = std::min(block_k, span_hi - c0);
+      // S (m, n) row-major = scale · Q Kᵀ (column-major: Sᵀ = K · Qᵀ), then P = exp(S − lse)
+      gemm('T', 'N', n, m, d, fscale, K + c0 * ldk, ldk, Q, ldq, 0.0f, S, n);
+      // dP (m, n) = dO Vᵀ (column-major: dPᵀ = V · dOᵀ)
+      gemm('T', 'N', n, m, d, 1.0f, V + c0 * ldv, ldv, dO, lddo, 0.0f, dS, n);
+      for (int64_t i = 0; i < m; ++i) {
+        float* p = S + i * n;
+        float* ds = dS + i * n;
+        const int64_t ja = std::clamp(a[i] - c0, int64_t(0), n), je = std::clamp(e[i] - c0, ja, n);
+        std::fill(p, p + ja, 0.0f);
+        std::fill(p + je, p + n, 0.0f);
+        std::fill(ds, ds + ja, 0.0f);
+        std::fill(ds + je, ds + n, 0.0f);
+        const float l = L[i], Di = D[i];
+        for (int64_t j = ja; j < je; ++j) {
+          const float pj = exp_le0(p[j] - l);  // S ≤ lse up to rounding: exp_le0 holds there too
+          p[j] = pj;
+          ds[j] = pj * (ds[j] - Di);
+        }
+      }
+      // dV_chunk (n, d) += Pᵀ dO (column-major: dVᵀ += dOᵀ · P)
+      gemm('N', 'T', d, n, m, 1.0f, dO, lddo, S, n, 1.0f, dV + c0 * d, d);
+      // dQ (m, d) += scale · dS K_chunk (column-major: dQᵀ += K_chunkᵀ · dSᵀ); the first chunk writes
+      gemm('N', 'N', d, m, n, fscale, K + c0 * ldk, ldk, dS, n, c0 == span_lo ? 0.0f : 1.0f, dQ, d);
+      // dK_chunk (n, d) += scale · dSᵀ Q (column-major: dKᵀ += Qᵀ · dS)
+      gemm('N', 'T', d, n, m, fscale, Q, ldq, dS, n, 1.0f, dK + c0 * d, d);
+    }
+  };
+
+  for (int64_t parity = 0; parity < std::min<int64_t>(parts.count, 2); ++parity) {
+    const int64_t runs = parts.count == 1 ? 1 : (parts.count - parity + 1) / 2;  // this sweep's runs per item
+    at::parallel_for(0, B * Hkv * runs, 1, [&](int64_t begin, int64_t end) {
+      // the thread's tiles from torch's allocator (what a caller's memory count sees):
+      // P and dP → dS (m, n) each, D and lse per row
+      auto buf = at::empty({2 * block_q * block_k + 2 * block_q}, q.options());
+      float* S = buf.data_ptr<float>();
+      float *dS = S + block_q * block_k, *D = dS + block_q * block_k, *L = D + block_q;
+      std::vector<int64_t> a(block_q), e(block_q);
+      for (int64_t w = begin; w < end; ++w) {
+        const int64_t item = w / runs, run = parity + (parts.count == 1 ? 0 : 2 * (w % runs));
+        const int64_t b = item / Hkv, hk = item % Hkv;
+        for (int64_t h = hk * g; h < (hk + 1) * g; ++h)
+          for (int64_t tile = parts.first[run]; tile < parts.first[run + 1]; ++tile)
+            tile_backward(b, h, tile, S, dS, D, L, a.data(), e.data());
+      }
+    });
+  }
+  return {dq, dk, dv};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("interval_forward", &interval_forward,
         "attention over one key interval per query row: (out, lse)");
+  m.def("interval_backward", &interval_backward,
+        "FlashAttention-2's backward over one key interval per query row: (dq, dk, dv)");
 }
