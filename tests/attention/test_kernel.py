@@ -106,6 +106,7 @@ GRAD_CASES = {  # name: (mask_mod, t, s, batch, key heads, with dlse)
 @pytest.mark.parametrize("name", GRAD_CASES)
 def test_the_kernels_gradients_are_float64s(name, block_k, monkeypatch):
     monkeypatch.setattr(kernels, "BLOCK_K", block_k)
+    monkeypatch.setattr(kernels, "BACKWARD_BLOCK_K", block_k)
     mod, t, s, b, h_kv, with_dlse = GRAD_CASES[name]
     bm = qkv.create_block_mask(mod, b if "batch row" in name else None, None, t, s, block_size=32)
     gen = torch.Generator().manual_seed(len(name))
@@ -196,7 +197,7 @@ def test_the_backward_holds_its_tiles_beyond_its_gradients():
         out, lse = kernels.kernel_forward(q, k, v, bm, scale=d ** -0.5)
         peak = allocated_peak(lambda: kernels.kernel_backward(q, k, v, out, dout, lse, bm, scale=d ** -0.5))
         extra[n] = peak - 3 * q.numel() * 4  # above dq, dk, dv
-    tiles = torch.get_num_threads() * (2 * kernels.BLOCK_Q * kernels.BLOCK_K + 2 * kernels.BLOCK_Q) * 4
+    tiles = torch.get_num_threads() * (2 * kernels.BLOCK_Q * kernels.BACKWARD_BLOCK_K + 2 * kernels.BLOCK_Q) * 4
     assert 0 <= extra[8192] <= tiles, extra
     assert extra[8192] == extra[2048], extra
 
@@ -236,6 +237,32 @@ def test_the_blockwise_backend_runs_the_kernel_for_a_window_and_spans_when_switc
         assert not kernels.supports(q, k, v, bm)
         pure = qkv.scaled_dot_product_attention(q, k, v, **kw)
     assert torch.equal(pure, spans_attention(q, k, v, bm, scale=0.125)[0])
+
+
+def backend_grads(q, k, v, dout, **kw):
+    x = [a.detach().requires_grad_() for a in (q, k, v)]
+    out = qkv.scaled_dot_product_attention(*x, backend="blockwise", scale=0.125, **kw)
+    return torch.autograd.grad(out, x, dout)
+
+
+@pytest.mark.parametrize("case", ["window", "documents"])
+def test_the_blockwise_backend_trains_through_the_kernels_backward(case):
+    # the window: the kernel's forward and backward; documents: spans' forward, the kernel's backward
+    q, k, v, dout = tensors(1, 2, 700, 700, 32, seed=7, dtype=torch.float32) + (torch.randn(1, 2, 700, 32),)
+    if case == "window":
+        bm = qkv.create_block_mask(sliding_window(100, 0), None, None, 700, 700, block_size=64)
+        kw, forward = dict(window=(100, 0), is_causal=True), kernels.kernel_forward
+    else:
+        bm = qkv.create_block_mask(document(uneven_documents(700)), None, None, 700, 700, block_size=128)
+        kw, forward = dict(block_mask=bm), spans_forward
+    out, lse = forward(q, k, v, bm, scale=0.125)
+    want = kernels.kernel_backward(q, k, v, out, dout, lse, bm, scale=0.125)
+    assert all(torch.equal(a, b) for a, b in zip(backend_grads(q, k, v, dout, **kw), want))
+    with kernels.use_kernel(False):  # the pure-torch spans path, forward and backward
+        pure = backend_grads(q, k, v, dout, **kw)
+    out, lse = spans_forward(q, k, v, bm, scale=0.125)
+    want = spans_backward(q, k, v, out, dout, lse, bm, scale=0.125)
+    assert all(torch.equal(a, b) for a, b in zip(pure, want))
 
 
 def test_masks_that_are_not_one_interval_per_row_go_to_the_spans_path():

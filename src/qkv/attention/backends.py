@@ -22,8 +22,9 @@ what to materialise:
   span, merged by lse) where that can answer, else :mod:`qkv.attention.blockwise` (the readable
   pure-torch online softmax): for ``softcap=``, a value head size ≠ the query's, or non-CPU
   tensors (:func:`qkv.attention.spans.supports`).
-  Inside spans, a window's forward runs qkv's C++ kernel where set-up built it
-  (:mod:`qkv.attention.kernels`; ``kernels.use_kernel(False)`` selects the pure-torch spans path).
+  Inside spans, a window's forward and an interval mask's backward run qkv's C++ kernel where
+  set-up built it (:func:`qkv.attention.kernels.attention`; ``kernels.use_kernel(False)`` selects
+  the pure-torch spans path).
 * ``"auto"`` — the dispatch rule, in :func:`choose_backend` and nowhere else.
 
 Each backend declares what it can do when it registers (:class:`Capabilities`: the log-sum-exp
@@ -52,7 +53,7 @@ from qkv.attention.attention_mask import AttentionMask, combine
 from qkv.attention import kernels
 from qkv.attention.flash_cpu import any_nan, nan_key_rows
 from qkv.attention.reference import reference_attention
-from qkv.attention.spans import spans_attention, supports as spans_supports
+from qkv.attention.spans import supports as spans_supports
 
 # torch 2.5 made SDPA return zeros for all-masked rows (before: NaN) and added enable_gqa.
 _TORCH_2_5 = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -212,11 +213,8 @@ def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enabl
     batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
     heads = query.shape[-3] if query.ndim >= 3 else 1
     block = block_mask_for(mask, batch, heads, t, s, device=query.device)
-    if spans_supports(query, key, value, softcap):
-        if kernels.supports(query, key, value, block):  # qkv's C++ forward, where built and faster
-            return kernels.kernel_attention(query, key, value, block, scale=scale,
-                                            enable_gqa=groups > 1)
-        return spans_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1)
+    if spans_supports(query, key, value, softcap):  # with qkv's C++ kernel where built and faster
+        return kernels.attention(query, key, value, block, scale=scale, enable_gqa=groups > 1)
     return blockwise_attention(query, key, value, block, scale=scale, enable_gqa=groups > 1,
                                softcap=softcap)
 

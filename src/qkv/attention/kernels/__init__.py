@@ -61,6 +61,12 @@ from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, differentia
 # 64 rows the two GEMMs per tile lose more than that.
 BLOCK_Q = 64
 BLOCK_K = 1024  # a window of 512 + a tile of 64 in one chunk: no rescaling of O
+# The backward's keys per chunk (a span cut into equal chunks of at most this many): measured
+# (fp32, d = 64, H = 4, N = 16k, one thread of a loaded 2-core AMD EPYC, interleaved, median ms):
+# documents of 2,048: 256 1310-1376, 512 1328-1544, 1024 1483-1700 (the spans backward
+# 1521-1623) — a chunk's P, dS, K, V, dK, dV stay in the 1 MiB L2; a window of 512: 256 (3 × 192)
+# 370-441, 1024 (one chunk of 576) 365-410, equal within the noise.
+BACKWARD_BLOCK_K = 256
 # Fewer query rows than this go to the spans path (decoding: its key split keeps the threads busy).
 MIN_ROWS = 64
 
@@ -226,7 +232,7 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     backward from the saved ``out`` and ``lse`` of either forward, ``dlse`` (..., h, t) the
     gradient reaching lse or None. A row with no key (lse −inf) gets dq 0 and adds nothing.
 
-    Memory beyond dq, dk, dv: two (BLOCK_Q, BLOCK_K) tiles a thread; q, k, v, out and dout are
+    Memory beyond dq, dk, dv: two (BLOCK_Q, BACKWARD_BLOCK_K) tiles a thread; q, k, v, out and dout are
     read in place (any strides with the last dim contiguous), lse and dlse as (b, h, t)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
@@ -237,7 +243,7 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     lse3 = lse.reshape(rows).contiguous()  # (b, h, t)
     dlse3 = lse3.new_empty(0) if dlse is None else dlse.reshape(rows).float().contiguous()  # (b, h, t)
     dq, dk, dv = load().interval_backward(q4, k4, v4, o4, do4, lse3, dlse3, lo, hi, float(scale),
-                                          BLOCK_Q, BLOCK_K)
+                                          BLOCK_Q, BACKWARD_BLOCK_K)
     return dq.view(query.shape), dk.view(key.shape), dv.view(value.shape)
 
 
@@ -246,4 +252,19 @@ def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable: the kernel's forward and backward (from the saved lse)."""
     return differentiable((kernel_forward, kernel_backward), query, key, value, block_mask,
+                          scale=float(scale), enable_gqa=bool(enable_gqa))
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              block_mask: BlockMask, *, scale: float,
+              enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable attention by the spans path, the kernel taking each pass where it runs and
+    was measured faster: the forward for a window (:func:`supports`), the backward for every
+    interval mask (:func:`can_run`; documents of 2,048 at 16k, one thread: 1.1-1.2× the spans
+    backward). Elsewhere, or under ``use_kernel(False)``, :func:`qkv.attention.spans.spans_attention`."""
+    from qkv.attention import spans
+    if not can_run(query, key, value, block_mask):
+        return spans.spans_attention(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
+    forward = kernel_forward if _has_window(block_mask.mask_mod) else spans.spans_forward
+    return differentiable((forward, kernel_backward), query, key, value, block_mask,
                           scale=float(scale), enable_gqa=bool(enable_gqa))

@@ -337,8 +337,11 @@ std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor&
       std::fill(dQ, dQ + m * d, 0.0f);
       return;
     }
-    for (int64_t c0 = span_lo; c0 < span_hi; c0 += block_k) {
-      const int64_t n = std::min(block_k, span_hi - c0);
+    // the span in equal chunks of at most block_k keys (no short last chunk)
+    const int64_t chunks = (span_hi - span_lo + block_k - 1) / block_k;
+    const int64_t chunk = (span_hi - span_lo + chunks - 1) / chunks;
+    for (int64_t c0 = span_lo; c0 < span_hi; c0 += chunk) {
+      const int64_t n = std::min(chunk, span_hi - c0);
       // S (m, n) row-major = scale · Q Kᵀ (column-major: Sᵀ = K · Qᵀ), then P = exp(S − lse)
       gemm('T', 'N', n, m, d, fscale, K + c0 * ldk, ldk, Q, ldq, 0.0f, S, n);
       // dP (m, n) = dO Vᵀ (column-major: dPᵀ = V · dOᵀ)
