@@ -16,7 +16,8 @@ Cases:
 
 Implementations: ``spans`` is the blockwise backend as a user calls it (torch's fused kernel per
 span, :mod:`qkv.attention.spans`; for a window qkv's C++ kernel where it is built), ``torch_blockwise`` its pure-torch reference path
-(:func:`qkv.attention.blockwise.blockwise_attention`), ``spans fwd+bwd`` forward + backward: its
+(:func:`qkv.attention.blockwise.blockwise_attention`), ``spans fwd+bwd`` forward + backward as the
+backend runs them (the backward by qkv's C++ kernel where built, for windows and documents): its
 speed-up column is (forward + backward) / forward, and ``bwd MB`` the backward's peak of torch's
 allocations beyond dq, dk, dv (the profiler's allocation events summed in order: counted, not
 timed; what issue 33 asks ≤ 64 MB at 64k), dout held by the caller as the inputs are.
@@ -24,7 +25,11 @@ timed; what issue 33 asks ≤ 64 MB at 64k), dout held by the caller as the inpu
 ``kernel`` is the forward by qkv's C++ kernel (:mod:`qkv.attention.kernels`, built by ``make
 setup``; the blockwise backend runs it for a window), ``spans_torch`` the forward by torch's
 fused kernel per span (:func:`qkv.attention.spans.spans_forward`): the pure-torch spans path the
-kernel is compared with, for windows and documents alike.
+kernel is compared with, for windows and documents alike. ``backward`` times, interleaved in one
+process on one forward's (out, lse), the backend's forward, the C++ backward
+(:func:`qkv.attention.kernels.kernel_backward`, what the backend runs for both cases) and the
+spans backward (:func:`qkv.attention.spans.spans_backward`): (forward + each backward) / forward,
+and each backward's peak allocation beyond dq, dk, dv.
 
 Peers: ``sdpa+mask`` is torch's SDPA given the materialised (N, N) mask (what ``"fused"`` does
 for a window; skipped above 16k, where the mask alone is ≥ 1 GiB); ``flex`` is FlexAttention
@@ -37,6 +42,8 @@ fp32 matmul rate measured in the same run at the same thread count.
     python benchmarks/long.py --threads 1 --quick          # N = 4k, 8k only
     python benchmarks/long.py --threads 1,2 --lengths 16384,65536 --cases window,document \
         --impls blockwise,blockwise+backward                # training: fwd+bwd / fwd, bwd MB
+    python benchmarks/long.py --threads 1 --lengths 16384 --cases window,document \
+        --impls backward                                    # the C++ backward vs the spans backward
 
 The header names the CPU (``/proc/cpuinfo``'s model name): ratios differ between CPUs.
 """
@@ -174,6 +181,8 @@ def one(spec: dict) -> dict:
             out = qkv.scaled_dot_product_attention(q, k, v, block_mask=bm)
             spec["bwd_mb"] = (allocated_peak_bytes(lambda: out.backward(dout)) - 3 * q.numel() * 4) / 2**20
             q.grad = k.grad = v.grad = None
+    elif impl == "backward":
+        return backwards(spec, q, k, v, qkv.create_block_mask(mod, None, None, n, n, block_size=tile))
     elif impl == "sdpa+mask":  # qkv's "fused": torch's SDPA with the materialised (N, N) mask
         def call():
             extra = dict(attn_mask=varlen.block_diagonal()) if kwargs.get("attn_mask", 1) is None else kwargs
@@ -216,6 +225,35 @@ def one(spec: dict) -> dict:
     if impl == "blockwise+backward":
         backward_only()
     return dict(spec, time_s=statistics.median(times), build_s=build, extra_mb=extra_mb)
+
+
+def backwards(spec: dict, q, k, v, bm) -> dict:
+    """The backend's forward, the C++ backward and the spans backward on that forward's (out, lse),
+    rounds interleaved (the machine's load drifts alike for all three); the backwards' peak
+    allocations beyond dq, dk, dv."""
+    from qkv.attention import kernels
+    from qkv.attention.spans import spans_backward, spans_forward
+    if not kernels.can_run(q, k, v, bm):
+        raise SystemExit("qkv's C++ kernel is not built here (python -m qkv.attention.kernels.build)")
+    scale = D ** -0.5
+    forward = kernels.kernel_forward if kernels.supports(q, k, v, bm) else spans_forward  # the backend's
+    out, lse = forward(q, k, v, bm, scale=scale)
+    dout = torch.randn_like(out)
+    calls = {"fwd": lambda: forward(q, k, v, bm, scale=scale),
+             "kernel": lambda: kernels.kernel_backward(q, k, v, out, dout, lse, bm, scale=scale),
+             "spans": lambda: spans_backward(q, k, v, out, dout, lse, bm, scale=scale)}
+    times = {name: [] for name in calls}
+    for name, call in calls.items():
+        call()  # warm-up
+        spec[f"{name}_mb"] = (allocated_peak_bytes(call) - 3 * q.numel() * 4) / 2**20
+    for _ in range(spec["rounds"]):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    for name in calls:
+        spec[f"{name}_s"] = statistics.median(times[name])
+    return dict(spec, time_s=spec["fwd_s"], build_s=None, extra_mb=0.0)
 
 
 def decode(spec: dict) -> dict:
@@ -338,12 +376,17 @@ def table(a, threads: int) -> list[list[str]]:
                 impls.append("flex")
             if case in ("window", "document") and n in (16384, 65536) or case == "causal" and n == 16384 and heads == 4:
                 impls.append("blockwise+backward")
+            if case in ("window", "document") and n in (16384, 65536):
+                impls.append("backward")
             if a.impls:
                 impls = [i for i in impls if i in a.impls.split(",")]
             res = {impl: run(dict(base, impl=impl)) for impl in impls}
             ours = res.get("blockwise")
             for impl, r in res.items():
                 if r is None:
+                    continue
+                if impl == "backward":
+                    md += print_backwards(r, threads)
                     continue
                 flops = 4 * n * keys_per_row(case, n) * D * heads
                 gf = (flops / r["time_s"] / 1e9
@@ -369,6 +412,18 @@ def table(a, threads: int) -> list[list[str]]:
                            + (f" + compile {r['compile_s']:.1f} s" if "compile_s" in r else "")])
     print("speed-up = peer's time / spans forward time (spans+backward: fwd+bwd / fwd)")
     return md
+
+
+def print_backwards(r: dict, threads: int) -> list[list[str]]:
+    """The ``backward`` run's line and its markdown rows: each backward's (fwd + bwd) / fwd."""
+    fwd = r["fwd_s"]
+    print(f"{r['case']:10} {r['n']:6} backward: forward {fwd * 1e3:.1f} ms; " + "; ".join(
+        f"{name} bwd {r[f'{name}_s'] * 1e3:.1f} ms = fwd+bwd {(fwd + r[f'{name}_s']) / fwd:.2f}× fwd, "
+        f"{r[f'{name}_mb']:.1f} MB" for name in ("kernel", "spans")), flush=True)
+    return [[str(threads), r["case"], f"{r['n'] // 1024}k", f"{label} (fwd {fwd * 1e3:.1f})",
+             f"{r[f'{name}_s'] * 1e3:.1f}", f"bwd {r[f'{name}_mb']:.1f}", "", "",
+             f"{(fwd + r[f'{name}_s']) / fwd:.2f}×", ""]
+            for name, label in (("kernel", "C++ backward"), ("spans", "spans backward"))]
 
 
 NAMES = {"blockwise": "spans", "torch_blockwise": "pure-torch blockwise", "sdpa+mask": "SDPA + mask",
