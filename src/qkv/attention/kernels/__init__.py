@@ -232,13 +232,13 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     backward from the saved ``out`` and ``lse`` of either forward, ``dlse`` (..., h, t) the
     gradient reaching lse or None. A row with no key (lse −inf) gets dq 0 and adds nothing.
 
-    Memory beyond dq, dk, dv: two (BLOCK_Q, BACKWARD_BLOCK_K) tiles a thread; q, k, v, out and dout are
-    read in place (any strides with the last dim contiguous), lse and dlse as (b, h, t)."""
+    Memory beyond dq, dk, dv: two (BLOCK_Q, BACKWARD_BLOCK_K) tiles a thread; q, k, v, out and
+    dout are read in place (any strides with the last dim contiguous), lse and dlse as (b, h, t)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     lo, hi = intervals(block_mask)
-    q4, k4, v4, o4, do4 = (x if x.ndim == 4 else x.unsqueeze(0) for x in (query, key, value, out, dout))
-    q4, k4, v4, o4, do4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4, o4, do4))
+    x4 = (x if x.ndim == 4 else x.unsqueeze(0) for x in (query, key, value, out, dout))  # (b, h, n, d)
+    q4, k4, v4, o4, do4 = (x if x.stride(-1) == 1 else x.contiguous() for x in x4)
     rows = q4.shape[:-1]  # (b, h, t)
     lse3 = lse.reshape(rows).contiguous()  # (b, h, t)
     dlse3 = lse3.new_empty(0) if dlse is None else dlse.reshape(rows).float().contiguous()  # (b, h, t)
