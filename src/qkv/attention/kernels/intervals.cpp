@@ -216,7 +216,10 @@ namespace {
 // Each work item of the backward owns the dK, dV rows it adds into: a (batch, key head) pair —
 // all its query heads' tiles — or, where there are fewer pairs than threads, one of `parts`
 // consecutive runs of its tiles. Runs p and p + 2, p + 4, … must touch disjoint keys: even runs go
-// in one parallel sweep, odd runs in a second (no locks, no per-thread copies of dK, dV).
+// in one parallel sweep, odd runs in a second (no locks, no per-thread copies of dK, dV: the
+// backward's memory stays two tiles a thread). Where a long interval (a document) spans several
+// runs, one item per pair. The split's speed-up is not measured yet (written on a 2-core machine
+// whose other core was busy); one thread never splits.
 struct Parts {
   int64_t count = 1;      // runs of tiles per (batch, key head)
   std::vector<int64_t> first;  // run p's tiles: [first[p], first[p + 1])
