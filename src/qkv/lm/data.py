@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.training.copies import copy_sequence
+
 BOS, UNK = "<bos>", "<unk>"
 SPECIALS = (BOS, UNK)
 BOS_ID, UNK_ID = 0, 1
@@ -84,21 +86,14 @@ class LMBatch:
 def sample_sequence(rng: random.Random, cfg: DataConfig) -> tuple[list[int], list[bool]]:
     """One sequence (without ``<bos>``): word ids and which are predictable by induction."""
     first = len(SPECIALS)
-    ids: list[int] = []
-    predictable: list[bool] = []
-    while len(ids) < cfg.seq_len:
-        if len(ids) >= cfg.min_span and rng.random() < cfg.copy_prob:
-            span = rng.randint(cfg.min_span, min(cfg.max_span, len(ids)))
-            start = rng.randint(0, len(ids) - span)
-            copied = ids[start:start + span]
-            ids += copied
-            predictable += [False] + [True] * (span - 1)
+
+    def draw(ids: list[int]) -> int:  # a uniform word, or the rule's word of the one two back
         if len(ids) >= 2 and rng.random() < cfg.rule_prob:
-            ids.append(first + RULE[ids[-2] - first])
-        else:
-            ids.append(first + rng.randrange(len(WORDS)))
-        predictable.append(False)
-    return ids[:cfg.seq_len], predictable[:cfg.seq_len]
+            return first + RULE[ids[-2] - first]
+        return first + rng.randrange(len(WORDS))
+
+    return copy_sequence(rng, cfg.seq_len, draw, copy_prob=cfg.copy_prob, min_span=cfg.min_span,
+                         max_span=cfg.max_span)
 
 
 def _batch(rng: random.Random, cfg: DataConfig, batch_size: int) -> LMBatch:
