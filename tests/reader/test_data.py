@@ -34,35 +34,46 @@ def test_byte_level_bpe_puts_bos_first_and_reads_any_text(stream_and_tokenizer):
 
 def test_batches_are_a_pure_function_of_seed_and_step(stream_and_tokenizer):
     stream, _ = stream_and_tokenizer
-    cfg = BatchConfig(seq_len=64, repeat_prob=0.25, random_prob=0.375, min_span=4, max_span=12)
-    a = get_batch(stream, cfg, batch_size=4, seed=1, step=7)
-    b = get_batch(stream, cfg, batch_size=4, seed=1, step=7)
-    c = get_batch(stream, cfg, batch_size=4, seed=1, step=8)
-    assert torch.equal(a.ids, b.ids) and not torch.equal(a.ids, c.ids)
-    assert a.ids.shape == (4, 65) and bool((a.ids[:, 0] == BOS_ID).all())
+    cfg = BatchConfig(seq_len=64, copy_prob=0.5, min_span=4, max_span=8, copy_len=32)
+    a = get_batch(stream, cfg, batch_size=8, seed=1, step=7)
+    b = get_batch(stream, cfg, batch_size=8, seed=1, step=7)
+    c = get_batch(stream, cfg, batch_size=8, seed=1, step=8)
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.copies, b.copies)
+    assert not (torch.equal(a.ids, c.ids) and torch.equal(a.copies, c.copies))
+    assert a.ids.shape[1:] == (65,) and a.copies.shape[1:] == (33,)
+    assert len(a.ids) + len(a.copies) // 2 == 8 and a.num_tokens == 8 * 64  # a window's tokens either way
+    assert bool((a.ids[:, 0] == BOS_ID).all()) and bool((a.copies[:, 0] == BOS_ID).all())
 
 
-def test_a_repeated_window_is_one_segment_written_again(stream_and_tokenizer):
+def test_english_windows_are_slices_and_copies_continue_earlier_spans(stream_and_tokenizer):
     stream, _ = stream_and_tokenizer
     text = stream.train.tolist()
-    for english in (1.0, 0.0):  # an English segment, or random tokens
-        cfg = BatchConfig(seq_len=64, repeat_prob=english, random_prob=1.0 - english, min_span=5,
-                          max_span=5, random_vocab=100)
-        batch = get_batch(stream, cfg, batch_size=4, seed=0, step=0)
-        ids, copied = batch.ids[:, 1:], batch.copied[:, 1:]  # after <bos>
-        assert torch.equal(ids[:, 5:], ids[:, :-5])  # period 5
-        # predictable by looking back: every token of a repeat but its first (position 5)
-        assert copied[:, :6].sum() == 0 and bool(copied[:, 6:].all())
-        assert bool((ids != BOS_ID).all())
-        assert english or bool((ids < 100).all())  # random tokens from the first random_vocab ids
-        from_text = [any(text[i:i + 5] == row[:5] for i in range(len(text) - 4)) for row in ids.tolist()]
-        assert all(from_text) if english else not any(from_text)
-    plain = get_batch(stream, BatchConfig(seq_len=64, repeat_prob=0.0, random_prob=0.0, min_span=4,
-                                              max_span=12),
-                      batch_size=4, seed=0, step=0)
-    assert not bool(plain.copied.any())
-    row = plain.ids[0, 1:].tolist()  # a plain window is a slice of the training stream
-    assert any(text[i:i + 64] == row for i in range(len(text) - 63))
+    cfg = BatchConfig(seq_len=64, copy_prob=0.5, min_span=4, max_span=8, copy_len=32)
+    batch = get_batch(stream, cfg, batch_size=16, seed=0, step=0)
+    assert len(batch.ids) and len(batch.copies)  # both kinds at this seed
+    for row in batch.ids[:, 1:].tolist():  # an English window is a slice of the training stream
+        assert any(text[i:i + 64] == row for i in range(len(text) - 63))
+    ids, copied = batch.copies[:, 1:].tolist(), batch.copied[:, 1:].tolist()
+    for row, marks in zip(ids, copied):
+        assert BOS_ID not in row and 0.3 < sum(marks) / len(marks)
+        for i, c in enumerate(marks):  # predictable only by looking back
+            assert not c or any(row[j - 1] == row[i - 1] and row[j] == row[i] for j in range(1, i))
+    assert not bool(batch.copied[:, 0].any())
+
+
+def test_the_copying_phase_is_all_copies_of_few_token_ids(stream_and_tokenizer):
+    stream, _ = stream_and_tokenizer
+    cfg = BatchConfig(seq_len=64, copy_prob=0.0, min_span=5, max_span=5, copy_len=32, copy_vocab=100,
+                      copy_steps=3)
+    for step in range(3):  # copying sequences of ids < 100 inside the phase, English after it
+        batch = get_batch(stream, cfg, batch_size=4, seed=0, step=step)
+        assert len(batch.ids) == 0 and batch.copies.shape == (8, 33)
+        assert bool((batch.copies < 100).all())
+    late = get_batch(stream, cfg, batch_size=4, seed=0, step=3)
+    assert late.ids.shape == (4, 65) and len(late.copies) == 0
+    after = get_batch(stream, BatchConfig(seq_len=64, copy_prob=1.0, min_span=5, max_span=5, copy_len=32,
+                                          copy_vocab=100, copy_steps=3), batch_size=8, seed=0, step=3)
+    assert int(after.copies.max()) >= 100  # after the phase: the whole vocabulary
 
 
 def test_unigram_loss_is_the_add_one_cross_entropy(stream_and_tokenizer):
@@ -81,17 +92,3 @@ def test_heldout_windows_and_short_texts(stream_and_tokenizer):
     assert torch.equal(w[0, 1:], text[:32])  # the first window starts at the first token
     with pytest.raises(QkvError, match="fewer than --seq-len"):
         heldout_windows(stream, seq_len=10**6, count=1)
-
-
-def test_the_copying_phase_draws_only_random_repeats(stream_and_tokenizer):
-    stream, _ = stream_and_tokenizer
-    text = stream.train.tolist()
-    cfg = BatchConfig(seq_len=64, repeat_prob=0.0, random_prob=0.0, min_span=5, max_span=5,
-                      random_vocab=100, copy_steps=3)
-    for step in range(3):  # plain English after the phase, random repeats inside it
-        ids = get_batch(stream, cfg, batch_size=4, seed=0, step=step).ids[:, 1:]
-        assert torch.equal(ids[:, 5:], ids[:, :-5]) and bool((ids < 100).all())
-    late = get_batch(stream, cfg, batch_size=4, seed=0, step=3)
-    assert not bool(late.copied.any())
-    row = late.ids[0, 1:].tolist()
-    assert any(text[i:i + 64] == row for i in range(len(text) - 63))

@@ -17,8 +17,8 @@ from reader_corpus import write_docs
 from tolerance import assert_within
 
 TINY = dict(vocab_size=300, d_model=32, num_heads=2, layers=2, ff_dim=64, window=16, seq_len=32,
-            min_span=4, max_span=8, batch_size=4, eval_size=4, probe_size=2, max_positions=4096,
-            warmup=2, lr=1e-2)
+            min_span=4, max_span=8, copy_len=16, copy_steps=2, copy_prob=0.5, batch_size=4,
+            eval_size=4, probe_size=2, max_positions=4096, warmup=2, lr=1e-2)
 
 
 def flags(options: dict) -> list[str]:
@@ -37,7 +37,7 @@ def test_the_command_writes_a_mistral_directory_that_loads(docs, tmp_path, capsy
     assert "held-out pages read whole" in capsys.readouterr().out
     meta = json.loads((out / "config.json").read_text())
     assert meta["model_type"] == "mistral" and meta["architectures"] == ["MistralForCausalLM"]
-    assert meta["sliding_window"] == 16 and meta["tie_word_embeddings"] is True
+    assert meta["sliding_window"] == 16 and meta["tie_word_embeddings"] is False
     record = read_training(out)
     assert record["command"].startswith(f"qkv train reader --out {out} --slim --threads 1 --steps 4")
     assert record["train"]["seed"] == 0 and record["train"]["corpus"] == str(docs)
@@ -84,10 +84,10 @@ def test_killed_run_resumes_exactly(docs, tmp_path):
 
 
 def test_option_errors(docs, tmp_path):
-    with pytest.raises(QkvError, match=r"need --min-span \(16\) <= --max-span \(64\) <= --seq-len / 2 \(16\)"):
+    with pytest.raises(QkvError, match=r"need --min-span \(4\) <= --max-span \(16\) <= --copy-len / 2 \(8\)"):
+        ReaderTrainConfig(copy_len=16)
+    with pytest.raises(QkvError, match=r"--copy-len \(64\) must be at most --seq-len \(32\) and --window \(128\)"):
         ReaderTrainConfig(seq_len=32)
-    with pytest.raises(QkvError, match=r"--repeat-prob \(0.5\) \+ --random-prob \(0.6\) must be at most 1"):
-        ReaderTrainConfig(repeat_prob=0.5, random_prob=0.6)
     with pytest.raises(QkvError, match=r"--max-positions \(32\) must exceed --seq-len \(32\)"):
         ReaderTrainConfig(**{**TINY, "max_positions": 32})
     with pytest.raises(QkvError, match="--vocab-size must be between 258 and 65536, got 200"):

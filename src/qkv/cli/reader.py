@@ -24,9 +24,10 @@ def register_train(models: argparse._SubParsersAction) -> None:
         description="Train a 4-layer Mistral (Llama with a sliding window: RMSNorm, SwiGLU, RoPE) "
                     "on the English prose of the Python documentation (Debian's python3.11-doc, "
                     "PSF License Version 2), with a byte-level BPE tokenizer learned from the same "
-                    "pages; the tutorial's pages are held out. Some training windows are one "
-                    "segment (English, or random tokens) repeated, so induction heads form. The final checkpoint records the "
-                    "held-out loss against a unigram model of the text.",
+                    "pages; the tutorial's pages are held out. Training starts on short copying "
+                    "sequences (random tokens in which earlier spans are written again), so "
+                    "induction heads form, and keeps some among the English windows. The final "
+                    "checkpoint records the held-out loss against a unigram model of the text.",
         epilog="example: qkv train reader --out runs/reader --steps 1000")
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1)")

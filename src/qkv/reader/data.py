@@ -1,22 +1,22 @@
 """The reader's tokenizer and batches: byte-level BPE trained on the corpus, random windows of the
-token stream, some of them one segment repeated.
+token stream, and short copying sequences.
 
 * :func:`train_tokenizer` — a byte-level BPE (GPT-2's scheme: every byte is a token, so no text
   is unknown) learned from the training pages only, ``<bos>`` put first by its post-processor.
 * :class:`TokenStream` — the training pages' token ids end to end (a page closes with ``\\n\\n``),
   and the held-out pages, each its own id list.
-* :func:`get_batch` — ``batch_size`` windows of ``seq_len`` tokens at random offsets, ``<bos>``
-  first. Some windows are instead one *segment* of ``min_span … max_span`` tokens written again
-  and again — English from the stream (``repeat_prob``) or tokens drawn at random from the
-  vocabulary (``random_prob``, TransformerLens's repeated random tokens). After its first
-  occurrence every token of a segment (but the first of each repeat) is predictable only by
-  looking back: find the current token's earlier occurrence and read what followed it — what
-  induction heads do (Olsson et al. 2022). English repeats itself too (names, identifiers), but
-  too seldom for induction heads to form within the short CPU budget, and a repeated English
-  segment is partly predictable without looking back; random tokens are not::
+* :func:`get_batch` — ``batch_size`` windows: ``seq_len`` English tokens at a random offset, or
+  (``copy_prob``; every window during the first ``copy_steps``) as many tokens in *copying
+  sequences* of ``copy_len``: random tokens in which spans of earlier ones are written again
+  (:func:`qkv.training.copies.copy_sequence`, ``qkv train lm``'s rule). Every token of a copy
+  but its first is predictable only by looking back — find the current token's earlier
+  occurrence and read what followed it, what induction heads do (Olsson et al. 2022). English
+  repeats itself too (names, identifiers), but too seldom for induction heads to form within a
+  CPU budget. The copying phase draws its tokens from few ids (``copy_vocab``: each is seen
+  often, so the heads form sooner), later copies from the whole vocabulary::
 
-      <bos> the with statement ensures that │the with statement ensures that │the with …
-            └──────── a segment ──────────┘ └──── its repeat ─────────────┘
+      <bos> 17 203  88 140  56 │ 88 140  56 │ 9 │ 203  88 │ 31 …
+                   └─ span ─┘   └─ copy ─┘       └copy┘
 
 A batch is a pure function of (seed, step), like ``qkv train lm``'s.
 
@@ -24,19 +24,20 @@ Example:
     >>> import tokenizers
     >>> tok = train_tokenizer(["the cat sat on the mat. " * 20], vocab_size=300)
     >>> stream = TokenStream.of(tok, ["the cat sat on the mat. " * 40], ["a mat."])
-    >>> b = get_batch(stream, BatchConfig(16, 0.5, 0.25, 2, 4), batch_size=2, seed=0, step=0)
-    >>> b.ids.shape, int(b.ids[0, 0]) == BOS_ID                    # (b, 1 + seq_len)
-    (torch.Size([2, 17]), True)
+    >>> b = get_batch(stream, BatchConfig(16, 0.5, 2, 4, copy_len=8), batch_size=4, seed=0, step=0)
+    >>> b.ids.shape[1], b.copies.shape[1], b.num_tokens    # (b, 1 + seq_len), (c, 1 + copy_len)
+    (17, 9, 64)
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from qkv.errors import QkvError
+from qkv.training.copies import copy_sequence
 
 BOS = "<bos>"
 BOS_ID = 0
@@ -98,62 +99,70 @@ class BatchConfig:
     the shipped reader's values)."""
 
     seq_len: int  # tokens after <bos>
-    repeat_prob: float  # the share of windows that are one English segment repeated
-    random_prob: float  # … that are one segment of random tokens repeated
-    min_span: int  # tokens per repeated segment, drawn uniformly from [min_span, max_span]
+    copy_prob: float  # the share of windows given to copying sequences instead of English
+    min_span: int  # tokens per copied span, drawn uniformly from [min_span, max_span]
     max_span: int
-    random_vocab: int | None = None  # random tokens are ids 1 … random_vocab − 1 (None: all)
-    copy_steps: int = 0  # steps 0 … copy_steps − 1: every window is random tokens repeated
+    copy_len: int = 64  # tokens per copying sequence (after <bos>); seq_len // copy_len a window
+    copy_vocab: int | None = None  # the copying phase's new tokens: ids 1 … copy_vocab − 1 (None: all)
+    copy_steps: int = 0  # steps 0 … copy_steps − 1: every window is copying sequences
+
+    @property
+    def copies_per_window(self) -> int:
+        return max(self.seq_len // self.copy_len, 1)
 
 
 @dataclass(frozen=True)
 class ReaderBatch:
-    """Windows of the token stream.
+    """A step's text: English windows of the token stream and short copying sequences.
 
     Fields:
-        ids: (b, 1 + seq_len) token ids, ``<bos>`` first.
-        copied: (b, 1 + seq_len) True on the tokens of a repeat but its first (those only
-            looking back predicts).
+        ids: (b, 1 + seq_len) English token ids, ``<bos>`` first (b may be 0).
+        copies: (c, 1 + copy_len) copying sequences' ids, ``<bos>`` first (c may be 0).
+        copied: (c, 1 + copy_len) True on the tokens that continue a copy (those only looking
+            back predicts: :func:`qkv.training.copies.copy_sequence`).
     """
 
     ids: torch.Tensor
+    copies: torch.Tensor
     copied: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
-        return int(self.ids[:, 1:].numel())
+        return int(self.ids[:, 1:].numel() + self.copies[:, 1:].numel())
 
 
-def sample_window(rng: random.Random, stream: torch.Tensor, cfg: BatchConfig,
-                  vocab_size: int) -> tuple[list[int], list[bool]]:
-    """One window of ``cfg.seq_len`` ids (without ``<bos>``) and which are predictable repeats."""
-    n, u = cfg.seq_len, rng.random()
-    if u >= cfg.random_prob + cfg.repeat_prob:
-        start = rng.randrange(len(stream) - n + 1)
-        return stream[start:start + n].tolist(), [False] * n
-    span = rng.randint(cfg.min_span, cfg.max_span)
-    if u < cfg.random_prob:
-        high = min(cfg.random_vocab or vocab_size, vocab_size)
-        segment = [rng.randrange(BOS_ID + 1, high) for _ in range(span)]  # never <bos>
-    else:
-        start = rng.randrange(len(stream) - span + 1)
-        segment = stream[start:start + span].tolist()
-    ids = (segment * (n // span + 1))[:n]
-    return ids, [i > span for i in range(n)]  # position span starts a repeat: not predictable
+def copying_sequence(rng: random.Random, cfg: BatchConfig, high: int) -> tuple[list[int], list[bool]]:
+    """One copying sequence of ``cfg.copy_len`` ids (without ``<bos>``): random tokens of ids
+    1 … ``high`` − 1 in which spans of earlier ones are written again, and which tokens continue a
+    copy."""
+    return copy_sequence(rng, cfg.copy_len, lambda ids: rng.randrange(BOS_ID + 1, high),  # never <bos>
+                         copy_prob=1.0, min_span=cfg.min_span, max_span=cfg.max_span)
 
 
 def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: int, step: int) -> ReaderBatch:
-    """Training batch ``step`` of run ``seed``: a pure function of (stream, seed, step)."""
-    if len(stream.train) < cfg.seq_len:
-        raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len "
-                       f"{cfg.seq_len}")
+    """Training batch ``step`` of run ``seed``: a pure function of (stream, seed, step). Each of
+    ``batch_size`` windows is English (``seq_len`` tokens at a random offset) or, with chance
+    ``copy_prob`` (always during the first ``copy_steps``), ``seq_len // copy_len`` copying
+    sequences — as many tokens, in short sequences."""
+    n = cfg.seq_len
+    if len(stream.train) < n:
+        raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len {n}")
     rng = random.Random(f"reader/train/{seed}/{step}")
-    if step < cfg.copy_steps:  # the copying phase: induction heads first, English after
-        cfg = replace(cfg, repeat_prob=0.0, random_prob=1.0)
-    rows = [sample_window(rng, stream.train, cfg, stream.vocab_size) for _ in range(batch_size)]
-    ids = torch.tensor([[BOS_ID] + r for r, _ in rows], dtype=torch.long)  # (b, 1 + seq_len)
-    copied = torch.tensor([[False] + c for _, c in rows], dtype=torch.bool)
-    return ReaderBatch(ids, copied)
+    phase = step < cfg.copy_steps  # the copying phase: induction heads first, on few token ids
+    share = 1.0 if phase else cfg.copy_prob
+    high = min(cfg.copy_vocab or stream.vocab_size, stream.vocab_size) if phase else stream.vocab_size
+    english, copies = [], []
+    for _ in range(batch_size):
+        if rng.random() < share:
+            copies += [copying_sequence(rng, cfg, high) for _ in range(cfg.copies_per_window)]
+        else:
+            start = rng.randrange(len(stream.train) - n + 1)
+            english.append([BOS_ID] + stream.train[start:start + n].tolist())
+    ids = torch.tensor(english, dtype=torch.long).reshape(len(english), 1 + n)  # (b, 1 + seq_len)
+    seqs = torch.tensor([[BOS_ID] + r for r, _ in copies], dtype=torch.long)
+    seqs = seqs.reshape(len(copies), 1 + cfg.copy_len)  # (c, 1 + copy_len)
+    copied = torch.tensor([[False] + c for _, c in copies], dtype=torch.bool).reshape(seqs.shape)
+    return ReaderBatch(ids, seqs, copied)
 
 
 def heldout_windows(stream: TokenStream, *, seq_len: int, count: int) -> torch.Tensor:

@@ -55,43 +55,43 @@ class ReaderTrainConfig(Schedule):
                          "install python3.11-doc); its tutorial/ pages are held out")
     vocab_size: int = option(4096, "byte-level BPE tokens learned from the training pages, <bos> "
                              "included", low=MIN_VOCAB, high=65536)
-    # model: a Mistral (Llama + sliding window): RMSNorm, SwiGLU, RoPE, tied embeddings. Heads of
-    # 32 dimensions (what let `qkv train lm`'s induction heads form, see qkv.lm.train).
+    # model: a Mistral (Llama + sliding window): RMSNorm, SwiGLU, RoPE. Heads of 32 dimensions
+    # (what let `qkv train lm`'s induction heads form, see qkv.lm.train).
     d_model: int = option(128, "width E of every token vector", low=1, high=1024)
     num_heads: int = option(4, "attention heads per layer", low=1, high=64)
     layers: int = option(4, "decoder layers", low=1, high=24)
     ff_dim: int = option(384, "SwiGLU width", low=1, high=4096)
     window: int = option(128, "sliding window: a token sees itself and the window − 1 tokens "
                          "before it", low=1, high=1 << 20)
+    # Untied: measured on `qkv train lm`'s own data and model (800 steps), tying the output to the
+    # embedding left the copies' loss at 2.46 nats with no induction head, untied it fell to 1.44
+    # with one forming — a tied table is both what a head reads and what the output must name.
+    tie_embeddings: bool = option(False, "logits read the embedding table (no output matrix)")
     # RoPE's angles grow with the position and float32 keeps fewer of their digits the larger
     # they are: at 131,072 the fastest pair's angle is still exact to 0.008 rad.
     max_positions: int = option(131072, "the most tokens a text may have", low=1, high=1 << 20)
     # data (qkv.reader.data.BatchConfig); seq_len > window, so training meets the window's edge
-    seq_len: int = option(256, "tokens per training window (after <bos>)", low=1, high=4096)
-    # Windows that are one segment repeated: 25 % English, 37.5 % random tokens. The CPU budget
-    # allows ~1M training tokens, and induction heads need a dense, pure copying signal to form
-    # within it — none has formed yet (docs/tutorial.md, 'A reader for long texts'). Measured
-    # (seq 128, batch 16 = 2,048 tokens a step, one thread): random segments drawn from the whole
-    # 4096-token vocabulary — no copying learned by step 400; drawn from the 512 lowest ids
-    # (--random-vocab 512), every window random (--copy-steps) — the loss on the repeats stays
-    # at the first occurrence's (6.10 against 6.23 nats after 500 steps, 1M tokens), with the
-    # reader's size, the lm's (2 layers × 2 heads, d 64), untied embeddings or no window alike.
-    # (The probe's best "induction" heads of those runs, up to 0.30 = 11× chance, were layer-0
-    # heads attending ~25 tokens back — position, not induction: layer 0 cannot know which
-    # token came before a key.)
-    repeat_prob: float = option(0.25, "share of training windows that are one English segment "
-                                "repeated (induction heads)", low=0.0, high=1.0)
-    random_prob: float = option(0.375, "share of training windows that are one segment of random "
-                                "tokens repeated", low=0.0, high=1.0)
-    random_vocab: int = option(0, "random segments draw their tokens from ids 1 … this − 1 (the "
-                               "bytes and the first BPE merges; 0: the whole vocabulary)", low=0,
-                               high=65536)
-    copy_steps: int = option(0, "the first this many steps every window is random tokens "
-                             "repeated (a copying phase before English)", low=0, high=10**7)
-    min_span: int = option(16, "shortest repeated segment", low=1, high=4096)
-    max_span: int = option(64, "longest repeated segment", low=1, high=4096)
+    seq_len: int = option(256, "tokens per English training window (after <bos>)", low=1, high=4096)
+    # Induction heads form on copying sequences (qkv.training.copies) — and only on short ones
+    # within this budget: measured (4 layers, untied, copies of 4-16 tokens from 256 ids, 2,048
+    # tokens a step), sequences of 64 gave a previous-token head (layer 1, 0.93) by step 300 and
+    # induction heads (layer 3, 0.48 and 0.62 on those ids) by step 700; the same copies in
+    # windows of 256 had not even learned to copy a recent token by step 400 (5.3 nats on the
+    # copies, uniform 5.5). At initialisation a head attends evenly to what it sees, so the copied
+    # token's share of its output — the first signal — is 1/length.
+    copy_len: int = option(64, "tokens per copying sequence (after <bos>): random tokens in which "
+                           "earlier spans are written again", low=2, high=4096)
+    copy_steps: int = option(800, "the first this many steps every window is copying sequences "
+                             "(induction heads form before English)", low=0, high=10**7)
+    copy_prob: float = option(0.5, "after the copying phase, the share of windows given to copying "
+                              "sequences (keeps the heads)", low=0.0, high=1.0)
+    copy_vocab: int = option(257, "the copying phase's random tokens are ids 1 … this − 1 (the 256 "
+                             "bytes; 0: the whole vocabulary); after it, the whole vocabulary",
+                             low=0, high=65536)
+    min_span: int = option(4, "shortest copied span", low=1, high=4096)
+    max_span: int = option(16, "longest copied span", low=1, high=4096)
     # optimisation and bookkeeping (Schedule's, some with other defaults)
-    steps: int = 350
+    steps: int = 2000
     batch_size: int = 8
     lr: float = 3e-3
     warmup: int = 30
@@ -103,15 +103,15 @@ class ReaderTrainConfig(Schedule):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # every option() field against its bounds
-        if self.repeat_prob + self.random_prob > 1.0:
-            raise QkvError(f"--repeat-prob ({self.repeat_prob}) + --random-prob ({self.random_prob}) "
-                           f"must be at most 1")
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise QkvError(f"--d-model ({self.d_model}) must be --num-heads ({self.num_heads}) × an "
                            f"even head size (RoPE rotates pairs)")
-        if self.min_span > self.max_span or 2 * self.max_span > self.seq_len:  # ≥ 1 repeat
+        if self.min_span > self.max_span or 2 * self.max_span > self.copy_len:  # ≥ 1 copy
             raise QkvError(f"need --min-span ({self.min_span}) <= --max-span ({self.max_span}) <= "
-                           f"--seq-len / 2 ({self.seq_len // 2})")
+                           f"--copy-len / 2 ({self.copy_len // 2})")
+        if self.copy_len > min(self.seq_len, self.window):  # every copy within sight
+            raise QkvError(f"--copy-len ({self.copy_len}) must be at most --seq-len ({self.seq_len}) "
+                           f"and --window ({self.window})")
         if self.max_positions <= self.seq_len:
             raise QkvError(f"--max-positions ({self.max_positions}) must exceed --seq-len ({self.seq_len})")
 
@@ -124,18 +124,16 @@ class ReaderTrainConfig(Schedule):
 
     @property
     def batches(self) -> BatchConfig:
-        return BatchConfig(seq_len=self.seq_len, repeat_prob=self.repeat_prob,
-                           random_prob=self.random_prob, random_vocab=self.random_vocab or None,
-                           copy_steps=self.copy_steps,
-                           min_span=self.min_span,
-                           max_span=self.max_span)
+        return BatchConfig(seq_len=self.seq_len, copy_prob=self.copy_prob, min_span=self.min_span,
+                           max_span=self.max_span, copy_len=self.copy_len,
+                           copy_vocab=self.copy_vocab or None, copy_steps=self.copy_steps)
 
     def model_config(self, vocab_size: int) -> LlamaConfig:
         return LlamaConfig(vocab_size=vocab_size, hidden_size=self.d_model,
                            intermediate_size=self.ff_dim, num_hidden_layers=self.layers,
                            num_attention_heads=self.num_heads,
                            max_position_embeddings=self.max_positions, rms_norm_eps=1e-6,
-                           sliding_window=self.window, tie_word_embeddings=True,
+                           sliding_window=self.window, tie_word_embeddings=self.tie_embeddings,
                            bos_token_id=BOS_ID)
 
 
@@ -164,6 +162,17 @@ def loss_fn(model: LlamaModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     logits = model(ids[:, :-1]).logits  # (b, t−1, V)
     per = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (b, t−1)
     return per.mean(), per
+
+
+def batch_loss(model: LlamaModel, batch: ReaderBatch) -> torch.Tensor:
+    """Mean next-token loss over every token of the batch: its English windows and its copying
+    sequences (two shapes, one forward each)."""
+    total, count = 0.0, 0
+    for ids in (batch.ids, batch.copies):
+        if len(ids):
+            _, per = loss_fn(model, ids)
+            total, count = total + per.sum(), count + per.numel()
+    return total / count
 
 
 @dataclass(frozen=True)
@@ -246,7 +255,7 @@ def train(cfg: ReaderTrainConfig, out: str | Path, *, resume: bool = False, prog
     def step_loss(model: LlamaModel, step: int) -> tuple[torch.Tensor, int]:
         batch: ReaderBatch = get_batch(stream, cfg.batches, batch_size=cfg.batch_size,
                                        seed=cfg.seed, step=step)
-        return loss_fn(model, batch.ids)[0], batch.num_tokens
+        return batch_loss(model, batch), batch.num_tokens
 
     def evaluate_at(model: LlamaModel) -> tuple[ReaderEval, dict, str]:
         ev = evaluate(model, cfg, windows)
