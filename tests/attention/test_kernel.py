@@ -73,6 +73,28 @@ def test_the_kernel_is_as_exact_as_the_pure_path(name, block_k, monkeypatch):
     assert_within(out, ref, spans_out, factor=2 * FUSED_FACTOR, what=f"{name} out vs spans")
 
 
+@pytest.mark.parametrize("mod, t, s", [
+    (sliding_window(37, 0), 203, 203),  # the last tile's span of 47 keys widened to 48 leftwards
+    (sliding_window(3, 0, "bottom_right"), 150, 5),  # 5 keys (< 16: the whole of them); tiles with none
+])
+def test_widened_spans_and_keyless_tiles_write_every_output_row(mod, t, s):
+    """The forward widens a tile's span to a multiple of 16 keys within [0, s) and writes out
+    without zeroing it first: rows of a keyless tile must be 0 even where the memory held NaN."""
+    bm = qkv.create_block_mask(mod, None, None, t, s, block_size=32)
+    q, k, v = tensors(2, 4, t, s, 64, seed=3)
+    x32 = [a.float() for a in (q, k, v)]
+    ref, ref_lse = blockwise_attention(q, k, v, bm, scale=0.125)  # float64
+    plain, plain_lse = blockwise_attention(*x32, bm, scale=0.125)
+    seen = torch.isfinite(ref_lse)
+    for _ in range(4):  # freed NaN memory of out's size: the allocator often hands it back
+        garbage = torch.full((2, 4, t, 64), float("nan"))
+        del garbage
+        out, lse = kernels.kernel_forward(*x32, bm, scale=0.125)  # (2, 4, t, 64), (2, 4, t)
+        assert not out[~seen].any() and torch.isneginf(lse[~seen]).all()
+        assert_within(out, ref, plain, factor=FUSED_FACTOR, what="out")
+        assert_within(lse, ref_lse, plain_lse, factor=FUSED_FACTOR, where=seen, what="lse")
+
+
 def reference_grads(q, k, v, bm, dout, dlse, *, scale, dtype):
     """(dq, dk, dv) by autograd through the reference attention in ``dtype`` (k, v heads repeated
     for grouped queries); the loss Σ out ∘ dout (+ Σ lse ∘ dlse)."""
