@@ -48,9 +48,10 @@ inline void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
 constexpr int LANES = 16;  // independent partial max / sum: the loops vectorise without -ffast-math
 
 // A tile's span of keys is widened to a multiple of this many (the extra keys are masked, as the
-// band's are): a window of 512 with tiles of 64 rows spans 575 keys, whose odd length makes
-// BLAS pack and multiply ragged edges and leaves S's rows unaligned — 576 ran 4-5 % faster
-// (fp32, N = 16k, one thread of a loaded 2-core AMD EPYC, interleaved).
+// band's are): a window of 512 keys a row with tiles of 64 rows spans 575 keys, whose odd length
+// makes BLAS pack and multiply ragged edges and leaves S's rows unaligned — 576 ran 3-5 % faster
+// (fp32, N = 16k, one thread of a loaded 2-core AMD EPYC, interleaved). benchmarks/long.py's
+// window (i − j ≤ 512: 513 keys a row) spans 576 already.
 constexpr int64_t SPAN_MULTIPLE = 16;
 
 // exp(x) for x ≤ 0 (scores minus their running max), Cephes' expf polynomial (≤ 2 ulp on
