@@ -61,19 +61,19 @@ def test_english_windows_are_slices_and_copies_continue_earlier_spans(stream_and
     assert not bool(batch.copied[:, 0].any())
 
 
-def test_the_copying_phase_is_all_copies_of_few_token_ids(stream_and_tokenizer):
+def test_early_copies_draw_few_token_ids_and_later_ones_all(stream_and_tokenizer):
     stream, _ = stream_and_tokenizer
-    cfg = BatchConfig(seq_len=64, copy_prob=0.0, min_span=5, max_span=5, copy_len=32, copy_vocab=100,
+    cfg = BatchConfig(seq_len=64, copy_prob=1.0, min_span=5, max_span=5, copy_len=32, copy_vocab=100,
                       copy_steps=3)
-    for step in range(3):  # copying sequences of ids < 100 inside the phase, English after it
+    for step in range(3):  # copying sequences of ids < 100 during the first copy_steps
         batch = get_batch(stream, cfg, batch_size=4, seed=0, step=step)
         assert len(batch.ids) == 0 and batch.copies.shape == (8, 33)
         assert bool((batch.copies < 100).all())
-    late = get_batch(stream, cfg, batch_size=4, seed=0, step=3)
-    assert late.ids.shape == (4, 65) and len(late.copies) == 0
-    after = get_batch(stream, BatchConfig(seq_len=64, copy_prob=1.0, min_span=5, max_span=5, copy_len=32,
-                                          copy_vocab=100, copy_steps=3), batch_size=8, seed=0, step=3)
-    assert int(after.copies.max()) >= 100  # after the phase: the whole vocabulary
+    late = get_batch(stream, cfg, batch_size=8, seed=0, step=3)
+    assert int(late.copies.max()) >= 100  # after them: the whole vocabulary
+    english = get_batch(stream, BatchConfig(seq_len=64, copy_prob=0.0, min_span=5, max_span=5, copy_len=32,
+                                            copy_vocab=100, copy_steps=3), batch_size=4, seed=0, step=0)
+    assert english.ids.shape == (4, 65) and len(english.copies) == 0
 
 
 def test_unigram_loss_is_the_add_one_cross_entropy(stream_and_tokenizer):

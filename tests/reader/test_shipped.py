@@ -57,14 +57,6 @@ def test_transformers_computes_the_same_logits_past_the_window(reader):
                       what="logits")
 
 
-# The shipped reader trained 350 steps (0.7M tokens, one thread of a shared CPU): no head is an
-# induction or previous-token head yet (best 0.034 and 0.125; chance 0.027 and 0.070). Strict:
-# a retrained reader that has them turns these into failures, so the markers come off with it.
-NOT_YET = pytest.mark.xfail(strict=True, reason="issue 30: the shipped reader has no induction "
-                            "head yet (see docs/tutorial.md, 'A reader for long texts')")
-
-
-@NOT_YET
 def test_some_head_is_an_induction_head_ten_times_chance(reader):
     r = induction_probe(reader, "induction", sequences=16, length=25, seed=12345)
     layer, head, best = r.ranked()[0]
@@ -72,7 +64,6 @@ def test_some_head_is_an_induction_head_ten_times_chance(reader):
     assert layer > 0  # induction composes with an earlier layer's head
 
 
-@NOT_YET
 def test_some_earlier_head_is_a_previous_token_head(reader):
     ind = induction_probe(reader, "induction", sequences=16, length=25, seed=12345)
     prev = induction_probe(reader, "previous-token", sequences=16, length=25, seed=12345)
@@ -83,7 +74,7 @@ def test_some_earlier_head_is_a_previous_token_head(reader):
 
 def test_the_record_names_the_run_the_corpus_and_beats_unigram():
     record = read_training(data_dir("reader"))
-    assert record["command"] == "qkv train reader --out src/qkv/data/reader --slim --threads 1"
+    assert record["command"] == "qkv train reader --out src/qkv/data/reader --slim --threads 2"
     assert record["optimizer"] is None and record["train"]["seed"] == 0
     corpus = record["corpus"]
     assert corpus["package"] == "python3.11-doc" and corpus["version"]

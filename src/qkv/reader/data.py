@@ -6,14 +6,14 @@ token stream, and short copying sequences.
 * :class:`TokenStream` — the training pages' token ids end to end (a page closes with ``\\n\\n``),
   and the held-out pages, each its own id list.
 * :func:`get_batch` — ``batch_size`` windows: ``seq_len`` English tokens at a random offset, or
-  (``copy_prob``; every window during the first ``copy_steps``) as many tokens in *copying
-  sequences* of ``copy_len``: random tokens in which spans of earlier ones are written again
+  (``copy_prob``) as many tokens in *copying sequences* of ``copy_len``: random tokens in which spans of earlier ones are written again
   (:func:`qkv.training.copies.copy_sequence`, ``qkv train lm``'s rule). Every token of a copy
   but its first is predictable only by looking back — find the current token's earlier
   occurrence and read what followed it, what induction heads do (Olsson et al. 2022). English
   repeats itself too (names, identifiers), but too seldom for induction heads to form within a
-  CPU budget. The copying phase draws its tokens from few ids (``copy_vocab``: each is seen
-  often, so the heads form sooner), later copies from the whole vocabulary::
+  CPU budget; its bigrams are what makes a previous-token head useful first. The first
+  ``copy_steps`` draw their tokens from few ids (``copy_vocab``: each is seen often, so the
+  heads form sooner), later copies from the whole vocabulary::
 
       <bos> 17 203  88 140  56 │ 88 140  56 │ 9 │ 203  88 │ 31 …
                    └─ span ─┘   └─ copy ─┘       └copy┘
@@ -103,8 +103,8 @@ class BatchConfig:
     min_span: int  # tokens per copied span, drawn uniformly from [min_span, max_span]
     max_span: int
     copy_len: int = 64  # tokens per copying sequence (after <bos>); seq_len // copy_len a window
-    copy_vocab: int | None = None  # the copying phase's new tokens: ids 1 … copy_vocab − 1 (None: all)
-    copy_steps: int = 0  # steps 0 … copy_steps − 1: every window is copying sequences
+    copy_vocab: int | None = None  # early copies' new tokens: ids 1 … copy_vocab − 1 (None: all)
+    copy_steps: int = 0  # steps 0 … copy_steps − 1 draw copies from copy_vocab, later ones from all
 
     @property
     def copies_per_window(self) -> int:
@@ -142,18 +142,17 @@ def copying_sequence(rng: random.Random, cfg: BatchConfig, high: int) -> tuple[l
 def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: int, step: int) -> ReaderBatch:
     """Training batch ``step`` of run ``seed``: a pure function of (stream, seed, step). Each of
     ``batch_size`` windows is English (``seq_len`` tokens at a random offset) or, with chance
-    ``copy_prob`` (always during the first ``copy_steps``), ``seq_len // copy_len`` copying
-    sequences — as many tokens, in short sequences."""
+    ``copy_prob``, ``seq_len // copy_len`` copying sequences — as many tokens, in short
+    sequences (of ids below ``copy_vocab`` during the first ``copy_steps``)."""
     n = cfg.seq_len
     if len(stream.train) < n:
         raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len {n}")
     rng = random.Random(f"reader/train/{seed}/{step}")
-    phase = step < cfg.copy_steps  # the copying phase: induction heads first, on few token ids
-    share = 1.0 if phase else cfg.copy_prob
-    high = min(cfg.copy_vocab or stream.vocab_size, stream.vocab_size) if phase else stream.vocab_size
+    early = step < cfg.copy_steps  # induction heads form on few token ids, then learn all of them
+    high = min(cfg.copy_vocab or stream.vocab_size, stream.vocab_size) if early else stream.vocab_size
     english, copies = [], []
     for _ in range(batch_size):
-        if rng.random() < share:
+        if rng.random() < cfg.copy_prob:
             copies += [copying_sequence(rng, cfg, high) for _ in range(cfg.copies_per_window)]
         else:
             start = rng.randrange(len(stream.train) - n + 1)

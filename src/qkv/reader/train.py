@@ -81,17 +81,17 @@ class ReaderTrainConfig(Schedule):
     # token's share of its output — the first signal — is 1/length.
     copy_len: int = option(64, "tokens per copying sequence (after <bos>): random tokens in which "
                            "earlier spans are written again", low=2, high=4096)
-    copy_steps: int = option(800, "the first this many steps every window is copying sequences "
-                             "(induction heads form before English)", low=0, high=10**7)
-    copy_prob: float = option(0.5, "after the copying phase, the share of windows given to copying "
-                              "sequences (keeps the heads)", low=0.0, high=1.0)
-    copy_vocab: int = option(257, "the copying phase's random tokens are ids 1 … this − 1 (the 256 "
-                             "bytes; 0: the whole vocabulary); after it, the whole vocabulary",
-                             low=0, high=65536)
+    copy_prob: float = option(0.6, "the share of training windows given to copying sequences "
+                              "(the rest are English)", low=0.0, high=1.0)
+    copy_steps: int = option(1600, "the first this many steps, copies draw their tokens from "
+                             "--copy-vocab's few ids; later ones from the whole vocabulary",
+                             low=0, high=10**7)
+    copy_vocab: int = option(257, "early copies' tokens are ids 1 … this − 1 (the 256 bytes; 0: "
+                             "the whole vocabulary)", low=0, high=65536)
     min_span: int = option(4, "shortest copied span", low=1, high=4096)
     max_span: int = option(16, "longest copied span", low=1, high=4096)
     # optimisation and bookkeeping (Schedule's, some with other defaults)
-    steps: int = 2000
+    steps: int = 2200
     batch_size: int = 8
     lr: float = 3e-3
     warmup: int = 30
