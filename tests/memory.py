@@ -1,5 +1,5 @@
 """Counting memory, not timing it: the peak of torch's CPU allocations while a function runs
-(shared by tests/attention and benchmarks/long.py)."""
+(shared by tests/attention and benchmarks/long.py), and the backward-memory tests' inputs."""
 
 from __future__ import annotations
 
@@ -25,3 +25,21 @@ def allocated_peak(fn) -> int:
         held += size
         peak = max(peak, held)
     return peak
+
+
+def backward_extra(forward, backward, n: int, *, h: int = 4, d: int = 64, window: int = 256) -> int:
+    """Bytes a backward allocates beyond dq, dk, dv (:func:`allocated_peak`) on a causal sliding
+    window of N = ``n`` tokens, its q, k, v and dout in a model's layout ((1, n, h, d) seen as
+    (1, h, n, d)): ``forward(q, k, v, bm, scale=…)`` → (out, lse), then ``backward(q, k, v, out,
+    dout, lse, bm, scale=…)`` — the call measured."""
+    import torch
+
+    import qkv
+    from qkv.masks import sliding_window
+
+    g = torch.Generator().manual_seed(n)
+    q, k, v, dout = (torch.randn(1, n, h, d, generator=g).transpose(1, 2) for _ in range(4))  # (1, h, n, d)
+    bm = qkv.create_block_mask(sliding_window(window, 0), None, None, n, n, block_size=64)
+    out, lse = forward(q, k, v, bm, scale=d ** -0.5)
+    peak = allocated_peak(lambda: backward(q, k, v, out, dout, lse, bm, scale=d ** -0.5))
+    return peak - 3 * q.numel() * 4  # above dq, dk, dv (float32)

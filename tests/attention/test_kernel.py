@@ -22,7 +22,7 @@ from qkv.attention.blockwise import blockwise_attention
 from qkv.attention.reference import reference_attention
 from qkv.attention.spans import spans_attention, spans_backward, spans_forward
 from qkv.masks import and_masks, causal, document, sliding_window
-from memory import allocated_peak
+from memory import backward_extra
 from tolerance import FUSED_FACTOR, assert_within
 
 pytestmark = pytest.mark.skipif(
@@ -210,15 +210,7 @@ def test_any_thread_count_gives_the_gradients(mod):
 def test_the_backward_holds_its_tiles_beyond_its_gradients():
     """A window's backward at N and 4N, inputs in a model's layout: beyond dq, dk, dv only the
     threads' tiles — no copy of q, k, v, out or dout, nothing that grows with N."""
-    h, d, w = 4, 64, 256
-    extra = {}
-    for n in (2048, 8192):
-        g = torch.Generator().manual_seed(n)
-        q, k, v, dout = (torch.randn(1, n, h, d, generator=g).transpose(1, 2) for _ in range(4))  # (1, h, n, d)
-        bm = qkv.create_block_mask(sliding_window(w, 0), None, None, n, n, block_size=64)
-        out, lse = kernels.kernel_forward(q, k, v, bm, scale=d ** -0.5)
-        peak = allocated_peak(lambda: kernels.kernel_backward(q, k, v, out, dout, lse, bm, scale=d ** -0.5))
-        extra[n] = peak - 3 * q.numel() * 4  # above dq, dk, dv
+    extra = {n: backward_extra(kernels.kernel_forward, kernels.kernel_backward, n) for n in (2048, 8192)}
     tiles = torch.get_num_threads() * (2 * kernels.BLOCK_Q * kernels.BACKWARD_BLOCK_K + 2 * kernels.BLOCK_Q) * 4
     assert 0 <= extra[8192] <= tiles, extra
     assert extra[8192] == extra[2048], extra

@@ -17,7 +17,7 @@ import qkv
 import qkv.attention.spans as spans
 from qkv.attention.blockwise import blockwise_attention
 from qkv.masks import causal, document, sliding_window
-from memory import allocated_peak
+from memory import backward_extra
 from tolerance import FUSED_FACTOR, assert_agree
 
 
@@ -126,15 +126,9 @@ def test_the_backward_holds_one_call_beyond_its_gradients(monkeypatch):
     budget = 1 << 20
     monkeypatch.setattr(spans, "BACKWARD_CALL_BYTES", budget)
     monkeypatch.setattr(spans, "MAX_CALL_BYTES", budget)
-    h, d, w = 4, 64, 256
-    extra = {}
-    for n in (2048, 8192):
-        g = torch.Generator().manual_seed(n)
-        q, k, v, dout = (torch.randn(1, n, h, d, generator=g).transpose(1, 2) for _ in range(4))  # (1, h, n, d)
-        bm = qkv.create_block_mask(sliding_window(w, 0), None, None, n, n, block_size=64)
-        out, lse = spans.spans_forward(q, k, v, bm, scale=d ** -0.5)
-        peak = allocated_peak(lambda: spans.spans_backward(q, k, v, out, dout, lse, bm, scale=d ** -0.5))
-        extra[n] = peak - 3 * q.numel() * 4  # above dq, dk, dv
+    h, d, w = 4, 64, 256  # backward_extra's case
+    extra = {n: backward_extra(spans.spans_forward, spans.spans_backward, n, h=h, d=d, window=w)
+             for n in (2048, 8192)}
     # one call: its units' share of the budget; the kernel's per-thread scores (2 × 32 × 512
     # floats a thread) and the call's mask (64 × (w + 64)); lse with its −inf rows zeroed
     kernel = torch.get_num_threads() * 2 * 32 * 512 * 4 + 64 * (w + 64) * 4

@@ -127,9 +127,10 @@ inline float exp_sum(float* x, int64_t n, float m) {
 
 }  // namespace
 
-std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& lo, const at::Tensor& hi, double scale,
-                                         int64_t block_q, int64_t block_k) {
+// The checks both passes make: q (B, Hq, t, d), k, v (B, Hkv, s, d) float32, last dim
+// contiguous, Hq a multiple of Hkv; lo, hi (1 or B, t) int64, contiguous.
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lo,
+                  const at::Tensor& hi) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, n, d)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "q, k, v must be float32");
@@ -141,6 +142,14 @@ std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == s &&
                   k.size(3) == d && v.size(3) == d && Hkv > 0 && Hq % Hkv == 0, "shapes disagree");
   TORCH_CHECK(lo.size(1) == t && (lo.size(0) == 1 || lo.size(0) == B), "lo, hi: (1 or B, t)");
+}
+
+std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& lo, const at::Tensor& hi, double scale,
+                                         int64_t block_q, int64_t block_k) {
+  check_inputs(q, k, v, lo, hi);
+  const int64_t B = q.size(0), Hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t Hkv = k.size(1), s = k.size(2);
   TORCH_CHECK(block_q > 0 && block_k > 0, "block sizes must be > 0");
   const int64_t g = Hq / Hkv, Bm = lo.size(0);
   auto out = at::empty({B, Hq, t, d}, q.options());  // every tile writes its rows (0 where no key)
@@ -282,20 +291,12 @@ std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor&
                                           const at::Tensor& lse, const at::Tensor& dlse,
                                           const at::Tensor& lo, const at::Tensor& hi, double scale,
                                           int64_t block_q, int64_t block_k) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, n, d)");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                  v.scalar_type() == at::kFloat, "q, k, v must be float32");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
+  check_inputs(q, k, v, lo, hi);
   TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && out.scalar_type() == at::kFloat &&
                   dout.scalar_type() == at::kFloat && out.stride(3) == 1 && dout.stride(3) == 1,
               "out, dout: float32 shaped like q, last dim contiguous");
-  TORCH_CHECK(lo.scalar_type() == at::kLong && hi.scalar_type() == at::kLong && lo.is_contiguous() &&
-                  hi.is_contiguous() && lo.dim() == 2 && lo.sizes() == hi.sizes(), "lo, hi: (Bm, t) int64");
   const int64_t B = q.size(0), Hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t Hkv = k.size(1), s = k.size(2);
-  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == s &&
-                  k.size(3) == d && v.size(3) == d && Hkv > 0 && Hq % Hkv == 0, "shapes disagree");
-  TORCH_CHECK(lo.size(1) == t && (lo.size(0) == 1 || lo.size(0) == B), "lo, hi: (1 or B, t)");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
                   lse.sizes() == at::IntArrayRef({B, Hq, t}), "lse: contiguous float32 (B, Hq, t)");
   const bool has_dlse = dlse.numel() > 0;
