@@ -52,7 +52,7 @@ NOT_RUN = {  # the first entry whose words start the command gives the reason
         "serves until Ctrl-C (tests/view/ start the server and drive the page)",
     "qkv view --file BOOK.txt --model DIR": "placeholders for the reader's own book and model",
     "qkv train lm --out runs/lm": "minutes of training (tests/lm/ train short runs and resume them)",
-    "qkv train reader --out": "half an hour of training (tests/reader/ train short runs and resume them)",
+    "qkv train reader --out": "17 minutes of training on two threads (tests/reader/ train short runs and resume them)",
     "torchrun --nproc-per-node 4 examples/ring_attention.py":
         "four processes; its timing is the machine's (tests/distributed/ run ring attention on gloo)",
     "python benchmarks/": "a benchmark (minutes); its results are benchmarks/RESULTS.md",
