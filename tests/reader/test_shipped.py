@@ -81,7 +81,7 @@ def test_the_record_names_the_run_the_corpus_and_beats_unigram():
     assert corpus["licence"].startswith("Python Software Foundation License Version 2")
     assert corpus["heldout"] == ["tutorial/"]
     held = record["heldout"]
-    # nats per token on pages never seen: measured 6.02 against the unigram's 6.71
+    # nats per token on pages never seen: measured 4.97 against the unigram's 6.71
     assert held["loss"] < held["unigram_loss"] - 0.5, held
     meta = json.loads(open(os.path.join(data_dir("reader"), "config.json")).read())
     assert meta["model_type"] == "mistral" and meta["architectures"] == ["MistralForCausalLM"]

@@ -88,6 +88,8 @@ def test_option_errors(docs, tmp_path):
         ReaderTrainConfig(copy_len=16)
     with pytest.raises(QkvError, match=r"--copy-len \(64\) must be at most --seq-len \(32\) and --window \(128\)"):
         ReaderTrainConfig(seq_len=32)
+    with pytest.raises(QkvError, match=r"--copy-vocab must be 0 \(the whole vocabulary\) or at least 2"):
+        ReaderTrainConfig(copy_vocab=1)
     with pytest.raises(QkvError, match=r"--max-positions \(32\) must exceed --seq-len \(32\)"):
         ReaderTrainConfig(**{**TINY, "max_positions": 32})
     with pytest.raises(QkvError, match="--vocab-size must be between 258 and 65536, got 200"):

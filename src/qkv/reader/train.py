@@ -75,9 +75,9 @@ class ReaderTrainConfig(Schedule):
     # Induction heads form on copying sequences (qkv.training.copies) — and only on short ones
     # within this budget: measured (4 layers, untied, copies of 4-16 tokens from 256 ids, 2,048
     # tokens a step), sequences of 64 gave a previous-token head (layer 1, 0.93) by step 300 and
-    # induction heads (layer 3, 0.48 and 0.62 on those ids) by step 700; the same copies in
-    # windows of 256 had not even learned to copy a recent token by step 400 (5.3 nats on the
-    # copies, uniform 5.5). At initialisation a head attends evenly to what it sees, so the copied
+    # induction heads (layer 3, 0.48 and 0.62 on those ids) by step 700 in one run (another, with
+    # other batches, had neither by step 600); the same copies in windows of 256 had not even
+    # learned to copy a recent token by step 300 (5.3 nats on the copies, uniform 5.5). At initialisation a head attends evenly to what it sees, so the copied
     # token's share of its output — the first signal — is 1/length.
     copy_len: int = option(64, "tokens per copying sequence (after <bos>): random tokens in which "
                            "earlier spans are written again", low=2, high=4096)
@@ -109,6 +109,9 @@ class ReaderTrainConfig(Schedule):
         if self.min_span > self.max_span or 2 * self.max_span > self.copy_len:  # ≥ 1 copy
             raise QkvError(f"need --min-span ({self.min_span}) <= --max-span ({self.max_span}) <= "
                            f"--copy-len / 2 ({self.copy_len // 2})")
+        if self.copy_vocab == 1:  # ids 1 … 0: none to draw
+            raise QkvError("--copy-vocab must be 0 (the whole vocabulary) or at least 2 (ids 1 … "
+                           "copy-vocab − 1), got 1")
         if self.copy_len > min(self.seq_len, self.window):  # every copy within sight
             raise QkvError(f"--copy-len ({self.copy_len}) must be at most --seq-len ({self.seq_len}) "
                            f"and --window ({self.window})")
