@@ -16,7 +16,8 @@ plus printing: ``--json`` prints ``to_dict()``.
   --to B`` prints its ``"heads"`` list)
 * ``probe(model, name=None)`` → :class:`ProbeResult` for ``"coref"``, :class:`HeadScores` for
   ``"induction"`` / ``"previous-token"`` (None: the model's default, coref or — causal — induction;
-  ``qkv heads --probe NAME``)
+  ``qkv heads --probe NAME``); every probe is a :class:`Probe` record in :data:`PROBES`, and
+  ``register_probe(Probe(…))`` adds one that ``probe``, ``head_effects`` and ``faithfulness`` run
 * ``no_projection(model, text, *, layer)`` → :class:`NoProjection` (``--no-projection``)
 * ``ablate(model, text_or_ids, *, heads, mode)`` → :class:`Ablation`, ``patch(model, clean,
   corrupted, *, heads)`` → :class:`Patching` (interventions.py); ``head_effects(model, probe, *,
@@ -105,7 +106,9 @@ from qkv.explain.cross import CrossAttention, CrossHeadSteps, cross_attention, c
 from qkv.explain.contributions import Contributions
 from qkv.explain.long.document import Document, document
 from qkv.explain.causal.faithfulness import Faithfulness, faithfulness
-from qkv.explain.probes.find_heads import HeadRanking, HeadWeight, ProbeResult, heads, probe
+from qkv.explain.probes.find_heads import HeadRanking, HeadWeight, ProbeResult, heads
+from qkv.explain.probes.base import Effects, Needs, Probe, Task
+from qkv.explain.probes.registry import PROBES, probe, register_probe
 from qkv.explain.causal.head_effects import HeadEffects, head_effects
 from qkv.explain.probes.induction import HeadScores
 from qkv.explain.causal.interventions import Ablation, Patching, ablate, patch
@@ -125,5 +128,5 @@ __all__ = [
     "Ablation", "Faithfulness", "HeadEffects", "Patching", "ablate", "faithfulness", "head_effects",
     "patch", "Composition", "LogitAttribution", "ScoreAttribution", "ScoreRow", "composition",
     "logit_attribution", "score_attribution", "RetrievalScores", "retrieval_ablation", "NeedleMap",
-    "needle_map", "Atlas", "atlas",
+    "needle_map", "Atlas", "atlas", "Effects", "Needs", "PROBES", "Probe", "Task", "register_probe",
 ]

@@ -48,7 +48,8 @@ def test_weight_scores_are_the_induction_probe(lm):
 
 def test_previous_token_scores_are_read_on_the_pairs_that_are_ablated(lm):
     # both sides of the previous-token comparison use the probe's task: the alternating pairs
-    from qkv.explain.causal.head_effects import alternating_pairs, task
+    from qkv.explain.causal.head_effects import task
+    from qkv.explain.probes.induction import alternating_pairs
     from qkv.explain.probes.induction import attention_on, previous_token_scores_of
 
     t = task(lm, "previous-token", sequences=3, length=None, seed=0)

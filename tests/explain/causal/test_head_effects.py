@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.explain.causal.head_effects import alternating_pairs, head_effects, task
+from qkv.explain.causal.head_effects import head_effects, task
+from qkv.explain.probes.induction import alternating_pairs
 from qkv.explain.wording import ArgumentError
 
 

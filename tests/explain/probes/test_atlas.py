@@ -21,7 +21,7 @@ def reference(model64, text: str, window: int, first: int):
     """{metric: (L, H)} by the definitions over the windows' dense float64 maps."""
     enc = model64.tokenizer.encode(text, max_length=1 << 30)
     ids = [i for i, s in zip(enc.ids, enc.special) if not s]
-    prefix = induction._prefix_ids(model64)
+    prefix = induction.prefix_ids(model64)
     step = window - len(prefix)
     sums = {m: 0 for m in ("ind", "ind_n", "prev", "prev_n", "ent", "sink", "dist", "rows")}
     for start in range(0, len(ids), step):

@@ -8,7 +8,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.probes.induction import (
-    attention_on, chance_of, induction_probe, induction_scores_of, previous_token_scores_of,
+    INDUCTION_PATTERN, PREVIOUS_TOKEN_PATTERN, attention_on, induction_probe, induction_scores_of, previous_token_scores_of,
     repeated_random_tokens,
 )
 from qkv.lm.data import BOS_ID, VOCAB_SIZE, build_tokenizer
@@ -40,8 +40,8 @@ def test_hand_built_heads_score_as_expected(n, prefix):
     # itself, head 3 is uniform: its scores are chance by definition.
     assert ind[0] == 1.0 and ind[1] == (1.0 if n == 2 else 0.0) and ind[2] == 0.0
     assert prev[1] == 1.0 and prev[2] == 0.0
-    assert ind[3] == pytest.approx(chance_of("induction", t, n, causal=True), rel=1e-12)
-    assert prev[3] == pytest.approx(chance_of("previous-token", t, n, causal=True), rel=1e-12)
+    assert ind[3] == pytest.approx(INDUCTION_PATTERN.chance(t, n, causal=True), rel=1e-12)
+    assert prev[3] == pytest.approx(PREVIOUS_TOKEN_PATTERN.chance(t, n, causal=True), rel=1e-12)
 
 
 def test_half_attention_on_the_target_scores_one_half():
@@ -52,9 +52,9 @@ def test_half_attention_on_the_target_scores_one_half():
 
 def test_chance_is_the_mean_of_one_over_visible_keys():
     # t = 1 + 2·3: second-copy queries 4, 5, 6 see 5, 6, 7 keys.
-    assert chance_of("induction", 7, 3, causal=True) == pytest.approx((1 / 5 + 1 / 6 + 1 / 7) / 3, rel=1e-15)
-    assert chance_of("induction", 7, 3, causal=False) == pytest.approx(1 / 7, rel=1e-15)
-    assert chance_of("previous-token", 3, 1, causal=True) == pytest.approx((1 / 2 + 1 / 3) / 2, rel=1e-15)
+    assert INDUCTION_PATTERN.chance(7, 3, causal=True) == pytest.approx((1 / 5 + 1 / 6 + 1 / 7) / 3, rel=1e-15)
+    assert INDUCTION_PATTERN.chance(7, 3, causal=False) == pytest.approx(1 / 7, rel=1e-15)
+    assert PREVIOUS_TOKEN_PATTERN.chance(3, 1, causal=True) == pytest.approx((1 / 2 + 1 / 3) / 2, rel=1e-15)
 
 
 def test_bad_shapes_are_refused():

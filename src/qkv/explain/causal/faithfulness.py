@@ -41,7 +41,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import contributions, forward
-from qkv.explain.probes import induction, retrieval
+from qkv.explain.probes import registry
 from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.causal.head_effects import HeadEffects, head_effects, task
 from qkv.explain.wording import ArgumentError
@@ -76,33 +76,12 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 
 # -- each method's per-head (or per-layer) probe score ---------------------------------------------
-def _sequence_scores(model, probe: str, method: str, ids: list[torch.Tensor], n: int) -> torch.Tensor:
-    """(L, h) or (L, 1): ``method``'s probe score on the probe's sequences ``ids`` (n: the
-    repeated span's length, which the induction score needs)."""
-    per_seq = []
-    for seq in ids:  # (1, t)
-        s = contributions.scores(model, seq, torch.arange(seq.shape[1]), method=method)
-        rows = s.scores if s.per == "head" else s.scores.unsqueeze(1)  # (L, h|1, t, t)
-        per_seq.append(contributions.get_method(method).as_shares(rows))
-    stacked = torch.stack(per_seq, dim=1)  # (L, S, h|1, t, t)
-    score = (lambda w: induction.induction_scores_of(w, n)) if probe == "induction" \
-        else induction.previous_token_scores_of
-    return torch.stack([score(w) for w in stacked])  # (L, h|1)
-
-
 def method_scores(model, probe: str, method: str, *, sequences: int, length: int | None,
                   seed: int) -> torch.Tensor:
-    """(L, h) for a per-head method, (L, 1) for a per-layer one: the method's probe score."""
-    if probe == "coref":
-        from qkv.explain.probes.find_heads import probe as coref_probe
-
-        return coref_probe(model, "coref", method=method).accuracy
-    if probe in retrieval.PROBES:  # its score reads the weights' argmax: the probe's own
-        from qkv.explain.probes.find_heads import probe as retrieval_probe
-
-        return retrieval_probe(model, probe, method=method).scores
-    task_ = task(model, probe, sequences=sequences, length=length, seed=seed)  # what is ablated
-    return _sequence_scores(model, probe, method, task_.ids, task_.length)
+    """(L, h) for a per-head method, (L, 1) for a per-layer one: the method's probe score on the
+    sequences that are ablated (the probe's :attr:`~qkv.explain.probes.base.Effects.scores`)."""
+    task_ = task(model, probe, sequences=sequences, length=length, seed=seed)
+    return registry.PROBES[probe].effects.scores(model, method, task_)
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -167,6 +146,10 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
     for name in names:
         contributions.get_method(name)
     task(model, probe, sequences=1, length=length, seed=seed)  # a probe that does not apply: now
+    if registry.PROBES[probe].effects.scores is None:
+        raise ArgumentError("effects_probe", "{name} {value}: no contribution method scores its "
+                            "heads, so there is nothing to compare (faithfulness compares methods "
+                            "on {known})", value=probe, known=", ".join(registry.compared()))
     tell = progress if progress is not None else (lambda stage, done, total: None)
     effects = head_effects(model, probe, mode=mode, sequences=sequences, length=length, seed=seed,
                            layers=True, progress=progress)

@@ -3,7 +3,9 @@
 The attention probes (:mod:`qkv.explain.induction`, :func:`qkv.explain.probe`) say where a head
 *looks*; this says whether the model *needs* it. For every head (and every layer's heads
 together) the probe's metric is measured with that head ablated
-(:mod:`qkv.explain.interventions`), and the effect is the change from the clean run:
+(:mod:`qkv.explain.interventions`), and the effect is the change from the clean run. Each probe's
+record says how (:class:`~qkv.explain.probes.base.Effects`: its sequences, where the metric
+reads, what it needs of the model); the shipped ones:
 
 * ``induction`` (decoders) — the mean next-token loss on the *repeated half* of the probe's
   random repeated sequences (prefix, r, r: the second copy's tokens r₁ … rₙ₋₁ are predictable
@@ -45,144 +47,75 @@ forwards of the probe data, in a few calls (:data:`MAX_BATCH` rows each).
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
 
 from qkv.explain import forward
-from qkv.explain.probes import induction, retrieval
+from qkv.explain.probes import registry
+from qkv.explain.probes.base import Task, ranked
+from qkv.explain.probes.induction import check_sizes
 from qkv.explain.causal import interventions
-from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.finite import NonFiniteError, describe
 from qkv.models.protocol import capabilities_of
 from qkv.modules.intervention import Interventions
 from qkv.explain.wording import ArgumentError
 
-PROBES = ("induction", "previous-token", "coref")  # the probes faithfulness compares methods on
-#: every probe head_effects takes: those, and retrieval (no method scores a head on it — its own
-#: score is qkv.explain.retrieval's copy-paste count, so faithfulness leaves it out)
-EFFECT_PROBES = PROBES + retrieval.PROBES
-
 #: most sequence copies in one forward (bounds memory: copies × t × E numbers per layer)
 MAX_BATCH = 512
 
 
+def __getattr__(name: str):
+    """``PROBES`` (the probes faithfulness compares methods on) and ``EFFECT_PROBES`` (every
+    probe head_effects takes): the registry's lists now, a probe registered later included."""
+    if name == "PROBES":
+        return tuple(registry.compared())
+    if name == "EFFECT_PROBES":
+        return tuple(registry.with_effects())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # -- the probes' data ----------------------------------------------------------------------------
-def alternating_pairs(model, *, sequences: int, length: int, seed: int) -> torch.Tensor:
-    """(sequences, prefix + 2·length) ids: prefix, then x y repeated ``length`` times (x ≠ y)."""
-    ordinary = model.tokenizer.ordinary_ids()
-    prefix = induction._prefix_ids(model)
-    rng = random.Random(seed)
-    rows = [prefix + rng.sample(ordinary, 2) * length for _ in range(sequences)]
-    return torch.tensor(rows, dtype=torch.long)
-
-
-@dataclass(frozen=True)
-class Task:
-    """A probe's sequences and where its loss is read.
-
-    Fields:
-        ids: (n, t) the sequences (the same length, so they batch).
-        scored: (t − 1,) bool — which next-token predictions the metric averages (position i
-            predicts token i + 1); None for ``coref``, which reads ``pronoun`` rows instead.
-        pronouns: for ``coref``, per sentence the pronoun's token positions.
-        length: for the decoder probes, the random span's length n (the repeated span of
-            ``induction``, the number of x y pairs of ``previous-token``).
-    """
-
-    ids: list[torch.Tensor]
-    scored: torch.Tensor | None = None
-    pronouns: list[list[int]] | None = None
-    length: int | None = None
-
-
 def task(model, probe: str, *, sequences: int, length: int | None, seed: int) -> Task:
-    """The probe's data for ``model``; ArgumentError when the probe does not apply to it, or for
-    ``sequences`` and ``length`` out of :func:`qkv.explain.probes.induction.check_sizes`' bounds."""
-    induction.check_sizes(sequences, length)
-    if probe not in EFFECT_PROBES:
+    """The probe's data for ``model`` (its record's :attr:`~qkv.explain.probes.base.Effects.task`);
+    ArgumentError when the probe does not apply to it, or for ``sequences`` and ``length`` out
+    of :func:`qkv.explain.probes.induction.check_sizes`' bounds."""
+    check_sizes(sequences, length)
+    measured = registry.with_effects()
+    if probe not in measured:
         raise ArgumentError("effects_probe", "unknown {name} {value!r}; known: {known}", value=probe,
-                            known=", ".join(EFFECT_PROBES))
+                            known=", ".join(measured))
     if not capabilities_of(model).self_attention:  # an encoder-decoder: cross-attention only
         raise ArgumentError("effects_probe", "{name} {value} does not apply to {model}: an "
                             "encoder-decoder supports no probe ({known} read the heads of a "
                             "self-attention model); explain its cross-attention instead",
-                            value=probe, model=forward.model_name(model), known=", ".join(PROBES))
-    if probe == "coref":
-        return _coref_task(model)
-    if not is_decoder(model):
-        raise ArgumentError("effects_probe", "{name} {value} measures next-token loss; {model} is an "
-                            "encoder (no next token to predict): use coref", value=probe,
-                            model=forward.model_name(model))
-    if probe == "retrieval":
-        return _retrieval_task(model, sequences=sequences, length=length, seed=seed)
-    prefix = len(induction._prefix_ids(model))
-    n = length if length is not None else _default_length(model, prefix)
-    if probe == "induction":
-        ids = induction.repeated_random_tokens(model, sequences=sequences, length=n, seed=seed)
-        first = prefix + n  # predictions from r₀ (second copy) on: r₁ … rₙ₋₁
-    else:
-        ids = alternating_pairs(model, sequences=sequences, length=n, seed=seed)
-        first = prefix + 1  # from the second y on, the next token is the one two back
-    t = ids.shape[1]
-    limit = induction._limit(model)
-    if limit is not None and t > limit:
-        raise ArgumentError("length", "{name} {value} makes {t}-token sequences; {model} takes at "
-                            "most {limit}", value=n, t=t, model=forward.model_name(model), limit=limit)
-    scored = torch.zeros(t - 1, dtype=torch.bool)
-    scored[first:t - 1] = True
-    return Task(ids=list(ids.split(1)), scored=scored, length=n)
+                            value=probe, model=forward.model_name(model),
+                            known=", ".join(registry.compared()))
+    effects = registry.PROBES[probe].effects
+    others = registry.applying(model, lambda p: p.effects.needs, [n for n in measured if n != probe])
+    effects.needs.check(model, "effects_probe", probe, others)
+    return effects.task(model, sequences=sequences, length=length, seed=seed)
 
 
 def probes_for(model) -> list[str]:
-    """The probes :func:`head_effects` runs on ``model``, its default probe
-    (:func:`~qkv.explain.probes.find_heads.default_probe`) first — what the viewer offers.
+    """The probes :func:`faithfulness <qkv.explain.causal.faithfulness.faithfulness>` compares
+    methods on that apply to ``model``, its default probe
+    (:func:`~qkv.explain.probes.registry.default_probe`) first — what the viewer offers.
 
         >>> import qkv
         >>> probes_for(qkv.load("lm"))
         ['induction', 'previous-token']
     """
-    from qkv.explain.probes.find_heads import default_probe
-
-    first = default_probe(model)
+    first = registry.default_probe(model)
     out = []
-    for name in [first] + [p for p in PROBES if p != first]:
+    for name in [first] + [p for p in registry.compared() if p != first]:
         try:
             task(model, name, sequences=1, length=None, seed=0)
         except ArgumentError:
             continue
         out.append(name)
     return out
-
-
-def _default_length(model, prefix: int) -> int:
-    """induction_probe's default: 25 tokens, or what fits the model twice after the prefix."""
-    limit = induction._limit(model)
-    room = (limit - prefix) // 2 if limit is not None else induction.DEFAULT_LENGTH
-    return max(2, min(induction.DEFAULT_LENGTH, room))
-
-
-def _retrieval_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
-    """The retrieval probe's needle inputs (:func:`qkv.explain.probes.retrieval.needle_inputs`, length
-    = tokens per input); scored: the query copy's predictions of the needle tokens n₁ … nₘ₋₁."""
-    inputs = retrieval.needle_inputs(model, samples=sequences, length=length, seed=seed)
-    t = len(inputs[0].ids)
-    scored = torch.zeros(t - 1, dtype=torch.bool)
-    scored[inputs[0].rows] = True  # row q + k predicts n_{k+1}
-    return Task(ids=[x.ids[None] for x in inputs], scored=scored, length=t)
-
-
-def _coref_task(model) -> Task:
-    from qkv.explain.probes.find_heads import coref_item, load_probe
-
-    ids, pronouns = [], []
-    for item in load_probe("coref"):
-        encoding, units, unit, _ = coref_item(model, item, role="effects_probe")
-        ids.append(torch.tensor([encoding.ids], dtype=torch.long))
-        pronouns.append(list(units.groups[unit]))
-    return Task(ids=ids, pronouns=pronouns)
 
 
 # -- the metric ------------------------------------------------------------------------------------
@@ -229,9 +162,7 @@ class HeadEffects:
 
     def ranked(self) -> list[tuple[int, int, float]]:
         """(layer, head, effect), largest first (ties by layer, head)."""
-        L, H = self.effects.shape
-        cells = [(l, h, float(self.effects[l, h])) for l in range(L) for h in range(H)]
-        return sorted(cells, key=lambda c: (-c[2], c[0], c[1]))
+        return ranked(self.effects)
 
     def to_dict(self) -> dict:
         """``effects[layer][head]``; ``heads`` the same, ranked."""
@@ -240,16 +171,6 @@ class HeadEffects:
                 "effects": self.effects.tolist(),
                 "layer_effects": None if self.layer_effects is None else self.layer_effects.tolist(),
                 "heads": [{"layer": l, "head": h, "effect": e} for l, h, e in self.ranked()]}
-
-
-METRICS = {
-    "induction": "mean next-token loss on the repeated half of random repeated sequences",
-    "previous-token": "mean next-token loss on alternating pairs x y x y … (the next token is "
-                      "the one before the current)",
-    "coref": "1 − cos(pronoun's final vector, clean run's), mean over the coref sentences",
-    "retrieval": "mean next-token loss on the needle's copy (its tokens after the first, "
-                 "teacher-forced) in needle-in-a-haystack inputs",
-}
 
 
 def _copies(L: int, H: int, layers: bool) -> list[tuple[int, list[int]]]:
@@ -341,6 +262,6 @@ def head_effects(model, probe: str = "induction", *, mode: str = "zero", sequenc
                              f"on the probe's sequences")
     effects = mean[1:] - mean[0]
     return HeadEffects(model=forward.model_name(model), probe=probe, mode=mode,
-                       metric=METRICS[probe], clean=float(mean[0]),
+                       metric=registry.PROBES[probe].effects.metric, clean=float(mean[0]),
                        effects=effects[:L * H].view(L, H),
                        layer_effects=effects[L * H:] if layers else None, sequences=n)

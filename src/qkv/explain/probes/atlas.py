@@ -250,8 +250,8 @@ def atlas(model, text: str, *, window: int | None = None, first: int = 1, contex
     """
     check_decoder(model)
     forward.check_text(text)
-    limit = induction._limit(model)
-    prefix = induction._prefix_ids(model)
+    limit = induction.limit_of(model)
+    prefix = induction.prefix_ids(model)
     most = limit if limit is not None else 1 << 17
     window = min(DEFAULT_WINDOW, most) if window is None else window
     if not _whole(window) or not len(prefix) + 2 <= window <= most:

@@ -1,7 +1,7 @@
 """Head finding: which (layer, head) sends the most weight from one word to another
-(:func:`heads`), and the probes (:func:`probe`, the one entry for all of them): ``coref`` — how
-often each head's largest weight from a pronoun lands on its referent — and ``induction`` /
-``previous-token`` on repeated random tokens (:mod:`qkv.explain.induction`).
+(:func:`heads`), and the ``coref`` probe (:data:`COREF`): how often each head's largest weight
+from a pronoun lands on its referent. :func:`qkv.explain.probe` runs it and every other probe
+(:mod:`qkv.explain.probes.registry`).
 
 Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
 (see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
@@ -23,14 +23,13 @@ from importlib import resources
 import torch
 
 from qkv.explain import contributions, forward
-from qkv.explain.probes import induction, retrieval
+from qkv.explain.probes.base import Effects, Probe, Task
 from qkv.explain.overview import unit_rows
 from qkv.explain.select import Units, choose, word_units
 from qkv.explain.wording import ArgumentError, Message
 from qkv.models.protocol import capabilities_of
 
-SENTENCE_PROBES = ("coref",)  # over sentences shipped with qkv (qkv/data/<name>.jsonl)
-PROBES = SENTENCE_PROBES + induction.PROBES + retrieval.PROBES  # every name probe() takes, the default first
+SENTENCE_PROBES = ("coref",)  # the sentence sets shipped with qkv (qkv/data/<name>.jsonl)
 
 
 @dataclass(frozen=True)
@@ -238,7 +237,7 @@ def load_probe(name: str) -> list[ProbeItem]:
     """The probe set shipped with qkv (``qkv/data/<name>.jsonl``)."""
     if name not in SENTENCE_PROBES:
         raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
-                            known=", ".join(PROBES))
+                            known=", ".join(SENTENCE_PROBES))
     text = resources.files("qkv").joinpath("data", f"{name}.jsonl").read_text(encoding="utf-8")
     items = []
     for line in text.splitlines():
@@ -298,68 +297,57 @@ def _probe_one(model, item: ProbeItem, method: str = contributions.DEFAULT
             _parked(plain, units))
 
 
-def default_probe(model) -> str:
-    """The probe that has something to find in ``model``: ``coref`` for an encoder, ``induction``
-    for a causal model (a pronoun cannot see its referent's successors there, an induction head
-    has its earlier occurrence to find)."""
-    return "induction" if capabilities_of(model).causal else "coref"
-
-
-def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT,
-          progress: Callable[[str, int, int], None] | None = None
-          ) -> "ProbeResult | induction.HeadScores | retrieval.RetrievalScores":
-    """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
-
-    ``coref`` → :class:`ProbeResult`: each head's accuracy at putting its largest weight (from
-    the pronoun, over the words of the sentence other than the pronoun itself) on the labelled
-    referent. ``induction`` / ``previous-token`` → :class:`~qkv.explain.probes.induction.HeadScores`
-    (:func:`~qkv.explain.probes.induction.induction_probe`, weights only).
-    ``retrieval`` → :class:`~qkv.explain.probes.retrieval.RetrievalScores` (decoders: Wu et al.'s
-    copy-paste score on needle-in-a-haystack inputs, :func:`~qkv.explain.probes.retrieval.retrieval_probe`).
-
-    ``method``: score by a contribution method's largest share instead (see
-    :mod:`qkv.explain.contributions`); a per-layer method scores each layer. ``grad`` on an
-    encoder does not apply (the probe has no second text to compare with).
-
-    ``progress(stage, done, total)``: told after each of coref's sentences (``"sentences"``)
-    and each of retrieval's needles (``"needles"``); induction's one batched forward tells nothing.
+def coref_probe(model, *, method: str = contributions.DEFAULT,
+                progress: Callable[[str, int, int], None] | None = None) -> ProbeResult:
+    """Each head's accuracy at putting its largest weight (from the pronoun, over the words of
+    the sentence other than the pronoun itself) on the labelled referent, over the shipped coref
+    sentences; ``method``: score by a contribution method's largest share instead (a per-layer
+    method scores each layer). ``progress("sentences", done, total)`` after each sentence.
 
     Raises:
-        ArgumentError: an unknown probe ``name`` (see :data:`PROBES`), an unknown ``method`` or
-            one that does not apply.
-        NonFiniteError: the model computes NaN/inf (named by layer and head).
-
-    Example (49 forward passes, a few seconds; skipped in the doctest run):
-        >>> import qkv
-        >>> result = probe(qkv.load("minilm"))                      # doctest: +SKIP
-        >>> layer, head, accuracy, correct = result.ranked()[0]     # doctest: +SKIP
-        >>> len(result.items), accuracy > 4 * result.chance         # doctest: +SKIP
-        (49, True)
+        ArgumentError: an unknown ``method`` or one that does not apply; a tokenizer that does
+            not split the sentences into the labelled words (:func:`coref_item`).
     """
-    name = default_probe(model) if name is None else name
-    if name not in PROBES:
-        raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
-                            known=", ".join(PROBES))
-    if name in induction.PROBES:
-        if method is not None and not contributions.get_method(method).raw:
-            raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
-                                "scores attention weights", value=method, probe=name)
-        return induction.induction_probe(model, name)
-    if name in retrieval.PROBES:
-        if method is not None and not contributions.get_method(method).raw:
-            raise ArgumentError("method", "{name} {value} does not apply to the {probe} probe: it "
-                                "reads each head's largest attention weight", value=method, probe=name)
-        return retrieval.retrieval_probe(model, progress=progress)
     m = contributions.check_method(model, method)
-    items = load_probe(name)
+    items = load_probe("coref")
     results = []
     for item in items:
         results.append(_probe_one(model, item, m.name))
         if progress is not None:
             progress("sentences", len(results), len(items))
-    return ProbeResult(model=forward.model_name(model), name=name, items=items,
+    return ProbeResult(model=forward.model_name(model), name="coref", items=items,
                        hits=torch.stack([r[0] for r in results]),
                        candidates=torch.tensor([r[1] for r in results]),
                        chosen=[r[2] for r in results], method=m.name, per=m.per,
                        parked=torch.tensor([r[3] for r in results], dtype=torch.float64),
                        parked_weight=torch.tensor([r[4] for r in results], dtype=torch.float64))
+
+
+def coref_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
+    """The coref sentences (fixed: ``sequences``, ``length`` and ``seed`` do not apply) and each
+    one's pronoun tokens, whose final vector the metric compares with the clean run's."""
+    ids, pronouns = [], []
+    for item in load_probe("coref"):
+        encoding, units, unit, _ = coref_item(model, item, role="effects_probe")
+        ids.append(torch.tensor([encoding.ids], dtype=torch.long))  # (1, t)
+        pronouns.append(list(units.groups[unit]))
+    return Task(ids=ids, pronouns=pronouns)
+
+
+COREF = Probe(
+    name="coref", sequences="over labelled sentences shipped with qkv",
+    run=lambda model, *, method, progress: coref_probe(model, method=method, progress=progress),
+    methods=True, default_for=lambda caps: not caps.causal,
+    effects=Effects(task=coref_task,
+                    scores=lambda model, method, task: coref_probe(model, method=method).accuracy,
+                    metric="1 − cos(pronoun's final vector, clean run's), mean over the coref sentences"))
+
+
+def __getattr__(name: str):
+    """``PROBES``, ``probe`` and ``default_probe`` live in :mod:`qkv.explain.probes.registry`
+    (which imports this file); read there for callers that still import them from here."""
+    if name in ("probe", "default_probe", "PROBES"):
+        from qkv.explain.probes import registry
+
+        return registry.names() if name == "PROBES" else getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

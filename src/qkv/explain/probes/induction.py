@@ -33,7 +33,7 @@ Example (the scores of a hand-built pattern; see :func:`induction_scores_of`):
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import random
 from dataclasses import dataclass
@@ -42,16 +42,42 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain import forward
+from qkv.explain.probes.base import Effects, Needs, Probe, Task, method_shares, ranked, scored_from
 from qkv.explain.wording import ArgumentError
 from qkv.explain.finite import check_layers
 from qkv.models.protocol import capabilities_of
-
-PROBES = ("induction", "previous-token")
 
 
 def _second_copy_queries(t: int, n: int) -> torch.Tensor:
     """Positions of the second copy of r in a sequence of length t = prefix + 2n."""
     return torch.arange(t - n, t)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Where a head's weight is read on a probe's sequences (t tokens, random span n): from each
+    query row i of ``rows(t, n)`` to key i − ``back(n)``; a head's score is the mean of those
+    weights, its chance that of a head attending uniformly to every key it may see."""
+
+    rows: Callable[[int, int], torch.Tensor]
+    back: Callable[[int], int]
+
+    def scores(self, weights: torch.Tensor, n: int) -> torch.Tensor:
+        """(h,) the mean over sequences and rows of ``weights`` (b, h, t, t) on the pattern."""
+        q = self.rows(weights.shape[-1], n)
+        return weights[:, :, q, q - self.back(n)].double().mean(dim=(0, 2))  # (h,)
+
+    def chance(self, t: int, n: int, causal: bool) -> float:
+        """The score of a head that attends uniformly to every key it may see."""
+        q = self.rows(t, n)
+        visible = (q + 1).double() if causal else torch.full((len(q),), float(t), dtype=torch.float64)
+        return float((1.0 / visible).mean())
+
+
+#: the second copy's rows → the token after their earlier occurrence: key = query − (n − 1)
+INDUCTION_PATTERN = Pattern(rows=_second_copy_queries, back=lambda n: n - 1)
+#: every row i ≥ 1 → the token before it
+PREVIOUS_TOKEN_PATTERN = Pattern(rows=lambda t, n: torch.arange(1, t), back=lambda n: 1)
 
 
 def induction_scores_of(weights: torch.Tensor, n: int) -> torch.Tensor:
@@ -67,8 +93,7 @@ def induction_scores_of(weights: torch.Tensor, n: int) -> torch.Tensor:
     if t != s or t < 2 * n or n < 2:
         raise ValueError(f"weights must be (b, h, t, t) with t >= 2n and n >= 2, got "
                          f"{tuple(weights.shape)} and n={n}")
-    q = _second_copy_queries(t, n)
-    return weights[:, :, q, q - (n - 1)].double().mean(dim=(0, 2))  # (h,)
+    return INDUCTION_PATTERN.scores(weights, n)
 
 
 def previous_token_scores_of(weights: torch.Tensor) -> torch.Tensor:
@@ -76,15 +101,7 @@ def previous_token_scores_of(weights: torch.Tensor) -> torch.Tensor:
     b, h, t, s = weights.shape
     if t != s or t < 2:
         raise ValueError(f"weights must be (b, h, t, t) with t >= 2, got {tuple(weights.shape)}")
-    q = torch.arange(1, t)
-    return weights[:, :, q, q - 1].double().mean(dim=(0, 2))
-
-
-def chance_of(probe: str, t: int, n: int, causal: bool) -> float:
-    """The score of a head that attends uniformly to every key it may see."""
-    q = _second_copy_queries(t, n) if probe == "induction" else torch.arange(1, t)
-    visible = (q + 1).double() if causal else torch.full((len(q),), float(t), dtype=torch.float64)
-    return float((1.0 / visible).mean())
+    return PREVIOUS_TOKEN_PATTERN.scores(weights, 1)
 
 
 @dataclass(frozen=True)
@@ -113,9 +130,7 @@ class HeadScores:
 
     def ranked(self) -> list[tuple[int, int, float]]:
         """(layer, head, score), highest first (ties by layer, head)."""
-        L, H = self.scores.shape
-        cells = [(layer, head, float(self.scores[layer, head])) for layer in range(L) for head in range(H)]
-        return sorted(cells, key=lambda c: (-c[2], c[0], c[1]))
+        return ranked(self.scores)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "model": self.model, "probe": self.probe, "chance": self.chance,
@@ -125,7 +140,7 @@ class HeadScores:
                           for layer, head, score in self.ranked()]}
 
 
-def _prefix_ids(model) -> list[int]:
+def prefix_ids(model) -> list[int]:
     """The special tokens the tokenizer puts before any text (``<bos>``, ``[CLS]``), if any."""
     tok = model.tokenizer
     word = tok.id_to_token(tok.ordinary_ids()[0])
@@ -138,7 +153,7 @@ def _prefix_ids(model) -> list[int]:
     return out
 
 
-def _limit(model) -> int | None:
+def limit_of(model) -> int | None:
     """The most tokens the model takes: its tokenizer's limit (the model's positions)."""
     return model.tokenizer.max_length
 
@@ -147,11 +162,20 @@ def repeated_random_tokens(model, *, sequences: int, length: int, seed: int) -> 
     """(sequences, prefix + 2·length) ids: prefix, r, r with r drawn from the ordinary tokens."""
     ids = model.tokenizer.ordinary_ids()
     rng = random.Random(seed)
-    prefix = _prefix_ids(model)
+    prefix = prefix_ids(model)
     rows = []
     for _ in range(sequences):
         r = rng.sample(ids, length) if len(ids) >= length else [rng.choice(ids) for _ in range(length)]
         rows.append(prefix + r + r)
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def alternating_pairs(model, *, sequences: int, length: int, seed: int) -> torch.Tensor:
+    """(sequences, prefix + 2·length) ids: prefix, then x y repeated ``length`` times (x ≠ y)."""
+    ordinary = model.tokenizer.ordinary_ids()
+    prefix = prefix_ids(model)
+    rng = random.Random(seed)
+    rows = [prefix + rng.sample(ordinary, 2) * length for _ in range(sequences)]
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -188,6 +212,42 @@ def check_sizes(sequences, length) -> None:
                             "predict), got {value!r}", value=length, most=MAX_LENGTH)
 
 
+def default_length(model) -> int:
+    """The random span's default: :data:`DEFAULT_LENGTH`, or what fits the model twice after
+    the prefix (at least 2)."""
+    limit = limit_of(model)
+    room = (limit - len(prefix_ids(model))) // 2 if limit is not None else DEFAULT_LENGTH
+    return max(2, min(DEFAULT_LENGTH, room))
+
+
+def pattern_probe(model, name: str, pattern: Pattern, *, sequences: int = 20,
+                  length: int | None = None, seed: int = 0) -> HeadScores:
+    """Score every head of ``model`` by ``pattern`` on repeated random tokens (prefix + r + r,
+    ``len(r) = length``; default :func:`default_length`); the result says it is probe ``name``.
+
+    Raises:
+        ArgumentError: sizes out of bounds (:func:`check_sizes`).
+        QkvError: a length the model cannot take.
+    """
+    length = default_length(model) if length is None else length
+    check_sizes(sequences, length)
+    ids = repeated_random_tokens(model, sequences=sequences, length=length, seed=seed)  # (b, t)
+    limit = limit_of(model)
+    if limit is not None and ids.shape[1] > limit:
+        raise QkvError(f"the probe's sequences are {ids.shape[1]} tokens; "
+                       f"{forward.model_name(model)} takes at most {limit}")
+    scores = torch.stack([pattern.scores(w, length) for w in attention_on(model, ids)])  # (L, h)
+    causal = capabilities_of(model).causal
+    prefix = tuple(model.tokenizer.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist())
+    return HeadScores(model=forward.model_name(model), probe=name, scores=scores,
+                      chance=pattern.chance(ids.shape[1], length, causal), sequences=sequences,
+                      length=length, prefix=prefix, causal=causal, seed=seed)
+
+
+#: this file's probes' patterns, by probe name
+PATTERNS = {"induction": INDUCTION_PATTERN, "previous-token": PREVIOUS_TOKEN_PATTERN}
+
+
 def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
                     length: int | None = None, seed: int = 0) -> HeadScores:
     """Score every head of ``model`` on repeated random tokens (see the module docstring).
@@ -207,23 +267,64 @@ def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
         >>> r.ranked()[0][2] > 10 * r.chance                          # doctest: +SKIP
         True
     """
-    if probe not in PROBES:
-        raise QkvError(f"unknown probe {probe!r}; known: {', '.join(PROBES)} (and coref)")
-    if length is None:
-        limit = _limit(model)
-        room = (limit - len(_prefix_ids(model))) // 2 if limit is not None else DEFAULT_LENGTH
-        length = max(2, min(DEFAULT_LENGTH, room))
-    check_sizes(sequences, length)
-    ids = repeated_random_tokens(model, sequences=sequences, length=length, seed=seed)
-    limit = _limit(model)
-    if limit is not None and ids.shape[1] > limit:
-        raise QkvError(f"the probe's sequences are {ids.shape[1]} tokens; "
-                       f"{forward.model_name(model)} takes at most {limit}")
-    layers = attention_on(model, ids)
-    score = (lambda w: induction_scores_of(w, length)) if probe == "induction" else previous_token_scores_of
-    scores = torch.stack([score(w) for w in layers])  # (L, h)
-    causal = capabilities_of(model).causal
-    prefix = tuple(model.tokenizer.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist())
-    return HeadScores(model=forward.model_name(model), probe=probe, scores=scores,
-                      chance=chance_of(probe, ids.shape[1], length, causal), sequences=sequences,
-                      length=length, prefix=prefix, causal=causal, seed=seed)
+    pattern = PATTERNS.get(probe)
+    if pattern is None:
+        raise QkvError(f"unknown probe {probe!r}; known: {', '.join(PATTERNS)} (and coref)")
+    return pattern_probe(model, probe, pattern, sequences=sequences, length=length, seed=seed)
+
+
+# -- the probes' records: what head_effects ablates, and how faithfulness scores methods there --
+def check_fits(model, ids: torch.Tensor, n: int) -> None:
+    """ArgumentError naming ``length`` when the sequences ``ids`` (b, t) are longer than the model takes."""
+    t, limit = ids.shape[1], limit_of(model)
+    if limit is not None and t > limit:
+        raise ArgumentError("length", "{name} {value} makes {t}-token sequences; {model} takes at "
+                            "most {limit}", value=n, t=t, model=forward.model_name(model), limit=limit)
+
+
+def repeated_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
+    """Repeated random tokens (prefix, r, r); scored: the predictions from r₀ (second copy) on,
+    r₁ … rₙ₋₁ — predictable only by finding the earlier occurrence and copying what followed."""
+    n = default_length(model) if length is None else length
+    ids = repeated_random_tokens(model, sequences=sequences, length=n, seed=seed)  # (b, prefix + 2n)
+    check_fits(model, ids, n)
+    return Task(ids=list(ids.split(1)), scored=scored_from(ids.shape[1], len(prefix_ids(model)) + n),
+                length=n)
+
+
+def pairs_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
+    """Alternating pairs (prefix, x y x y …); scored: from the second y on, where the next token
+    is the one before the current one — readable only by a previous-token head's move."""
+    n = default_length(model) if length is None else length
+    ids = alternating_pairs(model, sequences=sequences, length=n, seed=seed)  # (b, prefix + 2n)
+    check_fits(model, ids, n)
+    return Task(ids=list(ids.split(1)), scored=scored_from(ids.shape[1], len(prefix_ids(model)) + 1),
+                length=n)
+
+
+def scores_by(pattern: Pattern) -> Callable[[object, str, Task], torch.Tensor]:
+    """An :attr:`~qkv.explain.probes.base.Effects.scores` reading ``pattern`` off a method's shares
+    on the task's sequences: (L, h) or (L, 1)."""
+    def scores(model, method: str, task: Task) -> torch.Tensor:
+        shares = method_shares(model, method, task.ids)  # (L, S, h|1, t, t)
+        return torch.stack([pattern.scores(w, task.length) for w in shares])  # (L, h|1)
+    return scores
+
+
+LOSS = Needs(("next_token",), "measures next-token loss")
+
+INDUCTION = Probe(
+    name="induction", sequences="on repeated random tokens",
+    run=lambda model, *, method, progress: induction_probe(model, "induction"),
+    default_for=lambda caps: caps.causal,
+    effects=Effects(task=repeated_task, needs=LOSS, scores=scores_by(INDUCTION_PATTERN),
+                    metric="mean next-token loss on the repeated half of random repeated sequences"))
+
+PREVIOUS_TOKEN = Probe(
+    name="previous-token", sequences="on repeated random tokens",
+    run=lambda model, *, method, progress: induction_probe(model, "previous-token"),
+    effects=Effects(task=pairs_task, needs=LOSS, scores=scores_by(PREVIOUS_TOKEN_PATTERN),
+                    metric="mean next-token loss on alternating pairs x y x y … (the next token is "
+                           "the one before the current)"))
+
+PROBES = (INDUCTION.name, PREVIOUS_TOKEN.name)  # this file's probes

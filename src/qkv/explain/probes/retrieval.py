@@ -45,12 +45,12 @@ import torch
 
 from qkv.explain import forward
 from qkv.explain.probes import induction
+from qkv.explain.probes.base import Effects, Needs, Probe, Task, ranked, scored_from
 from qkv.explain.long.document import Document, _record, _check_finite
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.modules.lse_trace import LSE
 
-PROBES = ("retrieval",)
 DEFAULT_LENGTH = 64  # tokens of one input (fits lm's 65 positions); qkv needle takes 1k-32k
 DEFAULT_NEEDLE = 8   # tokens of the needle: 7 copy steps
 DEFAULT_SAMPLES = 8
@@ -98,12 +98,12 @@ def check_needle(model, *, length: int, needle: int, depth: float) -> int:
     if not isinstance(depth, (int, float)) or isinstance(depth, bool) or not 0.0 <= depth <= 1.0:
         raise ArgumentError("depth", "{name} must be a fraction of the haystack in 0–1, got "
                             "{value!r}", value=depth)
-    prefix = len(induction._prefix_ids(model))
+    prefix = len(induction.prefix_ids(model))
     if not _whole(length) or not prefix + 2 * needle <= length <= MAX_LENGTH:
         raise ArgumentError("length", "{name} must be a whole number of tokens in {least}–{most} "
                             "(room for the prefix and the needle twice), got {value!r}",
                             value=length, least=prefix + 2 * needle, most=MAX_LENGTH)
-    limit = induction._limit(model)
+    limit = induction.limit_of(model)
     if limit is not None and length > limit:
         raise ArgumentError("length", "{name} {value} is more tokens than {model} takes "
                             "({limit})", value=length, model=forward.model_name(model), limit=limit)
@@ -137,7 +137,7 @@ def needle_input(model, *, length: int, depth: float, needle: int = DEFAULT_NEED
     else:
         others = sorted(set(ordinary) - set(pin))
         fill = [rng.choice(others) for _ in range(hay)]
-    prefix = induction._prefix_ids(model)
+    prefix = induction.prefix_ids(model)
     before = round(depth * hay)
     ids = prefix + fill[:before] + pin + fill[before:] + pin
     start = len(prefix) + before
@@ -238,10 +238,7 @@ class RetrievalScores:
 
     def ranked(self) -> list[tuple[int, int, float]]:
         """(layer, head, score), highest first (ties: more needle attention, then layer, head)."""
-        L, H = self.scores.shape
-        cells = [(l, h, float(self.scores[l, h]), float(self.needle_weight[l, h]))
-                 for l in range(L) for h in range(H)]
-        return [c[:3] for c in sorted(cells, key=lambda c: (-c[2], -c[3], c[0], c[1]))]
+        return ranked(self.scores, self.needle_weight)
 
     def top(self, k: int) -> list[tuple[int, int]]:
         """The ``k`` best (layer, head) by :meth:`ranked`."""
@@ -259,7 +256,7 @@ class RetrievalScores:
 
 def default_length(model) -> int:
     """:data:`DEFAULT_LENGTH`, or the model's limit when it takes fewer tokens."""
-    limit = induction._limit(model)
+    limit = induction.limit_of(model)
     return DEFAULT_LENGTH if limit is None else min(DEFAULT_LENGTH, limit)
 
 
@@ -416,5 +413,29 @@ def retrieval_ablation(model, *, k: int = 2, trials: int = 4, samples: int = DEF
         samples=samples, length=len(inputs[0].ids), needle=needle, seed=seed)
 
 
-__all__ = ["RetrievalAblation", "needle_accuracy", "needle_inputs", "retrieval_ablation", "NeedleInput", "NeedleReading", "PROBES", "RetrievalScores", "check_needle",
+# -- the probe's record ------------------------------------------------------------------------------
+def needle_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
+    """The retrieval probe's needle inputs (:func:`needle_inputs`, ``length`` = tokens per input);
+    scored: the query copy's predictions of the needle tokens n₁ … nₘ₋₁ (row q + k predicts
+    n_{k+1}), predictable only by finding the needle earlier in the input."""
+    inputs = needle_inputs(model, samples=sequences, length=length, seed=seed)
+    t = len(inputs[0].ids)
+    rows = inputs[0].rows  # (m − 1,) consecutive
+    return Task(ids=[x.ids[None] for x in inputs], scored=scored_from(t, int(rows[0]), int(rows[-1]) + 1),
+                length=t)
+
+
+RETRIEVAL = Probe(
+    name="retrieval", sequences="on needle-in-a-haystack inputs (decoders)",
+    run=lambda model, *, method, progress: retrieval_probe(model, progress=progress),
+    needs=Needs(("self_attention", "causal", "next_token"),
+                "needs a decoder that predicts the next token (a needle is copied token by token)"),
+    # no method scores a head on it (its score is the copy-paste count): faithfulness leaves it out
+    effects=Effects(task=needle_task, needs=induction.LOSS,
+                    metric="mean next-token loss on the needle's copy (its tokens after the first, "
+                           "teacher-forced) in needle-in-a-haystack inputs"))
+
+PROBES = (RETRIEVAL.name,)  # this file's probe
+
+__all__ = ["RETRIEVAL", "RetrievalAblation", "needle_accuracy", "needle_inputs", "retrieval_ablation", "NeedleInput", "NeedleReading", "PROBES", "RetrievalScores", "check_needle",
            "needle_input", "read_needle", "record", "retrieval_probe"]
