@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import qkv
-from qkv.explain.probes.needle import NeedleMap, needle_figure, needle_map
+from qkv.explain.probes.needle import NeedleMap, needle_map
+from qkv.explain.rendering.figures import needle_figure
 from qkv.explain.probes.retrieval import needle_input, read_needle
 from qkv.explain.wording import ArgumentError
 

@@ -183,29 +183,14 @@ def needle_map(model, *, lengths: Sequence[int], depths: Sequence[float] = DEFAU
                      haystack="random" if haystack is None else "text", seed=seed)
 
 
-def needle_figure(m: NeedleMap):
-    """Two heat maps side by side, depth (rows) × length (columns): accuracy, attention."""
-    from qkv.explain.rendering.plots import new_figure
+def __getattr__(name: str):
+    """``needle_figure`` is drawn in :mod:`qkv.explain.rendering.figures` (this file computes);
+    kept importable from here only for ``qkv.cli.needle`` until it imports it from there."""
+    if name == "needle_figure":
+        from qkv.explain.rendering import figures
 
-    fig, axes = new_figure(1, 2, figsize=(max(7.0, 1.1 * len(m.lengths) + 5), 0.5 * len(m.depths) + 2.5))
-    for ax, values, title in ((axes[0], m.accuracy, "needle accuracy"),
-                              (axes[1], m.attention, "retrieval heads' attention on the needle")):
-        im = ax.imshow(values.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-        ax.set_xticks(range(len(m.lengths)), [f"{n:,}" for n in m.lengths], rotation=45, fontsize=8)
-        ax.set_yticks(range(len(m.depths)), [f"{d:.0%}" for d in m.depths], fontsize=8)
-        ax.set_xlabel("input length (tokens)")
-        ax.set_ylabel("needle depth")
-        ax.set_title(title, fontsize=9)
-        for r in range(values.shape[0]):
-            for c in range(values.shape[1]):
-                v = float(values[r, c])
-                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if v < 0.5 else "black")
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    heads = ", ".join(f"L{l} H{h}" for l, h in m.heads)
-    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input(s) a cell; heads {heads}",
-                 fontsize=10)
-    return fig
+        return figures.needle_figure
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_DEPTHS", "NeedleMap", "needle_figure", "needle_map"]
+__all__ = ["DEFAULT_DEPTHS", "NeedleMap", "needle_map"]

@@ -5,6 +5,8 @@ figure; write it with :func:`qkv.explain.rendering.plots.save_atomic`.
 * :func:`map_figure` — an :class:`~qkv.explain.AttentionMap`: one head's whole map
 * :func:`cross_figure`, :func:`cross_head_figure` — an encoder-decoder's cross-attention, target
   rows, source columns, a gold alignment (when the model has one) boxed in red
+* :func:`needle_figure` — a :class:`~qkv.explain.probes.needle.NeedleMap`: accuracy and the
+  retrieval heads' attention, depth × length
 
 The drawing primitives (a headless figure, a heat map, a grid of rows) are in
 :mod:`qkv.explain.plots`.
@@ -19,6 +21,7 @@ from qkv.explain.contributions import get_method
 from qkv.explain.cross import CrossAttention
 from qkv.explain.maps import AttentionMap
 from qkv.explain.overview import Overview
+from qkv.explain.probes.needle import NeedleMap
 from qkv.explain.rendering.plots import grid_map, head_map, new_figure
 
 
@@ -93,4 +96,27 @@ def cross_head_figure(ca: CrossAttention, layer: int, head: int):
     ax.set_title(f"{ca.model}: layer {layer}, head {head} cross-attention"
                  + ("; red boxes: gold alignment" if ca.gold else ""), fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+    return fig
+
+
+def needle_figure(m: NeedleMap):
+    """Two heat maps side by side, depth (rows) × length (columns): accuracy, attention."""
+    fig, axes = new_figure(1, 2, figsize=(max(7.0, 1.1 * len(m.lengths) + 5), 0.5 * len(m.depths) + 2.5))
+    for ax, values, title in ((axes[0], m.accuracy, "needle accuracy"),
+                              (axes[1], m.attention, "retrieval heads' attention on the needle")):
+        im = ax.imshow(values.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(m.lengths)), [f"{n:,}" for n in m.lengths], rotation=45, fontsize=8)
+        ax.set_yticks(range(len(m.depths)), [f"{d:.0%}" for d in m.depths], fontsize=8)
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel("needle depth")
+        ax.set_title(title, fontsize=9)
+        for r in range(values.shape[0]):
+            for c in range(values.shape[1]):
+                v = float(values[r, c])
+                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if v < 0.5 else "black")
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    heads = ", ".join(f"L{l} H{h}" for l, h in m.heads)
+    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input(s) a cell; heads {heads}",
+                 fontsize=10)
     return fig
