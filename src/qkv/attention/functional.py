@@ -5,6 +5,13 @@
     >>> out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
     >>> out.shape
     torch.Size([2, 4, 7, 16])
+
+**NaN in → NaN out**: a query row holding a NaN gives a NaN output row (and lse) on every
+backend; torch's own kernel would give zeros. So does a row that attends a key holding a NaN
+(torch's CPU kernel gives 0 where those are the row's only keys), and a NaN in a value reaches
+every row that attends it. Rows the mask hides every NaN from may be NaN too (the reference
+backend makes the whole head NaN; the others may, for rows that share a kernel block of keys
+with the NaN).
 """
 
 from __future__ import annotations
@@ -85,22 +92,7 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
                 f"grouped-query attention (query {qs}, key {ks})"
             )
     if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise ValueError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            raise ValueError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
-        if attn_mask.ndim < 2:
-            raise ValueError(f"attn_mask must have at least 2 dims (..., t, s), got shape "
-                             f"{_shape(attn_mask)}")
-        if is_causal:
-            raise ValueError("pass either attn_mask or is_causal=True, not both "
-                             "(fold the causal structure into attn_mask, or use window=)")
-        scores_shape = (*qs[:-1], ks[-2])
-        if not _broadcasts_to(tuple(attn_mask.shape), scores_shape):
-            raise ValueError(
-                f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores' shape "
-                f"{scores_shape} (..., t, s)"
-            )
+        _check_attn_mask(attn_mask, is_causal, qs, ks)
     _check_extras(qs, ks, key_padding_mask, mask, bias, given=(
         attn_mask is not None or is_causal or window is not None or causal_alignment != "top_left"
         or key_padding_mask is not None))
@@ -115,6 +107,27 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     if causal_alignment not in ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
     return resolve_scale(scale, qs[-1])
+
+
+def _check_attn_mask(attn_mask, is_causal, qs: tuple[int, ...], ks: tuple[int, ...]) -> None:
+    """torch's ``attn_mask``: a bool or float tensor broadcasting to the scores (..., t, s), and
+    not together with ``is_causal`` (qs, ks: the query's and key's shapes)."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise ValueError(f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}")
+    if attn_mask.ndim < 2:
+        raise ValueError(f"attn_mask must have at least 2 dims (..., t, s), got shape "
+                         f"{_shape(attn_mask)}")
+    if is_causal:
+        raise ValueError("pass either attn_mask or is_causal=True, not both "
+                         "(fold the causal structure into attn_mask, or use window=)")
+    scores_shape = (*qs[:-1], ks[-2])
+    if not _broadcasts_to(tuple(attn_mask.shape), scores_shape):
+        raise ValueError(
+            f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores' shape "
+            f"{scores_shape} (..., t, s)"
+        )
 
 
 def resolve_scale(scale, d: int) -> float:
@@ -244,26 +257,32 @@ def _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, 
                          key_padding=key_padding_mask, dense=attn_mask)
 
 
+def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+             causal_alignment, key_padding_mask, mask, bias, block_mask) -> tuple[float, AttentionMask]:
+    """The public arguments checked (:func:`_check_inputs`) and read as (the scale, one
+    :class:`AttentionMask` holding every mask argument, a block mask included)."""
+    scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                          window, causal_alignment, key_padding_mask, mask, bias)
+    description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
+    if block_mask is not None:
+        _check_block_mask(query, key, block_mask, given=not description.empty)
+        description = description.with_(block=block_mask)
+    elif description.block is not None:  # mask=AttentionMask(block=...), as models pass it
+        _check_block_mask(query, key, description.block,
+                          given=not description.with_(block=None).empty)
+    return scale, description
+
+
 def scaled_dot_product_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    *,
-    window: tuple[int | None, int | None] | None = None,
-    causal_alignment: str = "top_left",
-    key_padding_mask: torch.Tensor | None = None,
-    mask: AttentionMask | None = None,
-    bias: torch.Tensor | None = None,
-    backend: str = "auto",
-    block_mask: BlockMask | None = None,
-    return_lse: bool = False,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    # torch's arguments, in torch's order
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False, *,
+    # qkv's: the mask as structure, a score bias, which backend, the lse, softcap and sinks
+    window: tuple[int | None, int | None] | None = None, causal_alignment: str = "top_left",
+    key_padding_mask: torch.Tensor | None = None, mask: AttentionMask | None = None,
+    bias: torch.Tensor | None = None, backend: str = "auto", block_mask: BlockMask | None = None,
+    return_lse: bool = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q·kᵀ · scale + mask) · v`` — a drop-in for torch's SDPA, plus what it lacks.
 
@@ -292,17 +311,15 @@ def scaled_dot_product_attention(
             packed sequences via ``VarLen``) instead of the five mask arguments above.
         bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
             scores; unlike a float ``attn_mask`` the trace keeps it apart from the mask.
-        backend: ``"auto"`` (see :func:`qkv.attention.backends.choose_backend`), or a
-            registered name: ``"reference"``, ``"fused"``, ``"blockwise"``; a named backend
-            that cannot do what the call asks (its declared capabilities) is a ValueError.
+        backend: ``"auto"`` (:func:`~qkv.attention.backends.choose_backend`), or a registered name
+            (``"reference"``, ``"fused"``, ``"blockwise"``) that can do what the call asks.
         block_mask: a :class:`~qkv.attention.block_mask.BlockMask` from
             :func:`qkv.create_block_mask` (any ``mask_mod``; :mod:`qkv.masks` has the
             built-ins) for this call's (b, h, t, s), instead of the mask arguments above; the
             blockwise backend then visits only its non-empty blocks (O(N) memory).
         return_lse: also return the log-sum-exp of each row's masked, scaled scores.
         softcap: logit soft-capping (Gemma 2): scaled scores become ``softcap·tanh(s/softcap)``
-            before bias and mask. Runs on an lse backend ("blockwise", or "reference" with a
-            dense mask, bias or dropout); torch's kernel has no cap.
+            before bias and mask, on an lse backend (torch's kernel has no cap).
         sinks: (h,) learned sink logits (gpt-oss): each adds ``exp(sink_h)`` to its head's
             softmax denominator and nothing to the output; merged from the lse
             (:mod:`qkv.attention.sinks`), and the returned lse includes them.
@@ -310,12 +327,7 @@ def scaled_dot_product_attention(
     Returns:
         (..., h, t, dv); with ``return_lse`` the pair ``(output, lse)``, lse (..., h, t) float32
         (float64 for float64 inputs), ``−inf`` for a row with no key. A query row with every
-        key masked out gives zeros, never NaN. **NaN in → NaN out**: a query row holding a NaN
-        gives a NaN output row (and lse) on every backend; torch's own kernel would give zeros.
-        So does a row that attends a key holding a NaN (torch's CPU kernel gives 0 where those
-        are the row's only keys), and a NaN in a value reaches every row that attends it. Rows
-        the mask hides every NaN from may be NaN too (the reference backend makes the whole head
-        NaN; the others may, for rows that share a kernel block of keys with the NaN).
+        key masked out gives zeros, never NaN; a NaN in gives NaN out (the module doc says where).
 
     Example:
         >>> import torch, qkv
@@ -324,15 +336,8 @@ def scaled_dot_product_attention(
         ...     causal_alignment="bottom_right", window=(4, 0)).shape
         torch.Size([1, 8, 3, 16])
     """
-    scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                          window, causal_alignment, key_padding_mask, mask, bias)
-    description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
-    if block_mask is not None:
-        _check_block_mask(query, key, block_mask, given=not description.empty)
-        description = description.with_(block=block_mask)
-    elif description.block is not None:  # mask=AttentionMask(block=...), as models pass it
-        _check_block_mask(query, key, description.block,
-                          given=not description.with_(block=None).empty)
+    scale, description = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                  window, causal_alignment, key_padding_mask, mask, bias, block_mask)
     if softcap is not None or sinks is not None:
         return _capped_or_sunk(query, key, value, description, bias, float(dropout_p), scale,
                                bool(enable_gqa), backend, bool(return_lse), softcap, sinks)
@@ -378,24 +383,15 @@ def _capped_or_sunk(query, key, value, description, bias, dropout_p, scale, enab
 
 
 def attention_trace(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    *,
-    window: tuple[int | None, int | None] | None = None,
-    causal_alignment: str = "top_left",
-    key_padding_mask: torch.Tensor | None = None,
-    mask: AttentionMask | None = None,
-    bias: torch.Tensor | None = None,
-    backend: str = "reference",
-    block_mask: BlockMask | None = None,
-    rows: torch.Tensor | list[int] | slice | None = None,
-    softcap: float | None = None,
+    # torch's SDPA arguments, in torch's order
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False, *,
+    # scaled_dot_product_attention's own, then which query rows to trace
+    window: tuple[int | None, int | None] | None = None, causal_alignment: str = "top_left",
+    key_padding_mask: torch.Tensor | None = None, mask: AttentionMask | None = None,
+    bias: torch.Tensor | None = None, backend: str = "reference", block_mask: BlockMask | None = None,
+    rows: torch.Tensor | list[int] | slice | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> AttentionTrace:
     """Attention with every intermediate kept: scores, scaled, masked, weights, output, lse.
@@ -419,14 +415,10 @@ def attention_trace(
         >>> tr.weights[0, 0, 0].tolist()    # the first token can only see itself
         [1.0, 0.0, 0.0, 0.0]
     """
-    scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                          window, causal_alignment, key_padding_mask, mask, bias)
+    scale, description = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                  window, causal_alignment, key_padding_mask, mask, bias, block_mask)
     if backend not in ("reference", "auto"):
         raise ValueError(f"attention_trace computes with the 'reference' backend, got backend={backend!r}")
-    description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
-    if block_mask is not None:
-        _check_block_mask(query, key, block_mask, given=not description.empty)
-        description = description.with_(block=block_mask)
     groups = gqa_groups(query, key, enable_gqa)
     extras = dict(softcap=check_softcap(softcap), sinks=sinks)
     if sinks is not None:
