@@ -252,16 +252,45 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        self._check_inputs(query, key, value)
+        b, t, _ = query.shape
+        offset = len(kv_cache) if kv_cache is not None else 0
+
+        # 1) project, split into heads, normalise and rotate q and k
+        q, k, v = self._project(query, key, value, offset, positions)  # (b, h|h_kv, t|s_new, d)
+        # 2) extend with the cached past
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)
+        s = k.shape[-2]
+        description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
+
+        # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
+        needs_local = need_weights or kv_cache is not None or key is not query
+        heads, trace, weights = self._attend(q, k, v, description, trace_rows, need_weights,
+                                             needs_local, intervention)  # heads: (b, h, t, d)
+        # 4) concatenate the heads and mix them
+        concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (b, t, h·d)
+        out = self.out_proj(concat)
+
+        if need_weights:
+            weights = weights.to(query.dtype)  # (b, h, t, s)
+            weights = weights.mean(dim=1) if average_attn_weights else weights
+        if trace_rows is None or isinstance(trace_rows, LseRequest):
+            return AttentionOutput(out, weights, trace)
+        return AttentionOutput(out, weights, self._record(query, key, value, trace_rows, trace, concat, s))
+
+    def _check_inputs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Each input's rank and width, and their batch (and key/value's length) agreeing."""
         self._check("query", query, self.embed_dim)
         self._check("key", key, self.kdim)
         self._check("value", value, self.vdim)
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
                              f"{tuple(value.shape)} must agree on batch, and key/value on length")
-        b, t, _ = query.shape
-        offset = len(kv_cache) if kv_cache is not None else 0
 
-        # 1) project and split into heads
+    def _project(self, query, key, value, offset: int, positions):
+        """q (b, h, t, d), k and v (b, h_kv, s_new, d): projected, split into heads, q and k
+        normalised (where the model has q/k norms) and rotated from position ``offset``."""
         q = self._split(self.q_proj(query), self.num_heads)  # (b, h, t, d)
         k = self._split(self.k_proj(key), self.num_kv_heads)  # (b, h_kv, s_new, d)
         v = self._split(self.v_proj(value), self.num_kv_heads)  # (b, h_kv, s_new, d)
@@ -272,42 +301,34 @@ class MultiHeadAttention(nn.Module):
         elif self.rotary is not None:
             q = self.rotary(q, offset=offset, positions=positions)
             k = self.rotary(k, offset=offset, positions=positions)
-        # 2) extend with the cached past
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (b, h_kv, s, d)
-        s = k.shape[-2]
-        description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
+        return q, k, v
+
+    def _attend(self, q, k, v, description: AttentionMask, trace_rows, need_weights: bool,
+                needs_local: bool, intervention):
+        """(heads (b, h, t, d), the trace or None, weights (b, h, t, s) or None): this module's
+        backend through :func:`~qkv.attention.traced.traced_attention`, or its sequence shard."""
+        t, s = q.shape[-2], k.shape[-2]
         bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
         dropout_p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
-
-        # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
-        weights = None
         if self.sequence_parallel is not None:  # this rank's shard of one sequence (qkv.distributed)
             heads, trace = self._attend_shard(q, k, v, description, bias, dropout_p, gqa, trace_rows,
-                                              need_weights or kv_cache is not None or key is not query,
-                                              intervention)
-        else:
-            call = traced_attention(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
-                                    enable_gqa=gqa, backend=self.backend, rows=trace_rows,
-                                    need_weights=need_weights, edit=intervention)
-            heads, trace, weights = call.output, call.trace, call.weights  # heads: (b, h, t, d)
-        # 4) concatenate the heads and mix them
-        concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (b, t, h·d)
-        out = self.out_proj(concat)
+                                              needs_local, intervention)
+            return heads, trace, None
+        call = traced_attention(q, k, v, mask=description, bias=bias, dropout_p=dropout_p,
+                                enable_gqa=gqa, backend=self.backend, rows=trace_rows,
+                                need_weights=need_weights, edit=intervention)
+        return call.output, call.trace, call.weights
 
-        if need_weights:
-            weights = weights.to(query.dtype)  # (b, h, t, s)
-            weights = weights.mean(dim=1) if average_attn_weights else weights
-        if trace_rows is None or isinstance(trace_rows, LseRequest):
-            return AttentionOutput(out, weights, trace)
-        rows, new = row_positions(t, trace_rows, query.device), key.shape[1]
-        record = MultiHeadTrace(rows=rows, query_input=query[:, rows],
-                                key_input=key if new == s else key.new_empty(0),
-                                value_input=value if new == s else value.new_empty(0),
-                                attention=trace, heads=concat,
-                                position_step=None if self.rotary is None else ModuleRotation(self.rotary))
-        return AttentionOutput(out, weights, record)
+    def _record(self, query, key, value, trace_rows, trace, concat: torch.Tensor, s: int) -> MultiHeadTrace:
+        """The traced rows' record: their inputs, the attention trace, the heads (b, t, h·d)
+        and the position step; key/value inputs only when they are the whole key length ``s``."""
+        rows, new = row_positions(query.shape[1], trace_rows, query.device), key.shape[1]
+        return MultiHeadTrace(rows=rows, query_input=query[:, rows],
+                              key_input=key if new == s else key.new_empty(0),
+                              value_input=value if new == s else value.new_empty(0),
+                              attention=trace, heads=concat,
+                              position_step=None if self.rotary is None else ModuleRotation(self.rotary))
 
     def _attend_shard(self, q, k, v, description, bias, dropout_p, gqa, trace_rows, needs_local,
                       intervention) -> tuple[torch.Tensor, LseTrace | None]:
