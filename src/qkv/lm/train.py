@@ -27,7 +27,7 @@ from qkv.lm.data import BOS_ID, VOCAB_SIZE, DataConfig, LMBatch, build_tokenizer
 from qkv.lm.run import DecoderRun, hf_config, hf_tensors, init_weights, train_decoder
 from qkv.lm.run import read_training as read_run
 from qkv.models.llama import LlamaConfig, LlamaModel
-from qkv.training.config import Schedule, config_from_dict, option
+from qkv.training.config import Schedule, option
 from qkv.training.loop import TrainState
 
 __all__ = ["LMTrainConfig", "LMEval", "appeared_at", "evaluate", "hf_config", "hf_tensors",
@@ -82,13 +82,6 @@ class LMTrainConfig(Schedule):
         if self.min_span > self.max_span or self.max_span > self.seq_len // 2:
             raise QkvError(f"need --min-span ({self.min_span}) <= --max-span ({self.max_span}) <= "
                            f"--seq-len / 2 ({self.seq_len // 2})")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LMTrainConfig":
-        return config_from_dict(cls, d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @property
     def data(self) -> DataConfig:

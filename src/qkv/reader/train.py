@@ -33,7 +33,7 @@ from qkv.reader.data import (
     BOS_ID, MIN_VOCAB, BatchConfig, ReaderBatch, TokenStream, get_batch, heldout_windows, train_tokenizer,
     unigram_loss,
 )
-from qkv.training.config import Schedule, config_from_dict, option
+from qkv.training.config import Schedule, option
 from qkv.training.loop import TrainState
 
 FORMAT_VERSION = 1
@@ -117,13 +117,6 @@ class ReaderTrainConfig(Schedule):
                            f"and --window ({self.window})")
         if self.max_positions <= self.seq_len:
             raise QkvError(f"--max-positions ({self.max_positions}) must exceed --seq-len ({self.seq_len})")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ReaderTrainConfig":
-        return config_from_dict(cls, d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @property
     def batches(self) -> BatchConfig:

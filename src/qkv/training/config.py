@@ -7,8 +7,9 @@ A training config is a frozen dataclass (``qkv.translate.train.TrainConfig``,
 (``qkv.cli.train_run.add_config_options``) builds the ``--flag``'s help and checked type from
 them; a subclass that only changes a default inherits its parent's facts (:func:`option_of`).
 Fields without one are checked by :func:`check_int` / :func:`check_float` in ``__post_init__``.
-``from_dict`` is :func:`config_from_dict`, which also refuses unknown keys and values of the
-wrong JSON type (``"steps": "abc"`` in a config.json). Messages name the CLI flag
+:class:`Schedule`'s ``from_dict`` (every trainer's, inherited) is :func:`config_from_dict`, which
+also refuses unknown keys and values of the wrong JSON type (``"steps": "abc"`` in a config.json);
+``to_dict`` is the options by name. Messages name the CLI flag
 (``--batch-size``), since that is where a user sets the value.
 
 Example:
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import get_type_hints
 
 from qkv.errors import QkvError
@@ -190,6 +191,16 @@ class Schedule:
 
     def __post_init__(self) -> None:
         check_options(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """The config a ``config.json``'s options describe (:func:`config_from_dict`: unknown
+        keys and wrong JSON types are one error) — every trainer's config, as its own class."""
+        return config_from_dict(cls, d)
+
+    def to_dict(self) -> dict:
+        """Every option by name, plain JSON (what ``config.json`` records)."""
+        return asdict(self)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for (0-based) ``step``: linear warm-up to ``lr``, cosine down to

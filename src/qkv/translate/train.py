@@ -29,7 +29,7 @@ from qkv.translate.model import TranslationConfig, TranslationModel
 from qkv.training import loop
 from qkv.training.checkpoint import prepare_out_dir
 from qkv.training.config import (
-    Schedule, changed_options, check_threads, config_from_dict, option,
+    Schedule, changed_options, check_threads, option,
 )
 from qkv.training.loop import TrainState
 from qkv.translate.checkpoint import (
@@ -84,13 +84,6 @@ class TrainConfig(Schedule):
         super().__post_init__()  # every option against its bounds (training/config.py)
         if self.d_model % self.num_heads:
             raise QkvError(f"--d-model ({self.d_model}) must be divisible by --num-heads ({self.num_heads})")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        return config_from_dict(cls, d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     def model_config(self, vocab: Vocab) -> TranslationConfig:
         return TranslationConfig(
