@@ -189,6 +189,26 @@ class DecoderRun:
     record: Callable[[LlamaModel, list, bool], dict]
 
 
+def _resumable(run: DecoderRun, cfg, out: Path, force: bool) -> tuple[dict, bool]:
+    """(the record of the run in ``out``, whether continuing it stays exact), once it is known
+    that ``cfg`` continues it: the same options (but those that may change), the same thread
+    count (or ``force``), an optimizer state kept, steps left to train."""
+    meta = read_training(out, command=run.command, format_version=run.format_version,
+                         model_types=run.model_types)
+    diffs = changed_options(run.config_class.from_dict(meta["train"]), cfg,
+                            run.config_class.RESUMABLE_CHANGES)
+    if diffs:
+        raise QkvError(f"--resume: {out} was trained with a different configuration: {', '.join(diffs)}")
+    exact = check_threads(meta, out, allow_inexact=force)
+    if not isinstance(meta.get("optimizer"), dict):
+        raise QkvError(f"{out}: the checkpoint has no optimizer state to resume from (it was "
+                       f"saved with --slim)")
+    if meta["step"] >= cfg.steps:
+        raise QkvError(f"--resume: {out} is already at step {meta['step']} of --steps {cfg.steps}; "
+                       f"raise --steps to train further")
+    return meta, exact
+
+
 def train_decoder(run: DecoderRun, cfg, out: str | Path, *, resume: bool = False,
                   progress: bool = True, command: str | None = None, slim: bool = False,
                   force: bool = False, callback: Callable[[TrainState], None] | None = None
@@ -205,25 +225,9 @@ def train_decoder(run: DecoderRun, cfg, out: str | Path, *, resume: bool = False
         qkv.training.loop.NonFiniteLoss: the loss became NaN or infinite (nothing saved).
     """
     out = prepare_out_dir(out, resume=resume, force=force, kinds=KINDS)
-    exact = True
-    if resume:
-        meta = read_training(out, command=run.command, format_version=run.format_version,
-                             model_types=run.model_types)
-        diffs = changed_options(run.config_class.from_dict(meta["train"]), cfg,
-                                run.config_class.RESUMABLE_CHANGES)
-        if diffs:
-            raise QkvError(f"--resume: {out} was trained with a different configuration: {', '.join(diffs)}")
-        exact = check_threads(meta, out, allow_inexact=force)
-        if not isinstance(meta.get("optimizer"), dict):
-            raise QkvError(f"{out}: the checkpoint has no optimizer state to resume from (it was "
-                           f"saved with --slim)")
-        start, history = meta["step"], list(meta["history"])
-        elapsed_before = float(meta.get("train_seconds", 0.0))
-        if start >= cfg.steps:
-            raise QkvError(f"--resume: {out} is already at step {start} of --steps {cfg.steps}; "
-                           f"raise --steps to train further")
-    else:
-        start, history, elapsed_before = 0, [], 0.0
+    meta, exact = _resumable(run, cfg, out, force) if resume else (None, True)
+    start, history = (meta["step"], list(meta["history"])) if resume else (0, [])
+    elapsed_before = float(meta.get("train_seconds", 0.0)) if resume else 0.0
 
     model = run.new_model(cfg)
     if resume:
