@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,13 @@ class DecoderRun:
     step_loss: Callable[[LlamaModel, int], tuple[torch.Tensor, int]]
     evaluate: Callable[[LlamaModel], tuple[object, dict, str]]
     record: Callable[[LlamaModel, list, bool], dict]
+
+
+def print_run_summary(state: TrainState, out, seconds: float, details: list[str], file=None) -> None:
+    """One line: the step trained to and how long it took, the trainer's ``details``, where the
+    checkpoint is (``qkv train lm`` / ``reader`` print it at the end)."""
+    print("; ".join([f"trained to step {state.step} in {seconds:.0f} s", *details,
+                     f"checkpoint in {out}"]), file=file or sys.stdout)
 
 
 def _resumable(run: DecoderRun, cfg, out: Path, force: bool) -> tuple[dict, bool]:

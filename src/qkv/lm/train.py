@@ -14,7 +14,6 @@ reader``); ``tokenizer.json`` is the word-level tokenizer (``<bos>`` put first).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 
 from qkv.errors import QkvError
 from qkv.lm.data import BOS_ID, VOCAB_SIZE, DataConfig, LMBatch, build_tokenizer, get_batch, valid_batch
-from qkv.lm.run import DecoderRun, hf_config, hf_tensors, init_weights, train_decoder
+from qkv.lm.run import DecoderRun, hf_config, hf_tensors, init_weights, print_run_summary, train_decoder
 from qkv.lm.run import read_training as read_run
 from qkv.models.llama import LlamaConfig, LlamaModel
 from qkv.training.config import Schedule, option
@@ -225,11 +224,9 @@ def appeared_at(history: list[dict], threshold: float = APPEARED) -> int | None:
 
 
 def print_summary(state: TrainState, out: Path, seconds: float, file=None) -> None:
-    file = file or sys.stdout
-    line = f"trained to step {state.step} in {seconds:.0f} s"
-    ev = state.last_eval
+    ev, details = state.last_eval, []
     if isinstance(ev, LMEval):
         layer, head, score = ev.best_induction
-        line += (f"; validation loss {ev.loss:.4f} (copied words {_loss(ev.copy_loss)}); best "
-                 f"induction head L{layer} H{head} ({score:.3f})")
-    print(f"{line}; checkpoint in {out}", file=file)
+        details.append(f"validation loss {ev.loss:.4f} (copied words {_loss(ev.copy_loss)}); best "
+                       f"induction head L{layer} H{head} ({score:.3f})")
+    print_run_summary(state, out, seconds, details, file)

@@ -17,7 +17,6 @@ further through the layers (up to ``layers × (window − 1)`` tokens back).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.errors import QkvError
-from qkv.lm.run import DecoderRun, init_weights, read_training as read_run, train_decoder
+from qkv.lm.run import DecoderRun, init_weights, print_run_summary, read_training as read_run, train_decoder
 from qkv.models.llama import LlamaConfig, LlamaModel
 from qkv.reader.corpus import DEFAULT_DIR, read_corpus
 from qkv.reader.data import (
@@ -277,15 +276,13 @@ def train(cfg: ReaderTrainConfig, out: str | Path, *, resume: bool = False, prog
 
 
 def print_summary(state: TrainState, out: Path, seconds: float, file=None) -> None:
-    file = file or sys.stdout
-    line = f"trained to step {state.step} in {seconds:.0f} s"
-    ev = state.last_eval
+    ev, details = state.last_eval, []
     if isinstance(ev, ReaderEval):
         layer, head, score = ReaderEval.best(ev.induction)
-        line += f"; held-out loss {ev.loss:.4f}; best induction head L{layer} H{head} ({score:.3f})"
+        details.append(f"held-out loss {ev.loss:.4f}; best induction head L{layer} H{head} ({score:.3f})")
     record = read_training(out)
     if "heldout" in record:
         h = record["heldout"]
-        line += (f"; held-out pages read whole: {h['loss']:.4f} nats/token (unigram "
-                 f"{h['unigram_loss']:.4f})")
-    print(f"{line}; checkpoint in {out}", file=file)
+        details.append(f"held-out pages read whole: {h['loss']:.4f} nats/token (unigram "
+                       f"{h['unigram_loss']:.4f})")
+    print_run_summary(state, out, seconds, details, file)
