@@ -80,7 +80,10 @@ Where things are:
 * ``steps.py``    — :func:`explain_head`: one head's arithmetic redone in float64, compared with
   the forward
 * ``maps.py``     — :func:`attention_map`: one head's whole map
-* ``find_heads.py`` — :func:`heads` (from one word to another) and :func:`probe` (coreference)
+* ``find_heads.py`` — :func:`heads` (from one word to another) and the coref probe
+* ``probes/`` — a probe a record (``base.py``: :class:`Probe`, :class:`Effects`), the table and
+  :func:`probe` in ``registry.py`` (:data:`PROBES`, :func:`register_probe`); ``induction.py``,
+  ``retrieval.py``, ``needle.py``, ``atlas.py``
 * ``ablation.py`` — :func:`no_projection`: attention with q = k = v = x
 * ``interventions.py``, ``head_effects.py``, ``faithfulness.py`` — removing heads (zero/mean),
   patching them, each head's effect on a probe's task, and which methods agree with it

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qkv.explain import explain, heads
-from qkv.explain.probes import find_heads
+from qkv.explain.probes import coref, find_heads
 from qkv.explain import contributions as registry
 from qkv.explain.contributions import METHODS, check_method, contributions, get_method, shares
 from qkv.explain.wording import ArgumentError
@@ -87,7 +87,7 @@ def test_probe_parks_what_compare_parks(model, monkeypatch):
     from qkv.explain.contributions.compare import compare
 
     item = find_heads.ProbeItem(TEXT, "it", "pizza", ())
-    monkeypatch.setattr(find_heads, "load_probe", lambda name: [item])
+    monkeypatch.setattr(coref, "load_probe", lambda name: [item])
     result = find_heads.probe(model, method="norm")
     c = compare(model, TEXT, token="it", words=True, top=1)
     # the two trace different rows of an fp32 model (a rows-only trace rounds like its own matmul
@@ -99,7 +99,7 @@ def test_probe_parks_what_compare_parks(model, monkeypatch):
 
 def test_probe_by_a_method(model, monkeypatch):
     items = find_heads.load_probe("coref")[:4]
-    monkeypatch.setattr(find_heads, "load_probe", lambda name: items)
+    monkeypatch.setattr(coref, "load_probe", lambda name: items)
     result = find_heads.probe(model, method="rollout")
     assert result.hits.shape == (4, 6, 1) and result.per == "layer"
     d = result.to_dict()

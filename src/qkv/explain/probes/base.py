@@ -76,6 +76,16 @@ def method_shares(model, method: str, ids: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(per_seq, dim=1)  # (L, S, h|1, t, t)
 
 
+def unit_shares(model, encoding, units, unit: int, method: str, target_text: str | None):
+    """(L × (h|1, r, s) rows of ``unit``'s r tokens by ``method`` — shares of their totals unless
+    the method's scores are the raw weights — and the method record), one text's encoding."""
+    m = contributions.check_method(model, method, target_text)
+    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    s = contributions.scores(model, ids, torch.tensor(units.groups[unit]), method=m.name,
+                             target_text=target_text)
+    return [m.as_shares(x) for x in s.per_layer()], m
+
+
 def ranked(scores: torch.Tensor, *ties: torch.Tensor) -> list[tuple[int, int, float]]:
     """(layer, head, score) of every cell of ``scores`` (L, h), highest first; ties broken by
     each of ``ties`` (L, h), higher first, then by layer and head.
@@ -160,4 +170,4 @@ class Probe:
     effects: Effects | None = None
 
 
-__all__ = ["Effects", "LACKING", "Needs", "Probe", "Task", "method_shares", "ranked", "scored_from"]
+__all__ = ["Effects", "LACKING", "Needs", "Probe", "Task", "method_shares", "ranked", "scored_from", "unit_shares"]

@@ -2,7 +2,7 @@
 that runs any of them.
 
 Each probe is a :class:`~qkv.explain.probes.base.Probe` record defined in its own file
-(``find_heads.COREF``, ``induction.INDUCTION`` / ``PREVIOUS_TOKEN``, ``retrieval.RETRIEVAL``);
+(``coref.COREF``, ``induction.INDUCTION`` / ``PREVIOUS_TOKEN``, ``retrieval.RETRIEVAL``);
 this table lists the shipped ones in the order the CLI shows them, as
 :data:`qkv.explain.contributions.METHODS` lists the methods. A new probe is one file with its
 record and one call: ``register_probe(MY_PROBE)`` (nothing registers on import).
@@ -22,14 +22,14 @@ from __future__ import annotations
 from typing import Callable
 
 from qkv.explain import contributions
-from qkv.explain.probes import find_heads, induction, retrieval
+from qkv.explain.probes import coref, induction, retrieval
 from qkv.explain.probes.base import Probe
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 
 #: name → probe, in the order the CLI lists them.
 PROBES: dict[str, Probe] = {p.name: p for p in (
-    find_heads.COREF, induction.INDUCTION, induction.PREVIOUS_TOKEN, retrieval.RETRIEVAL)}
+    coref.COREF, induction.INDUCTION, induction.PREVIOUS_TOKEN, retrieval.RETRIEVAL)}
 
 
 def register_probe(probe: Probe) -> Probe:
@@ -94,7 +94,7 @@ def probe(model, name: str | None = None, *, method: str = contributions.DEFAULT
           progress: Callable[[str, int, int], None] | None = None):
     """Run the probe ``name`` (None: :func:`default_probe`) on every head of ``model``.
 
-    ``coref`` → :class:`~qkv.explain.probes.find_heads.ProbeResult`: each head's accuracy at
+    ``coref`` → :class:`~qkv.explain.probes.coref.ProbeResult`: each head's accuracy at
     putting its largest weight (from the pronoun, over the words of the sentence other than the
     pronoun itself) on the labelled referent. ``induction`` / ``previous-token`` →
     :class:`~qkv.explain.probes.induction.HeadScores`

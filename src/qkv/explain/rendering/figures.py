@@ -21,7 +21,6 @@ from qkv.explain.contributions import get_method
 from qkv.explain.cross import CrossAttention
 from qkv.explain.maps import AttentionMap
 from qkv.explain.overview import Overview
-from qkv.explain.probes.needle import NeedleMap
 from qkv.explain.rendering.plots import grid_map, head_map, new_figure
 
 
@@ -99,8 +98,10 @@ def cross_head_figure(ca: CrossAttention, layer: int, head: int):
     return fig
 
 
-def needle_figure(m: NeedleMap):
-    """Two heat maps side by side, depth (rows) × length (columns): accuracy, attention."""
+def needle_figure(m):
+    """A :class:`~qkv.explain.probes.needle.NeedleMap` ``m`` as two heat maps side by side,
+    depth (rows) × length (columns): accuracy, attention (not imported here: the probe module
+    keeps ``needle_figure`` importable for the CLI until it imports it from here)."""
     fig, axes = new_figure(1, 2, figsize=(max(7.0, 1.1 * len(m.lengths) + 5), 0.5 * len(m.depths) + 2.5))
     for ax, values, title in ((axes[0], m.accuracy, "needle accuracy"),
                               (axes[1], m.attention, "retrieval heads' attention on the needle")):
