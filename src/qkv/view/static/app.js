@@ -64,8 +64,9 @@
   }
 
   // -- labels: units of the current text ---------------------------------------------------------
-  function queryLabels() { return crossAttention() ? D.cross.target : D.overview ? D.overview.units : []; }
-  function keyLabels() { return crossAttention() ? D.cross.source : D.overview ? D.overview.units : []; }
+  // the tokens as text (the API's labels: qkv.models.tokenizer.display_token), never a raw Ġ or Ċ
+  function queryLabels() { return crossAttention() ? D.cross.target_labels : D.overview ? D.overview.units : []; }
+  function keyLabels() { return crossAttention() ? D.cross.source_labels : D.overview ? D.overview.units : []; }
   function numLayers() { return crossAttention() ? D.cross.num_layers : D.overview.num_layers; }
   function numHeads() { return crossAttention() ? D.cross.num_heads : D.overview.num_heads; }
 
@@ -193,7 +194,7 @@
       for (const { layer, head } of c.ranking[j]) {
         const li = c.layers.indexOf(layer), e = c.heads[li * c.num_heads + head];
         const w = c.weights[li][head][j], am = e.argmax[j];
-        rows.push({ layer, head, weights: w, max: w[am], argmax: c.source[am],
+        rows.push({ layer, head, weights: w, max: w[am], argmax: c.source_labels[am],
           onGold: gold ? gold.includes(am) : null, count: e.aligned ?? null, mark: !!e.best_aligned });
       }
     } else {
@@ -303,7 +304,7 @@
   async function currentMap() {
     if (crossAttention()) {
       const c = D.cross, li = c.layers.indexOf(S.layer), w = c.weights[li][S.head];
-      return { rows: c.target, cols: c.source, n: c.target.length, m: c.source.length,
+      return { rows: c.target_labels, cols: c.source_labels, n: c.target.length, m: c.source.length,
         get: (i, j) => w[i][j], gold: c.gold, layer: S.layer, head: S.head };
     }
     let data, U;
@@ -481,8 +482,8 @@
       if (!(e instanceof Missing)) throw e;
       return;
     }
-    const keysTok = crossAttention() ? st.source : st.tokens;
-    const qTok = crossAttention() ? st.target_token : st.token;
+    const keysTok = crossAttention() ? st.source_labels : st.labels;
+    const qTok = crossAttention() ? (st.target_labels ? st.target_labels[st.target_index] : st.target_token) : st.labels[st.token_index];
     const i = crossAttention() ? st.target_index : st.token_index;
     const gold = crossAttention() && st.gold ? st.gold : [];
     const rows = keysTok.map((t, j) => h("tr", { "data-j": j, class: (j === i && !crossAttention() ? "selected " : "") + (gold.includes(j) ? "gold" : "") },
@@ -791,7 +792,7 @@
   // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
   // bound, the library's largest terms (ScoreAttribution.top) and every term as a heat map.
   function whyPanel(a) {
-    const pair = `layer ${a.layer}, head ${a.head}: query ${a.token_index} “${a.token}” → key ${a.key_index} “${a.key}”`;
+    const pair = `layer ${a.layer}, head ${a.head}: query ${a.token_index} “${a.labels[a.token_index]}” → key ${a.key_index} “${a.labels[a.key_index]}”`;
     const cap = a.capped === null ? "" : ` (the terms are before the soft-cap; after it ${fmt(a.capped)})`;
     return [
       h("p", { id: "why-title" }, pair),

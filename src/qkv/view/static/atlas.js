@@ -55,7 +55,7 @@
     $("info-title").textContent = headName(r);
     $("info-metrics").textContent = metricsLine(r);
     const items = r.contexts.map((c) => h("li", { "data-query": c.query, "data-key": c.key },
-      h("span", { class: "num" }, `…${c.text}`), " → ", h("strong", {}, c.key_text),
+      h("span", { class: "num" }, `…${c.text}`), " → ", h("strong", {}, c.key_label ?? c.key_text),
       h("span", { class: "hint" }, ` weight ${fmt(c.weight)}, ${c.distance} back (query ${c.query}, key ${c.key})`)));
     $("contexts").replaceChildren(...(items.length ? items : [h("li", { class: "missing" }, "no contexts kept (qkv atlas --contexts 0)")]));
     draw();
