@@ -14,6 +14,9 @@
 
   // text null: the model's example sentence (/api/info); method null: the default method
   const S = { model: null, text: null, words: false, method: null, token: null, layer: 0, head: 0, key: null, effects: null };
+  // whether the head is the user's (the URL named one, or a click chose it); until then the page
+  // opens on the model view's top-ranked head (#1), not on L0 H0
+  let headChosen = false;
   const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null, effects: null };
   // shared.js: the POST, the element builder, formatting, the busy/ready state, the model grid
   const { $, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update } = qkvPage;
@@ -51,6 +54,7 @@
     for (const k of ["layer", "head", "token", "key"]) {
       if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
     }
+    headChosen = q.has("layer") || q.has("head");
   }
   function writeUrl() {
     if (EMBED) return; // a file:// or srcdoc page keeps its address
@@ -93,6 +97,11 @@
         clearViews(); // nothing of another model or text stays under this one's name
         if (!(e instanceof Missing)) console.warn("qkv view:", e.message);
         throw e;
+      }
+      if (!headChosen && !crossAttention()) {  // the top-ranked head, as qkv explain ranks them
+        const top = headRows()[0];
+        if (top) { S.layer = top.layer; if (top.head !== null) S.head = top.head; }
+        headChosen = true;
       }
       S.layer = Math.min(S.layer, numLayers() - 1);
       S.head = Math.min(S.head, numHeads() - 1);
@@ -151,7 +160,7 @@
     if (b && document.activeElement && document.activeElement.closest("#tokens")) b.focus();
   }
   async function selectHead(layer, head) {
-    S.layer = layer; S.head = head;
+    S.layer = layer; S.head = head; headChosen = true;
     await update(async () => { writeUrl(); markSelectedHead(); await drawHeadView(); await drawSteps(); });
   }
   // A head switch changes only which cell is selected: no need to redraw 72 thumbnails.
@@ -445,8 +454,18 @@
   // whose score "why this weight" splits (a cell panel, PANELS below).
   async function selectCell(i, j) {
     S.key = crossAttention() ? null : j;
-    if (i !== S.token) { await selectToken(i); return; } // its redraw asks the cell panels too
-    await update(async () => { writeUrl(); if (D.map) drawHeat(D.map); await drawHeadPanels(null, "cell"); });
+    if (i !== S.token) {  // the row's token first (its redraw asks the other panels), the cell's panel at once
+      S.token = i;
+      await update(async () => { writeUrl(); drawTokens(); if (D.map) { drawLines(D.map); drawHeat(D.map); } await drawHeadPanels(null, "cell", true); });
+      await run();
+      return;
+    }
+    await update(async () => { writeUrl(); if (D.map) drawHeat(D.map); await drawHeadPanels(null, "cell", true); });
+  }
+  // The panel scrolled so that as much of it as fits is in view, its title first
+  function inView(sec) {
+    const r = sec.getBoundingClientRect();
+    if (r.top < 0 || r.bottom > innerHeight) sec.scrollIntoView({ block: r.height > innerHeight ? "start" : "nearest" });
   }
   heat.addEventListener("keydown", (ev) => {
     const M = D.map; if (!M) return;
@@ -755,7 +774,9 @@
       sec = h("section", { id: row.name, class: "head-panel", "aria-labelledby": row.name + "-title" },
         h("h2", { id: row.name + "-title" }, p.title + " ", h("span", { class: "hint" }, p.hint)),
         h(box, { id: row.name + (box === "table" ? "-table" : "-body") }));
-      if (row.panel === "cell") document.querySelector("main .columns").after(sec);
+      // a cell panel under the heat map that is clicked (where the user is looking); a result
+      // shown alone (qkv why --html) has no head view
+      if (row.panel === "cell" && !document.querySelector("main .columns").hidden) $("head-view").append(sec);
       else $("steps").before(sec);
     }
     return sec;
@@ -766,7 +787,8 @@
   function requestOf(row) {
     return Object.fromEntries(row.fields.map((f) => [f.name, S[f.name] ?? f.default]));
   }
-  async function drawHeadPanels(alone, which) {
+  // clicked: the cell panel was asked for by a click (it is scrolled into view while it computes)
+  async function drawHeadPanels(alone, which, clicked) {
     for (const row of headPanels(which)) {
       const sec = panelSection(row), box = sec.lastElementChild;
       // a panel needs the text's own model view (a notebook's single result has none)
@@ -782,11 +804,24 @@
         const why = S.key === null ? PANELS[row.name].empty : S.words ? "a score is between two tokens: switch words off, then click a cell" : null;
         if (why) { box.replaceChildren(panelNote(box, why)); continue; }
       }
+      // a busy sign while the library computes (a first "why" may take seconds)
+      const busy = () => {
+        box.replaceChildren(h(box.tagName === "TABLE" ? "caption" : "p", { class: "busy", role: "status" },
+          row.panel === "cell" ? "computing this cell's score split…" : "computing…"));
+        if (clicked && row.panel === "cell") sec.scrollIntoView({ block: "nearest" });
+      };
+      // a click shows it at once; a redraw only when an answer is slow (no flicker otherwise)
+      const slow = clicked ? busy() : setTimeout(busy, 150);
+      sec.setAttribute("aria-busy", "true");
       try {
         box.replaceChildren(...PANELS[row.name].draw(await ask(row.endpoint, requestOf(row))));
       } catch (e) {
         box.replaceChildren(panelNote(box, e.message)); // an extra: the rest still draws
+      } finally {
+        clearTimeout(slow);
+        sec.removeAttribute("aria-busy");
       }
+      if (clicked && row.panel === "cell") inView(sec);
     }
   }
   // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
