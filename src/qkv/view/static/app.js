@@ -743,9 +743,10 @@
           h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j])))))],
     },
     "row-entropy": {
-      title: "Row entropy", hint: "— how spread each query's look is in the selected head: 0 bits = one key, log₂ U = every key alike",
+      title: "Row entropy", hint: "— how spread each query's look is in the selected head: 0 bits = all its weight on one key, " +
+        "log₂ U bits = spread evenly over all U keys it sees (U: the number of those keys)",
       draw: (r) => [h("caption", {}, `layer ${r.layer}, head ${r.head}: each row's entropy (at most ${fmt(r.bound, 2)} bits)`),
-        h("thead", {}, h("tr", {}, ...["i", "query", "entropy (bits)", "most weight on", "its weight"].map((c) => h("th", { scope: "col" }, c)))),
+        h("thead", {}, h("tr", {}, ...["i", "query", "entropy (bits)", "top key", "top key's weight"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, r.units.map((u, i) => h("tr", { "data-i": i }, h("td", {}, String(i)), h("td", {}, u),
           h("td", { class: "num" }, fmt(r.entropy[i])), h("td", {}, r.units[r.argmax[i]]), h("td", { class: "num" }, fmt(r.max_weight[i])))))],
     },

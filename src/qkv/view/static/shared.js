@@ -109,6 +109,23 @@ const qkvPage = (() => {
       "aria-pressed": chosen ? "true" : "false", onclick }, ...children);
   }
 
-  return { DIGITS, $, post, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update, grid, gridCell };
+  // A colour scale: the heat colour from transparent (lo) to SHADE_MAX (hi), with ticks, one line
+  // of what it measures. shade(v) is the alpha a cell of value v gets on it — cells and legend
+  // read the same scale. ticks: the values labelled (by fmt(v, digits)); unit after the last.
+  const SHADE_MAX = 0.85;
+  function scale({ lo = 0, hi, ticks, digits = 2, unit = "", caption, power = 1 }) {
+    const span = hi > lo ? hi - lo : 1;
+    const at = (v) => Math.pow(Math.min(1, Math.max(0, (Number(v) - lo) / span)), power);  // 0 … 1 along the bar
+    const shade = (v) => SHADE_MAX * at(v);
+    const bar = h("div", { class: "legend-bar" });
+    bar.style.setProperty("background", `linear-gradient(to right, rgba(${cssColor("--heat")}, 0), rgba(${cssColor("--heat")}, ${SHADE_MAX}))`);
+    const marks = h("div", { class: "legend-ticks" }, ticks.map((v, k) => h("span", {
+      style: { left: (100 * at(v)).toFixed(1) + "%" } }, fmt(v, digits) + (k === ticks.length - 1 && unit ? " " + unit : ""))));
+    const el = h("figure", { class: "legend", role: "img", "aria-label": `${caption}: ${ticks.map((v) => fmt(v, digits)).join(", ")}${unit ? " " + unit : ""}` },
+      h("figcaption", {}, caption), bar, marks);
+    return { el, shade, at };
+  }
+
+  return { DIGITS, $, post, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update, grid, gridCell, scale };
 })();
 const qkvPost = qkvPage.post;
