@@ -250,6 +250,10 @@
         `★ ${probeName()}: the ${probeName()} probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
         (D.overview.focus ? `; bold border: heads whose largest weight is on “${D.overview.focus}”` : "");
     $("model-hint").textContent = "— " + hint + effectsHint();
+    // the cells' colour scale: a weight (or a method's share) as the thumbnails draw it
+    $("grid-legend").replaceChildren(qkvPage.scale({ hi: 1, most: 1, ticks: [0, 0.25, 0.5, 0.75, 1],
+      caption: whole ? `shade: a weight of the head's whole map (row: from, column: to)`
+        : `shade and bar height: the selected token's ${isMethod() ? S.method + " share" : "weight"} on each key` }).el);
     drawEffectsRanking(perLayer);
     const ol = $("ranking");
     ol.replaceChildren();

@@ -17,7 +17,7 @@
   // What each metric measures, in its unit (the axes' titles; the module doc of
   // qkv.explain.probes.atlas defines them)
   const UNITS = { induction: "weight on the token after an earlier copy", "previous-token": "weight on the previous token",
-    retrieval: "share of a needle copied", sink: "share of weight on the first token(s)",
+    retrieval: "share of a needle copied", sink: "share of weight on the sink",
     distance: "mean distance looked back, tokens", entropy: "bits" };
   // a metric's values across the heads → pixels, on a range rounded out to its ticks (1, 2 or 5
   // × a power of ten apart); a range of zero width is widened to ±0.5
@@ -89,7 +89,7 @@
     });
     const unlabelled = placed.filter((at) => !at).length;
     $("plot-hint").textContent = `— ${A.heads.length} heads placed by ${S.x} (x) and ${S.y} (y); click one for its contexts` +
-      (unlabelled ? `; ${unlabelled} crowded head(s) are named on hover` : "");
+      (unlabelled ? `; ${qkvPage.plural(unlabelled, "crowded head")} named on hover` : "");
   }
 
   function choose(r) {
@@ -113,8 +113,8 @@
       S[sel] = pick(want, fallback);
       $(sel).value = S[sel];
     }
-    $("title").textContent = `— ${A.model}, ${A.tokens.toLocaleString("en")} tokens in ${A.windows} window(s) of ${A.window}; ` +
-      `sink: the first ${A.first} token(s); retrieval chance ${fmt(A.retrieval_chance)}`;
+    $("title").textContent = `— ${A.model}, ${qkvPage.plural(A.tokens, "token")} in ${qkvPage.plural(A.windows, "window")} of ${A.window}; ` +
+      `sink: the first ${qkvPage.plural(A.first, "token")}; retrieval chance ${fmt(A.retrieval_chance)}`;
     S.chosen = null;
     choose(A.heads[0]);
   }

@@ -131,7 +131,7 @@
   const ROW_H = 24;
   let ROW_SCALE = null;
   function rowScale() {
-    return qkvPage.scale({ hi: 1, ticks: [0, 0.01, 0.1, 0.25, 0.5, 1], power: 0.5,
+    return qkvPage.scale({ hi: 1, ticks: [0, 0.1, 0.25, 0.5, 1], power: 0.5,
       caption: "bars: a key's weight ÷ its row's largest (the number after #rank), on a √ scale; x: the keys 0 … N − 1" });
   }
   function drawRow(cv, w, most) {
@@ -283,7 +283,7 @@
     const v = r[S.spans], sp = D.spans;
     return S.spans === "sink"
       ? `layer ${r.layer} head ${r.head}: sink share ${fmt(v, 6)} — each row's weight on the first ${sp.first} ` +
-        `token(s), averaged over ${r.rows} rows`
+        `${sp.first === 1 ? "token" : "tokens"}, averaged over ${r.rows} rows`
       : `layer ${r.layer} head ${r.head}: mean attention distance ${fmt(v, 6)} tokens — Σⱼ wᵢⱼ (i − j) ` +
         `averaged over ${r.rows} rows`;
   }
@@ -301,6 +301,7 @@
       caption: sink ? "shade: the sink share each cell shows (0 none, 1 all of a row's weight on the sink)"
         : "shade: the mean attention distance each cell shows" });
     $("spans-legend").replaceChildren(legend.el);
+    $("spans-first-unit").textContent = sp.first === 1 ? "token" : "tokens";
     const layers = [...new Set(sp.heads.map((r) => r.layer))];
     const heads = sp.heads.reduce((a, r) => Math.max(a, r.head + 1), 0);
     stip.hidden = true;
@@ -314,7 +315,7 @@
       return b;
     } });
     $("spans-hint").textContent = S.spans === "sink"
-      ? `— each head's share of attention on the first ${sp.first} token(s) of all ${sp.tokens}, averaged over its rows (exact, head_spans: O(N))`
+      ? `— each head's share of attention on the first ${qkvPage.plural(sp.first, "token")} of all ${sp.tokens}, averaged over its rows (exact, head_spans: O(N))`
       : `— how far back each head looks, Σⱼ wᵢⱼ (i − j) averaged over its rows, in tokens (exact, head_spans: O(N))`;
   }
   // the scale's top: the largest distance rounded up to 1, 2 or 5 × a power of ten
