@@ -357,7 +357,7 @@
     $("head-hint").textContent = (M.rowOnly ? "a long text: the selected token's row of this head (from the overview; no whole map is kept); "
       : M.n > ALL_LINES_UNTIL ? "lines: the selected token's row only (long text); " : "lines: thickness = weight; ") +
       "heat map: row = from, column = to; hover a cell for its exact weight" +
-      (crossAttention() ? "" : "; click it: why this weight (its score split, below the head view)") +
+      (crossAttention() ? "" : "; click it: why this weight (its score split, under the heat map)") +
       (isMethod() ? `; the head view and the step panel show the attention weights (method ${S.method} drives the model view)` : "") +
       (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
     const t1 = performance.now();
