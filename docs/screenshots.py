@@ -95,6 +95,10 @@ def shoot_text(browser, url: str) -> None:
     show(text=TEXT)  # no head named: the page opens on the top-ranked one
     page.screenshot(path=OUT / "view-page.png")
     page.locator("#model-view").screenshot(path=OUT / "view-model.png")
+    # the coref head (★): "it" looks at "pizza" — the head view and the why panel show it
+    page.click('#grid button.cell[data-layer="3"][data-head="1"]')
+    page.wait_for_function("() => document.getElementById('head-title').textContent.endsWith('layer 3, head 1')")
+    page.wait_for_function(READY, timeout=120_000)
     heat = page.locator("#heat")
     heat.scroll_into_view_if_needed()
     box, n = heat.bounding_box(), page.evaluate("() => qkvView.data.map.n")

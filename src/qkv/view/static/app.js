@@ -897,6 +897,7 @@
         D.info = EMBED.info;
         S.model = EMBED.model; S.text = EMBED.text;
         Object.assign(S, EMBED.state || {});
+        headChosen = true;  // an exported file holds the answers of its own head
       } else {
         const r = await fetch("api/info");
         D.info = await r.json();
