@@ -328,3 +328,17 @@ def test_gpt2_tokenizer_saved_by_transformers_works_with_heads_words_and_probe(t
     assert "words: 0:The 1:dog 2:found 3:some 4:pizza" in capsys.readouterr().out
     assert main(["heads", "--probe", "coref", "--model", str(tmp_path)]) == 0
     assert "chance" in capsys.readouterr().out
+
+
+def test_display_token_decodes_every_marker():
+    """Issue 41: one function turns a token into what a reader sees — byte-level BPE's bytes
+    decoded (Ġ a space, Ċ a newline, â Ģ Ļ the bytes of ’), SentencePiece's ▁ and byte tokens,
+    the word-start space dropped, whitespace made visible; other vocabularies' tokens unchanged."""
+    from qkv.models.tokenizer import BYTE_ALPHABET, display_token
+
+    assert len(BYTE_ALPHABET) == 256 and sorted(BYTE_ALPHABET.values()) == list(range(256))
+    cases = {"Ġdog": "dog", "Ċ": "↵", "ĊĊ": "↵↵", "ĉ": "⇥", "Ġ": "␣", "ĠĠĠ": "␣␣␣", ".Ċ": ".↵",
+             "âĢĻ": "’", "âĢ": "\\xe2\\x80", "Ġcaf": "caf", "Ã©": "é", "▁le": "le", "▁": "␣",
+             "<0x0A>": "↵", "##ing": "##ing", "café": "café", "[CLS]": "[CLS]", "<bos>": "<bos>",
+             "<|endoftext|>": "<|endoftext|>", "": ""}
+    assert {t: display_token(t) for t in cases} == cases

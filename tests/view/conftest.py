@@ -65,6 +65,23 @@ def document_served(long_document):
         yield s
 
 
+READER_TEXT = ("The dog found some pizza next to the baby and ate it.\n\n"
+               "Then the cat sat on the mat, and the baby laughed.\n") * 6
+
+
+@pytest.fixture(scope="module")
+def reader_document_served():
+    """(``qkv view --file``'s app, its Document) on the shipped reader — byte-level BPE, so its
+    tokens are "Ġ"-marked words and "Ċ" newlines — reading :data:`READER_TEXT` (~150 tokens)."""
+    import qkv
+    from qkv.explain.long.document import document
+    from qkv.view.api import Api, Models
+
+    doc = document(qkv.load("reader"), READER_TEXT)
+    with serving(Api(Models(["reader"], loader=lambda name: doc.model), document=doc)) as s:
+        yield s, doc
+
+
 @contextlib.contextmanager
 def serving(api):
     """``api``'s app on a free port of 127.0.0.1, uvicorn in a thread, until the block ends."""

@@ -6,6 +6,7 @@ point by the two metrics chosen, a click listing that head's contexts, all from 
 
 from __future__ import annotations
 
+import copy
 import json
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 
 import qkv
 from qkv.explain.probes.atlas import Atlas, atlas
+from qkv.view.answers import saved_labelled
 from qkv.view.atlas_page import atlas_page
 from qkv.view.server import MAX_SAVED_BYTES
 
@@ -59,7 +61,8 @@ def test_the_html_file(watched, saved, tmp_path):
     page = watched.page
     page.goto(path.as_uri())
     page.wait_for_function(READY)
-    assert json.loads(page.locator("#qkv-data").text_content()) == saved
+    # the atlas, its contexts' keys labelled for display (qkv.models.tokenizer.display_text)
+    assert json.loads(page.locator("#qkv-data").text_content()) == saved_labelled(copy.deepcopy(saved))
     assert page.locator("#open-label").is_hidden()  # no server to send another file to
     check_points_and_a_click(page, saved)
 
@@ -86,13 +89,64 @@ def test_a_saved_atlas_in_the_viewer(watched, served, saved, tmp_path):
     watched.errors.clear()
 
 
+def crowded() -> dict:
+    """An atlas of 4 layers × 4 heads whose layer 0 sits at one point (issue 41: their labels
+    overlapped at the origin) and whose other heads are spread; one context's key a newline."""
+    heads = []
+    for layer in range(4):
+        for head in range(4):
+            v = 0.0 if layer == 0 else 0.1 * layer + 0.02 * head
+            heads.append({"layer": layer, "head": head, "induction": v, "previous-token": v / 2, "retrieval": v,
+                          "sink": 1 - v, "distance": 40 * v, "entropy": 3 * v,
+                          "contexts": [{"query": 9, "key": 8, "weight": 0.5, "distance": 1, "text": "a b", "key_text": "\n"}]})
+    return {"kind": "atlas", "model": "m", "tokens": 100, "window": 50, "windows": 2, "first": 1,
+            "metrics": ["induction", "previous-token", "retrieval", "sink", "distance", "entropy"],
+            "retrieval_chance": 0.01, "heads": heads}
+
+
+def test_labels_do_not_overlap_and_the_axes_have_ticks(watched, tmp_path):
+    path = tmp_path / "atlas.html"
+    path.write_text(atlas_page(crowded()), encoding="utf-8")
+    page = watched.page
+    page.goto(path.as_uri())
+    page.wait_for_function(READY)
+    for x, y in (("previous-token", "induction"), ("entropy", "sink"), ("distance", "retrieval")):
+        page.select_option("#x", x)
+        page.select_option("#y", y)
+        boxes = [b for b in (t.bounding_box() for t in page.locator("#plot text.head-label").all()) if b]
+        assert len(boxes) >= 12, len(boxes)  # most heads named; the crowded rest on hover (<title>)
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                overlap = (min(a["x"] + a["width"], b["x"] + b["width"]) - max(a["x"], b["x"]),
+                           min(a["y"] + a["height"], b["y"] + b["height"]) - max(a["y"], b["y"]))
+                assert min(overlap) <= 0.5, (a, b)
+        assert page.locator("circle.head title").count() == 16  # every head named on hover
+        assert page.locator("#plot text.x-tick").count() >= 3 and page.locator("#plot text.y-tick").count() >= 3
+    assert page.locator("#x-label").text_content() == "distance (mean distance looked back, tokens)"
+    assert page.locator("#y-label").text_content() == "retrieval (share of a needle copied)"
+    assert [t.text_content() for t in page.locator("#plot text.x-tick").all()][:2] == ["0", "5"]  # 0 … 14.4 in steps of 5
+    # a context's key that is a newline shows as ↵ (display_text), not as an empty <strong>
+    assert page.locator("#contexts li strong").first.text_content() == "↵"
+
+
+def test_the_empty_viewer_page_says_what_to_do(watched, served):
+    page = watched.page
+    page.goto(served.url + "atlas")
+    page.wait_for_function(READY)
+    assert page.locator("#empty").is_visible()
+    assert "qkv atlas --model reader --file CORPUS.txt --json > atlas.json" in page.locator("#empty").text_content()
+    for hidden in ("#x-label-wrap", "#y-label-wrap", "#plot-section", "#info"):
+        assert page.locator(hidden).is_hidden(), hidden
+    assert page.locator("#open-label").is_visible()
+
+
 def _post(served, name: str, content: bytes, kind: str = "application/json") -> httpx.Response:
     return httpx.post(served.url + "api/" + name, content=content, headers={"Content-Type": kind})
 
 
 def test_the_server_answers_the_atlas_it_was_sent(served, saved):
     r = _post(served, "atlas", json.dumps(saved).encode())
-    assert r.status_code == 200 and r.json() == saved
+    assert r.status_code == 200 and r.json() == saved_labelled(copy.deepcopy(saved))
     assert Atlas.from_dict(r.json()).to_dict() == saved
 
 

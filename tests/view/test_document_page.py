@@ -192,3 +192,31 @@ def test_the_sink_size_opens_from_the_url(watched, document_served, long_documen
     options = page.eval_on_selector_all("#spans-first option", "os => os.map(o => Number(o.value))")
     assert options == [1, 2, 3, 4, 8, 16]
     assert_spans(page, head_spans(long_document, first=3), "distance")
+
+
+def test_tokens_are_text_and_the_legends_read(watched, reader_document_served):
+    """Issue 41: the strip shows tokens as text (no Ġ or Ċ: display_token), opens on a word (not
+    the final newline), and the model view and the sinks grid each have a colour scale with
+    ticks; a sinks cell's shade is the value it shows."""
+    (served, doc), page = reader_document_served, watched.page
+    assert any("Ġ" in t for t in doc.encoding.tokens) and doc.encoding.tokens[-1] == "Ċ"
+    open_document(watched, served)
+    page.wait_for_selector("#spans-grid button.cell", timeout=60_000)
+    strip = page.eval_on_selector_all("#strip button", "bs => bs.map(b => b.textContent)")
+    assert strip and not [t for t in strip if "Ġ" in t or "Ċ" in t or "▁" in t], strip
+    assert "↵" in strip and "pizza" in "".join(strip)
+    chosen = page.locator('#strip button[aria-pressed="true"]').text_content()
+    # the library's default: the last token with a letter ("hed" of "Ġlaug" "hed"), not the final "↵"
+    ov = doc.explain()
+    assert chosen == ov.units.labels[ov.unit] == "hed" and ov.units.labels[ov.unit + 1:] == [".", "↵"]
+    assert "Ġ" not in page.locator("#model-hint").text_content()
+
+    for legend in ("#grid-legend", "#spans-legend"):
+        ticks = page.eval_on_selector_all(legend + " .legend-ticks span", "ss => ss.map(s => s.textContent)")
+        assert len(ticks) >= 3 and page.locator(legend + " figcaption").is_visible(), (legend, ticks)
+    assert page.eval_on_selector_all("#spans-legend .legend-ticks span", "ss => ss.map(s => s.textContent)") == \
+        ["0.00", "0.25", "0.50", "0.75", "1.00"]
+    cells = page.eval_on_selector_all("#spans-grid button.cell", """cs => cs.map(c =>
+        [c.textContent, Number(getComputedStyle(c).getPropertyValue('--w'))])""")
+    for shown, w in cells:  # sink share s shown → shade 0.85 s, whatever the other cells hold
+        assert abs(w - 0.85 * float(shown)) < 1e-3, (shown, w)

@@ -10,6 +10,7 @@ import torch
 from view_checks import DECODER, TEXT
 
 from qkv.explain import score_attribution
+from qkv.view.answers import labelled
 from qkv.view.api import Api, ApiError, Models
 
 GOOD = {"text": TEXT, "token": 12, "key": 5, "layer": 3, "head": 1}
@@ -23,7 +24,7 @@ def test_the_answer_is_the_librarys(served, model):
     r = post(served, GOOD | {"key": "pizza"})
     assert r.status_code == 200
     want = score_attribution(model, TEXT, layer=3, head=1, token=12, key="pizza").to_dict()
-    assert r.json() == want
+    assert r.json() == labelled(want)  # the to_dict(), its tokens' display labels beside them
 
 
 @pytest.mark.parametrize("change, status, field, says", [
@@ -68,3 +69,17 @@ def test_a_model_that_cannot_be_split_is_refused_by_its_reason(parallel):
     assert e.value.message.startswith("tiny-neox: layer 0 (ParallelResidualLayer) does not form "
                                       "x + attn before its feed-forward")
     assert "\n" not in e.value.message
+
+
+def test_a_byte_level_models_tokens_come_with_their_labels():
+    """Issue 41: the page shows ``labels`` (display_token), never a raw "Ġ"/"Ċ" token."""
+    import qkv
+    from qkv.models.tokenizer import display_token
+
+    api = Api(Models(["reader"], loader=lambda name: qkv.load("reader")))
+    text = "The dog ate the pizza.\nIt was good"
+    for endpoint, body in (("steps", {"layer": 1, "head": 0}), ("why", {"layer": 1, "head": 0, "key": "pizza"})):
+        a = api.handle(endpoint, {"text": text, **body})
+        assert any(t.startswith("Ġ") for t in a["tokens"]) and "Ċ" in a["tokens"]
+        assert a["labels"] == [display_token(t) for t in a["tokens"]]
+        assert not any("Ġ" in t or "Ċ" in t for t in a["labels"]) and "↵" in a["labels"]

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 from view_checks import DECODER, TEXT, assert_shown
 
 from qkv.cli import main
-from qkv.explain import score_attribution
+from qkv.explain import explain, score_attribution
 
 READ = """() => {
   const text = (id) => (document.getElementById(id) || {}).textContent || "";
@@ -126,3 +126,30 @@ def test_qkv_why_html_is_the_panel_offline(watched, model, tmp_path, capsys):
     hover_term(page, a, 0, 0)
     assert page.locator("main .columns").is_hidden() and page.locator("#steps").is_hidden()
     assert watched.requests == [path.as_uri()]  # nothing else loaded: the page is the file
+
+
+def test_the_page_opens_on_the_top_ranked_head_and_the_panel_comes_into_view(watched, served, model):
+    """Issue 41: no head in the URL → the model view's #1 head (as qkv explain ranks them), not
+    L0 H0; a clicked cell's panel shows a busy sign at once and is scrolled into the viewport."""
+    page = watched.page
+    page.goto(served.url + "?" + urlencode({"text": TEXT}))
+    page.wait_for_selector("#steps-table", timeout=60_000)
+    top = explain(model, TEXT).to_dict()["heads"][0]
+    assert (top["layer"], top["head"]) != (0, 0)  # else this test could not tell
+    assert page.locator("#head-title").text_content() == f"Head view — layer {top['layer']}, head {top['head']}"
+    assert f"layer={top['layer']}" in page.url and f"head={top['head']}" in page.url
+    assert page.locator("#grid button.cell.selected").get_attribute("aria-label").split(":")[1].strip().startswith("rank 1,")
+
+    # a busy sign, recorded as it appears (the answer may follow within milliseconds)
+    page.evaluate("""() => { window.sawBusy = false; new MutationObserver(() => {
+        if (document.querySelector('#score-attribution .busy')) window.sawBusy = true;
+      }).observe(document.getElementById('head-view'), {childList: true, subtree: true}); }""")
+    page.evaluate("() => window.scrollTo(0, 0)")
+    units = page.evaluate("() => qkvView.data.map.n")
+    click_cell(page, 12, 5, units)
+    wait_title(page, f"layer {top['layer']}, head {top['head']}: query 12 “it” → key 5 “pizza”")
+    assert page.evaluate("() => window.sawBusy")
+    top_, bottom, height = page.evaluate("""() => { const r = document.getElementById('why-title').getBoundingClientRect();
+      return [r.top, r.bottom, innerHeight]; }""")
+    assert 0 <= top_ and bottom <= height, (top_, bottom, height)
+    assert page.locator("#score-attribution").get_attribute("aria-busy") is None

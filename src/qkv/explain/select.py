@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.explain.wording import ArgumentError, Message
+from qkv.models.tokenizer import display_text, display_token
 
 # How many labels an error message lists before it elides the rest.
 _LIST_LIMIT = 40
@@ -59,9 +60,6 @@ class Units:
         return " ".join(items)
 
 
-def _token_label(token: str) -> str:
-    # byte-level BPE marks a leading space with "Ġ", SentencePiece with "▁"; a reader wants the word.
-    return token[1:] if token[:1] in ("Ġ", "▁") and len(token) > 1 else token
 
 
 def token_units(encoding) -> Units:
@@ -74,7 +72,7 @@ def token_units(encoding) -> Units:
         (['[CLS]', 'hi', '[SEP]'], [(0,), (1,), (2,)])
     """
     tokens = list(encoding.tokens)
-    return Units(labels=[_token_label(t) for t in tokens], groups=[(i,) for i in range(len(tokens))],
+    return Units(labels=[display_token(t) for t in tokens], groups=[(i,) for i in range(len(tokens))],
                  special=[bool(s) for s in encoding.special], words=False, num_tokens=len(tokens))
 
 
@@ -97,7 +95,7 @@ def word_units(encoding, text: str) -> Units:
     last_word = object()  # a sentinel no word id equals
     for i, (token, word, spec) in enumerate(zip(encoding.tokens, encoding.word_ids, encoding.special)):
         if spec or word is None:
-            labels.append(_token_label(token))
+            labels.append(display_token(token))
             groups.append([i])
             special.append(True)
             last_word = object()
@@ -112,7 +110,8 @@ def word_units(encoding, text: str) -> Units:
     for u, group in enumerate(groups):
         if not special[u]:
             start, end = encoding.offsets[group[0]][0], encoding.offsets[group[-1]][1]
-            labels[u] = text[start:end] or _token_label(encoding.tokens[group[0]])
+            piece = text[start:end]
+            labels[u] = display_text(piece) if piece else display_token(encoding.tokens[group[0]])
     return Units(labels=labels, groups=[tuple(g) for g in groups], special=special, words=True,
                  num_tokens=len(encoding.tokens))
 

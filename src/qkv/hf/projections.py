@@ -41,6 +41,7 @@ from torch import nn
 
 from qkv.modules.multihead import head_norm
 from qkv.modules.positional import RotaryEmbedding
+from qkv.rounding import close as _close  # the tolerance, shared with the norms' reading
 
 
 @dataclass(frozen=True)
@@ -202,20 +203,6 @@ class Parts:
 def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
     """(b, t, n·d) → (b, n, t, d)."""
     return y.unflatten(-1, (n, -1)).transpose(1, 2)
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Whether a rebuilt q, k or v is the kernel's, to the rounding of a different summation
-    order: a wrong layout, norm or rotation is off by the size of the numbers themselves."""
-    if got.shape != want.shape:
-        return False
-    eps = max(torch.finfo(got.dtype).eps, torch.finfo(want.dtype).eps)  # the model's, not the trace's
-    top = float(want.abs().max()) if want.numel() else 0.0
-    # float32/64: E-term dot products summed in another order (E ≤ 2¹⁶), a norm and a rotation,
-    # far inside 2¹⁰ eps of the largest entry; 16-bit: the same operations rounded to a few ulp
-    # (float32 accumulation), inside 16 eps — where a wrong layout is off by the entries' size
-    factor = 1024 if eps < 1e-4 else 16
-    return float((got.to(want.dtype) - want).abs().max()) <= factor * eps * max(top, 1.0)
 
 
 def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,

@@ -6,12 +6,16 @@ A thin wrapper around the Hugging Face ``tokenizers`` library (Rust, fast). What
   GPT-2's byte-level BPE files ``vocab.json`` + ``merges.txt``, or BERT's ``vocab.txt``;
 * an :class:`Encoding` record with each token's character offsets and word index, which the
   explainer uses to group sub-word tokens back into the words a reader typed;
-* one rule for text that does not fit the model (see :meth:`Tokenizer.encode`).
+* one rule for text that does not fit the model (see :meth:`Tokenizer.encode`);
+* :func:`display_token`, the one place a token string becomes the text a reader is shown
+  (``"Ġdog"`` → ``"dog"``, ``"Ċ"`` → ``"↵"``): the viewer's pages, the CLI's tables and the PNGs
+  all ask it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Container, Sequence
@@ -26,6 +30,79 @@ from qkv.text import check_text
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 GPT2_SPECIALS = ("<|endoftext|>",)
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character → byte: the printable bytes stand for themselves,
+    the others (space, newline, control bytes, 0x7F–0xA0, 0xAD) are shifted to U+0100 onwards
+    (space is ``Ġ`` U+0120, newline ``Ċ`` U+010A)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + n): b for n, b in enumerate(shifted)}}
+
+
+BYTE_ALPHABET = _byte_alphabet()
+SENTENCEPIECE_SPACE = "▁"
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens: "<0x0A>"
+# whitespace a reader would not see, as the marks shown instead
+VISIBLE = {"\n": "↵", "\r": "␍", "\t": "⇥"}
+SPACE_MARK = "␣"  # a token that is only spaces (a bare "Ġ")
+
+
+def display_token(token: str) -> str:
+    """The text a reader is shown for ``token``, a tokenizer's token string — the one place
+    this is decided (the viewer, the CLI's tables, the PNGs ask it).
+
+    * Byte-level BPE (GPT-2, Llama 3, qkv's reader): each character stands for a byte (``Ġ`` a
+      space, ``Ċ`` a newline, ``âĢĻ`` the three bytes of ``’``); the bytes are decoded as UTF-8,
+      a token that ends inside a character shows its loose bytes as ``\\xNN``. A token is read
+      this way when every character is in the byte alphabet and it has a shifted character
+      (U+0100 onwards) or decodes as UTF-8 — so a WordPiece ``"café"`` stays itself.
+    * SentencePiece: ``▁`` is a space; a byte token ``<0x0A>`` is its byte.
+    * The space that starts a word is dropped (``"Ġdog"`` → ``"dog"``, as a word is typed); a
+      newline, a tab and a carriage return show as ``↵``, ``⇥`` and ``␍``; a token of spaces
+      only shows one ``␣`` per space (a bare space would be an empty label).
+    * Anything else (``"[CLS]"``, ``"##ing"``, ``"<|endoftext|>"``) is shown as it is.
+
+    Example:
+        >>> [display_token(t) for t in ["Ġdog", "Ċ", "ĠĠ", "âĢĻ", "▁le", "<0x0A>", "##ing", "café"]]
+        ['dog', '↵', '␣␣', '’', 'le', '↵', '##ing', 'café']
+    """
+    return display_text(_decoded(token))
+
+
+def display_text(text: str) -> str:
+    """A piece of text as a label: the word-start space dropped, ``↵ ⇥ ␍`` for a newline, a tab
+    and a carriage return, ``␣`` for each space of a label of spaces only (:func:`display_token`
+    after decoding; a word's text, a context's key, as they are).
+
+    Example:
+        >>> display_text(" dog"), display_text("\\n"), display_text("  "), display_text("łza")
+        ('dog', '↵', '␣␣', 'łza')
+    """
+    if text.strip(" "):
+        if text.startswith(" ") and text[1:].strip():
+            text = text[1:]  # the word-start marker: the word as typed
+    elif text:
+        return SPACE_MARK * len(text)
+    return "".join(VISIBLE.get(c, c) for c in text)
+
+
+def _decoded(token: str) -> str:
+    """``token`` with its tokenizer's markers decoded (see :func:`display_token`)."""
+    if SENTENCEPIECE_SPACE in token or _BYTE_FALLBACK.search(token):
+        text = token.replace(SENTENCEPIECE_SPACE, " ")
+        return _BYTE_FALLBACK.sub(lambda m: chr(int(m.group(1), 16)) if int(m.group(1), 16) < 0x80
+                                  else m.group(0), text)
+    if not token or any(c not in BYTE_ALPHABET for c in token):
+        return token
+    raw = bytes(BYTE_ALPHABET[c] for c in token)
+    if any(ord(c) >= 256 for c in token):
+        return raw.decode("utf-8", errors="backslashreplace")
+    try:
+        return raw.decode("utf-8")  # "âĢĻ" → "’"; plain ASCII is itself
+    except UnicodeDecodeError:
+        return token  # not byte-level: a vocabulary's own accented word ("café")
 
 
 @dataclass(frozen=True)

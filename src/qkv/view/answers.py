@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 
 from qkv.explain.kinds import kind_of
+from qkv.models.tokenizer import display_text, display_token
 
 
 def encode_f32(t) -> str:
@@ -70,8 +71,44 @@ ENCODINGS = {"json": lambda r: r.to_dict(), "map": head_map, "maps": all_maps,
 
 def answer(result) -> dict:
     """What the page receives for ``result``: as its row's ``encoding`` says (its ``to_dict()``,
-    complete, with its ``kind``; or for whole maps the same numbers as float32 base64)."""
-    return ENCODINGS[kind_of(result).encoding](result)
+    complete, with its ``kind``; or for whole maps the same numbers as float32 base64), with
+    :func:`labelled`'s display labels beside its token strings."""
+    return labelled(ENCODINGS[kind_of(result).encoding](result))
+
+
+# an answer's token strings (the tokenizer's: "Ġdog", "Ċ") → the field of their display labels
+TOKEN_LISTS = {"tokens": "labels", "source": "source_labels", "target": "target_labels"}
+
+
+def labelled(d: dict) -> dict:
+    """``d`` with the display text of each of its token lists (:data:`TOKEN_LISTS`) beside it, as
+    :func:`~qkv.models.tokenizer.display_token` gives it: the page shows these, never a raw
+    ``Ġ`` or ``Ċ``; the raw tokens stay, as the result has them.
+
+        >>> labelled({"tokens": ["<bos>", "Ġdog", "Ċ"]})["labels"]
+        ['<bos>', 'dog', '↵']
+    """
+    for raw, shown in TOKEN_LISTS.items():
+        tokens = d.get(raw)
+        if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+            d[shown] = [display_token(t) for t in tokens]
+    return d
+
+
+def saved_labelled(d: dict) -> dict:
+    """A saved atlas's ``to_dict()`` (``qkv atlas --json``) with each context's key shown as a
+    label (``key_label``: :func:`~qkv.models.tokenizer.display_text` — a newline key is ``↵``);
+    any other saved result as it is.
+
+        >>> ctx = {"query": 3, "key": 2, "weight": 0.5, "distance": 1, "text": "a b", "key_text": "\\n"}
+        >>> saved_labelled({"kind": "atlas", "heads": [{"contexts": [ctx]}]})["heads"][0]["contexts"][0]["key_label"]
+        '↵'
+    """
+    if d.get("kind") == "atlas":
+        for head in d.get("heads", []):
+            for c in head.get("contexts", []):
+                c["key_label"] = display_text(c["key_text"])
+    return d
 
 
 def of_result(result) -> tuple[str, dict, dict]:

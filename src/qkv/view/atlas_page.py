@@ -15,12 +15,16 @@ script).
 
 from __future__ import annotations
 
+import copy
+
+from qkv.view.answers import saved_labelled
 from qkv.view.page import page_html
 
 
 def atlas_page(atlas: dict) -> str:
-    """The page for an atlas's ``to_dict()`` (see the module docstring)."""
-    return page_html(embed=atlas, page="atlas")
+    """The page for an atlas's ``to_dict()`` (see the module docstring), its contexts' keys
+    labelled for display (:func:`~qkv.view.answers.saved_labelled`; ``atlas`` is not changed)."""
+    return page_html(embed=saved_labelled(copy.deepcopy(atlas)), page="atlas")
 
 
 __all__ = ["atlas_page"]

@@ -54,6 +54,7 @@ from starlette.routing import Route
 from qkv.errors import QkvError
 from qkv.explain.probes.atlas import Atlas
 from qkv.explain.probes.needle import NeedleMap
+from qkv.view.answers import saved_labelled
 from qkv.view.api import Api, ApiError
 from qkv.view.page import STATIC_DIR, page_html, static_files
 
@@ -220,7 +221,7 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
             return _error(422, "body", str(e))
         except ClientDisconnect:
             return Response(status_code=408)
-        return JSONResponse(result.to_dict())
+        return JSONResponse(saved_labelled(result.to_dict()))  # its keys as labels too
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return _error(exc.status_code, "path", f"{exc.detail}: {request.method} {request.url.path[:80]}")

@@ -29,17 +29,14 @@ import torch
 from torch import nn
 
 from qkv.errors import QkvError
+from qkv.rounding import close
 
 
 def rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
     """Whether ``got`` (float64, rebuilt from parts) is the forward's ``want`` to its rounding —
     float32's where a float64 model computed in float32 (transformers' RMSNorms and RoPE tables
     are float32 whatever the model's dtype)."""
-    # a rebuilt tensor equals the forward's, to rounding. Imported here, not at the top:
-    # importing qkv.hf registers with transformers (seconds), which every CLI command then paid
-    from qkv.hf.projections import _close
-
-    return _close(got, want) or (want.dtype == torch.float64 and _close(got.float(), want.float()))
+    return close(got, want) or (want.dtype == torch.float64 and close(got.float(), want.float()))
 
 
 @dataclass(frozen=True)

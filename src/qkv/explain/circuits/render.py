@@ -10,6 +10,7 @@ from rich.table import Table
 
 from qkv.explain.circuits.score import ScoreAttribution
 from qkv.explain.rendering.plots import new_figure
+from qkv.models.tokenizer import display_token
 
 #: Terms listed by default.
 TOP = 12
@@ -18,7 +19,7 @@ TOP = 12
 def render_terms(console, a: ScoreAttribution, *, top: int = TOP) -> None:
     """The score, how well the terms sum to it, and the ``top`` largest terms (query component ×
     key component), with each key-side component's total beside."""
-    q, k = a.tokens[a.token_index], a.tokens[a.key_index]
+    q, k = display_token(a.tokens[a.token_index]), display_token(a.tokens[a.key_index])
     console.print(f"model: {a.model} · layer {a.layer} head {a.head} · query {a.token_index}:{q} "
                   f"→ key {a.key_index}:{k}")
     cap = "" if a.capped is None else f" (terms before the soft-cap; after it {a.capped:.4f})"
@@ -48,8 +49,8 @@ def terms_figure(a: ScoreAttribution, *, most: int = 24):
     ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
     ax.set_xticks(range(len(cols)), [a.key_components[int(j)] for j in cols], rotation=90)
     ax.set_yticks(range(len(rows)), [a.query_components[int(i)] for i in rows])
-    ax.set_xlabel(f"key side: {a.tokens[a.key_index]!r}")
-    ax.set_ylabel(f"query side: {a.tokens[a.token_index]!r}")
+    ax.set_xlabel(f"key side: {display_token(a.tokens[a.key_index])!r}")
+    ax.set_ylabel(f"query side: {display_token(a.tokens[a.token_index])!r}")
     ax.set_title(f"{a.model}: L{a.layer} H{a.head} score {a.score:.3f} = Σ terms")
     return fig
 

@@ -22,6 +22,7 @@ from qkv.explain.cross import CrossAttention
 from qkv.explain.maps import AttentionMap
 from qkv.explain.overview import Overview
 from qkv.explain.rendering.plots import grid_map, head_map, new_figure
+from qkv.models.tokenizer import display_token
 
 
 def overview_figure(ov: Overview):
@@ -51,8 +52,8 @@ def map_figure(m: AttentionMap):
 def _draw_map(ax, ca: CrossAttention, layer: int, head: int, *, annotate: bool):
     w = ca.weights[layer, head].double()  # (t, s)
     im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-    ax.set_xticks(range(len(ca.source)), ca.source, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(ca.target)), ca.target, fontsize=7)
+    ax.set_xticks(range(len(ca.source)), [display_token(t) for t in ca.source], rotation=90, fontsize=7)
+    ax.set_yticks(range(len(ca.target)), [display_token(t) for t in ca.target], fontsize=7)
     for j, srcs in enumerate(ca.gold or []):
         for i in srcs:
             ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.2))

@@ -29,6 +29,7 @@ from qkv.explain.saturation import Saturation
 from qkv.explain.select import WORD_RULE, Units
 from qkv.explain.steps import HeadSteps
 from qkv.explain.wording import ARGUMENTS, Message
+from qkv.models.tokenizer import display_token
 
 HIGHLIGHT = "bold yellow"
 MARK = "*"
@@ -138,11 +139,11 @@ def _x_source(st: HeadSteps) -> str:
 
 
 def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGUMENTS) -> None:
-    d, i, tok = st.head_dim, st.token_index, st.tokens[st.token_index]
+    d, i, tok = st.head_dim, st.token_index, display_token(st.tokens[st.token_index])
     out.print(Text(f"model: {st.model} · layer {st.layer}, head {st.head} · token {i} {tok!r} of "
                    f"{len(st.tokens)} · head dim d = {d}"))
     if len(st.word_tokens) > 1:
-        pieces = ", ".join(st.tokens[j] for j in st.word_tokens)
+        pieces = ", ".join(display_token(st.tokens[j]) for j in st.word_tokens)
         note = Message("{word!r} is {n} tokens ({pieces}); the arithmetic is shown for its last "
                        "token, {i} (pick another with {token} INDEX, without {words})",
                        word=st.word, n=len(st.word_tokens), pieces=pieces, i=i)
@@ -173,7 +174,7 @@ def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGU
         table.add_column(name, justify=justify, no_wrap=True)
     top = int(st.weights.argmax())
     for j in range(st.keys.shape[0]):
-        cells = [str(j), st.tokens[j], vector(st.keys[j], head=2, tail=1, digits=3),
+        cells = [str(j), display_token(st.tokens[j]), vector(st.keys[j], head=2, tail=1, digits=3),
                  number(float(st.scores[j]), 3), number(float(st.scaled[j]), 4)]
         cells += [number(float(st.mask[j]), 1)] if masked else []
         cells += [number(float(st.weights[j]), 4), vector(st.values[j], head=2, tail=1, digits=3)]

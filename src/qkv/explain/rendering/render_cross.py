@@ -12,6 +12,7 @@ from rich.text import Text
 
 from qkv.explain.cross import GOLD_MARK, CrossAttention, CrossHeadSteps
 from qkv.explain.rendering.render import HIGHLIGHT, head_name, number, vector
+from qkv.models.tokenizer import display_token
 
 
 def render_cross_overview(out: Console, ca: CrossAttention, *, model_arg: str = "translate") -> None:
@@ -29,14 +30,14 @@ def render_cross_overview(out: Console, ca: CrossAttention, *, model_arg: str = 
     table.add_column("head", no_wrap=True)
     token = ca.token
     if token is not None:
-        out.print(Text(f"target token {token} {ca.target[token]!r}: the source tokens each head "
+        out.print(Text(f"target token {token} {display_token(ca.target[token])!r}: the source tokens each head "
                        f"attends to most while producing it"
-                       + (f" ({GOLD_MARK} = gold: {', '.join(ca.source[i] for i in ca.gold[token])})"
+                       + (f" ({GOLD_MARK} = gold: {', '.join(display_token(ca.source[i]) for i in ca.gold[token])})"
                           if ca.is_gold(token, 0) is not None else "")))
         table.add_column(f"attends most to (top {ca.top})", no_wrap=True)
         for l in ca.layers:
             for h in range(H):
-                cells = [f"{ca.source[i]}{GOLD_MARK if ca.is_gold(token, i) else ''} {number(w, 3)}"
+                cells = [f"{display_token(ca.source[i])}{GOLD_MARK if ca.is_gold(token, i) else ''} {number(w, 3)}"
                          for i, w in ca.top_weights(l, h, token)]
                 hit = ca.is_gold(token, int(ca.argmax[l, h, token]))
                 table.add_row(head_name(l, h), " · ".join(cells), style=HIGHLIGHT if hit else None)

@@ -14,6 +14,9 @@
 
   // text null: the model's example sentence (/api/info); method null: the default method
   const S = { model: null, text: null, words: false, method: null, token: null, layer: 0, head: 0, key: null, effects: null };
+  // whether the head is the user's (the URL named one, or a click chose it); until then the page
+  // opens on the model view's top-ranked head (#1), not on L0 H0
+  let headChosen = false;
   const D = { info: null, overview: null, maps: null, map: null, probe: null, cross: null, effects: null };
   // shared.js: the POST, the element builder, formatting, the busy/ready state, the model grid
   const { $, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update } = qkvPage;
@@ -51,6 +54,7 @@
     for (const k of ["layer", "head", "token", "key"]) {
       if (q.has(k) && /^\d+$/.test(q.get(k))) S[k] = Number(q.get(k));
     }
+    headChosen = q.has("layer") || q.has("head");
   }
   function writeUrl() {
     if (EMBED) return; // a file:// or srcdoc page keeps its address
@@ -64,8 +68,9 @@
   }
 
   // -- labels: units of the current text ---------------------------------------------------------
-  function queryLabels() { return crossAttention() ? D.cross.target : D.overview ? D.overview.units : []; }
-  function keyLabels() { return crossAttention() ? D.cross.source : D.overview ? D.overview.units : []; }
+  // the tokens as text (the API's labels: qkv.models.tokenizer.display_token), never a raw Ġ or Ċ
+  function queryLabels() { return crossAttention() ? D.cross.target_labels : D.overview ? D.overview.units : []; }
+  function keyLabels() { return crossAttention() ? D.cross.source_labels : D.overview ? D.overview.units : []; }
   function numLayers() { return crossAttention() ? D.cross.num_layers : D.overview.num_layers; }
   function numHeads() { return crossAttention() ? D.cross.num_heads : D.overview.num_heads; }
 
@@ -92,6 +97,11 @@
         clearViews(); // nothing of another model or text stays under this one's name
         if (!(e instanceof Missing)) console.warn("qkv view:", e.message);
         throw e;
+      }
+      if (!headChosen && !crossAttention()) {  // the top-ranked head, as qkv explain ranks them
+        const top = headRows()[0];
+        if (top) { S.layer = top.layer; if (top.head !== null) S.head = top.head; }
+        headChosen = true;
       }
       S.layer = Math.min(S.layer, numLayers() - 1);
       S.head = Math.min(S.head, numHeads() - 1);
@@ -150,7 +160,7 @@
     if (b && document.activeElement && document.activeElement.closest("#tokens")) b.focus();
   }
   async function selectHead(layer, head) {
-    S.layer = layer; S.head = head;
+    S.layer = layer; S.head = head; headChosen = true;
     await update(async () => { writeUrl(); markSelectedHead(); await drawHeadView(); await drawSteps(); });
   }
   // A head switch changes only which cell is selected: no need to redraw 72 thumbnails.
@@ -193,7 +203,7 @@
       for (const { layer, head } of c.ranking[j]) {
         const li = c.layers.indexOf(layer), e = c.heads[li * c.num_heads + head];
         const w = c.weights[li][head][j], am = e.argmax[j];
-        rows.push({ layer, head, weights: w, max: w[am], argmax: c.source[am],
+        rows.push({ layer, head, weights: w, max: w[am], argmax: c.source_labels[am],
           onGold: gold ? gold.includes(am) : null, count: e.aligned ?? null, mark: !!e.best_aligned });
       }
     } else {
@@ -240,6 +250,10 @@
         `★ ${probeName()}: the ${probeName()} probe's 3 best heads` + (D.probe ? "" : " (computing…)") +
         (D.overview.focus ? `; bold border: heads whose largest weight is on “${D.overview.focus}”` : "");
     $("model-hint").textContent = "— " + hint + effectsHint();
+    // the cells' colour scale: a weight (or a method's share) as the thumbnails draw it
+    $("grid-legend").replaceChildren(qkvPage.scale({ hi: 1, most: 1, ticks: [0, 0.25, 0.5, 0.75, 1],
+      caption: whole ? `shade: a weight of the head's whole map (row: from, column: to)`
+        : `shade and bar height: the selected token's ${isMethod() ? S.method + " share" : "weight"} on each key` }).el);
     drawEffectsRanking(perLayer);
     const ol = $("ranking");
     ol.replaceChildren();
@@ -303,7 +317,7 @@
   async function currentMap() {
     if (crossAttention()) {
       const c = D.cross, li = c.layers.indexOf(S.layer), w = c.weights[li][S.head];
-      return { rows: c.target, cols: c.source, n: c.target.length, m: c.source.length,
+      return { rows: c.target_labels, cols: c.source_labels, n: c.target.length, m: c.source.length,
         get: (i, j) => w[i][j], gold: c.gold, layer: S.layer, head: S.head };
     }
     let data, U;
@@ -343,7 +357,7 @@
     $("head-hint").textContent = (M.rowOnly ? "a long text: the selected token's row of this head (from the overview; no whole map is kept); "
       : M.n > ALL_LINES_UNTIL ? "lines: the selected token's row only (long text); " : "lines: thickness = weight; ") +
       "heat map: row = from, column = to; hover a cell for its exact weight" +
-      (crossAttention() ? "" : "; click it: why this weight (its score split, below the head view)") +
+      (crossAttention() ? "" : "; click it: why this weight (its score split, under the heat map)") +
       (isMethod() ? `; the head view and the step panel show the attention weights (method ${S.method} drives the model view)` : "") +
       (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
     const t1 = performance.now();
@@ -444,8 +458,18 @@
   // whose score "why this weight" splits (a cell panel, PANELS below).
   async function selectCell(i, j) {
     S.key = crossAttention() ? null : j;
-    if (i !== S.token) { await selectToken(i); return; } // its redraw asks the cell panels too
-    await update(async () => { writeUrl(); if (D.map) drawHeat(D.map); await drawHeadPanels(null, "cell"); });
+    if (i !== S.token) {  // the row's token first (its redraw asks the other panels), the cell's panel at once
+      S.token = i;
+      await update(async () => { writeUrl(); drawTokens(); if (D.map) { drawLines(D.map); drawHeat(D.map); } await drawHeadPanels(null, "cell", true); });
+      await run();
+      return;
+    }
+    await update(async () => { writeUrl(); if (D.map) drawHeat(D.map); await drawHeadPanels(null, "cell", true); });
+  }
+  // The panel scrolled so that as much of it as fits is in view, its title first
+  function inView(sec) {
+    const r = sec.getBoundingClientRect();
+    if (r.top < 0 || r.bottom > innerHeight) sec.scrollIntoView({ block: r.height > innerHeight ? "start" : "nearest" });
   }
   heat.addEventListener("keydown", (ev) => {
     const M = D.map; if (!M) return;
@@ -481,8 +505,8 @@
       if (!(e instanceof Missing)) throw e;
       return;
     }
-    const keysTok = crossAttention() ? st.source : st.tokens;
-    const qTok = crossAttention() ? st.target_token : st.token;
+    const keysTok = crossAttention() ? st.source_labels : st.labels;
+    const qTok = crossAttention() ? (st.target_labels ? st.target_labels[st.target_index] : st.target_token) : st.labels[st.token_index];
     const i = crossAttention() ? st.target_index : st.token_index;
     const gold = crossAttention() && st.gold ? st.gold : [];
     const rows = keysTok.map((t, j) => h("tr", { "data-j": j, class: (j === i && !crossAttention() ? "selected " : "") + (gold.includes(j) ? "gold" : "") },
@@ -723,9 +747,10 @@
           h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.received[j])))))],
     },
     "row-entropy": {
-      title: "Row entropy", hint: "— how spread each query's look is in the selected head: 0 bits = one key, log₂ U = every key alike",
+      title: "Row entropy", hint: "— how spread each query's look is in the selected head: 0 bits = all its weight on one key, " +
+        "log₂ U bits = spread evenly over all U keys it sees (U: the number of those keys)",
       draw: (r) => [h("caption", {}, `layer ${r.layer}, head ${r.head}: each row's entropy (at most ${fmt(r.bound, 2)} bits)`),
-        h("thead", {}, h("tr", {}, ...["i", "query", "entropy (bits)", "most weight on", "its weight"].map((c) => h("th", { scope: "col" }, c)))),
+        h("thead", {}, h("tr", {}, ...["i", "query", "entropy (bits)", "top key", "top key's weight"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, r.units.map((u, i) => h("tr", { "data-i": i }, h("td", {}, String(i)), h("td", {}, u),
           h("td", { class: "num" }, fmt(r.entropy[i])), h("td", {}, r.units[r.argmax[i]]), h("td", { class: "num" }, fmt(r.max_weight[i])))))],
     },
@@ -754,7 +779,9 @@
       sec = h("section", { id: row.name, class: "head-panel", "aria-labelledby": row.name + "-title" },
         h("h2", { id: row.name + "-title" }, p.title + " ", h("span", { class: "hint" }, p.hint)),
         h(box, { id: row.name + (box === "table" ? "-table" : "-body") }));
-      if (row.panel === "cell") document.querySelector("main .columns").after(sec);
+      // a cell panel under the heat map that is clicked (where the user is looking); a result
+      // shown alone (qkv why --html) has no head view
+      if (row.panel === "cell" && !document.querySelector("main .columns").hidden) $("head-view").append(sec);
       else $("steps").before(sec);
     }
     return sec;
@@ -765,7 +792,8 @@
   function requestOf(row) {
     return Object.fromEntries(row.fields.map((f) => [f.name, S[f.name] ?? f.default]));
   }
-  async function drawHeadPanels(alone, which) {
+  // clicked: the cell panel was asked for by a click (it is scrolled into view while it computes)
+  async function drawHeadPanels(alone, which, clicked) {
     for (const row of headPanels(which)) {
       const sec = panelSection(row), box = sec.lastElementChild;
       // a panel needs the text's own model view (a notebook's single result has none)
@@ -781,17 +809,30 @@
         const why = S.key === null ? PANELS[row.name].empty : S.words ? "a score is between two tokens: switch words off, then click a cell" : null;
         if (why) { box.replaceChildren(panelNote(box, why)); continue; }
       }
+      // a busy sign while the library computes (a first "why" may take seconds)
+      const busy = () => {
+        box.replaceChildren(h(box.tagName === "TABLE" ? "caption" : "p", { class: "busy", role: "status" },
+          row.panel === "cell" ? "computing this cell's score split…" : "computing…"));
+        if (clicked && row.panel === "cell") sec.scrollIntoView({ block: "nearest" });
+      };
+      // a click shows it at once; a redraw only when an answer is slow (no flicker otherwise)
+      const slow = clicked ? busy() : setTimeout(busy, 150);
+      sec.setAttribute("aria-busy", "true");
       try {
         box.replaceChildren(...PANELS[row.name].draw(await ask(row.endpoint, requestOf(row))));
       } catch (e) {
         box.replaceChildren(panelNote(box, e.message)); // an extra: the rest still draws
+      } finally {
+        clearTimeout(slow);
+        sec.removeAttribute("aria-busy");
       }
+      if (clicked && row.panel === "cell") inView(sec);
     }
   }
   // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
   // bound, the library's largest terms (ScoreAttribution.top) and every term as a heat map.
   function whyPanel(a) {
-    const pair = `layer ${a.layer}, head ${a.head}: query ${a.token_index} “${a.token}” → key ${a.key_index} “${a.key}”`;
+    const pair = `layer ${a.layer}, head ${a.head}: query ${a.token_index} “${a.labels[a.token_index]}” → key ${a.key_index} “${a.labels[a.key_index]}”`;
     const cap = a.capped === null ? "" : ` (the terms are before the soft-cap; after it ${fmt(a.capped)})`;
     return [
       h("p", { id: "why-title" }, pair),
@@ -856,6 +897,7 @@
         D.info = EMBED.info;
         S.model = EMBED.model; S.text = EMBED.text;
         Object.assign(S, EMBED.state || {});
+        headChosen = true;  // an exported file holds the answers of its own head
       } else {
         const r = await fetch("api/info");
         D.info = await r.json();

@@ -100,6 +100,7 @@
   // -- the model view: every head's row for the token, ranked by the library -----------------------
   function drawModelView() {
     const ov = D.overview, n = D.doc.num_tokens;
+    ROW_SCALE = rowScale();  // its colours are the theme's
     const perLayer = ov.per === "layer";
     const rank = new Map(ov.heads.map((r, i) => [r.layer + ":" + r.head, i]));
     const what = ov.method === "weight" ? "weight" : ov.method + " share";
@@ -113,6 +114,7 @@
         onclick: () => selectHead(l, perLayer ? S.head : hh) },
         cv, h("span", { class: "num" }, "#" + (i + 1) + " " + fmt(r.max_weight, 2)));
     } });
+    $("grid-legend").replaceChildren(ROW_SCALE.el);
     $("model-hint").textContent = `— token ${ov.token_index} “${ov.unit}”: each head's row over all ${n} keys; ` +
       `ranked by the largest ${what} in the row (#1 = most focused), as qkv explain ranks them` +
       (ov.focus ? `; bold border: heads whose largest ${what} is on “${ov.focus}”` : "");
@@ -124,16 +126,25 @@
   // A row of N weights in a thumbnail a few hundred pixels wide: each pixel shows the largest weight
   // of the keys it covers, on the scale of the row's largest (the library's max_weight); drawing
   // only, the numbers shown are the answer's.
+  // Height and shade: √(w / the row's largest), so that the keys with a tenth of the largest weight
+  // still show (a row over thousands of keys is mostly near-zero); the legend says so.
+  const ROW_H = 24;
+  let ROW_SCALE = null;
+  function rowScale() {
+    return qkvPage.scale({ hi: 1, ticks: [0, 0.1, 0.25, 0.5, 1], power: 0.5,
+      caption: "bars: a key's weight ÷ its row's largest (the number after #rank), on a √ scale; x: the keys 0 … N − 1" });
+  }
   function drawRow(cv, w, most) {
     const n = w.length, W = Math.min(n, 240);
-    cv.width = W; cv.height = 12;
+    cv.width = W; cv.height = ROW_H;
     const ctx = cv.getContext("2d"), rgb = heatRgb();
     for (let x = 0; x < W; x++) {
       let v = 0;
       for (let j = Math.floor(x * n / W); j < Math.floor((x + 1) * n / W); j++) v = Math.max(v, w[j]);
-      const a = Math.min(1, v / (most || 1));
-      ctx.fillStyle = `rgba(${rgb},${Math.max(0.05, a)})`;
-      ctx.fillRect(x, 12 - Math.max(1, a * 12), 1, Math.max(1, a * 12));
+      const a = ROW_SCALE.at(v / (most || 1));
+      if (!(a > 0)) continue;
+      ctx.fillStyle = `rgba(${rgb},${Math.max(0.15, ROW_SCALE.shade(v / (most || 1)))})`;
+      ctx.fillRect(x, ROW_H - Math.max(1, a * ROW_H), 1, Math.max(1, a * ROW_H));
     }
   }
 
@@ -272,7 +283,7 @@
     const v = r[S.spans], sp = D.spans;
     return S.spans === "sink"
       ? `layer ${r.layer} head ${r.head}: sink share ${fmt(v, 6)} — each row's weight on the first ${sp.first} ` +
-        `token(s), averaged over ${r.rows} rows`
+        `${sp.first === 1 ? "token" : "tokens"}, averaged over ${r.rows} rows`
       : `layer ${r.layer} head ${r.head}: mean attention distance ${fmt(v, 6)} tokens — Σⱼ wᵢⱼ (i − j) ` +
         `averaged over ${r.rows} rows`;
   }
@@ -280,22 +291,37 @@
     const sp = D.spans;
     if (!sp) return;
     const by = new Map(sp.heads.map((r) => [r.layer + ":" + r.head, r]));
-    // a cell's shade: its value on the scale of the largest |value| (drawing only)
+    // a cell's shade is the value it shows (as rounded there) on the legend's scale: a sink share
+    // on 0 … 1 (a share), a distance on 0 … the largest, in tokens
+    const sink = S.spans === "sink", digits = sink ? 3 : 1;
     const most = sp.heads.reduce((a, r) => Math.max(a, Math.abs(r[S.spans])), 0) || 1;
+    const top = sink ? 1 : niceCeil(most);
+    const legend = qkvPage.scale({ hi: top, ticks: sink ? [0, 0.25, 0.5, 0.75, 1] : [0, top / 4, top / 2, 3 * top / 4, top],
+      digits: sink ? 2 : (top >= 8 ? 0 : 1), unit: sink ? "" : "tokens",
+      caption: sink ? "shade: the sink share each cell shows (0 none, 1 all of a row's weight on the sink)"
+        : "shade: the mean attention distance each cell shows" });
+    $("spans-legend").replaceChildren(legend.el);
+    $("spans-first-unit").textContent = sp.first === 1 ? "token" : "tokens";
     const layers = [...new Set(sp.heads.map((r) => r.layer))];
     const heads = sp.heads.reduce((a, r) => Math.max(a, r.head + 1), 0);
     stip.hidden = true;
     grid(spansGrid, { layers, heads, perLayer: false, cell: (l, hh) => {
       const r = by.get(l + ":" + hh), v = r[S.spans];
+      const shown = fmt(v, digits);
       const b = gridCell({ layer: l, head: hh, chosen: l === S.layer && hh === S.head, label: spanText(r),
-        onclick: () => selectHead(l, hh) }, S.spans === "sink" ? fmt(v, 3) : fmt(v, 1));
-      b.style.setProperty("--w", (0.85 * Math.abs(v) / most).toFixed(3));
+        onclick: () => selectHead(l, hh) }, shown);
+      b.style.setProperty("--w", legend.shade(Math.abs(Number(shown))).toFixed(3));
       b.dataset.value = v;
       return b;
     } });
     $("spans-hint").textContent = S.spans === "sink"
-      ? `— each head's share of attention on the first ${sp.first} token(s) of all ${sp.tokens}, averaged over its rows (exact, head_spans: O(N))`
+      ? `— each head's share of attention on the first ${qkvPage.plural(sp.first, "token")} of all ${sp.tokens}, averaged over its rows (exact, head_spans: O(N))`
       : `— how far back each head looks, Σⱼ wᵢⱼ (i − j) averaged over its rows, in tokens (exact, head_spans: O(N))`;
+  }
+  // the scale's top: the largest distance rounded up to 1, 2 or 5 × a power of ten
+  function niceCeil(v) {
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    return [1, 2, 5, 10].map((m) => m * p).find((x) => x >= v);
   }
   function showSpanTip(b) {
     const r = D.spans.heads.find((x) => x.layer === Number(b.dataset.layer) && x.head === Number(b.dataset.head));

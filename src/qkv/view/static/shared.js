@@ -50,6 +50,8 @@ const qkvPage = (() => {
     if (v === "nan") return "NaN";
     return Number(v).toFixed(digits);
   }
+  // "1 token", "3 tokens" (never "token(s)")
+  function plural(n, word) { return `${Number(n).toLocaleString("en")} ${word}${Number(n) === 1 ? "" : "s"}`; }
   function signed(v, digits = DIGITS) { return (Number(v) >= 0 ? "+" : "") + fmt(v, digits); }
   // two significant digits (exponent below 0.001): a label that fits a model-view cell
   function compact(v) {
@@ -109,6 +111,23 @@ const qkvPage = (() => {
       "aria-pressed": chosen ? "true" : "false", onclick }, ...children);
   }
 
-  return { DIGITS, $, post, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update, grid, gridCell };
+  // A colour scale: the heat colour from transparent (lo) to SHADE_MAX (hi), with ticks, one line
+  // of what it measures. shade(v) is the alpha a cell of value v gets on it — cells and legend
+  // read the same scale. ticks: the values labelled (by fmt(v, digits)); unit after the last.
+  const SHADE_MAX = 0.85;
+  function scale({ lo = 0, hi, ticks, digits = 2, unit = "", caption, power = 1, most = SHADE_MAX }) {
+    const span = hi > lo ? hi - lo : 1;
+    const at = (v) => Math.pow(Math.min(1, Math.max(0, (Number(v) - lo) / span)), power);  // 0 … 1 along the bar
+    const shade = (v) => most * at(v);
+    const bar = h("div", { class: "legend-bar" });
+    bar.style.setProperty("background", `linear-gradient(to right, rgba(${cssColor("--heat")}, 0), rgba(${cssColor("--heat")}, ${most}))`);
+    const marks = h("div", { class: "legend-ticks" }, ticks.map((v, k) => h("span", {
+      style: { left: (100 * at(v)).toFixed(1) + "%" } }, fmt(v, digits) + (k === ticks.length - 1 && unit ? " " + unit : ""))));
+    const el = h("figure", { class: "legend", role: "img", "aria-label": `${caption}: ${ticks.map((v) => fmt(v, digits)).join(", ")}${unit ? " " + unit : ""}` },
+      h("figcaption", {}, caption), bar, marks);
+    return { el, shade, at };
+  }
+
+  return { DIGITS, $, post, h, fmt, signed, compact, status, decodeF32, cssColor, heatRgb, update, grid, gridCell, scale, plural };
 })();
 const qkvPost = qkvPage.post;

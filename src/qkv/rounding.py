@@ -1,0 +1,29 @@
+"""Whether a tensor rebuilt from parts is a forward's, to rounding — the one tolerance the
+projection reader (:mod:`qkv.hf.projections`) and the norms' linearisation
+(:mod:`qkv.explain.circuits.norms`) both apply. Plain torch: importing it loads nothing else
+(it lived in :mod:`qkv.hf.projections`, whose package registers with transformers on import —
+seconds that the viewer's first "why this weight" paid).
+
+    >>> import torch
+    >>> x = torch.randn(4, 8)
+    >>> close(x.double() + 1e-9, x), close(x * 1.01, x)
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether a rebuilt q, k or v is the kernel's, to the rounding of a different summation
+    order: a wrong layout, norm or rotation is off by the size of the numbers themselves."""
+    if got.shape != want.shape:
+        return False
+    eps = max(torch.finfo(got.dtype).eps, torch.finfo(want.dtype).eps)  # the model's, not the trace's
+    top = float(want.abs().max()) if want.numel() else 0.0
+    # float32/64: E-term dot products summed in another order (E ≤ 2¹⁶), a norm and a rotation,
+    # far inside 2¹⁰ eps of the largest entry; 16-bit: the same operations rounded to a few ulp
+    # (float32 accumulation), inside 16 eps — where a wrong layout is off by the entries' size
+    factor = 1024 if eps < 1e-4 else 16
+    return float((got.to(want.dtype) - want).abs().max()) <= factor * eps * max(top, 1.0)
