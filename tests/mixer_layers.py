@@ -92,6 +92,18 @@ def mamba2_mixer(seed: int = 0, *, chunk_size: int = 16) -> torch.nn.Module:
     return _ready(Mamba2Mixer(cfg, 0))
 
 
+def bamba_mixer(seed: int = 0) -> torch.nn.Module:
+    """A Bamba mixer (Mamba-2 with a conv bias): 4 heads of 16, 1 group, state 8, chunks of 8."""
+    from transformers import BambaConfig
+    from transformers.models.bamba.modeling_bamba import BambaMixer
+
+    torch.manual_seed(seed)
+    cfg = BambaConfig(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64, attn_layer_indices=[1], mamba_n_heads=4,
+                      mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=8, **NO_TOKENS)
+    return _ready(BambaMixer(cfg, 0))
+
+
 def minimax_lightning(seed: int = 0, *, block_size: int = 8, hidden_act: str = "silu",
                       head_dim: int = 16, hidden: int = HIDDEN) -> torch.nn.Module:
     """A MiniMax lightning-attention layer (layer 0 of 2): 2 heads; blocks of 8 so texts cross blocks."""

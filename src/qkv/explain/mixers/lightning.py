@@ -42,7 +42,7 @@ class Lightning:
 
     def _log_decay(self, head: int) -> torch.Tensor:
         t = self.value.shape[0]
-        return -self.slope[head] * torch.arange(t, dtype=torch.float64)  # (t,)
+        return -self.slope[head] * torch.arange(t, dtype=self.slope.dtype)  # (t,)
 
     def matrix(self, head: int) -> torch.Tensor:
         """(t, t) M with o = M·v: exp(−s(i−j))·q_i·k_j below the diagonal."""
@@ -54,12 +54,13 @@ class Lightning:
         return decayed_row(self.query[query, head], self.key[:, head], self._log_decay(head), query)
 
 
-def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> Lightning:
+def read(module: torch.nn.Module, hidden_states: torch.Tensor, dtype: torch.dtype = torch.float64) -> Lightning:
     """Run a ``MiniMaxLightningAttention`` layer on one text and return what it mixed.
 
     Args:
         module: the layer's ``self_attn`` where its type is ``MiniMaxLightningAttention``.
         hidden_states: (1, t, hidden) its input, after the layer's norm.
+        dtype: what the record holds and its matrices compute in (the layer runs in its own).
     """
     b, t, _ = hidden_states.shape
     if b != 1:
@@ -73,6 +74,6 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> Lightning:
             qkv = module.act_fn(module.qkv_proj(hidden_states))  # (1, t, h·3d)
     finally:
         hook.remove()
-    q, k, v = qkv[0].double().reshape(t, h, 3 * d).split(d, dim=-1)  # (t, h, d) each
-    return Lightning(query=q, key=k, value=v, slope=module.slope_rate.detach().double().reshape(h),
-                     output=seen[0][0].double().reshape(t, h, d))
+    q, k, v = qkv[0].to(dtype).reshape(t, h, 3 * d).split(d, dim=-1)  # (t, h, d) each
+    return Lightning(query=q, key=k, value=v, slope=module.slope_rate.detach().to(dtype).reshape(h),
+                     output=seen[0][0].to(dtype).reshape(t, h, d))

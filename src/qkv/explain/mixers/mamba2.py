@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.errors import QkvError
-from qkv.explain.mixers.capture import kernel_call
+from qkv.explain.mixers.capture import KernelCall, kernel_call
 from qkv.explain.mixers.delta_rule import check_query
 from qkv.explain.mixers.linear import decayed_products, decayed_row
 
@@ -71,25 +71,33 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> StateSpace:
         module: the mixer, in eval mode (training runs a fused kernel instead).
         hidden_states: (1, t, hidden) its input, after the layer's norm.
     """
-    call = kernel_call(module, KERNEL, hidden_states)
+    return from_call(kernel_call(module, KERNEL, hidden_states))
+
+
+def from_call(call: KernelCall, dtype: torch.dtype = torch.float64) -> StateSpace:
+    """The :class:`StateSpace` of a recorded ``mamba2_chunk_scan`` call, computed in ``dtype``.
+
+    The scan takes hidden_states (b, t, h, p), dt (b, t, h) before its bias and softplus, A (h,),
+    B and C (b, t, g, n) shared by h // g consecutive heads, D (h,).
+    """
     a = call.arguments
     if a["hidden_states"].shape[0] != 1:
         raise QkvError(f"one text at a time: the batch holds {a['hidden_states'].shape[0]}")
     if a.get("initial_states") is not None:
         raise QkvError("mamba2: the layer started from a cached state; run the whole text without a cache")
-    x = a["hidden_states"][0].detach().double()  # (t, h, p)
+    x = a["hidden_states"][0].detach().to(dtype)  # (t, h, p)
     h = x.shape[1]
-    dt = a["dt"][0].detach().double()  # (t, h)
+    dt = a["dt"][0].detach().to(dtype)  # (t, h)
     if a.get("dt_bias") is not None:
-        dt = dt + a["dt_bias"].detach().double()
+        dt = dt + a["dt_bias"].detach().to(dtype)
     if a.get("dt_softplus", False):
         dt = F.softplus(dt)
     low, high = a.get("dt_limit", (0.0, float("inf")))
     dt = dt.clamp(min=low, max=high)
-    B, C = (a[n][0].detach().double() for n in ("B", "C"))  # (t, g, n)
+    B, C = (a[n][0].detach().to(dtype) for n in ("B", "C"))  # (t, g, n)
     B, C = (m.repeat_interleave(h // m.shape[1], dim=1) for m in (B, C))  # (t, h, n)
     D = a.get("D")
-    D = torch.zeros(h, dtype=torch.float64) if D is None else D.detach().double().reshape(h)
+    D = torch.zeros(h, dtype=dtype) if D is None else D.detach().to(dtype).reshape(h)
     output = call.result[0] if isinstance(call.result, tuple) else call.result
-    return StateSpace(x=x, delta=dt, A=a["A"].detach().double().reshape(h), B=B, C=C, D=D,
-                      output=output[0].detach().double())
+    return StateSpace(x=x, delta=dt, A=a["A"].detach().to(dtype).reshape(h), B=B, C=C, D=D,
+                      output=output[0].detach().to(dtype))
