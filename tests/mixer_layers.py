@@ -132,3 +132,34 @@ def one_hot_values(t: int, heads: int) -> torch.Tensor:
     """(1, t, heads, t): token j's value is the j-th basis vector, in every head — so a layer's
     output o_i = Σ_j M[i, j] v_j is row i of M itself."""
     return torch.eye(t, dtype=torch.float64)[None, :, None, :].expand(1, t, heads, t).contiguous()
+
+
+def deepseek_mla(version: int = 3, seed: int = 0, *, q_lora_rank: int | None = 24):
+    """A DeepSeek MLA attention layer with eager attention, and its rotary embedding module:
+    4 heads, q latent 24 (None: q_proj direct), kv latent 16, content 8 + RoPE 4 per head, v 8."""
+    if version == 3:
+        from transformers import DeepseekV3Config as Config
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+            DeepseekV3Attention as Attention, DeepseekV3RotaryEmbedding as Rotary)
+    else:
+        from transformers import DeepseekV2Config as Config
+        from transformers.models.deepseek_v2.modeling_deepseek_v2 import (
+            DeepseekV2Attention as Attention, DeepseekV2RotaryEmbedding as Rotary)
+    torch.manual_seed(seed)
+    cfg = Config(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16, n_routed_experts=2,
+                 num_experts_per_tok=1, q_lora_rank=q_lora_rank, kv_lora_rank=16, qk_nope_head_dim=8,
+                 qk_rope_head_dim=4, v_head_dim=8, first_k_dense_replace=2, **NO_TOKENS)
+    cfg._attn_implementation = "eager"
+    layer = _ready(Attention(cfg, 0))
+    with torch.no_grad():  # the norms' weights start at 1: make them count
+        for norm in (layer.kv_a_layernorm, layer.q_a_layernorm):
+            if norm is not None:
+                norm.weight.uniform_(0.5, 1.5)
+    return layer, Rotary(cfg)
+
+
+def rotary_inputs(rotary, x: torch.Tensor):
+    """What the model hands its layers for positions 0 … t−1: (cos, sin), or v2's complex frequencies."""
+    positions = torch.arange(x.shape[1])[None]
+    return rotary(x, positions)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain.mixers import gated_deltanet, kda, lightning, mamba2
+from qkv.explain.mixers import gated_deltanet, kda, lightning, mamba2, mla
 
 
 class EffectiveAttention(Protocol):
@@ -77,5 +77,6 @@ for _entry in (
     Mixer("kda", kda.read, True, "the gated delta rule, one decay per key channel"),
     Mixer("lightning", lightning.read, True, "linear attention with a fixed decay per head"),
     Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD: C·(Π exp ΔA)·B·Δ plus the D skip"),
+    Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
 ):
     register_mixer(_entry)
