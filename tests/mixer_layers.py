@@ -163,3 +163,49 @@ def rotary_inputs(rotary, x: torch.Tensor):
     """What the model hands its layers for positions 0 … t−1: (cos, sin), or v2's complex frequencies."""
     positions = torch.arange(x.shape[1])[None]
     return rotary(x, positions)
+
+
+def diffllama_attention(seed: int = 0, *, layer_idx: int = 1, kv_heads: int = 2):
+    """A DiffLlama attention layer (eager) and its rotary module: 4 heads (2 differential) of 8."""
+    from transformers import DiffLlamaConfig
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, DiffLlamaRotaryEmbedding
+
+    torch.manual_seed(seed)
+    cfg = DiffLlamaConfig(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=kv_heads, intermediate_size=64, lambda_std_dev=0.3, **NO_TOKENS)
+    cfg._attn_implementation = "eager"
+    return _ready(DiffLlamaAttention(cfg, layer_idx)), DiffLlamaRotaryEmbedding(cfg)
+
+
+def qwen3_next_attention(seed: int = 0):
+    """A Qwen3-Next full-attention layer (eager; output gate; biases, so a gate can be shut) and its
+    rotary module: 4 heads of 8."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
+
+    torch.manual_seed(seed)
+    cfg = Qwen3NextConfig(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, intermediate_size=64, attention_bias=True,
+                          layer_types=["linear_attention", "full_attention"], **NO_TOKENS)
+    cfg._attn_implementation = "eager"
+    return _ready(Qwen3NextAttention(cfg, 1)), Qwen3NextRotaryEmbedding(cfg)
+
+
+def sparse_attention(kind: str = "deepseek_v32", seed: int = 0, *, topk: int = 5):
+    """A DeepSeek-V3.2 / GLM-MoE-DSA sparse attention layer (eager) and its rotary module:
+    MLA of 4 heads, an indexer of 2 heads × 8 (RoPE 4) keeping ``topk`` keys per query."""
+    if kind == "deepseek_v32":
+        from transformers import DeepseekV32Config as Config
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
+            DeepseekV32Attention as Attention, DeepseekV32RotaryEmbedding as Rotary)
+    else:
+        from transformers import GlmMoeDsaConfig as Config
+        from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import (
+            GlmMoeDsaAttention as Attention, GlmMoeDsaRotaryEmbedding as Rotary)
+    torch.manual_seed(seed)
+    cfg = Config(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16, n_routed_experts=2,
+                 num_experts_per_tok=1, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                 v_head_dim=8, index_topk=topk, index_head_dim=8, index_n_heads=2, **NO_TOKENS)
+    cfg._attn_implementation = "eager"
+    return _ready(Attention(cfg, 0)), Rotary(cfg)

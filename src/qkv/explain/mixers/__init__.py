@@ -5,7 +5,8 @@ each is linear in its values: o = M·v for one (t × t) matrix M per head, causa
 normalised. ``read(module, hidden_states)`` runs the transformers layer once and returns a record
 (:class:`EffectiveAttention`) whose ``matrix(head)`` is that M and ``row(head, query)`` one row
 in O(t · state). Softmax variants (MLA, differential, sparse indexed attention, the gated output)
-return their own step-by-step records.
+return their own step-by-step records; a softmax layer's output gate (Qwen3-Next, Qwen3.5) is
+:mod:`qkv.explain.mixers.gate`, a step of that layer rather than a mixer of its own.
 
 :data:`MIXERS` is the registry, keyed by the model protocol's ``MixerKind`` name; callers look a
 kind up there (:func:`mixer`) and never compare kind names themselves.
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain.mixers import gated_deltanet, kda, lightning, mamba2, mla
+from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, sparse
 
 
 class EffectiveAttention(Protocol):
@@ -78,5 +79,7 @@ for _entry in (
     Mixer("lightning", lightning.read, True, "linear attention with a fixed decay per head"),
     Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD: C·(Π exp ΔA)·B·Δ plus the D skip"),
     Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
+    Mixer("sparse", sparse.read, False, "an indexer keeps the top-k keys of each query for the softmax"),
+    Mixer("differential", differential.read, False, "two softmax maps, the second × λ subtracted"),
 ):
     register_mixer(_entry)

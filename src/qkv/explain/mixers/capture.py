@@ -31,7 +31,20 @@ class KernelCall:
 
 
 def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor, **kwargs) -> KernelCall:
-    """Run ``module(hidden_states, **kwargs)`` once and return its call of the function ``kernel``.
+    """Run ``module(hidden_states, **kwargs)`` once and return its one call of the function ``kernel``.
+
+    Raises:
+        QkvError: the forward did not call it exactly once (see :func:`kernel_calls`).
+    """
+    calls = kernel_calls(module, kernel, hidden_states, **kwargs)
+    if len(calls) != 1:
+        raise QkvError(f"{type(module).__name__} called {kernel} {len(calls)} times in one forward, not once")
+    return calls[0]
+
+
+def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor,
+                 **kwargs) -> list[KernelCall]:
+    """Run ``module(hidden_states, **kwargs)`` once and return its calls of the function ``kernel``, in order.
 
     Args:
         module: a transformers mixer (its class defined in a ``modeling_*.py`` file).
@@ -39,10 +52,10 @@ def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tenso
         hidden_states: (b, t, hidden) the layer's input, after its norm.
 
     Returns:
-        The arguments (positional ones named by the function's signature) and the result.
+        Each call's arguments (positional ones named by the function's signature) and result.
 
     Raises:
-        QkvError: the modeling file has no such function, or the forward did not call it exactly once.
+        QkvError: the modeling file has no such function.
     """
     import inspect
 
@@ -64,6 +77,4 @@ def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tenso
             module(hidden_states, **kwargs)
     finally:
         setattr(modeling, kernel, original)
-    if len(calls) != 1:
-        raise QkvError(f"{type(module).__name__} called {kernel} {len(calls)} times in one forward, not once")
-    return calls[0]
+    return calls
