@@ -72,5 +72,8 @@ def test_latent_norms_and_a_hidden_key_is_refused():
     _, rec = _read(3, 7)
     norms = rec.latent_norms()
     assert set(norms) == {"c_q", "c_kv"} and norms["c_kv"].shape == (7,)
+    # the RMSNorm rescales every token's latent to one RMS: c_kv = raw / rms(raw) · weight
+    rms = rec.c_kv_raw.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    assert torch.allclose(rec.c_kv, rec.c_kv_raw / rms * rec.c_kv[0] / (rec.c_kv_raw[0] / rms[0]), atol=1e-9)
     with pytest.raises(QkvError, match="key 5 is not visible from query 2"):
         rec.score(0, 2, 5)

@@ -1,6 +1,6 @@
 """Multi-head latent attention (deepseek_v2, deepseek_v3, Kimi K2's shape) step by step.
 
-    x ──q_a_proj──▶ ─q_a_layernorm─▶ c_q (r_q) ──q_b_proj──▶ q_nope (h, dn) | q_rope (h, dr) ─RoPE─▶
+    x ──q_a_proj──▶ c_q raw ─q_a_layernorm─▶ c_q (r_q) ──q_b_proj──▶ q_nope (h, dn) | q_rope (h, dr) ─RoPE─▶
     x ──kv_a_proj_with_mqa──▶ [ ─kv_a_layernorm─▶ c_kv (r_kv) | k_rope (dr), one for all heads ─RoPE─▶ ]
     c_kv ──kv_b_proj──▶ k_nope (h, dn) | v (h, dv)
 
@@ -52,7 +52,9 @@ class Mla:
     """One text through an MLA layer, every step in float64 (see the module docstring)."""
 
     kind = "mla"
-    c_q: torch.Tensor | None   # (t, r_q) the query latent after its norm (None: no q LoRA, q_proj direct)
+    c_q_raw: torch.Tensor | None  # (t, r_q) x·W_qa, the query latent before its RMSNorm (None: q_proj direct)
+    c_kv_raw: torch.Tensor     # (t, r_kv) the key/value latent before its RMSNorm
+    c_q: torch.Tensor | None   # (t, r_q) the query latent after its norm
     c_kv: torch.Tensor         # (t, r_kv) the key/value latent after its norm
     q_nope: torch.Tensor       # (h, t, dn)
     q_rope: torch.Tensor       # (h, t, dr) before RoPE
@@ -70,10 +72,11 @@ class Mla:
         return self.q_nope.shape[0]
 
     def latent_norms(self) -> dict[str, torch.Tensor]:
-        """Per token, ‖c_q‖ and ‖c_kv‖ (t,): how much each latent carries."""
-        norms = {"c_kv": self.c_kv.norm(dim=-1)}
-        if self.c_q is not None:
-            norms["c_q"] = self.c_q.norm(dim=-1)
+        """Per token, ‖c_q‖ and ‖c_kv‖ (t,) before their RMSNorms: how much each token writes into the
+        latents (after the norm every token's latent has the same RMS, scaled by the norm's weight)."""
+        norms = {"c_kv": self.c_kv_raw.norm(dim=-1)}
+        if self.c_q_raw is not None:
+            norms["c_q"] = self.c_q_raw.norm(dim=-1)
         return norms
 
     def content(self, head: int) -> torch.Tensor:
@@ -125,16 +128,18 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor,
     x = hidden_states.detach()
     with torch.no_grad():
         if module.q_lora_rank is None:
-            c_q, q = None, module.q_proj(x)
+            c_q_raw, c_q, q = None, None, module.q_proj(x)
         else:
-            c_q = module.q_a_layernorm(module.q_a_proj(x))
+            c_q_raw = module.q_a_proj(x)
+            c_q = module.q_a_layernorm(c_q_raw)
             q = module.q_b_proj(c_q)
         q_nope, q_rope = q[0].view(t, h, dn + dr).transpose(0, 1).double().split([dn, dr], dim=-1)
         kv_latent, k_rope = module.kv_a_proj_with_mqa(x)[0].split([module.kv_lora_rank, dr], dim=-1)
         c_kv = module.kv_a_layernorm(kv_latent)
         k_nope, value = module.kv_b_proj(c_kv).view(t, h, dn + dv).transpose(0, 1).double().split([dn, dv], dim=-1)
     w_kb = module.kv_b_proj.weight.detach().double().view(h, dn + dv, module.kv_lora_rank)[:, :dn]  # (h, dn, r_kv)
-    return Mla(c_q=None if c_q is None else c_q[0].double(), c_kv=c_kv.double(), q_nope=q_nope,
+    return Mla(c_q_raw=None if c_q_raw is None else c_q_raw[0].double(), c_kv_raw=kv_latent.double(),
+               c_q=None if c_q is None else c_q[0].double(), c_kv=c_kv.double(), q_nope=q_nope,
                q_rope=q_rope, k_nope=k_nope, k_rope=k_rope.double(), q_rotated=query[..., dn:],
                k_rotated=key[0, :, dn:], value=value, w_kb=w_kb, scaling=float(a["scaling"]),
                weights=call.result[1][0].detach().double())
