@@ -209,3 +209,15 @@ def sparse_attention(kind: str = "deepseek_v32", seed: int = 0, *, topk: int = 5
                  v_head_dim=8, index_topk=topk, index_head_dim=8, index_n_heads=2, **NO_TOKENS)
     cfg._attn_implementation = "eager"
     return _ready(Attention(cfg, 0)), Rotary(cfg)
+
+
+def lfm2_short_conv(seed: int = 0, *, bias: bool = False) -> torch.nn.Module:
+    """An LFM2 gated short convolution: 32 channels, kernel 3."""
+    from transformers import Lfm2Config
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
+
+    torch.manual_seed(seed)
+    cfg = Lfm2Config(vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=2, intermediate_size=64, conv_L_cache=3, conv_bias=bias,
+                     layer_types=["conv", "full_attention"], **NO_TOKENS)
+    return _ready(Lfm2ShortConv(cfg, 0))

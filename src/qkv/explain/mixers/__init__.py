@@ -1,6 +1,7 @@
 """Exact explanations of the token mixers of 2026's hybrid models, one file per mixer.
 
-Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-2) have no softmax map, but
+Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-2, LFM2's gated short
+convolution) have no softmax map, but
 each is linear in its values: o = M·v for one (t × t) matrix M per head, causal, signed, rows not
 normalised. ``read(module, hidden_states)`` runs the transformers layer once and returns a record
 (:class:`EffectiveAttention`) whose ``matrix(head)`` is that M and ``row(head, query)`` one row
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, sparse
+from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, short_conv, sparse
 
 
 class EffectiveAttention(Protocol):
@@ -78,6 +79,7 @@ for _entry in (
     Mixer("kda", kda.read, True, "the gated delta rule, one decay per key channel"),
     Mixer("lightning", lightning.read, True, "linear attention with a fixed decay per head"),
     Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD: C·(Π exp ΔA)·B·Δ plus the D skip"),
+    Mixer("short_conv", short_conv.read, True, "a causal band: C·(w ∗ B·x), one mixer per channel"),
     Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
     Mixer("sparse", sparse.read, False, "an indexer keeps the top-k keys of each query for the softmax"),
     Mixer("differential", differential.read, False, "two softmax maps, the second × λ subtracted"),
