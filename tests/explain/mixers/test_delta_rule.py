@@ -17,12 +17,14 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mixer_layers import inputs, kimi_kda, olmo_hybrid_delta, one_hot_values, qwen3_5_delta, qwen3_next_delta
 from tolerance import assert_agree, assert_within, max_err
 
 from qkv.errors import QkvError
 from qkv.explain.mixers import gated_deltanet, kda
-from qkv.explain.mixers.capture import kernel_call
+from qkv.explain.mixers.capture import KernelCall, kernel_call
 from qkv.explain.mixers.delta_rule import DeltaRule, from_call
 
 FACTOR = 4.0
@@ -104,3 +106,27 @@ def test_a_query_out_of_range_is_named():
     _, _, rule, _ = _read("qwen3_next", 7)
     with pytest.raises(QkvError, match="query 7 is out of range for a text of 7 tokens"):
         rule.row(0, 7)
+
+
+@settings(max_examples=25)
+@given(t=st.integers(1, 40), c=st.integers(1, 6), per_channel=st.booleans(), beta_max=st.sampled_from([1.0, 2.0]),
+       seed=st.integers(0, 2**16))
+def test_the_delta_rule_on_random_inputs_is_transformers_recurrence_on_one_hot_values(t, c, per_channel, beta_max, seed):
+    """Any q, k, decays ≤ 1 and β ∈ [0, 2] (not only what a layer makes): M = transformers'
+    token-by-token recurrence fed one-hot values; rows in chunks of 3 agree."""
+    from transformers.models.kimi_linear.modeling_kimi_linear import recurrent_kimi_delta_attention
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
+
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, t, 1, c, generator=g, dtype=torch.float64) for _ in range(2))
+    decay = -torch.rand(1, t, 1, *((c,) if per_channel else ()), generator=g, dtype=torch.float64)
+    beta = beta_max * torch.rand(1, t, 1, generator=g, dtype=torch.float64)
+    recurrence = recurrent_kimi_delta_attention if per_channel else torch_recurrent_gated_delta_rule
+    args = dict(query=q, key=k, value=one_hot_values(t, 1), g=decay, beta=beta, initial_state=None,
+                output_final_state=False, use_qk_l2norm_in_kernel=True)
+    out, _ = recurrence(**args)
+    rule, low = (from_call("kda", KernelCall(args, (out, None)), dtype) for dtype in (torch.float64, torch.float32))
+    assert_within(out[0, :, 0].float(), rule.matrix(0), low.matrix(0), factor=FACTOR, what="one-hot recurrence vs M")
+    i = t - 1
+    lows = (low.row(0, i, chunk=3), low.matrix(0)[i])
+    assert_agree(rule.row(0, i, chunk=3), rule.matrix(0)[i], max(lows, key=lambda x: max_err(x, rule.matrix(0)[i])))

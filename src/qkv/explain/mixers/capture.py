@@ -13,6 +13,7 @@ The function is replaced in the modeling module for the duration of one call and
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,6 @@ def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tens
     Raises:
         QkvError: the modeling file has no such function.
     """
-    import inspect
-
     modeling = sys.modules[type(module).__module__]
     original = getattr(modeling, kernel, None)
     if original is None:
