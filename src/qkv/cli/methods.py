@@ -21,14 +21,16 @@ FLAGS = {"method": "--method", "target_text": "--target"}
 
 def add_options(p: argparse.ArgumentParser, *, compare: bool) -> None:
     """Add ``--method`` and ``--target`` (and ``--compare`` to ``qkv explain``)."""
-    # The help lists the registry's names: importing it costs ~0.2 s more at start-up (qkv
-    # itself already imports torch), and a new method then needs no edit here.
-    from qkv.explain.contributions import DEFAULT, METHODS
+    # The help lists the registry's names, read when it is shown (a new method then needs no
+    # edit here; the registry imports torch, which parsing does not).
+    def method_help() -> str:
+        from qkv.explain.contributions import DEFAULT, METHODS
+
+        return (f"rank by what each token contributes instead of the raw weight: "
+                f"{', '.join(METHODS)} (default {DEFAULT}; see docs/tutorial.md, \"Why values?\")")
 
     p.add_argument("--method", type=options.name(), default=None, metavar="METHOD",
-                   help="rank by what each token contributes instead of the raw weight: "
-                        f"{', '.join(METHODS)} (default {DEFAULT}; see docs/tutorial.md, "
-                        "\"Why values?\")")
+                   help=options.Later(method_help))
     p.add_argument("--target", dest="target_text", type=options.text(), default=None,
                    metavar="TEXT", help="--method grad on an encoder: a second text; the cosine "
                                         "similarity of the two sentence embeddings is differentiated")

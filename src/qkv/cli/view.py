@@ -23,6 +23,7 @@ import threading
 import urllib.parse
 
 from qkv.cli import options
+from qkv.cli.command import check_length
 from qkv.cli.progress import Bars
 from qkv.errors import QkvError
 from qkv.paths import check_output_path
@@ -31,19 +32,19 @@ DEFAULT_PORT = 8765
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "view", help="a local web viewer: every head, the step-by-step numbers, offline",
-        description="Start a local server (127.0.0.1) with a page showing the model view (every "
-                    "layer × head), the head view (lines and heat map) and the step panel "
-                    "(q·k, /√d, softmax, Σ w·v with the model's own numbers). Nothing is loaded "
-                    "from the network. With --html FILE: write one self-contained page instead.",
-        epilog=f'examples:\n  qkv view "{EXAMPLE}"\n  qkv view "{EXAMPLE}" --html it.html')
+def add_view(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Start a local server (127.0.0.1) with a page showing the model view (every layer × "
+        "head), the head view (lines and heat map) and the step panel (q·k, /√d, softmax, Σ w·v "
+        "with the model's own numbers). Nothing is loaded from the network. With --html FILE: "
+        "write one self-contained page instead.")
+    p.epilog = f'examples:\n  qkv view "{EXAMPLE}"\n  qkv view "{EXAMPLE}" --html it.html'
     p.add_argument("text", nargs="?", default=None, type=options.text(most=20000),
                    help="the text to open with (it can be typed in the page too)")
     p.add_argument("--model", type=options.name(), default=None,
-                   help=f"a shipped model ({options.model_names()}) or a model directory "
-                        "(default minilm; with --file, reader: it reads any length)")
+                   help=options.Later(lambda: f"a shipped model ({options.model_names()}) or a "
+                                              "model directory (default minilm; with --file, "
+                                              "reader: it reads any length)"))
     p.add_argument("--port", type=options.integer(0, 65535), default=DEFAULT_PORT,
                    help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--host", type=options.name(), default="127.0.0.1",
@@ -91,6 +92,8 @@ def run_view(args: argparse.Namespace) -> int:
     models = Models([args.model] if book is not None else _served_models(args.model))
     try:
         model = models.get(args.model)  # load once now: a bad --model fails here, not in the page
+        if book is not None:
+            check_length(model, book, instead="or a shorter file")
         doc = _document(model, args.file, book) if book is not None else None
     except BaseException:  # a bad --model (QkvError, ApiError among them) or Ctrl-C while loading
         sock.close()

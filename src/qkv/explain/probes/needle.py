@@ -203,7 +203,8 @@ def needle_figure(m: NeedleMap):
                         color="white" if v < 0.5 else "black")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     heads = ", ".join(f"L{l} H{h}" for l, h in m.heads)
-    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input(s) a cell; heads {heads}",
+    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input{'s' * (m.samples != 1)} "
+                 f"per cell; heads {heads}",
                  fontsize=10)
     return fig
 
