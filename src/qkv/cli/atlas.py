@@ -37,13 +37,16 @@ ATLAS = Command(_atlas, flags={"window": "--window", "first": "--first", "contex
                 check=_read_corpus, page="atlas.html")
 
 
+DESCRIPTION = (
+    "Read a UTF-8 corpus in windows and give every head its induction, previous-token, "
+    "retrieval, sink-share, mean-distance and entropy scores, with its top contexts (the rows "
+    "whose largest weight past the sink is largest). O(N) memory in the corpus length.")
+
+
 def add_atlas(p: argparse.ArgumentParser) -> None:
     from qkv.reader import NAME
 
-    p.description = (
-        "Read a UTF-8 corpus in windows and give every head its induction, previous-token, "
-        "retrieval, sink-share, mean-distance and entropy scores, with its top contexts (the rows "
-        "whose largest weight past the sink is largest). O(N) memory in the corpus length.")
+    p.description = DESCRIPTION
     p.epilog = f"example: qkv atlas --model {NAME} --file book.txt --json"
     options.add_model_argument(p, default=NAME, self_attention=True, decoder=True)
     p.add_argument("--file", type=options.path(), required=True, metavar="CORPUS",

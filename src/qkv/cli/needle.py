@@ -50,13 +50,16 @@ NEEDLE = Command(_needle, flags={"lengths": "--lengths", "length": "--lengths", 
                  page="needle.html")
 
 
+DESCRIPTION = (
+    "Put a random-token needle at each depth of a haystack of each length, copy it again at "
+    "the end (teacher-forced) and measure the share of its tokens the model predicts and the "
+    "weight its retrieval heads (qkv heads --probe retrieval) put on it. O(N) memory per input.")
+
+
 def add_needle(p: argparse.ArgumentParser) -> None:
     from qkv.reader import NAME
 
-    p.description = (
-        "Put a random-token needle at each depth of a haystack of each length, copy it again at "
-        "the end (teacher-forced) and measure the share of its tokens the model predicts and the "
-        "weight its retrieval heads (qkv heads --probe retrieval) put on it. O(N) memory per input.")
+    p.description = DESCRIPTION
     p.epilog = f"example: qkv needle --model {NAME} --lengths 1024,4096 --depths 0,50,100"
     options.add_model_argument(p, default=NAME, self_attention=True, decoder=True)
     # the longest length is the library's (retrieval.MAX_LENGTH, checked before the first forward)
