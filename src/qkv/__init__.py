@@ -14,29 +14,46 @@ import: the ``qkv`` command answers ``--help`` and argument errors without it (a
 
 from __future__ import annotations
 
+import ast
 import importlib
+import os
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# Each public name → the module that defines it.
-_WHERE = {
-    **dict.fromkeys(("AttentionMask", "AttentionTrace", "VarLen", "attention_trace",
-                     "scaled_dot_product_attention", "BlockMask", "attention_weights",
-                     "create_block_mask"), "qkv.attention"),
-    **dict.fromkeys(("ALiBi", "FeedForward", "GatedFeedForward", "KVCache",
-                     "LearnedPositionalEmbedding", "MultiHeadAttention", "RotaryEmbedding",
-                     "SinusoidalPositionalEncoding", "TransformerLayer", "TransformerStack"),
-                    "qkv.modules"),
-    "load": "qkv.models",
-}
+if TYPE_CHECKING:  # the public names, imported on first use (__getattr__ reads these lines)
+    from qkv.attention import (
+        AttentionMask, AttentionTrace, BlockMask, VarLen, attention_trace, attention_weights,
+        create_block_mask, scaled_dot_product_attention,
+    )
+    from qkv import masks
+    from qkv.modules import (
+        ALiBi, FeedForward, GatedFeedForward, KVCache, LearnedPositionalEmbedding,
+        MultiHeadAttention, RotaryEmbedding, SinusoidalPositionalEncoding, TransformerLayer,
+        TransformerStack,
+    )
+    from qkv.models import load
 
-__all__ = [*_WHERE, "masks"]
+
+def _public() -> dict[str, str]:
+    """Each public name → its module, read from the ``TYPE_CHECKING`` imports above: one list,
+    which static readers (the API reference's griffe, type checkers) read too."""
+    with open(os.path.join(os.path.dirname(__file__), "__init__.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and getattr(node.test, "id", None) == "TYPE_CHECKING")
+    return {alias.name: f"{node.module}.{alias.name}" if node.module == "qkv" else node.module
+            for node in block.body for alias in node.names}
+
+
+_WHERE = _public()
+__all__ = list(_WHERE)
 
 
 def __getattr__(name: str):
     """``qkv.load``, ``qkv.MultiHeadAttention`` …: imported from their module on first use; any
     other name is a sub-package (``qkv.explain``, ``qkv.masks``) imported the same way."""
-    if name in _WHERE:
+    if name in _WHERE and _WHERE[name] != f"qkv.{name}":
         value = getattr(importlib.import_module(_WHERE[name]), name)
     else:
         try:

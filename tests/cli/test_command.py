@@ -15,7 +15,7 @@ from qkv.cli.command import Command, load_model, run
 
 PARSER = build_parser()
 COMMANDS = PARSER._subparsers._group_actions[0].choices
-LOADING = ("explain", "heads", "faithfulness", "needle", "atlas", "why", "show")
+LOADING = ("explain", "heads", "faithfulness", "needle", "atlas", "why", "show", "view")
 TEXT = "The dog found some pizza next to the baby and ate it"
 
 
@@ -107,7 +107,6 @@ def test_view_file_on_a_short_model_names_the_cli_way_not_pythons(capsys, tmp_pa
 def test_one_needle_input_is_singular():
     from rich.console import Console
 
-    from qkv.explain.probes.needle import NeedleMap  # noqa: F401  (the result the table reads)
     from qkv.explain.rendering.render_retrieval import render_needle
     import qkv
 

@@ -79,9 +79,9 @@ def run(command: Command, args: argparse.Namespace) -> int:
         raise e.spelled(command.flags) from None
 
 
-def load_model(args: argparse.Namespace):
-    """``--model`` as :func:`qkv.load` reads it, on ``--device`` in ``--dtype`` where they are
-    given (otherwise the CPU, in the dtype the checkpoint stores)."""
+def load_model(args: argparse.Namespace, name: str | None = None):
+    """``--model`` (or the model ``name``) as :func:`qkv.load` reads it, on ``--device`` in
+    ``--dtype`` where they are given (otherwise the CPU, in the dtype the checkpoint stores)."""
     from qkv.models import load
 
     given = {}
@@ -91,7 +91,7 @@ def load_model(args: argparse.Namespace):
         import torch
 
         given["dtype"] = getattr(torch, args.dtype)
-    return load(args.model, **given)
+    return load(args.model if name is None else name, **given)
 
 
 def check_length(model, text: str, *, instead: str) -> None:

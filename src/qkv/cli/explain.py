@@ -17,7 +17,6 @@ arguments (``token``, ``source``); :data:`FLAGS` re-spells them as this command 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from qkv.cli import methods, options
 from qkv.cli.command import check_length, load_model, show

@@ -553,6 +553,11 @@ def add_model_argument(parser: argparse.ArgumentParser, *, default: str | None,
         "--model", type=name(), default=default,
         help=Later(lambda: f"{what}a shipped model ({model_names(self_attention=self_attention, decoder=decoder)}) "
                            f"or a model directory (default {shown}{default_note})"))
+    add_device_arguments(parser)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype``: where and in what floating-point type the model runs."""
     parser.add_argument("--device", type=device(), default=None,
                         help="where the model runs: cpu (the default), cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=DTYPES, default=None, metavar="DTYPE",

@@ -18,12 +18,13 @@ model takes or more memory than there is: one error line, and no server.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import threading
 import urllib.parse
 
 from qkv.cli import options
-from qkv.cli.command import check_length
+from qkv.cli.command import check_length, load_model
 from qkv.cli.progress import Bars
 from qkv.errors import QkvError
 from qkv.paths import check_output_path
@@ -45,6 +46,7 @@ def add_view(p: argparse.ArgumentParser) -> None:
                    help=options.Later(lambda: f"a shipped model ({options.model_names()}) or a "
                                               "model directory (default minilm; with --file, "
                                               "reader: it reads any length)"))
+    options.add_device_arguments(p)
     p.add_argument("--port", type=options.integer(0, 65535), default=DEFAULT_PORT,
                    help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--host", type=options.name(), default="127.0.0.1",
@@ -89,7 +91,8 @@ def run_view(args: argparse.Namespace) -> int:
               "run models through this page (there is no login); use the default 127.0.0.1 "
               "unless you mean it", file=sys.stderr)
     sock = bind(args.host, args.port)  # first: a port in use fails before a model loads
-    models = Models([args.model] if book is not None else _served_models(args.model))
+    models = Models([args.model] if book is not None else _served_models(args.model),
+                    loader=functools.partial(load_model, args))
     try:
         model = models.get(args.model)  # load once now: a bad --model fails here, not in the page
         if book is not None:
@@ -147,7 +150,7 @@ def _document(model, path: str, text: str):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from qkv.view.api import ApiError
+    from qkv.view.api import Api, ApiError, Models
     from qkv.view.export import export_html
 
     if args.text is None:
@@ -156,7 +159,8 @@ def _export(args: argparse.Namespace) -> int:
     check_output_path(args.html, flag="--html", example="view.html")  # before the model runs
     try:
         with Bars() as bars:  # on a terminal only: the answers of every head and token
-            size = export_html(args.html, args.model, args.text, progress=bars)
+            api = Api(Models([args.model], loader=functools.partial(load_model, args)))
+            size = export_html(args.html, args.model, args.text, api=api, progress=bars)
     except ApiError as e:
         raise QkvError(e.message if e.field in ("text", "model") else f"{e.field}: {e.message}") from None
     print(f"qkv view: wrote {args.html} ({size / 1e6:.1f} MB): open it in any browser, no server "
