@@ -177,7 +177,7 @@ def run_explain(args: argparse.Namespace) -> int:
     check_text(args.text)
     check_length(model, args.text, instead="or qkv view --file FILE for a long text's page")
     if args.compare:
-        return methods.run_compare(model, args, flags=FLAGS, print_json=_print_json)
+        return methods.run_compare(model, args, flags=FLAGS)
     if args.no_projection:
         return _explain_ablation(model, args)
     if args.head is not None:
@@ -195,7 +195,6 @@ def _explain_overview(model, args) -> int:
 
     ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
                  layer=args.layer, **methods.method_args(args))
-
     return _show(args, ov, model=model)
 
 

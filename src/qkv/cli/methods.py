@@ -70,22 +70,17 @@ def method_args(args: argparse.Namespace) -> dict:
     return {"method": args.method or DEFAULT, "target_text": args.target_text}
 
 
-def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
+def run_compare(model, args: argparse.Namespace, *, flags) -> int:
     """``qkv explain TEXT --compare``: every method's top words for ``--token``."""
+    from qkv.cli.command import show
     from qkv.cli.progress import Bars
     from qkv.explain.contributions.compare import compare
-    from qkv.explain.rendering.render import console
-    from qkv.explain.rendering.render_contributions import render_compare
 
     _estimate_compare(model, args.text)
     with Bars(enabled=not args.json) as bars:  # seconds: value zeroing runs t + 1 copies
         result = compare(model, args.text, token=args.token, words=args.words, top=args.top,
                          layer=args.layer, target_text=args.target_text, progress=bars)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        render_compare(console(), result, names=flags)
-    return 0
+    return show(args, result, flags=flags)
 
 
 NOTE_FROM_TOKENS = 128  # below this --compare takes seconds; above it, say up front what it costs
