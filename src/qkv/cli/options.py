@@ -259,8 +259,8 @@ def model_names(*, self_attention: bool = False, decoder: bool = False) -> str:
     """The names ``--model`` takes besides a directory, for help texts: the shipped models of
     :data:`qkv.models.registry.SHIPPED` (a second name of the same model left out); with
     ``self_attention``, only those explained by their self-attention (``qkv heads``); with
-    ``decoder``, only those that predict the next token (each is loaded to ask it: ``qkv needle``
-    and ``qkv atlas``'s help only).
+    ``decoder``, only causal self-attention models that predict the next token, what ``qkv
+    needle`` and ``qkv atlas`` read (each model is loaded to ask it: their help only).
 
         >>> model_names(self_attention=True)
         'lm, reader, minilm'
@@ -279,7 +279,8 @@ def model_names(*, self_attention: bool = False, decoder: bool = False) -> str:
 def _predicts(name: str) -> bool:
     from qkv.models import load
 
-    return load(name).capabilities.next_token
+    caps = load(name).capabilities
+    return caps.self_attention and caps.causal and caps.next_token
 
 
 class Later:
