@@ -34,9 +34,7 @@ def add_train_lm(t: argparse.ArgumentParser) -> None:
                     threads_help="CPU threads for torch (default 1: the model is tiny)")
     t.add_argument("--plot", type=options.path(), default=None, metavar="FILE",
                    help="draw the loss curves and the best induction score per evaluation (PNG/SVG)")
-    from qkv.lm.train import LMTrainConfig
-
-    add_config_options(t, LMTrainConfig)  # every field's help and bounds from the dataclass
+    add_config_options(t, "qkv.lm.train:LMTrainConfig")  # each field's help and bounds
     t.set_defaults(func=run_train_lm)
 
 

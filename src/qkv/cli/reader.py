@@ -30,9 +30,7 @@ def add_train_reader(t: argparse.ArgumentParser) -> None:
     t.epilog = "example: qkv train reader --out runs/reader --steps 1000"
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1)")
-    from qkv.reader.train import ReaderTrainConfig
-
-    add_config_options(t, ReaderTrainConfig)
+    add_config_options(t, "qkv.reader.train:ReaderTrainConfig")
     t.set_defaults(func=run_train_reader)
 
 

@@ -65,9 +65,7 @@ def add_train_translate(t: argparse.ArgumentParser) -> None:
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1: the matrices are small, and a "
                                  "second thread makes every op wait for it on a busy machine)")
-    from qkv.translate.train import TrainConfig
-
-    add_config_options(t, TrainConfig, helps=TRAIN_HELPS)
+    add_config_options(t, "qkv.translate.train:TrainConfig", helps=TRAIN_HELPS)
     t.set_defaults(func=run_train)
 
 
