@@ -367,14 +367,19 @@ def _help_cache() -> dict[str, Any]:
 
 
 def _save_help_cache(cache: dict[str, Any]) -> None:
-    """Write the cache (atomically), removing the files of other versions; a cache that cannot
-    be written (a read-only home) only costs the next ``--help`` its tables again."""
+    """Write the cache (atomically), removing other versions' files a day old (another checkout
+    of qkv keeps its own meanwhile); a cache that cannot be written (a read-only home) only
+    costs the next ``--help`` its tables again."""
+    import time
+
     path = help_cache_file()
+    folder = os.path.dirname(path)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        for old in os.listdir(os.path.dirname(path)):
-            if old.startswith("help-") and old != os.path.basename(path):
-                os.remove(os.path.join(os.path.dirname(path), old))
+        os.makedirs(folder, exist_ok=True)
+        for old in os.listdir(folder):
+            other = os.path.join(folder, old)
+            if old.startswith("help-") and other != path and os.path.getmtime(other) < time.time() - 86400:
+                os.remove(other)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(cache, f, ensure_ascii=False)
