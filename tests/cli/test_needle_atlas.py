@@ -60,7 +60,7 @@ def embedded(page) -> dict:
     (["needle", "--model", "lm", "--lengths", "30", "--depths", "101"],
      "qkv: error: --depths must be comma-separated whole numbers from 0 to 100, got '101'"),
     (["needle", "--model", "lm", "--lengths", "x"],
-     "qkv: error: --lengths must be comma-separated whole numbers of at least 2, got 'x'"),
+     "qkv: error: --lengths must be comma-separated whole numbers from 2 to 131072, got 'x'"),
     (["needle", "--model", "minilm", "--lengths", "30"],
      "qkv: error: retrieval needs a decoder that predicts the next token"),
     (["needle", "--model", "lm", "--lengths", "30", "--top", "9"],

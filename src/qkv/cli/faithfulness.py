@@ -21,18 +21,15 @@ from qkv.cli.progress import Bars
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Refuse an unknown probe or mode, or too many sequences, before a model loads (one line,
-    naming the flag)."""
+    """Refuse an unknown probe or mode before a model loads (one line, naming the flag)."""
     from qkv.errors import QkvError
     from qkv.explain.causal.head_effects import PROBES
     from qkv.explain.causal.interventions import MODES
-    from qkv.explain.probes.induction import check_sizes
 
     if args.probe not in PROBES:
         raise QkvError(f"unknown --probe {args.probe!r}; known: {', '.join(PROBES)}")
     if args.mode not in MODES:
         raise QkvError(f"unknown --mode {args.mode!r}; known: {', '.join(MODES)}")
-    check_sizes(args.sequences, None)  # the library's bound of --sequences
 
 
 def _faithfulness(model, args, progress):
@@ -64,7 +61,8 @@ def add_faithfulness(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", type=options.name(), default="zero", metavar="MODE",
                    help="ablation: zero (the head's output set to 0) or mean (its mean over the "
                         "text's positions); default zero")
-    p.add_argument("--sequences", type=options.integer(1), default=8,
+    most = options.constant("qkv.explain.probes.induction:MAX_SEQUENCES")  # the library's bound too
+    p.add_argument("--sequences", type=options.integer(1, most), default=8,
                    help="random sequences for induction / previous-token (default 8)")
     p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
                    help="also draw each head's effect against its attention score")

@@ -62,8 +62,8 @@ def add_needle(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.epilog = f"example: qkv needle --model {NAME} --lengths 1024,4096 --depths 0,50,100"
     options.add_model_argument(p, default=NAME, self_attention=True, decoder=True)
-    # the longest length is the library's (retrieval.MAX_LENGTH, checked before the first forward)
-    p.add_argument("--lengths", type=options.int_list(2, None, most=20), required=True,
+    most = options.constant("qkv.explain.probes.retrieval:MAX_LENGTH")  # the library's bound too
+    p.add_argument("--lengths", type=options.int_list(2, most, most=20), required=True,
                    metavar="N,N,…", help="input lengths in tokens, e.g. 1024,4096,32768")
     p.add_argument("--depths", type=options.int_list(0, 100, most=20), default=[0, 25, 50, 75, 100],
                    metavar="P,P,…", help="needle depths in percent of the haystack (default 0,25,50,75,100)")

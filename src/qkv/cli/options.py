@@ -327,6 +327,23 @@ def cached(make: Callable[[], Any]) -> Any:
     return cache[key]
 
 
+def constant(where: str):
+    """A constant of the library, ``"module:NAME"`` (a bound such as
+    ``qkv.explain.probes.induction:MAX_SEQUENCES``), read once per version of qkv's source
+    (:func:`cached`), so a flag checks the library's own bound without importing torch.
+
+    Example:
+        >>> constant("qkv.explain.probes.induction:MAX_SEQUENCES")
+        1000
+    """
+    return cached(lambda: _constant(where))
+
+
+def _constant(where: str):
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _key(make: Callable) -> str:
     """Where ``make`` is written and what it was made with (its closure's values)."""
     code = make.__code__
