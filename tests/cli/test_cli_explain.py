@@ -312,7 +312,7 @@ def test_every_probe_refuses_a_nan_model_naming_layer_and_head(capsys, monkeypat
     d = model.layers[1].self_attn.head_dim
     with torch.no_grad():
         model.layers[1].self_attn.q_proj.weight[d:2 * d] = float("nan")  # head 1's queries
-    monkeypatch.setattr(cli_explain, "_load", lambda name: model)
+    monkeypatch.setattr(cli_explain, "load_model", lambda args: model)
     for json_flag in ([], ["--json"]):
         code = main(["heads", "--probe", probe, *json_flag])
         out, err = capsys.readouterr()

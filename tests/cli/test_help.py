@@ -63,7 +63,7 @@ def test_long_examples_are_not_wrapped():
 
 
 def test_heads_names_every_probe():
-    from qkv.explain.probes.find_heads import PROBES
+    from qkv.explain.probes.registry import PROBES
 
     heads = COMMANDS["qkv heads"]
     probe = next(a for a in heads._actions if a.dest == "probe")

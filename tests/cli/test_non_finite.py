@@ -26,7 +26,7 @@ def broken():
 
 @pytest.fixture
 def cli_on(broken, monkeypatch):
-    monkeypatch.setattr(cli_explain, "_load", lambda name: broken)
+    monkeypatch.setattr(cli_explain, "load_model", lambda args: broken)
 
 
 @pytest.mark.parametrize("argv", [

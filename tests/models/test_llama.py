@@ -98,7 +98,8 @@ def test_rope_scaling_is_used(variant):
     """The scaled variants differ from the same weights with plain RoPE (the test can fail)."""
     name, path, hf, model = variant
     if model.config.rope_scaling is None:
-        pytest.skip("no scaling")
+        pytest.skip(f"{name} uses plain RoPE (no rope_scaling in its config): no scaled variant "
+                    "to tell apart")
     plain = LlamaModel(LlamaConfig(**{**model.config.__dict__, "rope_scaling": None,
                                       "max_position_embeddings": 64}))
     plain.load_state_dict(model.state_dict())

@@ -1,39 +1,62 @@
-"""The ``qkv`` command line: one file per command group, wired here.
+"""The ``qkv`` command line: one file per command group, wired here by :data:`COMMANDS`.
 
-Each command module exposes ``register(subparsers)``, which adds its sub-commands and sets
-``func`` on each parser to a function ``(args) -> int`` (the exit code).
+Each command's ``add_<command>(parser)`` adds its arguments and sets ``func`` to a function
+``(args) -> int`` (the exit code); most commands' ``func`` is :func:`qkv.cli.command.run`, which
+runs the command's :class:`~qkv.cli.command.Command` (check outputs → load → progress → result →
+show), so a command module holds its arguments and the one call that computes its result.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 import os
 import sys
 
-# Command modules, in the order ``qkv --help`` lists them. A module that is missing (a feature
-# not built yet) is skipped, so the CLI keeps working while the package grows.
-COMMAND_MODULES = ("qkv.cli.explain", "qkv.cli.faithfulness", "qkv.cli.translate", "qkv.cli.demo",
-                   "qkv.cli.view", "qkv.cli.needle", "qkv.cli.atlas", "qkv.cli.why")
+# Every command: name → ("module:function" that adds its arguments to its parser, the line
+# ``qkv --help`` lists it with), in that order. A command's module is imported only when the
+# command runs or its help is shown (options.add_commands), so ``qkv --help``, ``--version`` and
+# every argument error import no torch (tests/cli/test_startup.py measures it).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "explain": ("qkv.cli.explain:add_explain",
+                "explain one token's attention on a real model (all heads, or one step by step)"),
+    "heads": ("qkv.cli.explain:add_heads",
+              "rank heads by the weight from one word to another, or run a probe set"),
+    "softmax-demo": ("qkv.cli.explain:add_softmax_demo",
+                     "why divide by √d_k: softmax saturating as the dimension grows"),
+    "faithfulness": ("qkv.cli.faithfulness:add_faithfulness",
+                     "which explanation methods agree with ablation (Spearman ρ per method)"),
+    "train": ("qkv.cli.translate:add_train", "train a model (qkv train translate | lm | reader)"),
+    "translate": ("qkv.cli.translate:add_translate",
+                  "translate with an encoder-decoder (the toy grammar's English→French model by "
+                  "default)"),
+    "evaluate": ("qkv.cli.translate:add_evaluate",
+                 "exact match, BLEU and head alignment of a translation model"),
+    "walkthrough": ("qkv.cli.demo:add_walkthrough",
+                    "the seeds' worked example: q, k, v, scores, weights, output"),
+    "view": ("qkv.cli.view:add_view", "a local web viewer: every head, the step-by-step numbers, offline"),
+    "needle": ("qkv.cli.needle:add_needle",
+               "needle in a haystack: accuracy and retrieval-head attention over depth × length"),
+    "atlas": ("qkv.cli.atlas:add_atlas", "every head's metrics over a corpus, and where each is strongest"),
+    "why": ("qkv.cli.why:add_why",
+            "why a head's query lines up with a key: its score split by component"),
+    "show": ("qkv.cli.show:add_show", "any kind of result by its name and fields (qkv show --help "
+                                      "lists them)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from qkv.cli.options import Parser  # one-line errors; every option's type checks its value
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``qkv`` parser. ``lazy``: each command's arguments added when it is parsed (what
+    :func:`main` does); otherwise every command's at once (the tests walk them all)."""
+    from qkv.cli.options import Parser, add_commands  # one-line errors; every option's type checks its value
 
     parser = Parser(
         prog="qkv", description="Transformer self-attention, computed and explained number by number.")
     parser.add_argument("--version", action="version", version=f"qkv {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                help="one of these (qkv COMMAND --help for its options):")
-    parser.set_defaults(func=lambda args: missing_command("qkv", sub))
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            raise
-        module.register(sub)
+    parser.lazy = lazy
+    sub = add_commands(parser, COMMANDS, dest="command", metavar="COMMAND",
+                       title="one of these (qkv COMMAND --help for its options):")
+    parser.set_defaults(func=functools.partial(missing_command, "qkv", sub))
     return parser
 
 
@@ -43,8 +66,9 @@ def _version() -> str:
     return __version__
 
 
-def missing_command(prog: str, sub: argparse._SubParsersAction) -> int:
-    """``qkv`` or ``qkv train`` alone: one error line naming the commands, not a usage block."""
+def missing_command(prog: str, sub: argparse._SubParsersAction, args=None) -> int:
+    """``qkv`` or ``qkv train`` alone: one error line naming the commands, not a usage block
+    (as a command's ``func``: ``functools.partial(missing_command, prog, sub)``)."""
     print(f"qkv: error: {prog} needs a command: {', '.join(sub.choices)} (see {prog} --help)",
           file=sys.stderr)
     return 2
@@ -67,6 +91,8 @@ def _torch_threads(args: argparse.Namespace) -> None:
     torch's threads spin waiting for one another — measured on 2 busy cores: ``qkv heads --probe
     coref`` 38 s wall and 25 s of CPU with torch's default 2 threads, 5.5 s and 4.2 s with one;
     ``qkv view TEXT --html`` 63-70 s against 6.4 s (issue 32's "102 s for one sentence")."""
+    if isinstance(args.func, functools.partial) and args.func.func is missing_command:
+        return  # no command: nothing runs torch
     if getattr(args, "threads", None) is None and "OMP_NUM_THREADS" not in os.environ:
         import torch
 
@@ -82,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print("qkv: error: standard output is closed, so no result could be written (give it a "
               "file or a pipe)", file=sys.stderr)
         return 2
-    parser = build_parser()
+    parser = build_parser(lazy=True)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad option (already printed on one line)

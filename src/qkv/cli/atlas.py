@@ -14,24 +14,41 @@ from __future__ import annotations
 import argparse
 
 from qkv.cli import options
-from qkv.cli.output import check_files, print_json, say_written, write_files
-from qkv.cli.progress import Bars
-
-FLAGS = {"window": "--window", "first": "--first", "contexts": "--contexts", "model": "--model",
-         "samples": "--samples"}
+from qkv.cli.command import Command
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def _read_corpus(args) -> None:
+    """The corpus read (a missing file or invalid UTF-8 fails before the model loads)."""
+    from qkv.text import clean_text
+
+    with open(args.file, "rb") as f:
+        args.corpus = clean_text(f.read())
+
+
+def _atlas(model, args, progress):
+    from qkv.explain.probes.atlas import atlas
+
+    return atlas(model, args.corpus, window=args.window, first=args.first, contexts=args.contexts,
+                 retrieval_samples=args.samples, progress=progress)
+
+
+ATLAS = Command(_atlas, flags={"window": "--window", "first": "--first", "contexts": "--contexts",
+                               "model": "--model", "samples": "--samples"},
+                check=_read_corpus, page="atlas.html")
+
+
+DESCRIPTION = (
+    "Read a UTF-8 corpus in windows and give every head its induction, previous-token, "
+    "retrieval, sink-share, mean-distance and entropy scores, with its top contexts (the rows "
+    "whose largest weight past the sink is largest). O(N) memory in the corpus length.")
+
+
+def add_atlas(p: argparse.ArgumentParser) -> None:
     from qkv.reader import NAME
 
-    p = sub.add_parser(
-        "atlas", help="every head's metrics over a corpus, and where each is strongest",
-        description="Read a UTF-8 corpus in windows and give every head its induction, "
-                    "previous-token, retrieval, sink-share, mean-distance and entropy scores, with "
-                    "its top contexts (the rows whose largest weight past the sink is largest). "
-                    "O(N) memory in the corpus length.",
-        epilog=f"example: qkv atlas --model {NAME} --file book.txt --json")
-    options.add_model_argument(p, default=NAME, self_attention=True, what="a decoder: ")
+    p.description = DESCRIPTION
+    p.epilog = f"example: qkv atlas --model {NAME} --file book.txt --json"
+    options.add_model_argument(p, default=NAME, self_attention=True, decoder=True)
     p.add_argument("--file", type=options.path(), required=True, metavar="CORPUS",
                    help="the corpus, a UTF-8 text file")
     p.add_argument("--window", type=options.integer(2, 1 << 17), default=None,
@@ -47,32 +64,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "click listing its contexts (self-contained, no server; qkv view shows "
                         "a saved --json at /atlas)")
     p.add_argument("--json", action="store_true", help="print every number and context as JSON")
-    p.set_defaults(func=run_atlas)
-
-
-
-
-@options.in_flags(FLAGS)
-def run_atlas(args: argparse.Namespace) -> int:
-    from qkv.explain.probes.atlas import atlas
-    from qkv.explain.rendering.render import console
-    from qkv.explain.rendering.render_atlas import render_atlas
-    from qkv.models import load
-    from qkv.text import clean_text
-
-    check_files(args, example="atlas.html")
-    with open(args.file, "rb") as f:
-        text = clean_text(f.read())
-    model = load(args.model)
-    with Bars(enabled=not args.json) as bars:
-        result = atlas(model, text, window=args.window, first=args.first, contexts=args.contexts,
-                       retrieval_samples=args.samples, progress=bars)
-    from qkv.view.atlas_page import atlas_page
-
-    written = write_files(args, page=lambda: atlas_page(result.to_dict()))
-    if args.json:
-        print_json(result.to_dict(), ensure_ascii=False)
-    else:
-        render_atlas(console(), result)
-    say_written(written)
-    return 0
+    ATLAS.add_to(p)

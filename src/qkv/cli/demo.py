@@ -10,9 +10,8 @@ from qkv.errors import QkvError
 MAX_DIM = 512  # three dim × dim matrices and every vector printed: beyond this nothing is readable
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("walkthrough", help="the seeds' worked example: q, k, v, scores, weights, output",
-                       description="Attention step by step on four tokens with random (seeded) weights.")
+def add_walkthrough(p: argparse.ArgumentParser) -> None:
+    p.description = "Attention step by step on four tokens with random (seeded) weights."
     p.add_argument("tokens", nargs="*", type=options.text(most=1000),
                    default=["cat", "apple", "tree", "juice"],
                    help="the tokens, one word each (default: cat apple tree juice)")

@@ -17,11 +17,10 @@ arguments (``token``, ``source``); :data:`FLAGS` re-spells them as this command 
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 from qkv.cli import methods, options
-from qkv.cli.output import print_json
+from qkv.cli.command import check_length, load_model, show
+from qkv.cli.output import check_files, print_json
 from qkv.errors import QkvError
 
 # How the flags spell the library's argument roles (qkv.explain.wording.ARGUMENTS for the rest).
@@ -47,19 +46,12 @@ EXPLAIN_TOP = 3  # attended words listed per head
 HEADS_TOP = 10  # heads listed by qkv heads (--json: all unless --top)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    _register_explain(sub)
-    _register_heads(sub)
-    _register_softmax_demo(sub)
-
-
-def _register_explain(sub) -> None:
-    p = sub.add_parser(
-        "explain", help="explain one token's attention on a real model (all heads, or one step by step)",
-        description="Without --layer/--head: every layer and head ranked by the chosen token's "
-                    "largest attention weight. With --layer L --head H: that head's arithmetic with "
-                    "the real numbers. Layers, heads and indices count from 0.",
-        epilog=f'example: qkv explain "{EXAMPLE}" --token it')
+def add_explain(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Without --layer/--head: every layer and head ranked by the chosen token's largest "
+        "attention weight. With --layer L --head H: that head's arithmetic with the real numbers. "
+        "Layers, heads and indices count from 0.")
+    p.epilog = f'example: qkv explain "{EXAMPLE}" --token it'
     p.add_argument("text", type=options.text(), help="the text to run the model on")
     options.add_model_argument(p, default="minilm")
     p.add_argument("--token", type=options.word(), default=None, metavar="WORD|INDEX",
@@ -87,17 +79,14 @@ def _register_explain(sub) -> None:
     p.set_defaults(func=run_explain)
 
 
-def _register_heads(sub) -> None:
-    # The probe names are the library's table (importing it costs ~0.1 s: qkv.cli.methods has
-    # already imported qkv.explain); a new probe then needs no edit here.
-    from qkv.explain.probes.find_heads import PROBES
-
-    p = sub.add_parser(
-        "heads", help=f"rank heads by the weight from one word to another, or run a probe ({', '.join(PROBES)})",
-        description="Every (layer, head) ranked by the weight from --from to --to (words; weights "
-                    "into a word summed, from a word averaged), or with --probe NAME each head's "
-                    f"score on a probe set: {_probe_list()}.",
-        epilog=f'examples:\n  qkv heads "{EXAMPLE}" --from it --to pizza\n  qkv heads --probe coref')
+def add_heads(p: argparse.ArgumentParser) -> None:
+    # The probe names are the library's table, read when the help is shown (options.Later); a
+    # new probe then needs no edit here.
+    p.description = options.Later(
+        lambda: "Every (layer, head) ranked by the weight from --from to --to (words; weights "
+                "into a word summed, from a word averaged), or with --probe NAME each head's "
+                f"score on a probe set: {_probe_list()}.")
+    p.epilog = f'examples:\n  qkv heads "{EXAMPLE}" --from it --to pizza\n  qkv heads --probe coref'
     p.add_argument("text", nargs="?", type=options.text(), default=None,
                    help="the text (not with --probe)")
     options.add_model_argument(p, default="minilm", self_attention=True)
@@ -107,7 +96,7 @@ def _register_heads(sub) -> None:
     p.add_argument("--to", dest="target", type=options.word(), default=None, metavar="WORD|INDEX",
                    help="the word attention goes to (a whole number is an index)")
     p.add_argument("--probe", type=options.name(), default=None, metavar="NAME",
-                   help=f"run a probe set instead: {', '.join(PROBES)}")
+                   help=options.Later(lambda: f"run a probe set instead: {', '.join(_probes())}"))
     p.add_argument("--top", type=options.integer(1, MAX_TOP), default=None,
                    help=f"how many heads to list (default {HEADS_TOP}; with --json every head)")
     p.add_argument("--ablate", action="store_true",
@@ -118,12 +107,11 @@ def _register_heads(sub) -> None:
     p.set_defaults(func=run_heads)
 
 
-def _register_softmax_demo(sub) -> None:
-    p = sub.add_parser(
-        "softmax-demo", help="why divide by √d_k: softmax saturating as the dimension grows",
-        description="Random queries and keys with unit-variance entries: q·k has standard deviation "
-                    "√d, so without scaling the softmax saturates (one weight near 1, gradients "
-                    "near 0) as d grows; dividing by √d keeps it steady.")
+def add_softmax_demo(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Random queries and keys with unit-variance entries: q·k has standard deviation √d, so "
+        "without scaling the softmax saturates (one weight near 1, gradients near 0) as d grows; "
+        "dividing by √d keeps it steady.")
     p.add_argument("--dims", type=options.int_list(1, MAX_DIM, most=32), default=[4, 16, 64, 256, 1024],
                    help=f"comma-separated dimensions d, each 1…{MAX_DIM} (default 4,16,64,256,1024)")
     p.add_argument("--keys", type=options.integer(2, MAX_KEYS), default=10,
@@ -136,66 +124,32 @@ def _register_softmax_demo(sub) -> None:
     p.set_defaults(func=run_softmax_demo)
 
 
-def _probe_list() -> str:
-    """The probe sets by kind, as the library's tables list them."""
-    from qkv.explain.probes import find_heads, induction, retrieval
+def _probes() -> list[str]:
+    from qkv.explain.probes import registry
 
-    return (f"{', '.join(find_heads.SENTENCE_PROBES)} over labelled sentences shipped with qkv; "
-            f"{', '.join(induction.PROBES)} on repeated random tokens (for decoders); "
-            f"{', '.join(retrieval.PROBES)} on needle-in-a-haystack inputs (decoders)")
+    return registry.names()
+
+
+def _probe_list() -> str:
+    """Every registered probe and what it runs on, as the probe registry says."""
+    from qkv.explain.probes.registry import PROBES
+
+    return "; ".join(f"{p.name} ({p.sequences})" for p in PROBES.values())
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-def _notes(notes) -> None:
-    for note in notes:
-        print(f"qkv: note: {note.spelled(FLAGS)}", file=sys.stderr)
-
-
 def _print_json(obj, **kw) -> None:
     print_json(obj, **kw)  # built whole, then written: never half a document on stdout
 
 
-def _refuse_non_finite(model, text: str, result: dict) -> None:
-    """QkvError naming the first layer and head where the model computed NaN/inf, when the
-    result to be shown holds one (a broken model; the numbers would mean nothing)."""
-    from qkv.cli.output import first_non_finite
-    from qkv.explain.forward import trace
-
-    where = first_non_finite(result)
-    if where is not None:
-        trace(model, text, slice(None))  # traces every row; raises NonFiniteError at the first layer and head
-        raise QkvError(f"the result holds a non-finite number at {where}: the model's weights "
-                       f"or input give NaN or infinity, so there is nothing true to show")
-
-
-def _save(fig, path: str) -> None:
-    from qkv.explain.rendering.plots import save_atomic
-
-    save_atomic(fig, path)
-
-
-def _load(name: str):
-    """The model ``--model`` names (any kind: qkv.load reads them all)."""
-    from qkv.models import load
-
-    return load(name)
-
-
-def _self_attention_model(name: str):
+def _self_attention_model(args):
     """The model ``--model`` names, refused when ``qkv heads`` has no self-attention to rank."""
-    model = _load(name)
+    model = load_model(args)
     if not model.capabilities.self_attention:
         raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
-                       f"{name!r} is a translation model: use qkv explain TEXT --model "
-                       f"{name} for its cross-attention")
+                       f"{args.model!r} is a translation model: use qkv explain TEXT --model "
+                       f"{args.model} for its cross-attention")
     return model
-
-
-def _check_png(path: str | None) -> None:
-    if path:
-        from qkv.explain.rendering.plots import check_writable
-
-        check_writable(path)  # before the model runs, so a typo costs nothing
 
 
 # -- qkv explain -----------------------------------------------------------------------------------
@@ -210,8 +164,8 @@ def run_explain(args: argparse.Namespace) -> int:
                        "by step, so leave them out (or drop --head)")
     args.top = EXPLAIN_TOP if args.top is None else args.top  # given or not, told apart above
     check_top(args.top)
-    _check_png(args.png)
-    model = _load(args.model)
+    check_files(args, example="explain.html")
+    model = load_model(args)
     if model.capabilities.cross_attention:
         return _explain_translation(model, args)
     if args.no_projection and (args.head is not None or args.png or args.to or args.token or args.words):
@@ -219,9 +173,9 @@ def run_explain(args: argparse.Namespace) -> int:
                        "(it reports every token of every layer, or of --layer L)")
     methods.check_explain(args)
     check_text(args.text)
-    _check_length(model, args.text)
+    check_length(model, args.text, instead="or qkv view --file FILE for a long text's page")
     if args.compare:
-        return methods.run_compare(model, args, flags=FLAGS, print_json=_print_json)
+        return methods.run_compare(model, args, flags=FLAGS)
     if args.no_projection:
         return _explain_ablation(model, args)
     if args.head is not None:
@@ -229,52 +183,9 @@ def run_explain(args: argparse.Namespace) -> int:
     return _explain_overview(model, args)
 
 
-def _check_length(model, text: str) -> None:
-    """A text longer than the model takes: one line that names the shipped model reading it."""
-    from qkv.reader import NAME
-    from qkv.reader.train import ReaderTrainConfig
-
-    tokenizer = model.tokenizer  # a self-attention model's (models.protocol.SelfAttentionModel)
-    limit = tokenizer.max_length if tokenizer is not None else None  # None: a bare transformers model
-    if limit is None or limit >= ReaderTrainConfig.max_positions:
-        return  # the reader reads no more than this model: the tokenizer's own message says it
-    n = len(tokenizer.encode(text, max_length=sys.maxsize).ids)
-    if n > limit:
-        raise QkvError(f"the text is {n} tokens and {model.name} takes at most {limit}; the "
-                       f"shipped model {NAME!r} reads up to {ReaderTrainConfig.max_positions:,} "
-                       f"(--model {NAME}, or qkv view --file FILE for a long text's page)")
-
-
 def _show(args, result, *, model=None, figure=None) -> int:
-    """Print ``result`` as its row of :data:`qkv.explain.kinds.KINDS` says (``--json``: the row's
-    ``json`` of ``to_dict()``); ``figure()`` draws ``--png``. A result holding NaN/inf from a
-    self-attention ``model`` is refused, naming where the model first computed one."""
-    import inspect
-    from importlib import import_module
-
-    from qkv.explain.kinds import kind_of
-    from qkv.explain.rendering.render import console
-
-    row, doc, png = kind_of(result), result.to_dict(), getattr(args, "png", None)
-    if model is not None:
-        _refuse_non_finite(model, args.text, doc)
-    _notes(getattr(result, "notes", ()))
-    if png and figure is not None:
-        _save(figure(), png)
-    if args.json:
-        data = row.json(doc)
-        if getattr(args, "top_given", False) and isinstance(data, list):
-            data = data[:args.top]  # qkv heads --json --top N: N heads (all without --top)
-        _print_json(data, ensure_ascii=False)  # UTF-8 out, as the text came in
-    else:
-        module, _, name = row.render.partition(":")
-        render = getattr(import_module(module), name)
-        options = {"names": FLAGS, "top": args.top, "model_arg": shlex.quote(str(args.model))}
-        wanted = inspect.signature(render).parameters
-        render(console(), result, **{k: v for k, v in options.items() if k in wanted})
-    if png and figure is not None:
-        print(f"wrote {png}", file=sys.stderr)
-    return 0
+    """Print ``result`` as its row of :data:`qkv.explain.kinds.KINDS` says (:func:`qkv.cli.command.show`)."""
+    return show(args, result, flags=FLAGS, model=model, figure=figure)
 
 
 def _explain_overview(model, args) -> int:
@@ -282,12 +193,7 @@ def _explain_overview(model, args) -> int:
 
     ov = explain(model, args.text, token=args.token, words=args.words, top=args.top, to=args.to,
                  layer=args.layer, **methods.method_args(args))
-
-    def figure():
-        from qkv.explain.rendering.figures import overview_figure
-
-        return overview_figure(ov)
-    return _show(args, ov, model=model, figure=figure)
+    return _show(args, ov, model=model)
 
 
 def _explain_steps(model, args) -> int:
@@ -325,17 +231,10 @@ def _explain_translation(model, args) -> int:
     if args.head is not None:
         result = cross_attention_head(model, args.text, token=args.token, layer=args.layer,
                                       head=args.head)
-        ca = result.attention
     else:
-        result = ca = cross_attention(model, args.text, token=args.token, top=args.top,
+        result = cross_attention(model, args.text, token=args.token, top=args.top,
                                       layer=args.layer)
-
-    def figure():
-        from qkv.explain.rendering.figures import cross_figure, cross_head_figure
-
-        return (cross_head_figure(ca, args.layer, args.head) if args.head is not None
-                else cross_figure(ca))
-    return _show(args, result, figure=figure)
+    return _show(args, result)
 
 
 # -- qkv heads -------------------------------------------------------------------------------------
@@ -350,15 +249,13 @@ def run_heads(args: argparse.Namespace) -> int:
     if args.probe is not None:
         if args.text is not None or args.source or args.target:
             raise QkvError("--probe runs on its own sentences; give no TEXT, --from or --to with it")
-        from qkv.explain.probes.find_heads import PROBES
-
-        if args.probe not in PROBES:  # fail before the model loads
-            raise QkvError(f"unknown probe {args.probe!r}; known probes: {', '.join(PROBES)}")
+        if args.probe not in _probes():  # fail before the model loads
+            raise QkvError(f"unknown probe {args.probe!r}; known probes: {', '.join(_probes())}")
         if args.ablate:
             from qkv.cli.faithfulness import run_heads_ablate
 
-            return run_heads_ablate(_self_attention_model(args.model), args)
-        return _heads_probe(_self_attention_model(args.model), args)
+            return run_heads_ablate(_self_attention_model(args), args)
+        return _heads_probe(_self_attention_model(args), args)
     if args.ablate:
         raise QkvError("--ablate needs --probe (the task whose loss the ablation changes)")
     if args.text is None:
@@ -367,7 +264,7 @@ def run_heads(args: argparse.Namespace) -> int:
     if args.target is None:
         raise QkvError("--to is needed: the word whose incoming weight ranks the heads")
     check_text(args.text)
-    return _heads_pair(_self_attention_model(args.model), args)
+    return _heads_pair(_self_attention_model(args), args)
 
 
 def _heads_pair(model, args) -> int:

@@ -13,80 +13,67 @@ against its attention score. While it works, bars on stderr (a terminal only, no
 from __future__ import annotations
 
 import argparse
-import sys
 
 from qkv.cli import options
+from qkv.cli.command import Command
 from qkv.cli.output import print_json
 from qkv.cli.progress import Bars
-from qkv.explain.probes import induction  # its MAX_SEQUENCES bounds --sequences and the library alike
-from qkv.explain.causal.head_effects import PROBES
-from qkv.explain.causal.interventions import MODES
-
-# How this command's flags spell the library's argument roles (see qkv.explain.wording).
-FLAGS = {"effects_probe": "--probe", "probe": "--probe", "mode": "--mode", "method": "--method",
-         "length": "--length"}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "faithfulness", help="which explanation methods agree with ablation (Spearman ρ per method)",
-        description="Ablate every head alone and measure the probe's task (induction: loss on the "
-                    "repeated half; previous-token: loss on alternating pairs; coref: how far the "
-                    "pronoun's final vector turns), score every head with every contribution "
-                    "method on the same probe, and print the rank correlation of each method "
-                    "with the ablation effects.",
-        epilog="example: qkv faithfulness --model lm --probe induction")
-    options.add_model_argument(p, default="minilm", self_attention=True)
-    p.add_argument("--probe", type=options.name(), required=True, metavar="PROBE",
-                   help=f"one of {', '.join(PROBES)} (the first two for decoders)")
-    p.add_argument("--mode", type=options.name(), default="zero", metavar="MODE",
-                   help="ablation: zero (the head's output set to 0) or mean (its mean over the "
-                        "text's positions); default zero")
-    p.add_argument("--sequences", type=options.integer(1, induction.MAX_SEQUENCES), default=8,
-                   help="random sequences for induction / previous-token (default 8)")
-    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
-                   help="also draw each head's effect against its attention score")
-    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
-    p.set_defaults(func=run_faithfulness)
-
-
-def check(args: argparse.Namespace) -> None:
+def _check(args: argparse.Namespace) -> None:
     """Refuse an unknown probe or mode before a model loads (one line, naming the flag)."""
     from qkv.errors import QkvError
+    from qkv.explain.causal.interventions import MODES
 
-    if args.probe not in PROBES:
-        raise QkvError(f"unknown --probe {args.probe!r}; known: {', '.join(PROBES)}")
+    if args.probe not in _probes():
+        raise QkvError(f"unknown --probe {args.probe!r}; known: {', '.join(_probes())}")
     if args.mode not in MODES:
         raise QkvError(f"unknown --mode {args.mode!r}; known: {', '.join(MODES)}")
 
 
-@options.in_flags(FLAGS)
-def run_faithfulness(args: argparse.Namespace) -> int:
+def _faithfulness(model, args, progress):
     from qkv.explain.causal.faithfulness import faithfulness
-    from qkv.models import load
-    from qkv.explain.rendering.render import console
-    from qkv.explain.rendering.render_faithfulness import effects_figure, render_faithfulness
 
-    check(args)
-    if args.png:
-        from qkv.explain.rendering.plots import check_writable
+    # minutes on coref: bars on a terminal's stderr
+    return faithfulness(model, args.probe, mode=args.mode, sequences=args.sequences,
+                        progress=progress)
 
-        check_writable(args.png)
-    model = load(args.model)
-    with Bars(enabled=not args.json) as bars:  # minutes on coref: bars on a terminal's stderr
-        result = faithfulness(model, args.probe, mode=args.mode, sequences=args.sequences,
-                              progress=bars)
-    if args.png:
-        from qkv.explain.rendering.plots import save_atomic
 
-        save_atomic(effects_figure(result), args.png)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        render_faithfulness(console(), result)
-    if args.png:
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+# How this command's flags spell the library's argument roles (see qkv.explain.wording).
+FAITHFULNESS = Command(_faithfulness, flags={"effects_probe": "--probe", "probe": "--probe",
+                                             "mode": "--mode", "method": "--method",
+                                             "sequences": "--sequences", "length": "--length"},
+                       check=_check)
+
+
+def add_faithfulness(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Ablate every head alone and measure the probe's task (induction: loss on the repeated "
+        "half; previous-token: loss on alternating pairs; coref: how far the pronoun's final "
+        "vector turns), score every head with every contribution method on the same probe, and "
+        "print the rank correlation of each method with the ablation effects.")
+    p.epilog = "example: qkv faithfulness --model lm --probe induction"
+    options.add_model_argument(p, default="minilm", self_attention=True)
+    p.add_argument("--probe", type=options.name(), required=True, metavar="PROBE",
+                   help=options.Later(lambda: f"one of {', '.join(_probes())} (the first two for "
+                                              f"decoders)"))
+    p.add_argument("--mode", type=options.name(), default="zero", metavar="MODE",
+                   help="ablation: zero (the head's output set to 0) or mean (its mean over the "
+                        "text's positions); default zero")
+    most = options.constant("qkv.explain.probes.induction:MAX_SEQUENCES")  # the library's bound too
+    p.add_argument("--sequences", type=options.integer(1, most), default=8,
+                   help="random sequences for induction / previous-token (default 8)")
+    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
+                   help="also draw each head's effect against its attention score")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    FAITHFULNESS.add_to(p)
+
+
+def _probes() -> list[str]:
+    """The probes faithfulness compares methods on, as the probe registry says."""
+    from qkv.explain.probes import registry
+
+    return registry.compared()
 
 
 def run_heads_ablate(model, args: argparse.Namespace) -> int:

@@ -19,24 +19,22 @@ from qkv.cli.train_run import add_config_options, add_run_options, given_options
 
 DEFAULT_OUT = "runs/lm"
 
-def register_train(models: argparse._SubParsersAction) -> None:
-    """Add ``lm`` to the ``qkv train`` sub-commands."""
-    t = models.add_parser(
-        "lm", help="a small Llama-architecture decoder on text with repeated spans (induction heads)",
-        description="Train a 2-layer Llama (RMSNorm, SwiGLU, RoPE) on random words with repeated "
-                    "spans: the later words of a copy are predictable only by induction, so "
-                    "induction heads form. Every evaluation logs the loss on copied and random "
-                    "words and every head's induction and previous-token score. Checkpoints are "
-                    "Hugging Face Llama directories (qkv.load and qkv explain read them); a run "
-                    "is a pure function of its options and --resume continues it exactly.",
-        epilog="example: qkv train lm --out runs/lm --steps 3000 --plot runs/lm/curves.png")
+
+def add_train_lm(t: argparse.ArgumentParser) -> None:
+    """``qkv train lm``'s arguments (``qkv.cli.translate.TRAIN`` lists it under ``qkv train``)."""
+    t.description = (
+        "Train a 2-layer Llama (RMSNorm, SwiGLU, RoPE) on random words with repeated spans: the later"
+        " words of a copy are predictable only by induction, so induction heads form. Every "
+        "evaluation logs the loss on copied and random words and every head's induction and "
+        "previous-token score. Checkpoints are Hugging Face Llama directories (qkv.load and qkv "
+        "explain read them); a run is a pure function of its options and --resume continues it "
+        "exactly.")
+    t.epilog = "example: qkv train lm --out runs/lm --steps 3000 --plot runs/lm/curves.png"
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1: the model is tiny)")
     t.add_argument("--plot", type=options.path(), default=None, metavar="FILE",
                    help="draw the loss curves and the best induction score per evaluation (PNG/SVG)")
-    from qkv.lm.train import LMTrainConfig
-
-    add_config_options(t, LMTrainConfig)  # every field's help and bounds from the dataclass
+    add_config_options(t, "qkv.lm.train:LMTrainConfig")  # each field's help and bounds
     t.set_defaults(func=run_train_lm)
 
 

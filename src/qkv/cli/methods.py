@@ -21,14 +21,16 @@ FLAGS = {"method": "--method", "target_text": "--target"}
 
 def add_options(p: argparse.ArgumentParser, *, compare: bool) -> None:
     """Add ``--method`` and ``--target`` (and ``--compare`` to ``qkv explain``)."""
-    # The help lists the registry's names: importing it costs ~0.2 s more at start-up (qkv
-    # itself already imports torch), and a new method then needs no edit here.
-    from qkv.explain.contributions import DEFAULT, METHODS
+    # The help lists the registry's names, read when it is shown (a new method then needs no
+    # edit here; the registry imports torch, which parsing does not).
+    def method_help() -> str:
+        from qkv.explain.contributions import DEFAULT, METHODS
+
+        return (f"rank by what each token contributes instead of the raw weight: "
+                f"{', '.join(METHODS)} (default {DEFAULT}; see docs/tutorial.md, \"Why values?\")")
 
     p.add_argument("--method", type=options.name(), default=None, metavar="METHOD",
-                   help="rank by what each token contributes instead of the raw weight: "
-                        f"{', '.join(METHODS)} (default {DEFAULT}; see docs/tutorial.md, "
-                        "\"Why values?\")")
+                   help=options.Later(method_help))
     p.add_argument("--target", dest="target_text", type=options.text(), default=None,
                    metavar="TEXT", help="--method grad on an encoder: a second text; the cosine "
                                         "similarity of the two sentence embeddings is differentiated")
@@ -68,22 +70,17 @@ def method_args(args: argparse.Namespace) -> dict:
     return {"method": args.method or DEFAULT, "target_text": args.target_text}
 
 
-def run_compare(model, args: argparse.Namespace, *, flags, print_json) -> int:
+def run_compare(model, args: argparse.Namespace, *, flags) -> int:
     """``qkv explain TEXT --compare``: every method's top words for ``--token``."""
+    from qkv.cli.command import show
     from qkv.cli.progress import Bars
     from qkv.explain.contributions.compare import compare
-    from qkv.explain.rendering.render import console
-    from qkv.explain.rendering.render_contributions import render_compare
 
     _estimate_compare(model, args.text)
     with Bars(enabled=not args.json) as bars:  # seconds: value zeroing runs t + 1 copies
         result = compare(model, args.text, token=args.token, words=args.words, top=args.top,
                          layer=args.layer, target_text=args.target_text, progress=bars)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        render_compare(console(), result, names=flags)
-    return 0
+    return show(args, result, flags=flags)
 
 
 NOTE_FROM_TOKENS = 128  # below this --compare takes seconds; above it, say up front what it costs

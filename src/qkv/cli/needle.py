@@ -16,47 +16,7 @@ import argparse
 import sys
 
 from qkv.cli import options
-from qkv.cli.output import check_files, print_json, say_written, write_files
-from qkv.cli.progress import Bars
-from qkv.explain.probes.retrieval import MAX_LENGTH
-
-# How this command's flags spell the library's argument roles (see qkv.explain.wording).
-FLAGS = {"lengths": "--lengths", "length": "--lengths", "depths": "--depths", "depth": "--depths",
-         "needle": "--needle", "samples": "--samples", "top": "--top", "model": "--model",
-         "probe": "--model"}
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from qkv.reader import NAME
-
-    p = sub.add_parser(
-        "needle", help="needle in a haystack: accuracy and retrieval-head attention over depth × length",
-        description="Put a random-token needle at each depth of a haystack of each length, copy it "
-                    "again at the end (teacher-forced) and measure the share of its tokens the "
-                    "model predicts and the weight its retrieval heads (qkv heads --probe "
-                    "retrieval) put on it. O(N) memory per input.",
-        epilog=f"example: qkv needle --model {NAME} --lengths 1024,4096 --depths 0,50,100")
-    options.add_model_argument(p, default=NAME, self_attention=True, what="a decoder: ")
-    p.add_argument("--lengths", type=options.int_list(2, MAX_LENGTH, most=20), required=True,
-                   metavar="N,N,…", help="input lengths in tokens, e.g. 1024,4096,32768")
-    p.add_argument("--depths", type=options.int_list(0, 100, most=20), default=[0, 25, 50, 75, 100],
-                   metavar="P,P,…", help="needle depths in percent of the haystack (default 0,25,50,75,100)")
-    p.add_argument("--samples", type=options.integer(1, 100), default=1,
-                   help="inputs per cell, each with its own needle (default 1)")
-    p.add_argument("--needle", type=options.integer(2, 256), default=8,
-                   help="needle length in tokens (default 8)")
-    p.add_argument("--top", type=options.integer(1, 1024), default=4,
-                   help="how many retrieval heads to read (default 4)")
-    p.add_argument("--haystack", type=options.path(), default=None, metavar="FILE",
-                   help="fill the haystack with this UTF-8 text's tokens (default: random tokens)")
-    p.add_argument("--seed", type=options.seed(), default=0, help="the first input's seed (default 0)")
-    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
-                   help="also draw both maps as heat maps")
-    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
-                   help="also write both maps as a self-contained page (no server; qkv view "
-                        "shows a saved --json at /needle)")
-    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
-    p.set_defaults(func=run_needle)
+from qkv.cli.command import Command
 
 
 def haystack_ids(model, path: str | None) -> list[int] | None:
@@ -75,27 +35,51 @@ def haystack_ids(model, path: str | None) -> list[int] | None:
     return ids
 
 
-@options.in_flags(FLAGS)
-def run_needle(args: argparse.Namespace) -> int:
-    from qkv.explain.probes.needle import needle_figure, needle_map
-    from qkv.explain.rendering.render import console
-    from qkv.explain.rendering.render_retrieval import render_needle
-    from qkv.models import load
+def _needle(model, args, progress):
+    from qkv.explain.probes.needle import needle_map
 
-    check_files(args, example="needle.html")
-    model = load(args.model)
-    hay = haystack_ids(model, args.haystack)
-    with Bars(enabled=not args.json) as bars:
-        result = needle_map(model, lengths=args.lengths, depths=[d / 100 for d in args.depths],
-                            samples=args.samples, needle=args.needle, top=args.top, seed=args.seed,
-                            haystack=hay, progress=bars)
-    from qkv.view.needle_page import needle_page
+    return needle_map(model, lengths=args.lengths, depths=[d / 100 for d in args.depths],
+                      samples=args.samples, needle=args.needle, top=args.top, seed=args.seed,
+                      haystack=haystack_ids(model, args.haystack), progress=progress)
 
-    written = write_files(args, figure=lambda: needle_figure(result),
-                          page=lambda: needle_page(result.to_dict()))
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        render_needle(console(), result)
-    say_written(written)
-    return 0
+
+# How this command's flags spell the library's argument roles (see qkv.explain.wording).
+NEEDLE = Command(_needle, flags={"lengths": "--lengths", "length": "--lengths", "depths": "--depths",
+                                 "depth": "--depths", "needle": "--needle", "samples": "--samples",
+                                 "top": "--top", "model": "--model", "probe": "--model"},
+                 page="needle.html")
+
+
+DESCRIPTION = (
+    "Put a random-token needle at each depth of a haystack of each length, copy it again at "
+    "the end (teacher-forced) and measure the share of its tokens the model predicts and the "
+    "weight its retrieval heads (qkv heads --probe retrieval) put on it. O(N) memory per input.")
+
+
+def add_needle(p: argparse.ArgumentParser) -> None:
+    from qkv.reader import NAME
+
+    p.description = DESCRIPTION
+    p.epilog = f"example: qkv needle --model {NAME} --lengths 1024,4096 --depths 0,50,100"
+    options.add_model_argument(p, default=NAME, self_attention=True, decoder=True)
+    most = options.constant("qkv.explain.probes.retrieval:MAX_LENGTH")  # the library's bound too
+    p.add_argument("--lengths", type=options.int_list(2, most, most=20), required=True,
+                   metavar="N,N,…", help="input lengths in tokens, e.g. 1024,4096,32768")
+    p.add_argument("--depths", type=options.int_list(0, 100, most=20), default=[0, 25, 50, 75, 100],
+                   metavar="P,P,…", help="needle depths in percent of the haystack (default 0,25,50,75,100)")
+    p.add_argument("--samples", type=options.integer(1, 100), default=1,
+                   help="inputs per cell, each with its own needle (default 1)")
+    p.add_argument("--needle", type=options.integer(2, 256), default=8,
+                   help="needle length in tokens (default 8)")
+    p.add_argument("--top", type=options.integer(1, 1024), default=4,
+                   help="how many retrieval heads to read (default 4)")
+    p.add_argument("--haystack", type=options.path(), default=None, metavar="FILE",
+                   help="fill the haystack with this UTF-8 text's tokens (default: random tokens)")
+    p.add_argument("--seed", type=options.seed(), default=0, help="the first input's seed (default 0)")
+    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
+                   help="also draw both maps as heat maps")
+    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
+                   help="also write both maps as a self-contained page (no server; qkv view "
+                        "shows a saved --json at /needle)")
+    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    NEEDLE.add_to(p)

@@ -15,7 +15,7 @@ The helpers return argparse ``type`` callables (``str -> value``) that raise
     real(lo, hi)             finite floats in [lo, hi] (``nan``/``inf`` refused); open ends optional
     threads()                torch threads: 1 … 4 × the CPU cores
     seed()                   0 … 2**63 − 1 (what torch.Generator.manual_seed takes)
-    int_list(lo, hi, most)   "4,16,64": comma-separated integer()s
+    int_list(lo, hi, most)   "4,16,64": comma-separated integer()s (``hi`` None: no upper bound)
     text()                   any text; invalid UTF-8 refused (qkv.text), a leading BOM dropped
     word()                   a word or an index (``--token``), same checks as text()
     path()                   a file or directory name: not empty, no NUL, valid UTF-8
@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
+import json
 import math
 import os
 import re
 import sys
+from typing import Any, Callable
 
 from qkv.text import TextError, clean_text
 
@@ -144,7 +147,7 @@ def seed():
     return integer(0, SEED_MAX, why="a 64-bit seed")
 
 
-def int_list(lo: int, hi: int, *, most: int, why: str = ""):
+def int_list(lo: int, hi: int | None, *, most: int, why: str = ""):
     """Comma-separated whole numbers, each in ``[lo, hi]``, at most ``most`` of them.
 
     Example:
@@ -164,8 +167,9 @@ def int_list(lo: int, hi: int, *, most: int, why: str = ""):
             try:
                 values.append(one(p))
             except argparse.ArgumentTypeError:
-                raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers from {lo} "
-                                                 f"to {hi}, got {_show(p.strip())}") from None
+                span = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+                raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers {span}, "
+                                                 f"got {_show(p.strip())}") from None
         return values
 
     return _mark(parse, "int_list", lo=lo, hi=hi, most=most)
@@ -251,27 +255,166 @@ def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> l
     return out
 
 
-def model_names(*, self_attention: bool = False) -> str:
+def model_names(*, self_attention: bool = False, decoder: bool = False) -> str:
     """The names ``--model`` takes besides a directory, for help texts: the shipped models of
     :data:`qkv.models.registry.SHIPPED` (a second name of the same model left out); with
-    ``self_attention``, only those explained by their self-attention (``qkv heads``).
+    ``self_attention``, only those explained by their self-attention (``qkv heads``); with
+    ``decoder``, only causal self-attention models that predict the next token, what ``qkv
+    needle`` and ``qkv atlas`` read (each model is loaded to ask it: their help only).
 
         >>> model_names(self_attention=True)
         'lm, reader, minilm'
+        >>> model_names(decoder=True)
+        'lm, reader'
     """
     from qkv.models.registry import SHIPPED
 
     names: dict[str, str] = {}  # display name → the first name that ships it
     for name, shipped in SHIPPED.items():
-        if shipped.self_attention or not self_attention:
+        if (shipped.self_attention or not self_attention) and (not decoder or _predicts(name)):
             names.setdefault(shipped.display, name)
     return ", ".join(names.values())
+
+
+def _predicts(name: str) -> bool:
+    from qkv.models import load
+
+    caps = load(name).capabilities
+    return caps.self_attention and caps.causal and caps.next_token
+
+
+class Later:
+    """Help text made when it is shown, not when the parser is built: a text that lists one of the
+    library's tables (shipped models, probes, contribution methods), whose modules import torch.
+    So building a command's parser and checking its arguments import no torch.
+
+    Showing it the first time reads the tables (~3 s: torch); the text is then kept in
+    :func:`help_cache_file`, a file named by the version of qkv's source (every ``.py`` file's
+    name, size and time), so later helps read the file, and an edit or a new install of
+    qkv makes the text again. Nothing keeps the file in step by hand: it is made from the tables.
+
+    Example:
+        >>> help = Later(lambda: "one of " + ", ".join(["coref", "induction"]))
+        >>> "coref" in help, str(help)
+        (True, 'one of coref, induction')
+    """
+
+    def __init__(self, make: Callable[[], str]):
+        self._make, self._text = make, None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = cached(self._make)
+        return self._text
+
+    def __contains__(self, part: str) -> bool:
+        return part in str(self)
+
+    def __getattr__(self, name: str):  # the text's own methods: strip, splitlines …
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(str(self), name)
+
+
+def cached(make: Callable[[], Any]) -> Any:
+    """``make()`` (a JSON value), made once per version of qkv's source and then read from
+    :func:`help_cache_file`: what a parser needs from the library's tables (a help text, the
+    fields of the result kinds) without importing them (torch) each time."""
+    cache, key = _help_cache(), _key(make)
+    if key not in cache:
+        cache[key] = make()
+        _save_help_cache(cache)
+    return cache[key]
+
+
+def constant(where: str):
+    """A constant of the library, ``"module:NAME"`` (a bound such as
+    ``qkv.explain.probes.induction:MAX_SEQUENCES``), read once per version of qkv's source
+    (:func:`cached`), so a flag checks the library's own bound without importing torch.
+
+    Example:
+        >>> constant("qkv.explain.probes.induction:MAX_SEQUENCES")
+        1000
+    """
+    return cached(lambda: _constant(where))
+
+
+def _constant(where: str):
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _key(make: Callable) -> str:
+    """Where ``make`` is written and what it was made with (its closure's values)."""
+    code = make.__code__
+    cells = [repr(c.cell_contents) for c in make.__closure__ or ()]
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}:{code.co_qualname}:{cells}"
+
+
+_HELP_CACHE: dict[str, Any] | None = None
+
+
+def help_cache_file() -> str:
+    """``$XDG_CACHE_HOME/qkv/help-<version>.json`` (default ``~/.cache``): the :class:`Later`
+    texts made for this version of qkv's source."""
+    import hashlib
+
+    import qkv
+
+    root = os.path.dirname(os.path.abspath(qkv.__file__))
+    version = hashlib.sha1(f"{sys.version}{root}".encode())
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d not in ("__pycache__", "data"))
+        for file in sorted(f for f in files if f.endswith(".py")):
+            st = os.stat(os.path.join(folder, file))
+            version.update(f"{folder}/{file}:{st.st_size}:{st.st_mtime_ns}".encode())
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "qkv", f"help-{version.hexdigest()[:16]}.json")
+
+
+def _help_cache() -> dict[str, Any]:
+    global _HELP_CACHE
+    if _HELP_CACHE is None:
+        try:
+            with open(help_cache_file(), encoding="utf-8") as f:
+                _HELP_CACHE = dict(json.load(f))
+        except (OSError, ValueError, TypeError):
+            _HELP_CACHE = {}
+    return _HELP_CACHE
+
+
+def _save_help_cache(cache: dict[str, Any]) -> None:
+    """Write the cache (atomically), removing other versions' files a day old (another checkout
+    of qkv keeps its own meanwhile); a cache that cannot be written (a read-only home) only
+    costs the next ``--help`` its tables again."""
+    import time
+
+    path = help_cache_file()
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for old in os.listdir(folder):
+            other = os.path.join(folder, old)
+            if old.startswith("help-") and other != path and os.path.getmtime(other) < time.time() - 86400:
+                os.remove(other)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(cache, f, ensure_ascii=False)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, except that a description's or epilog's own line breaks are kept:
     each line is wrapped on its own, and an example command (an indented line, or one after
-    ``example: ``) not at all, so it can be copied whole."""
+    ``example: ``) not at all, so it can be copied whole; a :class:`Later` text is made here."""
+
+    def _get_help_string(self, action):
+        return str(action.help)
+
+    def _format_text(self, text):
+        return super()._format_text(str(text))
 
     def _fill_text(self, text, width, indent):
         fill = super()._fill_text
@@ -286,15 +429,58 @@ class Parser(argparse.ArgumentParser):
     the usage is one ``--help`` away, and the command is named at the end instead. Its help keeps
     the line breaks of descriptions and epilogs (:class:`HelpFormatter`); sub-commands' parsers
     are Parsers too (argparse makes them of the parent's class).
+
+    A sub-command's parser may be filled when it is first used (:func:`add_commands`): ``fill``
+    names the function that adds its arguments, run by :meth:`filled` — so ``qkv why …`` imports
+    the why command's module only, and no other command's.
     """
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.fill: str | None = None  # "module:function" that adds this command's arguments
+        self.lazy = False  # sub-commands filled when used (True) or at once
+
+    def filled(self) -> "Parser":
+        """This parser with its arguments added (``fill(self)`` run once)."""
+        if self.fill is not None:
+            where, self.fill = self.fill, None
+            module, _, function = where.partition(":")
+            getattr(importlib.import_module(module), function)(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):  # argparse's signature
+        return super(Parser, self.filled()).parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        return super(Parser, self.filled()).format_help()
 
     def error(self, message: str):  # argparse's signature
         print(f"qkv: error: {_one_line(message, self.prog)}", file=sys.stderr)
         self.exit(2)
+
+
+def add_commands(parser: Parser, commands: dict[str, tuple[str, str]], *, dest: str,
+                 metavar: str, title: str) -> argparse._SubParsersAction:
+    """Sub-commands of ``parser`` from a table, name → (``"module:function"`` that adds the
+    command's arguments to its parser, the one line ``--help`` lists it with). With
+    ``parser.lazy`` a command's function runs (its module imported) only when the command is
+    parsed or its help shown; otherwise at once (the tests walk every command's options).
+
+    Example:
+        >>> p = Parser(prog="qkv"); p.lazy = True
+        >>> _ = add_commands(p, {"walkthrough": ("qkv.cli.demo:add_walkthrough", "the example")},
+        ...                  dest="command", metavar="COMMAND", title="one of these:")
+        >>> p.parse_args(["walkthrough", "--dim", "6"]).dim
+        6
+    """
+    sub = parser.add_subparsers(dest=dest, metavar=metavar, help=title)
+    for name, (where, help) in commands.items():
+        command = sub.add_parser(name, help=help)
+        command.fill, command.lazy = where, parser.lazy
+        if not parser.lazy:
+            command.filled()
+    return sub
 
 
 def _one_line(message: str, prog: str) -> str:
@@ -332,10 +518,71 @@ def in_flags(flags: dict[str, str]):
     return decorate
 
 
-def add_model_argument(parser: argparse.ArgumentParser, *, default: str, self_attention: bool = False,
-                       what: str = "") -> None:
-    """``--model``: a shipped model's name or a model directory, its help listing the shipped names
-    (``what`` says what kind of model the command needs, e.g. ``"a decoder: "``)."""
-    parser.add_argument("--model", type=name(), default=default,
-                        help=f"{what}a shipped model ({model_names(self_attention=self_attention)}) "
-                             f"or a model directory (default {default})")
+DEVICES = ("cpu", "cuda", "mps")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # names of torch's floating-point dtypes
+
+
+def device():
+    """A device torch can run on here: ``cpu``, ``cuda`` (or ``cuda:N``) or ``mps``. Only a
+    device other than the CPU imports torch (to ask it whether the device is there).
+
+    Example:
+        >>> device()("cpu")
+        'cpu'
+        >>> device()("tpu")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: must be one of cpu, cuda, mps (cuda:N for one GPU), got 'tpu'
+    """
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        kind, _, index = value.partition(":")
+        if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(DEVICES)} (cuda:N for one "
+                                             f"GPU), got {_show(raw)}")
+        if kind != "cpu":
+            _check_available(kind, int(index or 0))
+        return value
+
+    return _mark(parse, "device")
+
+
+def _check_available(kind: str, index: int) -> None:
+    import torch
+
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index >= count:
+            have = f"{count} CUDA GPU{'s' * (count != 1)}" if count else "no CUDA GPU"
+            built = "" if torch.version.cuda else f"; this torch {torch.__version__} is built without CUDA"
+            raise argparse.ArgumentTypeError(f"must be a device this machine has: cuda"
+                                             f"{f':{index}' if index else ''} is not ({have}{built}); "
+                                             f"use cpu")
+    elif not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError("must be a device this machine has: mps is not (Apple "
+                                         "silicon's GPU); use cpu")
+
+
+def add_model_argument(parser: argparse.ArgumentParser, *, default: str | None,
+                       self_attention: bool = False, decoder: bool = False,
+                       default_note: str = "") -> None:
+    """``--model`` (a shipped model's name or a model directory, its help listing the shipped
+    names that fit: ``self_attention``, or ``decoder``: next-token decoders only), ``--device``
+    and ``--dtype`` (what :func:`qkv.cli.command.load_model` passes to :func:`qkv.load`).
+    ``default_note`` follows the default in the help (``"; with --file, reader"``)."""
+    what = "a decoder: " if decoder else ""
+    shown = default if default is not None else "minilm"
+    parser.add_argument(
+        "--model", type=name(), default=default,
+        help=Later(lambda: f"{what}a shipped model ({model_names(self_attention=self_attention, decoder=decoder)}) "
+                           f"or a model directory (default {shown}{default_note})"))
+    add_device_arguments(parser)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype``: where and in what floating-point type the model runs."""
+    parser.add_argument("--device", type=device(), default=None,
+                        help="where the model runs: cpu (the default), cuda, cuda:N or mps")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, metavar="DTYPE",
+                        help=f"the weights' floating-point type: {', '.join(DTYPES)} (default: as "
+                             "the checkpoint stores them)")

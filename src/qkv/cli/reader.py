@@ -17,23 +17,20 @@ from qkv.cli.train_run import add_config_options, add_run_options, given_options
 
 DEFAULT_OUT = "runs/reader"
 
-def register_train(models: argparse._SubParsersAction) -> None:
-    """Add ``reader`` to the ``qkv train`` sub-commands."""
-    t = models.add_parser(
-        "reader", help="a small Mistral-style decoder on the Python documentation (reads any length)",
-        description="Train a 4-layer Mistral (Llama with a sliding window: RMSNorm, SwiGLU, RoPE) "
-                    "on the English prose of the Python documentation (Debian's python3.11-doc, "
-                    "PSF License Version 2), with a byte-level BPE tokenizer learned from the same "
-                    "pages; the tutorial's pages are held out. Training starts on short copying "
-                    "sequences (random tokens in which earlier spans are written again), so "
-                    "induction heads form, and keeps some among the English windows. The final "
-                    "checkpoint records the held-out loss against a unigram model of the text.",
-        epilog="example: qkv train reader --out runs/reader --steps 1000")
+
+def add_train_reader(t: argparse.ArgumentParser) -> None:
+    """``qkv train reader``'s arguments (``qkv.cli.translate.TRAIN`` lists it under ``qkv train``)."""
+    t.description = (
+        "Train a 4-layer Mistral (Llama with a sliding window: RMSNorm, SwiGLU, RoPE) on the English "
+        "prose of the Python documentation (Debian's python3.11-doc, PSF License Version 2), with a "
+        "byte-level BPE tokenizer learned from the same pages; the tutorial's pages are held out. "
+        "Training starts on short copying sequences (random tokens in which earlier spans are written"
+        " again), so induction heads form, and keeps some among the English windows. The final "
+        "checkpoint records the held-out loss against a unigram model of the text.")
+    t.epilog = "example: qkv train reader --out runs/reader --steps 1000"
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1)")
-    from qkv.reader.train import ReaderTrainConfig
-
-    add_config_options(t, ReaderTrainConfig)
+    add_config_options(t, "qkv.reader.train:ReaderTrainConfig")
     t.set_defaults(func=run_train_reader)
 
 

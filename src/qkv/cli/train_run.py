@@ -5,16 +5,16 @@ model's training config, and the command line that repeats the run.
 
 ``qkv.cli.translate`` (``qkv train translate``), ``qkv.cli.lm`` (``qkv train lm``) and
 ``qkv.cli.reader`` add these to their parsers and record :func:`run_command` in each checkpoint,
-so a run can be repeated. A field declared with :func:`qkv.training.config.option` brings its
-help and bounds from the dataclass (the ``--flag`` parses with the same bounds the config checks);
-the others take the trainer's ``helps`` / ``type_of``.
+so a run can be repeated. Every field, declared with :func:`qkv.training.config.option`, brings
+its help and bounds from the dataclass (the ``--flag`` parses with the same bounds the config
+checks); a trainer's ``helps`` may word a shared one its own way.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, asdict, fields
 
 from qkv.cli import options
 from qkv.training.config import Option, option_of
@@ -33,26 +33,43 @@ def config_options(config_class: type) -> list[tuple[str, type, object]]:
             if not f.name.isupper() and f.default is not MISSING]
 
 
-def add_config_options(parser: argparse.ArgumentParser, config_class: type, *,
-                       helps: dict[str, str] | None = None, type_of=None) -> None:
-    """One ``--flag`` per :func:`config_options` field, default None (= not given, so a resumed
-    run keeps its recorded value): a bool as ``--flag`` / ``--no-flag``, any other value parsed
-    by its :class:`~qkv.training.config.Option`'s bounds (:func:`option_type`) or, for a field
-    declared without one, ``type_of(name, kind)``. The help: ``helps[name]`` where a trainer
-    words a shared option its own way ("sentences per step"), else the option's, else the name
-    in words; then the default."""
+def add_config_options(parser: argparse.ArgumentParser, config: str, *,
+                       helps: dict[str, str] | None = None) -> None:
+    """One ``--flag`` per :func:`config_options` field of the training config ``config``
+    (``"module:Class"``), default None (= not given, so a resumed run keeps its recorded value):
+    a bool as ``--flag`` / ``--no-flag``, any other value parsed by its
+    :class:`~qkv.training.config.Option`'s bounds (:func:`option_type`). The help:
+    ``helps[name]`` where a trainer words a shared option its own way ("sentences per step"),
+    else the option's; then the default.
+
+    The fields are read from the dataclass once per version of qkv's source and kept
+    (:func:`qkv.cli.options.cached`): the config modules import torch, and ``qkv train lm
+    --steps 0`` is refused without it."""
     helps = helps or {}
-    for name, kind, default in config_options(config_class):
+    for name, kind, default, spec in options.cached(lambda: config_fields(config)):
         flag = "--" + name.replace("_", "-")
-        spec = option_of(config_class, name)
-        said = helps.get(name) or (spec.help if spec is not None else name.replace("_", " "))
-        text = f"{said} (default {default})"
-        if kind is bool:
+        text = f"{helps.get(name) or spec['help']} (default {default})"
+        if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            parse = option_type(spec) if spec is not None else type_of(name, kind)
-            parser.add_argument(flag, type=parse, default=None,
-                                metavar="N" if kind is int else "X", help=text)
+            parser.add_argument(flag, type=option_type(Option(**spec)), default=None,
+                                metavar="N" if kind == "int" else "X", help=text)
+
+
+def config_fields(config: str) -> list[list]:
+    """[name, kind ("int", "float", "bool", "str"), default, the Option's fields] of every
+    ``--flag`` field of the config ``"module:Class"``: what :func:`add_config_options` keeps.
+
+    Example:
+        >>> config_fields("qkv.lm.train:LMTrainConfig")[0][:3]
+        ['steps', 'int', 2000]
+    """
+    import importlib
+
+    module, _, name = config.partition(":")
+    config_class = getattr(importlib.import_module(module), name)
+    return [[name, kind.__name__, default, asdict(option_of(config_class, name))]
+            for name, kind, default in config_options(config_class)]
 
 
 def option_type(spec: Option):

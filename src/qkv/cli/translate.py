@@ -13,10 +13,11 @@ toy grammar; ``qkv translate`` also runs a transformers encoder-decoder.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
-from qkv.cli import options
+from qkv.cli import missing_command, options
 from qkv.cli.train_run import add_config_options, add_run_options, given_options, run_command
 from qkv.cli.output import print_json
 from qkv.cli.progress import Bars, drawn
@@ -26,10 +27,6 @@ DEFAULT_OUT = "runs/translate"
 MAX_BEAM = 64  # beams beyond the French vocabulary's few dozen words only cost time (100000: 72 s)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    _register_train(sub)
-    _register_translate(sub)
-    _register_evaluate(sub)
 
 
 # -- qkv train translate --------------------------------------------------------------------------
@@ -38,39 +35,38 @@ def register(sub: argparse._SubParsersAction) -> None:
 TRAIN_HELPS = {"batch_size": "sentences per step", "eval_every": "steps between validation passes"}
 
 
-def _register_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (qkv train translate | lm | reader)",
-                       description="Train one of qkv's own models.")
-    models = p.add_subparsers(dest="model_kind", metavar="MODEL",
-                              help="the model to train (qkv train MODEL --help for its options):")
-    t = models.add_parser(
-        "translate", help="the English→French encoder-decoder on the toy grammar",
-        description="Train the encoder-decoder Transformer on the grammar's training split: AdamW "
-                    "with warm-up and cosine decay, label smoothing, gradient clipping, validation "
-                    "as it goes, atomic checkpoints. A run is a pure function of its options: "
-                    "--resume continues a stopped run exactly where its last checkpoint was.",
-        epilog="examples:\n  qkv train translate --out runs/translate\n"
-               "  qkv train translate --out runs/translate --resume")
+# The models ``qkv train`` trains, as qkv.cli.COMMANDS lists the commands (each module imported
+# when its model is trained or its help shown: their options come from torch-importing configs).
+TRAIN = {
+    "translate": ("qkv.cli.translate:add_train_translate",
+                  "the English→French encoder-decoder on the toy grammar"),
+    "lm": ("qkv.cli.lm:add_train_lm",
+           "a small Llama-architecture decoder on text with repeated spans (induction heads)"),
+    "reader": ("qkv.cli.reader:add_train_reader",
+               "a small Mistral-style decoder on the Python documentation (reads any length)"),
+}
+
+
+def add_train(p: options.Parser) -> None:
+    p.description = "Train one of qkv's own models."
+    models = options.add_commands(p, TRAIN, dest="model_kind", metavar="MODEL",
+                                  title="the model to train (qkv train MODEL --help for its options):")
+    p.set_defaults(func=functools.partial(missing_command, "qkv train", models))
+
+
+def add_train_translate(t: argparse.ArgumentParser) -> None:
+    t.description = (
+        "Train the encoder-decoder Transformer on the grammar's training split: AdamW with "
+        "warm-up and cosine decay, label smoothing, gradient clipping, validation as it goes, "
+        "atomic checkpoints. A run is a pure function of its options: --resume continues a "
+        "stopped run exactly where its last checkpoint was.")
+    t.epilog = ("examples:\n  qkv train translate --out runs/translate\n"
+                "  qkv train translate --out runs/translate --resume")
     add_run_options(t, default_out=DEFAULT_OUT,
                     threads_help="CPU threads for torch (default 1: the matrices are small, and a "
                                  "second thread makes every op wait for it on a busy machine)")
-    from qkv.translate.train import TrainConfig
-
-    add_config_options(t, TrainConfig, helps=TRAIN_HELPS)
+    add_config_options(t, "qkv.translate.train:TrainConfig", helps=TRAIN_HELPS)
     t.set_defaults(func=run_train)
-    from qkv.cli.lm import register_train as register_train_lm  # qkv train lm (induction heads)
-
-    register_train_lm(models)
-    from qkv.cli.reader import register_train as register_train_reader  # qkv train reader
-
-    register_train_reader(models)
-    p.set_defaults(func=lambda args: _missing_model(models))
-
-
-def _missing_model(models: argparse._SubParsersAction) -> int:
-    from qkv.cli import missing_command
-
-    return missing_command("qkv train", models)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -99,14 +95,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 # -- qkv translate ---------------------------------------------------------------------------------
-def _register_translate(sub) -> None:
-    p = sub.add_parser(
-        "translate", help="translate with an encoder-decoder (the toy grammar's English→French "
-                          "model by default)",
-        description="Translate TEXT, or standard input line by line (one output line per input "
-                    "line). Input is lower-cased and a final . ! ? is dropped; words the model never "
-                    "saw are refused with their list (see --vocab), not guessed.",
-        epilog='example: qkv translate "the red apple is next to the black cats" --beam 4')
+def add_translate(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Translate TEXT, or standard input line by line (one output line per input line). Input "
+        "is lower-cased and a final . ! ? is dropped; words the model never saw are refused with "
+        "their list (see --vocab), not guessed.")
+    p.epilog = 'example: qkv translate "the red apple is next to the black cats" --beam 4'
     p.add_argument("text", nargs="?", type=options.text(), default=None,
                    help="the source text (default: read standard input)")
     p.add_argument("--model", type=options.name(), default="translate",
@@ -285,13 +279,12 @@ def _stdin_bytes():
 
 
 # -- qkv evaluate ----------------------------------------------------------------------------------
-def _register_evaluate(sub) -> None:
-    p = sub.add_parser(
-        "evaluate", help="exact match, BLEU and head alignment of a translation model",
-        description="Translate the grammar's test split (the splits of the model's data seed) and "
-                    "report exact-match accuracy and BLEU (sacrebleu), for test sentences whose "
-                    "combinations were seen in training and for held-out (unseen) ones; then each "
-                    "cross-attention head's alignment accuracy against the gold word alignment.")
+def add_evaluate(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Translate the grammar's test split (the splits of the model's data seed) and report "
+        "exact-match accuracy and BLEU (sacrebleu), for test sentences whose combinations were "
+        "seen in training and for held-out (unseen) ones; then each cross-attention head's "
+        "alignment accuracy against the gold word alignment.")
     p.add_argument("--model", type=options.name(), default="translate",
                    help="a translation model directory, or 'translate' for the shipped one (default)")
     p.add_argument("--beam", type=options.integer(1, MAX_BEAM), default=1, metavar="K",

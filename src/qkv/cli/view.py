@@ -18,11 +18,13 @@ model takes or more memory than there is: one error line, and no server.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import threading
 import urllib.parse
 
 from qkv.cli import options
+from qkv.cli.command import check_length, load_model
 from qkv.cli.progress import Bars
 from qkv.errors import QkvError
 from qkv.paths import check_output_path
@@ -31,19 +33,20 @@ DEFAULT_PORT = 8765
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "view", help="a local web viewer: every head, the step-by-step numbers, offline",
-        description="Start a local server (127.0.0.1) with a page showing the model view (every "
-                    "layer × head), the head view (lines and heat map) and the step panel "
-                    "(q·k, /√d, softmax, Σ w·v with the model's own numbers). Nothing is loaded "
-                    "from the network. With --html FILE: write one self-contained page instead.",
-        epilog=f'examples:\n  qkv view "{EXAMPLE}"\n  qkv view "{EXAMPLE}" --html it.html')
+def add_view(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Start a local server (127.0.0.1) with a page showing the model view (every layer × "
+        "head), the head view (lines and heat map) and the step panel (q·k, /√d, softmax, Σ w·v "
+        "with the model's own numbers). Nothing is loaded from the network. With --html FILE: "
+        "write one self-contained page instead.")
+    p.epilog = f'examples:\n  qkv view "{EXAMPLE}"\n  qkv view "{EXAMPLE}" --html it.html'
     p.add_argument("text", nargs="?", default=None, type=options.text(most=20000),
                    help="the text to open with (it can be typed in the page too)")
     p.add_argument("--model", type=options.name(), default=None,
-                   help=f"a shipped model ({options.model_names()}) or a model directory "
-                        "(default minilm; with --file, reader: it reads any length)")
+                   help=options.Later(lambda: f"a shipped model ({options.model_names()}) or a "
+                                              "model directory (default minilm; with --file, "
+                                              "reader: it reads any length)"))
+    options.add_device_arguments(p)
     p.add_argument("--port", type=options.integer(0, 65535), default=DEFAULT_PORT,
                    help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--host", type=options.name(), default="127.0.0.1",
@@ -88,9 +91,12 @@ def run_view(args: argparse.Namespace) -> int:
               "run models through this page (there is no login); use the default 127.0.0.1 "
               "unless you mean it", file=sys.stderr)
     sock = bind(args.host, args.port)  # first: a port in use fails before a model loads
-    models = Models([args.model] if book is not None else _served_models(args.model))
+    models = Models([args.model] if book is not None else _served_models(args.model),
+                    loader=functools.partial(load_model, args))
     try:
         model = models.get(args.model)  # load once now: a bad --model fails here, not in the page
+        if book is not None:
+            check_length(model, book, instead="or a shorter file")
         doc = _document(model, args.file, book) if book is not None else None
     except BaseException:  # a bad --model (QkvError, ApiError among them) or Ctrl-C while loading
         sock.close()
@@ -144,7 +150,7 @@ def _document(model, path: str, text: str):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from qkv.view.api import ApiError
+    from qkv.view.api import Api, ApiError, Models
     from qkv.view.export import export_html
 
     if args.text is None:
@@ -153,7 +159,8 @@ def _export(args: argparse.Namespace) -> int:
     check_output_path(args.html, flag="--html", example="view.html")  # before the model runs
     try:
         with Bars() as bars:  # on a terminal only: the answers of every head and token
-            size = export_html(args.html, args.model, args.text, progress=bars)
+            api = Api(Models([args.model], loader=functools.partial(load_model, args)))
+            size = export_html(args.html, args.model, args.text, api=api, progress=bars)
     except ApiError as e:
         raise QkvError(e.message if e.field in ("text", "model") else f"{e.field}: {e.message}") from None
     print(f"qkv view: wrote {args.html} ({size / 1e6:.1f} MB): open it in any browser, no server "

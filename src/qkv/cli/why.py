@@ -15,21 +15,29 @@ from __future__ import annotations
 import argparse
 
 from qkv.cli import options
-from qkv.cli.output import check_files, print_json, say_written, write_files
+from qkv.cli.command import Command
 
-# How this command's flags spell the library's argument roles (see qkv.explain.wording).
-FLAGS = {"token": "--token", "key": "--to", "layer": "--layer", "head": "--head", "top": "--top"}
 EXAMPLE = "The dog found some pizza next to the baby and ate it"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "why", help="why a head's query lines up with a key: its score split by component",
-        description="Split one head's pre-softmax score of a key into (query component × key "
-                    "component) terms — the embeddings, every earlier head, every feed-forward "
-                    "and a bias — exactly (norms frozen at the forward's scale, RoPE as its "
-                    "rotation); the terms sum to the forward's score.",
-        epilog=f'example: qkv why "{EXAMPLE}" --token it --to pizza --layer 3 --head 1')
+def _why(model, args, progress):
+    from qkv.explain import score_attribution
+
+    return score_attribution(model, args.text, layer=args.layer, head=args.head, token=args.token,
+                             key=args.to)
+
+
+WHY = Command(_why, flags={"token": "--token", "key": "--to", "layer": "--layer", "head": "--head",
+                           "top": "--top"}, page="why.html")
+
+
+def add_why(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Split one head's pre-softmax score of a key into (query component × key component) "
+        "terms — the embeddings, every earlier head, every feed-forward and a bias — exactly "
+        "(norms frozen at the forward's scale, RoPE as its rotation); the terms sum to the "
+        "forward's score.")
+    p.epilog = f'example: qkv why "{EXAMPLE}" --token it --to pizza --layer 3 --head 1'
     p.add_argument("text", type=options.text(), help="the text to run the model on")
     options.add_model_argument(p, default="minilm", self_attention=True)
     p.add_argument("--token", type=options.word(), default=None, metavar="WORD|INDEX",
@@ -47,26 +55,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also write the viewer's 'why this weight' panel for it as one "
                         "self-contained page (no server, nothing loaded from the network)")
     p.add_argument("--json", action="store_true", help="print every number as one JSON object")
-    p.set_defaults(func=run_why)
-
-
-@options.in_flags(FLAGS)
-def run_why(args: argparse.Namespace) -> int:
-    from qkv.explain import score_attribution
-    from qkv.explain.circuits.render import render_terms, terms_figure
-    from qkv.explain.rendering.render import console
-    from qkv.models import load
-
-    check_files(args, example="why.html")
-    model = load(args.model)
-    result = score_attribution(model, args.text, layer=args.layer, head=args.head,
-                               token=args.token, key=args.to)
-    from qkv.view.export import result_page
-
-    written = write_files(args, figure=lambda: terms_figure(result), page=lambda: result_page(result))
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        render_terms(console(), result, top=args.top)
-    say_written(written)
-    return 0
+    WHY.add_to(p)

@@ -5,7 +5,12 @@ Every result class says its ``kind`` (a class attribute; ``to_dict()["kind"]`` c
 :data:`KINDS` holds one :class:`ResultKind` row per kind. Everything that turns results into
 something else reads this table — nothing dispatches on a class name or keeps a list of its own:
 
-* the CLI prints a result with its row's ``render`` (``--json``: ``json(to_dict())``);
+* the CLI prints a result with its row's ``render`` (``--json``: ``json(to_dict())``), draws its
+  ``figure`` for ``--png`` and writes its ``page`` for ``--html`` (:mod:`qkv.cli.command`);
+  ``qkv show KIND TEXT`` runs any row with a ``run`` and a text, its ``fields`` as flags;
+* the ``--html`` export (:mod:`qkv.view.export`) runs a row as its ``export`` says — once per
+  text, once per layer, or once per head (only rows answered from the cached maps: a forward per
+  head would break the export's budget of a few forwards per token);
 * the viewer's API (:mod:`qkv.view.api`) serves ``/api/<endpoint>`` for each row with a ``run``,
   taking, checking and defaulting the row's ``fields`` (:class:`Field`), refusing a model without
   the row's ``needs`` capability, answering in the row's ``encoding``; ``/api/info`` sends the
@@ -115,6 +120,31 @@ def _indices(run: Callable, *names: str) -> tuple[Field, ...]:
 
 ENCODINGS = ("json", "map", "maps", "document-overview", "values")
 PANELS = ("main", "head", "cell", "alone")
+EXPORTS = ("text", "layer", "head")
+
+
+def _later(where: str) -> Callable:
+    """``"module:function"`` as a function that imports it when called (drawing and pages
+    import matplotlib and the viewer; the table stays cheap to import)."""
+    def call(*args, **kwargs):
+        import importlib
+
+        module, _, name = where.partition(":")
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = where
+    return call
+
+
+def _page_of_dict(where: str) -> Callable:
+    """A page drawn from the result's ``to_dict()`` (the needle and atlas pages)."""
+    draw = _later(where)
+    return lambda result: draw(result.to_dict())
+
+
+def _result_page(result) -> str:
+    """The result alone, drawn by its panel (:func:`qkv.view.export.result_page`)."""
+    return _later("qkv.view.export:result_page")(result)
 
 
 @dataclass(frozen=True)
@@ -150,6 +180,12 @@ class ResultKind:
             ``"cell"`` (a section under the head view for the heat map's clicked cell: the
             selection's fields with the cell's column as ``key``),
             ``"alone"`` (only a result shown on its own: a notebook), None (no panel).
+        figure: result → a matplotlib figure, what ``--png`` draws (None: the command has none).
+        page: result → a self-contained HTML page, what ``--html`` writes (None: none).
+        export: how the ``--html`` export runs it for a short text: ``"text"`` (one request, the
+            selection's token), ``"layer"`` (one per layer), ``"head"`` (one per head: only a
+            ``from_map`` row, answered from the maps the export keeps, costs no forward per
+            head), or None (not exported; the page asks a server).
     """
 
     name: str
@@ -167,11 +203,18 @@ class ResultKind:
     document: bool = False
     encoding: str = "json"
     panel: str | None = None
+    figure: Callable[[Any], Any] | None = None
+    page: Callable[[Any], str] | None = None
+    export: str | None = None
 
     def __post_init__(self):
         if self.encoding not in ENCODINGS or self.panel not in (*PANELS, None):
             raise ValueError(f"row {self.name}: encoding {self.encoding!r} / panel {self.panel!r}; "
                              f"the encodings are {', '.join(ENCODINGS)}, the panels {', '.join(PANELS)}")
+        if self.export not in (*EXPORTS, None) or (self.export == "head" and not self.from_map):
+            raise ValueError(f"row {self.name}: export {self.export!r}; the exports are "
+                             f"{', '.join(EXPORTS)}, and 'head' only for a from_map row (a forward "
+                             f"per head would break the export's forward budget)")
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -214,7 +257,8 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("overview", "self_attention", "qkv.explain.rendering.render:render_overview", "overview",
                overview.explain, (TOKEN, WORDS, METHOD),
                lambda r: {"token": r.unit, "words": r.units.words, "method": r.method},
-               result=overview.Overview, panel="main"),
+               result=overview.Overview, panel="main",
+               figure=_later("qkv.explain.rendering.figures:overview_figure")),
     ResultKind("steps", "self_attention", "qkv.explain.rendering.render:render_steps", "steps",
                steps.explain_head, (TOKEN, LAYER, HEAD, WORDS),
                lambda r: {"token": r.token_index, "layer": r.layer, "head": r.head, "words": False},
@@ -226,10 +270,10 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("maps", "self_attention", "", "maps", None, (WORDS,), encoding="maps", panel="main"),
     ResultKind("received", "self_attention", "", "received", received.AttentionReceived,
                (LAYER, HEAD, WORDS), _head_request, whole_map=True, from_map=True,
-               result=received.AttentionReceived, panel="head"),
+               result=received.AttentionReceived, panel="head", export="head"),
     ResultKind("row-entropy", "self_attention", "", "row_entropy", row_entropy.RowEntropy,
                (LAYER, HEAD, WORDS), _head_request, whole_map=True, from_map=True,
-               result=row_entropy.RowEntropy, panel="head"),
+               result=row_entropy.RowEntropy, panel="head", export="head"),
     ResultKind("probe", "self_attention", "qkv.explain.rendering.render:render_probe", "probe",
                lambda model, text: find_heads.probe(model), (), lambda r: {}, _heads_list,
                text=False, result=find_heads.ProbeResult, panel="main"),
@@ -244,14 +288,16 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                "effects", _effects, (PROBE,), lambda r: {"probe": r.probe}, text=False,
                result=HeadEffects, panel="main"),
     ResultKind("faithfulness", "self_attention",
-               "qkv.explain.rendering.render_faithfulness:render_faithfulness"),
+               "qkv.explain.rendering.render_faithfulness:render_faithfulness",
+               figure=_later("qkv.explain.rendering.render_faithfulness:effects_figure")),
     ResultKind("ablation", "self_attention", ""),  # qkv.explain.ablate: numbers for a program
     ResultKind("patching", "self_attention", ""),  # qkv.explain.patch
     # why a head scores a key (qkv why; the viewer's "why this weight": a clicked heat-map cell)
     ResultKind("score-attribution", "self_attention", "qkv.explain.circuits.render:render_terms", "why",
                _why, (TOKEN, KEY, LAYER, HEAD),
                lambda r: {"token": r.token_index, "key": r.key_index, "layer": r.layer, "head": r.head},
-               result=circuits_score.ScoreAttribution, panel="cell"),
+               result=circuits_score.ScoreAttribution, panel="cell",
+               figure=_later("qkv.explain.circuits.render:terms_figure"), page=_result_page),
     ResultKind("score-row", "self_attention", ""),  # score_attribution(..., key=None)
     ResultKind("logit-attribution", "next_token", ""),  # qkv.explain.logit_attribution
     ResultKind("composition", "self_attention", ""),  # qkv.explain.composition
@@ -260,16 +306,22 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
     ResultKind("comparison", "self_attention", "qkv.explain.rendering.render_contributions:render_compare"),
     ResultKind("cross", "cross_attention", "qkv.explain.rendering.render_cross:render_cross_overview",
                "cross", cross.cross_attention, (TOKEN,), lambda r: {"token": r.focus},
-               result=cross.CrossAttention, panel="main"),
+               result=cross.CrossAttention, panel="main",
+               figure=_later("qkv.explain.rendering.figures:cross_figure")),
     ResultKind("cross_steps", "cross_attention", "qkv.explain.rendering.render_cross:render_cross_steps",
                "cross_steps", cross.cross_attention_head, (TOKEN, LAYER, HEAD),
                lambda r: {"token": r.target_index, "layer": r.steps.layer, "head": r.steps.head},
-               result=cross.CrossHeadSteps, panel="main"),
+               result=cross.CrossHeadSteps, panel="main",
+               figure=lambda r: _later("qkv.explain.rendering.figures:cross_head_figure")(
+                   r.attention, r.steps.layer, r.steps.head)),
     # Wu et al.'s retrieval heads on needle inputs (retrieval.py: qkv heads --probe retrieval)
     ResultKind("retrieval-scores", "self_attention", "qkv.explain.rendering.render_retrieval:render_retrieval"),
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation
-    ResultKind("needle-map", "self_attention", "qkv.explain.rendering.render_retrieval:render_needle"),  # qkv needle
-    ResultKind("atlas", "self_attention", "qkv.explain.rendering.render_atlas:render_atlas"),  # qkv atlas
+    ResultKind("needle-map", "self_attention", "qkv.explain.rendering.render_retrieval:render_needle",
+               figure=_later("qkv.explain.rendering.figures:needle_figure"),
+               page=_page_of_dict("qkv.view.needle_page:needle_page")),  # qkv needle
+    ResultKind("atlas", "self_attention", "qkv.explain.rendering.render_atlas:render_atlas",
+               page=_page_of_dict("qkv.view.atlas_page:atlas_page")),  # qkv atlas
     # every head's sink share and attention distance over a long document (document_heads.py):
     # the long page's sinks-and-spans grid
     ResultKind("head-spans", "self_attention", "", "doc_spans", document_heads.head_spans,

@@ -10,8 +10,11 @@ one per head. What is included:
 
 * self-attention: the overview of the chosen token; for a short text (at most
   :data:`~qkv.view.api.MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
-  map and per-head panels (:data:`HEAD_PANELS`: rows whose ``panel`` is ``"head"``), the step panel of every head for the chosen
-  token and of the chosen head for every token, and the model's probe's best heads; for a longer text the chosen head's map and steps only;
+  map, the step panel of every head for the chosen token and of the chosen head for every token,
+  the model's probe's best heads, and each row of the kinds table with an ``export`` rule
+  (:func:`exported_rows`) run as its rule says — once for the text, once per layer or once per head
+  (per head only for rows answered from the maps, so the forwards stay a few per token); for a
+  longer text the chosen head's map and steps only;
 * translation: the cross-attention (every head's map), and the step panel of every head for the
   chosen target token and of the chosen head for every target token.
 
@@ -40,9 +43,26 @@ from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models, page_info
 from qkv.view.page import standalone
 
 DEFAULT_METHOD = METHOD.default
-# The per-head panels under the head view (the "attention received" panel …): every head's is
-# exported for a short text. From the table of result kinds, so a new one comes along.
-HEAD_PANELS = tuple(k for k in KINDS.values() if k.panel == "head" and k.needs == "self_attention")
+def exported_rows() -> list:
+    """The rows the export runs besides the page's main answers (the "attention received" panel
+    …), each as its ``export`` says: read from the table of result kinds when the export runs,
+    so a new row comes along."""
+    return [k for k in KINDS.values() if k.export and k.endpoint and k.needs == "self_attention"]
+
+
+def places(export: str, every: list[tuple[int, int]], layer: int, head: int) -> list[tuple[int, int]]:
+    """The (layer, head) selections a row is run at by its ``export`` rule: the chosen head
+    alone (``"text"``: the request has no layer or head, or the page's own), the chosen head of
+    every layer (``"layer"``), or every head (``"head"``).
+
+        >>> places("layer", [(0, 0), (0, 1), (1, 0), (1, 1)], 1, 1)
+        [(0, 1), (1, 1)]
+    """
+    if export == "text":
+        return [(layer, head)]
+    if export == "layer":
+        return sorted({(l, head) for l, _ in every})
+    return list(every)
 
 
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
@@ -117,17 +137,17 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
             result = find_heads.probe(loaded, progress=progress)
         answers[key("probe", {})] = ["probe", {}, answer_of(result)]
 
-    def panels(l: int, h: int) -> None:
-        selection = {"token": t, "layer": l, "head": h, "words": words}
-        for row in HEAD_PANELS:
-            get(row.endpoint, **{f: selection[f] for f in row.field_names})
+    def exported(row, l: int, h: int) -> None:
+        selection = {"token": t, "layer": l, "head": h, "words": words, "method": DEFAULT_METHOD}
+        get(row.endpoint, **{f: selection.get(f) for f in row.field_names})
 
     units = range(len(ov["units"]))
     run([lambda: get("maps", words=words),
          lambda: every_head("steps", explain_heads, token=t, words=words)]
         + [lambda u=u: get("overview", token=u, words=words, method=DEFAULT_METHOD) for u in units]
         + [lambda u=u: get("steps", token=u, layer=layer, head=head, words=words) for u in units]
-        + [lambda lh=lh: panels(*lh) for lh in every]
+        + [lambda row=row, lh=lh: exported(row, *lh) for row in exported_rows()
+           for lh in places(row.export, every, layer, head)]
         + ([best_heads] if probe else []))
     return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
                                     "method": DEFAULT_METHOD}

@@ -9,7 +9,7 @@ import torch
 
 import qkv
 from qkv.explain import probe
-from qkv.explain.probes.find_heads import PROBES
+from qkv.explain.probes.registry import PROBES
 from qkv.explain.causal.head_effects import head_effects
 from qkv.explain.probes.retrieval import (RetrievalScores, needle_input, needle_inputs, retrieval_ablation,
                                    retrieval_probe)

@@ -146,7 +146,7 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
     for name in names:
         contributions.get_method(name)
     task(model, probe, sequences=1, length=length, seed=seed)  # a probe that does not apply: now
-    if registry.PROBES[probe].effects.scores is None:
+    if probe not in registry.compared():
         raise ArgumentError("effects_probe", "{name} {value}: no contribution method scores its "
                             "heads, so there is nothing to compare (faithfulness compares methods "
                             "on {known})", value=probe, known=", ".join(registry.compared()))

@@ -66,16 +66,6 @@ from qkv.explain.wording import ArgumentError
 MAX_BATCH = 512
 
 
-def __getattr__(name: str):
-    """``PROBES`` (the probes faithfulness compares methods on) and ``EFFECT_PROBES`` (every
-    probe head_effects takes): the registry's lists now, a probe registered later included."""
-    if name == "PROBES":
-        return tuple(registry.compared())
-    if name == "EFFECT_PROBES":
-        return tuple(registry.with_effects())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # -- the probes' data ----------------------------------------------------------------------------
 def task(model, probe: str, *, sequences: int, length: int | None, seed: int) -> Task:
     """The probe's data for ``model`` (its record's :attr:`~qkv.explain.probes.base.Effects.task`);

@@ -137,12 +137,16 @@ class Effects:
         scores: ``scores(model, method, task)`` → (L, h) for a per-head method, (L, 1) for a
             per-layer one: the method's score of each head on ``task``'s sequences; None:
             faithfulness does not compare methods on this probe.
+        compared: whether faithfulness compares the contribution methods on it; False where
+            ``scores`` is the probe's own score whatever the method (retrieval's copy-paste
+            count: every method would tie), shown beside the effects by ``qkv heads --ablate``.
     """
 
     task: Callable[..., Task]
     metric: str
     needs: Needs = Needs()
     scores: Callable[[Any, str, Task], torch.Tensor] | None = None
+    compared: bool = True
 
 
 @dataclass(frozen=True)

@@ -134,8 +134,3 @@ def heads(model, text: str, *, source: str | None = None, target: str, method: s
                        target=tgt.unit, heads=ranked, notes=notes, method=m.name, per=m.per)
 
 
-def __getattr__(name: str):
-    """``PROBES``: every registered probe's name now (:func:`qkv.explain.probes.registry.names`)."""
-    if name == "PROBES":
-        return tuple(registry.names())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -183,15 +183,4 @@ def needle_map(model, *, lengths: Sequence[int], depths: Sequence[float] = DEFAU
                      haystack="random" if haystack is None else "text", seed=seed)
 
 
-def __getattr__(name: str):
-    """``needle_figure`` is drawn in :mod:`qkv.explain.rendering.figures` (this file computes);
-    kept importable from here only for ``qkv.cli.needle`` until it imports it from there (then
-    this function goes: a library module that reaches rendering is what issue 38 removes)."""
-    if name == "needle_figure":
-        from qkv.explain.rendering import figures
-
-        return figures.needle_figure
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["DEFAULT_DEPTHS", "NeedleMap", "needle_map"]

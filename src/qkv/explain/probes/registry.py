@@ -71,7 +71,8 @@ def compared() -> list[str]:
     """The probes :func:`~qkv.explain.causal.faithfulness.faithfulness` compares methods on
     (their effects have ``scores``), those whose metric needs a decoder first (the CLI's help
     says "the first two for decoders")."""
-    scored = [p for p in PROBES.values() if p.effects is not None and p.effects.scores is not None]
+    scored = [p for p in PROBES.values()
+              if p.effects is not None and p.effects.scores is not None and p.effects.compared]
     return [p.name for p in sorted(scored, key=lambda p: not p.effects.needs.capabilities)]
 
 

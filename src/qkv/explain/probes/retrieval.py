@@ -430,8 +430,10 @@ RETRIEVAL = Probe(
     run=lambda model, *, method, progress: retrieval_probe(model, progress=progress),
     needs=Needs(("self_attention", "causal", "next_token"),
                 "needs a decoder that predicts the next token (a needle is copied token by token)"),
-    # no method scores a head on it (its score is the copy-paste count): faithfulness leaves it out
-    effects=Effects(task=needle_task, needs=induction.LOSS,
+    # no method scores a head on it (its score is the copy-paste count): faithfulness leaves it
+    # out, and qkv heads --ablate shows that count beside each head's effect
+    effects=Effects(task=needle_task, needs=induction.LOSS, compared=False,
+                    scores=lambda model, method, task: retrieval_probe(model).scores,
                     metric="mean next-token loss on the needle's copy (its tokens after the first, "
                            "teacher-forced) in needle-in-a-haystack inputs"))
 

@@ -101,8 +101,7 @@ def cross_head_figure(ca: CrossAttention, layer: int, head: int):
 
 def needle_figure(m):
     """A :class:`~qkv.explain.probes.needle.NeedleMap` ``m`` as two heat maps side by side,
-    depth (rows) × length (columns): accuracy, attention (not imported here: the probe module
-    keeps ``needle_figure`` importable for the CLI until it imports it from here)."""
+    depth (rows) × length (columns): accuracy, attention."""
     fig, axes = new_figure(1, 2, figsize=(max(7.0, 1.1 * len(m.lengths) + 5), 0.5 * len(m.depths) + 2.5))
     for ax, values, title in ((axes[0], m.accuracy, "needle accuracy"),
                               (axes[1], m.attention, "retrieval heads' attention on the needle")):
@@ -119,6 +118,6 @@ def needle_figure(m):
                         color="white" if v < 0.5 else "black")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     heads = ", ".join(f"L{l} H{h}" for l, h in m.heads)
-    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input(s) a cell; heads {heads}",
+    fig.suptitle(f"{m.model}: a {m.needle}-token needle, {m.samples} input{'s' * (m.samples != 1)} per cell; heads {heads}",
                  fontsize=10)
     return fig

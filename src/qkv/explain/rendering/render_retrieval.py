@@ -43,8 +43,8 @@ def render_needle(out: Console, result: NeedleMap) -> None:
     """Two tables, depth × length: the needle's accuracy, the retrieval heads' attention on it."""
     heads = ", ".join(head_name(layer, head) for layer, head in result.heads)
     out.print(Text(f"model: {result.model} · a {result.needle}-token needle in a {result.haystack} "
-                   f"haystack, copied again at the end; {result.samples} input(s) a cell "
-                   f"(seed {result.seed}); retrieval heads: {heads}"))
+                   f"haystack, copied again at the end; {result.samples} "
+                   f"input{'s' * (result.samples != 1)} per cell (seed {result.seed}); retrieval heads: {heads}"))
     for title, values in (("needle accuracy (share of its tokens predicted)", result.accuracy),
                           ("retrieval heads' attention on the needle", result.attention)):
         table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
