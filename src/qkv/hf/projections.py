@@ -264,6 +264,8 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                     return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style)
                 # OPT multiplies q by the scale itself and calls the kernel with 1: still a linear
                 # map, W_Q and b_Q times that constant (found by least squares, then checked)
+                if rq.shape != query.shape:  # q_proj makes more than q (Qwen3-Next's gate)
+                    continue
                 c = float((rq * query).sum() / (rq * rq).sum().clamp_min(torch.finfo(rq.dtype).tiny))
                 if q_norm is None and _close(rq * c, query):
                     scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
