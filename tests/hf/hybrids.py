@@ -59,8 +59,9 @@ HYBRIDS = {  # model_type: (config class, model class, extra config, mixer kind 
                    dict(layers_block_type=["mamba", "attention", "mlp", "mamba"], head_dim=8,
                         mamba_num_heads=4, mamba_head_dim=16, n_groups=1, ssm_state_size=8,
                         conv_kernel=4, expand=2, chunk_size=4, use_mamba_kernels=False),
-                   [M, S, None, M]),
-    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", MAMBA | dict(head_dim=8, mamba_d_ssm=64), ["mamba2+softmax"] * 4),
+                   [M, S, (), M]),  # layer 2: a feed-forward only
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM",  # attention and Mamba-2 side by side
+                  MAMBA | dict(head_dim=8, mamba_d_ssm=64), [(S, M)] * 4),
     "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
                          MAMBA | dict(layer_types=["mamba", "attention", "mamba", "attention"],
                                       num_local_experts=4, num_experts_per_tok=2,
@@ -69,25 +70,48 @@ HYBRIDS = {  # model_type: (config class, model class, extra config, mixer kind 
     "jamba": ("JambaConfig", "JambaForCausalLM",
               dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                    expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8,
-                   mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False), ["mamba", S, "mamba", S]),
+                   mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False), [M, S, M, S]),  # Jamba's is Mamba-1's scan
     "zamba2": ("Zamba2Config", "Zamba2ForCausalLM",
                dict(layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], mamba_d_state=8,
                     mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, n_mamba_heads=4, chunk_size=4,
-                    num_mem_blocks=1, use_mamba_kernels=False, adapter_rank=4), [M, S, M, S]),
+                    num_mem_blocks=1, use_mamba_kernels=False, adapter_rank=4),
+               [M, (S, M), M, (S, M)]),  # a hybrid layer: shared attention, then its Mamba-2
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM",
                      MLA | dict(index_topk=4, index_head_dim=8, index_n_heads=2), ["sparse"] * 4),
     "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
                     MLA | dict(index_topk=4, index_head_dim=8, index_n_heads=2), ["sparse"] * 4),
-    "falcon": ("FalconConfig", "FalconForCausalLM",
-               dict(num_kv_heads=2, new_decoder_architecture=True, alibi=False, bias=False), [S] * 4),
 }
+#: classic Falcon: its attention dispatches on its own (no AttentionInterface), refused by name
+FALCON = ("FalconConfig", "FalconForCausalLM",
+          dict(num_kv_heads=2, new_decoder_architecture=True, alibi=False, bias=False), [S] * 4)
+
+
+def kinds(name: str) -> list[tuple[str, ...]]:
+    """Each layer's mixer kinds (``MixerKind`` values) as :data:`HYBRIDS` declares them."""
+    return [k if isinstance(k, tuple) else (k,) for k in HYBRIDS[name][3]]
+
+
+def save_hybrid(name: str, path) -> torch.nn.Module:
+    """:func:`build_hybrid`'s model saved in ``path`` (``save_pretrained``) with a word-level
+    tokenizer of 14 ids; the model is returned (eager, its experts run as a plain loop)."""
+    from tokenizers import Tokenizer as Raw, models, pre_tokenizers
+
+    model = build_hybrid(name)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        model.set_experts_implementation("eager")  # the grouped kernel takes no float64
+    model.save_pretrained(path)
+    words = ["[PAD]", "[BOS]", "[EOS]", "[UNK]", *"the cat sat on mat a dog . red apple".split()]
+    tok = Raw(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(path, "tokenizer.json"))
+    return model
 
 
 def build_hybrid(name: str, *, seed: int = 0):
     """The model (float32, eval, eager attention) with random weights, bigger than init's."""
     import transformers
 
-    config_class, model_class, extra, _ = HYBRIDS[name]
+    config_class, model_class, extra, _ = FALCON if name == "falcon" else HYBRIDS[name]
     config = getattr(transformers, config_class)(**(BASE | extra))
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)._from_config(config, attn_implementation="eager")
