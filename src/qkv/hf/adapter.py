@@ -147,9 +147,10 @@ class HFLayer:
             form = ResidualForm.PRE_NORM if self.norm_first else ResidualForm.POST_NORM
             norms = LayerNorms(self.norm1, self.ffn_norm if self.norm_first else self.norm3)
         else:
-            parallel = self.residual_note == ParallelResidualLayer.residual_note
+            parallel = self.residual_note == ParallelResidualLayer.residual_note \
+                and self.feed_forward is not None
             form = ResidualForm.PARALLEL if parallel else ResidualForm.OTHER
-            norms = LayerNorms()
+            norms = LayerNorms(self.norm1, self.ffn_norm) if parallel else LayerNorms()
         return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note)
 
 
@@ -299,15 +300,17 @@ class HFModel(nn.Module):
                 attn = attention(c, out_module, parts)
                 if attn.out_proj is not None:
                     attn.embed_dim = attn.out_proj.weight.shape[0]
-            found = tuple(Mixer(m.kind, m.module, attn if m.kind.softmax else None)
-                          for m in mixers(a, stateful))
             mixer_module = unread[i].mixer_module
             out_module = attn.out_module if attn is not None and attn.out_module is not None else mixer_module
+            found = tuple(Mixer(m.kind, m.module, attn if m.kind.softmax else None,
+                                out_module if m.module is mixer_module else None)
+                          for m in mixers(a, stateful))
             result.append(HFLayer(block, attn, mixers=found, mixer_module=mixer_module,
                                   **_structure(seen, out_module, mixer_module, hidden[i + 1])))
         self._parts = ModelParts(_embeddings(self.hf, ids[0], hidden[0], result),
                                  tuple(layer.parts for layer in result),
-                                 _unembedding(outer, head, hidden[-1], getattr(out, "logits", None)))
+                                 _unembedding(outer, head, hidden[-1], getattr(out, "logits", None),
+                                              self.config))
         return result
 
     def _device(self) -> torch.device:
@@ -465,8 +468,11 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
     (the layer's output is x + attn + f, f what a part made of the sum's reader's output: an
     identity norm before the attention, ModernBERT's first layer); post-norm when the attention
     reads x itself and a norm reads x + attn; neither (``sequential_residual`` False) otherwise."""
+    if attention is None:
+        return dict(residual_note="no token mixer: the layer is a feed-forward only (its tokens "
+                                  "do not mix)")
     if out_module is None or seen.out is None:
-        return {}
+        return dict(residual_note="no output of its mixer was seen")
     summed = seen.entered + seen.out  # (b, t, E) as the layer would add them
     readers = [made for m, (given, made) in seen.inner.items() if _same(given, summed)]
     if not readers:
@@ -480,15 +486,48 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
     norms = [m for m, (given, made) in seen.inner.items() if _same(given, summed) and _normalises(given, made)]
     if (norm1 is not None and not reads_x) or any(_same(output, summed + f) for f in branch):
         ffn_norm = norms[0] if norms else None
+        ff = _reader(seen, ffn_norm, attention)
+        made = None if ff is None else seen.inner[ff][1]
+        if not (isinstance(made, torch.Tensor) and made.shape == summed.shape
+                and _rebuilds((summed + made).double(), output.double())):
+            ff = None  # no one part is the feed-forward (OPT's fc1, fc2 are the layer's own)
         return dict(norm1=norm1, norm_first=True, sequential_residual=True, ffn_norm=ffn_norm,
-                    feed_forward=_reader(seen, ffn_norm, attention))
+                    feed_forward=ff)
     if reads_x and norms:  # norm3: the norm that makes the layer's output (reads y + ff(y))
         norm3 = next((m for m, (given, made) in seen.inner.items() if m is not norms[0]
                       and isinstance(given, torch.Tensor) and _same(made, output)
                       and _normalises(given, made)), None)
+        ff = _reader(seen, norms[0], attention)
+        made = None if ff is None else seen.inner[ff][1]
+        if ff is not None and (norm3 is None or not isinstance(made, torch.Tensor)
+                               or made.shape != seen.inner[norms[0]][1].shape
+                               or not _same(seen.inner[norms[0]][1] + made, seen.inner[norm3][0])):
+            ff = None  # no one part is the feed-forward's branch (BERT's output sub-layer adds it)
         return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True,
-                    feed_forward=_reader(seen, norms[0], attention))
-    return dict(residual_note=_not_summed(seen, output))
+                    feed_forward=ff)
+    note = _not_summed(seen, output)
+    if note == ParallelResidualLayer.residual_note:
+        return dict(residual_note=note, **_parallel(seen, attention, output))
+    return dict(residual_note=note)
+
+
+def _parallel(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict:
+    """A parallel layer's parts (out = x + m(n₁(x)) + f(n₃(x))): the feed-forward f (the
+    outermost part, not in the mixer, whose output completes the sum), n₁ (what made the
+    mixer's input of x) and n₃ (what made the feed-forward's)."""
+    inside = {id(m) for m in mixer.modules()}
+    summed = (seen.entered + seen.out).double()
+    ff = _outermost([m for m, (given, made) in seen.inner.items() if id(m) not in inside
+                     and isinstance(made, torch.Tensor) and made.numel() == summed.numel()
+                     and _rebuilds(summed + made.double().reshape(summed.shape), output.double())])
+    if ff is None:
+        return {}
+    reads = seen.inner[ff][0]
+    n1 = next((m for m, (given, made) in seen.inner.items() if m is not mixer
+               and _same(given, seen.entered) and _same(made, seen.x)), None)
+    n3 = next((m for m, (given, made) in seen.inner.items() if m is not ff
+               and _same(given, seen.entered) and _same(made, reads)), None)
+    return dict(norm1=n1, ffn_norm=n3, feed_forward=ff)
 
 
 def _reader(seen: _Seen, norm: nn.Module | None, mixer: nn.Module) -> nn.Module | None:
@@ -498,31 +537,48 @@ def _reader(seen: _Seen, norm: nn.Module | None, mixer: nn.Module) -> nn.Module 
         return None
     made = seen.inner[norm][1]
     inside = {id(m) for m in mixer.modules()}
-    return next((m for m, (given, _) in seen.inner.items() if m is not norm and id(m) not in inside
-                 and _same(given, made)), None)
+    readers = [m for m, (given, _) in seen.inner.items() if m is not norm and id(m) not in inside
+               and _same(given, made)]
+    return _outermost(readers)
+
+
+def _outermost(found: list[nn.Module]) -> nn.Module | None:
+    """The module of ``found`` holding the most parts (hooks list a parent after its children)."""
+    return max(found, key=lambda m: sum(1 for _ in m.modules()), default=None)
 
 
 def _normalises(given, made) -> bool:
-    """Whether a part made ``made`` (…, E) of ``given`` (…, E) as a norm does: each row scaled to
-    unit RMS (RMSNorm) or centred first (LayerNorm), then one weight and bias per channel —
-    found by least squares over the rows and checked to float32's rounding. By behaviour, so any
-    norm class is one (Gemma's 1 + γ, OLMo's, a LayerNorm without bias)."""
+    """Whether a part made ``made`` (…, E) of ``given`` (…, E) as a norm does: each row scaled
+    to unit RMS (RMSNorm) or centred first (LayerNorm) — times a factor per row a little under 1
+    (the norm's ε), one weight per channel and a bias per channel or none — fitted by
+    alternating least squares and checked to float32's rounding. By behaviour, so any norm
+    class is one (Gemma's 1 + γ, a LayerNorm without bias)."""
     if not (isinstance(given, torch.Tensor) and isinstance(made, torch.Tensor)) \
             or given.shape != made.shape or given.ndim < 2 or given.shape[-1] < 2:
         return False
     x = given.double().reshape(-1, given.shape[-1])  # (n, E)
     y = made.double().reshape(-1, made.shape[-1])
-    eps = torch.finfo(made.dtype).eps
+    if not bool(torch.isfinite(x).all() and torch.isfinite(y).all()):
+        return False
+    tol = 64 * torch.finfo(made.dtype).eps * max(float(y.abs().max()), 1.0)
     for z in (x, x - x.mean(-1, keepdim=True)):
-        z = z / z.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()  # (n, E) unit RMS rows
-        for centred in (False, True):  # y = w ⊙ z, or w ⊙ z + b
-            if centred and len(z) < 3:
+        z = z / z.pow(2).mean(-1, keepdim=True).add(1e-300).sqrt()  # (n, E) unit RMS rows
+        for with_bias in (False, True):
+            if with_bias and len(z) < 3:
                 continue
-            zc = z - z.mean(0) if centred else z
-            yc = y - y.mean(0) if centred else y
-            w = (zc * yc).sum(0) / (zc * zc).sum(0).clamp_min(1e-300)  # (E,)
-            err = (yc - zc * w).abs().max()
-            if float(err) <= 64 * eps * max(float(y.abs().max()), 1.0) and float(w.abs().max()) > 0:
+            r = torch.ones(len(z), 1, dtype=z.dtype)  # (n, 1) the ε's shrinking of each row
+            for _ in range(25):  # converges in a few steps: r is within ε of 1
+                zr = z * r
+                if with_bias:
+                    zc, yc = zr - zr.mean(0), y - y.mean(0)
+                    w = (zc * yc).sum(0) / (zc * zc).sum(0).clamp_min(1e-300)  # (E,)
+                    b = y.mean(0) - w * zr.mean(0)
+                else:
+                    w = (zr * y).sum(0) / (zr * zr).sum(0).clamp_min(1e-300)
+                    b = torch.zeros_like(w)
+                wz = z * w
+                r = (((y - b) * wz).sum(1) / (wz * wz).sum(1).clamp_min(1e-300))[:, None]
+            if float(w.abs().max()) > 0 and float((y - (z * r * w + b)).abs().max()) <= tol:
                 return True
     return False
 
@@ -638,7 +694,7 @@ def sum_rows(e: Embeddings, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
-                 logits: torch.Tensor | None) -> Unembedding | None:
+                 logits: torch.Tensor | None, config) -> Unembedding | None:
     """The read-out (:class:`~qkv.models.protocol.Unembedding`) that turns ``last`` (1, t, E),
     the last layer's output, into ``logits``: the output embedding after the part outside the
     layers that normalises ``last`` into what it read, times a constant (Granite's
@@ -657,9 +713,12 @@ def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
     if made.shape != want.shape:
         return None
     scale = float((made * want).sum() / (made * made).sum().clamp_min(1e-300))
-    if not _rebuilds(made * scale, want):
-        return None
-    return Unembedding(weight, bias, norm, 1.0 if _rebuilds(made, want) else scale)
+    if _rebuilds(made * scale, want):
+        return Unembedding(weight, bias, norm, 1.0 if _rebuilds(made, want) else scale)
+    for c in (getattr(config, "final_logit_softcapping", None),):  # Gemma 2: c·tanh(z/c)
+        if isinstance(c, (int, float)) and c > 0 and _rebuilds(c * torch.tanh(made / c), want):
+            return Unembedding(weight, bias, norm, softcap=float(c))
+    return None
 
 
 def _rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:

@@ -208,8 +208,10 @@ class Mixer:
 
     Fields:
         kind: its :class:`MixerKind`.
-        module: the module that runs it (its output, or its output's first element, is what
-            the layer adds: ``MultiHeadAttention``'s ``AttentionOutput.output``).
+        module: the module that runs it (it reads the layer's normed input).
+        output: the module whose output (or its first element: ``MultiHeadAttention``'s
+            ``AttentionOutput.output``) is the branch the layer adds — a transformers BERT's
+            output projection, outside its attention module; None: ``module`` itself.
         attention: for a kind whose weights qkv's attention computes (``kind.softmax``), its
             sizes and projections (an :class:`AttentionLayerLike`: ``num_heads``, ``head_dim``,
             ``q_proj`` … where they are linear maps); None for the other kinds.
@@ -218,6 +220,7 @@ class Mixer:
     kind: MixerKind
     module: nn.Module
     attention: AttentionLayerLike | None = None
+    output: nn.Module | None = None
 
 
 @dataclass(frozen=True)
@@ -281,14 +284,16 @@ class Embeddings:
 
 @dataclass(frozen=True)
 class Unembedding:
-    """The read-out of a model with next-token logits: ``logits = (norm(x) · weightᵀ + bias) ·
-    scale`` with x the last layer's output; ``weight`` (V, E), ``bias`` (V,) or None, ``norm``
-    the final norm or None, ``scale`` a multiplier after the product (1/``logits_scaling``)."""
+    """The read-out of a model with next-token logits: ``z = (norm(x) · weightᵀ + bias) ·
+    scale`` with x the last layer's output, the logits z or, with ``softcap`` c, c·tanh(z/c)
+    (Gemma 2); ``weight`` (V, E), ``bias`` (V,) or None, ``norm`` the final norm or None,
+    ``scale`` a multiplier after the product (1/``logits_scaling``)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     norm: nn.Module | None = None
     scale: float = 1.0
+    softcap: float | None = None
 
 
 @dataclass(frozen=True)
