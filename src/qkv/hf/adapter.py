@@ -554,13 +554,16 @@ def _normalises(given, made) -> bool:
     alternating least squares and checked to float32's rounding. By behaviour, so any norm
     class is one (Gemma's 1 + γ, a LayerNorm without bias)."""
     if not (isinstance(given, torch.Tensor) and isinstance(made, torch.Tensor)) \
-            or given.shape != made.shape or given.ndim < 2 or given.shape[-1] < 2:
+            or given.shape != made.shape or given.ndim < 2 or given.shape[-1] < 2 \
+            or torch.equal(given, made):  # an identity (dropout in eval) normalises nothing
         return False
     x = given.double().reshape(-1, given.shape[-1])  # (n, E)
     y = made.double().reshape(-1, made.shape[-1])
     if not bool(torch.isfinite(x).all() and torch.isfinite(y).all()):
         return False
-    tol = 64 * torch.finfo(made.dtype).eps * max(float(y.abs().max()), 1.0)
+    # float32's rounding at least: transformers normalises in float32 whatever the model's dtype
+    eps = max(torch.finfo(made.dtype).eps, torch.finfo(torch.float32).eps)
+    tol = 64 * eps * max(float(y.abs().max()), 1.0)
     for z in (x, x - x.mean(-1, keepdim=True)):
         z = z / z.pow(2).mean(-1, keepdim=True).add(1e-300).sqrt()  # (n, E) unit RMS rows
         for with_bias in (False, True):
@@ -578,7 +581,12 @@ def _normalises(given, made) -> bool:
                     b = torch.zeros_like(w)
                 wz = z * w
                 r = (((y - b) * wz).sum(1) / (wz * wz).sum(1).clamp_min(1e-300))[:, None]
-            if float(w.abs().max()) > 0 and float((y - (z * r * w + b)).abs().max()) <= tol:
+                r = r / r.max().clamp_min(1e-300)  # r·w is one product: the largest row's r is 1
+            w = (z * r * (y - b)).sum(0) / (z * r).pow(2).sum(0).clamp_min(1e-300)  # w for that r
+            # ε only shrinks a row a little (r ≤ 1); a free row factor would make any per-row
+            # rescaling a "norm"
+            if float(w.abs().max()) > 0 and 0.5 <= float(r.min()) \
+                    and float((y - (z * r * w + b)).abs().max()) <= tol:
                 return True
     return False
 
@@ -660,7 +668,7 @@ def _embeddings(hf: nn.Module, ids: torch.Tensor, first: torch.Tensor, layers: l
     with torch.no_grad():
         for pad in pads:
             e = Embeddings(tables, position_offset=offset, position_pad=pad)
-            summed = sum_rows(e, ids).double()  # (t, E)
+            summed = sum(e.rows(ids).values()).double()  # (t, E)
             norms = [None] + [m for m in holder.children() if id(m) not in inside and m is not token
                               and not isinstance(m, nn.Embedding)]
             for norm in norms:
@@ -674,23 +682,6 @@ def _embeddings(hf: nn.Module, ids: torch.Tensor, first: torch.Tensor, layers: l
                 if _rebuilds(made * scale, want):
                     return Embeddings(tables, offset, pad, norm, 1.0 if _rebuilds(made, want) else scale)
     return None
-
-
-def sum_rows(e: Embeddings, ids: torch.Tensor) -> torch.Tensor:
-    """(t, E) Σ of ``e``'s tables' rows for the text ``ids`` (t,), before its norm and scale:
-    the token module called on the ids, the position rows e.position_offset + i (or, with
-    ``position_pad``, counted over the non-padding tokens), segment row 0."""
-    rows = e.tables["token"](ids)
-    if "position" in e.tables:
-        if e.position_pad is None:
-            at = e.position_offset + torch.arange(len(ids), device=ids.device)
-        else:
-            real = (ids != e.position_pad).long()  # (t,)
-            at = torch.cumsum(real, 0) * real + e.position_pad
-        rows = rows + e.tables["position"].weight[at]
-    if "type" in e.tables:
-        rows = rows + e.tables["type"].weight[0]
-    return rows
 
 
 def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,

@@ -204,7 +204,7 @@ def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
     return y.unflatten(-1, (n, -1)).transpose(1, 2)
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
     """Whether a rebuilt q, k or v is the kernel's, to the rounding of a different summation
     order: a wrong layout, norm or rotation is off by the size of the numbers themselves."""
     if got.shape != want.shape:
@@ -250,7 +250,7 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             if q_norm is not None:
                 q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
             q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)
-            if not _close(v, value):
+            if not close(v, value):
                 continue
             for style in (*STYLES, None) if cos_sin is not None else (None,):
                 turn = None if style is None else Rotation(*cos_sin, style)
@@ -258,16 +258,16 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                     rq, rk = (q, k) if turn is None else (turn.heads(q), turn.heads(k))
                 except RuntimeError:  # the angles do not fit this style
                     continue
-                if not _close(rk, key):
+                if not close(rk, key):
                     continue
-                if _close(rq, query):
+                if close(rq, query):
                     return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style)
                 # OPT multiplies q by the scale itself and calls the kernel with 1: still a linear
                 # map, W_Q and b_Q times that constant (found by least squares, then checked)
                 if rq.shape != query.shape:  # q_proj makes more than q (Qwen3-Next's gate)
                     continue
                 c = float((rq * query).sum() / (rq * rq).sum().clamp_min(torch.finfo(rq.dtype).tiny))
-                if q_norm is None and _close(rq * c, query):
+                if q_norm is None and close(rq * c, query):
                     scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
                     return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c)
     return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "
@@ -277,4 +277,4 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
 
 
 __all__ = ["LAYOUTS", "Layout", "NORMS", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
-           "as_projection", "read"]
+           "as_projection", "close", "read"]

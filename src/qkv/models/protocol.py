@@ -281,6 +281,31 @@ class Embeddings:
     norm: nn.Module | None = None
     scale: float = 1.0
 
+    def position_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """(t,) the position table's row each token of ``ids`` (t,) reads: offset + its
+        position; with ``position_pad``, the count of non-padding tokens from pad + 1 (padding
+        reads row pad)."""
+        import torch
+
+        if self.position_pad is None:
+            return self.position_offset + torch.arange(len(ids), device=ids.device)
+        real = (ids != self.position_pad).long()  # (t,)
+        return torch.cumsum(real, 0) * real + self.position_pad
+
+    def rows(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each table's rows (t, E) for the text ``ids`` (t,), by name: the token module called
+        on the ids (a scaled embedding scales them), the position rows, segment row 0 (one
+        text); ``norm(scale · Σ rows)`` is what enters layer 0."""
+        out = {}
+        for name, table in self.tables.items():
+            if name == "token":
+                out[name] = table(ids)
+            elif name == "position":
+                out[name] = table.weight[self.position_rows(ids)]
+            else:  # one text: every token is segment 0
+                out[name] = table.weight[0].expand(len(ids), -1)
+        return out
+
 
 @dataclass(frozen=True)
 class Unembedding:

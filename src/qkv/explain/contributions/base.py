@@ -198,7 +198,7 @@ class Forward:
 def check_layers(model, method: str) -> None:
     """ArgumentError when a layer is not one a contribution method can read (cross-attention)."""
     for layer in model.layers:
-        if getattr(layer, "cross_attn", None) is not None:
+        if layer.cross_attn is not None:
             raise ArgumentError("method", "{name} {value!r} does not apply to {model}: its layers "
                                 "also attend to an encoder (cross-attention); the methods read "
                                 "self-attention models", value=method,
