@@ -15,9 +15,11 @@ import pytest
 import torch
 
 import qkv
+import qkv.explain
 from qkv.models import FAMILIES
 from qkv.models.protocol import (
-    AttentionLayerLike, Capabilities, CrossAttentionModel, CrossPass, MixerKind, ModelParts,
+    AttentionLayerLike, Capabilities, CrossAttentionModel, CrossLayerLike, CrossPass, MixerKind,
+    ModelParts,
     ResidualForm, SelfAttentionModel, TokenizerLike,
 )
 
@@ -147,6 +149,17 @@ def check_cross_attention(model, text: str) -> None:
     assert isinstance(translated, list) and len(translated) == 1 and isinstance(translated[0], str)
     gold = model.gold_alignment(text)
     assert gold is None or isinstance(gold, (str, tuple))
+    # every cross layer's declared parts redo its heads: x·W_Q + b → q, memory·W_K, W_V → k, v,
+    # the softmax and Σ w·v, equal to what the forward computed (float64 against float32)
+    assert len(model.cross_layers) == layers
+    for L, layer in enumerate(model.cross_layers):
+        assert isinstance(layer, CrossLayerLike) and layer.cross_attn.num_heads == heads
+        if model.capabilities.head_weights:
+            steps = qkv.explain.cross_attention_head(model, text, layer=L, head=heads - 1).steps
+            assert steps.projection == ""
+            for stage, diff in steps.diffs.items():
+                assert diff <= 64 * torch.finfo(torch.float32).eps * max(
+                    1.0, float(steps.model_output.abs().max())), (L, stage, diff)
 
 
 # -- every declared part, checked against a forward ---------------------------------------------

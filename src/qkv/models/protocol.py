@@ -396,6 +396,16 @@ class SelfAttentionModel(Protocol):
 
 
 @runtime_checkable
+class CrossLayerLike(Protocol):
+    """``cross_layers[L]`` of a cross-attention model: its cross-attention (an
+    :class:`AttentionLayerLike`: sizes, and W_Q … W_O with ``capabilities.head_weights``) and
+    whether it reads a norm of the residual stream (pre-norm) or the stream itself."""
+
+    cross_attn: AttentionLayerLike
+    norm_first: bool
+
+
+@runtime_checkable
 class CrossAttentionModel(Protocol):
     """A model explained by its cross-attention (``capabilities.cross_attention``): the
     translation model, a transformers encoder-decoder (``Seq2SeqModel``).
@@ -409,6 +419,9 @@ class CrossAttentionModel(Protocol):
     capabilities: Capabilities
     name: str
     config: object
+
+    @property
+    def cross_layers(self) -> Sequence[CrossLayerLike]: ...
 
     @property
     def cross_shape(self) -> tuple[int, int]: ...
