@@ -50,3 +50,21 @@ def test_classic_falcon_is_refused_in_one_line(tmp_path):
     with pytest.raises(QkvError, match="^FalconForCausalLM: its attention does not go through "
                                        "transformers' AttentionInterface[^\n]*$"):
         qkv.load(tmp_path)
+
+
+def test_a_hybrids_softmax_layers_are_explained_and_its_others_refused_by_kind(tmp_path):
+    """Until the linear and state-space layers get their effective attention (explain/mixers),
+    asking for one is one line naming its kind; the softmax layers explain as any model's."""
+    import qkv.explain as explain
+
+    save_hybrid("qwen3_5", tmp_path)
+    model = qkv.load(tmp_path)
+    text = "the cat sat on the mat"
+    steps = explain.explain_head(model, text, layer=1, head=0)
+    assert steps.weights.shape[-1] == len(model.tokenizer.encode(text).ids)
+    with pytest.raises(explain.ArgumentError, match=r"^layer 0 of \S+ mixes its tokens by "
+                                                    r"gated_deltanet [^\n]*$"):
+        explain.attention_map(model, text, layer=0, head=0)
+    with pytest.raises(explain.ArgumentError, match=r"^method 'weight' reads every layer's "
+                                                    r"attention, but layer 0 [^\n]*gated_deltanet"):
+        explain.explain(model, text)
