@@ -91,19 +91,24 @@ def kinds(name: str) -> list[tuple[str, ...]]:
     return [k if isinstance(k, tuple) else (k,) for k in HYBRIDS[name][3]]
 
 
-def save_hybrid(name: str, path) -> torch.nn.Module:
-    """:func:`build_hybrid`'s model saved in ``path`` (``save_pretrained``) with a word-level
-    tokenizer of 14 ids; the model is returned (eager, its experts run as a plain loop)."""
+def save_tokenizer(path) -> None:
+    """A word-level tokenizer of 14 ids in ``path``."""
     from tokenizers import Tokenizer as Raw, models, pre_tokenizers
 
-    model = build_hybrid(name)
-    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
-        model.set_experts_implementation("eager")  # the grouped kernel takes no float64
-    model.save_pretrained(path)
     words = ["[PAD]", "[BOS]", "[EOS]", "[UNK]", *"the cat sat on mat a dog . red apple".split()]
     tok = Raw(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(os.path.join(path, "tokenizer.json"))
+
+
+def save_hybrid(name: str, path) -> torch.nn.Module:
+    """:func:`build_hybrid`'s model saved in ``path`` (``save_pretrained``) with a word-level
+    tokenizer of 14 ids; the model is returned (eager, its experts run as a plain loop)."""
+    model = build_hybrid(name)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        model.set_experts_implementation("eager")  # the grouped kernel takes no float64
+    model.save_pretrained(path)
+    save_tokenizer(path)
     return model
 
 

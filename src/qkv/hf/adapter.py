@@ -98,7 +98,7 @@ class HFAttention:
         module in one forward make of its q and k, in its style, or None (no rotation)."""
         if self.parts is None or self.parts.rotation is None or cos_sin is None:
             return None
-        return Rotation(*cos_sin, self.parts.rotation)
+        return Rotation(*cos_sin, self.parts.rotation, self.parts.rotate)
 
 
 class HFLayer:
