@@ -63,9 +63,11 @@ class Projection:
 def as_projection(m: nn.Module) -> Projection | None:
     """``m`` as a :class:`Projection` if it is an ``nn.Linear`` or GPT-2's ``Conv1D`` (weight
     stored (in, out): transposed here), else None."""
+    from transformers.pytorch_utils import Conv1D  # qkv.hf runs with transformers loaded
+
     if isinstance(m, nn.Linear):
         return Projection(m.weight, m.bias)
-    if type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers.pytorch_utils.Conv1D
+    if isinstance(m, Conv1D):
         return Projection(m.weight.T, m.bias)
     return None
 
