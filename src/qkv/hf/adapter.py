@@ -5,9 +5,15 @@ gpt-oss, ELECTRA …), so every explanation runs on it unchanged (see
 :mod:`qkv.models.protocol`). What the protocol asks and where it comes from::
 
     tokenizer        qkv's Tokenizer over the directory's tokenizer files
-    layers[L]        the transformers layer holding the L-th attention module (found by running
-                     the model once and listing the attention calls, in order)
-      .self_attn     an :class:`HFAttention`: h, h_kv, d, dv, E read off that call; ``out_proj``
+    layers[L]        the L-th element of the checkpoint's layer list (the list holding the
+                     attention modules, found by running the model once and listing the
+                     attention calls): every layer, whatever mixes its tokens
+      .parts         its :class:`~qkv.models.protocol.LayerParts`: mixers with their kinds
+                     (:mod:`qkv.hf.mixers`), norms found by behaviour, feed-forward, residual form
+    parts            :class:`~qkv.models.protocol.ModelParts`: the tables, each layer's parts,
+                     the read-out, each checked on the discovery forward
+      .self_attn     an :class:`HFAttention` (None in a layer without softmax attention): h,
+                     h_kv, d, dv, E read off its call; ``out_proj``
                      the projection that reads the heads' outputs, when one was found;
                      ``q_proj``/``k_proj``/``v_proj`` (every head's W_Q, W_K, W_V as matrices)
                      and ``q_norm``/``k_norm`` from :mod:`qkv.hf.projections`' table, kept only
