@@ -74,27 +74,44 @@ _state = {"module": None, "loaded": False, "enabled": True}
 
 
 def load():
-    """The compiled kernel module, or None when this source was not built for this torch."""
+    """The compiled kernel module, or None when this source was not built for this torch (or its
+    library fails its check: one warning, then the pure-torch spans path)."""
     if not _state["loaded"]:
         _state["loaded"] = True
         from qkv.attention.kernels.build import library_path
         path = library_path()
-        if path.exists():
+        if path.exists() or path.is_symlink():
             _state["module"] = _import(path)
     return _state["module"]
 
 
 def _import(path):
-    """The extension module at ``path``, or None (with a warning) when it does not load here —
-    a torch whose library lacks a symbol the build linked against (``sgemm_``)."""
+    """The extension module at ``path``, or None (with one warning line) when it does not load.
+
+    Nothing is mapped into this process that was not verified: a file whose stamp does not hold
+    its sha256 (:func:`~qkv.attention.kernels.build.verified`) is first imported and run by a
+    child process (:func:`~qkv.attention.kernels.build.verify`, which stamps it when it passes):
+    a truncated library would otherwise end this process with SIGBUS where the loader touches a
+    page past the file's end."""
+    from qkv.attention.kernels import build
+    if not build.verified(path):
+        why = build.verify(path)
+        if why is not None:
+            _warn(path, why)
+            return None
     try:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    except (ImportError, OSError) as e:
-        warnings.warn(f"qkv's C++ kernel {path} does not load ({e}); the pure-torch spans path runs")
+    except (ImportError, OSError) as e:  # a torch whose library lacks a symbol the build linked
+        _warn(path, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
+
+
+def _warn(path, why: str) -> None:
+    warnings.warn(f"qkv's C++ kernel {path} does not load ({why}); the pure-torch spans path runs "
+                  f"(rebuild it: python -m qkv.attention.kernels.build)", stacklevel=4)
 
 
 def available() -> bool:
