@@ -325,6 +325,8 @@ def scaled_dot_product_attention(
     """
     scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                           window, causal_alignment, key_padding_mask, mask, bias)
+    if scale == 0.0:  # torch's kernels scale the masked −inf too (−inf · 0 = NaN): 0 · q, scale 1
+        query, scale = query * 0.0, 1.0  # the scores 0 · (q·k): NaN only where q·k is NaN or ±inf
     description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
     if block_mask is not None:
         _check_block_mask(query, key, block_mask, given=not description.empty)
