@@ -230,19 +230,17 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _check_length(model, text: str) -> None:
-    """A text longer than the model takes: one line that names the shipped model reading it."""
-    from qkv.reader import NAME
-    from qkv.reader.train import ReaderTrainConfig
+    """A text longer than the model takes: the one sentence for it (qkv.explain.wording.too_long),
+    before any method runs."""
+    from qkv.explain.wording import too_long
 
     tokenizer = model.tokenizer  # a self-attention model's (models.protocol.SelfAttentionModel)
     limit = tokenizer.max_length if tokenizer is not None else None  # None: a bare transformers model
-    if limit is None or limit >= ReaderTrainConfig.max_positions:
-        return  # the reader reads no more than this model: the tokenizer's own message says it
+    if limit is None:
+        return
     n = len(tokenizer.encode(text, max_length=sys.maxsize).ids)
     if n > limit:
-        raise QkvError(f"the text is {n} tokens and {model.name} takes at most {limit}; the "
-                       f"shipped model {NAME!r} reads up to {ReaderTrainConfig.max_positions:,} "
-                       f"(--model {NAME}, or qkv view --file FILE for a long text's page)")
+        raise too_long(n, model.name, limit)
 
 
 def _show(args, result, *, model=None, figure=None) -> int:

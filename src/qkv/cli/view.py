@@ -69,6 +69,7 @@ def _served_models(model: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+@options.in_flags({"model": "--model"})
 def run_view(args: argparse.Namespace) -> int:
     from qkv.view.api import Api, Models
 
