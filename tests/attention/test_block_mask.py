@@ -168,6 +168,17 @@ def test_bad_mask_mods_are_named():
         causal("middle")
 
 
+@pytest.mark.parametrize("make", [
+    lambda: sliding_window(2**70, 0), lambda: sliding_window(8, 2**63), lambda: prefix_lm(2**64),
+    lambda: create_block_mask(causal(), None, None, 8, 8, q_offset=2**70),
+    lambda: qkv.scaled_dot_product_attention(*torch.randn(3, 1, 8, 4), window=(2**70, 0)),
+], ids=["window left", "window right", "prefix", "offset", "sdpa window"])
+def test_sizes_beyond_any_sequence_are_one_value_error(make):
+    # (issue 40) the int64 tensors masks compute in overflowed: OverflowError, not a message
+    with pytest.raises(ValueError, match=r"must be at most 2\*\*60, wider than any sequence"):
+        make()
+
+
 def test_a_block_mask_refuses_other_lengths_batch_and_heads():
     q = k = v = torch.randn(2, 4, 16, 8)
     bm = create_block_mask(causal(), None, None, 16, 16, block_size=4)

@@ -290,3 +290,17 @@ def test_empty_key_sequence_gives_zeros(backend):
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_scale_zero_is_the_mean_of_the_visible_values_on_every_backend():
+    # (issue 40's fuzzer) torch's kernels scaled the masked −inf too: −inf · 0 = NaN in every row
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    want = v.cumsum(-2) / torch.arange(1, 97, dtype=torch.float64)[:, None]  # (1, 2, 96, 8)
+    bm = qkv.create_block_mask(qkv.masks.causal(), None, None, 96, 96)
+    calls = {f"is_causal, {b}": dict(is_causal=True, backend=b) for b in ("auto", "fused", "reference")}
+    calls |= {f"block_mask, {b}": dict(block_mask=bm, backend=b) for b in ("auto", "blockwise")}
+    tol = 96 * torch.finfo(torch.float32).eps * float(v.abs().max())  # float32 sums of ≤ 96 terms
+    for name, kw in calls.items():
+        out = qkv.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.0, **kw)
+        assert (out.double() - want).abs().max() <= tol, name

@@ -326,3 +326,104 @@ def test_grouped_heads_and_documents_per_batch_row():
     plain, plain_lse = blockwise_attention(*x32, bm, scale=0.25, enable_gqa=True)
     assert_within(out, ref, plain, factor=FUSED_FACTOR, what="out")
     assert_within(lse, ref_lse, plain_lse, factor=FUSED_FACTOR, what="lse")
+
+
+# -- layouts BLAS cannot read in place (issue 40) -------------------------------------------------
+def _overlapping(x):  # rows that share half their elements: row stride d / 2
+    b, h, n, d = x.shape
+    base = x.flatten()[: b * h * n * d // 2 + d].clone()
+    return base.as_strided((b, h, n, d), (h * n * d // 2, n * d // 2, d // 2, 1))
+
+
+LAYOUTS = {  # name: a (b, h, n, d) tensor in an odd layout, from a contiguous one
+    "expanded along n (stride 0)": lambda x: x[:, :, :1].expand(x.shape),
+    "overlapping rows": _overlapping,
+    "transposed (b, n, h, d)": lambda x: x.transpose(1, 2).contiguous().transpose(1, 2),
+    "a slice of wider rows": lambda x: torch.cat([x, x], -1)[..., : x.shape[-1]],
+    "every other element": lambda x: torch.stack([x, x], -1).flatten(-2)[..., ::2],
+    "expanded over heads": lambda x: x[:, :1].expand(x.shape),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("which", ["q", "k", "v", "out", "dout"])
+def test_any_layout_gives_the_contiguous_answer_and_blas_says_nothing(layout, which, capfd):
+    bm = qkv.create_block_mask(sliding_window(40, 0), None, None, 150, 150, block_size=32)
+    g = torch.Generator().manual_seed(3)
+    x = {n: torch.randn(1, 2, 150, 16, generator=g) for n in ("q", "k", "v", "dout")}
+    odd = dict(x)
+    if which != "out":
+        odd[which] = LAYOUTS[layout](x[which])
+    out, lse = kernels.kernel_forward(odd["q"], odd["k"], odd["v"], bm, scale=0.25)
+    want_out, want_lse = kernels.kernel_forward(*(odd[n].contiguous() for n in "qkv"), bm, scale=0.25)
+    o = LAYOUTS[layout](out) if which == "out" else out
+    got = kernels.kernel_backward(odd["q"], odd["k"], odd["v"], o, odd["dout"], lse, bm, scale=0.25)
+    want = kernels.kernel_backward(*(odd[n].contiguous() for n in "qkv"), o.contiguous(),
+                                   odd["dout"].contiguous(), lse, bm, scale=0.25)
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == "", captured  # e.g. "Intel oneMKL ERROR: Parameter 8"
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)  # the same products on the same numbers
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_issues_training_pattern_gets_the_float64_gradients(capfd):
+    # out.sum(dim=2): autograd hands the backward a dout expanded along the rows (stride 0)
+    bm = qkv.create_block_mask(sliding_window(32, 0), None, None, 256, 256)
+    x64 = tensors(1, 2, 256, 256, 16, seed=5)
+
+    def grads(dtype, kernel=True):
+        x = [a.to(dtype).detach().requires_grad_() for a in x64]
+        with kernels.use_kernel(kernel):
+            qkv.scaled_dot_product_attention(*x, block_mask=bm).sum(dim=2).pow(2).sum().backward()
+        return [a.grad for a in x]
+
+    got, ref, plain = grads(torch.float32), grads(torch.float64), grads(torch.float32, kernel=False)
+    assert capfd.readouterr() == ("", "")
+    for name, g, r, p in zip("qkv", got, ref, plain):
+        assert_within(g, r, p, factor=2 * FUSED_FACTOR, what=f"d{name}")
+
+
+def test_the_compiled_checks_refuse_rows_blas_cannot_read(capfd):
+    bm = qkv.create_block_mask(sliding_window(40, 0), None, None, 128, 128)
+    lo, hi = kernels.intervals(bm)
+    q, k, v = tensors(1, 2, 128, 128, 16, dtype=torch.float32)
+    dout = torch.randn(1, 2, 1, 16).expand(1, 2, 128, 16)  # stride 0 along the rows
+    with pytest.raises(RuntimeError, match=r"k: each \(n, d\) matrix must have contiguous rows"):
+        kernels.load().interval_forward(q, k[:, :, :1].expand(k.shape), v, lo, hi, 0.25, 64, 64)
+    out, lse = kernels.load().interval_forward(q, k, v, lo, hi, 0.25, 64, 64)
+    with pytest.raises(RuntimeError, match=r"dout: each \(n, d\) matrix must have contiguous rows"):
+        kernels.load().interval_backward(q, k, v, out, dout, lse, lse.new_empty(0), lo, hi, 0.25, 64, 64)
+    assert capfd.readouterr() == ("", "")  # refused before BLAS saw it
+
+
+@pytest.mark.parametrize("where", ["a key", "a query"])
+def test_scale_zero_keeps_a_nan_in_the_rows_that_see_it(where):
+    # BLAS reads neither matrix when alpha is 0; 0 · NaN is NaN on every other path
+    bm = qkv.create_block_mask(sliding_window(16, 0), None, None, 128, 128, block_size=32)
+    q, k, v = (a.requires_grad_() for a in tensors(1, 2, 128, 128, 16, dtype=torch.float32))
+    sees = torch.zeros(1, 2, 128, dtype=torch.bool)
+    with torch.no_grad():
+        if where == "a key":
+            k[0, 1, 40, 3] = float("nan")
+            sees[0, 1, 40:57] = True  # rows 40 … 40 + 16 see key 40
+        else:
+            q[0, 1, 70, 5] = float("nan")
+            sees[0, 1, 70] = True
+    out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.0)
+    assert out[sees].isnan().all() and lse[sees].isnan().all()
+    assert not out[~sees].isnan().any()
+    dq, dk, dv = kernels.kernel_backward(q, k, v, out, torch.ones_like(out), lse, bm, scale=0.0)
+    assert dq[sees].isnan().all()
+    assert not dq[~sees].isnan().any() or where == "a key"  # a NaN key reaches its tile's dq
+
+
+def test_no_heads_is_an_empty_answer():
+    bm = qkv.create_block_mask(sliding_window(32, 0), None, None, 128, 128)
+    for hq, hkv in ((0, 0), (0, 2)):
+        q = torch.randn(1, hq, 128, 16, requires_grad=True)
+        k, v = (torch.randn(1, hkv, 128, 16, requires_grad=True) for _ in range(2))
+        for backend in ("auto", "blockwise"):
+            out = qkv.scaled_dot_product_attention(q, k, v, block_mask=bm, enable_gqa=hkv > 0,
+                                                   backend=backend)
+            out.sum().backward()
+            assert out.shape == (1, 0, 128, 16) and q.grad.shape == q.shape

@@ -106,4 +106,4 @@ def test_view_file_defaults_to_the_reader(capsys, tmp_path):
     book.write_text("the cat sat on the mat " * 24000)  # more tokens than the reader's 131,072
     assert main(["view", "--no-browser", "--port", "0", "--file", str(book)]) == 2
     err = capsys.readouterr().err
-    assert "qkv-reader takes at most 131072" in err, err
+    assert "qkv-reader takes at most 131,072; shorten it" in err, err  # no other model to name

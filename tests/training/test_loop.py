@@ -61,3 +61,46 @@ def test_lr_schedule_ends():
     kw = dict(lr=1.0, warmup=10, steps=110, min_lr_ratio=0.1)
     assert lr_at(0, **kw) == 0.1 and lr_at(9, **kw) == 1.0
     assert math.isclose(lr_at(109, **kw), 0.1, rel_tol=1e-15)
+
+
+# A run that SIGTERMs itself after step 3 (saving every 2 steps), in its own interpreter: on a
+# qkv without the handler SIGTERM's default ends it at once, without a word.
+SIGTERMED = """
+import os, signal, sys, torch
+from qkv.training.loop import LoopPlan, run_loop
+w = torch.nn.Parameter(torch.tensor([4.0]))
+def stop(state):
+    if state.step == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+try:
+    run_loop(LoopPlan(start=0, steps=50, clip=10.0, eval_every=0, save_every=2), params=[w],
+             optimizer=torch.optim.SGD([w], lr=0.1), lr=lambda step: 0.1,
+             step_loss=lambda step: ((w ** 2).sum(), 1), progress=False, where="runs/x",
+             save=lambda step, result, final: print('saved', step), callback=stop)
+except KeyboardInterrupt as e:
+    print(type(e).__name__)
+    sys.exit(130)
+"""
+
+
+def test_sigterm_stops_like_ctrl_c_and_says_where_to_resume():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", SIGTERMED], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)  # −15: killed without a word
+    assert proc.stdout.split("\n") == ["saved 2", "Terminated", ""]
+    assert proc.stderr.strip() == ("stopped by SIGTERM after step 3; runs/x holds the checkpoint "
+                                   "of step 2 — continue with --resume")
+
+
+def test_the_sigterm_handler_is_the_loops_only_while_it_runs():
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    w = torch.nn.Parameter(torch.tensor([4.0]))
+    seen = []
+    run_loop(LoopPlan(start=0, steps=2, clip=10.0, eval_every=0, save_every=0), params=[w],
+             optimizer=torch.optim.SGD([w], lr=0.1), lr=lambda step: 0.1,
+             step_loss=lambda step: ((w ** 2).sum(), 1), progress=False,
+             callback=lambda state: seen.append(signal.getsignal(signal.SIGTERM)))
+    assert seen[0] is not before and signal.getsignal(signal.SIGTERM) is before

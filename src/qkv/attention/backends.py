@@ -208,6 +208,9 @@ def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable
 
 def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
     """The blockwise backend's ``(output, lse)`` (see :mod:`qkv.attention.blockwise`)."""
+    if query.numel() == 0 or key.numel() == 0:  # nothing to tile (no heads, rows, keys or dims)
+        return reference_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
+                                  scale=scale, enable_gqa=enable_gqa, softcap=softcap)
     groups = gqa_groups(query, key, enable_gqa)
     t, s = query.shape[-2], key.shape[-2]
     batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
@@ -347,7 +350,7 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
 
         case                                              backend      path inside it
         ------------------------------------------------  -----------  ----------------------------
-        t = 0 or s = 0                                    reference    (kernels' behaviour varied)
+        empty q or k (t, s, b, h, h_kv or d = 0)          reference    (kernels' behaviour varied)
         traced by torch.compile: return_lse / fused       reference /  (the blockwise plan is Python
                                                           fused         over the mask's blocks)
         block_mask= or return_lse=True, structure only    blockwise    spans (softcap: pure torch)
@@ -369,7 +372,7 @@ def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask |
     faster (0.7–1.0×), so it keeps them. Threads are torch's (``torch.get_num_threads()``).
     """
     t, s = query.shape[-2], key.shape[-2]
-    if t == 0 or s == 0:
+    if query.numel() == 0 or key.numel() == 0:
         return "reference"
     if torch.compiler.is_compiling():
         return "reference" if return_lse else "fused"

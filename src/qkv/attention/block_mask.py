@@ -328,14 +328,29 @@ def causal(alignment: str = "top_left") -> MaskMod:
     return Band(None, 0, alignment)
 
 
+# The largest window side, prefix or offset a mask takes: wider than any sequence, and positions
+# plus or minus a few of them (an offset, a width) still fit the int64 tensors masks compute in.
+MAX_POSITION = 2**60
+
+
+def check_position(what: str, n, *, none: bool = False) -> None:
+    """``n`` is an int in [0, MAX_POSITION] (or None where ``none``), else a one-line ValueError."""
+    if n is None and none:
+        return
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"{what} must be an int >= 0{' or None' if none else ''}, got {n!r}")
+    if n > MAX_POSITION:
+        unbounded = " (None is unbounded)" if none else ""
+        raise ValueError(f"{what} must be at most 2**60, wider than any sequence{unbounded}, got {n!r}")
+
+
 def sliding_window(left: int | None, right: int | None = 0, alignment: str = "top_left") -> MaskMod:
     """Keys ``p_i − left … p_i + right`` (None = unbounded on that side); ``right=0`` is causal.
 
     ``sliding_window(512, 0)`` is a causal window of 513 keys (the query's own and 512 before).
     """
     for side, w in (("left", left), ("right", right)):
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
-            raise ValueError(f"sliding_window {side} must be an int >= 0 or None, got {w!r}")
+        check_position(f"sliding_window {side}", w, none=True)
     _check_alignment(alignment)
     return Band(left, right, alignment)
 
@@ -356,8 +371,7 @@ def document(ids: torch.Tensor | Sequence[int], kv_ids: torch.Tensor | None = No
 
 def prefix_lm(prefix_len: int) -> MaskMod:
     """Every query sees the first ``prefix_len`` keys (bidirectional prefix) and is causal after."""
-    if not isinstance(prefix_len, int) or isinstance(prefix_len, bool) or prefix_len < 0:
-        raise ValueError(f"prefix_len must be an int >= 0, got {prefix_len!r}")
+    check_position("prefix_len", prefix_len)
     return or_masks(causal(), KeysBelow(prefix_len))
 
 
@@ -561,8 +575,7 @@ def create_block_mask(mask_mod: Callable, B: int | None, H: int | None, Lq: int,
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(f"{name} must be a positive int or None, got {n!r}")
     for name, n in (("Lq", Lq), ("Lk", Lk), ("q_offset", q_offset), ("k_offset", k_offset)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+        check_position(name, n)
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if isinstance(mask_mod, MaskMod):

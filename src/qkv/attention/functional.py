@@ -23,7 +23,7 @@ import torch
 
 from qkv.attention.backends import BACKENDS, RegisteredBackend, backend_for, backends_with, \
     choose_backend, gqa_groups, repeat_kv
-from qkv.attention.block_mask import BlockMask, block_mask_for
+from qkv.attention.block_mask import BlockMask, block_mask_for, check_position
 from qkv.attention.attention_mask import ALIGNMENTS, AttentionMask, combine
 from qkv.attention.reference import reference_attention
 from qkv.attention.sinks import check_sinks, merge_sinks
@@ -102,8 +102,7 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         if not (isinstance(window, (tuple, list)) and len(window) == 2):
             raise ValueError(f"window must be a pair (left, right), got {window!r}")
         for side, w in zip(("left", "right"), window):
-            if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
-                raise ValueError(f"window {side} size must be an int >= 0 or None, got {w!r}")
+            check_position(f"window {side} size", w, none=True)
     if causal_alignment not in ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {ALIGNMENTS}, got {causal_alignment!r}")
     return resolve_scale(scale, qs[-1])
@@ -338,6 +337,8 @@ def scaled_dot_product_attention(
     """
     scale, description = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                   window, causal_alignment, key_padding_mask, mask, bias, block_mask)
+    if scale == 0.0:  # torch's kernels scale the masked −inf too (−inf · 0 = NaN): 0 · q, scale 1
+        query, scale = query * 0.0, 1.0  # the scores 0 · (q·k): NaN only where q·k is NaN or ±inf
     if softcap is not None or sinks is not None:
         return _capped_or_sunk(query, key, value, description, bias, float(dropout_p), scale,
                                bool(enable_gqa), backend, bool(return_lse), softcap, sinks)

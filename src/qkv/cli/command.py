@@ -94,23 +94,19 @@ def load_model(args: argparse.Namespace, name: str | None = None):
     return load(args.model if name is None else name, **given)
 
 
-def check_length(model, text: str, *, instead: str) -> None:
-    """A text longer than ``model`` takes: one line that names the shipped model reading it
-    (``--model reader``) and what else the user can do (``instead``: ``"or a shorter file"``),
-    before the forward — not the library's hint for Python (``truncate=True``)."""
-    from qkv.errors import QkvError
-    from qkv.reader import NAME
-    from qkv.reader.train import ReaderTrainConfig
+def check_length(model, text: str) -> None:
+    """A text longer than ``model`` takes: the one sentence for it
+    (:func:`qkv.explain.wording.too_long`, spelled ``--model reader`` by ``options.in_flags``),
+    before the forward."""
+    from qkv.explain.wording import too_long
 
     tokenizer = model.tokenizer  # a self-attention model's (models.protocol.SelfAttentionModel)
     limit = tokenizer.max_length if tokenizer is not None else None  # None: a bare transformers model
-    if limit is None or limit >= ReaderTrainConfig.max_positions:
-        return  # the reader reads no more than this model: the tokenizer's own message says it
+    if limit is None:
+        return
     n = len(tokenizer.encode(text, max_length=sys.maxsize).ids)
     if n > limit:
-        raise QkvError(f"the text is {n:,} tokens and {model.name} takes at most {limit}; the "
-                       f"shipped model {NAME!r} reads up to {ReaderTrainConfig.max_positions:,} "
-                       f"(--model {NAME}, {instead})")
+        raise too_long(n, model.name, limit)
 
 
 def show(args: argparse.Namespace, result, *, flags: dict[str, str], model=None,

@@ -173,7 +173,7 @@ def run_explain(args: argparse.Namespace) -> int:
                        "(it reports every token of every layer, or of --layer L)")
     methods.check_explain(args)
     check_text(args.text)
-    check_length(model, args.text, instead="or qkv view --file FILE for a long text's page")
+    check_length(model, args.text)
     if args.compare:
         return methods.run_compare(model, args, flags=FLAGS)
     if args.no_projection:

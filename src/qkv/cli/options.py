@@ -503,6 +503,8 @@ def in_flags(flags: dict[str, str]):
     """Decorator for a command's ``run(args)``: a :mod:`qkv.explain` ArgumentError it raises is
     re-raised in the words of ``flags`` (the library says ``token``, the command line ``--token``)."""
 
+    spelling = {"reader": "--model reader", **flags}  # every command: the long-text model's flag
+
     def decorate(run):
         @functools.wraps(run)
         def wrapper(args: argparse.Namespace) -> int:
@@ -511,7 +513,7 @@ def in_flags(flags: dict[str, str]):
             try:
                 return run(args)
             except ArgumentError as e:
-                raise e.spelled(flags) from None
+                raise e.spelled(spelling) from None
 
         return wrapper
 

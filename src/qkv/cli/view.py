@@ -72,6 +72,7 @@ def _served_models(model: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+@options.in_flags({"model": "--model"})
 def run_view(args: argparse.Namespace) -> int:
     from qkv.view.api import Api, Models
 
@@ -96,7 +97,7 @@ def run_view(args: argparse.Namespace) -> int:
     try:
         model = models.get(args.model)  # load once now: a bad --model fails here, not in the page
         if book is not None:
-            check_length(model, book, instead="or a shorter file")
+            check_length(model, book)
         doc = _document(model, args.file, book) if book is not None else None
     except BaseException:  # a bad --model (QkvError, ApiError among them) or Ctrl-C while loading
         sock.close()

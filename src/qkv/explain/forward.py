@@ -13,6 +13,7 @@ Models are passed in, never loaded or cached here: a caller loads one with
 from __future__ import annotations
 
 import numbers
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,7 @@ from qkv.errors import QkvError
 from qkv.text import is_blank, shown
 from qkv.explain.finite import check_layers
 from qkv.explain.select import Units, units_for
-from qkv.explain.wording import ArgumentError
+from qkv.explain.wording import ArgumentError, too_long
 from qkv.models.protocol import SelfAttentionModel
 
 
@@ -126,11 +127,15 @@ def check_text(text: str) -> None:
 
 
 def encode(model, text: str, *, unknown_ok: bool = False):
-    """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text, or (unless
-    ``unknown_ok``) one whose every token is the unknown token."""
+    """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text, one longer than
+    the model takes (:func:`~qkv.explain.wording.too_long`), or (unless ``unknown_ok``) one whose
+    every token is the unknown token."""
     check_text(text)
     check_model(model)
-    encoding = model.tokenizer.encode(text)
+    limit = model.tokenizer.max_length  # the most tokens the model takes (None: no limit)
+    encoding = model.tokenizer.encode(text, max_length=None if limit is None else sys.maxsize)
+    if limit is not None and len(encoding.ids) > limit:  # the one wording, not the tokenizer's
+        raise too_long(len(encoding.ids), model_name(model), limit)
     if not encoding.ids:
         raise QkvError(f"the text {shown(text)} has no tokens for {model_name(model)}")
     if not unknown_ok and model.tokenizer.all_unknown(encoding):

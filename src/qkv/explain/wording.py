@@ -51,6 +51,7 @@ ARGUMENTS: Mapping[str, str] = {
     # qkv.explain.retrieval, needle, atlas
     "needle": "needle", "depth": "depth", "samples": "samples", "k": "k", "lengths": "lengths",
     "depths": "depths", "window": "window", "contexts": "contexts", "first": "first",
+    "text": "text", "reader": "qkv.load('reader')",  # the shipped model for long texts (CLI: --model reader)
 }
 
 
@@ -109,3 +110,21 @@ class ArgumentError(QkvError):
 
     def spelled(self, names: Mapping[str, str]) -> QkvError:
         return QkvError(self.message.spelled(names))
+
+
+def too_long(n: int, who: str, limit: int) -> ArgumentError:
+    """The one sentence for a text with more tokens than the model takes, whichever command or
+    call met it: how many, the model's limit, and the shipped model that reads long texts.
+
+        >>> e = too_long(601, "qkv-lm", 65)
+        >>> str(e)
+        "the text is 601 tokens and qkv-lm takes at most 65; shorten it, or read it with qkv.load('reader') (up to 131,072 tokens)"
+        >>> str(e.spelled({"reader": "--model reader"}))
+        'the text is 601 tokens and qkv-lm takes at most 65; shorten it, or read it with --model reader (up to 131,072 tokens)'
+    """
+    from qkv.reader.train import ReaderTrainConfig
+
+    most = ReaderTrainConfig.max_positions
+    reader = Message(", or read it with {reader} (up to {most:,} tokens)", most=most) if limit < most else ""
+    return ArgumentError("text", "the text is {n:,} tokens and {who} takes at most {limit:,}; "
+                         "shorten it{reader_note}", n=n, who=who, limit=limit, reader_note=reader)

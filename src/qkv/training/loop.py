@@ -12,6 +12,9 @@ A step is::
 The caller's ``save`` writes an atomic checkpoint (:mod:`qkv.training.checkpoint`); the loop never
 saves a model whose parameters are not all finite. ``callback(state)`` runs after every step; an
 exception it raises stops the run like a kill would, leaving the newest checkpoint intact.
+Ctrl-C (SIGINT) and SIGTERM (``kill``, a scheduler's stop) end the run alike: one line on stderr
+says after which step it stopped and which checkpoint ``--resume`` continues from, then
+:class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) goes on to the caller.
 
 Example:
     >>> import torch
@@ -27,7 +30,9 @@ Example:
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -105,6 +110,7 @@ def run_loop(plan: LoopPlan, *, params: Iterable[torch.nn.Parameter], optimizer:
     t0 = time.perf_counter()
     bar = tqdm(total=plan.steps, initial=plan.start, disable=not progress, unit="step",
                dynamic_ncols=True)
+    restore_sigterm = _stop_on_sigterm()
     try:
         for step in range(plan.start, plan.steps):
             rate = lr(step)
@@ -139,13 +145,34 @@ def run_loop(plan: LoopPlan, *, params: Iterable[torch.nn.Parameter], optimizer:
                 state.last_saved = done
             if callback is not None:
                 callback(state)
-    except KeyboardInterrupt:
-        bar.write(file=sys.stderr, s=f"interrupted after step {state.step}; {where} holds the "
-                  f"checkpoint of step {state.last_saved} — continue with --resume")
+    except KeyboardInterrupt as e:
+        how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        kept = (f"{where} holds the checkpoint of step {state.last_saved} — continue with --resume"
+                if state.last_saved else "no checkpoint was saved yet — start it again")
+        bar.write(file=sys.stderr, s=f"{how} after step {state.step}; {kept}")
         raise
     finally:
+        restore_sigterm()
         bar.close()
     return state
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached a training run: it stops as Ctrl-C stops it (the newest checkpoint kept)."""
+
+
+def _stop_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise :class:`Terminated` (its default ends the process without a word);
+    returns what puts the handler before back. Off the main thread, where no handler can be set
+    (and no signal arrives), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, stop)  # None: set outside Python (taken as the default)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def _diverged(what: str, step: int, rate: float, state: TrainState, where: str) -> str:

@@ -137,6 +137,14 @@ def test_a_masked_key_is_refused(lm64):
         score_attribution(lm64, LM_TEXT, layer=1, head=0, token=3, key=5)
 
 
+@pytest.mark.parametrize("missing", ["layer", "head"])
+def test_a_missing_layer_or_head_is_one_line(lm64, missing):
+    # (issue 40) layer=None was a TypeError from a comparison, head=None a tensor index error
+    where = {"layer": 1, "head": 0, missing: None}
+    with pytest.raises(qkv.explain.ArgumentError, match=rf"^{missing} is required: .* got None$"):
+        score_attribution(lm64, LM_TEXT, token=7, key=4, **where)
+
+
 def test_logit_attribution_sums_to_the_logit(lm64, hf64):
     for model, text, token, tight in ((lm64, LM_TEXT, 7, TIGHT), (hf64("llama"), HF_TEXT, "ate", LOOSE),
                                       (hf64("gpt2"), HF_TEXT, "ate", TIGHT),

@@ -74,27 +74,44 @@ _state = {"module": None, "loaded": False, "enabled": True}
 
 
 def load():
-    """The compiled kernel module, or None when this source was not built for this torch."""
+    """The compiled kernel module, or None when this source was not built for this torch (or its
+    library fails its check: one warning, then the pure-torch spans path)."""
     if not _state["loaded"]:
         _state["loaded"] = True
         from qkv.attention.kernels.build import library_path
         path = library_path()
-        if path.exists():
+        if path.exists() or path.is_symlink():
             _state["module"] = _import(path)
     return _state["module"]
 
 
 def _import(path):
-    """The extension module at ``path``, or None (with a warning) when it does not load here —
-    a torch whose library lacks a symbol the build linked against (``sgemm_``)."""
+    """The extension module at ``path``, or None (with one warning line) when it does not load.
+
+    Nothing is mapped into this process that was not verified: a file whose stamp does not hold
+    its sha256 (:func:`~qkv.attention.kernels.build.verified`) is first imported and run by a
+    child process (:func:`~qkv.attention.kernels.build.verify`, which stamps it when it passes):
+    a truncated library would otherwise end this process with SIGBUS where the loader touches a
+    page past the file's end."""
+    from qkv.attention.kernels import build
+    if not build.verified(path):
+        why = build.verify(path)
+        if why is not None:
+            _warn(path, why)
+            return None
     try:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    except (ImportError, OSError) as e:
-        warnings.warn(f"qkv's C++ kernel {path} does not load ({e}); the pure-torch spans path runs")
+    except (ImportError, OSError) as e:  # a torch whose library lacks a symbol the build linked
+        _warn(path, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
+
+
+def _warn(path, why: str) -> None:
+    warnings.warn(f"qkv's C++ kernel {path} does not load ({why}); the pure-torch spans path runs "
+                  f"(rebuild it: python -m qkv.attention.kernels.build)", stacklevel=4)
 
 
 def available() -> bool:
@@ -186,8 +203,8 @@ def _has_window(mod) -> bool:
 def can_run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             block_mask: BlockMask) -> bool:
     """Whether the kernel can answer this call: built and enabled (:func:`use_kernel`), float32
-    CPU (q, k, v) of one head size, shaped (b, h, ·, d) or (h, ·, d), at least ``MIN_ROWS`` query
-    rows, an interval mask (:func:`intervals`).
+    CPU (q, k, v) of one head size, shaped (b, h, ·, d) or (h, ·, d) with b, h and h_kv > 0, at
+    least ``MIN_ROWS`` query rows, an interval mask (:func:`intervals`).
 
     NaN in → NaN out, as on the spans path: a row that sees a key holding a NaN gives NaN (its
     score's exp is NaN); a NaN value may also reach a row of the same tile that does not see it
@@ -196,6 +213,7 @@ def can_run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             and key.dtype == value.dtype == torch.float32 and query.ndim in (3, 4)
             and key.ndim == value.ndim == query.ndim
             and query.shape[-1] == key.shape[-1] == value.shape[-1] > 0
+            and (query.ndim == 3 or query.shape[0] > 0) and query.shape[-3] > 0 and key.shape[-3] > 0
             and query.shape[-2] >= MIN_ROWS and key.shape[-2] > 0
             and intervals(block_mask) is not None)
 
@@ -207,6 +225,27 @@ def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return _has_window(block_mask.mask_mod) and can_run(query, key, value, block_mask)
 
 
+# -- what the kernel hands BLAS -----------------------------------------------------------------
+_LD_MAX = 2**31 - 1  # BLAS's leading dimensions are 32-bit ints
+
+
+def _blas_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (b, h, n, d) if each (n, d) matrix is one BLAS can read in place — last dim
+    contiguous, row stride (its leading dimension) at least d and below 2³¹, so rows neither
+    repeat (an ``expand`` along n: stride 0) nor overlap — else a row-major copy. Heads and
+    batches may share memory (an ``expand`` over h): the kernel only reads them.
+
+    BLAS refuses a leading dimension below the row length with a line on stdout ("Intel oneMKL
+    ERROR: Parameter 8 was incorrect") and skips the product, leaving the output tile as it was:
+    the kernel's ``check_inputs`` refuses such a tensor, and this copy keeps one from arriving
+    there (autograd hands the backward an expanded ``dout`` for ``out.sum(dim=2)``)."""
+    d = x.shape[-1]
+    if x.stride(-1) == 1 and d <= x.stride(-2) <= _LD_MAX:
+        return x
+    # not x.contiguous(): it keeps whatever stride a dimension of size 1 has (0 included)
+    return x.clone(memory_format=torch.contiguous_format)
+
+
 def kernel_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    block_mask: BlockMask, *, scale: float,
                    enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,8 +254,7 @@ def kernel_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     lo, hi = intervals(block_mask)
-    q4, k4, v4 = (x if x.ndim == 4 else x.unsqueeze(0) for x in (query, key, value))  # (b, h, n, d)
-    q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
+    q4, k4, v4 = (_blas_rows(x if x.ndim == 4 else x.unsqueeze(0)) for x in (query, key, value))  # (b, h, n, d)
     out, lse = load().interval_forward(q4, k4, v4, lo, hi, float(scale), BLOCK_Q, BLOCK_K)
     shape5 = (lay.b, lay.h_kv, lay.g, lay.t)
     _nan_rows(query, lay, out.view(*shape5, lay.d), lse.view(shape5))
@@ -237,10 +275,10 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     lo, hi = intervals(block_mask)
-    x4 = (x if x.ndim == 4 else x.unsqueeze(0) for x in (query, key, value, out, dout))  # (b, h, n, d)
-    q4, k4, v4, o4, do4 = (x if x.stride(-1) == 1 else x.contiguous() for x in x4)
+    q4, k4, v4, o4, do4 = (_blas_rows(x if x.ndim == 4 else x.unsqueeze(0))
+                           for x in (query, key, value, out, dout))  # (b, h, n, d)
     rows = q4.shape[:-1]  # (b, h, t)
-    lse3 = lse.reshape(rows).contiguous()  # (b, h, t)
+    lse3 = lse.reshape(rows).float().contiguous()  # (b, h, t)
     dlse3 = lse3.new_empty(0) if dlse is None else dlse.reshape(rows).float().contiguous()  # (b, h, t)
     dq, dk, dv = load().interval_backward(q4, k4, v4, o4, do4, lse3, dlse3, lo, hi, float(scale),
                                           BLOCK_Q, BACKWARD_BLOCK_K)

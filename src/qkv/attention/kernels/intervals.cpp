@@ -5,7 +5,9 @@
 // K_spanᵀ by BLAS, the mask and the online softmax fused in one sweep over S while it is in
 // cache, then O += P · V_span by BLAS.
 //
-//   q (B, Hq, t, d), k, v (B, Hkv, s, d)   float32, last dim contiguous, any other strides
+//   q (B, Hq, t, d), k, v (B, Hkv, s, d)   float32, last dim contiguous, row stride (BLAS's
+//                                          leading dimension) in [d, 2³¹); heads and batches
+//                                          any strides (they are only read)
 //   lo, hi (Bm, t) int64, Bm ∈ {1, B}      row i's keys [lo_i, hi_i) (lo_i ≥ hi_i: no key)
 //   → out (B, Hq, t, d), lse (B, Hq, t)     a row with no key: 0 and −inf
 //
@@ -14,7 +16,7 @@
 // dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D + dlse) with D = rowsum(dO ∘ O), dQ += scale · dS K,
 // dK += scale · dSᵀ Q — five BLAS products to the forward's two.
 //
-//   out, dout (B, Hq, t, d)                float32, last dim contiguous, any other strides
+//   out, dout (B, Hq, t, d)                float32, rows as q's
 //   lse, dlse (B, Hq, t)                   contiguous; dlse may be empty (no gradient reaches lse)
 //   → dq (B, Hq, t, d), dk, dv (B, Hkv, s, d)   a row with no key (lse −inf): dq 0, adds nothing
 //
@@ -127,20 +129,36 @@ inline float exp_sum(float* x, int64_t n, float m) {
 
 }  // namespace
 
-// The checks both passes make: q (B, Hq, t, d), k, v (B, Hkv, s, d) float32, last dim
-// contiguous, Hq a multiple of Hkv; lo, hi (1 or B, t) int64, contiguous.
+// Each (n, d) matrix of x (B, H, n, d) is one BLAS reads in place: last dim contiguous, row
+// stride (the leading dimension it is handed) at least d — no repeated rows (an expand along n:
+// stride 0), no overlapping ones — and a 32-bit int. BLAS refuses anything else with a line on
+// stdout and skips the product, which would leave the output tile as it was.
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.stride(3) == 1 && x.stride(2) >= x.size(3) &&
+                  x.stride(2) <= std::numeric_limits<int>::max(),
+              name, ": each (n, d) matrix must have contiguous rows of stride in [d, 2^31) (got strides ",
+              x.strides(), " for shape ", x.sizes(), ")");
+}
+
+// The checks both passes make: q (B, Hq, t, d), k, v (B, Hkv, s, d) float32, rows BLAS reads in
+// place (check_rows), Hq a positive multiple of Hkv; lo, hi (1 or B, t) int64, contiguous.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lo,
                   const at::Tensor& hi) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, H, n, d)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "q, k, v must be float32");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
+  check_rows(q, "q");
+  check_rows(k, "k");
+  check_rows(v, "v");
   TORCH_CHECK(lo.scalar_type() == at::kLong && hi.scalar_type() == at::kLong && lo.is_contiguous() &&
                   hi.is_contiguous() && lo.dim() == 2 && lo.sizes() == hi.sizes(), "lo, hi: (Bm, t) int64");
   const int64_t B = q.size(0), Hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t Hkv = k.size(1), s = k.size(2);
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == s &&
-                  k.size(3) == d && v.size(3) == d && Hkv > 0 && Hq % Hkv == 0, "shapes disagree");
+                  k.size(3) == d && v.size(3) == d, "shapes disagree: q ", q.sizes(), ", k ", k.sizes(),
+              ", v ", v.sizes());
+  TORCH_CHECK(Hkv > 0 && Hq > 0 && Hq % Hkv == 0, "query heads (", Hq,
+              ") must be a positive multiple of key/value heads (", Hkv, ")");
   TORCH_CHECK(lo.size(1) == t && (lo.size(0) == 1 || lo.size(0) == B), "lo, hi: (1 or B, t)");
 }
 
@@ -164,6 +182,10 @@ std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& 
   float* op = out.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  // BLAS reads neither A nor B when alpha is 0: with scale 0 the product runs at alpha 1 and the
+  // sweep multiplies by 0, so a NaN or infinite q·k still makes its row NaN (0 · NaN).
+  const bool zero_scale = fscale == 0.0f;
+  const float s_alpha = zero_scale ? 1.0f : fscale;
   const float NEG_INF = -std::numeric_limits<float>::infinity();
 
   at::parallel_for(0, B * Hq * tiles, 1, [&](int64_t begin, int64_t end) {
@@ -202,7 +224,7 @@ std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& 
       for (int64_t c0 = span_lo; c0 < span_hi; c0 += block_k) {
         const int64_t n = std::min(block_k, span_hi - c0);
         // S (m, n) row-major = scale · Q Kᵀ; as column-major BLAS: Sᵀ = K · Qᵀ
-        gemm('T', 'N', n, m, d, fscale, K + c0 * k.stride(2), k.stride(2), Q, q.stride(2), 0.0f,
+        gemm('T', 'N', n, m, d, s_alpha, K + c0 * k.stride(2), k.stride(2), Q, q.stride(2), 0.0f,
              S.data(), n);
         for (int64_t i = 0; i < m; ++i) {
           float* row = S.data() + i * n;
@@ -211,6 +233,8 @@ std::vector<at::Tensor> interval_forward(const at::Tensor& q, const at::Tensor& 
             std::fill(row, row + n, 0.0f);
             continue;
           }
+          if (zero_scale)
+            for (int64_t j = ja; j < je; ++j) row[j] *= 0.0f;
           const float mx = row_max(row + ja, je - ja, mrow[i]);
           const float alpha = mrow[i] == NEG_INF ? 0.0f : std::exp(mrow[i] - mx);
           std::fill(row, row + ja, 0.0f);
@@ -293,8 +317,9 @@ std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor&
                                           int64_t block_q, int64_t block_k) {
   check_inputs(q, k, v, lo, hi);
   TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && out.scalar_type() == at::kFloat &&
-                  dout.scalar_type() == at::kFloat && out.stride(3) == 1 && dout.stride(3) == 1,
-              "out, dout: float32 shaped like q, last dim contiguous");
+                  dout.scalar_type() == at::kFloat, "out, dout: float32 shaped like q");
+  check_rows(out, "out");
+  check_rows(dout, "dout");
   const int64_t B = q.size(0), Hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t Hkv = k.size(1), s = k.size(2);
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
@@ -322,6 +347,8 @@ std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor&
   float* dkp = dk.data_ptr<float>();
   float* dvp = dv.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  // scale 0: the products run at alpha 1 and S, dS are multiplied by 0 (see interval_forward)
+  const float s_alpha = fscale == 0.0f ? 1.0f : fscale, s_zero = fscale == 0.0f ? 0.0f : 1.0f;
   const float NEG_INF = -std::numeric_limits<float>::infinity();
   const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = out.stride(2),
                 lddo = dout.stride(2);
@@ -363,7 +390,7 @@ std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor&
     for (int64_t c0 = span_lo; c0 < span_hi; c0 += chunk) {
       const int64_t n = std::min(chunk, span_hi - c0);
       // S (m, n) row-major = scale · Q Kᵀ (column-major: Sᵀ = K · Qᵀ), then P = exp(S − lse)
-      gemm('T', 'N', n, m, d, fscale, K + c0 * ldk, ldk, Q, ldq, 0.0f, S, n);
+      gemm('T', 'N', n, m, d, s_alpha, K + c0 * ldk, ldk, Q, ldq, 0.0f, S, n);
       // dP (m, n) = dO Vᵀ (column-major: dPᵀ = V · dOᵀ)
       gemm('T', 'N', n, m, d, 1.0f, V + c0 * ldv, ldv, dO, lddo, 0.0f, dS, n);
       for (int64_t i = 0; i < m; ++i) {
@@ -376,17 +403,18 @@ std::vector<at::Tensor> interval_backward(const at::Tensor& q, const at::Tensor&
         std::fill(ds + je, ds + n, 0.0f);
         const float l = L[i], Di = D[i];
         for (int64_t j = ja; j < je; ++j) {
-          const float pj = exp_le0(p[j] - l);  // S ≤ lse up to rounding: exp_le0 holds there too
+          // S ≤ lse up to rounding: exp_le0 holds there too (s_zero is 1, or 0 for scale 0)
+          const float pj = exp_le0(p[j] * s_zero - l);
           p[j] = pj;
-          ds[j] = pj * (ds[j] - Di);
+          ds[j] = pj * (ds[j] - Di) * s_zero;
         }
       }
       // dV_chunk (n, d) += Pᵀ dO (column-major: dVᵀ += dOᵀ · P)
       gemm('N', 'T', d, n, m, 1.0f, dO, lddo, S, n, 1.0f, dV + c0 * d, d);
       // dQ (m, d) += scale · dS K_chunk (column-major: dQᵀ += K_chunkᵀ · dSᵀ); the first chunk writes
-      gemm('N', 'N', d, m, n, fscale, K + c0 * ldk, ldk, dS, n, c0 == span_lo ? 0.0f : 1.0f, dQ, d);
+      gemm('N', 'N', d, m, n, s_alpha, K + c0 * ldk, ldk, dS, n, c0 == span_lo ? 0.0f : 1.0f, dQ, d);
       // dK_chunk (n, d) += scale · dSᵀ Q (column-major: dKᵀ += Qᵀ · dS)
-      gemm('N', 'T', d, n, m, fscale, Q, ldq, dS, n, 1.0f, dK + c0 * d, d);
+      gemm('N', 'T', d, n, m, s_alpha, Q, ldq, dS, n, 1.0f, dK + c0 * d, d);
     }
   };
 

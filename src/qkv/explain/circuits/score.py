@@ -234,6 +234,10 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
             head never scores (masked: after the token in a causal model).
         QkvError: a model whose parts are not linear maps qkv reads (named).
     """
+    for role, value in (("layer", layer), ("head", head)):
+        if value is None:  # check_layer_head reads None as "every one": this splits one head's score
+            raise ArgumentError(role, "{name} is required: score_attribution splits the score of "
+                                "one head (give {layer} and {head} as ints), got None")
     check_layer_head(model, layer, head)
     check(model)  # the stream first: a parallel residual is named before its projections
     check_model(model, layer)

@@ -55,7 +55,7 @@ from qkv.explain.contributions.base import Scores, out_weight
 from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_layers
 from qkv.explain.overview import Overview, overview_of
 from qkv.explain.select import choose, choose_in
-from qkv.explain.wording import ArgumentError
+from qkv.explain.wording import ArgumentError, too_long
 from qkv.modules.intervention import Interventions
 from qkv.modules.lse_trace import LSE
 from qkv.text import clean_text
@@ -417,7 +417,7 @@ def encoded(model, text: str | bytes, *, have: int | None = None):
     n = len(encoding.ids)
     limit = model.tokenizer.max_length  # the protocol's: the most tokens the model takes
     if limit is not None and n > limit:
-        raise QkvError(f"the text is {n} tokens; {model_name(model)} takes at most {limit}")
+        raise too_long(n, model_name(model), limit)
     return text, encoding
 
 

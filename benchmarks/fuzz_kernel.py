@@ -1,0 +1,323 @@
+"""Random problems for qkv's C++ interval kernel against a float64 dense reference (issue 40).
+
+    .venv/bin/python benchmarks/fuzz_kernel.py [--cases 500] [--seed 0] [--case N]
+
+Each case draws, from its own seed (``--case N`` reruns case N alone):
+
+* shapes: batch 1-2, key heads 1-3, query heads 1-3 per key head (grouped-query attention),
+  head dims 1-72 (odd ones included), 40-330 query rows (below ``MIN_ROWS`` the spans path
+  answers), keys as many or 24-330 others;
+* a mask whose rows each keep one interval of keys: a sliding window (either alignment, one- or
+  two-sided), causality, packed documents (per batch row or shared), and intersections of them;
+* dtype: float32 mostly (the kernel's), now and then float64 or bfloat16 (the spans path must
+  take those);
+* threads: 1-4 (the backward splits query tiles into runs when pairs are fewer than threads);
+* scale: 1/√d, or one drawn from 0 to 2;
+* layouts for q, k, v, out and dout: contiguous, transposed (b, n, h, d), expanded along the rows
+  (stride 0), expanded over heads, overlapping rows (``as_strided``), a slice of wider rows, every
+  other element of the last dim, a size-1 dim with an odd stride;
+* the pass: the kernel's forward and backward called directly (out and dout in odd layouts,
+  with or without a gradient reaching lse), or ``qkv.scaled_dot_product_attention`` with a
+  block mask under autograd, reduced by ``sum(dim=2)`` (autograd hands an expanded dout) or by
+  a random weighting.
+
+The contract, per case: out, lse, dq, dk and dv within the derived tolerance of the float64
+answer — ``factor`` × the error that the plain float32 (or the case's dtype) reference path
+makes on the same numbers + 2 ulp (tests/tolerance.py; factor 4 for the forward, 8 for
+gradients, as tests/attention/test_kernel.py derives) — no NaN where the reference is finite,
+and nothing written to file descriptors 1 or 2 while the kernel runs (BLAS prints "Intel
+oneMKL ERROR" there when it refuses a leading dimension, then skips the product).
+
+Prints one line per failing case and a summary: cases, how many ran the kernel's forward and
+backward, seconds. Exit status 1 when any case fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+import qkv  # noqa: E402
+from qkv.attention import kernels, spans  # noqa: E402
+from qkv.attention.reference import reference_attention  # noqa: E402
+from qkv.masks import and_masks, causal, document, sliding_window  # noqa: E402
+from tolerance import FUSED_FACTOR, bound, max_err  # noqa: E402
+
+LAYOUTS = ("contiguous", "transposed", "expanded rows", "expanded heads", "overlapping",
+           "sliced", "strided last dim", "size-1 odd stride")
+
+
+def in_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """A (b, h, n, d) tensor in ``layout`` (its values may change: an expansion repeats a row)."""
+    b, h, n, d = x.shape
+    if layout == "transposed":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)  # (b, h, n, d) view of (b, n, h, d)
+    if layout == "expanded rows":
+        return x[:, :, :1].expand(b, h, n, d)  # stride 0 along n
+    if layout == "expanded heads":
+        return x[:, :1].expand(b, h, n, d)
+    if layout == "overlapping" and d > 1:
+        step = max(1, d // 2)  # each row shares d − step elements with the next
+        base = x.flatten()[: (b * h * n - 1) * step + d].clone()
+        return base.as_strided((b, h, n, d), (h * n * step, n * step, step, 1))
+    if layout == "sliced":
+        return torch.cat([x, x + 1], -1)[..., :d]  # row stride 2d
+    if layout == "strided last dim":
+        return torch.stack([x, x - 1], -1).flatten(-2)[..., ::2]
+    if layout == "size-1 odd stride" and n == 1:
+        return x.clone().as_strided((b, h, 1, d), (h * d, d, 0, 1))
+    return x.contiguous()
+
+
+def documents(gen: random.Random, b: int, n: int, per_row: bool) -> torch.Tensor:
+    """Packed document ids: (n,) or (b, n), each document's tokens contiguous."""
+    rows = []
+    for _ in range(b if per_row else 1):
+        ids, doc = [], 0
+        while len(ids) < n:
+            ids += [doc] * gen.choice([1, 2, gen.randint(1, 40), gen.randint(20, 200)])
+            doc += 1
+        rows.append(ids[:n])
+    out = torch.tensor(rows)
+    return out if per_row else out[0]
+
+
+def draw_mask(gen: random.Random, b: int, t: int, s: int):
+    """(name, mask_mod, batch for create_block_mask): an interval mask for t rows and s keys."""
+    align = gen.choice(["top_left", "bottom_right"])
+    window = sliding_window(gen.randint(0, 80), gen.choice([0, 0, gen.randint(0, 25)]), align)
+    kinds = ["window", "causal", "causal ∩ window"]
+    if t == s:
+        kinds += ["documents", "documents ∩ causal", "documents ∩ window"]
+    kind = gen.choice(kinds)
+    per_row = b > 1 and gen.random() < 0.5
+    docs = document(documents(gen, b, t, per_row)) if "documents" in kind else None
+    mod = {"window": lambda: window, "causal": lambda: causal(align),
+           "causal ∩ window": lambda: and_masks(causal(align), window),
+           "documents": lambda: docs, "documents ∩ causal": lambda: and_masks(docs, causal()),
+           "documents ∩ window": lambda: and_masks(docs, window)}[kind]()
+    return f"{kind} ({align})", mod, (b if per_row else None)
+
+
+@dataclass
+class Case:
+    index: int
+    b: int
+    h_kv: int
+    g: int
+    t: int
+    s: int
+    d: int
+    dtype: torch.dtype
+    threads: int
+    scale: float
+    mask: str
+    layouts: dict
+    path: str  # "direct" or "autograd"
+    reduce: str
+    with_dlse: bool
+    ran_kernel: bool = False
+    problems: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        odd = {k: v for k, v in self.layouts.items() if v != "contiguous"}
+        return (f"case {self.index}: b={self.b} h={self.h_kv * self.g}/{self.h_kv} t={self.t} "
+                f"s={self.s} d={self.d} {str(self.dtype)[6:]} threads={self.threads} "
+                f"scale={self.scale:.3g} {self.mask} {self.path}/{self.reduce} "
+                f"dlse={self.with_dlse} layouts={odd}")
+
+
+class Quiet:
+    """Captures file descriptors 1 and 2 (where BLAS writes, below Python's sys.stdout)."""
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = [os.dup(1), os.dup(2)]
+        os.dup2(self.file.fileno(), 1)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode(errors="replace")
+        self.file.close()
+
+
+def reference(q, k, v, bm, scale, dout, dlse, dtype):
+    """(out, lse, dq, dk, dv) by autograd through the dense reference path in ``dtype``."""
+    x = [a.detach().to(dtype).requires_grad_() for a in (q, k, v)]
+    g = q.shape[1] // k.shape[1]
+    trace = reference_attention(x[0], x[1].repeat_interleave(g, 1), x[2].repeat_interleave(g, 1),
+                                bm.materialize(), scale=scale)
+    loss = (trace.output * dout.to(dtype)).sum()
+    if dlse is not None:
+        loss = loss + (trace.lse * dlse.to(dtype)).sum()
+    grads = torch.autograd.grad(loss, x, allow_unused=True)
+    return (trace.output.detach(), trace.lse.detach(), *grads)
+
+
+def draw(index: int, seed: int):
+    """Case ``index`` of run ``seed``: (the case, its mask_mod, the mask's batch, its generator)."""
+    gen = random.Random(seed * 1_000_003 + index)
+    b, h_kv, g = gen.randint(1, 2), gen.randint(1, 3), gen.choice([1, 1, 2, 3])
+    t = gen.choice([gen.randint(40, 130), gen.randint(64, 330)])
+    s = t if gen.random() < 0.6 else gen.randint(24, 330)
+    d = gen.choice([1, 3, 8, 16, 16, 32, 33, 64, 72])
+    dtype = gen.choices([torch.float32, torch.float64, torch.bfloat16], [0.85, 0.1, 0.05])[0]
+    scale = 1 / math.sqrt(d) if gen.random() < 0.7 else gen.choice([0.0, gen.uniform(0, 2)])
+    mask, mod, batch = draw_mask(gen, b, t, s)
+    layouts = {n: gen.choice(LAYOUTS) if gen.random() < 0.6 else "contiguous"
+               for n in ("q", "k", "v", "out", "dout")}
+    case = Case(index, b, h_kv, g, t, s, d, dtype, gen.randint(1, 4), scale, mask, layouts,
+                gen.choice(["direct", "autograd"]), gen.choice(["sum(dim=2)", "weighted"]),
+                gen.random() < 0.5)
+    return case, mod, batch, gen
+
+
+def run_case(index: int, seed: int) -> Case:
+    """Draw case ``index``, run it, and record what broke the contract in ``case.problems``."""
+    case, mod, batch, gen = draw(index, seed)
+    bm = qkv.create_block_mask(mod, batch, None, case.t, case.s, block_size=gen.choice([32, 64, 128]))
+    torch.set_num_threads(case.threads)
+    tg = torch.Generator().manual_seed(gen.randrange(2**31))
+    shape_q = (case.b, case.h_kv * case.g, case.t, case.d)  # (b, h, t, d)
+    shape_k = (case.b, case.h_kv, case.s, case.d)  # (b, h_kv, s, d)
+    q64, k64, v64, dout64 = (
+        in_layout(torch.randn(shape, generator=tg, dtype=torch.float64), case.layouts[n])
+        for shape, n in ((shape_q, "q"), (shape_k, "k"), (shape_k, "v"), (shape_q, "dout")))
+    dlse64 = torch.randn(shape_q[:-1], generator=tg, dtype=torch.float64) if case.with_dlse else None
+    gqa = case.g > 1
+    x = [in_layout(a.to(case.dtype), case.layouts[n]) for a, n in zip((q64, k64, v64), "qkv")]
+    case.ran_kernel = kernels.can_run(*x, bm)
+
+    def direct(forward, backward):  # the passes called as the backend calls them
+        out, lse = forward(*x, bm, scale=case.scale, enable_gqa=gqa)
+        o = in_layout(out, case.layouts["out"])
+        o = o if torch.equal(o, out) else out  # only the layouts that keep out's values
+        # a gradient reaching lse, where every row has a key (autograd's logsumexp backward is
+        # NaN on a row of −inf scores, so the reference could not say)
+        dlse = None if dlse64 is None or lse.isneginf().any() else dlse64.float()
+        dout = in_layout(dout64.float(), case.layouts["dout"])
+        grads = backward(*x, o, dout, lse, bm, scale=case.scale, enable_gqa=gqa, dlse=dlse)
+        return (out, lse, *grads), dout.double(), None if dlse is None else dlse.double()
+
+    def autograd(kernel: bool):  # qkv.scaled_dot_product_attention under autograd
+        leaves = [a.detach().requires_grad_() for a in x]
+        with kernels.use_kernel(kernel):
+            out, lse = qkv.scaled_dot_product_attention(*leaves, block_mask=bm, scale=case.scale,
+                                                        enable_gqa=gqa, return_lse=True)
+            if case.reduce == "sum(dim=2)":  # d loss / d out = 2 · out.sum(dim=2), expanded along t
+                (out.sum(dim=2) ** 2).sum().backward()
+                dout = (2 * out.detach().double().sum(dim=2, keepdim=True)).expand(out.shape)
+            else:
+                (out * dout64.to(out.dtype)).sum().backward()
+                dout = dout64.to(out.dtype).double()
+        return (out, lse, *(a.grad for a in leaves)), dout, None
+
+    kernel_direct = case.path == "direct" and case.ran_kernel
+    with Quiet() as quiet:
+        got, loss_dout, loss_dlse = (direct(kernels.kernel_forward, kernels.kernel_backward)
+                                     if kernel_direct else autograd(True))
+    if quiet.text.strip():
+        case.problems.append(f"wrote to fd 1/2: {quiet.text.strip().splitlines()[0][:120]}")
+    # the references read the very numbers the kernel read (a layout may repeat or shift them)
+    ref = reference(*(a.double() for a in x), bm, case.scale, loss_dout, loss_dlse, torch.float64)
+    plain = reference(*(a.float() for a in x), bm, case.scale, loss_dout, loss_dlse, torch.float32)
+    # and where the kernel ran, the spans path it replaces: FlashAttention-2's recomputation of P
+    # from lse rounds where the plain softmax is exact (a row of one key: P = 1, dq = 0)
+    peer = None
+    if case.ran_kernel:
+        peer = (direct(spans.spans_forward, spans.spans_backward) if kernel_direct
+                else autograd(False))[0]
+    norm = lambda a: float(a.double().norm(dim=-1).max()) if a.numel() else 0.0  # noqa: E731
+    big = lambda a: float(a.double().abs().max()) if a.numel() else 0.0  # noqa: E731
+    dout_v = norm(loss_dout) * norm(x[2])  # bounds |dP_ij| = |dout_i · v_j|
+    terms = {"dq": case.scale * dout_v * big(x[1]), "dk": case.scale * case.t * dout_v * big(x[0]),
+             "dv": case.t * big(loss_dout)}
+    check(case, got, ref, plain, peer, terms)
+    return case
+
+
+def check(case: Case, got, ref, plain, peer=None, terms=None) -> None:
+    """Each of out, lse, dq, dk, dv within factor × the error of float64's that the plain float32
+    path (or ``peer``, the spans path, where larger) makes (+ 2 ulp); NaN only where float64 has
+    NaN. A gradient that is 0 exactly in float64 and on the plain path (keys all equal: the
+    softmax does not move with q; one key a row: P = 1) is a cancellation the plain path made
+    exactly: it is held to ``factor · eps · terms[name]``, the size of the terms that cancel
+    (|dS_ij| ≤ P_ij |dout_i · v_j|, summed over keys for dq, over queries for dk). A case in another dtype (the spans path's) scales
+    that error by the ratio of the dtypes' epsilons (bfloat16: 2⁻⁸ / 2⁻²³), as
+    tests/tolerance.py's ``assert_agree`` does one precision down."""
+    ratio = torch.finfo(case.dtype).eps / torch.finfo(torch.float32).eps
+    peer = peer or (None,) * 5
+    for name, g, r, p, q, factor in zip(("out", "lse", "dq", "dk", "dv"), got, ref, plain, peer,
+                                        (FUSED_FACTOR, FUSED_FACTOR, *(2 * FUSED_FACTOR,) * 3)):
+        r = torch.zeros_like(g, dtype=torch.float64) if r is None else r  # allow_unused: no key
+        p = torch.zeros_like(r) if p is None else p
+        g, r, p = g.detach().double(), r.double(), p.detach().double()
+        q = p if q is None else q.detach().double()
+        if name == "lse":  # rows with no key: −inf on every path
+            if not torch.equal(g.isneginf(), r.isneginf()):
+                case.problems.append("lse: −inf rows differ")
+            keep = ~r.isneginf()
+            g, r, p, q = g[keep], r[keep], p[keep], q[keep]
+        if max_err(q, r) > max_err(p, r):
+            p = q
+        if (g.isnan() & ~r.isnan()).any():
+            case.problems.append(f"{name}: NaN where float64 is finite")
+            continue
+        if case.dtype == torch.float64:  # the reference rounds as much: ×2 (tolerance.assert_agree)
+            factor *= 2
+        limit = bound(r, p, factor=factor * ratio, dtype=case.dtype)
+        if terms and name in terms and r.numel() and float(r.abs().max()) == 0 == max_err(p, r):
+            limit = factor * torch.finfo(case.dtype).eps * terms[name]
+        err = max_err(g, r)
+        if not err <= limit:
+            case.problems.append(f"{name}: error {err:.3g} > {limit:.3g} (plain {max_err(p, r):.3g})")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--case", type=int, default=None, help="run this case alone")
+    args = ap.parse_args(argv)
+    if kernels.load() is None:
+        print("qkv's C++ kernel is not built here: nothing to fuzz (python -m qkv.attention.kernels.build)")
+        return 1
+    threads = torch.get_num_threads()
+    t0, failed, forward, backward = time.perf_counter(), 0, 0, 0
+    for index in ([args.case] if args.case is not None else range(args.cases)):
+        case = run_case(index, args.seed)
+        forward += case.ran_kernel
+        backward += case.ran_kernel  # the kernel's backward runs wherever its forward can
+        if case.problems:
+            failed += 1
+            print(f"FAIL {case.describe()}: {'; '.join(case.problems)}", flush=True)
+    torch.set_num_threads(threads)
+    n = 1 if args.case is not None else args.cases
+    print(f"{n} cases (seed {args.seed}): {n - failed} held, {failed} failed; {forward} ran the "
+          f"C++ kernel (the rest: the spans path), {time.perf_counter() - t0:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
