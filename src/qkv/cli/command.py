@@ -76,7 +76,9 @@ def run(command: Command, args: argparse.Namespace) -> int:
             result = command.compute(model, args, bars)
         return show(args, result, flags=command.flags)
     except ArgumentError as e:  # the library's argument names, in this command's flags
-        raise e.spelled(command.flags) from None
+        from qkv.cli.options import spelling
+
+        raise e.spelled(spelling(command.flags)) from None
 
 
 def load_model(args: argparse.Namespace, name: str | None = None):

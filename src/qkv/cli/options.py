@@ -499,11 +499,17 @@ def _one_line(message: str, prog: str) -> str:
     return " ".join(message.split())
 
 
+def spelling(flags: dict[str, str]) -> dict[str, str]:
+    """The library's argument names → a command's flags: ``flags`` and, for every command, the
+    long-text model's (``reader`` → ``--model reader``)."""
+    return {"reader": "--model reader", **flags}
+
+
 def in_flags(flags: dict[str, str]):
     """Decorator for a command's ``run(args)``: a :mod:`qkv.explain` ArgumentError it raises is
     re-raised in the words of ``flags`` (the library says ``token``, the command line ``--token``)."""
 
-    spelling = {"reader": "--model reader", **flags}  # every command: the long-text model's flag
+    spelled_as = spelling(flags)
 
     def decorate(run):
         @functools.wraps(run)
@@ -513,7 +519,7 @@ def in_flags(flags: dict[str, str]):
             try:
                 return run(args)
             except ArgumentError as e:
-                raise e.spelled(spelling) from None
+                raise e.spelled(spelled_as) from None
 
         return wrapper
 
