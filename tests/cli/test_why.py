@@ -12,6 +12,7 @@ import re
 import pytest
 
 import qkv
+from qkv.view.answers import labelled
 from qkv.cli import main
 from qkv.explain import score_attribution
 
@@ -40,7 +41,8 @@ def test_the_page_holds_the_librarys_result_and_nothing_from_outside(capsys, tmp
     data = embedded(page)
     [[endpoint, fields, answer]] = data["answers"]
     assert (endpoint, fields) == ("why", {"token": 7, "key": 4, "layer": 1, "head": 0})
-    assert answer == want and data["state"]["view"] == "score-attribution"
+    # the page's answer is the library's, with its tokens' display text beside them
+    assert answer == labelled(dict(want)) and data["state"]["view"] == "score-attribution"
     assert "connect-src 'none'" in page and not re.search(r"""(src|href)=["']?https?:""", page)
 
 
