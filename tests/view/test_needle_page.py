@@ -41,17 +41,17 @@ def check_tables(page, d: dict) -> None:
                 assert_shown(exact, d[name][i][j], f"{name}[{i}][{j}] (tooltip)")
     heads = ", ".join(f"L{layer} H{head}" for layer, head in d["heads"])
     assert page.locator("#heads").text_content() == f"({heads})"
-    # "1 input a cell" / "8 inputs a cell", never "input(s)" (issue 41)
+    # "1 input per cell" / "8 inputs per cell", never "input(s)" (issue 41)
     samples = d["samples"]
-    assert f"; {samples} input{'s' if samples != 1 else ''} a cell" in page.locator("#about").text_content()
+    assert f"; {samples} input{'s' if samples != 1 else ''} per cell" in page.locator("#about").text_content()
 
 
-def test_one_input_a_cell_is_singular(watched, saved, tmp_path):
+def test_one_input_per_cell_is_singular(watched, saved, tmp_path):
     path = tmp_path / "needle.html"
     path.write_text(needle_page({**saved, "samples": 1}), encoding="utf-8")
     watched.page.goto(path.as_uri())
     watched.page.wait_for_function(READY)
-    assert "; 1 input a cell," in watched.page.locator("#about").text_content()
+    assert "; 1 input per cell," in watched.page.locator("#about").text_content()
 
 
 def test_the_html_file(watched, saved, tmp_path):

@@ -59,9 +59,9 @@ def add_atlas(p: argparse.ArgumentParser) -> None:
                    help="top contexts kept per head (default 3)")
     p.add_argument("--samples", type=options.integer(1, 1000), default=8,
                    help="needle inputs of the retrieval score (default 8)")
-    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
-                   help="also write a page: every head a point by two metrics you choose, a "
-                        "click listing its contexts (self-contained, no server; qkv view shows "
-                        "a saved --json at /atlas)")
-    p.add_argument("--json", action="store_true", help="print every number and context as JSON")
+    options.add_output_arguments(
+        p, html="also write a page: every head a point by two metrics you choose, a click "
+                "listing its contexts (self-contained, no server; qkv view shows a saved --json "
+                "at /atlas)",
+        json="print every number and context as JSON")
     ATLAS.add_to(p)

@@ -63,9 +63,7 @@ def add_faithfulness(p: argparse.ArgumentParser) -> None:
     most = options.constant("qkv.explain.probes.induction:MAX_SEQUENCES")  # the library's bound too
     p.add_argument("--sequences", type=options.integer(1, most), default=8,
                    help="random sequences for induction / previous-token (default 8)")
-    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
-                   help="also draw each head's effect against its attention score")
-    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    options.add_output_arguments(p, png="also draw each head's effect against its attention score")
     FAITHFULNESS.add_to(p)
 
 

@@ -76,10 +76,8 @@ def add_needle(p: argparse.ArgumentParser) -> None:
     p.add_argument("--haystack", type=options.path(), default=None, metavar="FILE",
                    help="fill the haystack with this UTF-8 text's tokens (default: random tokens)")
     p.add_argument("--seed", type=options.seed(), default=0, help="the first input's seed (default 0)")
-    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
-                   help="also draw both maps as heat maps")
-    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
-                   help="also write both maps as a self-contained page (no server; qkv view "
-                        "shows a saved --json at /needle)")
-    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    options.add_output_arguments(
+        p, png="also draw both maps as heat maps",
+        html="also write both maps as a self-contained page (no server; qkv view shows a saved "
+             "--json at /needle)")
     NEEDLE.add_to(p)

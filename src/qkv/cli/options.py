@@ -594,3 +594,17 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default=None, metavar="DTYPE",
                         help=f"the weights' floating-point type: {', '.join(DTYPES)} (default: as "
                              "the checkpoint stores them)")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, *, png: str | None = None,
+                         html: str | None = None,
+                         json: str = "print every number as one JSON object") -> None:
+    """A command's outputs, each with its help (``None``: the command has none): ``--png FILE``
+    (the result's figure), ``--html FILE`` (its self-contained page) and ``--json`` (the result
+    whole as JSON instead of its table). :mod:`qkv.cli.output` checks the files before the model
+    loads and writes them after the result."""
+    if png is not None:
+        parser.add_argument("--png", type=path(), default=None, metavar="FILE", help=png)
+    if html is not None:
+        parser.add_argument("--html", type=path(), default=None, metavar="FILE", help=html)
+    parser.add_argument("--json", action="store_true", help=json)

@@ -123,9 +123,7 @@ def add_show(p: argparse.ArgumentParser) -> None:
     options.add_model_argument(p, default="minilm")
     p.add_argument("--top", type=options.integer(1, 10_000), default=10,
                    help="how many items a kind's table lists, where it lists some (default 10)")
-    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
-                   help="also draw it, for a kind that has a figure")
-    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
-                   help="also write it as a self-contained page, for a kind that has one")
-    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    options.add_output_arguments(
+        p, png="also draw it, for a kind that has a figure",
+        html="also write it as a self-contained page, for a kind that has one")
     SHOW.add_to(p)

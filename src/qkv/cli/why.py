@@ -49,10 +49,8 @@ def add_why(p: argparse.ArgumentParser) -> None:
                    help="head within the layer, from 0")
     p.add_argument("--top", type=options.integer(1, 10_000), default=12,
                    help="how many of the largest terms to list (default 12)")
-    p.add_argument("--png", type=options.path(), default=None, metavar="FILE",
-                   help="also draw the terms as a heat map (.png/.svg/.pdf)")
-    p.add_argument("--html", type=options.path(), default=None, metavar="FILE",
-                   help="also write the viewer's 'why this weight' panel for it as one "
-                        "self-contained page (no server, nothing loaded from the network)")
-    p.add_argument("--json", action="store_true", help="print every number as one JSON object")
+    options.add_output_arguments(
+        p, png="also draw the terms as a heat map (.png/.svg/.pdf)",
+        html="also write the viewer's 'why this weight' panel for it as one self-contained page "
+             "(no server, nothing loaded from the network)")
     WHY.add_to(p)

@@ -62,27 +62,21 @@ def _exchange(recv, send, recv_sizes, send_sizes, agreed: Agreed) -> None:
                            f"timeout: {e}") from e
 
 
-class _SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, agreed):
-        ctx.agreed = agreed
-        return _all_to_all(x, agreed, to_heads=True)
+class _AllToAll(torch.autograd.Function):
+    """:func:`_all_to_all` as an autograd op: sequence shards → head shards (``to_heads``) or
+    back; its gradient is the same exchange the other way."""
 
     @staticmethod
-    def backward(ctx, grad):
-        return _all_to_all(grad.contiguous(), ctx.agreed, to_heads=False), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, agreed):
-        ctx.agreed = agreed
-        return _all_to_all(x, agreed, to_heads=False)
+    def forward(ctx, x, agreed, to_heads: bool):
+        ctx.agreed, ctx.to_heads = agreed, to_heads
+        return _all_to_all(x, agreed, to_heads=to_heads)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_to_all(grad.contiguous(), ctx.agreed, to_heads=True), None
+        return _all_to_all(grad.contiguous(), ctx.agreed, to_heads=not ctx.to_heads), None, None
 
+
+TO_HEADS, TO_SEQUENCE = True, False  # _AllToAll's direction (apply takes no keywords)
 
 def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, group=None,
                       is_causal: bool = False, block_mask=None,
@@ -113,15 +107,15 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     v = value.reshape(b, hkv, t, dv)  # (B, h_kv, t, dv)
     if hkv % world:  # too few key/value heads to share out: give every query head its own
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
-    qh, kh, vh = (_SeqToHeads.apply(x, agreed) for x in (q, k, v))  # (B, heads/P, N, ·)
+    qh, kh, vh = (_AllToAll.apply(x, agreed, TO_HEADS) for x in (q, k, v))  # (B, heads/P, N, ·)
     gqa = kh.shape[1] != qh.shape[1]
     mask = GlobalMask(causal=bool(is_causal), window=tuple(window) if window is not None else None,
                       mask_mod=mask_mod_of(block_mask, agreed.length))
     out, lse = _local(qh, kh, vh, mask, agreed, gqa, return_lse)  # (B, h/P, N, dv), (B, h/P, N)
-    out = _HeadsToSeq.apply(out, agreed).reshape(*lead, h, t, dv)  # (..., h, t_r, dv)
+    out = _AllToAll.apply(out, agreed, TO_SEQUENCE).reshape(*lead, h, t, dv)  # (..., h, t_r, dv)
     if not return_lse:
         return out
-    lse_local = _HeadsToSeq.apply(lse.unsqueeze(-1), agreed)  # (B, h, t_r, 1)
+    lse_local = _AllToAll.apply(lse.unsqueeze(-1), agreed, TO_SEQUENCE)  # (B, h, t_r, 1)
     return out, lse_local.reshape(*lead, h, t)
 
 

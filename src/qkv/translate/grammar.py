@@ -77,17 +77,33 @@ Role = Literal["det", "noun", "adj", "verb", "prep", "prep_det"]
 
 
 @dataclass(frozen=True)
-class Noun:
-    """One noun in both languages. ``fr_vowel``: the French noun elides a preceding le/la/de.
+class Numbered:
+    """A word that agrees in number, in both languages: a noun, or a verb's third person.
 
-    >>> NOUNS["horse"].fr_pl
-    'chevaux'
+    >>> NOUNS["horse"].fr(plural=True), VERBS["follow"].en(plural=False)
+    ('chevaux', 'follows')
     """
 
     en_sg: str
     en_pl: str
     fr_sg: str
     fr_pl: str
+
+    def en(self, plural: bool) -> str:
+        return self.en_pl if plural else self.en_sg
+
+    def fr(self, plural: bool) -> str:
+        return self.fr_pl if plural else self.fr_sg
+
+
+@dataclass(frozen=True)
+class Noun(Numbered):
+    """One noun in both languages. ``fr_vowel``: the French noun elides a preceding le/la/de.
+
+    >>> NOUNS["horse"].fr_pl
+    'chevaux'
+    """
+
     gender: Gender
     fr_vowel: bool = False
 
@@ -113,17 +129,12 @@ class Adjective:
 
 
 @dataclass(frozen=True)
-class Verb:
+class Verb(Numbered):
     """One verb in the present tense, third person: singular and plural forms.
 
     >>> VERBS["follow"].fr_pl
     'suivent'
     """
-
-    en_sg: str
-    en_pl: str
-    fr_sg: str
-    fr_pl: str
 
 
 def _noun(en_sg: str, en_pl: str, fr_sg: str, fr_pl: str, gender: Gender, fr_vowel: bool = False) -> Noun:
@@ -203,15 +214,12 @@ def lexicon() -> Lexicon:
     """The English and French token vocabularies (for tokenizers and out-of-vocabulary checks)."""
     en = set(EN_FUNCTION_WORDS)
     fr = set(FR_FUNCTION_WORDS)
-    for n in NOUNS.values():
-        en |= {n.en_sg, n.en_pl}
-        fr |= {n.fr_sg, n.fr_pl}
+    for w in (*NOUNS.values(), *VERBS.values()):
+        en |= {w.en_sg, w.en_pl}
+        fr |= {w.fr_sg, w.fr_pl}
     for a in ADJECTIVES.values():
         en.add(a.en)
         fr |= {a.fr_m, a.fr_f, a.fr_mpl, a.fr_fpl}
-    for v in VERBS.values():
-        en |= {v.en_sg, v.en_pl}
-        fr |= {v.fr_sg, v.fr_pl}
     return Lexicon(en=tuple(sorted(en)), fr=tuple(sorted(fr)))
 
 
@@ -392,7 +400,7 @@ def _en_article(np: NounPhrase, next_word: str) -> str:
 
 def _en_np(np: NounPhrase) -> list[str]:
     noun = NOUNS[np.noun]
-    words = ([np.adj] if np.adj else []) + [noun.en_pl if np.plural else noun.en_sg]
+    words = ([np.adj] if np.adj else []) + [noun.en(np.plural)]
     return [_en_article(np, words[0])] + words
 
 
@@ -440,7 +448,7 @@ def _emit_np(b: _Builder, np: NounPhrase, start: int, after_de: int | None = Non
     else:
         b.fr_word("d'" if art in ("un", "une") else "de", (after_de,), "prep")
         b.fr_word(art, (i_art,), "det")
-    b.fr_word(noun.fr_pl if np.plural else noun.fr_sg, (i_noun,), "noun")
+    b.fr_word(noun.fr(np.plural), (i_noun,), "noun")
     if np.adj:
         b.fr_word(ADJECTIVES[np.adj].fr(noun.gender, np.plural), (i_adj,), "adj")
 
@@ -454,9 +462,9 @@ def realize(s: Sentence) -> Pair:
     b = _Builder()
     subj_start = b.en_words(_en_np(s.subj))
     verb = VERBS[s.verb]
-    i_verb = b.en_words([verb.en_pl if s.subj.plural else verb.en_sg])
+    i_verb = b.en_words([verb.en(s.subj.plural)])
     _emit_np(b, s.subj, subj_start)
-    b.fr_word(verb.fr_pl if s.subj.plural else verb.fr_sg, (i_verb,), "verb")
+    b.fr_word(verb.fr(s.subj.plural), (i_verb,), "verb")
     if s.template == 1:
         assert s.obj is not None
         _emit_np(b, s.obj, b.en_words(_en_np(s.obj)))
@@ -484,15 +492,15 @@ def realize(s: Sentence) -> Pair:
     )
 
 
-# English surface form -> (lemma, plural) for nouns and verbs; built once from the tables above.
-_EN_NOUN_FORMS: dict[str, tuple[str, bool]] = {
-    **{n.en_sg: (k, False) for k, n in NOUNS.items()},
-    **{n.en_pl: (k, True) for k, n in NOUNS.items()},
-}
-_EN_VERB_FORMS: dict[str, tuple[str, bool]] = {
-    **{v.en_sg: (k, False) for k, v in VERBS.items()},
-    **{v.en_pl: (k, True) for k, v in VERBS.items()},
-}
+def _en_forms(words: dict[str, Numbered]) -> dict[str, tuple[str, bool]]:
+    """English surface form -> (lemma, plural) of ``words`` (a form both numbers share: plural)."""
+    return {**{w.en_sg: (k, False) for k, w in words.items()},
+            **{w.en_pl: (k, True) for k, w in words.items()}}
+
+
+# built once from the tables above
+_EN_NOUN_FORMS = _en_forms(NOUNS)
+_EN_VERB_FORMS = _en_forms(VERBS)
 
 
 _EN_VOCAB = frozenset(lexicon().en)

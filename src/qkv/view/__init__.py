@@ -13,10 +13,12 @@ computed" in two different files):
   self-contained file.
 * ``answers.py`` — a result as the page receives it (its ``to_dict()``; whole maps as float32).
 * ``notebook.py`` — a result in a notebook (``%load_ext qkv.view.notebook``): the page in an iframe.
-* ``static/``   — ``index.html``, ``style.css``, ``app.js`` (each result kind drawn by its entry of
-  ``PANELS``), ``document.html``/``document.js`` (a long document) and ``shared.js`` (what both
-  pages share): plain HTML/SVG/canvas, no build step, no network access beyond the server that
-  sent them.
+* ``static/``   — ``frame.html`` (every page's ``<head>`` and the ``<body>`` around its
+  content), ``index.html`` (the text page's body), ``style.css``, ``app.js`` (each result kind
+  drawn by its entry of ``PANELS``), ``document.html``/``document.js`` (a long document),
+  ``atlas.html``/``needle.html`` (+ ``.js``: saved results) and ``shared.js`` (what the pages
+  share): plain HTML/SVG/canvas, no build step, no network access beyond the server that sent
+  them.
 
 Nothing is imported here, so the export and the notebook display do not pull in the server.
 The endpoints, the fields they take (with their defaults and bounds), how each answer is encoded,

@@ -43,6 +43,8 @@ from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models, page_info
 from qkv.view.page import standalone
 
 DEFAULT_METHOD = METHOD.default
+
+
 def exported_rows() -> list:
     """The rows the export runs besides the page's main answers (the "attention received" panel
     …), each as its ``export`` says: read from the table of result kinds when the export runs,
@@ -65,6 +67,121 @@ def places(export: str, every: list[tuple[int, int]], layer: int, head: int) -> 
     return list(every)
 
 
+class _Answers:
+    """The export's answers, each request asked once, in the order asked: ``[endpoint, request
+    fields, answer]`` by the request (the page finds an answer by its request; :meth:`_key` alone
+    spells the lookup key). ``progress(stage, done, total)`` is told after each piece of work."""
+
+    def __init__(self, api: Api, model: str, text: str,
+                 progress: Callable[[str, int, int], None] | None):
+        self.api, self.model, self.text, self.progress = api, model, text, progress
+        self.loaded = api.models.get(model)
+        self._by_request: dict = {}  # (endpoint, fields) → [endpoint, fields, answer]
+
+    @staticmethod
+    def _key(endpoint: str, fields: dict) -> tuple:
+        return endpoint, tuple(sorted(fields.items()))
+
+    def rows(self) -> list:
+        return list(self._by_request.values())
+
+    def ask(self, endpoint: str, **fields) -> dict:
+        """The API's answer to ``endpoint`` with ``fields`` (those given as ``None`` left out)."""
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self._key(endpoint, fields) not in self._by_request:
+            self.put(endpoint, fields,
+                     self.api.handle(endpoint, {"model": self.model, "text": self.text, **fields}))
+        return self._by_request[self._key(endpoint, fields)][2]
+
+    def put(self, endpoint: str, fields: dict, answer: dict) -> None:
+        self._by_request[self._key(endpoint, fields)] = [endpoint, fields, answer]
+
+    def every_head(self, endpoint: str, explain_heads: Callable, every: list[tuple[int, int]],
+                   **fields) -> None:
+        """``endpoint``'s answer for every (layer, head) of ``every`` at one token, from one
+        forward (``explain_heads``): each the answer the server gives that head's request."""
+        with self.api.models.lock:
+            # the token as the API passes it: a string (an index, a word or word@N)
+            results = explain_heads(self.loaded, self.text, heads=every,
+                                    **(fields | {"token": str(fields["token"])}))
+        for (l, h), r in zip(every, results, strict=True):  # in the order asked
+            self.put(endpoint, fields | {"layer": l, "head": h}, answer_of(r))
+
+    def best_heads(self) -> None:
+        """The model's probe (the server's ``probe`` answer: ``find_heads.probe(model)``), run
+        here to tell its own progress (49 sentences for coref: the page's longest step)."""
+        with self.api.models.lock:
+            result = find_heads.probe(self.loaded, progress=self.progress)
+        self.put("probe", {}, answer_of(result))
+
+    def run(self, work: list[Callable[[], object]]) -> None:
+        for done, do in enumerate(work, 1):
+            do()
+            if self.progress is not None:
+                self.progress("page", done, len(work))
+
+
+def _heads(answer: dict, layer: int, head: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """The chosen (layer, head) kept within the model's, and every (layer, head) of the model,
+    from an answer that names ``num_layers`` and ``num_heads``."""
+    L, H = answer["num_layers"], answer["num_heads"]
+    return min(layer, L - 1), min(head, H - 1), [(l, h) for l in range(L) for h in range(H)]
+
+
+def _translation(answers: _Answers, token, layer: int, head: int) -> dict:
+    """A translation's answers (the page's opening state returned): 1) the cross-attention of
+    the target token the library picks (every head's map), 2) the step panel of every head at
+    that token and 3) of the chosen head at every target token."""
+    j = answers.api.handle("cross", {"model": answers.model, "text": answers.text,
+                                     "token": token})["focus"]  # the library's default
+    cross = answers.ask("cross", token=j)  # 1
+    layer, head, every = _heads(cross, layer, head)
+    # step panels need each head's weights in qkv (a transformers encoder-decoder has none: the
+    # page says the answer is missing)
+    if answers.loaded.capabilities.head_weights:
+        answers.run([lambda: answers.every_head("cross_steps", cross_attention_heads, every,
+                                                token=j)]  # 2
+                    + [lambda i=i: answers.ask("cross_steps", token=i, layer=layer, head=head)
+                       for i in range(len(cross["target"]))])  # 3
+    return {"token": j, "layer": layer, "head": head, "words": False, "method": DEFAULT_METHOD}
+
+
+def _self_attention(answers: _Answers, token, layer: int, head: int, words: bool,
+                    probe: bool) -> dict:
+    """A text's self-attention answers (the page's opening state returned): 1) the overview of
+    the chosen token; for a long text 2) the chosen head's map and steps only; for a short one
+    3) every head's map, 4) the steps of every head at the chosen token, 5) every token's
+    overview, 6) the chosen head's steps at every token, 7) each exported row by its rule and
+    8) the model's probe's best heads."""
+    first = answers.api.handle("overview", {"model": answers.model, "text": answers.text,
+                                            "token": token, "words": words})
+    t = first["unit_index"]
+    overview = answers.ask("overview", token=t, words=words, method=DEFAULT_METHOD)  # 1
+    layer, head, every = _heads(overview, layer, head)
+    state = {"token": t, "layer": layer, "head": head, "words": words, "method": DEFAULT_METHOD}
+    if len(first["tokens"]) > MAX_WHOLE_MAPS_UNITS:  # 2
+        answers.ask("map", layer=layer, head=head, words=words)
+        answers.ask("steps", token=t, layer=layer, head=head, words=words)
+        return state
+
+    def exported(row, l: int, h: int) -> None:
+        selection = state | {"layer": l, "head": h}
+        answers.ask(row.endpoint, **{f: selection.get(f) for f in row.field_names})
+
+    units = range(len(overview["units"]))
+    answers.run(
+        [lambda: answers.ask("maps", words=words),  # 3
+         lambda: answers.every_head("steps", explain_heads, every, token=t, words=words)]  # 4
+        + [lambda u=u: answers.ask("overview", token=u, words=words, method=DEFAULT_METHOD)
+           for u in units]  # 5
+        + [lambda u=u: answers.ask("steps", token=u, layer=layer, head=head, words=words)
+           for u in units]  # 6
+        + [lambda row=row, lh=lh: exported(row, *lh) for row in exported_rows()
+           for lh in places(row.export, every, layer, head)]  # 7
+        + ([answers.best_heads] if probe else []))  # 8
+    return state
+
+
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
             head: int = 0, words: bool = False, probe: bool = True,
             progress: Callable[[str, int, int], None] | None = None) -> tuple[list, dict]:
@@ -73,84 +190,13 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
 
     ``progress(stage, done, total)``: called after each group of answers (``qkv view --html``
     draws it as a bar on a terminal)."""
-    answers: dict = {}  # (endpoint, fields) → [endpoint, fields, answer]: each request once
-    loaded = api.models.get(model)
-
-    def key(endpoint: str, fields: dict) -> tuple:
-        return endpoint, tuple(sorted(fields.items()))
-
-    def get(endpoint: str, **fields) -> dict:
-        fields = {k: v for k, v in fields.items() if v is not None}
-        if key(endpoint, fields) not in answers:
-            a = api.handle(endpoint, {"model": model, "text": text, **fields})
-            answers[key(endpoint, fields)] = [endpoint, fields, a]
-        return answers[key(endpoint, fields)][2]
-
-    def every_head(endpoint: str, explain_heads: Callable, **fields) -> None:
-        """``endpoint``'s answer for every head at one token, from one forward
-        (``explain_heads``): each the answer the server gives that head's request."""
-        with api.models.lock:
-            # the token as the API passes it: a string (an index, a word or word@N)
-            results = explain_heads(loaded, text, heads=every, **(fields | {"token": str(fields["token"])}))
-        for (l, h), r in zip(every, results, strict=True):  # in the order asked
-            one = fields | {"layer": l, "head": h}
-            answers[key(endpoint, one)] = [endpoint, one, answer_of(r)]
-
-    def run(work: list[Callable[[], object]]) -> None:
-        for done, do in enumerate(work, 1):
-            do()
-            if progress is not None:
-                progress("page", done, len(work))
-
+    answers = _Answers(api, model, text, progress)
     token = int(token) if isinstance(token, str) and token.isdigit() else token
-    if loaded.capabilities.cross_attention:
-        j = api.handle("cross", {"model": model, "text": text, "token": token})["focus"]  # the library's default
-        ca = get("cross", token=j)
-        L, H = ca["num_layers"], ca["num_heads"]
-        layer, head = min(layer, L - 1), min(head, H - 1)
-        every = [(l, h) for l in range(L) for h in range(H)]
-        # step panels need each head's weights in qkv (a transformers encoder-decoder has none:
-        # the page says the answer is missing)
-        if loaded.capabilities.head_weights:
-            run([lambda: every_head("cross_steps", cross_attention_heads, token=j)]
-                + [lambda i=i: get("cross_steps", token=i, layer=layer, head=head)
-                   for i in range(len(ca["target"]))])
-        return list(answers.values()), {"token": j, "layer": layer, "head": head, "words": False,
-                                        "method": DEFAULT_METHOD}
-
-    first = api.handle("overview", {"model": model, "text": text, "token": token, "words": words})
-    t = first["unit_index"]
-    ov = get("overview", token=t, words=words, method=DEFAULT_METHOD)
-    L, H = ov["num_layers"], ov["num_heads"]
-    layer, head = min(layer, L - 1), min(head, H - 1)
-    every = [(l, h) for l in range(L) for h in range(H)]
-    if len(first["tokens"]) > MAX_WHOLE_MAPS_UNITS:  # a long text: the chosen head only
-        get("map", layer=layer, head=head, words=words)
-        get("steps", token=t, layer=layer, head=head, words=words)
-        return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
-                                        "method": DEFAULT_METHOD}
-
-    def best_heads() -> None:
-        """The model's probe (the server's ``probe`` answer: ``find_heads.probe(model)``),
-        run here to tell its own progress (49 sentences for coref: the page's longest step)."""
-        with api.models.lock:
-            result = find_heads.probe(loaded, progress=progress)
-        answers[key("probe", {})] = ["probe", {}, answer_of(result)]
-
-    def exported(row, l: int, h: int) -> None:
-        selection = {"token": t, "layer": l, "head": h, "words": words, "method": DEFAULT_METHOD}
-        get(row.endpoint, **{f: selection.get(f) for f in row.field_names})
-
-    units = range(len(ov["units"]))
-    run([lambda: get("maps", words=words),
-         lambda: every_head("steps", explain_heads, token=t, words=words)]
-        + [lambda u=u: get("overview", token=u, words=words, method=DEFAULT_METHOD) for u in units]
-        + [lambda u=u: get("steps", token=u, layer=layer, head=head, words=words) for u in units]
-        + [lambda row=row, lh=lh: exported(row, *lh) for row in exported_rows()
-           for lh in places(row.export, every, layer, head)]
-        + ([best_heads] if probe else []))
-    return list(answers.values()), {"token": t, "layer": layer, "head": head, "words": words,
-                                    "method": DEFAULT_METHOD}
+    if answers.loaded.capabilities.cross_attention:
+        state = _translation(answers, token, layer, head)
+    else:
+        state = _self_attention(answers, token, layer, head, words, probe)
+    return answers.rows(), state
 
 
 def result_page(result) -> str:

@@ -1,6 +1,8 @@
-"""The page as one HTML string: ``static/index.html`` with its style and script put in place.
+"""A page as one HTML string: ``static/frame.html`` (what every page's ``<head>`` holds, the
+``<body>`` around its content) filled with one page's title, body (``static/index.html`` for the
+text's: :data:`PAGES`), style and script.
 
-Two forms, one template:
+Two forms, one frame:
 
 * **served** (:func:`page_html` without answers): ``<link>``/``<script src>`` to ``/static/…``;
   the server sends a Content-Security-Policy header allowing its own origin only.
@@ -20,6 +22,7 @@ import base64
 import hashlib
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -50,12 +53,26 @@ def _json_in_html(data) -> str:
     return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
+@dataclass(frozen=True)
+class Page:
+    """One of the viewer's pages: files in ``static/`` that :data:`FRAME` is filled with."""
+
+    body: str  # what stands in the frame's <body>: the page's header, main and footer
+    script: str  # its script, loaded after shared.js
+    title: str  # its <title>
+    styles: tuple[str, ...] = ("style.css",)  # its style sheets, in order
+
+
 # Four pages, one style: a text's (index.html, app.js), a long document's (document.html,
 # document.js: qkv view --file — a virtualised token strip, the block map, served only), a head
 # atlas's and a needle map's (qkv atlas/needle --html, or a saved --json opened at /atlas, /needle).
-PAGES = {"text": ("index.html", "app.js"), "document": ("document.html", "document.js"),
-         "atlas": ("atlas.html", "atlas.js"), "needle": ("needle.html", "needle.js")}
-SHARED_SCRIPT = "shared.js"  # loaded before either page's script: the POST, helpers, the model grid
+PAGES = {"text": Page("index.html", "app.js", "qkv view"),
+         "document": Page("document.html", "document.js", "qkv view — a long document",
+                          ("style.css", "document.css")),
+         "atlas": Page("atlas.html", "atlas.js", "qkv view — a head atlas"),
+         "needle": Page("needle.html", "needle.js", "qkv view — a needle map")}
+FRAME = "frame.html"  # every page's <head>, and the <body> its content, data and script go in
+SHARED_SCRIPT = "shared.js"  # loaded before each page's script: the POST, helpers, the model grid
 
 
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page: str = "text") -> str:
@@ -66,26 +83,30 @@ def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page:
     ``page``: which of :data:`PAGES` (a document's is served only).
     """
     static_dir = Path(static_dir)
-    html_name, script_name = PAGES[page]
+    chosen = PAGES[page]
     if embed is not None and page == "document":
         raise ValueError("a document's page is served only, never written standalone")
-    template = (static_dir / html_name).read_text(encoding="utf-8")
+    scripts = (SHARED_SCRIPT, chosen.script)
+    # 1) the page in the frame (first, so that only the frame's and the page's own markers are read)
+    parts = {"title": html.escape(chosen.title),
+             "body": (static_dir / chosen.body).read_text(encoding="utf-8").rstrip("\n")}
+    # 2) its style, script and data: linked (served), or inlined under a CSP that allows them only
     if embed is None:
-        parts = {"csp": "", "data": "",
-                 "style": '<link rel="stylesheet" href="/static/style.css">',
-                 "script": "".join(f'<script src="/static/{name}"></script>'
-                                   for name in (SHARED_SCRIPT, script_name))}
+        parts |= {"csp": "", "data": "",
+                  "style": "".join(f'<link rel="stylesheet" href="/static/{name}">'
+                                   for name in chosen.styles),
+                  "script": "".join(f'<script src="/static/{name}"></script>' for name in scripts)}
     else:
-        style = (static_dir / "style.css").read_text(encoding="utf-8")
-        script = "\n".join((static_dir / name).read_text(encoding="utf-8")
-                            for name in (SHARED_SCRIPT, script_name))
+        style = "\n".join((static_dir / name).read_text(encoding="utf-8") for name in chosen.styles)
+        script = "\n".join((static_dir / name).read_text(encoding="utf-8") for name in scripts)
         csp = (f"default-src 'none'; script-src {_sha256(script)}; style-src {_sha256(style)}; "
                "img-src data: blob:; connect-src 'none'; font-src 'none'; base-uri 'none'; "
                "form-action 'none'")
-        parts = {"csp": f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
-                 "style": f"<style>{style}</style>", "script": f"<script>{script}</script>",
-                 "data": f'<script type="application/json" id="qkv-data">{_json_in_html(embed)}</script>'}
-    for name, value in parts.items():
+        parts |= {"csp": f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+                  "style": f"<style>{style}</style>", "script": f"<script>{script}</script>",
+                  "data": f'<script type="application/json" id="qkv-data">{_json_in_html(embed)}</script>'}
+    template = (static_dir / FRAME).read_text(encoding="utf-8")
+    for name, value in parts.items():  # the data last: nothing is looked for in it
         template = template.replace(f"<!--qkv:{name}-->", value)
     return template
 

@@ -289,96 +289,112 @@ MAX_UNREAD = 256
 MAX_CONCURRENT = 200
 
 
-def _protocol(request_timeout: float, max_unread: int):
-    """uvicorn's h11 protocol with a deadline on reading each request (uvicorn has none for a
-    partial request line: 201 connections that sent half a line and waited made every good
-    request a 503 for as long as they stayed).
+class _ReadDeadline:
+    """The limits the viewer adds to uvicorn's h11 protocol (mixed in before it by
+    :func:`_protocol`, which sets the class attributes). uvicorn has no deadline for a partial
+    request line: 201 connections that sent half a line and waited made every good request a 503
+    for as long as they stayed.
 
-    A connection waiting for a request (new, or kept alive after a response) does not count
-    towards uvicorn's ``limit_concurrency``; at most ``max_unread`` of them are kept, the
-    longest waiting dropped first. From a request's first byte, its line, headers and body must
-    arrive within ``request_timeout`` seconds: else a 408 (a late body: the connection closed,
-    which the app reads as the client gone).
+    A connection is in one of two states: 1) waiting for a request (new, or kept alive after a
+    response) — it does not count towards uvicorn's ``limit_concurrency``, and at most
+    ``max_unread`` of them are kept, the longest waiting dropped first; 2) serving one, from its
+    headers in to its response complete. From a request's first byte, its line, headers and body
+    must arrive within ``request_timeout`` seconds: else a 408 (a late body: the connection
+    closed, which the app reads as the client gone).
     """
-    import h11
+
+    request_timeout: float
+    max_unread: int
+    waiting_by_server: dict  # id(server state) → {protocol: None}, longest waiting first
+
+    # -- uvicorn's events ---------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline, self._partial = None, False
+        self._waiting = self.waiting_by_server.setdefault(id(self.server_state), {})
+        self._idle()
+        self._start()  # a connection opened must send its request in time too
+
+    def data_received(self, data: bytes) -> None:
+        if not self._serving():
+            self._partial = True
+            self._start()  # the first byte of the next request: its deadline runs
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._serving():
+            if self in self._waiting and not self.transport.is_closing():
+                del self._waiting[self]
+                self.connections.add(self)  # headers in: a request being served
+            if not self.cycle.more_body:
+                self._stop()  # read whole
+
+    def on_response_complete(self) -> None:
+        self._stop()
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._idle()  # kept alive: uvicorn's keep-alive timeout closes it when idle
+
+    def connection_lost(self, exc) -> None:
+        self._waiting.pop(self, None)
+        self._stop()
+        super().connection_lost(exc)
+
+    # -- states: waiting for a request ↔ serving one ------------------------------------------
+    def _idle(self) -> None:
+        self.connections.discard(self)
+        self._waiting[self] = None
+        while len(self._waiting) > self.max_unread:
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.transport.close()
+
+    def _serving(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    # -- the deadline -------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.request_timeout, self._too_slow)
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._partial = None, False
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._partial and not self._serving():  # half a request line or headers: 408
+            self._answer_408()
+        self.transport.close()
+
+    def _answer_408(self) -> None:
+        import h11
+
+        try:
+            for event in (h11.Response(status_code=408, headers=[
+                              (b"content-type", b"text/plain; charset=utf-8"),
+                              (b"connection", b"close")]),
+                          h11.Data(data=f"the request did not arrive within "
+                                        f"{self.request_timeout:g} s".encode()),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # h11 already in a state that cannot answer
+            pass
+
+
+def _protocol(request_timeout: float, max_unread: int) -> type:
+    """uvicorn's h11 protocol with :class:`_ReadDeadline`'s limits: each request must arrive
+    within ``request_timeout`` seconds of its first byte, and at most ``max_unread`` connections
+    wait for one (uvicorn is imported here, when a server is made)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    waiting_by_server: dict = {}  # id(server state) → {protocol: None}, longest waiting first
-
-    class Protocol(H11Protocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._deadline, self._partial = None, False
-            self._waiting = waiting_by_server.setdefault(id(self.server_state), {})
-            self._idle()
-            self._start()  # a connection opened must send its request in time too
-
-        # -- states: waiting for a request ↔ serving one --------------------------------------
-        def _idle(self) -> None:
-            self.connections.discard(self)
-            self._waiting[self] = None
-            while len(self._waiting) > max_unread:
-                oldest = next(iter(self._waiting))
-                del self._waiting[oldest]
-                oldest.transport.close()
-
-        def _serving(self) -> bool:
-            return self.cycle is not None and not self.cycle.response_complete
-
-        def _start(self) -> None:
-            if self._deadline is None:
-                self._deadline = self.loop.call_later(request_timeout, self._too_slow)
-
-        def _stop(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline, self._partial = None, False
-
-        def _too_slow(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            if self._partial and not self._serving():  # half a request line or headers: 408
-                try:
-                    for event in (h11.Response(status_code=408, headers=[
-                                      (b"content-type", b"text/plain; charset=utf-8"),
-                                      (b"connection", b"close")]),
-                                  h11.Data(data=f"the request did not arrive within "
-                                                f"{request_timeout:g} s".encode()),
-                                  h11.EndOfMessage()):
-                        self.transport.write(self.conn.send(event))
-                except h11.LocalProtocolError:  # h11 already in a state that cannot answer
-                    pass
-            self.transport.close()
-
-        # -- uvicorn's events ---------------------------------------------------------------
-        def data_received(self, data: bytes) -> None:
-            if not self._serving():
-                self._partial = True
-                self._start()  # the first byte of the next request: its deadline runs
-            super().data_received(data)
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self._serving():
-                if self in self._waiting and not self.transport.is_closing():
-                    del self._waiting[self]
-                    self.connections.add(self)  # headers in: a request being served
-                if not self.cycle.more_body:
-                    self._stop()  # read whole
-
-        def on_response_complete(self) -> None:
-            self._stop()
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._idle()  # kept alive: uvicorn's keep-alive timeout closes it when idle
-
-        def connection_lost(self, exc) -> None:
-            self._waiting.pop(self, None)
-            self._stop()
-            super().connection_lost(exc)
-
-    return Protocol
+    return type("Protocol", (_ReadDeadline, H11Protocol),
+                {"request_timeout": request_timeout, "max_unread": max_unread,
+                 "waiting_by_server": {}})
 
 
 def make_server(app, sock: socket.socket, *, log_level: str = "warning",

@@ -28,7 +28,7 @@
     M = map;
     $("title").textContent = `— ${M.model}`;
     $("about").textContent = `a ${M.needle}-token needle in a ${M.haystack} haystack, copied again at the end ` +
-      `(teacher-forced); ${qkvPage.plural(M.samples, "input")} a cell, seeds from ${M.seed}`;
+      `(teacher-forced); ${qkvPage.plural(M.samples, "input")} per cell, seeds from ${M.seed}`;
     $("heads").textContent = `(${M.heads.map(([l, hh]) => `L${l} H${hh}`).join(", ")})`;
     table("accuracy", "accuracy", M.accuracy);
     table("attention", "attention", M.attention);
