@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the public names, imported on first use (__getattr__ reads these lines)
-    from qkv.attention import (
+    from qkv.attention import (  # noqa: F401
         AttentionMask, AttentionTrace, BlockMask, VarLen, attention_trace, attention_weights,
         create_block_mask, scaled_dot_product_attention,
     )
-    from qkv import masks
-    from qkv.modules import (
+    from qkv import masks  # noqa: F401
+    from qkv.modules import (  # noqa: F401
         ALiBi, FeedForward, GatedFeedForward, KVCache, LearnedPositionalEmbedding,
         MultiHeadAttention, RotaryEmbedding, SinusoidalPositionalEncoding, TransformerLayer,
         TransformerStack,
     )
-    from qkv.models import load
+    from qkv.models import load  # noqa: F401
 
 
 def _public() -> dict[str, str]:

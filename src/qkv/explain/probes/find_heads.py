@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from qkv.explain import contributions, forward
-from qkv.explain.probes import registry
 from qkv.explain.probes.base import unit_shares
 from qkv.explain.probes.coref import (  # noqa: F401  (importable from here, as before)
     SENTENCE_PROBES, ProbeItem, ProbeResult, coref_item, coref_probe, load_probe,
