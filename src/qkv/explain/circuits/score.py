@@ -37,13 +37,15 @@ from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, names, stream
-from qkv.explain.contributions.base import run
-from qkv.explain.forward import check_layer_head, encode, model_name
+from qkv.explain.contributions.base import Forward, run
+from qkv.explain.finite import check_layers as check_finite
+from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.modules.multihead import norm_width
+from qkv.modules.stack import LayerRows
 
 # Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
 # (32 MB), whatever the document's length.
@@ -186,6 +188,18 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
     return out
 
 
+def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int) -> Forward:
+    """The forward through layer ``layer`` only, ``rows`` traced in it and every layer before
+    (their heads and residuals are the components): nothing after the layer is computed, the
+    model's head included. A model that runs its own layer loop (transformers) runs whole."""
+    if not stops_at_layer(model, layer):
+        return run(model, ids, rows)
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=True),
+                output_hidden_states=True)
+    check_finite(out.traces, model=model_name(model))  # NaN: named, up to the layer
+    return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
+
+
 def _pick(model, text: str, encoding, spec, role: str) -> int:
     units, choice = choose_in(spec, encoding, text, words=False, role=role)
     return units.groups[choice.unit][-1]
@@ -239,8 +253,8 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
-    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
-    fwd = run(model, ids, torch.tensor([i]))
+    ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
+    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer)
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
