@@ -65,9 +65,9 @@ def make(shape: str, out: str) -> None:
     else:
         raise SystemExit(f"unknown shape {shape!r}: gpt2, tinyllama, llama1b")
     model.save_pretrained(out, safe_serialization=True)
-    import qkv.data
+    import qkv
 
-    shutil.copy(os.path.join(os.path.dirname(qkv.data.__file__), "lm", "tokenizer.json"), out)
+    shutil.copy(os.path.join(os.path.dirname(qkv.__file__), "data", "lm", "tokenizer.json"), out)
 
 
 def text_of(tokenizer, n: int) -> str:

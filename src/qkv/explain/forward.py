@@ -147,18 +147,24 @@ def encode(model, text: str, *, unknown_ok: bool = False):
 
 
 def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
-          encoding=None) -> Traced:
+          encoding=None, last_layer: int | None = None) -> Traced:
     """Run ``model`` on ``text`` once, keeping the attention rows ``rows`` of every layer/head.
 
     Args:
         rows: token positions (LongTensor) whose rows to keep, or ``slice(None)`` for all.
         words: show words instead of tokens (see :mod:`qkv.explain.select`).
         encoding: the text's Encoding when the caller already has it.
+        last_layer: the last layer the caller reads: where the model allows it
+            (:func:`stops_at_layer`), the forward stops after it and ``traces`` /
+            ``hidden_states`` end there (the model's head never runs).
     """
     encoding = encoding if encoding is not None else encode(model, text)
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
+    if last_layer is not None and stops_at_layer(model, last_layer):
+        rows = LayerRows(last_layer, rows, earlier=True)
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
+    rows = rows.rows if isinstance(rows, LayerRows) else rows
     check_layers(out.traces, model=model_name(model), output=out.hidden_states[-1])  # NaN: named
     positions = torch.arange(ids.shape[1], device=ids.device)[rows]
     return Traced(text=text, encoding=encoding, units=units_for(encoding, text, words),

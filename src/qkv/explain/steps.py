@@ -309,7 +309,8 @@ def explain_heads(model, text: str, *, token: str | None = None,
     units, choice = choose_in(token, encoding, text, words=words, role="token")
     group = units.groups[choice.unit]
     position = group[-1]
-    traced = trace(model, text, torch.tensor([position]), words=words, encoding=encoding)
+    traced = trace(model, text, torch.tensor([position]), words=words, encoding=encoding,
+                   last_layer=max(layer for layer, _ in heads))  # the layers after it: not run
     out = []
     for layer, head in heads:
         layer_trace = traced.traces[layer].self_attn
