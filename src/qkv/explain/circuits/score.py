@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -170,10 +171,10 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
     d = attn.head_dim
     whole = norm is not None and norm_width(norm) != d  # OLMo 2: one norm over every head
     take = slice(None) if whole else rows
-    w = proj.weight[take].double()  # (d or h·d, E)
+    w, b = _float64(proj, take)  # (d or h·d, E), (d or h·d,) or None
     out = parts @ w.T  # (C, n, ·)
-    if proj.bias is not None:
-        out[-1] += proj.bias[take].double()
+    if b is not None:
+        out[-1] += b
     if norm is not None:  # Qwen3 / OLMo 2: the query's (key's) own norm, frozen the same way
         total = out.sum(0).to(dtype)  # (n, ·)
         lin = linearise(norm, total if whole else total)
@@ -186,6 +187,26 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
         C, n, _ = out.shape
         out = step(out.reshape(C * n, d), st.positions.repeat(C)).view(C, n, d)
     return out
+
+
+# A projection's rows in float64, kept per module while its weights stay the same (the weight's
+# version counter moves on any in-place change): they do not depend on the text, and each
+# attribution would otherwise convert them again.
+_CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W[take] (·, E), b[take] (·,) or None) of the linear map ``proj`` in float64, once per
+    weights version."""
+    weight, bias = proj.weight, proj.bias
+    version = (weight._version, weight.data_ptr(), weight.dtype,
+               None if bias is None else (bias._version, bias.data_ptr()))
+    kept = _CONVERTED.setdefault(proj, {})
+    where = (take.start, take.stop, take.step)
+    if where not in kept or kept[where][0] != version:  # new, or the weights changed since
+        kept[where] = (version, weight[take].detach().double(),
+                       None if bias is None else bias[take].detach().double())
+    return kept[where][1:]
 
 
 def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int) -> Forward:
