@@ -108,7 +108,8 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def cell(model_dir: str, task: str, n: int, layer: int, head: int, threads: int) -> dict:
+def cell(model_dir: str, task: str, n: int, layer: int, head: int, threads: int,
+         dtype: str | None = None) -> dict:
     """One task in this (fresh) interpreter: {"time", "peak_above", "weights", "tokens"}."""
     import torch
 
@@ -119,7 +120,7 @@ def cell(model_dir: str, task: str, n: int, layer: int, head: int, threads: int)
     # per process — imports are outside every timed cell, as the peers' are)
 
     torch.set_num_threads(threads)
-    model = qkv.load(model_dir)
+    model = qkv.load(model_dir, dtype=None if dtype is None else getattr(torch, dtype))
     text = text_of(model.tokenizer, n)
     ids = torch.tensor([model.tokenizer.encode(text).ids])  # (1, t)
     weights = 0
@@ -149,12 +150,13 @@ def cell(model_dir: str, task: str, n: int, layer: int, head: int, threads: int)
 
 
 def run_cell(model_dir: str, task: str, n: int, layer: int, head: int, threads: int,
-             timeout: float, python: str = sys.executable, env: dict | None = None) -> dict:
+             timeout: float, dtype: str | None = None) -> dict:
     """:func:`cell` in a fresh interpreter; {"error": …} when it fails or runs out of time."""
-    cmd = [python, __file__, "cell", "--model", model_dir, "--task", task, "--length", str(n),
+    cmd = [sys.executable, __file__, "cell", "--model", model_dir, "--task", task, "--length", str(n),
            "--layer", str(layer), "--head", str(head), "--threads", str(threads)]
+    cmd += ["--dtype", dtype] if dtype else []
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"task": task, "error": f"over {timeout:.0f} s"}
     if done.returncode != 0:
@@ -176,6 +178,8 @@ def main() -> None:
         c.add_argument("--layer", type=int, default=None, help="default: the middle layer")
         c.add_argument("--head", type=int, default=3)
         c.add_argument("--threads", type=int, default=1)
+        c.add_argument("--dtype", default=None, help="load as this dtype (float32, bfloat16); "
+                       "default: as stored")
         if name == "cell":
             c.add_argument("--task", choices=TASKS, required=True)
         else:
@@ -190,13 +194,15 @@ def main() -> None:
             cfg = json.load(f)
         args.layer = (cfg.get("num_hidden_layers") or cfg.get("n_layer")) // 2
     if args.command == "cell":
-        print(json.dumps(cell(args.model, args.task, args.length, args.layer, args.head, args.threads)))
+        print(json.dumps(cell(args.model, args.task, args.length, args.layer, args.head, args.threads,
+                              args.dtype)))
         return
-    print(f"{args.model}: {args.length} tokens, layer {args.layer} head {args.head}, "
+    print(f"{args.model} ({args.dtype or 'as stored'}): {args.length} tokens, layer {args.layer} head {args.head}, "
           f"{args.threads} thread(s), a fresh interpreter per cell")
     unit = None
     for task in args.tasks.split(","):
-        r = run_cell(args.model, task, args.length, args.layer, args.head, args.threads, args.timeout)
+        r = run_cell(args.model, task, args.length, args.layer, args.head, args.threads, args.timeout,
+                     args.dtype)
         if "error" in r:
             print(f"  {task:9s} {r['error']}")
             continue

@@ -281,7 +281,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     mask = att.additive()[0, head, 0].double()  # (s,)
     tokens = list(encoding.tokens)
     if key is None:
-        query = stream(model, fwd, layer, torch.tensor([i]))
+        query = stream(model, fwd, layer, torch.tensor([i], device=ids.device))
         q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
@@ -290,7 +290,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     if not torch.isfinite(mask[j]):
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)
-    both = stream(model, fwd, layer, torch.tensor([i, j]))  # the query's and the key's input
+    both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
     q = side(model, fwd, both, layer, head, "q")[:, 0]  # (C, d)
     k = side(model, fwd, both, layer, head, "k")[:, 1]  # (C, d)
     dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
@@ -303,7 +303,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         key_index=j, query_components=both.names, key_components=both.names, terms=terms,
         score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
         q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
-        capped=None if cap is None else float(soft_cap(torch.tensor(score), cap)),
+        capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
         score_bias=float(mask[j]))
 
 
