@@ -25,6 +25,7 @@ from qkv.explain.cross import cross_pass
 from qkv.explain.forward import (
     check_layer_head, check_text, model_name, num_layers, stops_at_layer, trace, trace_layer,
 )
+from qkv.explain.finite import NonFiniteError
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.explain.select import Units, group_columns, group_rows
@@ -76,6 +77,7 @@ def _layer_weights(model, text: str, layer: int, heads: list[int], words: bool):
     if stops_at_layer(model, layer):
         (rec,) = trace_layer(model, text, layer, words=words)
         units, w = rec.units, rec.weights(heads)  # (H, t, s)
+        _check_finite(model, text, layer, w)
     else:
         traced = trace(model, text, slice(None), words=words)
         units, w = traced.units, traced.weights(layer)[heads]  # (H, t, s)
@@ -182,12 +184,26 @@ def attention_maps(model, text: str, *, layer: int | None = None, words: bool = 
         # one forward keeping every layer's q, k, lse (O(L · t) per head), then each layer's maps
         records = trace_layer(model, text, None, words=words)
         units, w = records[0].units, torch.stack([r.weights(heads) for r in records])  # (L, H, t, s)
+        _check_finite(model, text, num_layers(model) - 1, w.flatten(0, 1))
     else:
         traced = trace(model, text, slice(None), words=words)
         units, w = traced.units, torch.stack(traced.layer_weights())  # (L, H, t, s)
     if words:
         w = group_rows(group_columns(w, units), units)  # (L, H, U, U)
     return AttentionMaps(model=model_name(model), text=text, units=units, weights=w)
+
+
+def _check_finite(model, text: str, layer: int, w: torch.Tensor) -> None:
+    """NonFiniteError naming the first layer and head that computed NaN or infinity, when ``w``
+    (H, t, s) is not finite: the first such row is traced again through every layer up to
+    ``layer`` (:func:`qkv.explain.finite.check_layers` names where it starts)."""
+    bad = ~torch.isfinite(w)
+    if not bool(bad.any()):
+        return
+    row = int(bad.any(-1).any(0).nonzero()[0])
+    trace(model, text, torch.tensor([row], device=w.device), last_layer=layer)  # raises, named
+    raise NonFiniteError(f"{model_name(model)} computes non-finite attention weights in layer "
+                         f"{layer} (row {row})")
 
 
 def _seq2seq_maps(model, text: str, *, words: bool, target: str | None) -> AttentionMaps:
