@@ -43,7 +43,6 @@ import argparse
 import inspect
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
