@@ -147,3 +147,35 @@ def test_one_cache_per_layer_is_required(name):
 
 def test_docstring_examples_run():
     assert doctest.testmod(qkv.modules.stack, extraglobs={"torch": torch}).failed == 0
+
+
+def test_layer_rows_traces_one_layer_and_stops_after_it():
+    """LayerRows(ℓ, rows): layer ℓ's trace is the full forward's, the layers after it never run
+    (a layer that would raise is never called), the output holds no positions."""
+    from qkv.modules import LayerRows
+
+    stack = _stack()
+    x = torch.randn(1, 7, E, dtype=next(stack.parameters()).dtype)
+    full = stack(x, mask=AttentionMask(causal=True), trace_rows=torch.tensor([6]),
+                 output_hidden_states=True)
+
+    class Refuses(nn.Module):
+        def forward(self, *args, **kwargs):
+            raise AssertionError("a layer after the stop ran")
+
+    stack.layers[2] = Refuses()
+    out = stack(x, mask=AttentionMask(causal=True), trace_rows=LayerRows(1, torch.tensor([6])),
+                output_hidden_states=True)
+    assert out.last_hidden_state.shape == (1, 0, E) and len(out.hidden_states) == 3
+    assert out.traces[0] is None and len(out.traces) == 2
+    # layer 0 ran untraced here (the kernel for row 6, not the reference path): fp64 roundings apart
+    torch.testing.assert_close(out.traces[1].self_attn.attention.weights,
+                               full.traces[1].self_attn.attention.weights, rtol=0, atol=1e-12)
+    both = stack(x, mask=AttentionMask(causal=True),
+                 trace_rows=LayerRows(1, torch.tensor([6]), earlier=True), output_hidden_states=True)
+    for layer in (0, 1):  # traced alike: the very same computation
+        assert torch.equal(both.traces[layer].self_attn.attention.weights,
+                           full.traces[layer].self_attn.attention.weights)
+        assert torch.equal(both.hidden_states[layer + 1], full.hidden_states[layer + 1])
+    with pytest.raises(ValueError, match=r"^LayerRows.layer must be a layer of the stack \(0…2\), got 3"):
+        stack(x, trace_rows=LayerRows(3, torch.tensor([6])))

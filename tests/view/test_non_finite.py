@@ -12,9 +12,11 @@ from view_checks import TEXT, tiny_decoder
 import qkv
 from qkv.view.api import Api, ApiError, Models
 
-CALLS = [("bad", "overview", {}), ("bad", "steps", {"layer": 0, "head": 0}),
-         ("bad", "map", {"layer": 0, "head": 0}), ("bad", "maps", {}),
-         ("bad", "received", {"layer": 0, "head": 0}), ("bad", "probe", {}),
+# one head's answers ask for the NaN head's layer: an explanation of an earlier layer never runs
+# the layers after it (issue 42), so it is finite and exact there
+CALLS = [("bad", "overview", {}), ("bad", "steps", {"layer": 2, "head": 1}),
+         ("bad", "map", {"layer": 2, "head": 1}), ("bad", "maps", {}),
+         ("bad", "received", {"layer": 2, "head": 1}), ("bad", "probe", {}),
          ("decoder", "probe", {}), ("decoder", "overview", {}),
          ("translation", "cross", {"text": "the red apple"}),
          ("translation", "cross_steps", {"text": "the red apple", "layer": 0, "head": 0})]

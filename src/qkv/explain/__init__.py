@@ -10,8 +10,9 @@ plus printing: ``--json`` prints ``to_dict()``.
   head for one token, ranked (``qkv explain TEXT``)
 * ``explain_head(model, text, *, token, layer, head, words)`` → :class:`HeadSteps`: one head's
   arithmetic redone in float64 (``qkv explain TEXT --layer L --head H``)
-* ``attention_map(model, text, *, layer, head, words)`` → :class:`AttentionMap`: one head's map;
-  ``attention_maps(model, text, *, words)`` → :class:`AttentionMaps`: every head's, one forward
+* ``attention_map(model, text, *, layer, head, words)`` → :class:`AttentionMap`: one head's map
+  (the forward stops after ``layer``); ``attention_maps(model, text, *, layer, words)`` →
+  :class:`AttentionMaps`: one layer's heads, or (``layer=None``) every head's, one forward
 * ``heads(model, text, *, source, target)`` → :class:`HeadRanking` (``qkv heads TEXT --from A
   --to B`` prints its ``"heads"`` list)
 * ``probe(model, name=None)`` → :class:`ProbeResult` for ``"coref"``, :class:`HeadScores` for

@@ -6,6 +6,11 @@ output_hidden_states=True)``) — never from a second, "similar" implementation.
 requested query rows are kept (``trace_rows``), so explaining one token holds
 ``O(layers · heads · s)`` attention numbers, not ``O(layers · heads · t · s)``.
 
+:func:`trace_layer` answers a question about one layer's whole map: the forward stops after that
+layer (:class:`~qkv.modules.stack.LayerRows`) and keeps its q, k and every row's lse (O(t) per
+head); :meth:`LayerLse.weights` then gives any head's rows, exactly as the reference path computes
+them, a block of rows at a time — one head's map holds O(t · s) numbers, nothing else does.
+
 Models are passed in, never loaded or cached here: a caller loads one with
 :func:`qkv.load` (eval mode) and keeps it as long as it likes.
 """
@@ -18,12 +23,21 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.attention.functional import attention_trace
+from qkv.attention.trace import LSE, LseTrace
 from qkv.errors import QkvError
 from qkv.text import is_blank, shown
 from qkv.explain.finite import check_layers
 from qkv.explain.select import Units, units_for
 from qkv.explain.wording import ArgumentError, too_long
 from qkv.models.protocol import SelfAttentionModel
+from qkv.modules.stack import LayerRows
+from qkv.modules.transformer import TransformerLayer
+
+# A block of query rows is computed at a time: about this many (rows × keys) numbers per head,
+# so the reference path's intermediates (scores, scaled, masked, weights: four of them) stay near
+# 4 × 16 MiB in float32 whatever the length.
+BLOCK_NUMBERS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -146,19 +160,112 @@ def encode(model, text: str, *, unknown_ok: bool = False):
 
 
 def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
-          encoding=None) -> Traced:
+          encoding=None, last_layer: int | None = None, earlier: bool = True) -> Traced:
     """Run ``model`` on ``text`` once, keeping the attention rows ``rows`` of every layer/head.
 
     Args:
         rows: token positions (LongTensor) whose rows to keep, or ``slice(None)`` for all.
         words: show words instead of tokens (see :mod:`qkv.explain.select`).
         encoding: the text's Encoding when the caller already has it.
+        last_layer: the last layer the caller reads: where the model allows it
+            (:func:`stops_at_layer`), the forward stops after it and ``traces`` /
+            ``hidden_states`` end there (the model's head never runs).
+        earlier: with ``last_layer``, trace the layers before it too (else theirs are None).
     """
     encoding = encoding if encoding is not None else encode(model, text)
-    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
+    ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
+    if last_layer is not None and stops_at_layer(model, last_layer):
+        rows = LayerRows(last_layer, rows, earlier=earlier)
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
+    rows = rows.rows if isinstance(rows, LayerRows) else rows
     check_layers(out.traces, model=model_name(model), output=out.hidden_states[-1])  # NaN: named
-    positions = torch.arange(ids.shape[1])[rows]
+    positions = torch.arange(ids.shape[1], device=ids.device)[rows]
     return Traced(text=text, encoding=encoding, units=units_for(encoding, text, words),
                   rows=positions, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
+
+
+@dataclass(frozen=True)
+class LayerLse:
+    """One layer of one forward, kept at O(t) per head: what any of its weights is computed from.
+
+    Fields:
+        text, encoding, units: as :class:`Traced`'s.
+        layer: the layer.
+        record: its :class:`~qkv.attention.trace.LseTrace` — query (1, h, t, d), key (1, h_kv,
+            s, d) as the kernel read them (after positions and norms), every row's lse, the mask
+            description and the scale.
+    """
+
+    text: str
+    encoding: object
+    units: Units
+    layer: int
+    record: LseTrace
+
+    def weights(self, heads: list[int], rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(len(heads), r, s): the weights of query ``rows`` (None: all) in each of ``heads``.
+
+        Each row is the softmax of its own scores by the reference path (what ``trace_rows``
+        runs), one head and a block of rows at a time — so the (r, s) result is the only large
+        tensor. Kept in the dtype the attention computed in (float32 for fp32, bf16 and fp16
+        models).
+        """
+        rec = self.record
+        h, t, s = rec.query.shape[1], rec.query.shape[2], rec.key.shape[2]
+        rows = torch.arange(t, device=rec.query.device) if rows is None else rows
+        groups = h // rec.key.shape[1]
+        step = max(1, BLOCK_NUMBERS // max(1, s))
+        out = None
+        for n, head in enumerate(heads):
+            q = rec.query[:, head:head + 1]  # (1, 1, t, d)
+            k = rec.key[:, head // groups:head // groups + 1]  # (1, 1, s, d)
+            for start in range(0, len(rows), step):
+                block = rows[start:start + step]
+                w = attention_trace(q, k, k, mask=rec.mask, scale=rec.scale, rows=block).weights
+                if out is None:
+                    out = torch.empty(len(heads), len(rows), s, dtype=w.dtype, device=w.device)
+                out[n, start:start + len(block)] = w[0, 0]  # (r_block, s)
+        if out is None:
+            out = torch.empty(len(heads), len(rows), s, device=rec.query.device)
+        return out
+
+
+def stops_at_layer(model, layer: int) -> bool:
+    """Whether ``model``'s forward can stop after ``layer`` and keep only its lse there: qkv's own
+    layers (a :class:`~qkv.modules.TransformerStack`, which reads :class:`LayerRows`) with no
+    score bias (an lse record keeps q and k, not a bias). A transformers model behind qkv's
+    attention runs its own layer loop, so it is traced whole instead."""
+    lay = model.layers[layer]
+    return isinstance(lay, TransformerLayer) and getattr(lay.self_attn, "alibi", None) is None \
+        and getattr(lay.self_attn, "sequence_parallel", None) is None
+
+
+def trace_layer(model, text: str, layer: int | None, *, words: bool = False,
+                encoding=None) -> list[LayerLse]:
+    """Run ``model`` on ``text`` through layer ``layer`` only, keeping that layer's q, k and lse
+    (a list of one :class:`LayerLse`); ``layer=None``: the whole forward, every layer's.
+
+    The layers after ``layer`` and the model's head never run (:class:`LayerRows`); the layers
+    before it run untraced, as a plain forward does. Needs :func:`stops_at_layer` (for every
+    layer with ``layer=None``).
+
+    Args:
+        words: show words instead of tokens (see :mod:`qkv.explain.select`).
+        encoding: the text's Encoding when the caller already has it.
+    """
+    encoding = encoding if encoding is not None else encode(model, text)
+    ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
+    with torch.no_grad():
+        out = model(ids, torch.ones_like(ids), trace_rows=LSE if layer is None else LayerRows(layer, LSE))
+    units = units_for(encoding, text, words)
+    layers = range(len(out.traces)) if layer is None else [layer]
+    return [LayerLse(text=text, encoding=encoding, units=units, layer=i,
+                     record=out.traces[i].self_attn) for i in layers]
+
+
+def device_of(model) -> torch.device:
+    """The device ``model``'s weights are on: where an explanation creates its tensors."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

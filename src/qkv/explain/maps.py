@@ -1,9 +1,16 @@
 """One head's whole attention map over a text — what a heat map of the head draws.
 
 Unlike :func:`qkv.explain.explain_head`, which traces one query row, this keeps every row:
-O(t · s) numbers for one head (the forward still traces all heads of all layers for those rows).
+O(t · s) numbers for one head and nothing else of that size. The forward stops after the layer
+asked for and keeps that layer's q, k and lse (:func:`qkv.explain.forward.trace_layer`, O(t) per
+head); the head's rows are then its softmax rows by the reference path, a block at a time, in the
+dtype the attention computed in (float32 for fp32/bf16/fp16 models). :func:`attention_maps` with
+``layer=L`` gives one layer's heads the same way; without it, every layer's from one forward.
 With ``words=True`` the map is regrouped into words (into a word summed, from a word averaged;
 see :mod:`qkv.explain.select`).
+
+A model whose layers qkv does not run itself (a transformers model behind qkv's attention) is
+traced whole, every row of every layer, as before.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from qkv.explain.cross import cross_pass
-from qkv.explain.forward import check_layer_head, check_text, model_name, trace
+from qkv.explain.forward import (
+    check_layer_head, check_text, model_name, num_layers, stops_at_layer, trace, trace_layer,
+)
+from qkv.explain.finite import NonFiniteError
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.explain.select import Units, group_columns, group_rows
@@ -23,7 +33,8 @@ from qkv.explain.select import Units, group_columns, group_rows
 
 @dataclass(frozen=True)
 class AttentionMap:
-    """Head ``head`` of layer ``layer``: ``weights`` (U, U), rows from, columns to ``units``."""
+    """Head ``head`` of layer ``layer``: ``weights`` (U, U), rows from, columns to ``units``
+    (float32 for fp32, bf16 and fp16 models: the dtype the attention computed in)."""
 
     kind: ClassVar[str] = "map"  # its row in qkv.explain.kinds.KINDS
 
@@ -50,22 +61,35 @@ def attention_map(model, text: str, *, layer: int, head: int, words: bool = Fals
     Example:
         >>> import qkv
         >>> m = attention_map(qkv.load("minilm"), "the cat sat", layer=0, head=0)
-        >>> m.units.labels, m.weights.shape, m.weights.sum(-1).allclose(torch.ones(5, dtype=torch.float64))
+        >>> m.units.labels, m.weights.shape, m.weights.sum(-1).allclose(torch.ones(5))
         (['[CLS]', 'the', 'cat', 'sat', '[SEP]'], torch.Size([5, 5]), True)
     """
     check_text(text)
     check_layer_head(model, layer, head)
-    traced = trace(model, text, slice(None), words=words)
-    w = traced.weights(layer)[head].double()  # (t, s)
+    units, w = _layer_weights(model, text, layer, [head], words)  # (1, t, s)
+    return AttentionMap(model=model_name(model), text=text, units=units, layer=layer,
+                        head=head, weights=w[0])
+
+
+def _layer_weights(model, text: str, layer: int, heads: list[int], words: bool):
+    """(units, (len(heads), U, U)): some heads of one layer, from a forward that stops there
+    (:func:`stops_at_layer`), else from a whole traced forward."""
+    if stops_at_layer(model, layer):
+        (rec,) = trace_layer(model, text, layer, words=words)
+        units, w = rec.units, rec.weights(heads)  # (H, t, s)
+        _check_finite(model, text, layer, w)
+    else:
+        traced = trace(model, text, slice(None), words=words)
+        units, w = traced.units, traced.weights(layer)[heads]  # (H, t, s)
     if words:
-        w = group_rows(group_columns(w, traced.units), traced.units)  # (U, U)
-    return AttentionMap(model=model_name(model), text=text, units=traced.units, layer=layer,
-                        head=head, weights=w)
+        w = group_rows(group_columns(w, units), units)  # (H, U, U)
+    return units, w
 
 
 @dataclass(frozen=True)
 class AttentionMaps:
-    """Every head's map from one forward: ``weights`` (L, H, U, U), rows from, columns to ``units``.
+    """Every head's map from one forward: ``weights`` (L, H, U, U), rows from, columns to ``units``
+    — or, with ``layer`` set, that layer's heads alone: ``weights`` (1, H, U, U).
 
     :meth:`head` gives one head as the :class:`AttentionMap` :func:`attention_map` returns.
 
@@ -85,6 +109,7 @@ class AttentionMaps:
     target_units: Units | None = None
     cross: torch.Tensor | None = None
     decoder: torch.Tensor | None = None
+    layer: int | None = None
 
     def to_dict(self) -> dict:
         """``weights[l][h][i][j]``: layer l, head h, from unit i to unit j (and, for an
@@ -92,20 +117,31 @@ class AttentionMaps:
         ``decoder[l][h][j][k]``)."""
         doc = {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                "words": self.units.words, "weights": self.weights.tolist()}
+        if self.layer is not None:  # weights[0] is that layer's
+            doc["layer"] = self.layer
         if self.cross is not None:
             doc |= {"target_units": self.target_units.labels, "cross": self.cross.tolist(),
                     "decoder": self.decoder.tolist()}
         return doc
 
     def head(self, layer: int, head: int) -> AttentionMap:
+        """Head ``head`` of layer ``layer`` (one the maps hold: ``self.layer`` when it is set)."""
+        first = 0 if self.layer is None else self.layer
+        if not 0 <= layer - first < self.weights.shape[0]:
+            raise ArgumentError("layer", "{name} {value} is not among these maps' layers "
+                                "({first}–{last})", value=layer, first=first,
+                                last=first + self.weights.shape[0] - 1)
         return AttentionMap(model=self.model, text=self.text, units=self.units, layer=layer,
-                            head=head, weights=self.weights[layer, head])
+                            head=head, weights=self.weights[layer - first, head])
 
 
-def attention_maps(model, text: str, *, words: bool = False, target: str | None = None) -> AttentionMaps:
-    """Every layer's and head's (U, U) map on ``text`` from one forward (what a viewer keeps).
+def attention_maps(model, text: str, *, layer: int | None = None, words: bool = False,
+                   target: str | None = None) -> AttentionMaps:
+    """Every layer's and head's (U, U) map on ``text`` from one forward (what a viewer keeps),
+    or, with ``layer``, that layer's heads: a forward that stops after it.
 
-    O(L · H · t · s) numbers: one forward instead of one per head.
+    O(L · H · t · s) numbers (O(H · t · s) for one layer): one forward instead of one per head.
+    The weights are in the dtype the attention computed in (float32 for fp32/bf16/fp16 models).
 
     For a model with cross-attention (an encoder-decoder), ``text`` is the source and the forward
     is teacher-forced on ``target`` — tokenised as the model trains on it
@@ -115,7 +151,8 @@ def attention_maps(model, text: str, *, words: bool = False, target: str | None 
 
     Raises:
         ArgumentError: ``target`` given to a model without cross-attention, empty, or longer
-            than the model's positions; ``words=True`` with an encoder-decoder.
+            than the model's positions; ``words=True`` or ``layer`` with an encoder-decoder;
+            ``layer`` out of range.
 
     Example:
         >>> import qkv
@@ -123,20 +160,50 @@ def attention_maps(model, text: str, *, words: bool = False, target: str | None 
         >>> ms.weights.shape, torch.equal(ms.head(2, 3).weights,
         ...                               attention_map(qkv.load("minilm"), "the cat sat", layer=2, head=3).weights)
         (torch.Size([6, 12, 5, 5]), True)
+        >>> attention_maps(qkv.load("minilm"), "the cat sat", layer=2).weights.shape
+        torch.Size([1, 12, 5, 5])
     """
     check_text(text)
     caps = capabilities_of(model)
     if caps.cross_attention:
+        if layer is not None:
+            raise ArgumentError("layer", "{name} picks a self-attention layer; an encoder-decoder's "
+                                "maps come from one teacher-forced forward (leave {name} out)")
         return _seq2seq_maps(model, text, words=words, target=target)
     if target is not None:
         raise ArgumentError("target", "{name} is for encoder-decoders (the translation to "
                             "teacher-force); {model} has no cross-attention: leave {name} out",
                             model=model_name(model))
-    traced = trace(model, text, slice(None), words=words)
-    w = torch.stack(traced.layer_weights()).double()  # (L, H, t, s)
+    check_layer_head(model, layer, None)
+    heads = list(range(model.layers[0].self_attn.num_heads))
+    if layer is not None:
+        units, w = _layer_weights(model, text, layer, heads, words)
+        return AttentionMaps(model=model_name(model), text=text, units=units, weights=w[None],
+                             layer=layer)  # (1, H, U, U)
+    if all(stops_at_layer(model, i) for i in range(num_layers(model))):
+        # one forward keeping every layer's q, k, lse (O(L · t) per head), then each layer's maps
+        records = trace_layer(model, text, None, words=words)
+        units, w = records[0].units, torch.stack([r.weights(heads) for r in records])  # (L, H, t, s)
+        _check_finite(model, text, num_layers(model) - 1, w.flatten(0, 1))
+    else:
+        traced = trace(model, text, slice(None), words=words)
+        units, w = traced.units, torch.stack(traced.layer_weights())  # (L, H, t, s)
     if words:
-        w = group_rows(group_columns(w, traced.units), traced.units)  # (L, H, U, U)
-    return AttentionMaps(model=model_name(model), text=text, units=traced.units, weights=w)
+        w = group_rows(group_columns(w, units), units)  # (L, H, U, U)
+    return AttentionMaps(model=model_name(model), text=text, units=units, weights=w)
+
+
+def _check_finite(model, text: str, layer: int, w: torch.Tensor) -> None:
+    """NonFiniteError naming the first layer and head that computed NaN or infinity, when ``w``
+    (H, t, s) is not finite: the first such row is traced again through every layer up to
+    ``layer`` (:func:`qkv.explain.finite.check_layers` names where it starts)."""
+    bad = ~torch.isfinite(w)
+    if not bool(bad.any()):
+        return
+    row = int(bad.any(-1).any(0).nonzero()[0])
+    trace(model, text, torch.tensor([row], device=w.device), last_layer=layer)  # raises, named
+    raise NonFiniteError(f"{model_name(model)} computes non-finite attention weights in layer "
+                         f"{layer} (row {row})")
 
 
 def _seq2seq_maps(model, text: str, *, words: bool, target: str | None) -> AttentionMaps:

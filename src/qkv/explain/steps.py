@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from qkv.attention.softcap import soft_cap
-from qkv.explain.forward import check_layer_head, check_text, encode, model_name, trace
+from qkv.explain.forward import check_layer_head, check_text, device_of, encode, model_name, trace
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.wording import Message
@@ -223,8 +223,8 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
         step = layer_trace.position_step
         if step is not None:
             # RoPE rotates queries and keys by their positions before the dot product
-            query = step(query[None], torch.tensor([position]))[0]
-            keys = step(keys, torch.arange(keys.shape[0]))
+            query = step(query[None], torch.tensor([position], device=query.device))[0]
+            keys = step(keys, torch.arange(keys.shape[0], device=keys.device))
             transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
@@ -309,7 +309,10 @@ def explain_heads(model, text: str, *, token: str | None = None,
     units, choice = choose_in(token, encoding, text, words=words, role="token")
     group = units.groups[choice.unit]
     position = group[-1]
-    traced = trace(model, text, torch.tensor([position]), words=words, encoding=encoding)
+    traced = trace(model, text, torch.tensor([position], device=device_of(model)), words=words,
+                   encoding=encoding,
+                   last_layer=max(layer for layer, _ in heads),  # the layers after it: not run
+                   earlier=len({layer for layer, _ in heads}) > 1)  # one layer: only its trace
     out = []
     for layer, head in heads:
         layer_trace = traced.traces[layer].self_attn

@@ -18,12 +18,12 @@ from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHead
 from qkv.modules.positional import (
     ALiBi, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding,
 )
-from qkv.modules.stack import StackOutput, TransformerStack
+from qkv.modules.stack import LayerRows, StackOutput, TransformerStack
 from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
 
 __all__ = [
     "ALiBi", "AttentionEdit", "AttentionOutput", "FeedForward", "GatedFeedForward", "Interventions",
-    "KVCache", "LayerOutput", "LayerTrace", "LearnedPositionalEmbedding", "LSE", "LseTrace",
+    "KVCache", "LayerOutput", "LayerRows", "LayerTrace", "LearnedPositionalEmbedding", "LSE", "LseTrace",
     "MultiHeadAttention", "MultiHeadTrace",
     "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
     "TransformerStack",

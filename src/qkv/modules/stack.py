@@ -9,6 +9,9 @@ layers through :meth:`TransformerStack.forward`; nowhere else loops over layers:
 
 The mask is built once per forward as an :class:`~qkv.attention.AttentionMask` description
 (causal, padding, packed sequences) and handed to every layer unchanged.
+
+``trace_rows=LayerRows(ℓ, rows)`` traces ``rows`` in layer ℓ alone and stops the loop after it:
+an explanation of one layer pays for layers 0…ℓ, not for the rest (nor for the model's head).
 """
 
 from __future__ import annotations
@@ -20,9 +23,33 @@ import torch
 from torch import nn
 
 from qkv.attention.attention_mask import AttentionMask
+from qkv.attention.trace import LseRequest
 from qkv.modules.intervention import Interventions
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.transformer import LayerTrace, TransformerLayer
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """``trace_rows=LayerRows(layer, rows)``: trace ``rows`` in layer ``layer`` only, and stop.
+
+    Fields:
+        layer: the layer whose attention is recorded (from 0); the layers after it do not run.
+        rows: what that layer records — query positions, ``slice(None)``, or
+            :data:`~qkv.attention.trace.LSE` (q, k, v and every row's lse: O(t) per head).
+        earlier: record the same ``rows`` in every layer before it too (what a decomposition
+            of layer ``layer``'s input reads: each earlier layer's heads and residual).
+
+    It rides on ``trace_rows`` because every model already threads that argument from its
+    forward to the stack. The stack's output then holds ``traces[layer]`` (the others None, or
+    each earlier layer's with ``earlier``),
+    ``hidden_states`` up to what layer ``layer`` computed, and a ``last_hidden_state`` with no
+    positions, (b, 0, E): nothing after the layer was computed, so a model's head reads nothing.
+    """
+
+    layer: int
+    rows: torch.Tensor | slice | LseRequest
+    earlier: bool = False
 
 
 @dataclass(frozen=True)
@@ -30,11 +57,13 @@ class StackOutput:
     """What a stack returns, whatever was asked for.
 
     Fields:
-        last_hidden_state: (b, t, E) the last layer's output, after the final norm if any.
+        last_hidden_state: (b, t, E) the last layer's output, after the final norm if any;
+            (b, 0, E) when ``trace_rows`` was a :class:`LayerRows` (the forward stopped there).
         hidden_states: None unless asked for; then ``num_layers + 1`` tensors (b, t, E):
             ``hidden_states[ℓ]`` is exactly what enters layer ℓ, and the last one is the last
             layer's output *before* the final norm.
-        traces: None unless ``trace_rows``; then one :class:`LayerTrace` per layer.
+        traces: None unless ``trace_rows``; then one :class:`LayerTrace` per layer (up to
+            the stop, None but there, for a :class:`LayerRows`).
     """
 
     last_hidden_state: torch.Tensor
@@ -86,7 +115,8 @@ class TransformerStack(nn.Module):
             memory, memory_mask: the encoder output (b, s, E) and its mask, for layers with
                 cross-attention.
             kv_caches, memory_kv_caches: one :class:`KVCache` per layer (decoding).
-            trace_rows: query positions whose attention every layer records.
+            trace_rows: query positions whose attention every layer records, or a
+                :class:`LayerRows`: one layer's, and the forward stops after it.
             output_hidden_states: also return what enters each layer.
             positions: (b, t) each token's position, for rotary embeddings (default: counted
                 from the caches' length).
@@ -101,21 +131,38 @@ class TransformerStack(nn.Module):
                                  f"got {len(caches)}")
         if interventions is not None:
             interventions.check(len(self.layers))
+        stop = self._stop(trace_rows)
         hidden, traces = [x], []
         for i, layer in enumerate(self.layers):
             edit = None
             if interventions is not None:
                 x, edit = interventions.input(i, x), interventions.attention(i)
+            rows = trace_rows if stop is None else \
+                trace_rows.rows if i == stop or trace_rows.earlier else None
             out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
                         kv_cache=kv_caches[i] if kv_caches is not None else None,
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
-                        trace_rows=trace_rows, positions=positions,
+                        trace_rows=rows, positions=positions,
                         **({} if edit is None else {"intervention": edit}))
             x = out.hidden
             hidden.append(x)
             traces.append(out.trace)
+            if i == stop:  # nothing later is asked for: the remaining layers never run
+                x = x[:, :0]  # (b, 0, E)
+                break
         return StackOutput(
             last_hidden_state=self.norm(x) if self.norm is not None else x,
             hidden_states=tuple(hidden) if output_hidden_states else None,
             traces=traces if trace_rows is not None else None,
         )
+
+    def _stop(self, trace_rows) -> int | None:
+        """The layer a :class:`LayerRows` stops after (checked), else None."""
+        if not isinstance(trace_rows, LayerRows):
+            return None
+        n = len(self.layers)
+        if isinstance(trace_rows.layer, bool) or not isinstance(trace_rows.layer, int) \
+                or not 0 <= trace_rows.layer < n:
+            raise ValueError(f"LayerRows.layer must be a layer of the stack (0…{n - 1}), got "
+                             f"{trace_rows.layer!r}")
+        return trace_rows.layer

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,13 +38,15 @@ from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, names, stream
-from qkv.explain.contributions.base import run
-from qkv.explain.forward import check_layer_head, encode, model_name
+from qkv.explain.contributions.base import Forward, run
+from qkv.explain.finite import check_layers as check_finite
+from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.modules.multihead import norm_width
+from qkv.modules.stack import LayerRows
 
 # Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
 # (32 MB), whatever the document's length.
@@ -168,10 +171,10 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
     d = attn.head_dim
     whole = norm is not None and norm_width(norm) != d  # OLMo 2: one norm over every head
     take = slice(None) if whole else rows
-    w = proj.weight[take].double()  # (d or h·d, E)
+    w, b = _float64(proj, take)  # (d or h·d, E), (d or h·d,) or None
     out = parts @ w.T  # (C, n, ·)
-    if proj.bias is not None:
-        out[-1] += proj.bias[take].double()
+    if b is not None:
+        out[-1] += b
     if norm is not None:  # Qwen3 / OLMo 2: the query's (key's) own norm, frozen the same way
         total = out.sum(0).to(dtype)  # (n, ·)
         lin = linearise(norm, total if whole else total)
@@ -184,6 +187,38 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
         C, n, _ = out.shape
         out = step(out.reshape(C * n, d), st.positions.repeat(C)).view(C, n, d)
     return out
+
+
+# A projection's rows in float64, kept per module while its weights stay the same (the weight's
+# version counter moves on any in-place change): they do not depend on the text, and each
+# attribution would otherwise convert them again.
+_CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W[take] (·, E), b[take] (·,) or None) of the linear map ``proj`` in float64, once per
+    weights version."""
+    weight, bias = proj.weight, proj.bias
+    version = (weight._version, weight.data_ptr(), weight.dtype,
+               None if bias is None else (bias._version, bias.data_ptr()))
+    kept = _CONVERTED.setdefault(proj, {})
+    where = (take.start, take.stop, take.step)
+    if where not in kept or kept[where][0] != version:  # new, or the weights changed since
+        kept[where] = (version, weight[take].detach().double(),
+                       None if bias is None else bias[take].detach().double())
+    return kept[where][1:]
+
+
+def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int) -> Forward:
+    """The forward through layer ``layer`` only, ``rows`` traced in it and every layer before
+    (their heads and residuals are the components): nothing after the layer is computed, the
+    model's head included. A model that runs its own layer loop (transformers) runs whole."""
+    if not stops_at_layer(model, layer):
+        return run(model, ids, rows)
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=True),
+                output_hidden_states=True)
+    check_finite(out.traces, model=model_name(model))  # NaN: named, up to the layer
+    return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
 def _pick(model, text: str, encoding, spec, role: str) -> int:
@@ -243,14 +278,14 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
-    ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
-    fwd = run(model, ids, torch.tensor([i]))
+    ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
+    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer)
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
     tokens = list(encoding.tokens)
     if key is None:
-        query = stream(model, fwd, layer, torch.tensor([i]))
+        query = stream(model, fwd, layer, torch.tensor([i], device=ids.device))
         q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
@@ -259,7 +294,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     if not torch.isfinite(mask[j]):
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)
-    both = stream(model, fwd, layer, torch.tensor([i, j]))  # the query's and the key's input
+    both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
     q = side(model, fwd, both, layer, head, "q")[:, 0]  # (C, d)
     k = side(model, fwd, both, layer, head, "k")[:, 1]  # (C, d)
     dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
@@ -272,7 +307,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         key_index=j, query_components=both.names, key_components=both.names, terms=terms,
         score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
         q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
-        capped=None if cap is None else float(soft_cap(torch.tensor(score), cap)),
+        capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
         score_bias=float(mask[j]))
 
 
