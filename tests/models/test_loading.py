@@ -411,7 +411,8 @@ def test_peak_memory_while_loading_is_about_the_checkpoint(tmp_path):
     # VmHWM: this process's peak RSS (ru_maxrss would start from pytest's, inherited at exec).
     # Building modules on the meta device imports torch's meta-op machinery once per process
     # (a fixed ~75 MB, whatever the checkpoint): done before measuring.
-    code = ("import sys, torch, qkv\n"
+    # `import qkv` imports its names on first use: the library's modules are imported before too
+    code = ("import sys, torch, qkv, qkv.models, qkv.modules, qkv.attention\n"
             "def status(key):\n"
             "    line = next(l for l in open('/proc/self/status') if l.startswith(key + ':'))\n"
             "    return int(line.split()[1]) * 1024\n"
