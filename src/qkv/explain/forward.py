@@ -237,8 +237,8 @@ def stops_at_layer(model, layer: int) -> bool:
     score bias (an lse record keeps q and k, not a bias). A transformers model behind qkv's
     attention runs its own layer loop, so it is traced whole instead."""
     lay = model.layers[layer]
-    return isinstance(lay, TransformerLayer) and getattr(lay.self_attn, "alibi", None) is None \
-        and getattr(lay.self_attn, "sequence_parallel", None) is None
+    return isinstance(lay, TransformerLayer) and lay.self_attn.alibi is None \
+        and lay.self_attn.sequence_parallel is None  # a TransformerLayer's is a MultiHeadAttention
 
 
 def trace_layer(model, text: str, layer: int | None, *, words: bool = False,

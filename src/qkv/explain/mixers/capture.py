@@ -59,6 +59,7 @@ def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tens
         QkvError: the modeling file has no such function.
     """
     modeling = sys.modules[type(module).__module__]
+    # the layer's own modeling file (transformers'), not a model part: the kernel it calls by name
     original = getattr(modeling, kernel, None)
     if original is None:
         raise QkvError(f"{type(module).__name__}'s modeling file has no function {kernel!r}")

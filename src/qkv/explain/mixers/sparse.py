@@ -120,6 +120,7 @@ def _index_terms(indexer: torch.nn.Module, given: dict) -> torch.Tensor:
     _, t, _ = x.shape
     g, D, dr = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
     modeling = sys.modules[type(indexer).__module__]
+    # which RoPE function the indexer's modeling file (transformers') defines, not a model part
     for name in (n for n in ROPE_FUNCTIONS if hasattr(modeling, n)):
         calls = kernel_calls(indexer, name, x, **{k: v for k, v in given.items() if k != "hidden_states"})
         if calls:
