@@ -40,8 +40,10 @@ def mutations(config: dict, rng: random.Random, n: int) -> list[tuple[str, objec
             key = rng.choice(lists)
             value = list(config[key])
             i = rng.randrange(len(value))
-            value[i] = rng.choice(["bogus", "", 7, None]) if key != "attn_layer_indices" else \
-                rng.choice([-1, 99, "x"])
+            # an unknown name, or another model's (a kind this one may not run)
+            names = ["bogus", "", 7, None, "conv", "mamba", "attention", "hybrid", "linear_attention",
+                     "full_attention", "sliding_attention", "mlp", "moe"]
+            value[i] = rng.choice(names) if key != "attn_layer_indices" else rng.choice([-1, 99, "x"])
             out.append((key, value))
         elif kind < 0.22 and "kv_lora_rank" in config:
             out.append(("kv_lora_rank", config["hidden_size"] * rng.choice([2, 8])))

@@ -174,6 +174,8 @@ HYBRID_SIZE_KEYS = (
     "moe_intermediate_size", "shared_expert_intermediate_size", "shared_intermediate_size",
     "index_topk", "index_head_dim", "index_n_heads", "adapter_rank", "num_mem_blocks",
     "attn_layer_period", "expert_layer_period")
+#: where a hybrid's config.json lists each layer's kind
+LAYER_TYPE_KEYS = ("layer_types", "layers_block_type")
 #: no tensor dimension beyond 2³¹ − 1: a bigger size overflows inside torch
 MAX_SIZE = 2**31 - 1
 #: a top-k and the count it picks from
@@ -279,5 +281,28 @@ def load_explainable(path: str | os.PathLike, *, name: str | None = None, dtype=
                        f"vocab_size is {rows} (config.json): a tokenizer from another model?")
     if device is not None:
         hf = hf.to(device)
-    return wrap(hf, tokenizer, name=name)
+    try:  # wrap runs one forward (the parts' discovery)
+        return wrap(hf, tokenizer, name=name)
+    except BUILD_ERRORS as e:
+        raise _layer_types_error(e, hf, os.path.join(path, "config.json")) from None
+
+
+def _layer_types_error(e: Exception, hf, config_file: str) -> Exception:
+    """The QkvError for a forward of transformers' own code failing on a layer-type list that
+    its config accepted (a kind this model has no layer, mask or cache for), else ``e``: a
+    failure in qkv's code stays a traceback."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    inside = bool(frames) and f"{os.sep}transformers{os.sep}" in frames[-1].filename
+    key = next((k for k in LAYER_TYPE_KEYS if isinstance(getattr(hf.config, k, None), list)), None)
+    if not inside or key is None:
+        return e
+    kinds = getattr(hf.config, key)
+    if isinstance(e, KeyError) and e.args and e.args[0] in kinds:
+        return QkvError(f"{config_file}: {key} names {e.args[0]!r}, which {type(hf).__name__} "
+                        f"has no layer for")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return QkvError(f"{config_file}: {type(hf).__name__} does not run with {key} {kinds}: "
+                    f"{type(e).__name__}: {first}")
 
