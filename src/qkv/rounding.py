@@ -1,6 +1,6 @@
 """Whether a tensor rebuilt from parts is a forward's, to rounding — the one tolerance the
-projection reader (:mod:`qkv.hf.projections`) and the norms' linearisation
-(:mod:`qkv.explain.circuits.norms`) both apply. Plain torch: importing it loads nothing else
+projection reader (:mod:`qkv.hf.projections`), the transformers adapter's discovery of parts
+(:mod:`qkv.hf.adapter`) and the norms' linearisation (:mod:`qkv.explain.circuits.norms`) apply. Plain torch: importing it loads nothing else
 (it lived in :mod:`qkv.hf.projections`, whose package registers with transformers on import —
 seconds that the viewer's first "why this weight" paid).
 
@@ -8,6 +8,8 @@ seconds that the viewer's first "why this weight" paid).
     >>> x = torch.randn(4, 8)
     >>> close(x.double() + 1e-9, x), close(x * 1.01, x)
     (True, False)
+    >>> rebuilds(x.double() + 1e-6, x.double())  # a float32 forward's numbers held in float64
+    True
 """
 
 from __future__ import annotations
@@ -27,3 +29,11 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
     # (float32 accumulation), inside 16 eps — where a wrong layout is off by the entries' size
     factor = 1024 if eps < 1e-4 else 16
     return float((got.to(want.dtype) - want).abs().max()) <= factor * eps * max(top, 1.0)
+
+
+def rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether ``got`` (float64, rebuilt from parts) is the forward's ``want`` to its rounding:
+    :func:`close`, or float32's where ``want`` is float64 — a float64 model computes parts in
+    float32 (transformers' RMSNorms and RoPE tables), and a float32 forward's numbers are often
+    held in float64 to be compared."""
+    return close(got, want) or (want.dtype == torch.float64 and close(got.float(), want.float()))

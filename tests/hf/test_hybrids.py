@@ -19,6 +19,8 @@ from qkv.hf.trace import Recording, recording  # noqa: E402
 from tolerance import assert_within  # noqa: E402
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 8, 97, 9, 3, 23]])  # 11 tokens: past a chunk of 4
+PROMPTS = torch.tensor([[5, 7, 3, 4, 9, 8, 13], [0, 0, 9, 6, 4, 3, 10]])  # the second left-padded
+PADDING = torch.tensor([[1] * 7, [0, 0] + [1] * 5])
 
 
 @pytest.mark.parametrize("name", sorted(HYBRIDS))
@@ -43,6 +45,41 @@ def test_hybrid_loads_runs_and_generates_as_eager(tmp_path, name):
         # generation with the model's own (hybrid) cache: the same greedy tokens as eager's
         want = eager.generate(IDS, max_new_tokens=6, do_sample=False, pad_token_id=0)
         assert torch.equal(model.hf.generate(IDS, max_new_tokens=6, do_sample=False, pad_token_id=0), want)
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
+def test_hybrid_generates_a_left_padded_batch_as_eager(tmp_path, name, cache):
+    """Padding in the recurrent state (masked) and in the keys, prompts of two lengths; MiniMax
+    (its cache counts no past keys) hands each decoding step a (b, 1, 1, 1) mask, broadcast."""
+    eager = save_hybrid(name, tmp_path)
+    model = qkv.load(tmp_path)
+    kw = dict(input_ids=PROMPTS, attention_mask=PADDING, max_new_tokens=6, do_sample=False,
+              pad_token_id=0, cache_implementation=cache)
+    with torch.no_grad():
+        assert torch.equal(model.hf.generate(**kw), eager.generate(**kw))
+
+
+def test_minimax_decoding_mask_means_what_sdpa_makes_of_it(tmp_path):
+    """MiniMax's cache counts no past keys, so transformers sizes each decoding step's mask by 1
+    key: the first one's padding flag, which eager and sdpa broadcast over every key. The
+    left-padded prompt's row then has no key: sdpa (and qkv) give the attention 0 there; eager
+    adds float32's lowest number to every score, which absorbs them (a uniform average). qkv
+    equals sdpa, step by step: the same operations on the same numbers but for the kernel."""
+    import transformers
+
+    save_hybrid("minimax", tmp_path)
+    model = qkv.load(tmp_path)
+    sdpa = transformers.MiniMaxForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    kw = dict(input_ids=PROMPTS, attention_mask=PADDING, max_new_tokens=4, do_sample=False,
+              pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        got, want = model.hf.generate(**kw), sdpa.generate(**kw)
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.scores, want.scores)):
+        # float32 attention by two kernels: a few ulp of the scores, carried through 4 layers
+        torch.testing.assert_close(a, b, rtol=0, atol=64 * torch.finfo(a.dtype).eps
+                                   * float(b.abs().max()), msg=f"step {step}")
 
 
 def test_classic_falcon_is_refused_in_one_line(tmp_path):

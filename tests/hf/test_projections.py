@@ -230,3 +230,24 @@ def test_unseen_rope_gqa_decoders_get_the_full_step_by_step(tmp_path, model_type
     assert steps.projection == "" and "x·W_Q" not in steps.projection
     for stage, diff in steps.diffs.items():
         assert diff <= 64 * torch.finfo(torch.float32).eps * max(1.0, float(steps.model_output.abs().max())), stage
+
+
+def test_norms_after_the_rotation_are_named(tmp_path):
+    """HunYuan rotates q and k, then normalises them (query_layernorm, key_layernorm): checked
+    against the kernel's q and k and named, where Qwen3's order (norm, then RoPE) would not fit."""
+    import transformers
+
+    from hybrids import BASE, save_tokenizer
+
+    config = transformers.HunYuanDenseV1Config(**(BASE | dict(head_dim=8)))
+    torch.manual_seed(0)
+    model = transformers.HunYuanDenseV1ForCausalLM._from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # norms' weights too: not ones
+    model.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path)
+    note = qkv.load(tmp_path).layers[0].self_attn.projection_note
+    assert note.endswith("because HunYuanDenseV1Attention normalises q and k after the rotation "
+                         "(query_layernorm and key_layernorm), a step order the step-by-step does "
+                         "not show (it normalises before the position step)")

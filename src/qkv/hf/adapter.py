@@ -50,6 +50,7 @@ from qkv.hf.projections import Parts, Rotation, Sizes, as_projection, read
 from qkv.hf.trace import Recording, recording
 from qkv.hf.mixers import softmax_kind, stateful_kind
 from qkv.models.gpt_neox import ParallelResidualLayer
+from qkv.rounding import rebuilds
 from qkv.models.outputs import DecoderOutput, EncoderOutput
 from qkv.models.protocol import (
     Capabilities, Embeddings, LayerNorms, LayerParts, Mixer, ModelParts, ResidualForm, Unembedding,
@@ -495,7 +496,7 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
         ff = _reader(seen, ffn_norm, attention)
         made = None if ff is None else seen.inner[ff][1]
         if not (isinstance(made, torch.Tensor) and made.shape == summed.shape
-                and _rebuilds((summed + made).double(), output.double())):
+                and rebuilds((summed + made).double(), output)):
             ff = None  # no one part is the feed-forward (OPT's fc1, fc2 are the layer's own)
         return dict(norm1=norm1, norm_first=True, sequential_residual=True, ffn_norm=ffn_norm,
                     feed_forward=ff)
@@ -525,7 +526,7 @@ def _parallel(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict:
     summed = (seen.entered + seen.out).double()
     ff = _outermost([m for m, (given, made) in seen.inner.items() if id(m) not in inside
                      and isinstance(made, torch.Tensor) and made.numel() == summed.numel()
-                     and _rebuilds(summed + made.double().reshape(summed.shape), output.double())])
+                     and rebuilds(summed + made.double().reshape(summed.shape), output)])
     if ff is None:
         return {}
     reads = seen.inner[ff][0]
@@ -685,8 +686,8 @@ def _embeddings(hf: nn.Module, ids: torch.Tensor, first: torch.Tensor, layers: l
                 if made.shape != want.shape:
                     continue
                 scale = float((made * want).sum() / (made * made).sum().clamp_min(1e-300))
-                if _rebuilds(made * scale, want):
-                    return Embeddings(tables, offset, pad, norm, 1.0 if _rebuilds(made, want) else scale)
+                if rebuilds(made * scale, first[0]):
+                    return Embeddings(tables, offset, pad, norm, 1.0 if rebuilds(made, first[0]) else scale)
     return None
 
 
@@ -710,18 +711,12 @@ def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
     if made.shape != want.shape:
         return None
     scale = float((made * want).sum() / (made * made).sum().clamp_min(1e-300))
-    if _rebuilds(made * scale, want):
-        return Unembedding(weight, bias, norm, 1.0 if _rebuilds(made, want) else scale)
+    if rebuilds(made * scale, logits):
+        return Unembedding(weight, bias, norm, 1.0 if rebuilds(made, logits) else scale)
     c = getattr(config, "final_logit_softcapping", None)  # Gemma 2: c·tanh(z/c)
-    if isinstance(c, (int, float)) and c > 0 and _rebuilds(c * torch.tanh(made / c), want):
+    if isinstance(c, (int, float)) and c > 0 and rebuilds(c * torch.tanh(made / c), logits):
         return Unembedding(weight, bias, norm, softcap=float(c))
     return None
-
-
-def _rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Whether float64 ``got`` is ``want`` to a float32 forward's rounding (a few ulp of the
-    largest entry, E-term sums in another order)."""
-    return float((got - want).abs().max()) <= 1e-5 * max(float(want.abs().max()), 1.0)
 
 
 def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
@@ -730,9 +725,6 @@ def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
     x + c·attn (a residual multiplier, Granite); the output is x + attn + f with f a part's output
     (a parallel residual: GPT-J, GPT-NeoX, Phi)."""
     out, entered = seen.out.double().flatten(), seen.entered.double().flatten()  # (b·t·E,)
-
-    def close(a: torch.Tensor, b: torch.Tensor) -> bool:  # to a float32 forward's rounding
-        return torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
 
     made = [(m, given, y) for m, (given, y) in seen.inner.items()
             if isinstance(given, torch.Tensor)]
@@ -743,12 +735,12 @@ def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
         if given.numel() == out.numel() and float(out @ out) > 0:
             rest = given.double().flatten() - entered
             c = float(rest @ out) / float(out @ out)
-            if min(abs(c), abs(c - 1)) > 1e-3 and close(rest, c * out):  # c = 0: x itself
+            if min(abs(c), abs(c - 1)) > 1e-3 and rebuilds(entered + c * out, given.flatten()):  # c = 0: x
                 return (f"x + {c:.3g}·attn: the attention's output scaled before it is added (a "
                         f"residual multiplier)")
     summed = entered + out
     if any(isinstance(y, torch.Tensor) and y.numel() == out.numel()
-           and close(output.double().flatten(), summed + y.double().flatten()) for _, _, y in made):
+           and rebuilds(summed + y.double().flatten(), output.flatten()) for _, _, y in made):
         return ParallelResidualLayer.residual_note  # the same words as qkv's own parallel layer
     return "no part of it reads x + attn"
 

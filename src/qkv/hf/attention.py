@@ -23,7 +23,7 @@ def _description(module, query, key, attention_mask, is_causal) -> tuple[Attenti
     """What reached us as the mask → (a qkv ``AttentionMask``, a float score bias or None)."""
     t, s = query.shape[-2], key.shape[-2]
     if isinstance(attention_mask, AttentionMask):  # from qkv.hf.masks: structure
-        return attention_mask, None
+        return _broadcast(attention_mask, query.shape[0], t, s), None
     if attention_mask is None:
         # as transformers' sdpa: no mask and a causal module → causal (bottom-right for decoding)
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
@@ -36,6 +36,23 @@ def _description(module, query, key, attention_mask, is_causal) -> tuple[Attenti
     if mask.dtype == torch.bool:
         return AttentionMask(dense=mask), None
     return AttentionMask(), mask.to(query.dtype)  # a float mask is a score bias: added, like eager
+
+
+def _broadcast(mask: AttentionMask, b: int, t: int, s: int) -> AttentionMask:
+    """A prepared mask of fewer queries or keys than the call, broadcast as eager adds it.
+
+    transformers sizes a mask by the cache's count of past keys, and a hybrid's cache may count
+    none: MiniMax's decoding step gets a (b, 1, 1, 1) mask — the first key's padding flag — for
+    its 1 × s scores, which eager broadcasts over every key. The same here, drawn (b, 1, t, s):
+    a broadcast dimension is 1, so it is the decoding step's O(b·s).
+    """
+    shape = getattr(mask, "shape", None)
+    if shape is None or tuple(shape[-2:]) == (t, s):
+        return mask
+    if any(have not in (1, want) for have, want in zip(shape, (b, 1, t, s))):
+        raise ValueError(f"qkv attention: a mask of shape {tuple(shape)} (b, 1, t, s) reached a "
+                         f"call of shape {(b, 1, t, s)}, and does not broadcast to it")
+    return AttentionMask(dense=mask[:].expand(b, 1, t, s))  # (b, 1, t, s) bool
 
 
 def _selected(mask: AttentionMask, indices: torch.Tensor, t: int, s: int) -> AttentionMask:

@@ -72,6 +72,7 @@ def load(path: str | os.PathLike, *, dtype=None):
         raise QkvError(f"cannot read a transformers config: {e}") from None
     cls = model_class(raw, config_file)
     cfg.check_common(raw, config_file)
+    check_sizes(raw, config_file)
     check_activations(raw, config_file)
     weights = WeightFiles.open(path)  # the files, then every header: before anything is built
     for key in cfg.LAYER_KEYS:  # a layer count beyond the headers' fails here, not after 10⁹ layers
@@ -84,11 +85,25 @@ def load(path: str | os.PathLike, *, dtype=None):
             cause = e.__cause__ or e  # the strict dataclass error wraps the TypeError that names the value
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(e).__name__
             raise QkvError(f"{config_file}: transformers refuses it: {first}") from None
-        check_weights(weights, cls, config)
+        check_top_k(config, raw, config_file)
         kw = {} if dtype is None else dict(dtype=dtype)
-        model, info = cls.from_pretrained(path, config=config, attn_implementation=NAME,
-                                          trust_remote_code=False, local_files_only=True,
-                                          use_safetensors=True, output_loading_info=True, **kw)
+        try:  # a combination of values no one check names (sizes that do not fit each other)
+            check_weights(weights, cls, config)
+            # mismatched shapes come back in ``info`` (named below), not as transformers' report
+            model, info = cls.from_pretrained(path, config=config, attn_implementation=NAME,
+                                              trust_remote_code=False, local_files_only=True,
+                                              use_safetensors=True, output_loading_info=True,
+                                              ignore_mismatched_sizes=True, **kw)
+        except QkvError:
+            raise
+        except BUILD_ERRORS as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if "CONVERSION" in first:  # its report (which tensor) is a log line kept quiet here
+                raise QkvError(f"{path}: a tensor that transformers converts as it loads {cls.__name__} "
+                               f"(experts stacked into one) has another shape than this config.json "
+                               f"needs; config.json and the weights disagree") from None
+            raise QkvError(f"{config_file}: transformers cannot build {cls.__name__} with these "
+                           f"values: {type(e).__name__}: {first}") from None
     name = cls.__name__
     for key, what in (("missing_keys", "has no tensor {0!r}{1} that {2} with this config.json needs"),
                       ("unexpected_keys", "holds a tensor {0!r}{1} that {2} does not have"),
@@ -140,6 +155,60 @@ def model_class(raw: dict, config_file: str):
         raise QkvError(f"{name}: its attention does not go through transformers' AttentionInterface, "
                        f"so it cannot run on qkv; load it with attn_implementation='eager'")
     return cls
+
+
+# what model code raises on values that do not fit each other (a head dimension the RoPE part
+# exceeds, a top-k above the experts): one line naming the class and transformers' words
+BUILD_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, ZeroDivisionError,
+                OverflowError, AttributeError)
+#: sizes of the hybrid mixers (issue 39: linear attention, Mamba-2, MLA, indexers, experts), a
+#: positive integer where config.json gives one, as :data:`qkv.models.config.SIZE_KEYS` are
+HYBRID_SIZE_KEYS = (
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim", "linear_head_dim", "linear_num_heads", "mamba_n_heads", "mamba_d_head",
+    "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size", "mamba_n_groups",
+    "mamba_d_ssm", "mamba_num_heads", "mamba_head_dim", "n_mamba_heads", "mamba_ngroups",
+    "n_groups", "ssm_state_size", "conv_kernel", "chunk_size", "expand", "conv_L_cache",
+    "block_size", "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "shared_intermediate_size",
+    "index_topk", "index_head_dim", "index_n_heads", "adapter_rank", "num_mem_blocks",
+    "attn_layer_period", "expert_layer_period")
+#: where a hybrid's config.json lists each layer's kind
+LAYER_TYPE_KEYS = ("layer_types", "layers_block_type")
+#: no tensor dimension beyond 2³¹ − 1: a bigger size overflows inside torch
+MAX_SIZE = 2**31 - 1
+#: a top-k and the count it picks from
+TOP_K = {"num_experts_per_tok": ("n_routed_experts", "num_local_experts", "num_experts")}
+
+
+def check_sizes(raw: dict, where: str) -> None:
+    """Every size config.json gives (:data:`~qkv.models.config.SIZE_KEYS` and
+    :data:`HYBRID_SIZE_KEYS`) a positive integer of at most :data:`MAX_SIZE`, and each top-k at
+    most the count it picks from (:func:`check_top_k`, on the built config) — one QkvError naming the key and value, before transformers
+    meets it as a tensor size.
+
+    Example:
+        >>> check_sizes({"kv_lora_rank": -1}, "config.json")
+        Traceback (most recent call last):
+        ...
+        qkv.errors.QkvError: config.json: kv_lora_rank must be an integer >= 1, got -1
+    """
+    for key in cfg.SIZE_KEYS + HYBRID_SIZE_KEYS:
+        if raw.get(key) is not None and cfg.get_int(raw, key, where=where) > MAX_SIZE:
+            raise QkvError(f"{where}: {key} {raw[key]} is beyond any model's size (at most "
+                           f"{MAX_SIZE})")
+
+
+def check_top_k(config, raw: dict, where: str) -> None:
+    """Each top-k of the built config (a default where config.json has none) at most the count
+    it picks from: else a forward's ``topk`` fails."""
+    for key, counts in TOP_K.items():
+        k = getattr(config, key, None)
+        count = next((c for c in counts if isinstance(getattr(config, c, None), int)), None)
+        if isinstance(k, int) and count is not None and k > getattr(config, count):
+            given = "" if raw.get(key) is not None else " (transformers' default: config.json has none)"
+            raise QkvError(f"{where}: {key} {k}{given} is more than {count} {getattr(config, count)}")
 
 
 def check_activations(raw: dict, where: str) -> None:
@@ -212,5 +281,28 @@ def load_explainable(path: str | os.PathLike, *, name: str | None = None, dtype=
                        f"vocab_size is {rows} (config.json): a tokenizer from another model?")
     if device is not None:
         hf = hf.to(device)
-    return wrap(hf, tokenizer, name=name)
+    try:  # wrap runs one forward (the parts' discovery)
+        return wrap(hf, tokenizer, name=name)
+    except BUILD_ERRORS as e:
+        raise _layer_types_error(e, hf, os.path.join(path, "config.json")) from None
+
+
+def _layer_types_error(e: Exception, hf, config_file: str) -> Exception:
+    """The QkvError for a forward of transformers' own code failing on a layer-type list that
+    its config accepted (a kind this model has no layer, mask or cache for), else ``e``: a
+    failure in qkv's code stays a traceback."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    inside = bool(frames) and f"{os.sep}transformers{os.sep}" in frames[-1].filename
+    key = next((k for k in LAYER_TYPE_KEYS if isinstance(getattr(hf.config, k, None), list)), None)
+    if not inside or key is None:
+        return e
+    kinds = getattr(hf.config, key)
+    if isinstance(e, KeyError) and e.args and e.args[0] in kinds:
+        return QkvError(f"{config_file}: {key} names {e.args[0]!r}, which {type(hf).__name__} "
+                        f"has no layer for")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return QkvError(f"{config_file}: {type(hf).__name__} does not run with {key} {kinds}: "
+                    f"{type(e).__name__}: {first}")
 

@@ -132,6 +132,8 @@ LAYOUTS = (
 
 #: The per-head (or whole-projection) norms between the projections and the position step.
 NORMS = ("q_norm", "k_norm")
+#: q/k norms applied *after* the rotation (HunYuan: ``query_layernorm``, ``key_layernorm``)
+NORMS_AFTER = ("query_layernorm", "key_layernorm")
 
 
 #: How a model lays its RoPE angles over a head's features (the position step's styles, tried in
@@ -283,11 +285,48 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                     scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
                     return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c,
                                  rotate=turn.apply if turn is not None else None)
+    after = _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value)
+    if after is not None:
+        return after
     return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "
             f"{'its q/k norms, ' if q_norm is not None else ''}"
             f"{'the angles it is handed (as RoPE in any of ' + ', '.join(STYLES) + ' layouts, or none)' if cos_sin is not None else 'no position step'}"
             f" do not give the q, k and v its attention kernel read")
 
 
-__all__ = ["LAYOUTS", "Layout", "NORMS", "OWN", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
+def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value) -> str | None:
+    """Why a module that normalises q and k *after* the rotation (:data:`NORMS_AFTER`, HunYuan)
+    is not read — checked: projected, rotated in one of the styles, then normalised per head,
+    its q and k are the kernel's — or None where that is not what it does. The step-by-step
+    normalises before the position step (Qwen3's order), so such a module starts from q and k."""
+    norms = [getattr(module, n, None) for n in NORMS_AFTER]
+    if cos_sin is None or not all(isinstance(n, nn.Module) for n in norms):
+        return None
+    own = own_rotation(module)
+    with torch.no_grad():
+        for layout in fits:
+            wq, wk, wv = layout.read(module, layout.names, sizes)
+            if wq is None or wk is None or wv is None:
+                continue
+            try:
+                q, k, v = (_heads(wq(x), sizes.heads), _heads(wk(kv_input), sizes.kv_heads),
+                           _heads(wv(kv_input), sizes.kv_heads))  # (b, h, t, d), (b, h_kv, s, d) ×2
+            except RuntimeError:  # not of this width
+                continue
+            if not close(v, value):
+                continue
+            for style in (*STYLES, *((OWN,) if own is not None else ())):
+                turn = Rotation(*cos_sin, style, own if style == OWN else None)
+                try:
+                    rq, rk = norms[0](turn.heads(q)), norms[1](turn.heads(k))
+                except (RuntimeError, TypeError, ValueError):
+                    continue
+                if close(rq, query) and close(rk, key):
+                    return (f"{type(module).__name__} normalises q and k after the rotation "
+                            f"({' and '.join(NORMS_AFTER)}), a step order the step-by-step does "
+                            f"not show (it normalises before the position step)")
+    return None
+
+
+__all__ = ["LAYOUTS", "Layout", "NORMS", "NORMS_AFTER", "OWN", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
            "as_projection", "own_rotation", "read"]

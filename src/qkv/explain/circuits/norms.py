@@ -29,14 +29,7 @@ import torch
 from torch import nn
 
 from qkv.errors import QkvError
-from qkv.rounding import close
-
-
-def rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Whether ``got`` (float64, rebuilt from parts) is the forward's ``want`` to its rounding —
-    float32's where a float64 model computed in float32 (transformers' RMSNorms and RoPE tables
-    are float32 whatever the model's dtype)."""
-    return close(got, want) or (want.dtype == torch.float64 and close(got.float(), want.float()))
+from qkv.rounding import rebuilds  # the one tolerance; circuits/ import it from here
 
 
 @dataclass(frozen=True)
