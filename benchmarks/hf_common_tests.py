@@ -43,6 +43,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
          "starcoder2", "stablelm", "gpt2", "gpt_neox", "opt", "gpt_oss", "mixtral"]
+#: issue 39's hybrids (tests/hf/hybrids.py), run with ``--archs hybrids`` (or by name)
+HYBRIDS = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "minimax", "deepseek_v2", "deepseek_v3",
+           "diffllama", "lfm2", "kimi_linear", "olmo_hybrid", "nemotron_h", "falcon_h1",
+           "granitemoehybrid", "bamba", "jamba", "zamba2", "deepseek_v32", "glm_moe_dsa"]
 
 STUBS = {
     "generation/__init__.py": "",
@@ -61,6 +65,7 @@ import torch
 
 sys.path.insert(0, {archs_dir!r})
 import archs  # noqa: E402  (the project's tiny architectures)
+import hybrids  # noqa: E402  (and issue 39's hybrids)
 
 import qkv.hf  # noqa: E402
 from qkv.hf.attention import qkv_attention_forward  # noqa: E402
@@ -91,19 +96,24 @@ class ModelTester:
     def __init__(self, parent, name, batch_size=2, seq_length=7, is_training=True):
         self.parent, self.name = parent, name
         self.batch_size, self.seq_length, self.is_training = batch_size, seq_length, is_training
-        config_class, _, extra = archs.DECODERS[name]
+        if name in hybrids.HYBRIDS:
+            config_class, _, extra, _ = hybrids.HYBRIDS[name]
+            self.common = hybrids.BASE
+        else:
+            config_class, _, extra = archs.DECODERS[name]
+            self.common = archs.COMMON
         self.config_class = getattr(transformers, config_class)
         self.extra = dict(extra)
         if any("expert" in k for k in extra):
             # transformers' grouped_mm experts kernel wants 16-byte strides (37 floats are not)
             self.extra["intermediate_size"] = 32
-        self.vocab_size = archs.COMMON["vocab_size"]
-        self.hidden_size = archs.COMMON["hidden_size"]
-        self.num_hidden_layers = archs.COMMON["num_hidden_layers"]
-        self.num_attention_heads = archs.COMMON["num_attention_heads"]
+        self.vocab_size = self.common["vocab_size"]
+        self.hidden_size = self.common["hidden_size"]
+        self.num_hidden_layers = self.common["num_hidden_layers"]
+        self.num_attention_heads = self.common["num_attention_heads"]
 
     def get_config(self):
-        return self.config_class(**(archs.COMMON | self.extra | dict(pad_token_id=0)))
+        return self.config_class(**(self.common | self.extra | dict(pad_token_id=0)))
 
     def prepare_config_and_inputs_for_common(self):
         input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
@@ -185,9 +195,12 @@ class {cls}(QkvChecks, ModelTesterMixin, GenerationTesterMixin, unittest.TestCas
 def model_classes(name: str) -> list[str]:
     """The base model and its causal-LM head (what upstream's testers list first)."""
     import transformers
-    _, lm, _ = sys.path.insert(0, str(ROOT / "tests" / "hf")) or __import__("archs").DECODERS[name]
+    sys.path.insert(0, str(ROOT / "tests" / "hf"))
+    hybrids = __import__("hybrids").HYBRIDS
+    lm = hybrids[name][1] if name in hybrids else __import__("archs").DECODERS[name][1]
     base = lm.replace("ForCausalLM", "Model").replace("GPT2LMHeadModel", "GPT2Model")
-    base = {"Gemma3Model": "Gemma3TextModel"}.get(base, base)  # Gemma3Model is the multimodal one
+    base = {"Gemma3Model": "Gemma3TextModel", "Qwen3_5Model": "Qwen3_5TextModel",  # the text
+            "Qwen3_5MoeModel": "Qwen3_5MoeTextModel"}.get(base, base)  # ones, not multimodal
     return [c for c in (base, lm) if hasattr(transformers, c)]
 
 
@@ -213,7 +226,9 @@ def write_tree(src: Path, out: Path, names: list[str]) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, required=True, help="the unpacked transformers sdist")
-    ap.add_argument("--archs", default=",".join(ARCHS), help="comma-separated, from tests/hf/archs.py")
+    ap.add_argument("--archs", default=",".join(ARCHS),
+                    help="comma-separated, from tests/hf/archs.py or hybrids.py; 'hybrids': all of "
+                         "issue 39's")
     ap.add_argument("-k", default=None, help="pytest -k expression (e.g. 'sdpa or static')")
     ap.add_argument("--json", type=Path, default=None, help="write the per-architecture counts here")
     ap.add_argument("--log", type=Path, default=None, help="write pytest's whole output here")
@@ -222,7 +237,8 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.src / "tests" / "test_modeling_common.py").is_file():
         sys.exit(f"error: {args.src}/tests/test_modeling_common.py not found (unpack the sdist)")
-    names = [n for n in args.archs.split(",") if n]
+    names = [n for part in args.archs.split(",") if part
+             for n in (HYBRIDS if part == "hybrids" else [part])]
     with tempfile.TemporaryDirectory() as tmp:
         tests = write_tree(args.src, Path(tmp), names)
         cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-s", "-p", "no:cacheprovider",
@@ -250,7 +266,7 @@ def main() -> None:
     for name, r in results.items():
         status = ("FAILED " + ", ".join(r["failed"] + r["errors"]) if r["failed"] or r["errors"]
                   else "NOT RUN (no qkv call)" if not r["qkv_calls"] else "ok")
-        print(f"{name:12s} qkv calls {r['qkv_calls']:6d}  {status}")
+        print(f"{name:16s} qkv calls {r['qkv_calls']:6d}  {status}")
     if args.json:
         args.json.write_text(json.dumps(dict(summary=summary[-1] if summary else None,
                                              seconds=round(seconds), archs=results), indent=1))

@@ -204,3 +204,29 @@ def test_nothing_stays_hooked(saved):
     E.explain_head(model, TEXT, token="it", layer=0, head=0)
     for m in model.hf.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks, type(m).__name__
+
+
+# -- issue 38 item 2: the position step by the architecture's own rotary function -----------------
+@pytest.mark.parametrize("model_type", ["glm", "helium", "ernie4_5", "glm4"])
+def test_unseen_rope_gqa_decoders_get_the_full_step_by_step(tmp_path, model_type):
+    """Decoders tests/hf/archs.py never builds (interleaved and partial RoPE, GQA): x·W_Q →
+    the architecture's own apply_rotary_pos_emb → q, every stage equal to the forward's."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from hybrids import BASE, save_tokenizer
+    import qkv
+    import qkv.explain
+
+    config = transformers.CONFIG_MAPPING[model_type](**(BASE | dict(num_hidden_layers=3, head_dim=8,
+                                                                    hidden_size=48, num_attention_heads=6)))
+    torch.manual_seed(1)
+    cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    cls._from_config(config, attn_implementation="eager").save_pretrained(tmp_path)
+    save_tokenizer(tmp_path)
+    model = qkv.load(tmp_path)
+    text = "a red dog sat . the apple sat on a mat"
+    steps = qkv.explain.explain_head(model, text, layer=2, head=5, token="mat")
+    assert steps.projection == "" and "x·W_Q" not in steps.projection
+    for stage, diff in steps.diffs.items():
+        assert diff <= 64 * torch.finfo(torch.float32).eps * max(1.0, float(steps.model_output.abs().max())), stage

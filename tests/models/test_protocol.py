@@ -15,10 +15,12 @@ import pytest
 import torch
 
 import qkv
+import qkv.explain
 from qkv.models import FAMILIES
 from qkv.models.protocol import (
-    AttentionLayerLike, Capabilities, CrossAttentionModel, CrossPass, SelfAttentionModel,
-    TokenizerLike,
+    AttentionLayerLike, Capabilities, CrossAttentionModel, CrossLayerLike, CrossPass, MixerKind,
+    ModelParts,
+    ResidualForm, SelfAttentionModel, TokenizerLike,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -107,6 +109,7 @@ def test_every_loaders_model_meets_the_protocol(directory, kind):
     assert isinstance(model, CrossAttentionModel) == caps.cross_attention
     if caps.self_attention:
         check_self_attention(model)
+        check_parts(model, torch.tensor([model.tokenizer.encode(TEXT).ids]))
     if caps.cross_attention:
         check_cross_attention(model, GRAMMAR if kind == "translate" else TEXT)
 
@@ -146,3 +149,139 @@ def check_cross_attention(model, text: str) -> None:
     assert isinstance(translated, list) and len(translated) == 1 and isinstance(translated[0], str)
     gold = model.gold_alignment(text)
     assert gold is None or isinstance(gold, (str, tuple))
+    # every cross layer's declared parts redo its heads: x·W_Q + b → q, memory·W_K, W_V → k, v,
+    # the softmax and Σ w·v, equal to what the forward computed (float64 against float32)
+    assert len(model.cross_layers) == layers
+    for L, layer in enumerate(model.cross_layers):
+        assert isinstance(layer, CrossLayerLike) and layer.cross_attn.num_heads == heads
+        if model.capabilities.head_weights:
+            steps = qkv.explain.cross_attention_head(model, text, layer=L, head=heads - 1).steps
+            assert steps.projection == ""
+            for stage, diff in steps.diffs.items():
+                assert diff <= 64 * torch.finfo(torch.float32).eps * max(
+                    1.0, float(steps.model_output.abs().max())), (L, stage, diff)
+
+
+# -- every declared part, checked against a forward ---------------------------------------------
+def _close(got: torch.Tensor, want: torch.Tensor, *scale: torch.Tensor) -> bool:
+    """float64 ``got`` is ``want`` to a float32 forward's rounding: a few ulp of the magnitudes
+    summed (|x| + |branch| …: each sum and each E-term product rounds once more)."""
+    size = sum(float(t.double().abs().max()) for t in (want, *scale))
+    return float((got.double() - want.double()).abs().max()) <= 64 * torch.finfo(torch.float32).eps * max(size, 1.0)
+
+
+def _first(output):
+    out = output[0] if isinstance(output, tuple) else output
+    return getattr(out, "output", out)  # qkv's AttentionOutput → its output
+
+
+def check_parts(model, ids: torch.Tensor) -> None:
+    """``model.parts`` named and numerically right: the tables rebuild layer 0's input; per
+    layer its norms, mixer and feed-forward add up as its residual form says; the read-out
+    rebuilds the logits; every layer has a mixer kind, a softmax kind its attention."""
+    parts = model.parts
+    assert isinstance(parts, ModelParts) and len(parts.layers) == len(model.layers)
+    seen: dict = {}
+
+    def keep(module, args, kwargs, output):
+        given = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+        seen.setdefault(id(module), (given, _first(output)))
+
+    modules = {id(m): m for lp in parts.layers
+               for m in (*(x.module for x in lp.mixers), *(x.output for x in lp.mixers),
+                         lp.feed_forward) if m is not None}
+    hooks = [m.register_forward_hook(keep, with_kwargs=True) for m in modules.values()]
+    try:
+        with torch.no_grad():
+            out = model(ids, torch.ones_like(ids), output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    hidden = out.hidden_states  # hidden[L] enters layer L; the last: before any final norm
+    with torch.no_grad():
+        check_embeddings(parts.embeddings, ids[0], hidden[0][0])
+        for i, lp in enumerate(parts.layers):
+            assert all(isinstance(m.kind, MixerKind) for m in lp.mixers)
+            assert all((m.attention is not None) == m.kind.softmax for m in lp.mixers), i
+            check_layer(lp, hidden[i], hidden[i + 1], seen)
+        if model.capabilities.next_token:
+            u = parts.unembedding
+            assert u is not None
+            h = hidden[-1] if u.norm is None else u.norm(hidden[-1])
+            got = torch.nn.functional.linear(h.double(), u.weight.double(),
+                                             None if u.bias is None else u.bias.double()) * u.scale
+            if u.softcap is not None:
+                got = u.softcap * torch.tanh(got / u.softcap)
+            assert _close(got, out.logits)
+
+
+def check_embeddings(e, ids: torch.Tensor, first: torch.Tensor) -> None:
+    """Σ rows (token module on the ids, position rows from the offset, segment 0), normed and
+    scaled, is what entered layer 0."""
+    if e is None:
+        return
+    rows = sum(e.rows(ids).values())
+    made = (rows if e.norm is None else e.norm(rows)) * e.scale
+    assert _close(made, first)
+
+
+def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict) -> None:
+    """The layer's residual equation (:class:`ResidualForm`) with its declared modules' own
+    inputs and outputs in this forward."""
+    if lp.residual is ResidualForm.OTHER:
+        assert lp.residual_note
+        return
+    (mixer,) = lp.mixers
+    m_in = seen[id(mixer.module)][0]
+    m_out = seen[id(mixer.output or mixer.module)][1]
+    n1, n3, ff = lp.norms.mixer, lp.norms.feed_forward, lp.feed_forward
+    f_in, f_out = seen[id(ff)] if ff is not None else (None, None)
+    if lp.residual is ResidualForm.PRE_NORM:
+        y = x + m_out
+        assert _close(n1(x), m_in)
+        if ff is not None:  # OPT's feed-forward is no one module: then the branch is not named
+            assert _close(n3(y), f_in) and _close(y + f_out, out, y, f_out)
+    elif lp.residual is ResidualForm.POST_NORM:
+        y = n1(x + m_out)
+        assert _close(m_in, x)
+        if ff is not None:
+            assert _close(y, f_in, x, m_out) and _close(n3(y + f_out), out, y, f_out)
+    else:  # parallel
+        assert _close(n1(x), m_in) and _close(n3(x), f_in)
+        assert _close(x + m_out + f_out, out, x, m_out, f_out)
+
+
+# a dozen transformers architectures (tests/hf/archs.py) and the hybrids (tests/hf/hybrids.py)
+ARCHS = ["gemma", "gemma2", "gemma3", "phi3", "olmo", "olmo2", "granite", "starcoder2", "cohere",
+         "phi", "smollm3", "gptj", "opt", "electra", "xlm_roberta"]
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_transformers_architectures_declare_their_parts(tmp_path, name):
+    from archs import DECODERS, ENCODERS, build
+
+    table = DECODERS if name in DECODERS else ENCODERS
+    model = build(table, name)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        model.set_experts_implementation("eager")
+    model.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, wrap=False)
+    ours = qkv.load(tmp_path)
+    check_parts(ours, torch.tensor([ours.tokenizer.encode(TEXT).ids]))
+
+
+def _hybrids() -> list[str]:
+    from hybrids import HYBRIDS
+
+    return sorted(HYBRIDS)
+
+
+@pytest.mark.parametrize("name", _hybrids())
+def test_hybrid_architectures_declare_their_parts(tmp_path, name):
+    """Issue 39's hybrids: every layer a layer, each declared part checked as above (the
+    hybrids' pre-norm layers, Gated DeltaNet's, Mamba-2's and the rest alike)."""
+    from hybrids import save_hybrid
+
+    save_hybrid(name, tmp_path)
+    model = qkv.load(tmp_path)
+    check_parts(model, torch.tensor([model.tokenizer.encode(TEXT).ids]))

@@ -432,7 +432,7 @@ def cross_attention_heads(model, text: str, *, token: str | None = None,
     j = choice.unit
     out = []
     for layer, head in heads:
-        decoder_layer = model.decoder[layer]  # its cross_attn (h, d, W_Q, W_K, W_V) and norm_first
+        decoder_layer = model.cross_layers[layer]  # its cross_attn (h, d, W_Q, W_K, W_V), norm_first
         steps = head_steps(decoder_layer.cross_attn, ca.trace.decoder[layer].cross_attn,
                            layer=layer, head=head, row=j, tokens=ca.source, model=ca.model, text=text)
         one = replace(ca, token=j, focus=j, layers=(layer,), notes=(choice.note,) if choice.note else ())

@@ -61,8 +61,7 @@ def check_layers(layer_traces, *, model: str = "the model", part: str = "",
     """
     previous = None  # the layer trace whose output the next input is: (index, trace)
     for layer, trace in enumerate(layer_traces):
-        for kind in ("self_attn", "cross_attn"):
-            mh = getattr(trace, kind, None)
+        for kind, mh in (("self_attn", trace.self_attn), ("cross_attn", trace.cross_attn)):
             if mh is None:
                 continue
             inputs = (mh.query_input,) if kind == "cross_attn" else (
@@ -80,7 +79,8 @@ def check_layers(layer_traces, *, model: str = "the model", part: str = "",
 def _check_heads(attention, *, model: str, at: str, what: str) -> None:
     """One attention call's projections, weights and output, each head named (b, h, ·, ·)."""
     cross = "cross-attention " if what == "cross-attention" else ""
-    steps = [*((getattr(attention, f), f"{cross}{name} is") for f, name in PROJECTIONS),
+    projected = dict(query=attention.query, key=attention.key, value=attention.value)
+    steps = [*((projected[f], f"{cross}{name} is") for f, name in PROJECTIONS),
              (attention.weights, f"{what} weights are"), (attention.output, f"{what} output is")]
     for x, name in steps:
         if _finite(x):
@@ -100,7 +100,7 @@ def _input_message(model: str, part: str, previous, t: torch.Tensor, final: bool
         layer, trace, mh = previous
         after = "its output" if final else "the next layer's input"
         # the heads are finite (checked); out_proj turns them into what the residual adds
-        residual = getattr(trace, "residual", None)
+        residual = trace.residual
         culprit = "its output projection (out_proj)" if residual is not None and \
             not _finite(residual) else "its feed-forward" if residual is not None else \
             "its feed-forward or output projection"

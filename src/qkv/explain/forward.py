@@ -64,7 +64,9 @@ def num_layers(model) -> int:
 
 
 def num_heads(model) -> int:
-    return model.layers[0].self_attn.num_heads
+    """Heads per layer, read off the first layer whose attention qkv computes (a hybrid's
+    linear-attention and state-space layers have none)."""
+    return next(layer.self_attn.num_heads for layer in model.layers if layer.self_attn is not None)
 
 
 def model_name(model) -> str:
@@ -97,6 +99,12 @@ def check_layer_head(model, layer: int | None, head: int | None) -> None:
         raise ArgumentError("layer", "{name} {value} is out of range: {model} has {n} layers "
                             "(0–{last})", value=layer, model=model_name(model), n=n_layers,
                             last=n_layers - 1)
+    if layer is not None and model.layers[layer].self_attn is None:
+        kinds = ", ".join(m.kind.value for m in model.parts.layers[layer].mixers) or "nothing"
+        raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kinds} "
+                            "(transformers' own code), not by an attention qkv computes; choose a "
+                            "layer with softmax attention", value=layer, model=model_name(model),
+                            kinds=kinds)
     if head is not None and not 0 <= head < n_heads:
         raise ArgumentError("head", "{name} {value} is out of range: {model} has {n} heads per "
                             "layer (0–{last})", value=head, model=model_name(model), n=n_heads,

@@ -289,6 +289,7 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
 
 def kind_of(result) -> ResultKind:
     """The row of ``result`` (by its ``kind``); ValueError for something that is not a result."""
+    # any object may be handed here (an attribute it may lack): a result declares its kind
     name = getattr(result, "kind", None)
     if name not in KINDS:
         raise ValueError(f"result must be a qkv.explain result (with a kind), got "

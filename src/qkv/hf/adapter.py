@@ -5,9 +5,15 @@ gpt-oss, ELECTRA …), so every explanation runs on it unchanged (see
 :mod:`qkv.models.protocol`). What the protocol asks and where it comes from::
 
     tokenizer        qkv's Tokenizer over the directory's tokenizer files
-    layers[L]        the transformers layer holding the L-th attention module (found by running
-                     the model once and listing the attention calls, in order)
-      .self_attn     an :class:`HFAttention`: h, h_kv, d, dv, E read off that call; ``out_proj``
+    layers[L]        the L-th element of the checkpoint's layer list (the list holding the
+                     attention modules, found by running the model once and listing the
+                     attention calls): every layer, whatever mixes its tokens
+      .parts         its :class:`~qkv.models.protocol.LayerParts`: mixers with their kinds
+                     (:mod:`qkv.hf.mixers`), norms found by behaviour, feed-forward, residual form
+    parts            :class:`~qkv.models.protocol.ModelParts`: the tables, each layer's parts,
+                     the read-out, each checked on the discovery forward
+      .self_attn     an :class:`HFAttention` (None in a layer without softmax attention): h,
+                     h_kv, d, dv, E read off its call; ``out_proj``
                      the projection that reads the heads' outputs, when one was found;
                      ``q_proj``/``k_proj``/``v_proj`` (every head's W_Q, W_K, W_V as matrices)
                      and ``q_norm``/``k_norm`` from :mod:`qkv.hf.projections`' table, kept only
@@ -42,8 +48,12 @@ from qkv.attention.traced import row_positions
 from qkv.errors import QkvError
 from qkv.hf.projections import Parts, Rotation, Sizes, as_projection, read
 from qkv.hf.trace import Recording, recording
+from qkv.hf.mixers import softmax_kind, stateful_kind
+from qkv.models.gpt_neox import ParallelResidualLayer
 from qkv.models.outputs import DecoderOutput, EncoderOutput
-from qkv.models.protocol import Capabilities
+from qkv.models.protocol import (
+    Capabilities, Embeddings, LayerNorms, LayerParts, Mixer, ModelParts, ResidualForm, Unembedding,
+)
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.transformer import LayerTrace
 
@@ -94,11 +104,18 @@ class HFAttention:
         module in one forward make of its q and k, in its style, or None (no rotation)."""
         if self.parts is None or self.parts.rotation is None or cos_sin is None:
             return None
-        return Rotation(*cos_sin, self.parts.rotation)
+        return Rotation(*cos_sin, self.parts.rotation, self.parts.rotate)
 
 
 class HFLayer:
-    """One transformers layer (``block``) and its :class:`HFAttention` (``self_attn``).
+    """One transformers layer (``block``), its :class:`HFAttention` (``self_attn``; None in a
+    layer whose mixers run transformers' own code: Gated DeltaNet, Mamba-2 …) and its parts
+    (:attr:`parts`, a :class:`~qkv.models.protocol.LayerParts`).
+
+    ``mixers`` the layer's :class:`~qkv.models.protocol.Mixer` s; ``mixer_module`` the one whose
+    input and output the residual structure is read from (the attention module where there is
+    one); ``out_module`` what returns the mixer's branch (the output projection, or the mixer
+    itself); ``feed_forward`` and ``ffn_norm`` (pre-norm: the norm the feed-forward reads).
 
     Its residual structure, read off a forward (:func:`_structure`): ``sequential_residual``
     when the layer forms x + attn (attn: the output projection's output) before its feed-forward
@@ -112,15 +129,35 @@ class HFLayer:
 
     cross_attn = None
 
-    def __init__(self, block: nn.Module, self_attn: HFAttention, *, norm1: nn.Module | None = None,
-                 norm3: nn.Module | None = None, norm_first: bool = True,
+    def __init__(self, block: nn.Module, self_attn: HFAttention | None, *, mixers: tuple = (),
+                 mixer_module: nn.Module | None = None, norm1: nn.Module | None = None,
+                 norm3: nn.Module | None = None, ffn_norm: nn.Module | None = None,
+                 feed_forward: nn.Module | None = None, norm_first: bool = True,
                  sequential_residual: bool = False, residual_note: str = ""):
-        self.block, self.self_attn = block, self_attn
+        self.block, self.self_attn, self.mixers = block, self_attn, tuple(mixers)
+        self.mixer_module = mixer_module if mixer_module is not None else \
+            (self_attn.module if self_attn is not None else None)
+        self.out_module = self_attn.out_module if self_attn is not None and self_attn.out_module \
+            is not None else self.mixer_module
         self.norm1, self.norm_first, self.sequential_residual = norm1, norm_first, sequential_residual
         self.norm3, self.residual_note = norm3, residual_note
+        self.ffn_norm, self.feed_forward = ffn_norm, feed_forward
 
     def modules(self):
         return self.block.modules()
+
+    @property
+    def parts(self) -> LayerParts:
+        """The layer's :class:`~qkv.models.protocol.LayerParts`, as its forward showed them."""
+        if self.sequential_residual:
+            form = ResidualForm.PRE_NORM if self.norm_first else ResidualForm.POST_NORM
+            norms = LayerNorms(self.norm1, self.ffn_norm if self.norm_first else self.norm3)
+        else:
+            parallel = self.residual_note == ParallelResidualLayer.residual_note \
+                and self.feed_forward is not None
+            form = ResidualForm.PARALLEL if parallel else ResidualForm.OTHER
+            norms = LayerNorms(self.norm1, self.ffn_norm) if parallel else LayerNorms()
+        return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note)
 
 
 @dataclass
@@ -162,10 +199,14 @@ class HFModel(nn.Module):
 
     # -- what the model is -----------------------------------------------------------------------
     def _discover(self) -> None:
-        """Run the model on 3 tokens, listing its attention calls: the layers, their sizes, the
-        output projections (the Linear whose input is exactly a call's output), causality; then
-        once more, traced, to read each module's projections (:func:`qkv.hf.projections.read`)
-        and each layer's residual structure, checked against that forward."""
+        """Run the model on 3 tokens, listing its attention calls; its layers are the elements of
+        the layer list holding them (every checkpoint layer, whatever mixes its tokens); a
+        layer's mixers are its attention module (kind by its calls,
+        :func:`qkv.hf.mixers.softmax_kind`) and the modules :func:`qkv.hf.mixers.stateful_kind`
+        recognises; the output projections are the Linear whose input is exactly a call's
+        output. Then once more, traced, to read each attention's projections
+        (:func:`qkv.hf.projections.read`), each layer's residual structure and the model's
+        embeddings and read-out, checked against that forward."""
         ids = torch.tensor([[1, 2, 3]], device=self._device())
         seen: dict[int, list[torch.Tensor]] = {}
         hooks = [m.register_forward_pre_hook(lambda mod, args: seen.setdefault(id(mod), []).append(args[0]))
@@ -177,58 +218,106 @@ class HFModel(nn.Module):
         finally:
             for h in hooks:
                 h.remove()
-        calls = rec.calls
-        if not calls:
+        if not rec.calls:
             raise QkvError(f"{self.name}: no attention call reached qkv during a forward; its attention "
                            f"does not go through transformers' AttentionInterface")
-        if len({id(c.module) for c in calls}) != len(calls):
-            raise QkvError(f"{self.name}: one attention module runs in several layers (shared "
-                           f"weights); qkv's explanations need one module per layer")
-        names = {id(m): n for n, m in self.hf.named_modules()}
-        modules = dict(self.hf.named_modules())
-        blocks, out_modules = [], []
-        for c in calls:
-            block = modules[_layer_name(names[id(c.module)], modules, self.name)]
-            out_module = None
-            for m in block.modules():
-                if any(x.shape == c.output.shape and torch.equal(x, c.output) for x in seen.get(id(m), ())):
-                    out_module = m
-            blocks.append(block)
-            out_modules.append(out_module)
-        self._keys = {id(c.module): i for i, c in enumerate(calls)}
-        self._layers = self._read_layers(ids, calls, blocks, out_modules)
-        causal = bool(getattr(calls[0].module, "is_causal", False))
+        blocks = self._layer_list(rec.calls)
+        per_module: dict[int, list] = {}
+        for c in rec.calls:
+            per_module.setdefault(id(c.module), []).append(c)
+        layers, self._keys = [], {}
+        for i, block in enumerate(blocks):
+            inside = {id(m) for m in block.modules()}
+            found = [cs for key, cs in per_module.items() if key in inside]
+            if len(found) > 1:
+                raise QkvError(f"{self.name}: layer {i} runs {len(found)} attention modules; qkv's "
+                               f"explanations read one per layer")
+            attn = None
+            if found:
+                c = found[0][0]
+                self._keys[id(c.module)] = i
+                out_module = None
+                for m in block.modules():
+                    if any(x.shape == c.output.shape and torch.equal(x, c.output) for x in seen.get(id(m), ())):
+                        out_module = m
+                attn = (c, out_module, softmax_kind(self.config, calls=len(found[0]),
+                                                    indexed=any(x.indexed for x in found[0])))
+            layers.append((block, attn, _stateful(block, None if attn is None else attn[0].module)))
+        self._layers = self._read_layers(ids, layers)
+        first = rec.calls[0]
+        causal = bool(getattr(first.module, "is_causal", False))
         self._logits = getattr(out, "logits", None) is not None
-        weights = all(layer.self_attn.parts is not None and layer.self_attn.out_proj is not None
+        weights = all(layer.self_attn is None or (layer.self_attn.parts is not None
+                                                  and layer.self_attn.out_proj is not None)
                       for layer in self._layers)
         self.capabilities = Capabilities(self_attention=True, causal=causal, encoder=not causal,
                                          next_token=causal and self._logits, head_weights=weights)
 
-    def _read_layers(self, ids: torch.Tensor, calls, blocks, out_modules) -> list[HFLayer]:
+    def _layer_list(self, calls) -> nn.ModuleList:
+        """The checkpoint's layer list: the ``nn.ModuleList`` whose elements hold the attention
+        modules (``model.layers``); QkvError when a module sits in two of its layers (shared)."""
+        names = {id(m): n for n, m in self.hf.named_modules()}
+        modules = dict(self.hf.named_modules())
+        holders = {_layer_name(names[id(c.module)], modules, self.name) for c in calls}
+        lists = {name.rsplit(".", 1)[0] for name in holders}
+        if len(lists) != 1:
+            raise QkvError(f"{self.name}: its attention modules sit in {len(lists)} layer lists "
+                           f"({', '.join(sorted(lists))}); qkv reads one stack of layers")
+        blocks = modules[lists.pop()]
+        for c in calls:
+            owners = [i for i, b in enumerate(blocks) if any(m is c.module for m in b.modules())]
+            if len(owners) > 1:
+                raise QkvError(f"{self.name}: one attention module runs in layers {owners} (shared "
+                               f"weights); qkv's explanations need one module per layer")
+        return blocks
+
+    def _read_layers(self, ids: torch.Tensor, layers: list) -> list[HFLayer]:
         """One traced forward on ``ids``; each layer's :class:`HFLayer` with what it showed: the
         attention module's projections, norms and position step (kept where they rebuild the
-        kernel's q, k, v) and its residual structure (:func:`_structure`)."""
-        unread = [HFLayer(block, HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads,
-                                             head_dim=c.head_dim, value_dim=c.value_dim,
-                                             embed_dim=self.hf.config.hidden_size, out_module=m,
-                                             parts="the model was not traced yet"))
-                  for block, c, m in zip(blocks, calls, out_modules)]  # what the hooks need
+        kernel's q, k, v), its residual structure (:func:`_structure`), and the model's
+        embeddings and read-out (:meth:`_model_parts`)."""
+        E = self.hf.config.hidden_size
+
+        def attention(c, m, parts) -> HFAttention:
+            return HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                               value_dim=c.value_dim, embed_dim=E, out_module=m, parts=parts)
+
+        def mixers(attn, stateful) -> tuple[Mixer, ...]:
+            soft = () if attn is None else (Mixer(attn[2], attn[0].module, None),)
+            return soft + tuple(Mixer(kind, m) for m, kind in stateful)
+
+        unread = [HFLayer(block, None if a is None else attention(a[0], a[1], "not traced yet"),
+                          mixer_module=None if a is not None or not st else st[0][0])
+                  for block, a, st in layers]  # what the hooks need
         rec = Recording(keys=self._keys, rows=slice(None))
-        with torch.no_grad(), self._hooks(None, unread, inner=True) as (hidden, layers_seen), recording(rec):
-            self.hf(input_ids=ids)
-        layers = []
-        for i, (c, block, out_module, seen) in enumerate(zip(calls, blocks, out_modules, layers_seen)):
-            tr = rec.traces[i]
-            g = c.heads // c.kv_heads  # the trace's keys and values are repeated per query head
-            parts = read(c.module, Sizes(c.heads, c.kv_heads, c.head_dim, c.value_dim), seen.x,
-                         seen.cos_sin, tr.query, tr.key[:, ::g], tr.value[:, ::g])
-            attn = HFAttention(c.module, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
-                               value_dim=c.value_dim, embed_dim=self.hf.config.hidden_size,
-                               out_module=out_module, parts=parts)
-            if attn.out_proj is not None:
-                attn.embed_dim = attn.out_proj.weight.shape[0]
-            layers.append(HFLayer(block, attn, **_structure(seen, out_module, c.module, hidden[i + 1])))
-        return layers
+        head = self.hf.get_output_embeddings() if hasattr(self.hf, "get_output_embeddings") else None
+        with torch.no_grad(), self._hooks(None, unread, inner=True) as (hidden, layers_seen), \
+                _outer(self.hf, unread, head) as outer, recording(rec):
+            out = self.hf(input_ids=ids)
+        result = []
+        for i, ((block, a, stateful), seen) in enumerate(zip(layers, layers_seen)):
+            attn = None
+            if a is not None:
+                c, out_module, kind = a
+                tr = rec.traces[i]
+                g = c.heads // c.kv_heads  # the trace's keys and values are repeated per query head
+                parts = read(c.module, Sizes(c.heads, c.kv_heads, c.head_dim, c.value_dim), seen.x,
+                             seen.cos_sin, tr.query, tr.key[:, ::g], tr.value[:, ::g])
+                attn = attention(c, out_module, parts)
+                if attn.out_proj is not None:
+                    attn.embed_dim = attn.out_proj.weight.shape[0]
+            mixer_module = unread[i].mixer_module
+            out_module = attn.out_module if attn is not None and attn.out_module is not None else mixer_module
+            found = tuple(Mixer(m.kind, m.module, attn if m.kind.softmax else None,
+                                out_module if m.module is mixer_module else None)
+                          for m in mixers(a, stateful))
+            result.append(HFLayer(block, attn, mixers=found, mixer_module=mixer_module,
+                                  **_structure(seen, out_module, mixer_module, hidden[i + 1])))
+        self._parts = ModelParts(_embeddings(self.hf, ids[0], hidden[0], result),
+                                 tuple(layer.parts for layer in result),
+                                 _unembedding(outer, head, hidden[-1], getattr(out, "logits", None),
+                                              self.config))
+        return result
 
     def _device(self) -> torch.device:
         p = next(self.hf.parameters(), None)
@@ -236,8 +325,15 @@ class HFModel(nn.Module):
 
     @property
     def layers(self) -> list[HFLayer]:
-        """``layers[L].self_attn`` is layer L's :class:`HFAttention`."""
+        """One :class:`HFLayer` per checkpoint layer: ``layers[L].self_attn`` is layer L's
+        :class:`HFAttention` (None where no softmax attention runs), ``.parts`` its parts."""
         return self._layers
+
+    @property
+    def parts(self) -> ModelParts:
+        """Every part an explanation reads (:class:`~qkv.models.protocol.ModelParts`), each
+        found and checked on the discovery forward."""
+        return self._parts
 
     @property
     def max_length(self) -> int | None:
@@ -284,6 +380,8 @@ class HFModel(nn.Module):
         residual = None  # (b, t, E): x + attn (pre-norm) or norm1(x + attn) (post-norm)
         if layer.sequential_residual:
             residual = seen.entered + seen.out if layer.norm_first else seen.normed
+        if layer.self_attn is None:  # transformers' own mixer: nothing of qkv's attention to record
+            return LayerTrace(None, residual=residual, ffn_sum=seen.ffn_sum)
         if isinstance(trace_rows, LseRequest):
             return LayerTrace(rec.traces[i], residual=residual, ffn_sum=seen.ffn_sum)
         x = seen.x  # (b, t, E)
@@ -318,7 +416,7 @@ class HFModel(nn.Module):
 
         def after(i):
             def hook(module, args, kwargs, output):
-                hidden[i + 1] = output[0] if isinstance(output, tuple) else output
+                hidden[i + 1] = _first(output)
             return hook
 
         def attention_in(i):
@@ -330,7 +428,7 @@ class HFModel(nn.Module):
 
         def keep(i, field):
             def hook(module, args, kwargs, output):
-                setattr(seen[i], field, output[0] if isinstance(output, tuple) else output)
+                setattr(seen[i], field, _first(output))
             return hook
 
         def read(i, field):
@@ -341,7 +439,7 @@ class HFModel(nn.Module):
         def any_module(i, m):
             def hook(module, args, kwargs, output):
                 given = args[0] if args else next(iter(kwargs.values()), None)
-                seen[i].inner[m] = (given, output[0] if isinstance(output, tuple) else output)
+                seen[i].inner[m] = (given, _first(output))
             return hook
 
         handles = []
@@ -349,9 +447,10 @@ class HFModel(nn.Module):
             for i, layer in enumerate(layers):
                 handles.append(layer.block.register_forward_pre_hook(before(i), with_kwargs=True))
                 handles.append(layer.block.register_forward_hook(after(i), with_kwargs=True))
-                attn = layer.self_attn.module
-                handles.append(attn.register_forward_pre_hook(attention_in(i), with_kwargs=True))
-                out = layer.self_attn.out_module
+                if layer.mixer_module is not None:
+                    handles.append(layer.mixer_module.register_forward_pre_hook(attention_in(i),
+                                                                                with_kwargs=True))
+                out = layer.out_module
                 if out is not None:
                     handles.append(out.register_forward_hook(keep(i, "out"), with_kwargs=True))
                 if not layer.norm_first and layer.sequential_residual:
@@ -375,8 +474,11 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
     (the layer's output is x + attn + f, f what a part made of the sum's reader's output: an
     identity norm before the attention, ModernBERT's first layer); post-norm when the attention
     reads x itself and a norm reads x + attn; neither (``sequential_residual`` False) otherwise."""
+    if attention is None:
+        return dict(residual_note="no token mixer: the layer is a feed-forward only (its tokens "
+                                  "do not mix)")
     if out_module is None or seen.out is None:
-        return {}
+        return dict(residual_note="no output of its mixer was seen")
     summed = seen.entered + seen.out  # (b, t, E) as the layer would add them
     readers = [made for m, (given, made) in seen.inner.items() if _same(given, summed)]
     if not readers:
@@ -387,19 +489,239 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
     branch = [made.reshape(summed.shape) for given, made in seen.inner.values()  # (b, t, E) each
               if isinstance(made, torch.Tensor) and made.numel() == summed.numel()
               and any(_same(given, r) for r in readers)]
+    norms = [m for m, (given, made) in seen.inner.items() if _same(given, summed) and _normalises(given, made)]
     if (norm1 is not None and not reads_x) or any(_same(output, summed + f) for f in branch):
-        return dict(norm1=norm1, norm_first=True, sequential_residual=True)
-    norms = [m for m, (given, _) in seen.inner.items() if _same(given, summed) and _is_norm(m)]
+        ffn_norm = norms[0] if norms else None
+        ff = _reader(seen, ffn_norm, attention)
+        made = None if ff is None else seen.inner[ff][1]
+        if not (isinstance(made, torch.Tensor) and made.shape == summed.shape
+                and _rebuilds((summed + made).double(), output.double())):
+            ff = None  # no one part is the feed-forward (OPT's fc1, fc2 are the layer's own)
+        return dict(norm1=norm1, norm_first=True, sequential_residual=True, ffn_norm=ffn_norm,
+                    feed_forward=ff)
     if reads_x and norms:  # norm3: the norm that makes the layer's output (reads y + ff(y))
         norm3 = next((m for m, (given, made) in seen.inner.items() if m is not norms[0]
                       and isinstance(given, torch.Tensor) and _same(made, output)
-                      and _is_norm(m)), None)
-        return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True)
-    return dict(residual_note=_not_summed(seen, output))
+                      and _normalises(given, made)), None)
+        ff = _reader(seen, norms[0], attention)
+        made = None if ff is None else seen.inner[ff][1]
+        if ff is not None and (norm3 is None or not isinstance(made, torch.Tensor)
+                               or made.shape != seen.inner[norms[0]][1].shape
+                               or not _same(seen.inner[norms[0]][1] + made, seen.inner[norm3][0])):
+            ff = None  # no one part is the feed-forward's branch (BERT's output sub-layer adds it)
+        return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True,
+                    feed_forward=ff)
+    note = _not_summed(seen, output)
+    if note == ParallelResidualLayer.residual_note:
+        return dict(residual_note=note, **_parallel(seen, attention, output))
+    return dict(residual_note=note)
 
 
-def _is_norm(m: nn.Module) -> bool:
-    return isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or "norm" in type(m).__name__.lower()
+def _parallel(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict:
+    """A parallel layer's parts (out = x + m(n₁(x)) + f(n₃(x))): the feed-forward f (the
+    outermost part, not in the mixer, whose output completes the sum), n₁ (what made the
+    mixer's input of x) and n₃ (what made the feed-forward's)."""
+    inside = {id(m) for m in mixer.modules()}
+    summed = (seen.entered + seen.out).double()
+    ff = _outermost([m for m, (given, made) in seen.inner.items() if id(m) not in inside
+                     and isinstance(made, torch.Tensor) and made.numel() == summed.numel()
+                     and _rebuilds(summed + made.double().reshape(summed.shape), output.double())])
+    if ff is None:
+        return {}
+    reads = seen.inner[ff][0]
+    n1 = next((m for m, (given, made) in seen.inner.items() if m is not mixer
+               and _same(given, seen.entered) and _same(made, seen.x)), None)
+    n3 = next((m for m, (given, made) in seen.inner.items() if m is not ff
+               and _same(given, seen.entered) and _same(made, reads)), None)
+    return dict(norm1=n1, ffn_norm=n3, feed_forward=ff)
+
+
+def _reader(seen: _Seen, norm: nn.Module | None, mixer: nn.Module) -> nn.Module | None:
+    """The outermost part (not the mixer, not inside it) that reads exactly what ``norm`` made:
+    the feed-forward of a layer whose norm feeds it."""
+    if norm is None:
+        return None
+    made = seen.inner[norm][1]
+    inside = {id(m) for m in mixer.modules()}
+    readers = [m for m, (given, _) in seen.inner.items() if m is not norm and id(m) not in inside
+               and _same(given, made)]
+    return _outermost(readers)
+
+
+def _outermost(found: list[nn.Module]) -> nn.Module | None:
+    """The module of ``found`` holding the most parts (hooks list a parent after its children)."""
+    return max(found, key=lambda m: sum(1 for _ in m.modules()), default=None)
+
+
+def _normalises(given, made) -> bool:
+    """Whether a part made ``made`` (…, E) of ``given`` (…, E) as a norm does: each row scaled
+    to unit RMS (RMSNorm) or centred first (LayerNorm) — times a factor per row a little under 1
+    (the norm's ε), one weight per channel and a bias per channel or none — fitted by
+    alternating least squares and checked to float32's rounding. By behaviour, so any norm
+    class is one (Gemma's 1 + γ, a LayerNorm without bias)."""
+    if not (isinstance(given, torch.Tensor) and isinstance(made, torch.Tensor)) \
+            or given.shape != made.shape or given.ndim < 2 or given.shape[-1] < 2 \
+            or torch.equal(given, made):  # an identity (dropout in eval) normalises nothing
+        return False
+    x = given.double().reshape(-1, given.shape[-1])  # (n, E)
+    y = made.double().reshape(-1, made.shape[-1])
+    if not bool(torch.isfinite(x).all() and torch.isfinite(y).all()):
+        return False
+    # float32's rounding at least: transformers normalises in float32 whatever the model's dtype
+    eps = max(torch.finfo(made.dtype).eps, torch.finfo(torch.float32).eps)
+    tol = 64 * eps * max(float(y.abs().max()), 1.0)
+    for z in (x, x - x.mean(-1, keepdim=True)):
+        z = z / z.pow(2).mean(-1, keepdim=True).add(1e-300).sqrt()  # (n, E) unit RMS rows
+        for with_bias in (False, True):
+            if with_bias and len(z) < 3:
+                continue
+            r = torch.ones(len(z), 1, dtype=z.dtype)  # (n, 1) the ε's shrinking of each row
+            for _ in range(25):  # converges in a few steps: r is within ε of 1
+                zr = z * r
+                if with_bias:
+                    zc, yc = zr - zr.mean(0), y - y.mean(0)
+                    w = (zc * yc).sum(0) / (zc * zc).sum(0).clamp_min(1e-300)  # (E,)
+                    b = y.mean(0) - w * zr.mean(0)
+                else:
+                    w = (zr * y).sum(0) / (zr * zr).sum(0).clamp_min(1e-300)
+                    b = torch.zeros_like(w)
+                wz = z * w
+                r = (((y - b) * wz).sum(1) / (wz * wz).sum(1).clamp_min(1e-300))[:, None]
+                r = r / r.max().clamp_min(1e-300)  # r·w is one product: the largest row's r is 1
+            w = (z * r * (y - b)).sum(0) / (z * r).pow(2).sum(0).clamp_min(1e-300)  # w for that r
+            # ε only shrinks a row a little (r ≤ 1); a free row factor would make any per-row
+            # rescaling a "norm"
+            if float(w.abs().max()) > 0 and 0.5 <= float(r.min()) \
+                    and float((y - (z * r * w + b)).abs().max()) <= tol:
+                return True
+    return False
+
+
+def _first(output):
+    """A module's output tensor (the first element of a tuple or a ModelOutput)."""
+    if isinstance(output, tuple):
+        return output[0]
+    if isinstance(output, dict):
+        return next(iter(output.values()), None)
+    return output
+
+
+def _stateful(block: nn.Module, attention: nn.Module | None) -> list[tuple[nn.Module, object]]:
+    """The layer's mixers that run transformers' own code, in module order: (module, kind) for
+    each outermost module :func:`qkv.hf.mixers.stateful_kind` recognises (not inside the
+    attention module or another mixer)."""
+    found, skip = [], set() if attention is None else {id(m) for m in attention.modules()}
+    for m in block.modules():
+        if id(m) in skip:
+            continue
+        kind = stateful_kind(m)
+        if kind is not None:
+            found.append((m, kind))
+            skip |= {id(x) for x in m.modules()}
+    return found
+
+
+@contextmanager
+def _outer(hf: nn.Module, layers: list[HFLayer], head: nn.Module | None):
+    """For the discovery forward: ``seen`` (module → (input, output)) of every module outside
+    the layers, and ``"head"`` → what the output embedding read."""
+    inside = {id(m) for layer in layers for m in layer.block.modules()}
+    seen: dict = {}
+
+    def keep(module, args, kwargs, output):
+        given = args[0] if args else next(iter(kwargs.values()), None)
+        seen[module] = (given, _first(output))
+
+    handles = [m.register_forward_hook(keep, with_kwargs=True) for m in hf.modules()
+               if id(m) not in inside and not isinstance(m, nn.ModuleList)]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# the position and segment tables' names beside the token table (BERT's, GPT-2's, OPT's): names
+# only propose; the rows must rebuild what entered layer 0
+_TABLES = {"position": ("position_embeddings", "wpe", "embed_positions"),
+           "type": ("token_type_embeddings",)}
+
+
+def _embeddings(hf: nn.Module, ids: torch.Tensor, first: torch.Tensor, layers: list[HFLayer]
+                ) -> Embeddings | None:
+    """The :class:`~qkv.models.protocol.Embeddings` that rebuild ``first`` (1, t, E), what
+    entered layer 0 for ``ids`` (t,): the input embedding, the tables beside it, a norm beside
+    them that normalises their sum, a multiplier after; None where none rebuild it."""
+    token = hf.get_input_embeddings()
+    holder = next((m for m in hf.modules() if any(c is token for c in m.children())), None)
+    if holder is None or first is None:
+        return None
+    children = dict(holder.named_children())
+    tables = {"token": token}
+    for part, names in _TABLES.items():
+        table = next((children[n] for n in names if n in children), None)
+        weight = None if table is None else getattr(table, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.ndim == 2:
+            tables[part] = table
+    inside = {id(m) for layer in layers for m in layer.block.modules()}
+    pads = [None]
+    pad = getattr(tables.get("position"), "padding_idx", None)
+    if isinstance(pad, int):
+        pads.insert(0, pad)
+    offset = getattr(tables.get("position"), "offset", 0)
+    offset = offset if isinstance(offset, int) else 0
+    want = first[0].double()  # (t, E)
+    with torch.no_grad():
+        for pad in pads:
+            e = Embeddings(tables, position_offset=offset, position_pad=pad)
+            summed = sum(e.rows(ids).values()).double()  # (t, E)
+            norms = [None] + [m for m in holder.children() if id(m) not in inside and m is not token
+                              and not isinstance(m, nn.Embedding)]
+            for norm in norms:
+                try:
+                    made = summed if norm is None else norm(summed.to(first.dtype)).double()
+                except (RuntimeError, TypeError):
+                    continue
+                if made.shape != want.shape:
+                    continue
+                scale = float((made * want).sum() / (made * made).sum().clamp_min(1e-300))
+                if _rebuilds(made * scale, want):
+                    return Embeddings(tables, offset, pad, norm, 1.0 if _rebuilds(made, want) else scale)
+    return None
+
+
+def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
+                 logits: torch.Tensor | None, config) -> Unembedding | None:
+    """The read-out (:class:`~qkv.models.protocol.Unembedding`) that turns ``last`` (1, t, E),
+    the last layer's output, into ``logits``: the output embedding after the part outside the
+    layers that normalises ``last`` into what it read, times a constant (Granite's
+    1/``logits_scaling``). None for a model without logits, or where none rebuild them."""
+    weight = None if head is None else getattr(head, "weight", None)
+    if logits is None or not isinstance(weight, torch.Tensor) or head not in outer or last is None:
+        return None
+    read = outer[head][0]
+    norm = next((m for m, (given, made) in outer.items() if m is not head and _same(given, last)
+                 and _same(made, read) and _normalises(given, made)), None)
+    bias = getattr(head, "bias", None)
+    with torch.no_grad():
+        h = norm(last) if norm is not None else last
+        made = nn.functional.linear(h, weight, bias).double()
+    want = logits.double()
+    if made.shape != want.shape:
+        return None
+    scale = float((made * want).sum() / (made * made).sum().clamp_min(1e-300))
+    if _rebuilds(made * scale, want):
+        return Unembedding(weight, bias, norm, 1.0 if _rebuilds(made, want) else scale)
+    for c in (getattr(config, "final_logit_softcapping", None),):  # Gemma 2: c·tanh(z/c)
+        if isinstance(c, (int, float)) and c > 0 and _rebuilds(c * torch.tanh(made / c), want):
+            return Unembedding(weight, bias, norm, softcap=float(c))
+    return None
+
+
+def _rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether float64 ``got`` is ``want`` to a float32 forward's rounding (a few ulp of the
+    largest entry, E-term sums in another order)."""
+    return float((got - want).abs().max()) <= 1e-5 * max(float(want.abs().max()), 1.0)
 
 
 def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
@@ -414,7 +736,7 @@ def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
 
     made = [(m, given, y) for m, (given, y) in seen.inner.items()
             if isinstance(given, torch.Tensor)]
-    if any(_is_norm(m) and _same(given, seen.out) for m, given, _ in made):
+    if any(_same(given, seen.out) and _normalises(given, y) for _, given, y in made):
         return ("x + norm(attn(x)): the attention's output normalised before it is added (a norm "
                 "on the branch, as in a sandwich norm)")
     for _, given, _ in made:
@@ -427,8 +749,6 @@ def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
     summed = entered + out
     if any(isinstance(y, torch.Tensor) and y.numel() == out.numel()
            and close(output.double().flatten(), summed + y.double().flatten()) for _, _, y in made):
-        from qkv.models.gpt_neox import ParallelResidualLayer
-
         return ParallelResidualLayer.residual_note  # the same words as qkv's own parallel layer
     return "no part of it reads x + attn"
 

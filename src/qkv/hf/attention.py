@@ -38,6 +38,19 @@ def _description(module, query, key, attention_mask, is_causal) -> tuple[Attenti
     return AttentionMask(), mask.to(query.dtype)  # a float mask is a score bias: added, like eager
 
 
+def _selected(mask: AttentionMask, indices: torch.Tensor, t: int, s: int) -> AttentionMask:
+    """``mask`` AND the keys an indexer selected: ``indices`` (b, t, k) key positions per query
+    (DeepSeek V3.2's sparse attention, which eager runs as the same dense mask)."""
+    b = indices.shape[0]
+    chosen = torch.zeros(b, t, s, dtype=torch.bool, device=indices.device)
+    chosen.scatter_(-1, indices.long().clamp(0, s - 1), True)  # (b, t, s)
+    keep = mask.materialize(t, s, device=indices.device)
+    chosen = chosen[:, None]  # (b, 1, t, s)
+    if keep is not None:
+        chosen = chosen & keep if keep.dtype == torch.bool else chosen & (keep > float("-inf"))
+    return AttentionMask(dense=chosen)
+
+
 def _weights(query, key, lse, mask: AttentionMask, bias, *, scale, softcap, groups) -> torch.Tensor:
     """The exact softmax weights (b, h, t, s) from the forward's lse (sinks already counted)."""
     b, h, t, s = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
@@ -80,6 +93,9 @@ def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     mask transformers built through :func:`qkv.hf.masks.qkv_mask`.
     """
     mask, bias = _description(module, query, key, attention_mask, is_causal)
+    indices = kwargs.pop("indices", None)
+    if indices is not None:  # an indexer's top-k keys per query (b, t, k): the others are masked
+        mask = _selected(mask, indices, query.shape[-2], key.shape[-2])
     if position_bias is not None:  # T5's relative position bias (it may carry the mask folded in)
         bias = position_bias.to(query.dtype) if bias is None else bias + position_bias.to(query.dtype)
     groups = query.shape[1] // key.shape[1]
@@ -93,7 +109,8 @@ def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                                                enable_gqa=groups > 1, softcap=softcap, sinks=s_aux)
             out = out.transpose(1, 2).reshape(query.shape[0], query.shape[2], -1)  # (b, t, h·dv)
             rec.calls.append(recorder.Call(module, query.shape[1], key.shape[1], query.shape[-1],
-                                           value.shape[-1], query.shape[2], key.shape[2], out))
+                                           value.shape[-1], query.shape[2], key.shape[2], out,
+                                           indexed=indices is not None))
             return out.view(*out.shape[:2], query.shape[1], value.shape[-1]), None
         if id(module) in rec.keys:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5

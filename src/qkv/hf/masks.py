@@ -35,6 +35,18 @@ class PreparedMask(AttentionMask):
     def ndim(self) -> int:
         return 4
 
+    def __getitem__(self, index) -> torch.Tensor:
+        """The mask drawn as a bool tensor (b, 1, t, s) (True = takes part), then indexed: for
+        model code that reads the mask as numbers (DeepSeek V3.2's indexer scores its keys
+        under ``attention_mask[:, 0]``, an O(t·s) score matrix of its own)."""
+        b, _, t, s = self.shape
+        keep = self.materialize(t, s)
+        if keep is None:
+            keep = torch.ones(1, 1, t, s, dtype=torch.bool)
+        elif keep.dtype != torch.bool:
+            keep = keep > float("-inf")
+        return keep.expand(b, 1, t, s)[index]
+
 
 def _window(mask_function) -> tuple[int | None, int | None] | None:
     """transformers' built-in mask functions as a qkv window ``(left, right)``; None if unknown.

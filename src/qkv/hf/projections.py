@@ -41,7 +41,7 @@ from torch import nn
 
 from qkv.modules.multihead import head_norm
 from qkv.modules.positional import RotaryEmbedding
-from qkv.rounding import close as _close  # the tolerance, shared with the norms' reading
+from qkv.rounding import close  # the tolerance, shared with the norms' reading
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             if q_norm is not None:
                 q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
             q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)
-            if not _close(v, value):
+            if not close(v, value):
                 continue
             for style in (*STYLES, None) if cos_sin is not None else (None,):
                 turn = None if style is None else Rotation(*cos_sin, style)
@@ -245,14 +245,14 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                     rq, rk = (q, k) if turn is None else (turn.heads(q), turn.heads(k))
                 except RuntimeError:  # the angles do not fit this style
                     continue
-                if not _close(rk, key):
+                if not close(rk, key):
                     continue
-                if _close(rq, query):
+                if close(rq, query):
                     return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style)
                 # OPT multiplies q by the scale itself and calls the kernel with 1: still a linear
                 # map, W_Q and b_Q times that constant (found by least squares, then checked)
                 c = float((rq * query).sum() / (rq * rq).sum().clamp_min(torch.finfo(rq.dtype).tiny))
-                if q_norm is None and _close(rq * c, query):
+                if q_norm is None and close(rq * c, query):
                     scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
                     return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c)
     return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "

@@ -86,6 +86,11 @@ class Seq2SeqModel:
             for layer in self.decoder))
 
     @property
+    def cross_layers(self) -> list[CrossLayer]:
+        """``decoder``, as the protocol names it: layer L's ``cross_attn`` and ``norm_first``."""
+        return self.decoder
+
+    @property
     def cross_shape(self) -> tuple[int, int]:
         """(decoder layers, heads per layer)."""
         c = self.config

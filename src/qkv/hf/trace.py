@@ -60,6 +60,7 @@ class Call:
     t: int
     s: int
     output: torch.Tensor  # (b, t, h·dv): what this call returned, to find the output projection
+    indexed: bool = False  # an indexer's selected keys came with the call (sparse attention)
 
 
 @dataclass
@@ -108,7 +109,11 @@ def traced_attention(rec: Recording, key_: Hashable, query: torch.Tensor, key: t
                      dropout_p: float) -> torch.Tensor:
     """One attention call under ``rec`` for the module keyed ``key_``: its output (b, t, h, dv),
     by :func:`qkv.attention.traced.traced_attention` (the rows asked for traced, their output
-    rows the trace's own, the edits applied), with the trace and the heads' outputs kept."""
+    rows the trace's own, the edits applied), with the trace and the heads' outputs kept.
+    A module's second call in one forward (differential attention's second map) is kept under
+    ``(key_, 1)``; the edits apply to the first."""
+    if key_ in rec.heads:
+        key_ = (key_, 1)
     call = attend(query, key, value, mask=mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
                   dropout_p=dropout_p, enable_gqa=query.shape[1] != key.shape[1], rows=rec.rows,
                   edit=rec.edits.get(key_))

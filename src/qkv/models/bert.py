@@ -28,7 +28,8 @@ from qkv.models import config as cfg
 from qkv.attention.attention_mask import AttentionMask, VarLen
 from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import EncoderOutput
-from qkv.models.protocol import ENCODER
+from qkv.models.parts import model_parts
+from qkv.models.protocol import ENCODER, ModelParts
 from qkv.modules import Interventions, LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
 # Hugging Face classes whose checkpoints hold a plain BERT encoder (heads, if any, are ignored).
@@ -97,6 +98,12 @@ class BertEmbeddings(nn.Module):
         self.position = LearnedPositionalEmbedding(config.max_position_embeddings, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
 
+    offset = 0  # the position table's row of position 0 (RoBERTa's is 2)
+
+    def tables(self) -> dict[str, nn.Module]:
+        """The tables summed, by name (what :class:`~qkv.models.protocol.Embeddings` holds)."""
+        return {"token": self.word, "position": self.position, "type": self.token_type}
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(b, t) ids → (b, t, E). Summed in Hugging Face's order (word + type, then position).
@@ -153,6 +160,13 @@ class BertModel(nn.Module):
     def layers(self) -> nn.ModuleList:
         """The encoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
         return self.encoder.layers
+
+    @property
+    def parts(self) -> ModelParts:
+        """Every part an explanation reads: the embedding tables and their norm, each layer's
+        parts; no read-out (an encoder)."""
+        e = self.embeddings
+        return model_parts(self.layers, e.tables(), norm=e.norm, offset=e.offset)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, varlen: VarLen | None = None,

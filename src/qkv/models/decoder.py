@@ -22,6 +22,8 @@ from qkv.attention.attention_mask import AttentionMask
 from qkv.errors import QkvError
 from qkv.models.generate import DecoderGenerationMixin
 from qkv.models.outputs import DecoderOutput
+from qkv.models.parts import model_parts
+from qkv.models.protocol import ModelParts
 from qkv.modules import Interventions, KVCache
 
 
@@ -55,6 +57,18 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
     def max_length(self) -> int:
         """The most tokens (prompt + generated) the model takes."""
         return self.config.max_length
+
+    @property
+    def parts(self) -> ModelParts:
+        """Every part an explanation reads (:class:`~qkv.models.protocol.ModelParts`): the
+        tables :meth:`embedding_tables` names, each layer's parts, the final norm and
+        :attr:`output_weight`."""
+        return model_parts(self.layers, self.embedding_tables(), head=self.output_weight,
+                           final_norm=self.decoder.norm)
+
+    def embedding_tables(self) -> dict[str, nn.Module]:
+        """The tables :meth:`embed` sums, by name: the token table (rotary models have no other)."""
+        return {"token": self.embed_tokens}
 
     @property
     def output_weight(self) -> torch.Tensor:

@@ -97,6 +97,12 @@ class DistilBertEmbeddings(nn.Module):
         self.position = LearnedPositionalEmbedding(config.max_position_embeddings, E)
         self.norm = nn.LayerNorm(E, eps=1e-12)
 
+    offset = 0
+
+    def tables(self) -> dict[str, nn.Module]:
+        """The tables summed, by name: no token types."""
+        return {"token": self.word, "position": self.position}
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(b, t) ids → (b, t, E). ``token_type_ids``, if given, must be all 0: DistilBERT has

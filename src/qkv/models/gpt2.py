@@ -126,6 +126,10 @@ class GPT2Model(DecoderLM):
         """The most tokens (prompt + generated) the model takes: ``n_positions``."""
         return self.config.n_positions
 
+    def embedding_tables(self) -> dict[str, nn.Module]:
+        """The token table ``wte`` and the learned position table ``wpe``."""
+        return {"token": self.wte, "position": self.wpe}
+
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: int) -> torch.Tensor:
         """(b, t) ids → (b, t, E) token + position vectors; ``positions`` (b, t) when some token
         is padding (each counts the real tokens before it), else ``past``, past + 1, …"""

@@ -59,14 +59,16 @@ Which explanation applies is a question to :class:`Capabilities`:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from qkv.errors import QkvError
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from qkv.models.tokenizer import Encoding
 
@@ -145,6 +147,197 @@ class CrossPass:
 Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
 
 
+# -- the parts an explanation reads, named ------------------------------------------------------
+class MixerKind(Enum):
+    """What mixes a layer's tokens (one typed field per mixer of :class:`LayerParts`).
+
+    ``softmax``: softmax attention run by qkv's traced attention (q·kᵀ, the softmax, Σ w·v);
+    ``mla``: multi-head latent attention (DeepSeek V2/V3, Kimi): low-rank latent q and kv, a
+    RoPE part and a content part per score, the softmax run by qkv; ``sparse``: indexed attention
+    (DeepSeek V3.2, GLM-DSA): an indexer picks the top-k keys per query, qkv's softmax over them;
+    ``differential``: two softmax maps and λ, their difference the map (DiffLlama); the rest run
+    transformers' own code: ``gated_deltanet`` (Qwen3-Next / 3.5, OLMo hybrid: the delta rule
+    with a decay), ``kda`` (Kimi Delta Attention: the delta rule with a per-channel decay),
+    ``lightning`` (MiniMax: linear attention with a per-head decay), ``mamba2`` (a selective
+    state-space model: Mamba-2's SSD; Jamba's Mamba-1 scan too), ``short_conv`` (LFM2: a gated
+    causal depthwise convolution).
+
+        >>> MixerKind("gated_deltanet").softmax, MixerKind.MLA.softmax
+        (False, True)
+    """
+
+    SOFTMAX = "softmax"
+    GATED_DELTANET = "gated_deltanet"
+    KDA = "kda"
+    LIGHTNING = "lightning"
+    MAMBA2 = "mamba2"
+    SHORT_CONV = "short_conv"
+    MLA = "mla"
+    SPARSE = "sparse"
+    DIFFERENTIAL = "differential"
+
+    @property
+    def softmax(self) -> bool:
+        """Whether its weights are softmax rows that qkv's attention computes (and traces)."""
+        return self in _SOFTMAX_KINDS
+
+
+_SOFTMAX_KINDS = frozenset({MixerKind.SOFTMAX, MixerKind.MLA, MixerKind.SPARSE, MixerKind.DIFFERENTIAL})
+
+
+class ResidualForm(Enum):
+    """How a layer adds its branches to the residual stream (m: the mixer, f: the feed-forward,
+    n₁, n₃: :class:`LayerNorms`' ``mixer`` and ``feed_forward``)::
+
+        pre_norm    y = x + m(n₁(x));  out = y + f(n₃(y))
+        post_norm   y = n₁(x + m(x));  out = n₃(y + f(y))
+        parallel    out = x + m(n₁(x)) + f(n₃(x))
+        other       none of these (a scaled branch, a norm on the branch, two mixers): the
+                    layer's ``residual_note`` says what
+    """
+
+    PRE_NORM = "pre_norm"
+    POST_NORM = "post_norm"
+    PARALLEL = "parallel"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Mixer:
+    """One token mixer of a layer.
+
+    Fields:
+        kind: its :class:`MixerKind`.
+        module: the module that runs it (it reads the layer's normed input).
+        output: the module whose output (or its first element: ``MultiHeadAttention``'s
+            ``AttentionOutput.output``) is the branch the layer adds — a transformers BERT's
+            output projection, outside its attention module; None: ``module`` itself.
+        attention: for a kind whose weights qkv's attention computes (``kind.softmax``), its
+            sizes and projections (an :class:`AttentionLayerLike`: ``num_heads``, ``head_dim``,
+            ``q_proj`` … where they are linear maps); None for the other kinds.
+    """
+
+    kind: MixerKind
+    module: nn.Module
+    attention: AttentionLayerLike | None = None
+    output: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class LayerNorms:
+    """A layer's norms by role (:class:`ResidualForm` says where each sits): ``mixer`` n₁ (read
+    by the mixer in a pre-norm layer, reading x + m(x) in a post-norm one), ``feed_forward`` n₃,
+    ``cross`` the cross-attention's (decoders of encoder-decoders); None where there is none."""
+
+    mixer: nn.Module | None = None
+    feed_forward: nn.Module | None = None
+    cross: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """Everything an explanation reads of one layer, named (``layers[L].parts``).
+
+    Fields:
+        mixers: what mixes its tokens, in the order it runs them: one for most layers, two
+            for a layer running Mamba-2 beside attention (Falcon-H1) or in turn (Zamba2's
+            hybrid layers), none for a feed-forward-only layer (Nemotron-H's MLP layers).
+        norms: its :class:`LayerNorms`.
+        feed_forward: the feed-forward (MLP, gated, mixture of experts) or None.
+        residual: its :class:`ResidualForm`; ``residual_note`` why it is ``other``.
+    """
+
+    mixers: tuple[Mixer, ...]
+    norms: LayerNorms
+    feed_forward: nn.Module | None
+    residual: ResidualForm
+    residual_note: str = ""
+
+    @property
+    def attention(self) -> AttentionLayerLike | None:
+        """The attention qkv computes in this layer (the first softmax-kind mixer's), or None."""
+        return next((m.attention for m in self.mixers if m.attention is not None), None)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """What enters layer 0, by table: ``hidden_states[0] = norm(scale · Σ rows)``.
+
+    Fields:
+        tables: name → module, in the order they are summed: ``"token"`` (an ``nn.Embedding``;
+            called on the ids: a scaled embedding scales its rows), ``"position"`` and
+            ``"type"`` (modules with a ``weight`` (n, E): rows read by index) where the model
+            has them.
+        position_offset: the position table's row of position 0 (RoBERTa: 2).
+        position_pad: a transformers RoBERTa's padding id: its positions count the non-padding
+            tokens from ``position_pad + 1``; None: positions are offset + 0 … t − 1.
+        norm: the embedding norm (BERT) or None.
+        scale: a multiplier after the sum (Granite's ``embedding_multiplier``), 1 if none.
+    """
+
+    tables: Mapping[str, nn.Module]
+    position_offset: int = 0
+    position_pad: int | None = None
+    norm: nn.Module | None = None
+    scale: float = 1.0
+
+    def position_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """(t,) the position table's row each token of ``ids`` (t,) reads: offset + its
+        position; with ``position_pad``, the count of non-padding tokens from pad + 1 (padding
+        reads row pad)."""
+        import torch
+
+        if self.position_pad is None:
+            return self.position_offset + torch.arange(len(ids), device=ids.device)
+        real = (ids != self.position_pad).long()  # (t,)
+        return torch.cumsum(real, 0) * real + self.position_pad
+
+    def rows(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each table's rows (t, E) for the text ``ids`` (t,), by name: the token module called
+        on the ids (a scaled embedding scales them), the position rows, segment row 0 (one
+        text); ``norm(scale · Σ rows)`` is what enters layer 0."""
+        out = {}
+        for name, table in self.tables.items():
+            if name == "token":
+                out[name] = table(ids)
+            elif name == "position":
+                out[name] = table.weight[self.position_rows(ids)]
+            else:  # one text: every token is segment 0
+                out[name] = table.weight[0].expand(len(ids), -1)
+        return out
+
+
+@dataclass(frozen=True)
+class Unembedding:
+    """The read-out of a model with next-token logits: ``z = (norm(x) · weightᵀ + bias) ·
+    scale`` with x the last layer's output, the logits z or, with ``softcap`` c, c·tanh(z/c)
+    (Gemma 2); ``weight`` (V, E), ``bias`` (V,) or None, ``norm`` the final norm or None,
+    ``scale`` a multiplier after the product (1/``logits_scaling``)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    norm: nn.Module | None = None
+    scale: float = 1.0
+    softcap: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """Every part of a self-attention model an explanation reads (``model.parts``).
+
+    Fields:
+        embeddings: its :class:`Embeddings`, or None where no tables rebuild layer 0's input
+            (a projection after them: ELECTRA's ``embeddings_project``).
+        layers: one :class:`LayerParts` per layer of ``model.layers``, in order.
+        unembedding: the :class:`Unembedding` of a model with next-token logits; None
+            otherwise (an encoder) or where no norm and matrix rebuild its logits.
+    """
+
+    embeddings: Embeddings | None
+    layers: tuple[LayerParts, ...]
+    unembedding: Unembedding | None = None
+
+
 # -- the protocol, typed -------------------------------------------------------------------------
 @runtime_checkable
 class TokenizerLike(Protocol):
@@ -194,9 +387,22 @@ class SelfAttentionModel(Protocol):
     tokenizer: TokenizerLike
 
     @property
-    def layers(self) -> Sequence: ...  # layers[L].self_attn: an AttentionLayerLike
+    def layers(self) -> Sequence: ...  # layers[L].parts: a LayerParts; .self_attn its attention or None
+
+    @property
+    def parts(self) -> ModelParts: ...
 
     def __call__(self, input_ids, attention_mask=None, **kwargs): ...
+
+
+@runtime_checkable
+class CrossLayerLike(Protocol):
+    """``cross_layers[L]`` of a cross-attention model: its cross-attention (an
+    :class:`AttentionLayerLike`: sizes, and W_Q … W_O with ``capabilities.head_weights``) and
+    whether it reads a norm of the residual stream (pre-norm) or the stream itself."""
+
+    cross_attn: AttentionLayerLike
+    norm_first: bool
 
 
 @runtime_checkable
@@ -213,6 +419,9 @@ class CrossAttentionModel(Protocol):
     capabilities: Capabilities
     name: str
     config: object
+
+    @property
+    def cross_layers(self) -> Sequence[CrossLayerLike]: ...
 
     @property
     def cross_shape(self) -> tuple[int, int]: ...

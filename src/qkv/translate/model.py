@@ -254,6 +254,11 @@ class TranslationModel(nn.Module):
 
     # -- the cross-attention protocol (qkv.models.protocol.CrossPass) -------------------------
     @property
+    def cross_layers(self) -> nn.ModuleList:
+        """The decoder's layers, as the protocol names them: ``cross_attn`` and ``norm_first``."""
+        return self.decoder.layers
+
+    @property
     def cross_shape(self) -> tuple[int, int]:
         """(decoder layers, heads per layer)."""
         return self.config.decoder_layers, self.config.num_heads

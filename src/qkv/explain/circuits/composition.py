@@ -54,7 +54,7 @@ class Composition:
         """The n strongest pairs of one kind: (writer, reader, score)."""
         if which not in KINDS:
             raise ValueError(f"which must be one of {', '.join(KINDS)}, got {which!r}")
-        s = getattr(self, which)
+        s = {"q": self.q, "k": self.k, "v": self.v}[which]
         flat = torch.nan_to_num(s.flatten(), nan=-1.0)
         L, H = s.shape[:2]
         out = []

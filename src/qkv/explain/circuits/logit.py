@@ -34,19 +34,10 @@ from qkv.explain.forward import encode, model_name
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import Unembedding
 
 #: How many tokens each head's promoted list holds.
 PROMOTED = 5
-
-
-@dataclass(frozen=True)
-class Unembedding:
-    """The frozen read-out of a decoder: ``logits = norm(x) · weightᵀ + bias``; ``weight``
-    (V, E), ``bias`` (V,) or None, ``norm`` the final norm (None: none)."""
-
-    norm: nn.Module | None
-    weight: torch.Tensor
-    bias: torch.Tensor | None
 
 
 def check_decoder(model) -> None:
@@ -58,26 +49,26 @@ def check_decoder(model) -> None:
 
 
 def unembedding(model, last: torch.Tensor, logits: torch.Tensor) -> Unembedding:
-    """The model's final norm and output matrix, checked: they turn ``last`` (n, E), the last
-    layer's output, into the forward's ``logits`` (n, V). QkvError naming the model otherwise."""
+    """The model's read-out (``model.parts.unembedding``: final norm, output matrix, scale),
+    checked: it turns ``last`` (n, E), the last layer's output, into the forward's ``logits``
+    (n, V). QkvError naming the model where it has none, it does not, or it soft-caps (a
+    soft-capped logit is no sum of parts)."""
     check_decoder(model)
-    candidates = []
-    if isinstance(getattr(model, "output_weight", None), torch.Tensor):  # qkv's DecoderLM
-        candidates.append(Unembedding(model.decoder.norm, model.output_weight, None))
-    hf = getattr(model, "hf", None)
-    if hf is not None:  # a transformers model: its output embedding after one of its norms
-        head = hf.get_output_embeddings()
-        inner = {id(m) for lay in model.layers for m in lay.modules()}
-        norms = [m for m in hf.modules() if id(m) not in inner and "norm" in type(m).__name__.lower()]
-        candidates += [Unembedding(n, head.weight, head.bias) for n in norms]
-    for u in candidates:
-        with torch.no_grad():
-            h = u.norm(last) if u.norm is not None else last
-            got = nn.functional.linear(h, u.weight, u.bias)
-        if rebuilds(got, logits):
-            return u
-    raise QkvError(f"{model_name(model)}: no final norm and output matrix qkv finds turn the last "
-                   f"layer's output into its logits")
+    u = model.parts.unembedding
+    if u is None:
+        raise QkvError(f"{model_name(model)}: no final norm and output matrix turn the last "
+                       f"layer's output into its logits (model.parts.unembedding is None)")
+    if u.softcap is not None:
+        raise QkvError(f"{model_name(model)} soft-caps its logits (c·tanh(z/c), c = {u.softcap:g}); "
+                       f"a capped logit is not a sum of components")
+    with torch.no_grad():
+        h = u.norm(last) if u.norm is not None else last
+        got = nn.functional.linear(h.double(), u.weight.double(),
+                                   None if u.bias is None else u.bias.double()) * u.scale
+    if not rebuilds(got, logits):
+        raise QkvError(f"{model_name(model)}: its final norm and output matrix do not turn the "
+                       f"last layer's output into its logits")
+    return u
 
 
 @dataclass(frozen=True)
@@ -167,6 +158,7 @@ def logit_attribution(model, text: str, *, token=None, target=None) -> LogitAttr
     contributions = parts @ w  # (C,)
     if u.bias is not None:
         contributions[-1] += float(u.bias[w_id])
+    contributions = contributions * u.scale  # Granite's 1/logits_scaling: every part alike
     dtype = last.dtype
     E = last.shape[-1]
     eps = torch.finfo(dtype).eps / 2
@@ -177,8 +169,8 @@ def logit_attribution(model, text: str, *, token=None, target=None) -> LogitAttr
         raise QkvError(f"{model_name(model)}: the components of the final norm's output are not "
                        f"the forward's (max diff {float(dh.max()):.3g})")
     absolute = (h.abs() * w.abs()).sum()
-    bound = float((dh * w.abs()).sum() + E * eps / (1 - E * eps) * absolute
-                  + 64 * torch.finfo(torch.float64).eps * absolute)
+    bound = abs(u.scale) * float((dh * w.abs()).sum() + E * eps / (1 - E * eps) * absolute
+                                 + 64 * torch.finfo(torch.float64).eps * absolute)
     promoted = {}
     vocab = model.tokenizer
     for name, part in zip(st.names, parts):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qkv.explain.circuits.norms import affine
 from qkv.explain.contributions.base import (
     Forward, Matrices, Method, check_layers, out_bias, run, value_vectors,
 )
@@ -55,8 +56,8 @@ def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, to
     """(scale (r, E), shift (E,)) with norm(v) = v_c · scale + shift per token, where ``total``
     (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm)."""
     E = total.shape[-1]
-    weight = norm.weight if getattr(norm, "weight", None) is not None else total.new_ones(E)
-    bias = getattr(norm, "bias", None)
+    weight, bias = affine(norm)
+    weight = weight if weight is not None else total.new_ones(E)
     bias = bias if bias is not None else total.new_zeros(E)
     eps = norm.eps if norm.eps is not None else torch.finfo(total.dtype).eps
     # LayerNorm's variance of a centred vector and RMSNorm's mean square are one formula

@@ -196,9 +196,17 @@ class Forward:
 
 
 def check_layers(model, method: str) -> None:
-    """ArgumentError when a layer is not one a contribution method can read (cross-attention)."""
-    for layer in model.layers:
-        if getattr(layer, "cross_attn", None) is not None:
+    """ArgumentError when a layer is not one a contribution method can read (cross-attention, or
+    a mixer whose weights qkv's attention does not compute: a hybrid's Gated DeltaNet, Mamba-2 …
+    layers, named by their kinds from ``model.parts``)."""
+    for i, layer in enumerate(model.layers):
+        if layer.self_attn is None:
+            kinds = ", ".join(m.kind.value for m in model.parts.layers[i].mixers) or "nothing"
+            raise ArgumentError("method", "{name} {value!r} reads every layer's attention, but layer "
+                                "{i} of {model} mixes its tokens by {kinds} (transformers' own "
+                                "code); pick one softmax layer (attention_map, explain_head)",
+                                value=method, model=model.name, i=i, kinds=kinds)
+        if layer.cross_attn is not None:
             raise ArgumentError("method", "{name} {value!r} does not apply to {model}: its layers "
                                 "also attend to an encoder (cross-attention); the methods read "
                                 "self-attention models", value=method,

@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from qkv.attention.attention_mask import AttentionMask
 from qkv.attention.block_mask import BlockMask, block_mask_for
 from qkv.attention import received as _received
 from qkv.attention.received import BLOCK, attention_block_sums, attention_received
@@ -170,8 +171,9 @@ class Document:
         """
         rec = self.layers[layer]
         index = row_index(rows, rec.query.shape[1])
-        if head is not None and getattr(rec.mask, "block", None) is None \
-                and getattr(rec.mask, "dense", None) is None:
+        plain = not isinstance(rec.mask, AttentionMask) or (rec.mask.block is None
+                                                             and rec.mask.dense is None)
+        if head is not None and plain:
             # the same for every head: one head's rows alone, h times less memory (512 rows of
             # a 131,072-token text were 4 heads × 256 MiB of scores and as many weights)
             kv = head // (rec.query.shape[0] // rec.key.shape[0])

@@ -68,7 +68,7 @@ class HeadSpans:
         """(layer, head, value) for ``metric`` (``"sink"`` or ``"distance"``), largest first."""
         if metric not in METRICS:
             raise QkvError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-        values = getattr(self, metric)
+        values = {"sink": self.sink, "distance": self.distance}[metric]
         L, H = values.shape
         return sorted(((layer, head, float(values[layer, head])) for layer in range(L) for head in range(H)),
                       key=lambda c: (-c[2], c[0], c[1]))

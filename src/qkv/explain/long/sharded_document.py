@@ -247,6 +247,8 @@ class ShardedDocument(Document):
 # -- building one ----------------------------------------------------------------------------------
 def _strategy(model):
     """The one :class:`~qkv.distributed.SequenceParallel` every self-attention of ``model`` has."""
+    # an attribute only qkv's own MultiHeadAttention has (SequenceParallel.apply sets it); a
+    # transformers model's attention lacks it, and that is the answer here (not sequence-parallel)
     found = {getattr(layer.self_attn, "sequence_parallel", None) for layer in model.layers}
     if None in found or len(found) != 1:
         raise QkvError(f"{model_name(model)} does not run sequence-parallel in every layer: call "

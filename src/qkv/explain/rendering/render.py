@@ -10,6 +10,7 @@ arguments are spelled with ``names`` (the CLI passes its flags; see :mod:`qkv.ex
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 from collections import Counter
@@ -38,7 +39,7 @@ MARK = "*"
 def console(file=None) -> Console:
     """A rich Console on stdout: colour in a terminal; plain, 120 columns wide in a pipe/file."""
     file = file if file is not None else sys.stdout
-    tty = hasattr(file, "isatty") and file.isatty()
+    tty = isinstance(file, io.IOBase) and file.isatty()
     return Console(file=file, width=None if tty else 120, no_color=not tty,
                    force_terminal=tty, highlight=False, soft_wrap=not tty)
 
