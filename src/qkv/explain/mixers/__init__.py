@@ -1,0 +1,87 @@
+"""Exact explanations of the token mixers of 2026's hybrid models, one file per mixer.
+
+Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-2, LFM2's gated short
+convolution) have no softmax map, but
+each is linear in its values: o = M·v for one (t × t) matrix M per head, causal, signed, rows not
+normalised. ``read(module, hidden_states)`` runs the transformers layer once and returns a record
+(:class:`EffectiveAttention`) whose ``matrix(head)`` is that M and ``row(head, query)`` one row
+in O(t · state). Softmax variants (MLA, differential, sparse indexed attention, the gated output)
+return their own step-by-step records; a softmax layer's output gate (Qwen3-Next, Qwen3.5) is
+:mod:`qkv.explain.mixers.gate`, a step of that layer rather than a mixer of its own.
+
+:data:`MIXERS` is the registry, keyed by the model protocol's ``MixerKind`` name; callers look a
+kind up there (:func:`mixer`) and never compare kind names themselves.
+
+Example:
+    >>> mixer("mamba2").effective
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, short_conv, sparse
+
+
+class EffectiveAttention(Protocol):
+    """What a linear or state-space mixer's record answers (letters: t tokens, d value channels)."""
+
+    kind: str
+    output: torch.Tensor  # (t, h, d) the layer's own mixing output, before its gate / norm / projection
+
+    @property
+    def heads(self) -> int: ...
+
+    def values(self, head: int) -> torch.Tensor: ...  # (t, d) the v that M mixes
+
+    def matrix(self, head: int) -> torch.Tensor: ...  # (t, t) M: o = M·v
+
+    def row(self, head: int, query: int) -> torch.Tensor: ...  # (t,) M[query], O(t · state)
+
+
+@dataclass(frozen=True)
+class Mixer:
+    """One kind of token mixer: how its record is read from a transformers layer."""
+
+    kind: str
+    read: Callable[..., Any]  # (module, hidden_states, …) → the kind's record
+    effective: bool           # the record is an EffectiveAttention (o = M·v), not a softmax map
+    summary: str
+
+
+MIXERS: dict[str, Mixer] = {}
+
+
+def register_mixer(entry: Mixer) -> Mixer:
+    """Add a mixer kind; a taken name raises (no silent replacement)."""
+    if entry.kind in MIXERS:
+        raise ValueError(f"mixer kind {entry.kind!r} is already registered")
+    MIXERS[entry.kind] = entry
+    return entry
+
+
+def mixer(kind: str) -> Mixer:
+    """The registered :class:`Mixer` of ``kind``; QkvError naming the known kinds otherwise."""
+    try:
+        return MIXERS[kind]
+    except KeyError:
+        raise QkvError(f"no explanation for mixer kind {kind!r}; known: {', '.join(sorted(MIXERS))}") from None
+
+
+for _entry in (
+    Mixer("gated_deltanet", gated_deltanet.read, True, "the gated delta rule, one decay per head"),
+    Mixer("kda", kda.read, True, "the gated delta rule, one decay per key channel"),
+    Mixer("lightning", lightning.read, True, "linear attention with a fixed decay per head"),
+    Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD: C·(Π exp ΔA)·B·Δ plus the D skip"),
+    Mixer("short_conv", short_conv.read, True, "a causal band: C·(w ∗ B·x), one mixer per channel"),
+    Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
+    Mixer("sparse", sparse.read, False, "an indexer keeps the top-k keys of each query for the softmax"),
+    Mixer("differential", differential.read, False, "two softmax maps, the second × λ subtracted"),
+):
+    register_mixer(_entry)

@@ -1,0 +1,79 @@
+"""What a transformers layer handed its kernel, read from the call itself.
+
+transformers' linear-attention and state-space layers (Gated DeltaNet, KDA, Mamba-2) compute
+their token mixing in one module-level function (``torch_chunk_gated_delta_rule``,
+``chunk_kimi_delta_attention``, ``mamba2_chunk_scan``) that the layer's ``forward`` looks up in
+its modeling file. Recording that call gives the exact q, k, v, decays and gates the forward
+used — after its projections, short convolution and activations, whatever the architecture
+does before — so the explanations never rebuild "something similar" from the weights.
+
+The function is replaced in the modeling module for the duration of one call and restored in a
+``finally``: not safe while another thread runs the same architecture.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from qkv.errors import QkvError
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One call of a layer's kernel: its arguments by name and what it returned."""
+
+    arguments: dict[str, Any]
+    result: Any
+
+
+def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor, **kwargs) -> KernelCall:
+    """Run ``module(hidden_states, **kwargs)`` once and return its one call of the function ``kernel``.
+
+    Raises:
+        QkvError: the forward did not call it exactly once (see :func:`kernel_calls`).
+    """
+    calls = kernel_calls(module, kernel, hidden_states, **kwargs)
+    if len(calls) != 1:
+        raise QkvError(f"{type(module).__name__} called {kernel} {len(calls)} times in one forward, not once")
+    return calls[0]
+
+
+def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor,
+                 **kwargs) -> list[KernelCall]:
+    """Run ``module(hidden_states, **kwargs)`` once and return its calls of the function ``kernel``, in order.
+
+    Args:
+        module: a transformers mixer (its class defined in a ``modeling_*.py`` file).
+        kernel: the name of the module-level function its forward calls (e.g. ``"mamba2_chunk_scan"``).
+        hidden_states: (b, t, hidden) the layer's input, after its norm.
+
+    Returns:
+        Each call's arguments (positional ones named by the function's signature) and result.
+
+    Raises:
+        QkvError: the modeling file has no such function.
+    """
+    modeling = sys.modules[type(module).__module__]
+    original = getattr(modeling, kernel, None)
+    if original is None:
+        raise QkvError(f"{type(module).__name__}'s modeling file has no function {kernel!r}")
+    names = list(inspect.signature(original).parameters)
+    calls: list[KernelCall] = []
+
+    def recording(*args, **kw):
+        result = original(*args, **kw)
+        calls.append(KernelCall({**dict(zip(names, args)), **kw}, result))
+        return result
+
+    setattr(modeling, kernel, recording)
+    try:
+        with torch.no_grad():
+            module(hidden_states, **kwargs)
+    finally:
+        setattr(modeling, kernel, original)
+    return calls
