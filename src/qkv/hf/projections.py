@@ -64,9 +64,11 @@ class Projection:
 def as_projection(m: nn.Module) -> Projection | None:
     """``m`` as a :class:`Projection` if it is an ``nn.Linear`` or GPT-2's ``Conv1D`` (weight
     stored (in, out): transposed here), else None."""
+    from transformers.pytorch_utils import Conv1D  # qkv.hf runs with transformers loaded
+
     if isinstance(m, nn.Linear):
         return Projection(m.weight, m.bias)
-    if type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers.pytorch_utils.Conv1D
+    if isinstance(m, Conv1D):
         return Projection(m.weight.T, m.bias)
     return None
 
@@ -137,6 +139,19 @@ NORMS = ("q_norm", "k_norm")
 #: r features (Llama, GPT-NeoX, Phi: rotate_half); ``"halves"`` — the same pairing, cos given once
 #: per pair (gpt-oss: r/2 angles); ``"pairs"`` — features 2i and 2i + 1 turn together (Cohere).
 STYLES = ("half", "halves", "pairs")
+#: The style of a rotation by the architecture's own function (its modelling file's
+#: ``apply_rotary_pos_emb(q, k, cos, sin)``): whatever layout it has (interleaved, partial …).
+OWN = "own"
+
+
+def own_rotation(module: nn.Module) -> Callable | None:
+    """The rotary function of the file that defines ``module``'s class — transformers' modelling
+    files each define ``apply_rotary_pos_emb(q, k, cos, sin)`` and call it on the projected q, k
+    with the angles the module is handed — or None where the file has none."""
+    import sys
+
+    found = vars(sys.modules.get(type(module).__module__, object)).get("apply_rotary_pos_emb")
+    return found if callable(found) else None
 
 
 @dataclass(frozen=True)
@@ -149,17 +164,23 @@ class Rotation:
     cos: torch.Tensor
     sin: torch.Tensor
     style: str = "half"
+    apply: Callable | None = None  # style OWN: the architecture's apply_rotary_pos_emb
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One head's x (n, d) at positions (n,) of the first sequence → rotated (n, d)."""
         cos, sin = self._tables()
         index = positions.to(cos.device)
+        if self.style == OWN:  # as the module calls it: (1, 1, n, d) with angles (1, n, ·)
+            x4 = x[None, None]
+            return self.apply(x4, x4, cos[:1, index], sin[:1, index])[0][0, 0]
         return self._rotate(x, cos[0, index], sin[0, index])  # cos (n, ·)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         """x (b, h, t, d) at positions 0 … t − 1 → rotated, as the forward rotated them."""
         cos, sin = self._tables()
         t = x.shape[-2]
+        if self.style == OWN:
+            return self.apply(x, x, cos[:, :t], sin[:, :t])[0]
         return self._rotate(x, cos[:, None, :t], sin[:, None, :t])
 
     def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,6 +219,7 @@ class Parts:
     k_norm: nn.Module | None
     rotation: str | None
     q_scale: float = 1.0
+    rotate: Callable | None = None  # rotation OWN: the architecture's own function
 
 
 def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
@@ -239,27 +261,33 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)
             if not close(v, value):
                 continue
-            for style in (*STYLES, None) if cos_sin is not None else (None,):
-                turn = None if style is None else Rotation(*cos_sin, style)
+            own = own_rotation(module)
+            tried = (*STYLES, *((OWN,) if own is not None else ()), None)
+            for style in tried if cos_sin is not None else (None,):
+                turn = None if style is None else Rotation(*cos_sin, style, own if style == OWN else None)
                 try:
                     rq, rk = (q, k) if turn is None else (turn.heads(q), turn.heads(k))
-                except RuntimeError:  # the angles do not fit this style
+                except (RuntimeError, TypeError, ValueError):  # the angles do not fit this style
                     continue
                 if not close(rk, key):
                     continue
                 if close(rq, query):
-                    return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style)
+                    return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style,
+                                 rotate=turn.apply if turn is not None else None)
                 # OPT multiplies q by the scale itself and calls the kernel with 1: still a linear
                 # map, W_Q and b_Q times that constant (found by least squares, then checked)
+                if rq.shape != query.shape:  # q_proj makes more than q (Qwen3-Next's gate)
+                    continue
                 c = float((rq * query).sum() / (rq * rq).sum().clamp_min(torch.finfo(rq.dtype).tiny))
                 if q_norm is None and close(rq * c, query):
                     scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
-                    return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c)
+                    return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c,
+                                 rotate=turn.apply if turn is not None else None)
     return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "
             f"{'its q/k norms, ' if q_norm is not None else ''}"
             f"{'the angles it is handed (as RoPE in any of ' + ', '.join(STYLES) + ' layouts, or none)' if cos_sin is not None else 'no position step'}"
             f" do not give the q, k and v its attention kernel read")
 
 
-__all__ = ["LAYOUTS", "Layout", "NORMS", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
-           "as_projection", "read"]
+__all__ = ["LAYOUTS", "Layout", "NORMS", "OWN", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
+           "as_projection", "own_rotation", "read"]

@@ -59,11 +59,18 @@ class Linearised:
 
 
 def _eps(norm: nn.Module, dtype: torch.dtype) -> float:
-    for name in ("eps", "variance_epsilon", "epsilon"):
-        value = getattr(norm, name, None)
-        if isinstance(value, (int, float)):
-            return float(value)
-    return torch.finfo(dtype).eps  # torch's nn.RMSNorm with eps=None
+    """The norm's ε as it stores it (torch's ``eps``, transformers' ``variance_epsilon`` …); only
+    a candidate — :func:`linearise` fits 1/σ per row from the norm's own output first."""
+    found = (vars(norm).get(name) for name in ("eps", "variance_epsilon", "epsilon"))
+    value = next((v for v in found if isinstance(v, (int, float))), None)
+    return float(value) if value is not None else torch.finfo(dtype).eps  # nn.RMSNorm, eps=None
+
+
+def affine(norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The norm's own γ and β (its parameters ``weight`` and ``bias``), None where it has none
+    (OLMo's LayerNorm has neither)."""
+    own = dict(norm.named_parameters(recurse=False))
+    return own.get("weight"), own.get("bias")
 
 
 def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
@@ -72,12 +79,11 @@ def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
     nor an RMSNorm's formula with its γ, β and ε rebuilds its output."""
     x64 = x.double()
     E = x.shape[-1]
-    weight = getattr(norm, "weight", None)
-    weight = weight.detach().double() if isinstance(weight, torch.Tensor) else None
+    weight, bias = affine(norm)
+    weight = weight.detach().double() if weight is not None else None
     # γ as the module stores it, or 1 + γ (Gemma's RMSNorm keeps the offset from 1)
     gammas = (x64.new_ones(E),) if weight is None else (weight, 1 + weight)
-    bias = getattr(norm, "bias", None)
-    beta = bias.detach().double() if isinstance(bias, torch.Tensor) else x64.new_zeros(E)
+    beta = bias.detach().double() if bias is not None else x64.new_zeros(E)
     eps = _eps(norm, x.dtype)
     with torch.no_grad():
         want = norm(x)
@@ -101,4 +107,4 @@ def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
                    f"affine map")
 
 
-__all__ = ["Linearised", "linearise"]
+__all__ = ["affine", "Linearised", "linearise"]
