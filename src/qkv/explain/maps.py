@@ -16,6 +16,7 @@ import torch
 
 from qkv.explain.cross import cross_pass
 from qkv.explain.forward import check_layer_head, check_text, model_name, trace
+from qkv.explain.mixer_maps import effective_layer, mixer_map
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.explain.select import Units, group_columns, group_rows
@@ -54,6 +55,8 @@ def attention_map(model, text: str, *, layer: int, head: int, words: bool = Fals
         (['[CLS]', 'the', 'cat', 'sat', '[SEP]'], torch.Size([5, 5]), True)
     """
     check_text(text)
+    if effective_layer(model, layer):  # linear / state-space: the exact o = M·v (qkv.explain.mixer_maps)
+        return mixer_map(model, text, layer=layer, head=head, words=words)
     check_layer_head(model, layer, head)
     traced = trace(model, text, slice(None), words=words)
     w = traced.weights(layer)[head].double()  # (t, s)
