@@ -33,7 +33,7 @@ from qkv.errors import QkvError
 from qkv.explain.forward import check_index, check_model, check_text, model_name, trace
 from qkv.explain.mixers import mixer as registered
 from qkv.explain.select import Units, group_columns, group_rows
-from qkv.explain.wording import ArgumentError
+from qkv.explain.wording import ArgumentError, Message
 from qkv.models.protocol import Mixer
 from qkv.rounding import close
 
@@ -130,6 +130,22 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
                         heads=record.heads, error=_rebuilds(model, layer, part, record))
 
 
+def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
+    """Why a ranking by attention weights leaves ``layers`` out (a hybrid's layers that no
+    softmax mixes), naming each one's kinds; None when none is left out.
+
+    The rankings (``qkv explain``, ``qkv heads``) compare heads by softmax weights, shares of 1;
+    an effective map's rows are signed and need not sum to 1, so they are not ranked beside them.
+    """
+    if not layers:
+        return None
+    named = ", ".join(f"{i} ({'/'.join(m.kind.value for m in model.layers[i].parts.mixers) or 'feed-forward only'})"
+                      for i in layers)
+    return Message("not ranked: layers {named} have no softmax weights (a linear or state-space "
+                   "layer's effective map is signed and its rows need not sum to 1: see "
+                   "attention_map(…, layer=L))", named=named)
+
+
 def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
     """(its index, the mixer) of layer ``layer`` that :func:`mixer_map` reads; ArgumentError
     naming the layer's kinds otherwise."""
@@ -216,4 +232,4 @@ def _rebuilds(model, layer: int, part: Mixer, record) -> float:
     return worst
 
 
-__all__ = ["EffectiveMap", "effective_layer", "mixer_map"]
+__all__ = ["EffectiveMap", "effective_layer", "mixer_map", "unscored_note"]
