@@ -16,7 +16,7 @@ import torch
 
 from qkv.explain.cross import cross_pass
 from qkv.explain.forward import check_layer_head, check_text, model_name, trace
-from qkv.explain.mixer_maps import effective_layer, mixer_map
+from qkv.explain.mixer_maps import effective_layer, mixer_map, softmax_rows
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.explain.select import Units, group_columns, group_rows
@@ -136,7 +136,7 @@ def attention_maps(model, text: str, *, words: bool = False, target: str | None 
                             "teacher-force); {model} has no cross-attention: leave {name} out",
                             model=model_name(model))
     traced = trace(model, text, slice(None), words=words)
-    w = torch.stack(traced.layer_weights()).double()  # (L, H, t, s)
+    w = torch.stack(softmax_rows(model, traced)).double()  # (L, H, t, s); zeros where no softmax mixes
     if words:
         w = group_rows(group_columns(w, traced.units), traced.units)  # (L, H, U, U)
     return AttentionMaps(model=model_name(model), text=text, units=traced.units, weights=w)

@@ -68,14 +68,17 @@ class EffectiveMap:
         """(U,) each row's sum: what a value constant over the keys is multiplied by."""
         return self.weights.sum(-1)
 
+    def marks(self) -> dict:
+        """What tells a reader this is no softmax map (``effective``: draw it on a diverging
+        scale) and ``row_sums[i]`` to print beside row i; the viewer's answer carries them too."""
+        return {"effective": True, "mixer": self.mixer, "mixer_index": self.mixer_index,
+                "heads": self.heads, "row_sums": self.row_sums.tolist(), "error": self.error}
+
     def to_dict(self) -> dict:
-        """``weights[i][j]`` from unit i to unit j — signed (``effective``: a diverging scale),
-        ``row_sums[i]`` beside them."""
+        """``weights[i][j]`` from unit i to unit j — signed — and :meth:`marks`."""
         return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "words": self.units.words, "layer": self.layer, "head": self.head,
-                "weights": self.weights.tolist(), "effective": True, "mixer": self.mixer,
-                "mixer_index": self.mixer_index, "heads": self.heads,
-                "row_sums": self.row_sums.tolist(), "error": self.error}
+                "weights": self.weights.tolist(), **self.marks()}
 
 
 def effective_layer(model, layer) -> bool:
@@ -128,6 +131,15 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
     return EffectiveMap(model=model_name(model), text=text, units=traced.units, layer=layer,
                         head=head, weights=M, mixer=part.kind.value, mixer_index=index,
                         heads=record.heads, error=_rebuilds(model, layer, part, record))
+
+
+def softmax_rows(model, traced) -> list[torch.Tensor]:
+    """Every layer's traced softmax weights (h, r, s), zeros for a layer that no softmax mixes
+    (:func:`effective_layer`: its map is :func:`mixer_map`'s, per head, asked for one at a time)
+    — what :func:`qkv.explain.attention_maps` stacks (L, h, r, s) for a hybrid model."""
+    rows = [None if tr.self_attn is None else tr.self_attn.attention.weights[0] for tr in traced.traces]
+    first = next(w for w in rows if w is not None)  # (h, r, s); qkv.load needs one softmax layer
+    return [first.new_zeros(first.shape) if w is None else w for w in rows]
 
 
 def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
@@ -232,4 +244,4 @@ def _rebuilds(model, layer: int, part: Mixer, record) -> float:
     return worst
 
 
-__all__ = ["EffectiveMap", "effective_layer", "mixer_map", "unscored_note"]
+__all__ = ["EffectiveMap", "effective_layer", "mixer_map", "softmax_rows", "unscored_note"]
