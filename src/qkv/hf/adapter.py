@@ -290,7 +290,7 @@ class HFModel(nn.Module):
                           mixer_module=None if a is not None or not st else st[0][0])
                   for block, a, st in layers]  # what the hooks need
         rec = Recording(keys=self._keys, rows=slice(None))
-        head = self.hf.get_output_embeddings() if hasattr(self.hf, "get_output_embeddings") else None
+        head = self.hf.get_output_embeddings()  # a PreTrainedModel's: None for an encoder
         with torch.no_grad(), self._hooks(None, unread, inner=True) as (hidden, layers_seen), \
                 _outer(self.hf, unread, head) as outer, recording(rec):
             out = self.hf(input_ids=ids)
@@ -712,9 +712,9 @@ def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
     scale = float((made * want).sum() / (made * made).sum().clamp_min(1e-300))
     if _rebuilds(made * scale, want):
         return Unembedding(weight, bias, norm, 1.0 if _rebuilds(made, want) else scale)
-    for c in (getattr(config, "final_logit_softcapping", None),):  # Gemma 2: c·tanh(z/c)
-        if isinstance(c, (int, float)) and c > 0 and _rebuilds(c * torch.tanh(made / c), want):
-            return Unembedding(weight, bias, norm, softcap=float(c))
+    c = getattr(config, "final_logit_softcapping", None)  # Gemma 2: c·tanh(z/c)
+    if isinstance(c, (int, float)) and c > 0 and _rebuilds(c * torch.tanh(made / c), want):
+        return Unembedding(weight, bias, norm, softcap=float(c))
     return None
 
 

@@ -35,6 +35,16 @@ class PreparedMask(AttentionMask):
     def ndim(self) -> int:
         return 4
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """A bool mask's (True = takes part), as model code that combines masks itself asks."""
+        return torch.bool
+
+    def __and__(self, other: torch.Tensor) -> torch.Tensor:
+        """The mask drawn (b, 1, t, s) AND a bool tensor: DeepSeek V3.2's eager/sdpa path
+        removes the keys its indexer did not pick this way."""
+        return self[:] & other
+
     def __getitem__(self, index) -> torch.Tensor:
         """The mask drawn as a bool tensor (b, 1, t, s) (True = takes part), then indexed: for
         model code that reads the mask as numbers (DeepSeek V3.2's indexer scores its keys

@@ -42,7 +42,9 @@ class SparseRow:
     weights: torch.Tensor     # (h, query+1) the attention weights (0 on the keys left out)
 
     def missed_by(self, key: int) -> float:
-        """How far ``key``'s index score fell below the cut (0.0 for a selected key)."""
+        """How far ``key``'s index score fell below the cut (0.0 for a selected key, and for a key
+        left out at a tie with the cut: relu makes exact ties at 0 common, and transformers' top-k
+        then chooses among them by position, not score)."""
         if key in self.selected or self.cutoff is None:
             return 0.0
         if not 0 <= key <= self.query:
