@@ -85,10 +85,10 @@ def effective_layer(model, layer) -> bool:
     """Whether layer ``layer`` of ``model`` has no mixer whose weights are softmax rows (a linear
     or state-space layer, or a feed-forward-only one): :func:`mixer_map` answers it. False for an
     index that is no layer (the caller's checks name it)."""
-    layers = getattr(model, "layers", None)  # not a model: the caller's check_model names it
-    if isinstance(layer, bool) or not isinstance(layer, int) or layers is None or not 0 <= layer < len(layers):
+    parts = getattr(model, "parts", None)  # not a model: the caller's check_model names it
+    if isinstance(layer, bool) or not isinstance(layer, int) or parts is None or not 0 <= layer < len(parts.layers):
         return False
-    return not any(m.kind.softmax for m in layers[layer].parts.mixers)
+    return not any(m.kind.softmax for m in parts.layers[layer].mixers)
 
 
 def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = None,
@@ -97,7 +97,7 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
 
     Args:
         layer: the layer. head: the mixer's head (a value head; a channel of a short convolution).
-        mixer: which of the layer's mixers (``layers[L].parts.mixers``); None: its one
+        mixer: which of the layer's mixers (``model.parts.layers[L].mixers``); None: its one
             non-softmax mixer (Falcon-H1's and Zamba2's layers run Mamba-2 beside attention:
             ``mixer=1``).
         words: regroup into words (into a word summed, from a word averaged).
@@ -151,7 +151,7 @@ def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
     """
     if not layers:
         return None
-    named = ", ".join(f"{i} ({'/'.join(m.kind.value for m in model.layers[i].parts.mixers) or 'feed-forward only'})"
+    named = ", ".join(f"{i} ({'/'.join(m.kind.value for m in model.parts.layers[i].mixers) or 'feed-forward only'})"
                       for i in layers)
     return Message("not ranked: layers {named} have no softmax weights (a linear or state-space "
                    "layer's effective map is signed and its rows need not sum to 1: see "
@@ -165,7 +165,7 @@ def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
         n = len(model.layers)
         raise ArgumentError("layer", "{name} {value} is out of range: {model} has {n} layers (0–{last})",
                             value=layer, model=model_name(model), n=n, last=n - 1)
-    mixers = model.layers[layer].parts.mixers
+    mixers = model.parts.layers[layer].mixers
     if not mixers:
         raise ArgumentError("layer", "{name} {value} of {model} is a feed-forward-only layer: nothing "
                             "mixes its tokens, so it has no attention map; choose a layer with a mixer",

@@ -36,7 +36,7 @@ import torch
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
-from qkv.explain.circuits.residual import Stream, check, names, stream
+from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import run
 from qkv.explain.forward import check_layer_head, encode, model_name
 from qkv.explain.jsonable import numbers
@@ -235,6 +235,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         QkvError: a model whose parts are not linear maps qkv reads (named).
     """
     check_layer_head(model, layer, head)
+    check_query_layer(model, layer)  # MLA, sparse, differential: named by kind
     check(model)  # the stream first: a parallel residual is named before its projections
     check_model(model, layer)
     encoding = encode(model, text)
