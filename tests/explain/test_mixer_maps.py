@@ -207,3 +207,27 @@ def test_the_viewer_draws_a_linear_layer_as_its_effective_map(saved):
         assert ask("map", layer=1, head=0).json().get("effective") is None  # softmax rows as ever
         r = ask("received", layer=0, head=0)
         assert r.status_code == 422 and r.json()["error"]["field"] == "layer"
+
+
+@pytest.mark.parametrize("name, args, field", [
+    ("nemotron_h", dict(layer=0, head=99), "head"),
+    ("nemotron_h", dict(layer=0, head=-1), "head"),
+    ("nemotron_h", dict(layer=0, head=None), "head"),
+    ("nemotron_h", dict(layer=True, head=0), "layer"),
+    ("nemotron_h", dict(layer=2, head=0), "layer"),  # a feed-forward-only layer
+    ("nemotron_h", dict(layer=1, head=0), "layer"),  # softmax rows: attention_map's
+    ("falcon_h1", dict(layer=0, head=0, mixer=0), "mixer"),  # its attention, beside Mamba-2
+    ("falcon_h1", dict(layer=0, head=0, mixer=2), "mixer"),
+])
+def test_bad_arguments_are_one_line_naming_the_argument(saved, name, args, field):
+    _, model = saved(name)
+    with pytest.raises(explain.ArgumentError, match=r"^[^\n]+$") as e:
+        mixer_map(model, TEXT, **args)
+    assert e.value.argument == field
+
+
+def test_a_layer_beside_attention_gives_its_mamba_map_when_asked(saved):
+    _, model = saved("falcon_h1")
+    m = mixer_map(model, TEXT, layer=0, head=3, mixer=1)
+    assert m.mixer == "mamba2" and m.mixer_index == 1
+    assert torch.equal(m.weights.triu(1), torch.zeros_like(m.weights))

@@ -111,6 +111,8 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
     check_model(model)
     for name, value in (("layer", layer), ("head", head), ("mixer", mixer)):
         check_index(name, value)
+    if head is None:
+        raise ArgumentError("head", "{name} is required: which head's map (from 0)")
     index, part = _mixer(model, layer, mixer)
     seen: dict = {}
     handles = [part.module.register_forward_pre_hook(_keep_input(seen), with_kwargs=True),
