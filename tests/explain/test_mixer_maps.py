@@ -231,3 +231,10 @@ def test_a_layer_beside_attention_gives_its_mamba_map_when_asked(saved):
     m = mixer_map(model, TEXT, layer=0, head=3, mixer=1)
     assert m.mixer == "mamba2" and m.mixer_index == 1
     assert torch.equal(m.weights.triu(1), torch.zeros_like(m.weights))
+
+
+def test_a_pattern_probe_on_a_hybrid_is_one_line_naming_the_layer(saved):
+    _, model = saved("nemotron_h")
+    with pytest.raises(explain.ArgumentError, match=r"^a pattern probe reads every layer's softmax weights, "
+                                                    r"but layer 0 of \S+ mixes its tokens by mamba2;[^\n]*$"):
+        explain.probe(model, "induction")

@@ -144,6 +144,19 @@ def softmax_rows(model, traced) -> list[torch.Tensor]:
     return [first.new_zeros(first.shape) if w is None else w for w in rows]
 
 
+def check_softmax_everywhere(model, what: str) -> None:
+    """ArgumentError (one line, about ``model``) naming the first layer that no softmax mixes,
+    for ``what`` (a probe, head outputs) that reads every layer's softmax weights and is not run
+    on a hybrid's other layers yet."""
+    for i, parts in enumerate(model.parts.layers):
+        if not any(m.kind.softmax for m in parts.mixers):
+            kinds = "/".join(m.kind.value for m in parts.mixers) or "nothing (a feed-forward-only layer)"
+            raise ArgumentError("model", "{what} reads every layer's softmax weights, but layer {i} of "
+                                "{value} mixes its tokens by {kinds}; on a hybrid, ask attention_map(…, "
+                                "layer={i}) for its effective map", what=what, i=i, value=model_name(model),
+                                kinds=kinds)
+
+
 def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
     """Why a ranking by attention weights leaves ``layers`` out (a hybrid's layers that no
     softmax mixes), naming each one's kinds; None when none is left out.
@@ -246,4 +259,4 @@ def _rebuilds(model, layer: int, part: Mixer, record) -> float:
     return worst
 
 
-__all__ = ["EffectiveMap", "effective_layer", "mixer_map", "softmax_rows", "unscored_note"]
+__all__ = ["EffectiveMap", "check_softmax_everywhere", "effective_layer", "mixer_map", "softmax_rows", "unscored_note"]
