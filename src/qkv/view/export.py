@@ -103,7 +103,12 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
     ov = get("overview", token=t, words=words, method=DEFAULT_METHOD)
     L, H = ov["num_layers"], ov["num_heads"]
     layer, head = min(layer, L - 1), min(head, H - 1)
-    every = [(l, h) for l in range(L) for h in range(H)]
+    # a hybrid's layers that no softmax mixes (the overview's "unscored"): no steps or probe; the
+    # page opens on a softmax layer, and asks an effective map per head where a server runs
+    unscored = set(ov.get("unscored", {}).get("layers", ()))
+    layer = next((l for l in range(layer, L) if l not in unscored), next(l for l in range(L) if l not in unscored))
+    probe = probe and not unscored
+    every = [(l, h) for l in range(L) if l not in unscored for h in range(H)]
     if len(first["tokens"]) > MAX_WHOLE_MAPS_UNITS:  # a long text: the chosen head only
         get("map", layer=layer, head=head, words=words)
         get("steps", token=t, layer=layer, head=head, words=words)

@@ -227,6 +227,11 @@
     const effects = !crossAttention() && !perLayer && D.effects ? D.effects.effects : null; // [layer][head]
     qkvPage.grid($("grid"), { layers, heads: numHeads(), perLayer, cell: (l, hh) => {
       const r = byHead.get(l + ":" + hh);
+      if (!r) { // a hybrid's layer no softmax mixes (the overview's "unscored"): not ranked, its map on a click
+        return qkvPage.gridCell({ layer: l, head: hh, chosen: l === S.layer && hh === S.head, focus: false,
+          label: `layer ${l} head ${hh}: not ranked (no softmax weights); click for its effective map`, extra: "",
+          onclick: () => selectHead(l, hh) }, h("canvas", {}), h("span", { class: "num" }, "—"));
+      }
       const cv = h("canvas", {});
       if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
       const label = crossAttention()
