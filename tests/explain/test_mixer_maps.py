@@ -238,3 +238,13 @@ def test_a_pattern_probe_on_a_hybrid_is_one_line_naming_the_layer(saved):
     with pytest.raises(explain.ArgumentError, match=r"^a pattern probe reads every layer's softmax weights, "
                                                     r"but layer 0 of \S+ mixes its tokens by mamba2;[^\n]*$"):
         explain.probe(model, "induction")
+
+
+def test_the_exported_page_of_a_hybrid_opens_on_a_softmax_layer(saved):
+    from qkv.view.api import Api, Models
+    from qkv.view.export import collect
+
+    path, _ = saved("qwen3_5")  # layers: gated_deltanet, softmax, gated_deltanet, softmax
+    answers, state = collect(Api(Models([str(path)])), str(path), TEXT, probe=False)
+    assert state["layer"] == 1
+    assert not {fields.get("layer") for endpoint, fields, _ in answers if endpoint == "steps"} & {0, 2}
