@@ -23,9 +23,10 @@ import torch
 
 from qkv.explain.cross import cross_pass
 from qkv.explain.forward import (
-    check_layer_head, check_text, model_name, num_layers, stops_at_layer, trace, trace_layer,
+    check_layer_head, check_text, model_name, num_heads, num_layers, stops_at_layer, trace, trace_layer,
 )
 from qkv.explain.finite import NonFiniteError
+from qkv.explain.mixer_maps import effective_layer, mixer_map, softmax_rows
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.explain.select import Units, group_columns, group_rows
@@ -65,6 +66,8 @@ def attention_map(model, text: str, *, layer: int, head: int, words: bool = Fals
         (['[CLS]', 'the', 'cat', 'sat', '[SEP]'], torch.Size([5, 5]), True)
     """
     check_text(text)
+    if effective_layer(model, layer):  # linear / state-space: the exact o = M·v (qkv.explain.mixer_maps)
+        return mixer_map(model, text, layer=layer, head=head, words=words)
     check_layer_head(model, layer, head)
     units, w = _layer_weights(model, text, layer, [head], words)  # (1, t, s)
     return AttentionMap(model=model_name(model), text=text, units=units, layer=layer,
@@ -175,7 +178,7 @@ def attention_maps(model, text: str, *, layer: int | None = None, words: bool = 
                             "teacher-force); {model} has no cross-attention: leave {name} out",
                             model=model_name(model))
     check_layer_head(model, layer, None)
-    heads = list(range(model.layers[0].self_attn.num_heads))
+    heads = list(range(num_heads(model)))  # layer 0 of a hybrid may mix by a linear layer
     if layer is not None:
         units, w = _layer_weights(model, text, layer, heads, words)
         return AttentionMaps(model=model_name(model), text=text, units=units, weights=w[None],
@@ -187,7 +190,7 @@ def attention_maps(model, text: str, *, layer: int | None = None, words: bool = 
         _check_finite(model, text, num_layers(model) - 1, w.flatten(0, 1))
     else:
         traced = trace(model, text, slice(None), words=words)
-        units, w = traced.units, torch.stack(traced.layer_weights())  # (L, H, t, s)
+        units, w = traced.units, torch.stack(softmax_rows(model, traced))  # (L, H, t, s); zeros where no softmax mixes
     if words:
         w = group_rows(group_columns(w, units), units)  # (L, H, U, U)
     return AttentionMaps(model=model_name(model), text=text, units=units, weights=w)

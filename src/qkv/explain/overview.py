@@ -31,6 +31,7 @@ from qkv.explain.forward import (
     check_layer_head, check_text, check_top, encode, model_name, num_heads, num_layers,
 )
 from qkv.explain.select import Units, choose, choose_in, group_columns
+from qkv.explain.mixer_maps import unscored_note
 from qkv.explain.wording import Message
 
 RANKING = "largest weight in the row (most focused first); entropy in bits beside it"
@@ -95,6 +96,8 @@ class Overview:
         causal: the model is a decoder: a token attends to itself and earlier tokens only.
         sink: for a decoder, why the first token is named an attention sink (many heads put
             their largest weight on it), or None.
+        unscored: the layers left out of ``rows`` (a hybrid's layers without softmax weights;
+            ``notes`` says why, ``scores`` holds zeros there).
     """
 
     kind: ClassVar[str] = "overview"  # its row in qkv.explain.kinds.KINDS
@@ -116,6 +119,7 @@ class Overview:
     target: str | None = None
     causal: bool = False
     sink: Message | None = None
+    unscored: tuple[int, ...] = ()
 
     def highlighted(self, row: HeadRow) -> bool:
         return self.focus is not None and row.argmax == self.focus
@@ -129,6 +133,8 @@ class Overview:
             extra["scores"] = self.scores.double().mean(-2).tolist()
         if self.target is not None:
             extra["target"] = self.target
+        if self.unscored:
+            extra["unscored"] = {"layers": list(self.unscored), "why": str(self.notes[-1])}  # its note comes last
         if self.causal:
             extra["causal"] = CAUSAL
             extra["attention_sink"] = str(self.sink) if self.sink is not None else None
@@ -351,7 +357,7 @@ def overview_of(model, text: str, encoding, units: Units, choice, scores, *, foc
     """
     m = contributions.get_method(scores.method)
     per_layer = [m.as_shares(x) for x in scores.per_layer()]  # L × (h or 1, r, s)
-    rows = head_rows(per_layer, units, top)
+    rows = [r for r in head_rows(per_layer, units, top) if r.layer not in scores.unscored]
     if m.per == "layer":
         rows = [replace(r, head=None) for r in rows]
     if layer is not None:
@@ -367,5 +373,7 @@ def overview_of(model, text: str, encoding, units: Units, choice, scores, *, foc
     return Overview(model=model_name(model), text=text, tokens=list(encoding.tokens), units=units,
                     unit=choice.unit, rows=rank(rows), focus=focus, focus_reason=reason,
                     num_layers=num_layers(model), num_heads=num_heads(model),
-                    notes=(choice.note,) if choice.note else (), method=m.name, per=m.per,
-                    scores=scores.scores, target=scores.target, causal=causal, sink=sink)
+                    notes=tuple(n for n in (choice.note, unscored_note(model, scores.unscored)) if n),
+                    method=m.name, per=m.per,
+                    scores=scores.scores, target=scores.target, causal=causal, sink=sink,
+                    unscored=scores.unscored)

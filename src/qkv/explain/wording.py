@@ -40,6 +40,7 @@ ARGUMENTS: Mapping[str, str] = {
     "keys": "keys", "trials": "trials", "model": "model",
     "method": "method", "target_text": "target_text",  # qkv.explain.contributions
     "key": "key", "component": "component",  # qkv.explain.circuits
+    "mixer": "mixer",  # qkv.explain.mixer_maps (which of a layer's mixers)
     # fields of a probe file (qkv/data/coref.jsonl), named when one does not match its sentence
     "pronoun": "pronoun", "referent": "referent",
     # qkv.explain.interventions, head_effects, faithfulness (their probe= is "probe", not "name")

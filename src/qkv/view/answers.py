@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 
 from qkv.explain.kinds import kind_of
+from qkv.explain.mixer_maps import EffectiveMap
 from qkv.models.tokenizer import display_text, display_token
 
 
@@ -24,11 +25,14 @@ def encode_f32(t) -> str:
 
 
 def head_map(m) -> dict:
-    """One head's map (an :class:`~qkv.explain.AttentionMap`), weights as float32 base64."""
+    """One head's map (an :class:`~qkv.explain.AttentionMap`, or a linear / state-space layer's
+    :class:`~qkv.explain.mixer_maps.EffectiveMap` with its marks: signed, its row sums), weights
+    as float32 base64."""
+    marks = m.marks() if isinstance(m, EffectiveMap) else {}
     return {"kind": m.kind, "model": m.model, "text": m.text, "units": m.units.labels,
             "special": list(m.units.special), "words": m.units.words, "layer": m.layer,
             "head": m.head, "shape": list(m.weights.shape), "encoding": "float32-base64",
-            "weights": encode_f32(m.weights)}
+            "weights": encode_f32(m.weights), **marks}
 
 
 def all_maps(maps) -> dict:

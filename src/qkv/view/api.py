@@ -67,7 +67,8 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
-from qkv.explain import ArgumentError, attention_maps
+from qkv.explain import ArgumentError, attention_map, attention_maps
+from qkv.explain.mixer_maps import effective_layer
 from qkv.explain.long import document_results
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.forward import check_layer_head
@@ -436,6 +437,13 @@ class Api:
                 raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
                                f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
             return answers.answer(self._all_maps(model, text, args["words"]))
+        if effective_layer(model, args["layer"]):  # a linear / SSM layer: its exact M, one head
+            if row.run is not None:
+                raise ApiError("layer", f"layer {args['layer']} has no softmax rows ({row.endpoint} reads "
+                               f"them); its map is the effective attention: ask for map")
+            with self.models.lock:
+                return answers.answer(attention_map(model, text, layer=args["layer"], head=args["head"],
+                                                    words=args["words"]))
         maps = self._all_maps(model, text, args["words"])
         check_layer_head(model, args["layer"], args["head"])
         one = maps.head(args["layer"], args["head"])

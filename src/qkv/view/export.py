@@ -158,6 +158,13 @@ def _self_attention(answers: _Answers, token, layer: int, head: int, words: bool
     t = first["unit_index"]
     overview = answers.ask("overview", token=t, words=words, method=DEFAULT_METHOD)  # 1
     layer, head, every = _heads(overview, layer, head)
+    # a hybrid's layers that no softmax mixes (the overview's "unscored"): no steps or probe; the
+    # page opens on a softmax layer, and asks an effective map per head where a server runs
+    unscored = set(overview.get("unscored", {}).get("layers", ()))
+    if unscored:
+        mixed = [l for l in range(overview["num_layers"]) if l not in unscored]
+        layer = next((l for l in mixed if l >= layer), mixed[0])
+        every, probe = [(l, h) for l, h in every if l not in unscored], False
     state = {"token": t, "layer": layer, "head": head, "words": words, "method": DEFAULT_METHOD}
     if len(first["tokens"]) > MAX_WHOLE_MAPS_UNITS:  # 2
         answers.ask("map", layer=layer, head=head, words=words)

@@ -33,6 +33,7 @@ import torch
 from qkv.explain import forward
 from qkv.explain.contributions.grad import is_decoder
 from qkv.explain.finite import NonFiniteError
+from qkv.explain.mixer_maps import check_softmax_everywhere
 from qkv.explain.wording import ArgumentError
 from qkv.modules.intervention import Interventions
 
@@ -112,6 +113,7 @@ def run(model, ids: torch.Tensor, edits: Interventions | None = None):
 def head_outputs(model, ids: torch.Tensor) -> list[torch.Tensor]:
     """Every layer's head outputs (b, t, h, d) on ``ids`` (b, t), as the traced forward recorded
     them (``out_proj``'s input, split into heads)."""
+    check_softmax_everywhere(model, "replacing heads' outputs")
     out = model(ids, torch.ones_like(ids), trace_rows=slice(None))
     return [tr.self_attn.attention.output.transpose(1, 2) for tr in out.traces]  # (b, t, h, d)
 

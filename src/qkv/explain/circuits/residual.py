@@ -8,6 +8,11 @@ For a traced forward, the vector entering layer ℓ at position i is the sum of
                      the tables are not found or do not rebuild it)
     L{l}.H{h}        head h of an earlier layer l: its output o^{l,h}_i through W_O^h  (E,)
     L{l}.ffn         the feed-forward of an earlier layer l
+    L{l}.{kind}      the whole branch of an earlier hybrid layer's mixer that qkv's attention
+                     does not run (``L0.gated_deltanet``, ``L2.mamba2``): x + mix − x, one
+                     component (its effective map is per head, but its output projection and
+                     gated norm mix the heads); a feed-forward-only layer (Nemotron-H) has only
+                     its ``ffn``
     bias             what no upstream part writes: output-projection biases, norm offsets β
 
 Pre-norm layers (GPT-2, Llama) add their parts::
@@ -47,6 +52,8 @@ from qkv.errors import QkvError
 from qkv.explain.circuits import embed
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
+from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import MixerKind
 
 BIAS = "bias"
 #: What qkv's own layers that form no x + attn do instead (GPT-NeoX).
@@ -62,11 +69,18 @@ def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[
     """The components of layer ``layer``'s input, in order: the embedding's (``embedding``, as
     :func:`.embed.split` gave them; default :func:`.embed.names`), each earlier layer's heads and
     feed-forward, ``bias`` last (C names)."""
-    n_heads = model.layers[0].self_attn.num_heads
     out = list(embed.names(model) if embedding is None else embedding)
     for ell in range(layer):
-        out += [head_name(ell, h) for h in range(n_heads)] + [ffn_name(ell)]
+        attn = model.layers[ell].self_attn
+        mixed = [head_name(ell, h) for h in range(attn.num_heads)] if attn is not None else \
+            [mixer_name(model, ell)] if model.parts.layers[ell].mixers else []
+        out += mixed + [ffn_name(ell)]
     return (*out, BIAS)
+
+
+def mixer_name(model, layer: int) -> str:
+    """``L{l}.{kind}``: the branch of a layer whose mixer qkv's attention does not run."""
+    return f"L{layer}." + "+".join(m.kind.value for m in model.parts.layers[layer].mixers)
 
 
 @dataclass(frozen=True)
@@ -90,9 +104,15 @@ def out_weight(attn) -> torch.Tensor:
 
 def check(model) -> None:
     """QkvError naming what :func:`stream` cannot read in ``model``."""
-    check_layers(model, "circuits")
+    check_layers(model, "circuits", hybrid=True)
     for i, layer in enumerate(model.layers):
         attn = layer.self_attn
+        if attn is None:  # a hybrid's own mixer (one component) or a feed-forward-only layer
+            if model.parts.layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
+                raise QkvError(f"{model.name}: layer {i} ({mixer_name(model, i)}) does not form x + mix "
+                               f"before its feed-forward ({layer.residual_note or 'its own forward'}); "
+                               f"its residual stream cannot be split by component")
+            continue
         if attn.out_proj is None:
             raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
                            f"writes into the residual stream cannot be read")
@@ -105,6 +125,18 @@ def check(model) -> None:
             raise QkvError(f"{model.name}: layer {i} is post-norm and no norm after its "
                            f"feed-forward was found; its residual stream cannot be split by "
                            f"component")
+
+
+def check_query_layer(model, layer: int) -> None:
+    """ArgumentError naming the kind of a softmax-kind layer whose scores are not plain q·k of
+    linear projections (MLA: content + RoPE parts of latents; sparse: an indexer's keys;
+    differential: two maps), so no component split is made for it yet — one line, before any
+    projection is read."""
+    kinds = [m.kind for m in model.parts.layers[layer].mixers if m.kind.softmax]
+    if kinds and kinds[0] is not MixerKind.SOFTMAX:
+        raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "
+                            "are not split by component yet (its step by step: qkv.explain.mixers."
+                            "mixer({kind!r}).read)", value=layer, model=model.name, kind=kinds[0].value)
 
 
 def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
@@ -123,6 +155,18 @@ def _ffn_sum(lay, trace, residual: torch.Tensor, positions: torch.Tensor) -> tor
     return residual + lay.feed_forward(residual)
 
 
+def _own_mixer(parts, fwd, ell: int, positions: torch.Tensor) -> torch.Tensor:
+    """(2, n, E) the mixer's branch and the feed-forward's of a pre-norm layer qkv's attention
+    does not run, from the recorded states (x + mix: ``LayerTrace.residual``); (1, n, E) the
+    feed-forward alone for a layer without a mixer."""
+    before = fwd.hidden_states[ell][0, positions].double()  # (n, E)
+    after = fwd.hidden_states[ell + 1][0, positions].double()  # (n, E)
+    if not parts.mixers:  # a LayerParts
+        return (after - before)[None]
+    residual = fwd.traces[ell].residual[0, positions].double()  # (n, E) x + mix, as the forward made it
+    return torch.stack([residual - before, after - residual])
+
+
 @torch.no_grad()
 def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     """The input of layer ``layer`` (0 … L; L: the last layer's output, before any final norm)
@@ -135,6 +179,9 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     for ell in range(layer):
         lay = model.layers[ell]
         attn = lay.self_attn
+        if attn is None:
+            parts = torch.cat([parts, _own_mixer(model.parts.layers[ell], fwd, ell, positions)])
+            continue
         heads = _heads(fwd, ell, attn, positions)  # (h, n, E)
         b_out = out_bias(attn).double()  # (E,)
         residual = fwd.traces[ell].residual[0, positions]  # (n, E) as the forward made it
@@ -163,5 +210,5 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     return Stream(layer, positions, names(model, layer, embedding), parts, err)
 
 
-__all__ = ["BIAS", "Stream", "check", "ffn_name", "head_name", "names", "out_weight",
+__all__ = ["BIAS", "Stream", "check", "check_query_layer", "ffn_name", "head_name", "mixer_name", "names", "out_weight",
            "stream"]

@@ -37,7 +37,7 @@ import torch
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
-from qkv.explain.circuits.residual import Stream, check, names, stream
+from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import Forward, run
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
@@ -274,6 +274,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
             raise ArgumentError(role, "{name} is required: score_attribution splits the score of "
                                 "one head (give {layer} and {head} as ints), got None")
     check_layer_head(model, layer, head)
+    check_query_layer(model, layer)  # MLA, sparse, differential: named by kind
     check(model)  # the stream first: a parallel residual is named before its projections
     check_model(model, layer)
     encoding = encode(model, text)

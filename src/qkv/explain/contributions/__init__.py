@@ -77,7 +77,7 @@ def check_method(model, name: str, target_text: str | None = None) -> Method:
             parallel-residual layers; any method on layers with cross-attention.
     """
     method = get_method(name)
-    base.check_layers(model, method.name)
+    base.check_layers(model, method.name, hybrid=method.hybrid)
     if method.applies is not None:
         method.applies(model)
     if method.reads_target:

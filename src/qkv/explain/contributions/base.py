@@ -66,6 +66,8 @@ class Method:
         raw: the scores are the attention weights themselves (rows already sum to 1, no shares).
         document: ``(doc, rows (r,)) -> Scores`` from a :class:`~qkv.explain.long.document.Document`'s
             record (q, k, lse, value norms) at O(N) memory, or None: the method re-runs the model.
+        hybrid: scores a hybrid's softmax layers and leaves the layers no softmax mixes out
+            (``Scores.unscored``); else every layer must be a softmax layer.
     """
 
     name: str
@@ -80,6 +82,7 @@ class Method:
     applies: Callable | None = None
     raw: bool = False
     document: Callable | None = None
+    hybrid: bool = False
 
     @property
     def value(self) -> str:
@@ -122,6 +125,9 @@ class Scores:
         layer_scores: a per-head method's per-layer companion (L, r, s), or None
             (``norm``: ‖Σ_h A_ij f^h(h_j)‖).
         target: what ``grad`` differentiated, in words; None for the other methods.
+        unscored: the layers whose scores are zeros because nothing there has softmax weights
+            (a hybrid's linear and state-space layers: their effective maps are signed, see
+            :func:`qkv.explain.mixer_maps.mixer_map`; a feed-forward-only layer).
     """
 
     method: str
@@ -130,6 +136,7 @@ class Scores:
     scores: torch.Tensor
     layer_scores: torch.Tensor | None = None
     target: str | None = None
+    unscored: tuple[int, ...] = ()
 
     def per_layer(self) -> list[torch.Tensor]:
         """The scores as the overview reads them: L tensors (n, r, s), n = heads or 1."""
@@ -195,12 +202,12 @@ class Forward:
         return [tr.self_attn.heads for tr in self.traces]
 
 
-def check_layers(model, method: str) -> None:
+def check_layers(model, method: str, *, hybrid: bool = False) -> None:
     """ArgumentError when a layer is not one a contribution method can read (cross-attention, or
-    a mixer whose weights qkv's attention does not compute: a hybrid's Gated DeltaNet, Mamba-2 …
-    layers, named by their kinds from ``model.parts``)."""
+    — unless ``hybrid`` — a mixer whose weights qkv's attention does not compute: a hybrid's
+    Gated DeltaNet, Mamba-2 … layers, named by their kinds from ``model.parts``)."""
     for i, layer in enumerate(model.layers):
-        if layer.self_attn is None:
+        if layer.self_attn is None and not hybrid:
             kinds = ", ".join(m.kind.value for m in model.parts.layers[i].mixers) or "nothing"
             raise ArgumentError("method", "{name} {value!r} reads every layer's attention, but layer "
                                 "{i} of {model} mixes its tokens by {kinds} (transformers' own "

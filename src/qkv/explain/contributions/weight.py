@@ -2,6 +2,11 @@
 
 A weight says how much of head h's *average* token i takes from token j, not how much token j
 changes token i: a heavy weight on a short value vector moves little (see ``norm``).
+
+On a hybrid model only the softmax layers have weights: a linear-attention or state-space
+layer's effective map (:func:`qkv.explain.mixer_maps.mixer_map`) is signed and its rows need not
+sum to 1, so it is no share of attention to rank beside them — those layers are left out
+(``Scores.unscored``) and the rankings say so.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | Non
         torch.Size([6, 12, 1, 5])
     """
     fwd = run(model, ids, rows)
-    weights = torch.stack([tr.self_attn.attention.weights[0] for tr in fwd.traces])  # (L, h, r, s)
-    return Scores(method="weight", per="head", rows=torch.as_tensor(rows), scores=weights)
+    traced = [None if tr.self_attn is None else tr.self_attn.attention.weights[0] for tr in fwd.traces]
+    first = next(w for w in traced if w is not None)  # (h, r, s); qkv.load needs one softmax layer
+    unscored = tuple(i for i, w in enumerate(traced) if w is None)  # a hybrid's linear / SSM layers
+    weights = torch.stack([first.new_zeros(first.shape) if w is None else w for w in traced])  # (L, h, r, s)
+    return Scores(method="weight", per="head", rows=torch.as_tensor(rows), scores=weights,
+                  unscored=unscored)
 
 
 def from_document(doc, rows: torch.Tensor) -> Scores:
@@ -35,4 +44,4 @@ def from_document(doc, rows: torch.Tensor) -> Scores:
 
 
 METHOD = Method(name="weight", per="head", formula=FORMULA, compute=compute, raw=True,
-                document=from_document, cost="one forward (the overview's)")
+                document=from_document, cost="one forward (the overview's)", hybrid=True)

@@ -78,12 +78,14 @@ def method_shares(model, method: str, ids: list[torch.Tensor]) -> torch.Tensor:
 
 def unit_shares(model, encoding, units, unit: int, method: str, target_text: str | None):
     """(L × (h|1, r, s) rows of ``unit``'s r tokens by ``method`` — shares of their totals unless
-    the method's scores are the raw weights — and the method record), one text's encoding."""
+    the method's scores are the raw weights — and the method record), one text's encoding; a
+    layer the method leaves out (``Scores.unscored``: a hybrid's linear / SSM layer) holds no
+    heads, (0, r, s)."""
     m = contributions.check_method(model, method, target_text)
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
     s = contributions.scores(model, ids, torch.tensor(units.groups[unit]), method=m.name,
                              target_text=target_text)
-    return [m.as_shares(x) for x in s.per_layer()], m
+    return [m.as_shares(x)[: 0 if i in s.unscored else None] for i, x in enumerate(s.per_layer())], m
 
 
 def ranked(scores: torch.Tensor, *ties: torch.Tensor) -> list[tuple[int, int, float]]:

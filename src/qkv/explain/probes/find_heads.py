@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from qkv.explain import contributions, forward
+from qkv.explain.mixer_maps import unscored_note
 from qkv.explain.probes.base import unit_shares
 from qkv.explain.probes.coref import (  # noqa: F401  (importable from here, as before)
     SENTENCE_PROBES, ProbeItem, ProbeResult, coref_item, coref_probe, load_probe,
@@ -125,6 +126,8 @@ def heads(model, text: str, *, source: str | None = None, target: str, method: s
     if m.per == "layer":
         ranked = [replace(h, head=None) for h in ranked]
     notes = tuple(c.note for c in (src, tgt) if c.note)
+    left_out = unscored_note(model, tuple(i for i, w in enumerate(per_layer) if not len(w)))
+    notes += (left_out,) if left_out else ()
     if capabilities_of(model).causal and tgt.unit > src.unit:
         notes += (Message("decoder: {target!r} comes after {source!r}, and a token attends only to "
                           "itself and the tokens before it, so every weight here is 0",

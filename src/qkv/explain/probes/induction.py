@@ -45,6 +45,7 @@ from qkv.explain import forward
 from qkv.explain.probes.base import Effects, Needs, Probe, Task, method_shares, ranked, scored_from
 from qkv.explain.wording import ArgumentError
 from qkv.explain.finite import check_layers
+from qkv.explain.mixer_maps import check_softmax_everywhere
 from qkv.models.protocol import capabilities_of
 
 
@@ -183,6 +184,7 @@ def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor]:
     """Every layer's attention weights (b, h, t, t) on ``ids``, from the model's own forward;
     :class:`~qkv.explain.finite.NonFiniteError` naming the first layer and head that computes
     NaN/inf (a broken model's scores would be NaN and rank nothing)."""
+    check_softmax_everywhere(model, "a pattern probe")
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=slice(None), output_hidden_states=True)
     check_layers(out.traces, model=forward.model_name(model), output=out.hidden_states[-1])

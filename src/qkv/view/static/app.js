@@ -227,6 +227,11 @@
     const effects = !crossAttention() && !perLayer && D.effects ? D.effects.effects : null; // [layer][head]
     qkvPage.grid($("grid"), { layers, heads: numHeads(), perLayer, cell: (l, hh) => {
       const r = byHead.get(l + ":" + hh);
+      if (!r) { // a hybrid's layer no softmax mixes (the overview's "unscored"): not ranked, its map on a click
+        return qkvPage.gridCell({ layer: l, head: hh, chosen: l === S.layer && hh === S.head, focus: false,
+          label: `layer ${l} head ${hh}: not ranked (no softmax weights); click for its effective map`, extra: "",
+          onclick: () => selectHead(l, hh) }, h("canvas", {}), h("span", { class: "num" }, "—"));
+      }
       const cv = h("canvas", {});
       if (whole) drawWholeThumb(cv, l, hh); else drawRowThumb(cv, r.weights);
       const label = crossAttention()
@@ -328,16 +333,20 @@
       return { rows: [units[S.token]], cols: units, n: 1, m: units.length, first: S.token,
         get: (i, j) => r.weights[j], gold: null, layer: S.layer, head: S.head, rowOnly: true };
     }
-    if (D.maps) {
+    // a hybrid's linear / state-space layer (not ranked by the overview): its exact effective map, asked per head
+    const effective = ((D.overview.unscored || {}).layers || []).includes(S.layer);
+    let marks = {};
+    if (D.maps && !effective) {
       U = D.maps.shape[2];
       const all = mapsData(), off = ((S.layer * D.maps.shape[1]) + S.head) * U * U;
       data = all.subarray(off, off + U * U);
     } else {
       const a = await ask("map", { layer: S.layer, head: S.head, words: S.words });
       U = a.shape[0]; data = decodeF32(a.weights);
+      if (a.effective) marks = { effective: true, mixer: a.mixer, rowSums: a.row_sums };
     }
     return { rows: units, cols: units, n: U, m: U, get: (i, j) => data[i * U + j], gold: null,
-      layer: S.layer, head: S.head, first: 0 };
+      layer: S.layer, head: S.head, first: 0, ...marks };
   }
   async function drawHeadView() {
     const title = crossAttention() ? `Head view — cross-attention, decoder layer ${S.layer}, head ${S.head}`
@@ -359,7 +368,9 @@
       "heat map: row = from, column = to; hover a cell for its exact weight" +
       (crossAttention() ? "" : "; click it: why this weight (its score split, under the heat map)") +
       (isMethod() ? `; the head view and the step panel show the attention weights (method ${S.method} drives the model view)` : "") +
-      (M.gold ? "; gold alignment: dashed lines, outlined cells" : "");
+      (M.gold ? "; gold alignment: dashed lines, outlined cells" : "") +
+      (M.effective ? `. Effective attention of a ${M.mixer} layer: o = M·v exactly, signed (blue < 0 < the heat colour), ` +
+        `rows need not sum to 1 — row sums: ${M.rowSums.map((x, i) => `${M.rows[i]} ${signed(x)}`).join(" · ")}` : "");
     const t1 = performance.now();
     drawLines(M); drawHeat(M);
     D.timings = { map_ms: t1 - t0, draw_ms: performance.now() - t1 }; // read by benchmarks/view.py
@@ -413,10 +424,16 @@
     const cv = canvas || $("heat"), c = cellSize(M), ch = cellHeight(M);
     const off = document.createElement("canvas"); off.width = M.m; off.height = M.n;
     const octx = off.getContext("2d"), img = octx.createImageData(M.m, M.n), [r, g, b] = heatRgb();
+    // an effective map is signed: a diverging scale, |w| over the map's largest |w|, negatives blue
+    let top = 1;
+    if (M.effective) {
+      top = 0;
+      for (let i = 0; i < M.n; i++) for (let j = 0; j < M.m; j++) top = Math.max(top, Math.abs(M.get(i, j)));
+    }
     for (let i = 0; i < M.n; i++) for (let j = 0; j < M.m; j++) {
-      const k = 4 * (i * M.m + j);
-      img.data[k] = r; img.data[k + 1] = g; img.data[k + 2] = b;
-      img.data[k + 3] = Math.round(255 * Math.min(1, Math.max(0, M.get(i, j))));
+      const k = 4 * (i * M.m + j), w = M.get(i, j), neg = M.effective && w < 0;
+      img.data[k] = neg ? 33 : r; img.data[k + 1] = neg ? 102 : g; img.data[k + 2] = neg ? 172 : b;
+      img.data[k + 3] = Math.round(255 * Math.min(1, Math.max(0, M.effective ? Math.abs(w) / (top || 1) : w)));
     }
     octx.putImageData(img, 0, 0);
     cv.width = M.m * c; cv.height = M.n * ch;

@@ -1,0 +1,262 @@
+"""One head's map on a layer that no softmax mixes: the exact effective attention o = M·v.
+
+A hybrid model's linear-attention and state-space layers (Gated DeltaNet, KDA, lightning,
+Mamba-2, a gated short convolution) have no softmax rows, but each head's output is linear in
+its values: o = M·v with one (t × t) matrix M per head — causal, signed, rows need not sum to 1
+(:mod:`qkv.explain.mixers`). :func:`attention_map` asks :func:`effective_layer` and hands such a
+layer here; :func:`mixer_map` returns M as an :class:`EffectiveMap` (kind ``map``, drawn by the
+same panel with a diverging scale and its row sums).
+
+Where the numbers come from: the model's own forward (:func:`qkv.explain.forward.trace`) runs
+once with a hook on the layer's mixer (``layers[L].parts.mixers[i].module``, the protocol's
+part) keeping its input — the normed hidden state — and its output for that call; the mixer's
+registered reader (:data:`~qkv.explain.mixers.MIXERS`, keyed by the part's ``MixerKind``) then
+runs the module on exactly that input. The construction refuses the result unless the reader's
+run returned the forward's output bit for bit (the same computation, not a similar one) and
+M·v rebuilds the module's own mixing output to rounding (:func:`qkv.rounding.close`); the
+largest difference is kept in ``error``, as ``explain_head`` keeps its float64 re-check.
+
+Example:
+    >>> m = mixer_map(qkv.load("path/to/qwen3_5"), "the cat sat", layer=0, head=1)  # doctest: +SKIP
+    >>> m.weights.triu(1).abs().max(), m.row_sums                                    # doctest: +SKIP
+    (tensor(0., dtype=torch.float64), tensor([...]))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.explain.forward import check_index, check_model, check_text, model_name, trace
+from qkv.explain.mixers import mixer as registered
+from qkv.explain.select import Units, group_columns, group_rows
+from qkv.explain.wording import ArgumentError, Message
+from qkv.models.protocol import Mixer
+from qkv.rounding import close
+
+
+@dataclass(frozen=True)
+class EffectiveMap:
+    """Head ``head`` of a linear or state-space ``mixer`` of layer ``layer``: ``weights`` (U, U)
+    the exact M with o = M·v (signed, causal; a row's sum is not 1), rows from, columns to
+    ``units``.
+
+    Fields beyond :class:`~qkv.explain.maps.AttentionMap`'s: ``mixer`` the mixer's kind
+    (``MixerKind`` value), ``mixer_index`` its place among the layer's mixers, ``heads`` how many
+    heads (value heads, or channels of a short convolution) it has, ``error`` max |M·v − o| over
+    every head against the module's own mixing output o (float64 M, the forward's float32 o).
+    """
+
+    kind: ClassVar[str] = "map"  # drawn by the map's row of qkv.explain.kinds.KINDS
+
+    model: str
+    text: str
+    units: Units
+    layer: int
+    head: int
+    weights: torch.Tensor
+    mixer: str
+    mixer_index: int
+    heads: int
+    error: float
+
+    @property
+    def row_sums(self) -> torch.Tensor:
+        """(U,) each row's sum: what a value constant over the keys is multiplied by."""
+        return self.weights.sum(-1)
+
+    def marks(self) -> dict:
+        """What tells a reader this is no softmax map (``effective``: draw it on a diverging
+        scale) and ``row_sums[i]`` to print beside row i; the viewer's answer carries them too."""
+        return {"effective": True, "mixer": self.mixer, "mixer_index": self.mixer_index,
+                "heads": self.heads, "row_sums": self.row_sums.tolist(), "error": self.error}
+
+    def to_dict(self) -> dict:
+        """``weights[i][j]`` from unit i to unit j — signed — and :meth:`marks`."""
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+                "words": self.units.words, "layer": self.layer, "head": self.head,
+                "weights": self.weights.tolist(), **self.marks()}
+
+
+def effective_layer(model, layer) -> bool:
+    """Whether layer ``layer`` of ``model`` has no mixer whose weights are softmax rows (a linear
+    or state-space layer, or a feed-forward-only one): :func:`mixer_map` answers it. False for an
+    index that is no layer (the caller's checks name it)."""
+    parts = getattr(model, "parts", None)  # not a model: the caller's check_model names it
+    if isinstance(layer, bool) or not isinstance(layer, int) or parts is None or not 0 <= layer < len(parts.layers):
+        return False
+    return not any(m.kind.softmax for m in parts.layers[layer].mixers)
+
+
+def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = None,
+              words: bool = False) -> EffectiveMap:
+    """The exact (U, U) effective attention M of one head of a linear or state-space mixer.
+
+    Args:
+        layer: the layer. head: the mixer's head (a value head; a channel of a short convolution).
+        mixer: which of the layer's mixers (``model.parts.layers[L].mixers``); None: its one
+            non-softmax mixer (Falcon-H1's and Zamba2's layers run Mamba-2 beside attention:
+            ``mixer=1``).
+        words: regroup into words (into a word summed, from a word averaged).
+
+    Raises:
+        ArgumentError: a layer, head or mixer out of range; a mixer whose weights are softmax
+            rows (:func:`qkv.explain.attention_map` draws those); a feed-forward-only layer.
+        QkvError: the mixer's reader refuses the module, or its run is not the forward's.
+    """
+    check_text(text)
+    check_model(model)
+    for name, value in (("layer", layer), ("head", head), ("mixer", mixer)):
+        check_index(name, value)
+    if head is None:
+        raise ArgumentError("head", "{name} is required: which head's map (from 0)")
+    index, part = _mixer(model, layer, mixer)
+    seen: dict = {}
+    handles = [part.module.register_forward_pre_hook(_keep_input(seen), with_kwargs=True),
+               part.module.register_forward_hook(_keep_output(seen, "forward"))]
+    try:
+        traced = trace(model, text, torch.tensor([0]), words=words)
+    finally:
+        for h in handles:
+            h.remove()
+    record = _read(model, layer, part, seen)
+    if not 0 <= head < record.heads:
+        raise ArgumentError("head", "{name} {value} is out of range: layer {layer}'s {kind} has "
+                            "{n} heads (0–{last})", value=head, layer=layer, kind=part.kind.value,
+                            n=record.heads, last=record.heads - 1)
+    M = record.matrix(head)  # (t, t)
+    if words:
+        M = group_rows(group_columns(M, traced.units), traced.units)  # (U, U)
+    return EffectiveMap(model=model_name(model), text=text, units=traced.units, layer=layer,
+                        head=head, weights=M, mixer=part.kind.value, mixer_index=index,
+                        heads=record.heads, error=_rebuilds(model, layer, part, record))
+
+
+def softmax_rows(model, traced) -> list[torch.Tensor]:
+    """Every layer's traced softmax weights (h, r, s), zeros for a layer that no softmax mixes
+    (:func:`effective_layer`: its map is :func:`mixer_map`'s, per head, asked for one at a time)
+    — what :func:`qkv.explain.attention_maps` stacks (L, h, r, s) for a hybrid model."""
+    rows = [None if tr.self_attn is None else tr.self_attn.attention.weights[0] for tr in traced.traces]
+    first = next(w for w in rows if w is not None)  # (h, r, s); qkv.load needs one softmax layer
+    return [first.new_zeros(first.shape) if w is None else w for w in rows]
+
+
+def check_softmax_everywhere(model, what: str) -> None:
+    """ArgumentError (one line, about ``model``) naming the first layer that no softmax mixes,
+    for ``what`` (a probe, head outputs) that reads every layer's softmax weights and is not run
+    on a hybrid's other layers yet."""
+    for i, parts in enumerate(model.parts.layers):
+        if not any(m.kind.softmax for m in parts.mixers):
+            kinds = "/".join(m.kind.value for m in parts.mixers) or "nothing (a feed-forward-only layer)"
+            raise ArgumentError("model", "{what} reads every layer's softmax weights, but layer {i} of "
+                                "{value} mixes its tokens by {kinds}; on a hybrid, ask attention_map(…, "
+                                "layer={i}) for its effective map", what=what, i=i, value=model_name(model),
+                                kinds=kinds)
+
+
+def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
+    """Why a ranking by attention weights leaves ``layers`` out (a hybrid's layers that no
+    softmax mixes), naming each one's kinds; None when none is left out.
+
+    The rankings (``qkv explain``, ``qkv heads``) compare heads by softmax weights, shares of 1;
+    an effective map's rows are signed and need not sum to 1, so they are not ranked beside them.
+    """
+    if not layers:
+        return None
+    named = ", ".join(f"{i} ({'/'.join(m.kind.value for m in model.parts.layers[i].mixers) or 'feed-forward only'})"
+                      for i in layers)
+    return Message("not ranked: layers {named} have no softmax weights (a linear or state-space "
+                   "layer's effective map is signed and its rows need not sum to 1: see "
+                   "attention_map(…, layer=L))", named=named)
+
+
+def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
+    """(its index, the mixer) of layer ``layer`` that :func:`mixer_map` reads; ArgumentError
+    naming the layer's kinds otherwise."""
+    if layer is None or not 0 <= layer < len(model.layers):
+        n = len(model.layers)
+        raise ArgumentError("layer", "{name} {value} is out of range: {model} has {n} layers (0–{last})",
+                            value=layer, model=model_name(model), n=n, last=n - 1)
+    mixers = model.parts.layers[layer].mixers
+    if not mixers:
+        raise ArgumentError("layer", "{name} {value} of {model} is a feed-forward-only layer: nothing "
+                            "mixes its tokens, so it has no attention map; choose a layer with a mixer",
+                            value=layer, model=model_name(model))
+    if index is None:
+        found = [i for i, m in enumerate(mixers) if not m.kind.softmax]
+        if not found:
+            raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by softmax "
+                                "attention ({kinds}): attention_map draws its rows",
+                                value=layer, model=model_name(model),
+                                kinds=", ".join(m.kind.value for m in mixers))
+        index = found[0]
+    if not 0 <= index < len(mixers):
+        raise ArgumentError("mixer", "{name} {value} is out of range: layer {layer} has {n} mixers "
+                            "({kinds})", value=index, layer=layer, n=len(mixers),
+                            kinds=", ".join(m.kind.value for m in mixers))
+    if mixers[index].kind.softmax:
+        raise ArgumentError("mixer", "{name} {value} of layer {layer} is {kind}, softmax rows: "
+                            "attention_map draws them", value=index, layer=layer,
+                            kind=mixers[index].kind.value)
+    return index, mixers[index]
+
+
+def _keep_input(seen: dict):
+    def hook(module, args, kwargs):
+        seen.setdefault("input", args[0] if args else kwargs["hidden_states"])
+    return hook
+
+
+def _keep_output(seen: dict, key: str):
+    def hook(module, args, output):
+        seen.setdefault(key, output[0] if isinstance(output, tuple) else output)
+    return hook
+
+
+def _read(model, layer: int, part: Mixer, seen: dict):
+    """The registered reader's record of ``part`` on the forward's own input, checked to be that
+    forward's computation: the module's output on the re-run is the forward's, bit for bit."""
+    if "input" not in seen:
+        raise QkvError(f"layer {layer} of {model_name(model)}: its {part.kind.value} mixer did not run "
+                       f"in the forward")
+    entry = registered(part.kind.value)
+    if not entry.effective:
+        raise QkvError(f"layer {layer} of {model_name(model)}: {part.kind.value} has no effective map")
+    handle = part.module.register_forward_hook(_keep_output(seen, "rerun"))
+    try:
+        record = entry.read(part.module, seen["input"].detach())
+    except QkvError as e:
+        raise QkvError(f"layer {layer} of {model_name(model)} ({part.kind.value}, "
+                       f"{type(part.module).__name__}): {e}") from None
+    finally:
+        handle.remove()
+    if not torch.equal(seen["rerun"], seen["forward"]):
+        raise QkvError(f"layer {layer} of {model_name(model)}: its {part.kind.value} mixer run on the "
+                       f"forward's input did not return the forward's output; no map is read from "
+                       f"another computation")
+    return record
+
+
+def _rebuilds(model, layer: int, part: Mixer, record) -> float:
+    """max |M·v (+ offset) − o| over every head, o the module's mixing output; QkvError unless
+    within rounding (:func:`qkv.rounding.close`) of the float32 output."""
+    # a short convolution's bias term C·bias reaches no value: kept apart as the record's offset
+    offset = getattr(record, "offset", None)  # (t, D) or None: only ShortConv has one
+    worst = 0.0
+    for h in range(record.heads):
+        got = record.matrix(h) @ record.values(h)  # (t, d)
+        if offset is not None:
+            got = got + offset[:, h: h + 1]
+        want = record.output[:, h]  # (t, d)
+        if not close(got, want.float()):
+            raise QkvError(f"layer {layer} of {model_name(model)}: head {h}'s {part.kind.value} map M·v "
+                           f"is off the module's output by {float((got - want).abs().max()):.3g}; "
+                           f"not an exact map")
+        worst = max(worst, float((got - want).abs().max()))
+    return worst
+
+
+__all__ = ["EffectiveMap", "check_softmax_everywhere", "effective_layer", "mixer_map", "softmax_rows", "unscored_note"]
