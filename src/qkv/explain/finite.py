@@ -61,6 +61,8 @@ def check_layers(layer_traces, *, model: str = "the model", part: str = "",
     """
     previous = None  # the layer trace whose output the next input is: (index, trace)
     for layer, trace in enumerate(layer_traces):
+        if trace is None:  # a layer the forward ran untraced (a one-layer trace: LayerRows)
+            continue
         for kind, mh in (("self_attn", trace.self_attn), ("cross_attn", trace.cross_attn)):
             if mh is None:
                 continue
