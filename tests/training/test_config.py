@@ -74,7 +74,7 @@ def test_the_cli_parses_each_option_with_the_bounds_the_config_checks(cls):
     from qkv.cli.train_run import add_config_options
 
     parser = argparse.ArgumentParser(exit_on_error=False)
-    add_config_options(parser, cls, helps={}, type_of=lambda *a: str)
+    add_config_options(parser, f"{cls.__module__}:{cls.__qualname__}", helps={})
     checked = 0
     for f in fields(cls):
         spec = option_of(cls, f.name)

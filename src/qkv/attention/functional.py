@@ -337,18 +337,21 @@ def scaled_dot_product_attention(
     """
     scale, description = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                   window, causal_alignment, key_padding_mask, mask, bias, block_mask)
-    if scale == 0.0:  # torch's kernels scale the masked −inf too (−inf · 0 = NaN): 0 · q, scale 1
-        query, scale = query * 0.0, 1.0  # the scores 0 · (q·k): NaN only where q·k is NaN or ±inf
+    query, scale = _zero_scale(query, scale)
     if softcap is not None or sinks is not None:
         return _capped_or_sunk(query, key, value, description, bias, float(dropout_p), scale,
                                bool(enable_gqa), backend, bool(return_lse), softcap, sinks)
     row = _backend(backend, query, key, value, description, bias, float(dropout_p),
                    lse=bool(return_lse))
-    if return_lse:
-        return row.with_lse(query, key, value, mask=description, bias=bias,
-                            dropout_p=float(dropout_p), scale=scale, enable_gqa=bool(enable_gqa))
-    return row.fn(query, key, value, mask=description, bias=bias, dropout_p=float(dropout_p),
-                  scale=scale, enable_gqa=bool(enable_gqa))
+    given = dict(mask=description, bias=bias, dropout_p=float(dropout_p), scale=scale,
+                 enable_gqa=bool(enable_gqa))
+    return row.with_lse(query, key, value, **given) if return_lse else row.fn(query, key, value, **given)
+
+
+def _zero_scale(query: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+    """(query, scale) as the kernels run them: at scale 0, 0 · q at scale 1 — torch's kernels scale
+    the masked −inf too (−inf · 0 = NaN), while the scores 0 · (q·k) are NaN only where q·k is."""
+    return (query * 0.0, 1.0) if scale == 0.0 else (query, scale)
 
 
 def _backend(name, query, key, value, description, bias, dropout_p, *, lse: bool,

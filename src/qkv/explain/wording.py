@@ -123,9 +123,9 @@ def too_long(n: int, who: str, limit: int) -> ArgumentError:
         >>> str(e.spelled({"reader": "--model reader"}))
         'the text is 601 tokens and qkv-lm takes at most 65; shorten it, or read it with --model reader (up to 131,072 tokens)'
     """
-    from qkv.reader.train import ReaderTrainConfig
+    from qkv.reader import max_positions
 
-    most = ReaderTrainConfig.max_positions
+    most = max_positions()
     reader = Message(", or read it with {reader} (up to {most:,} tokens)", most=most) if limit < most else ""
     return ArgumentError("text", "the text is {n:,} tokens and {who} takes at most {limit:,}; "
                          "shorten it{reader_note}", n=n, who=who, limit=limit, reader_note=reader)

@@ -10,3 +10,17 @@ lm``). The trained checkpoint ships in ``qkv/data/reader``: ``qkv.load("reader")
 #: ``qkv view --file``'s default model, and the one ``qkv explain`` names for a text too long for
 #: its model
 NAME = "reader"
+
+
+def max_positions() -> int:
+    """The most tokens the shipped reader reads: its checkpoint's ``max_position_embeddings``
+    (read from ``qkv/data/reader/config.json``, so naming it imports nothing).
+
+        >>> max_positions() >= 65536
+        True
+    """
+    import json
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "data" / NAME / "config.json"
+    return int(json.loads(config.read_text(encoding="utf-8"))["max_position_embeddings"])
