@@ -160,7 +160,7 @@ def encode(model, text: str, *, unknown_ok: bool = False):
 
 
 def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
-          encoding=None, last_layer: int | None = None, earlier: bool = True) -> Traced:
+          encoding=None, last_layer: int | None = None) -> Traced:
     """Run ``model`` on ``text`` once, keeping the attention rows ``rows`` of every layer/head.
 
     Args:
@@ -170,12 +170,11 @@ def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
         last_layer: the last layer the caller reads: where the model allows it
             (:func:`stops_at_layer`), the forward stops after it and ``traces`` /
             ``hidden_states`` end there (the model's head never runs).
-        earlier: with ``last_layer``, trace the layers before it too (else theirs are None).
     """
     encoding = encoding if encoding is not None else encode(model, text)
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     if last_layer is not None and stops_at_layer(model, last_layer):
-        rows = LayerRows(last_layer, rows, earlier=earlier)
+        rows = LayerRows(last_layer, rows, earlier=True)  # the numbers of a whole trace
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=rows, output_hidden_states=True)
     rows = rows.rows if isinstance(rows, LayerRows) else rows

@@ -311,8 +311,10 @@ def explain_heads(model, text: str, *, token: str | None = None,
     position = group[-1]
     traced = trace(model, text, torch.tensor([position], device=device_of(model)), words=words,
                    encoding=encoding,
-                   last_layer=max(layer for layer, _ in heads),  # the layers after it: not run
-                   earlier=len({layer for layer, _ in heads}) > 1)  # one layer: only its trace
+                   # the layers after it: not run; the earlier ones traced too, so one head's
+                   # numbers are the same whichever heads are asked with it (a traced row runs
+                   # the reference path, whose rounding its later layers then read)
+                   last_layer=max(layer for layer, _ in heads))
     out = []
     for layer, head in heads:
         layer_trace = traced.traces[layer].self_attn
