@@ -30,7 +30,8 @@ assert built.returncode == 0 and built.stdout.startswith(('qkv kernels:', 'note:
 print('build:', built.stdout.strip().splitlines()[-1][:60])
 from qkv.view import page
 files = page.static_files()
-assert all(name in files for pair in page.PAGES.values() for name in pair), sorted(files)
+wanted = {page.FRAME, page.SHARED_SCRIPT} | {n for p in page.PAGES.values() for n in (p.body, p.script, *p.styles)}
+assert wanted <= set(files), sorted(wanted - set(files))
 assert '<html' in page.page_html().lower()
 reader = qkv.load('reader')
 doc = qkv.explain.document(reader, 'the cat sat on the mat. ' * 40)
