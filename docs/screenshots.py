@@ -1,4 +1,5 @@
-"""Regenerate the viewer's screenshots in docs/img/ (README, "qkv view"): Playwright + Debian's chromium.
+"""Regenerate the viewer's screenshots in docs/img/ (README, "qkv view"), and the API reference's
+(docs-api.png: site/api/explain.html, built first with mkdocs): Playwright + Debian's chromium.
 
     .venv/bin/python docs/screenshots.py
 
@@ -11,7 +12,10 @@ views the docs show besides (model view, head view, steps, dark, a translation).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -138,5 +142,22 @@ def shoot_atlas(browser, uri: str) -> None:
     page.close()
 
 
+def shoot_api() -> None:
+    """The built API page (site/api/explain.html, as `make docs` builds it) at the overview's
+    entry, opened from file:// — the rendered Args/Returns tables and an example with "<s>"."""
+    root = OUT.parent.parent
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet"], cwd=root, env=env, check=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"))
+        page = browser.new_page(viewport={"width": 1400, "height": 900}, device_scale_factor=1)
+        page.goto((root / "site" / "api" / "explain.html").as_uri() + "#qkv.explain.overview.attention_sink")
+        page.wait_for_timeout(500)
+        page.screenshot(path=OUT / "docs-api.png")
+        browser.close()
+    print("wrote docs-api.png")
+
+
 if __name__ == "__main__":
     main()
+    shoot_api()
