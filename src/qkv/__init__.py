@@ -1,5 +1,6 @@
 """qkv — transformer self-attention, computed exactly and explained number by number.
 
+Examples:
     >>> import torch, qkv
     >>> q = k = v = torch.randn(1, 2, 4, 8)                # (b, h, t, d)
     >>> qkv.scaled_dot_product_attention(q, k, v).shape
@@ -8,8 +9,8 @@
     >>> model.embed(["The dog ate it."]).shape
     torch.Size([1, 384])
 
-The names below are imported when first used (PEP 562), so ``import qkv`` costs no torch
-import: the ``qkv`` command answers ``--help`` and argument errors without it (about 3 s of CPU).
+The names below are imported when first used (PEP 562), so `import qkv` costs no torch
+import: the `qkv` command answers `--help` and argument errors without it (about 3 s of CPU).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (__getattr__ reads 
 
 
 def _public() -> dict[str, str]:
-    """Each public name → its module, read from the ``TYPE_CHECKING`` imports above: one list,
+    """Each public name → its module, read from the `TYPE_CHECKING` imports above: one list,
     which static readers (the API reference's griffe, type checkers) read too."""
     with open(os.path.join(os.path.dirname(__file__), "__init__.py"), encoding="utf-8") as f:
         tree = ast.parse(f.read())
@@ -51,8 +52,8 @@ __all__ = list(_WHERE)
 
 
 def __getattr__(name: str):
-    """``qkv.load``, ``qkv.MultiHeadAttention`` …: imported from their module on first use; any
-    other name is a sub-package (``qkv.explain``, ``qkv.masks``) imported the same way."""
+    """`qkv.load`, `qkv.MultiHeadAttention` …: imported from their module on first use; any
+    other name is a sub-package (`qkv.explain`, `qkv.masks`) imported the same way."""
     if name in _WHERE and _WHERE[name] != f"qkv.{name}":
         value = getattr(importlib.import_module(_WHERE[name]), name)
     else:

@@ -1,7 +1,7 @@
 """The one exception type for mistakes a user can fix (bad files, names, text, options).
 
-The CLI prints ``qkv: error: <message>`` and exits with code 2 for these, never a traceback.
-It subclasses ``ValueError`` so library callers can catch either.
+The CLI prints `qkv: error: <message>` and exits with code 2 for these, never a traceback.
+It subclasses `ValueError` so library callers can catch either.
 """
 
 

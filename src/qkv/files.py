@@ -1,28 +1,28 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of either.
 
 The new content is written to a temporary file in the target's directory, flushed to disk, and
-moved onto the target with ``os.replace`` (one atomic rename within a filesystem). If anything
+moved onto the target with `os.replace` (one atomic rename within a filesystem). If anything
 fails — the write itself, a full disk, a Ctrl-C — the temporary file is removed and the target is
 left as it was.
 
-The temporary file is created with mode ``0o666`` and the kernel applies the process umask, so
-the result has the same permissions as any new file. (``tempfile.mkstemp`` would make it ``0600``,
+The temporary file is created with mode `0o666` and the kernel applies the process umask, so
+the result has the same permissions as any new file. (`tempfile.mkstemp` would make it `0600`,
 and fixing that afterwards needs the umask, which Python can only read by setting it.) A file
-that is overwritten keeps its own permission bits, as it would with ``>`` in a shell.
+that is overwritten keeps its own permission bits, as it would with `>` in a shell.
 
 Only regular files get the temporary file and the rename. A target that is a symbolic link is
-written through it, as ``> link`` in a shell would: the link stays, the file it points to is
+written through it, as `> link` in a shell would: the link stays, the file it points to is
 replaced atomically (a dangling link's target is created). A target that is a device or a FIFO
-(``/dev/null``, ``/dev/stdout``) is opened and written in place — renaming onto it would swap the
-device for a plain file. A directory is refused. A failed write raises ``OSError`` naming the
+(`/dev/null`, `/dev/stdout`) is opened and written in place — renaming onto it would swap the
+device for a plain file. A directory is refused. A failed write raises `OSError` naming the
 target, never the hidden temporary file.
 
-Reading from outside goes through :func:`read_regular` and :func:`read_json`: regular files only
-(a FIFO named ``config.json`` is refused at once, not read forever), JSON nested at most
-:data:`MAX_JSON_DEPTH` levels (deeper input would exhaust Python's recursion), each failure one
-:class:`~qkv.errors.QkvError` naming the file.
+Reading from outside goes through `read_regular` and `read_json`: regular files only
+(a FIFO named `config.json` is refused at once, not read forever), JSON nested at most
+`MAX_JSON_DEPTH` levels (deeper input would exhaust Python's recursion), each failure one
+`QkvError` naming the file.
 
-Example:
+Examples:
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
     ...     atomic_write_text(Path(d) / "note.txt", "hello")
@@ -50,7 +50,7 @@ _ATTEMPTS = 100  # fresh random names to try before giving up (a clash has odds 
 
 
 def _new_temp_file(path: Path) -> Path:
-    """Create an empty, unique ``.<name>.<random>.tmp`` beside ``path``; the umask sets its mode."""
+    """Create an empty, unique `.<name>.<random>.tmp` beside `path`; the umask sets its mode."""
     for _ in range(_ATTEMPTS):
         # os.urandom, not the random module: drawing from it would move the caller's seeded RNG.
         tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
@@ -64,7 +64,7 @@ def _new_temp_file(path: Path) -> Path:
 
 
 def _keep_mode(path: Path, tmp: Path) -> None:
-    """Give ``tmp`` the permission bits of the file it replaces (a 0644 or 0600 file stays so)."""
+    """Give `tmp` the permission bits of the file it replaces (a 0644 or 0600 file stays so)."""
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
@@ -73,7 +73,7 @@ def _keep_mode(path: Path, tmp: Path) -> None:
 
 
 def _destination(path: Path) -> tuple[Path, bool]:
-    """``(where the bytes go, whether it is a regular file or a new one)``: a link is followed,
+    """`(where the bytes go, whether it is a regular file or a new one)`: a link is followed,
     as a shell redirection follows it; a directory is refused."""
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
@@ -86,19 +86,19 @@ def _destination(path: Path) -> tuple[Path, bool]:
 
 
 def _named(e: OSError, path: Path) -> OSError:
-    """The same error, naming ``path`` (what the caller asked for), not a temporary file."""
+    """The same error, naming `path` (what the caller asked for), not a temporary file."""
     return type(e)(e.errno, e.strerror or str(e), str(path)) if e.errno else e
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Run ``write(tmp_path)``, then move the temporary file onto ``path`` in one step.
+    """Run `write(tmp_path)`, then move the temporary file onto `path` in one step.
 
-    ``write`` receives the path of an existing, empty file to overwrite (libraries such as
-    ``safetensors`` and matplotlib want a file name). Missing parent directories are created.
+    `write` receives the path of an existing, empty file to overwrite (libraries such as
+    `safetensors` and matplotlib want a file name). Missing parent directories are created.
     A link is written through, a device or FIFO in place (see the module's docstring).
 
     Raises:
-        OSError: the file cannot be written; ``filename`` is ``path``.
+        OSError: the file cannot be written; `filename` is `path`.
     """
     path = Path(path)
     try:
@@ -125,7 +125,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
 
 def _write_in_place(target: Path, write: Callable[[str], None]) -> None:
     """A device or FIFO: the writer fills a private temporary file, whose bytes are then copied
-    into ``target`` opened for writing (``> /dev/stdout``): the device stays a device."""
+    into `target` opened for writing (`> /dev/stdout`): the device stays a device."""
     with tempfile.TemporaryDirectory(prefix="qkv-") as d:
         tmp = os.path.join(d, "out")
         open(tmp, "wb").close()
@@ -135,14 +135,14 @@ def _write_in_place(target: Path, write: Callable[[str], None]) -> None:
 
 
 def check_writable(path: str | os.PathLike, flag: str) -> None:
-    """Fail now, before any work, when :func:`atomic_write` could not write ``path``.
+    """Fail now, before any work, when `atomic_write` could not write `path`.
 
     A regular (or new) file needs a temporary file beside it: one is created and removed, which
-    catches read-only mounts, ``/sys`` and missing permissions that ``os.access`` can miss. A
+    catches read-only mounts, `/sys` and missing permissions that `os.access` can miss. A
     device or FIFO must be writable. Missing parent directories are not created here.
 
     Raises:
-        QkvError: naming ``flag``, the path and the reason.
+        QkvError: naming `flag`, the path and the reason.
     """
     path = Path(path)
     try:
@@ -168,7 +168,7 @@ _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def read_regular(path: str | os.PathLike) -> bytes:
-    """The bytes of ``path``, which must be a regular file (a link to one is followed).
+    """The bytes of `path`, which must be a regular file (a link to one is followed).
 
     Opened without blocking and checked on the open descriptor, so a FIFO or a device is
     refused at once and a file swapped after the check is never read.
@@ -194,7 +194,7 @@ def read_regular(path: str | os.PathLike) -> bytes:
 
 
 def json_depth(text: str, limit: int) -> int:
-    """How deeply ``text``'s arrays and objects nest, counting no further than ``limit + 1``."""
+    """How deeply `text`'s arrays and objects nest, counting no further than `limit + 1`."""
     depth = deepest = 0
     for m in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
         depth += 1 if m.group() in "[{" else -1
@@ -206,10 +206,11 @@ def json_depth(text: str, limit: int) -> int:
 
 
 def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH) -> object:
-    """``json.loads`` for text from outside: UTF-8 (a BOM dropped), nesting at most
-    ``max_depth`` levels, NaN/Infinity and numbers beyond a float (1e999) refused; each failure one QkvError naming ``where``.
+    """`json.loads` for text from outside: UTF-8 (a BOM dropped), nesting at most
+    `max_depth` levels, NaN/Infinity and numbers beyond a float (1e999) refused; each failure one
+    QkvError naming `where`.
 
-    Example:
+    Examples:
         >>> parse_json('{"a": [1, 2]}', "x.json")
         {'a': [1, 2]}
     """
@@ -242,17 +243,17 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
 
 
 def read_json(path: str | os.PathLike, *, max_depth: int = MAX_JSON_DEPTH) -> object:
-    """:func:`parse_json` of the regular file ``path``."""
+    """`parse_json` of the regular file `path`."""
     return parse_json(read_regular(path), os.fspath(path), max_depth=max_depth)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    """Write `text` (UTF-8) to `path` atomically."""
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
+    """Write `data` to `path` atomically."""
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
@@ -262,7 +263,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def check_name(name: object, where: str) -> str:
-    """``name`` must be a plain file name (no directory part, not hidden, not ``..``)."""
+    """`name` must be a plain file name (no directory part, not hidden, not `..`)."""
     if (not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
             or "/" in name or "\\" in name or "\x00" in name):
         raise QkvError(f"{where}: file name {name!r} is not a plain file name inside the "
@@ -271,7 +272,7 @@ def check_name(name: object, where: str) -> str:
 
 
 def manifest_files(manifest: dict, where: str) -> dict[str, str] | None:
-    """The ``"files"`` section of a manifest, each name plain and each sha256 well-formed;
+    """The `"files"` section of a manifest, each name plain and each sha256 well-formed;
     None when the manifest has none (a checkpoint from elsewhere, e.g. the Hugging Face Hub)."""
     files = manifest.get(FILES_KEY)
     if files is None:
@@ -286,7 +287,7 @@ def manifest_files(manifest: dict, where: str) -> dict[str, str] | None:
 
 
 def verify_listed_files(directory: str | os.PathLike, files: dict[str, str]) -> None:
-    """Every listed file is a regular file in ``directory`` whose bytes match its sha256.
+    """Every listed file is a regular file in `directory` whose bytes match its sha256.
 
     Raises:
         QkvError: naming the first file that is missing, not regular, or changed.
@@ -296,10 +297,10 @@ def verify_listed_files(directory: str | os.PathLike, files: dict[str, str]) -> 
 
 
 def read_verified(path: str | os.PathLike, digest: str, what: str = "the file") -> bytes:
-    """The bytes of the listed file ``path`` (not a link: a checkpoint's files are read only
-    from its own directory), which must match the sha256 ``digest`` config.json records; the
-    bytes checked are the bytes returned. ``what`` names the file in messages (``"weights
-    file"``)."""
+    """The bytes of the listed file `path` (not a link: a checkpoint's files are read only
+    from its own directory), which must match the sha256 `digest` config.json records; the
+    bytes checked are the bytes returned. `what` names the file in messages (`"weights
+    file"`)."""
     if os.path.islink(path):
         raise QkvError(f"{os.fspath(path)}: a symbolic link, listed in config.json; a checkpoint's "
                        f"files are read only from its own directory")

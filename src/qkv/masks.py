@@ -1,14 +1,16 @@
-"""Built-in mask_mods for :func:`qkv.create_block_mask` (FlexAttention's meaning: True = takes part).
+"""Built-in mask_mods for [`qkv.create_block_mask`][qkv.create_block_mask] (FlexAttention's meaning:
+True = takes part).
 
 Each classifies its blocks from their bounds alone — no (t × s) evaluation — and composes:
 
-* :func:`causal` ``(alignment="top_left")`` — keys up to the query's own position
-* :func:`sliding_window` ``(left, right=0)`` — keys ``p_i − left … p_i + right``
-* :func:`document` ``(ids)`` — packed sequences: keys of the query's own document
-* :func:`prefix_lm` ``(prefix_len)`` — a bidirectional prefix, causal after it
-* :func:`and_masks` / :func:`or_masks` — intersection / union (also ``a & b``, ``a | b``)
+* [`causal`][qkv.masks.causal] `(alignment="top_left")` — keys up to the query's own position
+* [`sliding_window`][qkv.masks.sliding_window] `(left, right=0)` — keys `p_i − left … p_i + right`
+* [`document`][qkv.masks.document] `(ids)` — packed sequences: keys of the query's own document
+* [`prefix_lm`][qkv.masks.prefix_lm] `(prefix_len)` — a bidirectional prefix, causal after it
+* [`and_masks`][qkv.masks.and_masks] / [`or_masks`][qkv.masks.or_masks] — intersection / union (also
+  `a & b`, `a | b`)
 
-Example:
+Examples:
     >>> import torch, qkv
     >>> ids = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2])
     >>> mod = qkv.masks.and_masks(qkv.masks.document(ids), qkv.masks.causal())

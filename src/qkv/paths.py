@@ -1,9 +1,10 @@
-"""Output paths checked before any work is done: a typo in ``--png``/``--html`` costs nothing.
+"""Output paths checked before any work is done: a typo in `--png`/`--html` costs nothing.
 
-    >>> check_output_path("/no/such/dir/x.png", flag="--png", example="map.png")
-    Traceback (most recent call last):
-    ...
-    qkv.errors.QkvError: --png '/no/such/dir/x.png': the directory '/no/such/dir' does not exist
+    Examples:
+        >>> check_output_path("/no/such/dir/x.png", flag="--png", example="map.png")
+        Traceback (most recent call last):
+        ...
+        qkv.errors.QkvError: --png '/no/such/dir/x.png': the directory '/no/such/dir' does not exist
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from qkv.errors import QkvError
 
 
 def check_output_path(path: str, *, flag: str, example: str) -> None:
-    """QkvError naming ``flag`` when ``path`` is a directory or its directory is missing or not
-    writable (``example``: a file name to suggest instead of a directory)."""
+    """QkvError naming `flag` when `path` is a directory or its directory is missing or not
+    writable (`example`: a file name to suggest instead of a directory)."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise QkvError(f"{flag} {path!r} is a directory; give a file name such as {example}")

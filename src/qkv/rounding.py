@@ -1,9 +1,10 @@
 """Whether a tensor rebuilt from parts is a forward's, to rounding — the one tolerance the
-projection reader (:mod:`qkv.hf.projections`), the transformers adapter's discovery of parts
-(:mod:`qkv.hf.adapter`) and the norms' linearisation (:mod:`qkv.explain.circuits.norms`) apply. Plain torch: importing it loads nothing else
-(it lived in :mod:`qkv.hf.projections`, whose package registers with transformers on import —
-seconds that the viewer's first "why this weight" paid).
+projection reader (`qkv.hf.projections`), the transformers adapter's discovery of parts
+(`qkv.hf.adapter`) and the norms' linearisation (`qkv.explain.circuits.norms`) apply. Plain torch:
+importing it loads nothing else (it lived in `qkv.hf.projections`, whose package registers with
+transformers on import — seconds that the viewer's first "why this weight" paid).
 
+Examples:
     >>> import torch
     >>> x = torch.randn(4, 8)
     >>> close(x.double() + 1e-9, x), close(x * 1.01, x)
@@ -32,8 +33,8 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def rebuilds(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Whether ``got`` (float64, rebuilt from parts) is the forward's ``want`` to its rounding:
-    :func:`close`, or float32's where ``want`` is float64 — a float64 model computes parts in
+    """Whether `got` (float64, rebuilt from parts) is the forward's `want` to its rounding:
+    `close`, or float32's where `want` is float64 — a float64 model computes parts in
     float32 (transformers' RMSNorms and RoPE tables), and a float32 forward's numbers are often
     held in float64 to be compared."""
     return close(got, want) or (want.dtype == torch.float64 and close(got.float(), want.float()))

@@ -1,24 +1,26 @@
-"""Text from outside (argv, standard input, files) → ``str``, decoded in one place.
+"""Text from outside (argv, standard input, files) → `str`, decoded in one place.
 
 Text reaches qkv three ways, and each carries bytes that are not UTF-8 differently:
 
-* **command-line arguments** arrive as ``str`` already decoded by Python with
-  ``surrogateescape`` (PEP 383): a byte ``0xff`` becomes the lone surrogate ``U+DCFF``;
-* **standard input and files** are read as ``bytes`` and decoded here;
-* **library callers** pass ``str``; one built with ``surrogateescape`` or holding a lone
-  surrogate (``"\\ud800"``) cannot be encoded, and the tokenizer would fail on it with a
-  ``TypeError``.
+* **command-line arguments** arrive as `str` already decoded by Python with
+  `surrogateescape` (PEP 383): a byte `0xff` becomes the lone surrogate `U+DCFF`;
+* **standard input and files** are read as `bytes` and decoded here;
+* **library callers** pass `str`; one built with `surrogateescape` or holding a lone
+  surrogate (`"\\ud800"`) cannot be encoded, and the tokenizer would fail on it with a
+  `TypeError`.
 
-:func:`clean_text` turns all three into valid text or raises :class:`TextError` (a
-``ValueError``) naming the first bad byte and its position in bytes::
+`clean_text` turns all three into valid text or raises `TextError` (a
+`ValueError`) naming the first bad byte and its position in bytes:
 
-    the text is not valid UTF-8 (byte 0xff at position 8)
+```text
+the text is not valid UTF-8 (byte 0xff at position 8)
+```
 
-A leading UTF-8 byte-order mark (``EF BB BF``, ``U+FEFF``) is dropped: editors on Windows write
-one, and it is not a word. :func:`check_text` only checks (the library uses it: dropping a
+A leading UTF-8 byte-order mark (`EF BB BF`, `U+FEFF`) is dropped: editors on Windows write
+one, and it is not a word. `check_text` only checks (the library uses it: dropping a
 character there would shift the character offsets the caller gets back).
 
-Example:
+Examples:
     >>> clean_text(b"\\xef\\xbb\\xbfthe cat")
     'the cat'
     >>> clean_text(b"the cat \\xff is red")
@@ -40,10 +42,10 @@ SHOWN = 40  # characters of a user's word quoted back in a message (a 5 MB word 
 
 
 def is_blank(text: str) -> bool:
-    """True when ``text`` has nothing a model could read: only white space, control characters
+    """True when `text` has nothing a model could read: only white space, control characters
     and invisible format characters (zero-width spaces and joiners, BOMs, direction marks).
 
-    Example:
+    Examples:
         >>> is_blank("\u200b\u200d \x07\ufeff"), is_blank("a\u200b")
         (True, False)
     """
@@ -51,9 +53,9 @@ def is_blank(text: str) -> bool:
 
 
 def shown(text: str, most: int = SHOWN) -> str:
-    """``repr(text)``, cut to ``most`` characters with its length said: for messages.
+    """`repr(text)`, cut to `most` characters with its length said: for messages.
 
-    Example:
+    Examples:
         >>> shown("x" * 100, most=5)
         "'xxxxx…' (100 characters)"
     """
@@ -61,11 +63,11 @@ def shown(text: str, most: int = SHOWN) -> str:
 
 
 def check_one_line(text: str, *, what: str = "the text") -> str:
-    """``text`` unchanged, or :class:`TextError` when it holds a line break other than ``\n``
-    handling would see (``\r``, ``\v``, ``\f``, U+0085, U+2028 …): where one sentence per line
+    """`text` unchanged, or `TextError` when it holds a line break other than `\n`
+    handling would see (`\r`, `\v`, `\f`, U+0085, U+2028 …): where one sentence per line
     is read, two sentences would otherwise be merged into one without a word.
 
-    Example:
+    Examples:
         >>> check_one_line("the cat\u2028the dog")
         Traceback (most recent call last):
         qkv.text.TextError: the text holds a line break (U+2028) at character 7; put one sentence per line
@@ -78,7 +80,7 @@ def check_one_line(text: str, *, what: str = "the text") -> str:
 
 
 class TextError(QkvError):
-    """Text that is not valid UTF-8 (a ``ValueError``, like every :class:`QkvError`)."""
+    """Text that is not valid UTF-8 (a `ValueError`, like every `QkvError`)."""
 
 
 def _surrogate_error(text: str, index: int, what: str) -> TextError:
@@ -91,10 +93,10 @@ def _surrogate_error(text: str, index: int, what: str) -> TextError:
 
 
 def check_text(text: str, *, what: str = "the text") -> str:
-    """``text`` unchanged, or :class:`TextError` when it holds a lone surrogate (an undecodable
-    byte carried by ``surrogateescape``, or a broken UTF-16 pair).
+    """`text` unchanged, or `TextError` when it holds a lone surrogate (an undecodable
+    byte carried by `surrogateescape`, or a broken UTF-16 pair).
 
-    Example:
+    Examples:
         >>> check_text("naïve café")
         'naïve café'
     """
@@ -108,9 +110,9 @@ def check_text(text: str, *, what: str = "the text") -> str:
 
 
 def decode(data: bytes, *, what: str = "the text") -> str:
-    """UTF-8 bytes → ``str``; :class:`TextError` naming the first bad byte. No BOM handling.
+    """UTF-8 bytes → `str`; `TextError` naming the first bad byte. No BOM handling.
 
-    Example:
+    Examples:
         >>> decode("é".encode())
         'é'
     """
@@ -122,19 +124,19 @@ def decode(data: bytes, *, what: str = "the text") -> str:
 
 
 def clean_text(data: str | bytes, *, what: str = "the text") -> str:
-    """Bytes or a ``str`` from outside → checked text without a leading byte-order mark."""
+    """Bytes or a `str` from outside → checked text without a leading byte-order mark."""
     text = decode(data, what=what) if isinstance(data, (bytes, bytearray)) else check_text(data, what=what)
     return text[1:] if text.startswith(BOM) else text
 
 
 def read_lines(stream, *, what: str = "line"):
-    """``(number, text_or_error)`` for each line of a binary stream (numbers from 1).
+    """`(number, text_or_error)` for each line of a binary stream (numbers from 1).
 
     Each line is decoded on its own, so one bad line does not end the stream: it comes back as
-    a :class:`TextError` in place of its text. A BOM at the start of any line is dropped (``cat
-    a.txt b.txt`` puts the second file's in the middle of the stream); line ends are removed.
+    a `TextError` in place of its text. A BOM at the start of any line is dropped (`cat
+    a.txt b.txt` puts the second file's in the middle of the stream); line ends are removed.
 
-    Example:
+    Examples:
         >>> import io
         >>> [(n, str(t)) for n, t in read_lines(io.BytesIO(b"\\xef\\xbb\\xbfa\\n\\xffb\\n"))]
         [(1, 'a'), (2, 'line 2 is not valid UTF-8 (byte 0xff at position 0)')]

@@ -2,8 +2,8 @@
 
 Four tokens ("cat apple tree juice", a seed's example), tiny random embeddings plus sinusoidal
 positions, random (seeded) W_Q, W_K, W_V — then every number the seeds talk about, read from
-:func:`qkv.attention_trace`. No model is needed: this shows the arithmetic, not what training
-learns (``qkv explain`` shows that on a real model).
+[`qkv.attention_trace`][qkv.attention_trace]. No model is needed: this shows the arithmetic, not
+what training learns (`qkv explain` shows that on a real model).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ class Walkthrough:
 
 
 def worked_example(tokens: list[str], *, dim: int = 4, seed: int = 0) -> Walkthrough:
-    """Embed ``tokens`` at random (seeded), add positions, project, and attend.
+    """Embed `tokens` at random (seeded), add positions, project, and attend.
 
-    Example:
+    Examples:
         >>> w = worked_example(["cat", "apple"], dim=4)
         >>> w.trace.weights.shape          # (1, t, s)
         torch.Size([1, 2, 2])
@@ -58,7 +58,7 @@ def worked_example(tokens: list[str], *, dim: int = 4, seed: int = 0) -> Walkthr
 def _embedding(word: str, dim: int, seed: int) -> torch.Tensor:
     """A word's random (E,) embedding, the same wherever and however often the word appears.
 
-    Seeded by sha256 of the seed and the word (``hash()`` is salted per process)."""
+    Seeded by sha256 of the seed and the word (`hash()` is salted per process)."""
     digest = hashlib.sha256(f"{seed}\x00{word}".encode("utf-8", "surrogatepass")).digest()
     g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
     return torch.randn(dim, generator=g, dtype=torch.float64)
@@ -69,7 +69,7 @@ def _vec(v: torch.Tensor) -> str:
 
 
 def render(w: Walkthrough, focus: int) -> str:
-    """The step-by-step text for query token ``focus``."""
+    """The step-by-step text for query token `focus`."""
     tr, toks = w.trace, w.tokens
     d = tr.query.shape[-1]
     lines = [f"Tokens: {' '.join(toks)}   (embedding dim {w.x.shape[-1]}, d_k = {d}, seeded at random)",

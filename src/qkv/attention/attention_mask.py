@@ -5,37 +5,41 @@ Two kinds of tensor mask exist, with one meaning each (the same as torch's SDPA)
 * **bool**: True = the key takes part, False = excluded;
 * **float**: added to the scaled scores (−inf excludes, 0 leaves the score alone).
 
-Combining follows one rule (:func:`combine`): bool with bool is AND; anything with a float mask
+Combining follows one rule (`combine`): bool with bool is AND; anything with a float mask
 gives a float mask, with −inf wherever a bool part excludes. A *score bias* (ALiBi, and later
-others) is not a mask: it travels to the backends separately (the ``bias`` argument), so the
+others) is not a mask: it travels to the backends separately (the `bias` argument), so the
 explainer can show "scaled + bias" and "which keys were excluded" as two things.
 
-Structure is described, not drawn: an :class:`AttentionMask` says "causal, aligned bottom-right",
-"a window of (left, right)", "these keys are padding" or "these are packed sequences"
-(:class:`VarLen`). Its meaning is one FlexAttention ``mask_mod`` built from the built-ins of
-:mod:`qkv.attention.block_mask` (:attr:`AttentionMask.mask_mod`): the blockwise backend
-classifies blocks from it, :meth:`AttentionMask.materialize` evaluates it densely (what the
-reference path does), and the fused backend uses the description directly where torch has a
-kernel for it (its causal kernel; the padding-free grid of packed sequences).
+Structure is described, not drawn: an [`AttentionMask`][qkv.attention.attention_mask.AttentionMask]
+says "causal, aligned bottom-right", "a window of (left, right)", "these keys are padding" or "these
+are packed sequences" ([`VarLen`][qkv.attention.attention_mask.VarLen]). Its meaning is one
+FlexAttention `mask_mod` built from the built-ins of `qkv.attention.block_mask`
+([`AttentionMask.mask_mod`][qkv.attention.attention_mask.AttentionMask.mask_mod]): the blockwise
+backend classifies blocks from it,
+[`AttentionMask.materialize`][qkv.attention.attention_mask.AttentionMask.materialize] evaluates it
+densely (what the reference path does), and the fused backend uses the description directly where
+torch has a kernel for it (its causal kernel; the padding-free grid of packed sequences).
 
-A query row ``i`` sits at key position ``p_i = i + offset``, where the offset depends on the
-alignment of the (t × s) score matrix when ``t != s``::
+A query row `i` sits at key position `p_i = i + offset`, where the offset depends on the
+alignment of the (t × s) score matrix when `t != s`:
 
-    causal_alignment="top_left"  (torch's is_causal)   causal_alignment="bottom_right" (KV cache)
-    t=3, s=5: p_i = i                                  t=3, s=5: p_i = i + (s - t) = i + 2
+```text
+causal_alignment="top_left"  (torch's is_causal)   causal_alignment="bottom_right" (KV cache)
+t=3, s=5: p_i = i                                  t=3, s=5: p_i = i + (s - t) = i + 2
 
-        k0 k1 k2 k3 k4                                     k0 k1 k2 k3 k4
-    q0   1  0  0  0  0                                 q0   1  1  1  0  0
-    q1   1  1  0  0  0                                 q1   1  1  1  1  0
-    q2   1  1  1  0  0                                 q2   1  1  1  1  1
+    k0 k1 k2 k3 k4                                     k0 k1 k2 k3 k4
+q0   1  0  0  0  0                                 q0   1  1  1  0  0
+q1   1  1  0  0  0                                 q1   1  1  1  1  0
+q2   1  1  1  0  0                                 q2   1  1  1  1  1
+```
 
 With a KV cache the new queries are the *last* t of s positions, so bottom-right is the
-alignment that decoding needs. When ``t > s`` bottom-right leaves the first ``t - s`` rows with
+alignment that decoding needs. When `t > s` bottom-right leaves the first `t - s` rows with
 no key at all; those rows give an output of zeros.
 
-A window ``(left, right)`` keeps keys ``p_i - left <= j <= p_i + right`` (``None`` on a side means
-unbounded); ``is_causal`` is the window ``(None, 0)``, and both together intersect
-(:func:`~qkv.attention.block_mask.band_sides`, the one place that rule is written).
+A window `(left, right)` keeps keys `p_i - left <= j <= p_i + right` (`None` on a side means
+unbounded); `is_causal` is the window `(None, 0)`, and both together intersect
+(`band_sides`, the one place that rule is written).
 """
 
 from __future__ import annotations
@@ -66,9 +70,9 @@ def structural_mask(
     device: torch.device | str | None = None,
 ) -> torch.Tensor | None:
     """The (t, s) bool mask (True = takes part) of causality and windowing, or None if neither:
-    the band mask_mod (:func:`~qkv.attention.block_mask.band`) evaluated on every (i, j).
+    the band mask_mod (`band`) evaluated on every (i, j).
 
-    Example:
+    Examples:
         >>> structural_mask(2, 3, is_causal=True, causal_alignment="bottom_right").int()
         tensor([[1, 1, 0],
                 [1, 1, 1]], dtype=torch.int32)
@@ -79,7 +83,7 @@ def structural_mask(
 
 def evaluate(mod: MaskMod, t: int, s: int, *, device: torch.device | str | None = None) -> torch.Tensor:
     """A mask_mod on every (query i, key j) of a (t × s) score matrix: bool (B', t, s) when it
-    holds per-batch data (B' = its ``batch``), (t, s) otherwise — or narrower where the mask_mod
+    holds per-batch data (B' = its `batch`), (t, s) otherwise — or narrower where the mask_mod
     does not depend on the query (key padding alone: (B', 1, s)). O(t · s): the reference path's
     and the tests' view; the blockwise backend classifies blocks instead."""
     mod = mod.bind(t, s)
@@ -92,9 +96,9 @@ def evaluate(mod: MaskMod, t: int, s: int, *, device: torch.device | str | None 
 def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """The one rule: all bool → AND; any float → float, −inf where a bool part excludes.
 
-    Masks must broadcast together; ``None`` parts are skipped (all ``None`` → ``None``).
+    Masks must broadcast together; `None` parts are skipped (all `None` → `None`).
 
-    Example:
+    Examples:
         >>> keep = torch.tensor([True, False])
         >>> combine(keep, torch.tensor([True, True])).tolist()
         [True, False]
@@ -120,7 +124,7 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
 def as_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """A mask as the float added to the scores: bool True → 0, False → −inf; float as is.
 
-    Example:
+    Examples:
         >>> as_additive(torch.tensor([True, False]), torch.float32).tolist()
         [0.0, -inf]
     """
@@ -133,14 +137,14 @@ def as_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor |
 
 # Kept under its old name: tests and users combine a user mask with a structural one.
 def combine_masks(attn_mask: torch.Tensor | None, structure: torch.Tensor | None) -> torch.Tensor | None:
-    """``combine(attn_mask, structure)`` that returns an input unchanged when the other is None."""
+    """`combine(attn_mask, structure)` that returns an input unchanged when the other is None."""
     return combine(attn_mask, structure)
 
 
 def padding_mask(lengths: torch.Tensor, s: int) -> torch.Tensor:
     """(b,) lengths → (b, 1, 1, s) bool key mask, True for real tokens.
 
-    Example:
+    Examples:
         >>> padding_mask(torch.tensor([1, 3]), 3)[:, 0, 0].int()
         tensor([[1, 0, 0],
                 [1, 1, 1]], dtype=torch.int32)
@@ -156,12 +160,14 @@ class VarLen:
 
     Attention stays inside each sequence (a block-diagonal mask); causality and windows apply
     within a sequence. Built once per batch and shared by every layer. For a backend that wants
-    the sequences apart, ``index`` says where each packed token sits in an (n · max_len) grid::
+    the sequences apart, `index` says where each packed token sits in an (n · max_len) grid:
 
-        packed  a0 a1 a2 b0 b1            grid  a0 a1 a2      (n = 2, max_len = 3)
-        index    0  1  2  3  4                  b0 b1 ·       (· = padding, excluded as a key)
+    ```text
+    packed  a0 a1 a2 b0 b1            grid  a0 a1 a2      (n = 2, max_len = 3)
+    index    0  1  2  3  4                  b0 b1 ·       (· = padding, excluded as a key)
+    ```
 
-    Fields:
+    Attributes:
         lengths: tokens per sequence (Python ints, each >= 1).
         cu_seqlens: (n + 1,) int64 cumulative lengths [0, l_0, l_0 + l_1, …] (flash-attn's).
         max_len: the longest sequence.
@@ -170,7 +176,7 @@ class VarLen:
         index: (N,) each token's row in the (n · max_len) grid.
         real: (n, max_len) bool, True where the grid holds a token.
 
-    Example:
+    Examples:
         >>> vl = VarLen.from_lengths([3, 2])
         >>> vl.cu_seqlens.tolist(), vl.position.tolist(), vl.index.tolist()
         ([0, 3, 5], [0, 1, 2, 0, 1], [0, 1, 2, 3, 4])
@@ -217,8 +223,8 @@ class VarLen:
 
 
 class cached_property(functools.cached_property):
-    """``functools.cached_property`` without Python 3.11's lock (3.12 dropped it): torch.compile
-    cannot enter an ``RLock``, and a traced forward reads ``band`` and ``mask_mod``."""
+    """`functools.cached_property` without Python 3.11's lock (3.12 dropped it): torch.compile
+    cannot enter an `RLock`, and a traced forward reads `band` and `mask_mod`."""
 
     def __get__(self, instance, owner=None):
         if instance is None:
@@ -233,21 +239,22 @@ class cached_property(functools.cached_property):
 @dataclass(frozen=True, eq=False)
 class AttentionMask:
     """Which keys each query may use, as a description a backend may materialise or not; its
-    meaning is one mask_mod (:attr:`mask_mod`).
+    meaning is one mask_mod ([`mask_mod`][qkv.attention.attention_mask.AttentionMask.mask_mod]).
 
     Fields (all optional; the default lets every query see every key):
-        causal: query i sees keys up to its own position (see ``alignment``).
-        alignment: ``"top_left"`` or ``"bottom_right"`` — where the diagonal lies when t ≠ s.
-        window: ``(left, right)`` keys within p_i − left … p_i + right (None = unbounded side).
-        key_padding: (..., s) bool, True for real keys; ``...`` are the batch dims in front of
+        causal: query i sees keys up to its own position (see `alignment`).
+        alignment: `"top_left"` or `"bottom_right"` — where the diagonal lies when t ≠ s.
+        window: `(left, right)` keys within p_i − left … p_i + right (None = unbounded side).
+        key_padding: (..., s) bool, True for real keys; `...` are the batch dims in front of
             the heads, e.g. (b, s) for (b, h, t, d) queries.
         dense: a tensor mask (bool or float, see the module doc) broadcastable to (..., t, s).
-        varlen: packed sequences (:class:`VarLen`); t = s = N, attention within each sequence.
-        block: a :class:`~qkv.attention.block_mask.BlockMask` (any ``mask_mod``, e.g. from
-            :mod:`qkv.masks`), built for this call's (B, H, t, s); it stands alone (no other
+        varlen: packed sequences ([`VarLen`][qkv.attention.attention_mask.VarLen]); t = s = N,
+        attention within each sequence. block: a [`BlockMask`][qkv.attention.block_mask.BlockMask]
+        (any `mask_mod`, e.g. from
+            [`qkv.masks`][qkv.masks]), built for this call's (B, H, t, s); it stands alone (no other
             field may be set with it), and the blockwise backend visits only its non-empty blocks.
 
-    Example:
+    Examples:
         >>> m = AttentionMask(causal=True, key_padding=torch.tensor([[True, True, False]]))
         >>> m.materialize(3, 3)[0, 0].int()          # (b, 1, t, s) bool
         tensor([[1, 0, 0],
@@ -279,9 +286,9 @@ class AttentionMask:
         """The description as one FlexAttention mask_mod (True = takes part), built from the
         built-ins: the band, key padding as a per-key mask over the flattened batch, packed
         sequences as documents, AND-ed; a block mask's own mask_mod. None when every key takes
-        part. ``dense`` is a tensor, not structure: it is not part of it (``materialize`` adds it).
+        part. `dense` is a tensor, not structure: it is not part of it (`materialize` adds it).
 
-        Example:
+        Examples:
             >>> m = AttentionMask(causal=True, window=(1, None))
             >>> m.mask_mod(0, 0, torch.tensor([[2]]), torch.arange(4)).int().tolist()
             [[0, 1, 1, 0]]
@@ -303,11 +310,11 @@ class AttentionMask:
             and self.varlen is None and self.block is None
 
     def with_(self, **changes) -> "AttentionMask":
-        """A copy with some fields changed (``dataclasses.replace``)."""
+        """A copy with some fields changed (`dataclasses.replace`)."""
         return replace(self, **changes)
 
     def padding_for(self, rank: int) -> torch.Tensor | None:
-        """``key_padding`` (..., s) shaped to broadcast against (..., [h,] t, s) scores."""
+        """`key_padding` (..., s) shaped to broadcast against (..., [h,] t, s) scores."""
         if self.key_padding is None:
             return None
         kp = self.key_padding.unsqueeze(-2)  # (..., 1, s): every query row
@@ -316,10 +323,11 @@ class AttentionMask:
     def materialize(self, t: int, s: int, *, rank: int = 4,
                     device: torch.device | str | None = None) -> torch.Tensor | None:
         """The whole description as one tensor mask broadcastable to (..., t, s), or None:
-        :attr:`mask_mod` evaluated on every (i, j), combined with ``dense``.
+        [`mask_mod`][qkv.attention.attention_mask.AttentionMask.mask_mod] evaluated on every (i, j),
+        combined with `dense`.
 
-        Bool unless ``dense`` is float (then float, −inf where excluded). ``rank`` is the rank
-        of the scores (4 for (b, h, t, s)), used to place ``key_padding``'s dims.
+        Bool unless `dense` is float (then float, −inf where excluded). `rank` is the rank
+        of the scores (4 for (b, h, t, s)), used to place `key_padding`'s dims.
         """
         device = device if device is not None else _device_of(self)
         if self.block is not None:  # built for this call's (B, H): its own tiles, already placed

@@ -1,41 +1,45 @@
-"""Attention backends, registered by name behind one signature, and the ``"auto"`` rule.
+"""Attention backends, registered by name behind one signature, and the `"auto"` rule.
 
 Every backend takes already-validated tensors and a mask *description* and returns the output
-``(..., t, dv)``::
+`(..., t, dv)`:
 
-    backend(query, key, value, *, mask: AttentionMask, bias, dropout_p, scale, enable_gqa) -> Tensor
+```text
+backend(query, key, value, *, mask: AttentionMask, bias, dropout_p, scale, enable_gqa) -> Tensor
+```
 
-``mask`` (:class:`~qkv.attention.attention_mask.AttentionMask`) says causal / window / padding / packed
-sequences / a dense tensor; ``bias`` is a float score bias (ALiBi) or None. A backend chooses
-what to materialise:
+`mask` ([`AttentionMask`][qkv.attention.attention_mask.AttentionMask]) says causal / window /
+padding / packed sequences / a dense tensor; `bias` is a float score bias (ALiBi) or None. A backend
+chooses what to materialise:
 
-* ``"reference"`` — :func:`qkv.attention.reference.reference_attention`, the readable math; it
+* `"reference"` — `qkv.attention.reference.reference_attention`, the readable math; it
   materialises the whole mask.
-* ``"fused"`` — ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's flash /
-  memory-efficient / math kernels). Plain top-left causality goes to it as ``is_causal=True`` so
+* `"fused"` — `torch.nn.functional.scaled_dot_product_attention` (PyTorch's flash /
+  memory-efficient / math kernels). Plain top-left causality goes to it as `is_causal=True` so
   its causal kernel runs; packed sequences are laid out in a padded grid (see
-  :class:`~qkv.attention.attention_mask.VarLen`) so each runs with its own keys only; everything else is
-  materialised into one mask.
-* ``"blockwise"`` — the non-empty blocks of a :class:`~qkv.attention.block_mask.BlockMask` only
+  [`VarLen`][qkv.attention.attention_mask.VarLen]) so each runs with its own keys only; everything
+  else is materialised into one mask.
+* `"blockwise"` — the non-empty blocks of a [`BlockMask`][qkv.attention.block_mask.BlockMask] only
   (structure only: no dense mask, bias or dropout); O(N) memory, exact, differentiable, and it
-  gives the log-sum-exp. It runs :mod:`qkv.attention.spans` (torch's fused CPU kernel once per
-  span, merged by lse) where that can answer, else :mod:`qkv.attention.blockwise` (the readable
-  pure-torch online softmax): for ``softcap=``, a value head size ≠ the query's, or non-CPU
-  tensors (:func:`qkv.attention.spans.supports`).
+  gives the log-sum-exp. It runs `qkv.attention.spans` (torch's fused CPU kernel once per
+  span, merged by lse) where that can answer, else `qkv.attention.blockwise` (the readable
+  pure-torch online softmax): for `softcap=`, a value head size ≠ the query's, or non-CPU
+  tensors (`qkv.attention.spans.supports`).
   Inside spans, a window's forward and an interval mask's backward run qkv's C++ kernel where
-  set-up built it (:func:`qkv.attention.kernels.attention`; ``kernels.use_kernel(False)`` selects
+  set-up built it (`qkv.attention.kernels.attention`; `kernels.use_kernel(False)` selects
   the pure-torch spans path).
-* ``"auto"`` — the dispatch rule, in :func:`choose_backend` and nowhere else.
+* `"auto"` — the dispatch rule, in `choose_backend` and nowhere else.
 
-Each backend declares what it can do when it registers (:class:`Capabilities`: the log-sum-exp
-``(..., h, t)`` for ``return_lse=True`` and the sinks merged from it, ``softcap``, a tensor mask,
+Each backend declares what it can do when it registers (`Capabilities`: the log-sum-exp
+`(..., h, t)` for `return_lse=True` and the sinks merged from it, `softcap`, a tensor mask,
 a score bias, dropout, dv ≠ d, device types); the public functions check a call against them
-and the tests are parametrised over the registry (:func:`backends_with`)::
+and the tests are parametrised over the registry (`backends_with`):
 
-    backend      lse  softcap  tensor mask  bias  dropout  dv ≠ d  devices
-    reference    yes  yes      yes          yes   yes      yes     any
-    blockwise    yes  yes      no           no    no       yes     any
-    fused        no   no       yes          yes   yes      yes     any
+```text
+backend      lse  softcap  tensor mask  bias  dropout  dv ≠ d  devices
+reference    yes  yes      yes          yes   yes      yes     any
+blockwise    yes  yes      no           no    no       yes     any
+fused        no   no       yes          yes   yes      yes     any
+```
 """
 
 from __future__ import annotations
@@ -76,8 +80,8 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do, declared once at :func:`register_backend`; calls are checked
-    against it (:meth:`refuses`) and tests select backends by it (:func:`backends_with`)."""
+    """What a backend can do, declared once at `register_backend`; calls are checked
+    against it (`refuses`) and tests select backends by it (`backends_with`)."""
 
     lse: bool = False  # return_lse=True gives (output, lse); sinks are merged from the lse
     softcap: bool = False  # Gemma 2's logit cap inside its scores (an lse backend's argument)
@@ -110,7 +114,7 @@ WORDS = dict(lse="the log-sum-exp", softcap="softcap=", dense_mask="a tensor att
 
 @dataclass(frozen=True, eq=False)
 class RegisteredBackend:
-    """A registry row: the backend, its ``(output, lse)`` variant (lse backends) and what it can do.
+    """A registry row: the backend, its `(output, lse)` variant (lse backends) and what it can do.
     Called like the backend itself."""
 
     name: str
@@ -127,17 +131,17 @@ BACKENDS: dict[str, RegisteredBackend] = {}
 
 def register_backend(name: str, *, with_lse: Callable | None = None,
                      **capabilities) -> Callable[[Backend], Backend]:
-    """Decorator: make a backend selectable as ``backend=name``, with what it can do.
+    """Decorator: make a backend selectable as `backend=name`, with what it can do.
 
-    ``with_lse``: the same backend returning ``(output, lse)`` (lse (..., h, t) float32; float64
-    for float64 inputs) and taking ``softcap=`` — the backend then serves ``return_lse=True``
-    and sinks. ``capabilities``: the fields of :class:`Capabilities` other than ``lse`` (a new
-    backend says what it cannot do: ``bias=False``, ``devices=("cpu",)`` …).
+    `with_lse`: the same backend returning `(output, lse)` (lse (..., h, t) float32; float64
+    for float64 inputs) and taking `softcap=` — the backend then serves `return_lse=True`
+    and sinks. `capabilities`: the fields of `Capabilities` other than `lse` (a new
+    backend says what it cannot do: `bias=False`, `devices=("cpu",)` …).
 
-    A name is registered once: registering it again raises ``ValueError`` (a silent replacement
-    would change every caller's numbers). ``"auto"`` is reserved for the dispatch rule.
+    A name is registered once: registering it again raises `ValueError` (a silent replacement
+    would change every caller's numbers). `"auto"` is reserved for the dispatch rule.
 
-    Example:
+    Examples:
         >>> @register_backend("mine", bias=False, dropout=False)   # doctest: +SKIP
         ... def mine(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa): ...
     """
@@ -159,14 +163,14 @@ def register_backend(name: str, *, with_lse: Callable | None = None,
 
 
 def backends_with(**needs) -> list[str]:
-    """The registered backends that can run a call needing ``needs`` (the arguments of
-    :meth:`Capabilities.refuses`), in registration order: ``backends_with(lse=True)`` →
-    ``["reference", "blockwise"]``."""
+    """The registered backends that can run a call needing `needs` (the arguments of
+    `Capabilities.refuses`), in registration order: `backends_with(lse=True)` →
+    `["reference", "blockwise"]`."""
     return [name for name, b in BACKENDS.items() if not b.capabilities.refuses(**needs)]
 
 
 def backend_for(name: str, **needs) -> RegisteredBackend:
-    """The registry row ``name`` after checking it can run the call: ValueError naming the
+    """The registry row `name` after checking it can run the call: ValueError naming the
     backend, what it lacks and the backends that have it."""
     row = BACKENDS.get(name)
     if row is None:
@@ -180,7 +184,7 @@ def backend_for(name: str, **needs) -> RegisteredBackend:
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """(..., h_kv, s, d) → (..., h_kv·groups, s, d): each key/value head serves ``groups`` query heads."""
+    """(..., h_kv, s, d) → (..., h_kv·groups, s, d): each key/value head serves `groups` query heads."""
     return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
 
 
@@ -190,8 +194,8 @@ def gqa_groups(query: torch.Tensor, key: torch.Tensor, enable_gqa: bool) -> int:
 
 
 def reference_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
-    """The reference path's ``(output, lse)``; lse (..., h, t) in float32 (float64 inputs: float64).
-    ``softcap``: Gemma 2's logit cap (see :func:`~qkv.attention.reference.reference_attention`)."""
+    """The reference path's `(output, lse)`; lse (..., h, t) in float32 (float64 inputs: float64).
+    `softcap`: Gemma 2's logit cap (see `reference_attention`)."""
     groups = gqa_groups(query, key, enable_gqa)
     dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
     trace = reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
@@ -207,7 +211,7 @@ def reference_backend(query, key, value, *, mask, bias, dropout_p, scale, enable
 
 
 def blockwise_with_lse(query, key, value, *, mask, bias, dropout_p, scale, enable_gqa, softcap=None):
-    """The blockwise backend's ``(output, lse)`` (see :mod:`qkv.attention.blockwise`)."""
+    """The blockwise backend's `(output, lse)` (see `qkv.attention.blockwise`)."""
     if query.numel() == 0 or key.numel() == 0:  # nothing to tile (no heads, rows, keys or dims)
         return reference_with_lse(query, key, value, mask=mask, bias=bias, dropout_p=dropout_p,
                                   scale=scale, enable_gqa=enable_gqa, softcap=softcap)
@@ -248,14 +252,14 @@ def nan_rows(query: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def _nan_keys(query, key, out, *, mask: AttentionMask, bias):
     """NaN in → NaN out for keys: a row that sees a key holding a NaN gives a NaN row, even where
     torch's CPU kernel gives 0 (a row whose only keys hold a NaN). One check of the keys; only
-    when one holds a NaN is the mask asked which rows see it (materialised, as ``_fused`` did,
+    when one holds a NaN is the mask asked which rows see it (materialised, as `_fused` did,
     except for torch's causal kernel).
 
     The kernel's only way to lose a NaN key is to treat a row whose keys all hold NaN as a row
     with no key: its output row is exact zeros. Any other row that sees a NaN key sums a NaN and
     is NaN already. So the keys are read only when some output row is all zeros: in KV-cache
     decoding (t = 1 against a long cache) reading them cost as much as the attention itself.
-    Traced (``torch.compile``) the rule runs without those checks: a branch on the numbers
+    Traced (`torch.compile`) the rule runs without those checks: a branch on the numbers
     would break the graph.
     """
     if out.numel() == 0 or not torch.compiler.is_compiling() and (
@@ -275,14 +279,14 @@ def _nan_keys(query, key, out, *, mask: AttentionMask, bias):
 
 def causal_only(mask: AttentionMask) -> bool:
     """Causal and nothing else — no window, key padding, packed sequences, tensor or block mask —
-    in either alignment. The one "plain causal" test: torch's kernel (:func:`_torch_causal`) and
-    the ``"auto"`` rule's causal row ask it."""
+    in either alignment. The one "plain causal" test: torch's kernel (`_torch_causal`) and
+    the `"auto"` rule's causal row ask it."""
     return (mask.causal and mask.window is None and mask.key_padding is None and mask.varlen is None
             and mask.dense is None and mask.block is None)
 
 
 def _torch_causal(mask: AttentionMask, bias, t: int, s: int) -> bool:
-    """Whether torch's ``is_causal=True`` is the whole mask: causal only, no bias, the diagonal
+    """Whether torch's `is_causal=True` is the whole mask: causal only, no bias, the diagonal
     top-left (bottom-right with t == s is the same thing), so torch's own causal kernel runs."""
     return bias is None and causal_only(mask) and (mask.alignment == "top_left" or t == s)
 
@@ -346,30 +350,32 @@ def _fused_varlen(query, key, value, *, mask: AttentionMask, dropout_p, scale, e
 def choose_backend(query: torch.Tensor, key: torch.Tensor, mask: AttentionMask | None = None, *,
                    bias: torch.Tensor | None = None, dropout_p: float = 0.0,
                    return_lse: bool = False) -> str:
-    """The ``"auto"`` rule — this table and nothing else (first matching row wins)::
+    """The `"auto"` rule — this table and nothing else (first matching row wins):
 
-        case                                              backend      path inside it
-        ------------------------------------------------  -----------  ----------------------------
-        empty q or k (t, s, b, h, h_kv or d = 0)          reference    (kernels' behaviour varied)
-        traced by torch.compile: return_lse / fused       reference /  (the blockwise plan is Python
-                                                          fused         over the mask's blocks)
-        block_mask= or return_lse=True, structure only    blockwise    spans (softcap: pure torch)
-          … with a dense mask, a bias or dropout          reference
-        window, s ≥ BLOCKWISE_MIN_KEYS, band ≤ half a row blockwise    spans: one call for the band
-        packed sequences, longest ≥ BLOCKWISE_MIN_DOCUMENT blockwise   spans: one call per length
-        causal only (either alignment), b·h < threads     blockwise    spans: balanced causal levels
-        everything else                                   fused        torch's SDPA (is_causal kernel)
+    ```text
+    case                                              backend      path inside it
+    ------------------------------------------------  -----------  ----------------------------
+    empty q or k (t, s, b, h, h_kv or d = 0)          reference    (kernels' behaviour varied)
+    traced by torch.compile: return_lse / fused       reference /  (the blockwise plan is Python
+                                                      fused         over the mask's blocks)
+    block_mask= or return_lse=True, structure only    blockwise    spans (softcap: pure torch)
+      … with a dense mask, a bias or dropout          reference
+    window, s ≥ BLOCKWISE_MIN_KEYS, band ≤ half a row blockwise    spans: one call for the band
+    packed sequences, longest ≥ BLOCKWISE_MIN_DOCUMENT blockwise   spans: one call per length
+    causal only (either alignment), b·h < threads     blockwise    spans: balanced causal levels
+    everything else                                   fused        torch's SDPA (is_causal kernel)
+    ```
 
-    Measured (``benchmarks/long.py``, fp32, d = 64, 16k tokens; RESULTS.md, issue 21 and 10):
+    Measured (`benchmarks/long.py`, fp32, d = 64, 16k tokens; RESULTS.md, issue 21 and 10):
     torch's fused kernel is as fast as or faster than the explicit math for every size, dtype and
-    mask kind it can run, and exact (``benchmarks/attention.py``). A window visiting at most half
+    mask kind it can run, and exact (`benchmarks/attention.py`). A window visiting at most half
     of each row runs 25–45× faster by spans than SDPA over a materialised (t × s) mask. Packed
     documents of 2,048 run by spans 3–10× faster than the padded grid (whose kernel expands the key
     mask to (n, h, L, L)). Plain causal: torch's kernel splits (batch, head, query block) in
     contiguous chunks per thread, so with fewer heads than threads its first thread gets the
     cheap rows; spans' causal levels give every call equal units (1.4× torch at h = 1 on 2
     threads); with as many heads as threads, or on one thread, torch's kernel is as fast or
-    faster (0.7–1.0×), so it keeps them. Threads are torch's (``torch.get_num_threads()``).
+    faster (0.7–1.0×), so it keeps them. Threads are torch's (`torch.get_num_threads()`).
     """
     t, s = query.shape[-2], key.shape[-2]
     if query.numel() == 0 or key.numel() == 0:
@@ -406,7 +412,7 @@ CAUSAL_SPANS_MIN_LENGTH = 2048
 
 
 def _band_is_sparse(t: int, s: int, mask: AttentionMask) -> bool:
-    """Whether a window leaves each query row at most ``BLOCKWISE_MAX_FRACTION`` of its keys."""
+    """Whether a window leaves each query row at most `BLOCKWISE_MAX_FRACTION` of its keys."""
     if mask.window is None or s < BLOCKWISE_MIN_KEYS:
         return False
     left, right = band_sides(mask.causal, mask.window)

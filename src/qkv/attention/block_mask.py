@@ -1,30 +1,32 @@
 """Block masks: which tiles of the (t × s) score matrix are full, partial or empty.
 
-FlexAttention's interface (``torch.nn.attention.flex_attention``): a *mask_mod*
-``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` says whether query ``q_idx`` may use key
-``kv_idx`` (True = takes part, as everywhere in qkv). :func:`create_block_mask` cuts the score
-matrix into ``block_size × block_size`` tiles and records, for each, whether every entry takes part
-(**full**: computed unmasked), some do (**partial**: computed, then masked) or none does (**empty**:
-skipped)::
+FlexAttention's interface (`torch.nn.attention.flex_attention`): a *mask_mod*
+`mask_mod(b, h, q_idx, kv_idx) -> bool tensor` says whether query `q_idx` may use key
+`kv_idx` (True = takes part, as everywhere in qkv).
+[`create_block_mask`][qkv.attention.block_mask.create_block_mask] cuts the score matrix into
+`block_size × block_size` tiles and records, for each, whether every entry takes part (**full**:
+computed unmasked), some do (**partial**: computed, then masked) or none does (**empty**: skipped):
 
-    sliding_window(2, 0), t = s = 8, block_size = 2        block kinds
-        k0 k1 k2 k3 k4 k5 k6 k7                                kb0 kb1 kb2 kb3
-    q0   1  .  .  .  .  .  .  .                           qb0   ◩   ·   ·   ·
-    q1   1  1  .  .  .  .  .  .                           qb1   ◩   ◩   ·   ·
-    q2   1  1  1  .  .  .  .  .                           qb2   ·   ◩   ◩   ·
-    q3   .  1  1  1  .  .  .  .                           qb3   ·   ·   ◩   ◩
-    ...                                                   ■ full  ◩ partial  · empty
+```text
+sliding_window(2, 0), t = s = 8, block_size = 2        block kinds
+    k0 k1 k2 k3 k4 k5 k6 k7                                kb0 kb1 kb2 kb3
+q0   1  .  .  .  .  .  .  .                           qb0   ◩   ·   ·   ·
+q1   1  1  .  .  .  .  .  .                           qb1   ◩   ◩   ·   ·
+q2   1  1  1  .  .  .  .  .                           qb2   ·   ◩   ◩   ·
+q3   .  1  1  1  .  .  .  .                           qb3   ·   ·   ◩   ◩
+...                                                   ■ full  ◩ partial  · empty
+```
 
-The built-in masks (:mod:`qkv.masks`: ``causal``, ``sliding_window``, ``document``,
-``prefix_lm``, ``and_masks``, ``or_masks``) classify their blocks *analytically*, from block
+The built-in masks ([`qkv.masks`][qkv.masks]: `causal`, `sliding_window`, `document`,
+`prefix_lm`, `and_masks`, `or_masks`) classify their blocks *analytically*, from block
 bounds alone, without evaluating a single (q, k) pair: O(number of blocks) work. A custom
-``mask_mod`` is evaluated one block row at a time — (B, H, block_size, s) booleans, never
+`mask_mod` is evaluated one block row at a time — (B, H, block_size, s) booleans, never
 (t × s) — and the booleans of its partial blocks are kept for the attention to use.
 
 A block mask is built for one (B, H, t, s): used with other lengths, batch or heads it raises
-``ValueError`` (a silent wrong result is worse than an error).
+`ValueError` (a silent wrong result is worse than an error).
 
-Example:
+Examples:
     >>> import qkv
     >>> bm = qkv.create_block_mask(qkv.masks.causal(), None, None, 8, 8, block_size=4)
     >>> print(bm.to_string())
@@ -47,11 +49,11 @@ from typing import Callable, Sequence
 import torch
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
-"""Block kinds, ordered so that AND of two masks is the ``min`` of their kinds and OR the ``max``."""
+"""Block kinds, ordered so that AND of two masks is the `min` of their kinds and OR the `max`."""
 
 ALIGNMENTS = ("top_left", "bottom_right")
-"""Where the diagonal lies when t ≠ s: ``p_i = i`` (top-left, torch's ``is_causal``) or
-``p_i = i + s − t`` (bottom-right, what a KV cache needs). Written here once; the mask algebra,
+"""Where the diagonal lies when t ≠ s: `p_i = i` (top-left, torch's `is_causal`) or
+`p_i = i + s − t` (bottom-right, what a KV cache needs). Written here once; the mask algebra,
 the argument checks and the built-ins read it."""
 
 
@@ -59,9 +61,9 @@ the argument checks and the built-ins read it."""
 class MaskMod:
     """A mask_mod that also knows its block kinds without evaluating (q, k) pairs.
 
-    ``mod(b, h, q_idx, kv_idx)`` evaluates it on broadcasting index tensors (or Python ints, as
-    FlexAttention passes them) and returns a bool tensor. :meth:`kinds` classifies blocks from
-    their bounds. :meth:`bind` fixes what depends on the lengths (a bottom-right alignment).
+    `mod(b, h, q_idx, kv_idx)` evaluates it on broadcasting index tensors (or Python ints, as
+    FlexAttention passes them) and returns a bool tensor. `kinds` classifies blocks from
+    their bounds. `bind` fixes what depends on the lengths (a bottom-right alignment).
     """
 
     batch: int | None = None   # B, when the mask differs per batch row (document ids per row)
@@ -72,8 +74,8 @@ class MaskMod:
 
     def kinds(self, q_lo: torch.Tensor, q_hi: torch.Tensor, k_lo: torch.Tensor,
               k_hi: torch.Tensor) -> torch.Tensor:
-        """(B', 1, nq, nk) int8 block kinds for query blocks [q_lo, q_hi) and key blocks [k_lo, k_hi)
-        (global indices, ``q_lo``/``q_hi`` (nq,), ``k_lo``/``k_hi`` (nk,))."""
+        """(B', 1, nq, nk) int8 block kinds for query blocks [q_lo, q_hi) and key blocks [k_lo,
+        k_hi) (global indices, `q_lo`/`q_hi` (nq,), `k_lo`/`k_hi` (nk,))."""
         raise NotImplementedError
 
     def bind(self, t: int, s: int) -> "MaskMod":
@@ -93,10 +95,10 @@ def _index(x, device=None) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class Band(MaskMod):
-    """Keys ``p_i − left ≤ j ≤ p_i + right`` with ``p_i = i + offset`` (None = unbounded side).
+    """Keys `p_i − left ≤ j ≤ p_i + right` with `p_i = i + offset` (None = unbounded side).
 
-    ``causal()`` is ``Band(None, 0)``; ``sliding_window(left, right)`` is ``Band(left, right)``.
-    ``offset`` is ``s − t`` for a bottom-right alignment, fixed by :meth:`bind`.
+    `causal()` is `Band(None, 0)`; `sliding_window(left, right)` is `Band(left, right)`.
+    `offset` is `s − t` for a bottom-right alignment, fixed by `bind`.
     """
 
     left: int | None
@@ -144,7 +146,7 @@ class Band(MaskMod):
 
 @dataclass(frozen=True, eq=False)
 class KeysBelow(MaskMod):
-    """Keys ``kv_idx < n`` take part (the prefix of :func:`prefix_lm`)."""
+    """Keys `kv_idx < n` take part (the prefix of [`prefix_lm`][qkv.attention.block_mask.prefix_lm])."""
 
     n: int
 
@@ -160,8 +162,8 @@ class KeysBelow(MaskMod):
 def _check_lengths(what: str, have_q: int | None, have_k: int | None, t: int, s: int,
                    extent: tuple[int, int] | None) -> None:
     """A mask_mod's own lengths (document ids, a key padding row) against the (t × s) scores it
-    is bound to: equal for a whole mask; inside the bound ``extent`` for a chunk of one (``t``,
-    ``s`` then count the chunk's offset: ``q_offset + Lq``). ValueError naming both lengths —
+    is bound to: equal for a whole mask; inside the bound `extent` for a chunk of one (`t`,
+    `s` then count the chunk's offset: `q_offset + Lq`). ValueError naming both lengths —
     a shorter row would raise an IndexError later, a longer one silently mean other tokens."""
     if extent is not None:
         if t > extent[0] or s > extent[1]:
@@ -192,10 +194,10 @@ def _block_min_max(ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
 
 @dataclass(frozen=True, eq=False)
 class Document(MaskMod):
-    """Packed sequences: query i uses key j only when ``ids[i] == ids[j]``.
+    """Packed sequences: query i uses key j only when `ids[i] == ids[j]`.
 
-    ``ids`` is (N,) or (B, N) integer — a document number per token, one row per batch row —
-    and ``kv_ids`` the keys' when they differ from the queries'. Blocks are classified from each
+    `ids` is (N,) or (B, N) integer — a document number per token, one row per batch row —
+    and `kv_ids` the keys' when they differ from the queries'. Blocks are classified from each
     block's smallest and largest id: exact for sorted ids (packing), and never wrong otherwise
     (a block is called full only when all its ids are one document, empty only when the id
     ranges do not overlap).
@@ -268,7 +270,7 @@ class KeyMask(MaskMod):
 
 @dataclass(frozen=True, eq=False)
 class Combined(MaskMod):
-    """``and_masks`` / ``or_masks``: a mask_mod of mask_mods."""
+    """`and_masks` / `or_masks`: a mask_mod of mask_mods."""
 
     parts: tuple
     op: str  # "and" | "or"
@@ -317,12 +319,14 @@ def _analytic(mod) -> bool:
 
 # -- the public constructors (re-exported as qkv.masks) -----------------------------------------
 def causal(alignment: str = "top_left") -> MaskMod:
-    """Query i uses keys up to its own position ``p_i`` (see ``alignment``, as in
-    :func:`qkv.scaled_dot_product_attention`'s ``causal_alignment``)::
+    """Query i uses keys up to its own position `p_i` (see `alignment`, as in
+    [`qkv.scaled_dot_product_attention`][qkv.scaled_dot_product_attention]'s `causal_alignment`):
 
-        t=2, s=4   "top_left"       "bottom_right"
-                   q0  1 0 0 0      q0  1 1 1 0
-                   q1  1 1 0 0      q1  1 1 1 1
+    ```text
+    t=2, s=4   "top_left"       "bottom_right"
+               q0  1 0 0 0      q0  1 1 1 0
+               q1  1 1 0 0      q1  1 1 1 1
+    ```
     """
     _check_alignment(alignment)
     return Band(None, 0, alignment)
@@ -334,7 +338,7 @@ MAX_POSITION = 2**60
 
 
 def check_position(what: str, n, *, none: bool = False) -> None:
-    """``n`` is an int in [0, MAX_POSITION] (or None where ``none``), else a one-line ValueError."""
+    """`n` is an int in [0, MAX_POSITION] (or None where `none`), else a one-line ValueError."""
     if n is None and none:
         return
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
@@ -345,9 +349,9 @@ def check_position(what: str, n, *, none: bool = False) -> None:
 
 
 def sliding_window(left: int | None, right: int | None = 0, alignment: str = "top_left") -> MaskMod:
-    """Keys ``p_i − left … p_i + right`` (None = unbounded on that side); ``right=0`` is causal.
+    """Keys `p_i − left … p_i + right` (None = unbounded on that side); `right=0` is causal.
 
-    ``sliding_window(512, 0)`` is a causal window of 513 keys (the query's own and 512 before).
+    `sliding_window(512, 0)` is a causal window of 513 keys (the query's own and 512 before).
     """
     for side, w in (("left", left), ("right", right)):
         check_position(f"sliding_window {side}", w, none=True)
@@ -358,8 +362,8 @@ def sliding_window(left: int | None, right: int | None = 0, alignment: str = "to
 def document(ids: torch.Tensor | Sequence[int], kv_ids: torch.Tensor | None = None) -> MaskMod:
     """Packed sequences: a token uses only keys of its own document.
 
-    ``ids``: (N,) or (B, N) integer, the document of each token (e.g. ``[0, 0, 0, 1, 1]``).
-    Compose with causality: ``and_masks(document(ids), causal())``.
+    `ids`: (N,) or (B, N) integer, the document of each token (e.g. `[0, 0, 0, 1, 1]`).
+    Compose with causality: `and_masks(document(ids), causal())`.
     """
     ids = torch.as_tensor(ids)
     for name, x in (("ids", ids), ("kv_ids", kv_ids)):
@@ -370,7 +374,7 @@ def document(ids: torch.Tensor | Sequence[int], kv_ids: torch.Tensor | None = No
 
 
 def prefix_lm(prefix_len: int) -> MaskMod:
-    """Every query sees the first ``prefix_len`` keys (bidirectional prefix) and is causal after."""
+    """Every query sees the first `prefix_len` keys (bidirectional prefix) and is causal after."""
     check_position("prefix_len", prefix_len)
     return or_masks(causal(), KeysBelow(prefix_len))
 
@@ -392,10 +396,10 @@ def _combined(mods, op) -> MaskMod:
 
 
 def band_sides(causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:
-    """The one rule for causality with a window: causal *is* the window ``(None, 0)``, and the two
-    intersect, so the band keeps ``p_i − left ≤ j ≤ p_i + min(right, 0)`` (None = unbounded side).
+    """The one rule for causality with a window: causal *is* the window `(None, 0)`, and the two
+    intersect, so the band keeps `p_i − left ≤ j ≤ p_i + min(right, 0)` (None = unbounded side).
 
-    Example:
+    Examples:
         >>> band_sides(True, None), band_sides(True, (3, 5)), band_sides(False, (2, None))
         ((None, 0), (3, 0), (2, None))
     """
@@ -407,7 +411,7 @@ def band_sides(causal: bool, window: tuple[int | None, int | None] | None) -> tu
 
 def band(causal: bool, window: tuple[int | None, int | None] | None,
          alignment: str = "top_left") -> Band | None:
-    """Causality and a window as one :class:`Band` mask_mod (:func:`band_sides`), or None when
+    """Causality and a window as one `Band` mask_mod (`band_sides`), or None when
     neither restricts the keys."""
     left, right = band_sides(causal, window)
     return None if left is None and right is None else Band(left, right, alignment)
@@ -423,15 +427,18 @@ def _check_alignment(alignment):
 class BlockMask:
     """A mask cut into blocks: kinds per block, and what the attention needs to visit them.
 
-    Fields:
-        B, H: batch and heads the mask was built for (None = the same for every one).
-        t, s: query and key lengths.
+    Attributes:
+        B: batch and heads the mask was built for (None = the same for every one).
+        H: see `B`.
+        t: query and key lengths.
+        s: see `t`.
         block_size: the tile side.
         kinds: (B', H', nq, nk) int8: 0 empty, 1 partial, 2 full (B' ∈ {1, B}, H' ∈ {1, H}).
         mask_mod: the (bound) mask_mod.
-        q_offset, k_offset: the global index of query 0 and key 0 (chunks of a longer sequence).
-        runs: per query block row, ``(c0, c1, full)``: consecutive non-empty key blocks
-            c0 … c1−1 (non-empty for some batch row or head), ``full`` when all are full for all.
+        q_offset: the global index of query 0 and key 0 (chunks of a longer sequence).
+        k_offset: see `q_offset`.
+        runs: per query block row, `(c0, c1, full)`: consecutive non-empty key blocks
+            c0 … c1−1 (non-empty for some batch row or head), `full` when all are full for all.
         partial: per query block row, the sorted key blocks that are non-empty but not full
             for every batch row and head (the ones a run's pieces must mask).
         tiles: the booleans (B', H', bq, bk) of partial blocks of a custom mask_mod,
@@ -452,8 +459,8 @@ class BlockMask:
     partial: list = field(default_factory=list, repr=False)
 
     def pieces(self, row: int, max_blocks: int):
-        """The row's runs cut into pieces of at most ``max_blocks`` key blocks, each
-        ``(c0, c1, full)``: the blockwise loop's unit of work (a tile that stays in cache)."""
+        """The row's runs cut into pieces of at most `max_blocks` key blocks, each
+        `(c0, c1, full)`: the blockwise loop's unit of work (a tile that stays in cache)."""
         cols = self.partial[row]
         for c0, c1, full in self.runs[row]:
             for a in range(c0, c1, max_blocks):
@@ -485,7 +492,7 @@ class BlockMask:
                 f"sparsity={self.sparsity():.1f}%)")
 
     def check(self, B: int | None, H: int | None, t: int, s: int) -> None:
-        """Raise ``ValueError`` unless this mask fits (B, H, t, s) attention."""
+        """Raise `ValueError` unless this mask fits (B, H, t, s) attention."""
         if (self.t, self.s) != (t, s):
             raise ValueError(f"block_mask was built for t={self.t}, s={self.s}, but the attention has "
                              f"t={t}, s={s}; build one for these lengths")
@@ -519,7 +526,7 @@ class BlockMask:
         return out
 
     def rows_mask(self, rows: torch.Tensor, device=None) -> torch.Tensor:
-        """(B', H', r, s) bool: the mask on query rows ``rows`` (r,) only — O(r · s)."""
+        """(B', H', r, s) bool: the mask on query rows `rows` (r,) only — O(r · s)."""
         if self.tiles is None:
             b = torch.arange(self.kinds.shape[0], device=device).view(-1, 1, 1, 1)
             h = torch.arange(self.kinds.shape[1], device=device).view(1, -1, 1, 1)
@@ -535,7 +542,7 @@ class BlockMask:
 
     def materialize(self, *, rank: int = 4, device=None) -> torch.Tensor:
         """The whole (B', H', t, s) bool mask (tests and the reference path; O(t · s)),
-        with leading dims dropped to fit scores of ``rank`` < 4."""
+        with leading dims dropped to fit scores of `rank` < 4."""
         nq = self.kinds.shape[-2]
         rows = [self.dense_block(r, 0, self.kinds.shape[-1], device=device) for r in range(nq)]
         dense = torch.cat(rows, dim=-2) if rows else torch.zeros(
@@ -552,19 +559,20 @@ class BlockMask:
 def create_block_mask(mask_mod: Callable, B: int | None, H: int | None, Lq: int, Lk: int,
                       block_size: int = 128, *, q_offset: int = 0, k_offset: int = 0,
                       device: torch.device | str | None = None) -> BlockMask:
-    """A :class:`BlockMask` for ``mask_mod`` over (B, H, Lq, Lk) attention (FlexAttention's meaning).
+    """A [`BlockMask`][qkv.attention.block_mask.BlockMask] for `mask_mod` over (B, H, Lq, Lk)
+    attention (FlexAttention's meaning).
 
     Args:
-        mask_mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = takes part), a built-in from
-            :mod:`qkv.masks` (classified without evaluation) or any function of broadcasting
+        mask_mod: `mask_mod(b, h, q_idx, kv_idx) -> bool` (True = takes part), a built-in from
+            [`qkv.masks`][qkv.masks] (classified without evaluation) or any function of broadcasting
             index tensors (evaluated one block row at a time).
         B, H: batch size and query heads, or None when the mask is the same for all of them.
         Lq, Lk: query and key lengths (t, s).
         block_size: the tile side (> 0).
         q_offset, k_offset: global index of the first query / key, for a chunk of a longer
-            sequence: the mask_mod sees ``q_offset + i`` and ``k_offset + j``.
+            sequence: the mask_mod sees `q_offset + i` and `k_offset + j`.
 
-    Example:
+    Examples:
         >>> bm = create_block_mask(lambda b, h, q, k: (q - k).abs() <= 1, None, None, 6, 6, block_size=2)
         >>> bm.kinds[0, 0].tolist()
         [[2, 1, 0], [1, 2, 1], [0, 1, 2]]
@@ -637,7 +645,7 @@ def _check_size(mask_mod, B, H, Lq, Lk, block_size, device) -> None:
 
 
 def _memory_of(device) -> int | None:
-    """Bytes of memory on ``device`` (a GPU's total, the host's physical memory), if known."""
+    """Bytes of memory on `device` (a GPU's total, the host's physical memory), if known."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.mem_get_info(device)[1]
@@ -650,7 +658,7 @@ def _memory_of(device) -> int | None:
 
 
 def _bytes(n: float) -> str:
-    """``n`` bytes in decimal units: ``_bytes(6.1e13) == '61.0 TB'``."""
+    """`n` bytes in decimal units: `_bytes(6.1e13) == '61.0 TB'`."""
     unit = 0
     while n >= 1000 and unit < 4:
         n, unit = n / 1000, unit + 1
@@ -729,12 +737,13 @@ _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def block_mask_for(mask, B: int, H: int, t: int, s: int, device=None,
                    block_size: int | None = None) -> BlockMask:
-    """The :class:`BlockMask` of an :class:`~qkv.attention.attention_mask.AttentionMask` description:
-    its one compiled mask_mod (:attr:`~qkv.attention.attention_mask.AttentionMask.mask_mod`) cut into
-    blocks; a ``dense`` tensor has no block form (``ValueError``). Built once per (description,
-    shape): a model's layers share it.
+    """The [`BlockMask`][qkv.attention.block_mask.BlockMask] of an
+    [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] description: its one compiled
+    mask_mod ([`mask_mod`][qkv.attention.attention_mask.AttentionMask.mask_mod]) cut into blocks; a
+    `dense` tensor has no block form (`ValueError`). Built once per (description, shape): a model's
+    layers share it.
 
-    ``block_size`` None: 64 for a sliding window, 128 otherwise. A band's ragged ends are
+    `block_size` None: 64 for a sliding window, 128 otherwise. A band's ragged ends are
     partial tiles, about block / (w + block) of the scores a window of w visits; 64-row tiles
     halve that waste (measured, 16k tokens, one thread: w = 512 165 vs 192 ms, w = 256 108 vs
     126 ms, w = 2048 543 vs 559 ms), while documents and plain causality run 2–8 % slower with

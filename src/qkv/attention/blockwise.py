@@ -1,44 +1,50 @@
 """Blockwise attention: the online softmax (FlashAttention-2), forward and backward, O(N) memory.
 
-This is where the *online* softmax is (the one-pass softmax of ``reference.py`` made blockwise).
-For each block of ``block_size`` query rows, the key blocks that a :class:`BlockMask` marks
-non-empty are visited in runs of consecutive blocks (one matmul per run, all heads and
-grouped-query heads at once); full blocks are computed unmasked, partial ones masked, empty ones
-never touched. A running maximum ``m``, sum ``l`` and output ``acc`` are rescaled as each run
-arrives (Milakov & Gimelshein 2018; Dao 2023, *FlashAttention-2*, Algorithm 1)::
+This is where the *online* softmax is (the one-pass softmax of `reference.py` made blockwise).
+For each block of `block_size` query rows, the key blocks that a
+[`BlockMask`][qkv.attention.block_mask.BlockMask] marks non-empty are visited in runs of consecutive
+blocks (one matmul per run, all heads and grouped-query heads at once); full blocks are computed
+unmasked, partial ones masked, empty ones never touched. A running maximum `m`, sum `l` and output
+`acc` are rescaled as each run arrives (Milakov & Gimelshein 2018; Dao 2023, *FlashAttention-2*,
+Algorithm 1):
 
-    m' = max(m, rowmax(S))          p = exp(S − m')        α = exp(m − m')
-    l' = α·l + rowsum(p)            acc' = α·acc + p·V
-    out = acc / l                   lse = m + log l        (−inf and out = 0 for a row with no key)
+```text
+m' = max(m, rowmax(S))          p = exp(S − m')        α = exp(m − m')
+l' = α·l + rowsum(p)            acc' = α·acc + p·V
+out = acc / l                   lse = m + log l        (−inf and out = 0 for a row with no key)
+```
 
-The backward recomputes each block's probabilities from the saved ``lse`` (Algorithm 2):
-``P = exp(S − lse)``, ``dV += Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP − D)`` with
-``D = rowsum(dO ∘ O)``, ``dQ += dS K · scale``, ``dK += dSᵀ Q · scale``: no (t × s) tensor is
+The backward recomputes each block's probabilities from the saved `lse` (Algorithm 2):
+`P = exp(S − lse)`, `dV += Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP − D)` with
+`D = rowsum(dO ∘ O)`, `dQ += dS K · scale`, `dK += dSᵀ Q · scale`: no (t × s) tensor is
 ever held, so memory stays O(N).
 
-Arithmetic is float32 for float16/bfloat16 inputs (float64 stays float64); ``lse`` is float32
+Arithmetic is float32 for float16/bfloat16 inputs (float64 stays float64); `lse` is float32
 (float64 for float64 inputs). A NaN in a query row makes that row's output and lse NaN (qkv's
-policy on every backend, see :func:`qkv.scaled_dot_product_attention`).
+policy on every backend, see
+[`qkv.scaled_dot_product_attention`][qkv.scaled_dot_product_attention]).
 
 Functions (shapes: query (..., h, t, d), key (..., h_kv, s, d), value (..., h_kv, s, dv)):
 
-* ``blockwise_attention(q, k, v, block_mask, *, scale, enable_gqa=False) -> (out, lse)`` —
-  differentiable (an ``autograd.Function``); ``lse`` is differentiable too.
-* ``blockwise_forward(q, k, v, block_mask, *, scale, enable_gqa=False) -> (out, lse)`` and
-  ``blockwise_backward(q, k, v, out, dout, lse, block_mask, *, scale, enable_gqa=False,
-  dlse=None) -> (dq, dk, dv)`` — the two halves, pure functions without autograd.
-* For one (query chunk, key/value chunk) pair of a longer sequence (ring attention)::
+* `blockwise_attention(q, k, v, block_mask, *, scale, enable_gqa=False) -> (out, lse)` —
+  differentiable (an `autograd.Function`); `lse` is differentiable too.
+* `blockwise_forward(q, k, v, block_mask, *, scale, enable_gqa=False) -> (out, lse)` and
+  `blockwise_backward(q, k, v, out, dout, lse, block_mask, *, scale, enable_gqa=False,
+  dlse=None) -> (dq, dk, dv)` — the two halves, pure functions without autograd.
+* For one (query chunk, key/value chunk) pair of a longer sequence (ring attention):
 
-      forward_chunk(q, k, v, *, mask_mod=None, q_offset=0, k_offset=0, scale=None,
-                    enable_gqa=False, block_size=128) -> (out, lse)
-      backward_chunk(q, k, v, out, dout, lse, *, dlse=None, mask_mod=None, q_offset=0,
-                     k_offset=0, scale=None, enable_gqa=False, block_size=128) -> (dq, dk, dv)
+```text
+forward_chunk(q, k, v, *, mask_mod=None, q_offset=0, k_offset=0, scale=None,
+              enable_gqa=False, block_size=128) -> (out, lse)
+backward_chunk(q, k, v, out, dout, lse, *, dlse=None, mask_mod=None, q_offset=0,
+               k_offset=0, scale=None, enable_gqa=False, block_size=128) -> (dq, dk, dv)
+```
 
-  ``mask_mod`` is evaluated at *global* indices ``q_offset + i``, ``k_offset + j``
-  (e.g. ``qkv.masks.causal()``; None = every key). Partial results of chunks merge by lse:
-  ``lse = logaddexp(lse₁, lse₂)``, ``out = out₁·exp(lse₁ − lse) + out₂·exp(lse₂ − lse)``.
+  `mask_mod` is evaluated at *global* indices `q_offset + i`, `k_offset + j`
+  (e.g. `qkv.masks.causal()`; None = every key). Partial results of chunks merge by lse:
+  `lse = logaddexp(lse₁, lse₂)`, `out = out₁·exp(lse₁ − lse) + out₂·exp(lse₂ − lse)`.
 
-Example:
+Examples:
     >>> import torch, qkv
     >>> q = k = v = torch.randn(1, 2, 300, 16)
     >>> bm = qkv.create_block_mask(qkv.masks.sliding_window(64, 0), None, None, 300, 300)
@@ -115,7 +121,7 @@ def _check_mask(bm: BlockMask, lay: _Layout) -> None:
 class _RunMasks:
     """The additive masks (0 / −inf) of partial runs, in the scores' 3-D layout.
 
-    Added by ``baddbmm`` in the same pass as q·kᵀ (no separate masking pass). For a mask that
+    Added by `baddbmm` in the same pass as q·kᵀ (no separate masking pass). For a mask that
     depends only on k − q (causal, windows) every run at the same offset has the same mask:
     it is built once and reused (a sliding window builds one or two per call).
     """
@@ -174,8 +180,8 @@ def _scores(qb: torch.Tensor, kr: torch.Tensor, bias: torch.Tensor | None) -> to
 
 def _capped(qb: torch.Tensor, kr: torch.Tensor, mask: torch.Tensor | None,
             softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scores with Gemma 2's soft-capping ``c·tanh(s/c)`` before the mask: (scores, tanh)
-    — the tanh kept for the backward's ``1 − tanh²`` (None without a cap)."""
+    """The scores with Gemma 2's soft-capping `c·tanh(s/c)` before the mask: (scores, tanh)
+    — the tanh kept for the backward's `1 − tanh²` (None without a cap)."""
     if softcap is None:
         return _scores(qb, kr, mask), None
     scores, th = soft_cap(torch.bmm(qb, kr.transpose(1, 2)), softcap, inplace=True,
@@ -186,8 +192,8 @@ def _capped(qb: torch.Tensor, kr: torch.Tensor, mask: torch.Tensor | None,
 def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                       softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The online-softmax forward: ``(out (..., h, t, dv), lse (..., h, t))`` (see the module doc).
-    ``softcap``: scaled scores become ``softcap·tanh(s/softcap)`` before the mask (Gemma 2)."""
+    """The online-softmax forward: `(out (..., h, t, dv), lse (..., h, t))` (see the module doc).
+    `softcap`: scaled scores become `softcap·tanh(s/softcap)` before the mask (Gemma 2)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
@@ -234,9 +240,9 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 def any_nan(x: torch.Tensor) -> bool:
-    """Whether ``x`` holds a NaN: the one check per call on the path without NaN. ``amax``
-    propagates NaN and reads ``x`` once without a bool copy (4 × 16k × 64 floats, one thread:
-    0.6 ms against 8 ms for ``isnan().any(-1)`` on a 2-core AMD EPYC)."""
+    """Whether `x` holds a NaN: the one check per call on the path without NaN. `amax`
+    propagates NaN and reads `x` once without a bool copy (4 × 16k × 64 floats, one thread:
+    0.6 ms against 8 ms for `isnan().any(-1)` on a 2-core AMD EPYC)."""
     return x.numel() > 0 and bool(x.amax().isnan())
 
 
@@ -257,10 +263,10 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                        dlse: torch.Tensor | None = None,
                        softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashAttention-2's backward: ``(dq, dk, dv)`` shaped like query, key, value.
+    """FlashAttention-2's backward: `(dq, dk, dv)` shaped like query, key, value.
 
-    ``dlse`` (..., h, t), optional: the gradient reaching ``lse`` (∂lse/∂S = P adds
-    ``dlse · P`` to dS), for callers that merge chunks by their log-sum-exp.
+    `dlse` (..., h, t), optional: the gradient reaching `lse` (∂lse/∂S = P adds
+    `dlse · P` to dS), for callers that merge chunks by their log-sum-exp.
     """
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
@@ -310,9 +316,9 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 class LseAttention(torch.autograd.Function):
-    """``(out, lse)`` of a forward/backward pair with FlashAttention-2's contract (the backward
-    recomputes from the saved lse and takes a gradient reaching lse as ``dlse``): this file's
-    pure-torch pair and ``spans.py``'s fused one. ``block_mask`` and ``options`` (scale, GQA,
+    """`(out, lse)` of a forward/backward pair with FlashAttention-2's contract (the backward
+    recomputes from the saved lse and takes a gradient reaching lse as `dlse`): this file's
+    pure-torch pair and `spans.py`'s fused one. `block_mask` and `options` (scale, GQA,
     softcap) are constants."""
 
     @staticmethod
@@ -336,7 +342,7 @@ class LseAttention(torch.autograd.Function):
 
 def differentiable(pair, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    block_mask: BlockMask, **options) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pair = (forward, backward)``'s ``(out, lse)``, through :class:`LseAttention` when a
+    """`pair = (forward, backward)`'s `(out, lse)`, through `LseAttention` when a
     gradient is wanted, the forward alone otherwise."""
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
         return LseAttention.apply(pair, query, key, value, block_mask, options)
@@ -346,7 +352,7 @@ def differentiable(pair, query: torch.Tensor, key: torch.Tensor, value: torch.Te
 def blockwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                         softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable blockwise attention: ``(out (..., h, t, dv), lse (..., h, t))``."""
+    """Differentiable blockwise attention: `(out (..., h, t, dv), lse (..., h, t))`."""
     return differentiable((blockwise_forward, blockwise_backward), query, key, value, block_mask,
                           scale=float(scale), enable_gqa=bool(enable_gqa), softcap=softcap)
 
@@ -363,9 +369,9 @@ def _chunk_mask(q, k, mask_mod, q_offset, k_offset, block_size) -> BlockMask:
 def forward_chunk(query, key, value, *, mask_mod=None, q_offset: int = 0, k_offset: int = 0,
                   scale: float | None = None, enable_gqa: bool = False,
                   block_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of one query chunk against one key/value chunk; the mask in global indices.
+    """`(out, lse)` of one query chunk against one key/value chunk; the mask in global indices.
 
-    Example:
+    Examples:
         >>> import torch, qkv
         >>> q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
         >>> out, lse = forward_chunk(q, k, k, mask_mod=qkv.masks.causal(), q_offset=0, k_offset=4)
@@ -380,8 +386,8 @@ def forward_chunk(query, key, value, *, mask_mod=None, q_offset: int = 0, k_offs
 def backward_chunk(query, key, value, out, dout, lse, *, dlse=None, mask_mod=None,
                    q_offset: int = 0, k_offset: int = 0, scale: float | None = None,
                    enable_gqa: bool = False, block_size: int = 128):
-    """``(dq, dk, dv)`` of one chunk pair, from the *merged* ``out`` and ``lse`` of the query rows
-    (FlashAttention-2's backward is exact per chunk when ``out``/``lse`` are the final ones)."""
+    """`(dq, dk, dv)` of one chunk pair, from the *merged* `out` and `lse` of the query rows
+    (FlashAttention-2's backward is exact per chunk when `out`/`lse` are the final ones)."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     bm = _chunk_mask(query, key, mask_mod, q_offset, k_offset, block_size)
     return blockwise_backward(query, key, value, out, dout, lse, bm, scale=scale,

@@ -1,28 +1,29 @@
 """torch's fused CPU flash-attention kernel, with its log-sum-exp, forward and backward — the one
-place qkv calls it (the spans path of :mod:`qkv.attention.spans`, ring attention's chunks).
+place qkv calls it (the spans path of `qkv.attention.spans`, ring attention's chunks).
 
     flash_forward(q, k, v, *, scale, causal=False, mask=None, nan_keys=None) -> (out, lse)
     flash_backward(dout, q, k, v, out, lse, *, scale, causal=False, mask=None) -> (dq, dk, dv)
 
 q (B, h, t, d), k and v (B, h_kv, s, d) with h a multiple of h_kv (the kernel serves query head
-``i`` from key head ``i // (h / h_kv)``, GQA without copies) — any strides: overlapping
-``as_strided`` views of one key tensor are read in place. ``mask``: an additive float mask
-(0 / −inf) broadcasting to (B, h, t, s); ``causal``: top-left. ``out`` and ``lse`` passed to the
+`i` from key head `i // (h / h_kv)`, GQA without copies) — any strides: overlapping
+`as_strided` views of one key tensor are read in place. `mask`: an additive float mask
+(0 / −inf) broadcasting to (B, h, t, s); `causal`: top-left. `out` and `lse` passed to the
 backward are the *final* (merged over every part) ones: FlashAttention-2's backward needs only
 the row's global log-sum-exp (P = exp(S − lse)) and D = rowsum(dO ∘ O), so each part's share of
 dQ, dK, dV is computed alone and the shares add up.
 
-What the kernel does that callers must know (torch 2.13, ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``):
+What the kernel does that callers must know (torch 2.13,
+`aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`):
 
 * a row whose keys are all masked gets out = 0 and lse = 0 (not −inf): callers that mask mark
-  such rows themselves (:func:`flash_forward` does, given ``mask``);
+  such rows themselves (`flash_forward` does, given `mask`);
 * a NaN in a query row gives that row out = 0 (callers restore qkv's NaN-in, NaN-out policy);
 * a row whose only visible keys hold a NaN gets out = 0 and lse = 0, as if it had no key (the
-  kernel's running max skips a NaN score); :func:`flash_forward` makes such rows NaN given
-  ``nan_keys``, and :func:`nan_key_rows` is that rule for callers of torch's public SDPA;
+  kernel's running max skips a NaN score); `flash_forward` makes such rows NaN given
+  `nan_keys`, and `nan_key_rows` is that rule for callers of torch's public SDPA;
 * q, k and v share one head size; lse is float32 for float32/bfloat16/float16, float64 for float64;
 * the work is split statically: (batch, head, block of 32/64/256 query rows) in contiguous
-  chunks per thread (``at::parallel_for``, ``torch.get_num_threads()``), key blocks of 512.
+  chunks per thread (`at::parallel_for`, `torch.get_num_threads()`), key blocks of 512.
 
 On other devices or dtypes a plain path does the same math in float32 (float64 stays float64).
 """
@@ -65,7 +66,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     """(out (B, h, t, dv), lse (B, h, t)) of softmax(q·kᵀ·scale + mask)·v; rows with no key
     (every mask entry −inf) give out = 0, lse = −inf.
 
-    ``nan_keys`` (B, h_kv, s) bool, True where a key holds a NaN (callers check once per call
+    `nan_keys` (B, h_kv, s) bool, True where a key holds a NaN (callers check once per call
     of theirs and pass None when no key does, which costs nothing): a row that sees such a key
     gets a NaN output and lse, even where the kernel would give 0 (see the module doc)."""
     if uses_kernel(q):
@@ -95,10 +96,10 @@ def nan_key_rows(nan_keys: torch.Tensor, t: int, *, heads: int | None = None, ca
     """The query rows that see a key holding a NaN: (..., h, t) bool — qkv's NaN-in, NaN-out rule
     for keys, written once (the spans path, ring attention's chunks and the fused backend ask it).
 
-    ``nan_keys`` (..., h_kv, s) bool, True where a key holds a NaN; ``heads``: the query heads h
+    `nan_keys` (..., h_kv, s) bool, True where a key holds a NaN; `heads`: the query heads h
     (a multiple of h_kv: query head i reads key head i // (h / h_kv)); None for inputs without a
-    head dim, whose ``nan_keys`` is (..., s) and result (..., t). ``causal``: top-left, row i sees
-    keys j ≤ i. ``keep``: bool broadcasting to (..., h, t, s), True where the key takes part.
+    head dim, whose `nan_keys` is (..., s) and result (..., t). `causal`: top-left, row i sees
+    keys j ≤ i. `keep`: bool broadcasting to (..., h, t, s), True where the key takes part.
     """
     bad = nan_keys
     if heads is not None and heads != bad.shape[-2]:
@@ -129,7 +130,7 @@ def flash_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    out: torch.Tensor, lse: torch.Tensor, *, scale: float, causal: bool = False,
                    mask: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This part's (dq, dk, dv) from the global ``out`` (B, h, t, dv) and ``lse`` (B, h, t);
+    """This part's (dq, dk, dv) from the global `out` (B, h, t, dv) and `lse` (B, h, t);
     dk, dv come back shaped like k, v (summed over the query heads a key head serves)."""
     lse = lse.masked_fill(lse == float("-inf"), 0.0)  # a row with no key anywhere contributes 0
     if uses_kernel(q):

@@ -1,5 +1,6 @@
 """The public attention functions: a drop-in for torch's SDPA, and the traced version.
 
+Examples:
     >>> import torch, qkv
     >>> q = k = v = torch.randn(2, 4, 7, 16)              # (b, h, t, d)
     >>> out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -35,8 +36,8 @@ def _shape(x: torch.Tensor) -> str:
 
 
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts to exactly ``target``. Plain Python on purpose:
-    ``torch.broadcast_shapes`` costs ~40 µs a call on CPU, as much as a whole small attention."""
+    """Whether `shape` broadcasts to exactly `target`. Plain Python on purpose:
+    `torch.broadcast_shapes` costs ~40 µs a call on CPU, as much as a whole small attention."""
     if len(shape) > len(target):
         return False
     return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
@@ -46,7 +47,7 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
                   causal_alignment, key_padding_mask=None, mask=None, bias=None):
     """Validate the public arguments; return the scale to use. Errors name argument and values.
 
-    Every call pays for this, so shapes are read once into tuples (each ``x.shape`` is a call
+    Every call pays for this, so shapes are read once into tuples (each `x.shape` is a call
     into torch) and nothing slower than tuple arithmetic runs unless an argument is wrong.
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -109,8 +110,8 @@ def _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
 
 
 def _check_attn_mask(attn_mask, is_causal, qs: tuple[int, ...], ks: tuple[int, ...]) -> None:
-    """torch's ``attn_mask``: a bool or float tensor broadcasting to the scores (..., t, s), and
-    not together with ``is_causal`` (qs, ks: the query's and key's shapes)."""
+    """torch's `attn_mask`: a bool or float tensor broadcasting to the scores (..., t, s), and
+    not together with `is_causal` (qs, ks: the query's and key's shapes)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise ValueError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
@@ -130,12 +131,12 @@ def _check_attn_mask(attn_mask, is_causal, qs: tuple[int, ...], ks: tuple[int, .
 
 
 def resolve_scale(scale, d: int) -> float:
-    """The scale to use: ``scale`` as a float, or 1/√d for None (1 for d = 0). The one check of
+    """The scale to use: `scale` as a float, or 1/√d for None (1 for d = 0). The one check of
     a scale argument (every backend, ring and Ulysses attention): a real number that is finite —
     a NaN or infinite scale would turn every score into NaN or ±inf.
 
     Raises:
-        ValueError: naming ``scale`` and the value (a string, a bool, NaN, ±inf, 10**400).
+        ValueError: naming `scale` and the value (a string, a bool, NaN, ±inf, 10**400).
     """
     if scale is None:
         return 1.0 / math.sqrt(d) if d else 1.0
@@ -149,7 +150,7 @@ def resolve_scale(scale, d: int) -> float:
 
 
 def check_softcap(softcap) -> float | None:
-    """``softcap`` as a float (None stays None): ValueError unless a finite number > 0."""
+    """`softcap` as a float (None stays None): ValueError unless a finite number > 0."""
     if softcap is None:
         return None
     try:
@@ -163,7 +164,7 @@ def check_softcap(softcap) -> float | None:
 
 def check_flag(name: str, x) -> bool:
     """A yes/no argument: True or False (0/1 and numpy's bools too); ValueError for anything
-    else — ``enable_gqa="no"`` is truthy and would silently mean True."""
+    else — `enable_gqa="no"` is truthy and would silently mean True."""
     if isinstance(x, torch.Tensor) or x not in (True, False):
         raise ValueError(f"{name} must be True or False, got {x!r}")
     return bool(x)
@@ -177,7 +178,7 @@ def _is_number(x) -> bool:
 
 
 def _check_devices(query: torch.Tensor, **others) -> None:
-    """Every tensor on the query's device: a ``ValueError`` naming the argument, never a kernel's
+    """Every tensor on the query's device: a `ValueError` naming the argument, never a kernel's
     RuntimeError or (the reference path across devices) uninitialised numbers."""
     for name, x in others.items():
         if isinstance(x, AttentionMask):
@@ -198,7 +199,7 @@ def _check_devices(query: torch.Tensor, **others) -> None:
 
 
 def _check_block_mask(query, key, block_mask, *, given: bool) -> None:
-    """``block_mask`` fits the call and stands alone (other masks fold into it: ``and_masks``)."""
+    """`block_mask` fits the call and stands alone (other masks fold into it: `and_masks`)."""
     if not isinstance(block_mask, BlockMask):
         raise ValueError(f"block_mask must be a BlockMask from qkv.create_block_mask, got "
                          f"{type(block_mask).__name__}")
@@ -248,7 +249,8 @@ def _check_extras(qs, ks, key_padding_mask, mask, bias, *, given: bool) -> None:
 
 
 def _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask) -> AttentionMask:
-    """The public arguments as one :class:`AttentionMask` description."""
+    """The public arguments as one [`AttentionMask`][qkv.attention.attention_mask.AttentionMask]
+description."""
     if mask is not None:
         return mask
     return AttentionMask(causal=bool(is_causal), alignment=causal_alignment,
@@ -258,8 +260,9 @@ def _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, 
 
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
              causal_alignment, key_padding_mask, mask, bias, block_mask) -> tuple[float, AttentionMask]:
-    """The public arguments checked (:func:`_check_inputs`) and read as (the scale, one
-    :class:`AttentionMask` holding every mask argument, a block mask included)."""
+    """The public arguments checked (`_check_inputs`) and read as (the scale, one
+    [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] holding every mask argument, a
+    block mask included)."""
     scale = _check_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                           window, causal_alignment, key_padding_mask, mask, bias)
     description = _describe(attn_mask, is_causal, window, causal_alignment, key_padding_mask, mask)
@@ -283,52 +286,56 @@ def scaled_dot_product_attention(
     bias: torch.Tensor | None = None, backend: str = "auto", block_mask: BlockMask | None = None,
     return_lse: bool = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``softmax(q·kᵀ · scale + mask) · v`` — a drop-in for torch's SDPA, plus what it lacks.
+    """`softmax(q·kᵀ · scale + mask) · v` — a drop-in for torch's SDPA, plus what it lacks.
 
     Args:
         query: (..., h, t, d). key: (..., h_kv, s, d). value: (..., h_kv, s, dv).
-            Without ``enable_gqa``, h_kv must equal h; any rank >= 2 works.
+            Without `enable_gqa`, h_kv must equal h; any rank >= 2 works.
         attn_mask: bool (True = the key takes part) or float (added to the scaled scores),
             broadcastable to (..., h, t, s). Same meaning as torch's.
         dropout_p: dropout probability on the weights (pass 0.0 in evaluation).
-        is_causal: query i may attend to keys up to its own position (see ``causal_alignment``).
+        is_causal: query i may attend to keys up to its own position (see `causal_alignment`).
         scale: multiplies q·kᵀ; default 1/√d.
         enable_gqa: grouped-query / multi-query attention: h must be a multiple of h_kv.
-        window: ``(left, right)`` sliding window: query i attends keys p_i−left … p_i+right
-            (``None`` on a side = unbounded). Combines with ``is_causal`` and ``attn_mask``.
-        causal_alignment: where the diagonal lies when t ≠ s::
+        window: `(left, right)` sliding window: query i attends keys p_i−left … p_i+right
+            (`None` on a side = unbounded). Combines with `is_causal` and `attn_mask`.
+        causal_alignment: where the diagonal lies when t ≠ s:
 
-              "top_left" (torch's)        "bottom_right" (decoding with a KV cache)
-              t=2, s=4                    t=2, s=4
-                  k0 k1 k2 k3                 k0 k1 k2 k3
-              q0   1  0  0  0             q0   1  1  1  0
-              q1   1  1  0  0             q1   1  1  1  1
+            ```text
+            "top_left" (torch's)        "bottom_right" (decoding with a KV cache)
+            t=2, s=4                    t=2, s=4
+                k0 k1 k2 k3                 k0 k1 k2 k3
+            q0   1  0  0  0             q0   1  1  1  0
+            q1   1  1  0  0             q1   1  1  1  1
+            ```
 
-        key_padding_mask: (..., s) bool, True for real keys (``...`` = the batch dims in front
+        key_padding_mask: (..., s) bool, True for real keys (`...` = the batch dims in front
             of the heads, e.g. (b, s)): padding as a description, not a (t, s) tensor.
-        mask: a prebuilt :class:`~qkv.attention.attention_mask.AttentionMask` (causal, window, padding,
-            packed sequences via ``VarLen``) instead of the five mask arguments above.
+        mask: a prebuilt [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] (causal,
+            window, padding, packed sequences via `VarLen`) instead of the five mask arguments
+            above.
         bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
-            scores; unlike a float ``attn_mask`` the trace keeps it apart from the mask.
-        backend: ``"auto"`` (:func:`~qkv.attention.backends.choose_backend`), or a registered name
-            (``"reference"``, ``"fused"``, ``"blockwise"``) that can do what the call asks.
-        block_mask: a :class:`~qkv.attention.block_mask.BlockMask` from
-            :func:`qkv.create_block_mask` (any ``mask_mod``; :mod:`qkv.masks` has the
-            built-ins) for this call's (b, h, t, s), instead of the mask arguments above; the
-            blockwise backend then visits only its non-empty blocks (O(N) memory).
+            scores; unlike a float `attn_mask` the trace keeps it apart from the mask.
+        backend: `"auto"` (`choose_backend`), or a registered name
+            (`"reference"`, `"fused"`, `"blockwise"`) that can do what the call asks.
+        block_mask: a [`BlockMask`][qkv.attention.block_mask.BlockMask] from
+            [`qkv.create_block_mask`][qkv.create_block_mask] (any `mask_mod`;
+            [`qkv.masks`][qkv.masks] has the built-ins) for this call's (b, h, t, s), instead of the
+            mask arguments above; the blockwise backend then visits only its non-empty blocks (O(N)
+            memory).
         return_lse: also return the log-sum-exp of each row's masked, scaled scores.
-        softcap: logit soft-capping (Gemma 2): scaled scores become ``softcap·tanh(s/softcap)``
+        softcap: logit soft-capping (Gemma 2): scaled scores become `softcap·tanh(s/softcap)`
             before bias and mask, on an lse backend (torch's kernel has no cap).
-        sinks: (h,) learned sink logits (gpt-oss): each adds ``exp(sink_h)`` to its head's
+        sinks: (h,) learned sink logits (gpt-oss): each adds `exp(sink_h)` to its head's
             softmax denominator and nothing to the output; merged from the lse
-            (:mod:`qkv.attention.sinks`), and the returned lse includes them.
+            (`qkv.attention.sinks`), and the returned lse includes them.
 
     Returns:
-        (..., h, t, dv); with ``return_lse`` the pair ``(output, lse)``, lse (..., h, t) float32
-        (float64 for float64 inputs), ``−inf`` for a row with no key. A query row with every
+        (..., h, t, dv); with `return_lse` the pair `(output, lse)`, lse (..., h, t) float32
+        (float64 for float64 inputs), `−inf` for a row with no key. A query row with every
         key masked out gives zeros, never NaN; a NaN in gives NaN out (the module doc says where).
 
-    Example:
+    Examples:
         >>> import torch, qkv
         >>> q, k, v = torch.randn(1, 8, 3, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
         >>> qkv.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
@@ -356,8 +363,8 @@ def _zero_scale(query: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]
 
 def _backend(name, query, key, value, description, bias, dropout_p, *, lse: bool,
              softcap: bool = False, why: str = "return_lse=True needs") -> RegisteredBackend:
-    """The registry row that runs the call: ``"auto"``'s choice, or the named backend checked
-    against what the call needs (its declared :class:`~qkv.attention.backends.Capabilities`)."""
+    """The registry row that runs the call: `"auto"`'s choice, or the named backend checked
+    against what the call needs (its declared `Capabilities`)."""
     if name == "auto":
         return BACKENDS[choose_backend(query, key, description, bias=bias, dropout_p=dropout_p,
                                        return_lse=lse)]
@@ -400,19 +407,22 @@ def attention_trace(
 ) -> AttentionTrace:
     """Attention with every intermediate kept: scores, scaled, masked, weights, output, lse.
 
-    Same arguments and shapes as :func:`scaled_dot_product_attention`. The trace is computed by
-    the reference path (the only one that has the intermediates), so ``backend`` may only be
-    ``"reference"`` (or ``"auto"``, which means it here). ``trace.output`` is the attention output;
-    key and value in the trace are repeated to the query's head count under ``enable_gqa``.
+    Same arguments and shapes as
+    [`scaled_dot_product_attention`][qkv.attention.functional.scaled_dot_product_attention]. The
+    trace is computed by the reference path (the only one that has the intermediates), so `backend`
+    may only be `"reference"` (or `"auto"`, which means it here). `trace.output` is the attention
+    output; key and value in the trace are repeated to the query's head count under `enable_gqa`.
 
-    ``rows`` (query positions): trace only those rows, (..., r, s) numbers instead of
+    `rows` (query positions): trace only those rows, (..., r, s) numbers instead of
     (..., t, s) — the mask is drawn for those rows alone (through the block mask's
     description), so one token of a 64k-token text costs O(s) per head. Each row's numbers are
     the ones the full trace would hold for it (rows of attention are independent).
 
-    ``softcap``, ``sinks``: as in :func:`scaled_dot_product_attention` (the trace keeps both).
+    `softcap`, `sinks`: as in
+    [`scaled_dot_product_attention`][qkv.attention.functional.scaled_dot_product_attention] (the
+    trace keeps both).
 
-    Example:
+    Examples:
         >>> import torch, qkv
         >>> q = k = v = torch.randn(1, 1, 4, 8)
         >>> tr = qkv.attention_trace(q, k, v, is_causal=True)

@@ -1,19 +1,21 @@
 """Sums of attention weights from the saved lse, blockwise: columns and tiles, O(N) memory.
 
-A forward that kept each row's log-sum-exp (``return_lse=True``) can give back any weight
-``w_ij = exp(q_i · k_j · scale − lse_i)`` (:func:`qkv.attention_weights`). Summing them over
-the query rows, one block of rows at a time over the key blocks the mask leaves non-empty, gives
-the whole-map quantities without ever holding a (t × s) matrix::
+A forward that kept each row's log-sum-exp (`return_lse=True`) can give back any weight
+`w_ij = exp(q_i · k_j · scale − lse_i)` ([`qkv.attention_weights`][qkv.attention_weights]). Summing
+them over the query rows, one block of rows at a time over the key blocks the mask leaves non-empty,
+gives the whole-map quantities without ever holding a (t × s) matrix:
 
-    received_j   = Σ_i w_ij                 how much attention key j gets (H2O's eviction score)
-    weighted_j   = Σ_i r_i w_ij             a row vector times the attention matrix (rollout)
-    tile_IJ      = Σ_{i∈I, j∈J} w_ij        a (block × block) map of the whole matrix
+```text
+received_j   = Σ_i w_ij                 how much attention key j gets (H2O's eviction score)
+weighted_j   = Σ_i r_i w_ij             a row vector times the attention matrix (rollout)
+tile_IJ      = Σ_{i∈I, j∈J} w_ij        a (block × block) map of the whole matrix
+```
 
 Cost: one q·kᵀ and one exp per visited score (the forward's first half), memory one piece of
 scores. Sums are accumulated in float64 across blocks and returned in the arithmetic dtype
 (float32; float64 for float64 inputs).
 
-Example:
+Examples:
     >>> import torch, qkv
     >>> q = k = v = torch.randn(1, 2, 300, 16)                       # (b, h, t, d)
     >>> bm = qkv.create_block_mask(qkv.masks.causal(), None, None, 300, 300)
@@ -41,7 +43,7 @@ BLOCK = 128
 
 
 def _mask(block_mask: BlockMask | None, t: int, s: int, block: int | None, device) -> BlockMask:
-    """The mask to sweep with: ``block_mask`` (rebuilt at ``block`` when its tiles differ), or
+    """The mask to sweep with: `block_mask` (rebuilt at `block` when its tiles differ), or
     every key when None."""
     if block_mask is None:
         return create_block_mask(sliding_window(None, None), None, None, t, s, block or BLOCK,
@@ -56,10 +58,10 @@ def _mask(block_mask: BlockMask | None, t: int, s: int, block: int | None, devic
 
 
 def _sweep(query, key, lse, *, heads, block_mask, block, scale, enable_gqa, row_weights=None):
-    """Yield ``(r0, k0, p)`` per visited piece: the weights ``p`` (B, H, n, L) of query rows
+    """Yield `(r0, k0, p)` per visited piece: the weights `p` (B, H, n, L) of query rows
     r0 … r0 + n − 1 on keys k0 … k0 + L − 1 (the caller accumulates them).
 
-    Blocks of rows where ``row_weights`` (m, t) are all zero are skipped (nothing of them counts).
+    Blocks of rows where `row_weights` (m, t) are all zero are skipped (nothing of them counts).
     """
     groups = check_query_key_lse(query, key, lse, enable_gqa)
     h, t, d = query.shape[-3:]
@@ -104,7 +106,7 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor
                        heads=None, block_mask: BlockMask | None = None,
                        scale: float | None = None, enable_gqa: bool = False,
                        row_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Each key's received weight Σ_i w_ij, or ``row_weights`` times the attention matrix.
+    """Each key's received weight Σ_i w_ij, or `row_weights` times the attention matrix.
 
     Args:
         query: (..., h, t, d). key: (..., h_kv, s, d). lse: (..., h, t), the forward's.
@@ -142,13 +144,13 @@ def attention_received(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor
 
 
 def block_limit(n: int) -> int:
-    """The widest tile a block map of an ``n``-token text takes: ``n`` (one tile holds the whole
-    text), or :data:`BLOCK` for a shorter text, so the default always fits."""
+    """The widest tile a block map of an `n`-token text takes: `n` (one tile holds the whole
+    text), or `BLOCK` for a shorter text, so the default always fits."""
     return max(n, BLOCK)
 
 
 def check_block(block, n: int) -> int:
-    """``block`` when it is a tile side in 1 … :func:`block_limit` (``n``); ValueError naming the
+    """`block` when it is a tile side in 1 … `block_limit` (`n`); ValueError naming the
     value and the limit otherwise (a wider tile is the same single tile)."""
     most = block_limit(n)
     if not isinstance(block, int) or isinstance(block, bool) or not 1 <= block <= most:
@@ -164,10 +166,10 @@ def attention_block_sums(query: torch.Tensor, key: torch.Tensor, lse: torch.Tens
 
     Tile (I, J) holds Σ w_ij over query rows i in I·block … (I+1)·block − 1 and keys j in
     J·block …; each row of tiles sums to the number of rows it covers that see a key. Same
-    arguments as :func:`attention_received`; ``block`` in 1 … :func:`block_limit` (max(t, s)).
+    arguments as `attention_received`; `block` in 1 … `block_limit` (max(t, s)).
 
-    The sweep runs at the mask's own block size (``block_mask``'s, else :data:`BLOCK`) whatever
-    the tile side: memory is one piece of scores plus the tiles, never rows × ``block``.
+    The sweep runs at the mask's own block size (`block_mask`'s, else `BLOCK`) whatever
+    the tile side: memory is one piece of scores plus the tiles, never rows × `block`.
     """
     t, s = query.shape[-2], key.shape[-2]
     check_block(block, max(t, s))

@@ -31,22 +31,22 @@ def reference_attention(
         query: (..., t, d). key: (..., s, d). value: (..., s, dv) — already with as many heads
             as the query (grouped-query heads repeated by the caller).
         mask: None, bool (True = takes part) or float (added to the scaled scores),
-            broadcastable to (..., t, s): an :class:`~qkv.attention.attention_mask.AttentionMask`
-            already materialised.
+            broadcastable to (..., t, s): an
+            [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] already materialised.
         scale: the factor applied to q·kᵀ (usually 1/√d).
         bias: a float score bias (ALiBi) broadcastable to (..., t, s), added to the scaled
             scores before the mask; kept apart from the mask so the trace shows both.
         softcap: logit soft-capping (Gemma 2): the scaled scores become
-            ``softcap · tanh(scaled / softcap)`` (:func:`~qkv.attention.softcap.soft_cap`)
-            before bias and mask; ``scaled`` keeps them uncapped, ``masked`` capped.
-        sinks: (h,) sink logits (gpt-oss), one per head (dim −3): each adds ``exp(sinks[h])`` to
+            `softcap · tanh(scaled / softcap)` (`soft_cap`)
+            before bias and mask; `scaled` keeps them uncapped, `masked` capped.
+        sinks: (h,) sink logits (gpt-oss), one per head (dim −3): each adds `exp(sinks[h])` to
             its rows' softmax denominator and takes no value, so weights sum to less than 1 and
-            ``lse`` counts the sink (merged as :func:`~qkv.attention.sinks.merge_sinks` merges).
+            `lse` counts the sink (merged as `merge_sinks` merges).
         dropout_p: dropout on the weights (training only); the trace keeps the weights
-            before dropout, and ``output`` is what the forward used.
+            before dropout, and `output` is what the forward used.
 
     Returns:
-        An :class:`AttentionTrace`. ``output`` has the query's dtype.
+        An [`AttentionTrace`][qkv.attention.trace.AttentionTrace]. `output` has the query's dtype.
     """
     out_dtype = query.dtype
     # fp16/bf16 inputs: do the arithmetic in fp32, as torch's math kernel does, so that

@@ -1,13 +1,16 @@
-"""Learned attention sinks (gpt-oss): one logit per head in the softmax's denominator, with no value.
+"""Learned attention sinks (gpt-oss): one logit per head in the softmax's denominator, with no
+value.
 
-A sink adds ``exp(sink_h)`` to every row's sum and nothing to its output, so it can be merged
-after any backend that gives the log-sum-exp (the way ring attention merges chunks)::
+A sink adds `exp(sink_h)` to every row's sum and nothing to its output, so it can be merged
+after any backend that gives the log-sum-exp (the way ring attention merges chunks):
 
-    lse' = logaddexp(lse, sink_h)          out' = out · exp(lse − lse')
+```text
+lse' = logaddexp(lse, sink_h)          out' = out · exp(lse − lse')
+```
 
-The weights ``exp(s_ij − lse')`` of the kept keys then sum to less than 1: the rest went to the sink.
+The weights `exp(s_ij − lse')` of the kept keys then sum to less than 1: the rest went to the sink.
 
-Example:
+Examples:
     >>> import torch
     >>> out, lse = torch.ones(1, 2, 3, 4), torch.zeros(1, 2, 3)   # (b, h, t, dv), (b, h, t)
     >>> out2, lse2 = merge_sinks(out, lse, torch.tensor([0.0, float("-inf")]))
@@ -21,7 +24,7 @@ import torch
 
 
 def check_sinks(sinks, query_shape: tuple[int, ...]) -> None:
-    """``sinks`` is a float tensor of shape (h,), one logit per query head."""
+    """`sinks` is a float tensor of shape (h,), one logit per query head."""
     h = query_shape[-3] if len(query_shape) >= 3 else 1
     if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (h,):
         got = (f"{sinks.dtype} {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor)

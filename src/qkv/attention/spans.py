@@ -1,21 +1,23 @@
 """Blockwise attention by spans: torch's fused CPU flash kernel called once per *span* of key
-blocks, the pieces merged by their log-sum-exp — the same answer as :mod:`qkv.attention.blockwise`
+blocks, the pieces merged by their log-sum-exp — the same answer as `qkv.attention.blockwise`
 (the readable reference path), at the kernel's speed, with no compile.
 
-For every query tile the non-empty key blocks of a :class:`~qkv.attention.block_mask.BlockMask`
+For every query tile the non-empty key blocks of a [`BlockMask`][qkv.attention.block_mask.BlockMask]
 form a few contiguous spans. A span of full blocks runs through the kernel unmasked, a stretch
 with partial blocks with a small additive mask, and the pieces merge by lse
-(:mod:`qkv.attention.merge`). Tiles whose work has the same shape go into *one* call as the
-kernel's "heads" (``as_strided`` views, no copies of k or v), so each call's static thread split
-(:mod:`qkv.attention.flash_cpu`) gets equal units of work:
+(`qkv.attention.merge`). Tiles whose work has the same shape go into *one* call as the
+kernel's "heads" (`as_strided` views, no copies of k or v), so each call's static thread split
+(`qkv.attention.flash_cpu`) gets equal units of work:
 
 * a **window** (a band, any alignment): every interior tile sees the same (T × (w + T)) mask over
-  keys shifted by T — one call over all of them; the tiles at the ends take the general path::
+  keys shifted by T — one call over all of them; the tiles at the ends take the general path:
 
-      q tiles     keys →                 unit i = rows [iT, iT + T) × keys [iT − left, iT + T + right)
-      ■■■◩ .  .                          one (T, left + right + T) mask shared by every unit
-      .◩■■■◩ .
-      . .◩■■■◩
+  ```text
+  q tiles     keys →                 unit i = rows [iT, iT + T) × keys [iT − left, iT + T + right)
+  ■■■◩ .  .                          one (T, left + right + T) mask shared by every unit
+  .◩■■■◩ .
+  . .◩■■■◩
+  ```
 
 * **causal** (t ≤ s, either alignment): the T-row diagonal tiles as units of one causal call, and
   the full part below the diagonal as log₂(t/T) calls of equal squares (level ℓ: rows
@@ -27,29 +29,29 @@ kernel's "heads" (``as_strided`` views, no copies of k or v), so each call's sta
 * **decoding** (few query rows, a long span): the keys split into chunks as units
   (flash-decoding), merged by lse;
 * anything else: per tile, full runs of ≥ 2 blocks unmasked, the rest masked
-  (``BlockMask.dense_block``).
+  (`BlockMask.dense_block`).
 
 The backward is FlashAttention-2's by the same calls: the kernel's backward takes the *merged*
 out and lse, so each piece's dQ, dK, dV is exact and they add up (overlapping key spans of the
-window's units are overlap-added). A gradient reaching lse (``dlse``) enters through one extra
+window's units are overlap-added). A gradient reaching lse (`dlse`) enters through one extra
 head dimension of each call's rows and keys: q, k padded with 0, v with 0, out with −dlse and
-dout with 1 make the kernel's ``D = rowsum(dO ∘ O)`` equal ``D − dlse`` (FlashAttention-2's
+dout with 1 make the kernel's `D = rowsum(dO ∘ O)` equal `D − dlse` (FlashAttention-2's
 dS = P ∘ (dP − D)) and change nothing else.
 
 Arithmetic: float32 (bfloat16/float16 inputs are computed in float32, as blockwise does), float64
 stays float64 (the kernel runs in float64). Memory: O(N) — the output, lse, and one call's part
-(``CALL_BYTES``); the backward holds dq, dk, dv, lse and one call's temporaries
-(``BACKWARD_CALL_BYTES`` a thread, at most ``MAX_CALL_BYTES``), reading q, k, v, out and dout
+(`CALL_BYTES`); the backward holds dq, dk, dv, lse and one call's temporaries
+(`BACKWARD_CALL_BYTES` a thread, at most `MAX_CALL_BYTES`), reading q, k, v, out and dout
 in place in any layout whose batch and heads are one stride (b = 1, or contiguous). Time: the
 backward's five matrix products per block to the forward's two make forward + backward ≈ 3.5×
 the forward where the kernel runs both passes at one rate; a Xeon's (benchmarks/long.py, 16k
 and 64k, 1-2 threads) gave 2.9-3.7× for a window of 512, 3.1-3.3× for documents of 2,048.
 NaN in → NaN out; a row with no key gives 0 and lse −inf. Not expressible in the kernel, so
-:func:`spans_with_lse` in ``backends.py`` runs the pure-torch path instead: ``softcap=`` (the
+`spans_with_lse` in `backends.py` runs the pure-torch path instead: `softcap=` (the
 kernel has no score transform), a value head size ≠ the query's, non-CPU tensors. Threads: the
-kernel's own (``torch.get_num_threads()``); nothing global is set.
+kernel's own (`torch.get_num_threads()`); nothing global is set.
 
-Example:
+Examples:
     >>> import torch, qkv
     >>> q = k = v = torch.randn(1, 2, 300, 16)
     >>> bm = qkv.create_block_mask(qkv.masks.sliding_window(64, 0), None, None, 300, 300, block_size=32)
@@ -101,10 +103,10 @@ MIN_FULL_BLOCKS = 2
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """``count`` units of one kernel call: unit i takes query rows ``[q0 + i·q_step, +n)`` and keys
-    ``[k0 + i·k_step, +L)``. ``q_step = 0``: the units share their rows (a key split, merged
-    before it is placed). ``keep``: (B', H', n, L) bool (True = takes part), shared by every unit,
-    or None (all keys). ``first``: no earlier call of the plan touched these rows."""
+    """`count` units of one kernel call: unit i takes query rows `[q0 + i·q_step, +n)` and keys
+    `[k0 + i·k_step, +L)`. `q_step = 0`: the units share their rows (a key split, merged
+    before it is placed). `keep`: (B', H', n, L) bool (True = takes part), shared by every unit,
+    or None (all keys). `first`: no earlier call of the plan touched these rows."""
 
     q0: int
     q_step: int
@@ -123,7 +125,7 @@ _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def plan(bm: BlockMask) -> list[Call]:
-    """The calls that cover ``bm``'s non-empty blocks exactly once (cached per block mask)."""
+    """The calls that cover `bm`'s non-empty blocks exactly once (cached per block mask)."""
     got = _PLANS.get(bm)
     if got is None:
         calls = _band_calls(bm)
@@ -190,7 +192,7 @@ def _causal_calls(bm: BlockMask) -> list[Call] | None:
 
 
 def _row_calls(bm: BlockMask, rows) -> list[Call]:
-    """The general path for the block rows ``rows``: consecutive rows whose runs are all full and
+    """The general path for the block rows `rows`: consecutive rows whose runs are all full and
     identical share one big-row call per run; a row with partial blocks is cut into unmasked full
     stretches and masked ones."""
     T, t, s = bm.block_size, bm.t, bm.s
@@ -253,7 +255,7 @@ def _stretches(bm: BlockMask, r: int, c0: int, c1: int, full: bool):
 
 
 class _MaskCache:
-    """``dense_block`` per masked stretch; a mask that depends only on k − q (shift-invariant)
+    """`dense_block` per masked stretch; a mask that depends only on k − q (shift-invariant)
     is built once per (offset, shape) and shared."""
 
     def __init__(self, bm: BlockMask):
@@ -305,7 +307,7 @@ def _mark_first(calls: list[Call], t: int) -> list[Call]:
 
 # -- running a plan -------------------------------------------------------------------------------
 def _flat(x: torch.Tensor, *shape: int) -> torch.Tensor:
-    """``x`` as ``shape`` — a view whenever its strides allow (a transposed (b, t, h, d) input with
+    """`x` as `shape` — a view whenever its strides allow (a transposed (b, t, h, d) input with
     b = 1, as a model's attention passes it, is read in place), else one copy; the kernel needs
     the last dim contiguous."""
     y = x.reshape(shape)
@@ -371,8 +373,8 @@ class _Tensors:
 
 
 def _unit_ranges(c: Call, per_unit_bytes: int, budget: int = CALL_BYTES, items_per_unit: int = 0):
-    """The call's units cut into ranges of at most ``budget`` bytes of temporaries — or more, up to
-    MAX_CALL_BYTES, where ``items_per_unit`` kernel work items per unit would otherwise leave
+    """The call's units cut into ranges of at most `budget` bytes of temporaries — or more, up to
+    MAX_CALL_BYTES, where `items_per_unit` kernel work items per unit would otherwise leave
     fewer than ITEMS_PER_THREAD per thread."""
     step = budget // max(per_unit_bytes, 1)
     if items_per_unit:
@@ -401,8 +403,8 @@ def _split_keys(c: Call, X: int, g: int) -> Call:
 def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   block_mask: BlockMask, *, scale: float,
                   enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out (..., h, t, dv), lse (..., h, t))`` — the same contract as
-    :func:`qkv.attention.blockwise.blockwise_forward` (no ``softcap``; dv = d)."""
+    """`(out (..., h, t, dv), lse (..., h, t))` — the same contract as
+    `qkv.attention.blockwise.blockwise_forward` (no `softcap`; dv = d)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
@@ -455,11 +457,11 @@ def spans_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
                    block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                    dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashAttention-2's backward by the forward's calls: ``(dq, dk, dv)`` shaped like
-    query, key, value (the contract of :func:`qkv.attention.blockwise.blockwise_backward`).
+    """FlashAttention-2's backward by the forward's calls: `(dq, dk, dv)` shaped like
+    query, key, value (the contract of `qkv.attention.blockwise.blockwise_backward`).
 
-    Memory beyond dq, dk, dv: one call's temporaries (``BACKWARD_CALL_BYTES`` a thread, at most
-    ``MAX_CALL_BYTES``) and lse; q, k, v, out and dout are read in place (no copies of them);
+    Memory beyond dq, dk, dv: one call's temporaries (`BACKWARD_CALL_BYTES` a thread, at most
+    `MAX_CALL_BYTES`) and lse; q, k, v, out and dout are read in place (no copies of them);
     D = rowsum(dO ∘ O) is the kernel's, per row block."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
@@ -538,7 +540,7 @@ def _backward_units(ts: _Tensors, c: Call, u0: int, u1: int, do, o, lse3, neg_dl
 
 
 def _repeat_units(x: torch.Tensor, n_u: int, g: int) -> torch.Tensor:
-    """(X, g, n, e) rows shared by ``n_u`` units → (X, n_u · g, n, e) (a stride-0 view flattened)."""
+    """(X, g, n, e) rows shared by `n_u` units → (X, n_u · g, n, e) (a stride-0 view flattened)."""
     X, _, n, e = x.shape
     return x.unsqueeze(1).expand(X, n_u, g, n, e).reshape(X, n_u * g, n, e)
 
@@ -555,7 +557,7 @@ def _overlap_add(acc: torch.Tensor, part: torch.Tensor, c: Call, u0: int, u1: in
 def spans_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     block_mask: BlockMask, *, scale: float,
                     enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable attention by spans: ``(out (..., h, t, dv), lse (..., h, t))``."""
+    """Differentiable attention by spans: `(out (..., h, t, dv), lse (..., h, t))`."""
     return differentiable((spans_forward, spans_backward), query, key, value, block_mask,
                           scale=float(scale), enable_gqa=bool(enable_gqa))
 

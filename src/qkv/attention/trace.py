@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AttentionTrace:
-    """Every step of ``softmax(q·kᵀ · scale + mask) · v``, as the forward computed it.
+    """Every step of `softmax(q·kᵀ · scale + mask) · v`, as the forward computed it.
 
-    Shapes (leading batch dims ``...`` as given, usually ``(b, h)``):
+    Shapes (leading batch dims `...` as given, usually `(b, h)`):
 
     ========  ==============  ====================================================
     field     shape           meaning
@@ -41,18 +41,18 @@ class AttentionTrace:
     lse       (..., t)        log Σ_j exp(masked_j), −inf for a fully masked row
     ========  ==============  ====================================================
 
-    With logit soft-capping (Gemma 2) ``masked`` is ``softcap · tanh(scaled / softcap) + bias +
-    mask``; with sink logits (gpt-oss, one per head) the softmax's denominator also holds
-    ``exp(sinks[h])``, so a row's weights sum to less than 1 and ``lse`` counts the sink. Both
-    are None for plain attention (``softcap``, ``sinks`` (h,)).
+    With logit soft-capping (Gemma 2) `masked` is `softcap · tanh(scaled / softcap) + bias +
+    mask`; with sink logits (gpt-oss, one per head) the softmax's denominator also holds
+    `exp(sinks[h])`, so a row's weights sum to less than 1 and `lse` counts the sink. Both
+    are None for plain attention (`softcap`, `sinks` (h,)).
 
-    ``*``: ``bias`` and ``mask`` keep the broadcastable shape they were given in (e.g. (t, s) or
-    (b, 1, 1, s)); :meth:`additive` expands their sum. ``scale`` is the float the scores were
-    multiplied by. Intermediates are kept in the
-    dtype the arithmetic was done in (fp32 for fp16/bf16 inputs); ``output`` has the
+    `*`: `bias` and `mask` keep the broadcastable shape they were given in (e.g. (t, s) or
+    (b, 1, 1, s)); [`additive`][qkv.attention.trace.AttentionTrace.additive] expands their sum.
+    `scale` is the float the scores were multiplied by. Intermediates are kept in the
+    dtype the arithmetic was done in (fp32 for fp16/bf16 inputs); `output` has the
     inputs' dtype, exactly the tensor the forward passed on.
 
-    Example:
+    Examples:
         >>> import torch, qkv
         >>> q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
         >>> tr = qkv.attention_trace(q, k, v)
@@ -80,7 +80,7 @@ class AttentionTrace:
     def select_rows(self, rows: torch.Tensor | slice | int) -> "AttentionTrace":
         """Keep only some query rows (keys and values are kept whole).
 
-        A model explaining one token keeps ``O(t)`` numbers per head instead of ``O(t·s)``.
+        A model explaining one token keeps `O(t)` numbers per head instead of `O(t·s)`.
 
         Args:
             rows: an index, a slice, or a 1-D LongTensor of query positions.
@@ -96,9 +96,9 @@ class AttentionTrace:
                               softcap=self.softcap, sinks=self.sinks, **kept)
 
     def additive(self) -> torch.Tensor:
-        """(..., t, s): everything the forward added to ``scaled`` — bias + mask, expanded.
+        """(..., t, s): everything the forward added to `scaled` — bias + mask, expanded.
 
-        ``masked`` was computed as ``(scaled + bias) + mask``; ``scaled + additive()`` equals it
+        `masked` was computed as `(scaled + bias) + mask`; `scaled + additive()` equals it
         exactly when there is no bias or the mask is only 0/−inf, and to a rounding otherwise.
         """
         out = torch.zeros_like(self.scaled)
@@ -120,8 +120,8 @@ class AttentionTrace:
 
 
 class LseRequest:
-    """The type of :data:`LSE` (``trace_rows=LSE``: record q, k, v and every row's lse, O(t) per
-    head instead of some rows' weights; see :mod:`qkv.modules.lse_trace`)."""
+    """The type of `LSE` (`trace_rows=LSE`: record q, k, v and every row's lse, O(t) per
+    head instead of some rows' weights; see `qkv.modules.lse_trace`)."""
 
     def __repr__(self) -> str:
         return "LSE"
@@ -135,13 +135,13 @@ LSE = LseRequest()
 class LseTrace:
     """What one attention call needs to give any of its weights later, in O(t) numbers per head.
 
-    Fields:
+    Attributes:
         query: (b, h, t, d) the queries as the kernel read them (after positions, q norm).
         key: (b, h_kv, s, d) the keys, likewise; h_kv < h under GQA/MQA.
         value: (b, h_kv, s, dv) the values.
         lse: (b, h, t) each row's log-sum-exp of its masked, scaled scores (float32; −inf for a
             row with no key).
-        mask: the :class:`~qkv.attention.AttentionMask` the call used (a description).
+        mask: the [`AttentionMask`][qkv.attention.AttentionMask] the call used (a description).
         scale: the scale the scores were multiplied by, or None for 1/√d.
         softcap: the logit soft-cap applied after scaling (Gemma 2), or None.
     """

@@ -1,24 +1,24 @@
 """One traced attention call: what every model's attention runs when an explanation reads it.
 
-qkv's own :class:`~qkv.modules.MultiHeadAttention` and transformers' attention function (through
-:mod:`qkv.hf.trace`) both call :func:`traced_attention` with q, k, v after the model's own
+qkv's own [`MultiHeadAttention`][qkv.modules.MultiHeadAttention] and transformers' attention
+function (through `qkv.hf.trace`) both call `traced_attention` with q, k, v after the model's own
 positions and norms; it is the one place where
 
 - the rows an explanation reads are traced by the reference path (scores, scaled, softcap,
-  bias, mask, sinks, weights, output, lse: :class:`~qkv.attention.trace.AttentionTrace`) while the
-  other rows run the fast kernel, and the traced rows' outputs *replace* the kernel's, so an
-  explanation equals the forward;
-- ``rows=LSE`` records q, k, v and every row's log-sum-exp instead (:class:`LseTrace`, O(t));
-- an edit (:class:`~qkv.modules.intervention.AttentionEdit`) scales the value vectors before
+  bias, mask, sinks, weights, output, lse: [`AttentionTrace`][qkv.attention.trace.AttentionTrace])
+  while the other rows run the fast kernel, and the traced rows' outputs *replace* the kernel's, so
+  an explanation equals the forward;
+- `rows=LSE` records q, k, v and every row's log-sum-exp instead (`LseTrace`, O(t));
+- an edit (`AttentionEdit`) scales the value vectors before
   attending and replaces or zeroes heads' outputs after.
 
-::
+```text
+q (b, h, t, d) ─┐                       rows asked for: reference path → trace, output rows
+k (b, h_kv, s, d) ─ edit values ─ attend                 every other row: the kernel
+v (b, h_kv, s, dv) ┘                    → output (b, h, t, dv) ─ edit heads ─→ returned
+```
 
-    q (b, h, t, d) ─┐                       rows asked for: reference path → trace, output rows
-    k (b, h_kv, s, d) ─ edit values ─ attend                 every other row: the kernel
-    v (b, h_kv, s, dv) ┘                    → output (b, h, t, dv) ─ edit heads ─→ returned
-
-Example:
+Examples:
     >>> import torch
     >>> from qkv.attention import AttentionMask
     >>> q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
@@ -42,7 +42,7 @@ from qkv.errors import QkvError
 
 
 class Edit(Protocol):
-    """What :func:`traced_attention` asks of an edit (``qkv.modules.intervention.AttentionEdit``)."""
+    """What `traced_attention` asks of an edit (`qkv.modules.intervention.AttentionEdit`)."""
 
     def check(self, num_heads: int) -> None: ...
 
@@ -55,12 +55,13 @@ class Edit(Protocol):
 class TracedCall:
     """What one traced attention call gives back.
 
-    Fields:
+    Attributes:
         output: (b, h, t, dv) every row's output, the traced rows the trace's own, after the
             edit's head changes: what the module concatenates and projects.
-        trace: None unless ``rows``; then the :class:`AttentionTrace` of those rows (detached;
-            key/value repeated per query head), or an :class:`LseTrace` for ``rows=LSE``.
-        weights: (b, h, t, s) every row's weights when ``need_weights`` (in the graph), else None.
+        trace: None unless `rows`; then the [`AttentionTrace`][qkv.attention.trace.AttentionTrace]
+            of those rows (detached; key/value repeated per query head), or an `LseTrace` for
+            `rows=LSE`.
+        weights: (b, h, t, s) every row's weights when `need_weights` (in the graph), else None.
     """
 
     output: torch.Tensor
@@ -69,7 +70,7 @@ class TracedCall:
 
 
 def row_positions(t: int, rows, device) -> torch.Tensor:
-    """(r,) the query positions ``rows`` picks out of ``t`` (positions or a slice); ValueError
+    """(r,) the query positions `rows` picks out of `t` (positions or a slice); ValueError
     naming it otherwise."""
     try:
         if isinstance(rows, (str, bytes)):  # torch would index with its characters
@@ -88,18 +89,18 @@ def traced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      rows: torch.Tensor | slice | LseRequest | None = None,
                      need_weights: bool = False, edit: Edit | None = None) -> TracedCall:
     """Attend from query (b, h, t, d) to key (b, h_kv, s, d) / value (b, h_kv, s, dv), tracing
-    the rows asked for and applying ``edit`` (see the module doc).
+    the rows asked for and applying `edit` (see the module doc).
 
     Args:
         mask, bias, scale, softcap, sinks, dropout_p, enable_gqa, backend: as
-            :func:`~qkv.attention.scaled_dot_product_attention` takes them.
-        rows: query positions or ``slice(None)`` to trace, :data:`~qkv.attention.trace.LSE`
+            [`scaled_dot_product_attention`][qkv.attention.scaled_dot_product_attention] takes them.
+        rows: query positions or `slice(None)` to trace, `LSE`
             for every row's lse, or None (trace nothing).
         need_weights: every row's weights too (then every row runs the reference path).
         edit: value and head edits, or None.
 
     Returns:
-        A :class:`TracedCall`.
+        A `TracedCall`.
     """
     if edit is not None:
         edit.check(query.shape[-3])

@@ -1,14 +1,16 @@
 """Attention weights on demand: the exact softmax rows of chosen queries, from the saved lse.
 
-A long sequence's forward keeps only the log-sum-exp ``lse`` (..., h, t) of each row
-(``return_lse=True``); the weights of any row are then one dot product away::
+A long sequence's forward keeps only the log-sum-exp `lse` (..., h, t) of each row
+(`return_lse=True`); the weights of any row are then one dot product away:
 
-    w_ij = exp(q_i · k_j · scale − lse_i)      (0 where the mask excludes j, or the row has no key)
+```text
+w_ij = exp(q_i · k_j · scale − lse_i)      (0 where the mask excludes j, or the row has no key)
+```
 
 so explaining one token of a 64k-token text costs O(rows · s) numbers, never (t × s).
-(flax's ``dot_product_attention_weights``, split out "for introspection", is the model.)
+(flax's `dot_product_attention_weights`, split out "for introspection", is the model.)
 
-Example:
+Examples:
     >>> import torch, qkv
     >>> q = k = v = torch.randn(1, 2, 1000, 16)                     # (b, h, t, d)
     >>> bm = qkv.create_block_mask(qkv.masks.causal(), None, None, 1000, 1000)
@@ -80,11 +82,11 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                       block_mask: BlockMask | None = None, scale: float | None = None,
                       enable_gqa: bool = False, softcap: float | None = None,
                       bias: torch.Tensor | None = None, verify: bool = False) -> torch.Tensor:
-    """The softmax weights of query ``rows`` for ``heads``: (..., len(heads), len(rows), s).
+    """The softmax weights of query `rows` for `heads`: (..., len(heads), len(rows), s).
 
     Args:
-        query: (..., h, t, d). key: (..., h_kv, s, d) (h_kv divides h with ``enable_gqa``).
-        lse: (..., h, t), from ``scaled_dot_product_attention(..., return_lse=True)``.
+        query: (..., h, t, d). key: (..., h_kv, s, d) (h_kv divides h with `enable_gqa`).
+        lse: (..., h, t), from `scaled_dot_product_attention(..., return_lse=True)`.
         rows, heads: which query rows and heads (None = all).
         block_mask: the mask the forward used (None = every key takes part).
         scale: the forward's scale (default 1/√d).
@@ -93,9 +95,9 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         softcap: the forward's logit cap (Gemma 2), if any. Sinks need nothing here: the
             forward's lse already counts them, so the weights sum to 1 − the sink's share.
         verify: check that each returned row sums to 1 (0 for a row with no key), i.e. that
-            ``lse``, ``block_mask``, ``scale``, ``bias`` and ``softcap`` are the forward's
+            `lse`, `block_mask`, `scale`, `bias` and `softcap` are the forward's
             (without sinks, whose rows sum to less); ValueError naming the first row that does
-            not. The bound is derived in :func:`row_sum_bound`.
+            not. The bound is derived in `row_sum_bound`.
 
     Returns:
         float32 weights (float64 for float64 inputs), each kept row summing to 1 (0 for a row
@@ -147,14 +149,15 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
 
 def row_sum_bound(q: torch.Tensor, k: torch.Tensor, row_lse: torch.Tensor, scale: float,
                   bias: torch.Tensor | None) -> torch.Tensor:
-    """(..., H, r): how far each row of :func:`attention_weights` may sum from 1 when the lse
-    is the forward's, in the compute dtype (eps its machine epsilon, u = eps/2).
+    """(..., H, r): how far each row of
+    [`attention_weights`][qkv.attention.weights.attention_weights] may sum from 1 when the lse is
+    the forward's, in the compute dtype (eps its machine epsilon, u = eps/2).
 
     Σ_j w_j = Σ_j exp(s_j − lse) = exp(L − lse)·(1 + e_sum), L the log-sum-exp of the scores
     as recomputed here. Three errors, each first order:
 
     * e_sum — exp and the s-term sum: ≤ (s + 1)·eps (tests/tolerance.py's
-      ``softmax_sum_tolerance``: exp's own error is one rounding per term, the sum s − 1).
+      `softmax_sum_tolerance`: exp's own error is one rounding per term, the sum s − 1).
     * the scores — here and in the forward, q·k over d terms is rounded with error
       ≤ d·u·Σ_l |q_l k_l| ≤ d·u·|q|·|k| (Cauchy–Schwarz), the scale product and a bias add one
       rounding each of |score| ≤ M = scale·|q|·max_j |k_j| + max |bias|; two computations
@@ -178,7 +181,7 @@ def row_sum_bound(q: torch.Tensor, k: torch.Tensor, row_lse: torch.Tensor, scale
 
 
 def _verify(weights, row_lse, bound, rows, heads) -> None:
-    """ValueError at the first row whose sum is not 1 within ``bound`` (a row with no key sums
+    """ValueError at the first row whose sum is not 1 within `bound` (a row with no key sums
     to 0, a NaN row of the forward stays NaN)."""
     total = weights.sum(-1)  # (..., H, r)
     empty = torch.isneginf(row_lse) & (total == 0)

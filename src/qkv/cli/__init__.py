@@ -1,8 +1,8 @@
-"""The ``qkv`` command line: one file per command group, wired here by :data:`COMMANDS`.
+"""The `qkv` command line: one file per command group, wired here by `COMMANDS`.
 
-Each command's ``add_<command>(parser)`` adds its arguments and sets ``func`` to a function
-``(args) -> int`` (the exit code); most commands' ``func`` is :func:`qkv.cli.command.run`, which
-runs the command's :class:`~qkv.cli.command.Command` (check outputs → load → progress → result →
+Each command's `add_<command>(parser)` adds its arguments and sets `func` to a function
+`(args) -> int` (the exit code); most commands' `func` is `qkv.cli.command.run`, which
+runs the command's `Command` (check outputs → load → progress → result →
 show), so a command module holds its arguments and the one call that computes its result.
 """
 
@@ -46,8 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
-    """The ``qkv`` parser. ``lazy``: each command's arguments added when it is parsed (what
-    :func:`main` does); otherwise every command's at once (the tests walk them all)."""
+    """The `qkv` parser. `lazy`: each command's arguments added when it is parsed (what
+    `main` does); otherwise every command's at once (the tests walk them all)."""
     from qkv.cli.options import Parser, add_commands  # one-line errors; every option's type checks its value
 
     parser = Parser(
@@ -67,15 +67,15 @@ def _version() -> str:
 
 
 def missing_command(prog: str, sub: argparse._SubParsersAction, args=None) -> int:
-    """``qkv`` or ``qkv train`` alone: one error line naming the commands, not a usage block
-    (as a command's ``func``: ``functools.partial(missing_command, prog, sub)``)."""
+    """`qkv` or `qkv train` alone: one error line naming the commands, not a usage block
+    (as a command's `func`: `functools.partial(missing_command, prog, sub)`)."""
     print(f"qkv: error: {prog} needs a command: {', '.join(sub.choices)} (see {prog} --help)",
           file=sys.stderr)
     return 2
 
 
 def _closed_streams() -> bool:
-    """Whether stdout was closed by the caller (``qkv … >&-``): Python then sets ``sys.stdout``
+    """Whether stdout was closed by the caller (`qkv … >&-`): Python then sets `sys.stdout`
     to None. A closed stderr becomes /dev/null, so an error line cannot fall through to stdout."""
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
@@ -85,12 +85,12 @@ def _closed_streams() -> bool:
 
 
 def _torch_threads(args: argparse.Namespace) -> None:
-    """torch on one CPU thread unless told otherwise: by the command's ``--threads`` (translate,
+    """torch on one CPU thread unless told otherwise: by the command's `--threads` (translate,
     evaluate, train: default 1 too) or by OMP_NUM_THREADS. qkv's matrices are small (one
     sentence on MiniLM: 14 × 384), a second thread gains them nothing, and on a busy machine
-    torch's threads spin waiting for one another — measured on 2 busy cores: ``qkv heads --probe
-    coref`` 38 s wall and 25 s of CPU with torch's default 2 threads, 5.5 s and 4.2 s with one;
-    ``qkv view TEXT --html`` 63-70 s against 6.4 s (issue 32's "102 s for one sentence")."""
+    torch's threads spin waiting for one another — measured on 2 busy cores: `qkv heads --probe
+    coref` 38 s wall and 25 s of CPU with torch's default 2 threads, 5.5 s and 4.2 s with one;
+    `qkv view TEXT --html` 63-70 s against 6.4 s (issue 32's "102 s for one sentence")."""
     if isinstance(args.func, functools.partial) and args.func.func is missing_command:
         return  # no command: nothing runs torch
     if getattr(args, "threads", None) is None and "OMP_NUM_THREADS" not in os.environ:
@@ -100,7 +100,7 @@ def _torch_threads(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``qkv`` console script and ``python -m qkv``."""
+    """Entry point of the `qkv` console script and `python -m qkv`."""
     from qkv.cli.output import finish_output, write_failed
     from qkv.errors import QkvError
 

@@ -1,12 +1,12 @@
-"""``qkv atlas``: every head's metrics over a corpus, with the contexts where each is strongest.
+"""`qkv atlas`: every head's metrics over a corpus, with the contexts where each is strongest.
 
     qkv atlas --model reader --file CORPUS.txt [--window W] [--contexts K] [--html FILE] [--json]
 
-(:func:`qkv.explain.probes.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
-distance, entropy; O(N) memory in the corpus.) ``--html``: the viewer's atlas page with the atlas
+(`qkv.explain.probes.atlas.atlas`: induction, previous-token, retrieval, sink share, mean
+distance, entropy; O(N) memory in the corpus.) `--html`: the viewer's atlas page with the atlas
 in it, every head a point by two chosen metrics, a click listing its contexts
-(:mod:`qkv.view.atlas_page`; ``qkv view`` shows a saved ``--json`` at ``/atlas``). Bars on stderr
-while it works (a terminal only, not with ``--json``).
+(`qkv.view.atlas_page`; `qkv view` shows a saved `--json` at `/atlas`). Bars on stderr
+while it works (a terminal only, not with `--json`).
 """
 
 from __future__ import annotations

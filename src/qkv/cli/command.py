@@ -1,24 +1,25 @@
-"""The one pattern of a command that computes a :mod:`qkv.explain` result, written once.
+"""The one pattern of a command that computes a [`qkv.explain`][qkv.explain] result, written once.
 
     check outputs → load → progress → result → show (table or JSON) and write files
 
-A command module adds its arguments and describes the rest as a :class:`Command`: the checks
-that need no model, and the one call into the library (``compute``). :func:`run` does every
+A command module adds its arguments and describes the rest as a `Command`: the checks
+that need no model, and the one call into the library (`compute`). `run` does every
 step in that order; how the result is shown comes from its row of
-:data:`qkv.explain.kinds.KINDS` (:func:`show`):
+`qkv.explain.kinds.KINDS` (`show`):
 
-* ``--json``: the row's ``json`` of ``to_dict()``, built whole before a byte is written;
-* otherwise the row's ``render`` (a table on the terminal; a row without one: its JSON);
-* ``--png FILE``: the row's ``figure``; ``--html FILE``: the row's ``page`` — each written
-  atomically, after the result, and said on stderr (``wrote FILE``).
+* `--json`: the row's `json` of `to_dict()`, built whole before a byte is written;
+* otherwise the row's `render` (a table on the terminal; a row without one: its JSON);
+* `--png FILE`: the row's `figure`; `--html FILE`: the row's `page` — each written
+  atomically, after the result, and said on stderr (`wrote FILE`).
 
-Outputs are checked before the model loads, so a typo in ``--png`` costs nothing; a library
-error naming an argument (``token``) is re-spelled as the command's flag (``--token``). The
-model comes from :func:`load_model`: ``--model`` on ``--device`` in ``--dtype``
-(:func:`qkv.cli.options.add_model_argument` adds all three).
+Outputs are checked before the model loads, so a typo in `--png` costs nothing; a library
+error naming an argument (`token`) is re-spelled as the command's flag (`--token`). The
+model comes from `load_model`: `--model` on `--device` in `--dtype`
+(`qkv.cli.options.add_model_argument` adds all three).
 
-Example (``qkv why``'s whole body):
+Example (`qkv why`'s whole body):
 
+Examples:
     >>> WHY = Command(lambda model, args, progress: score_attribution(
     ...     model, args.text, layer=args.layer, head=args.head, token=args.token, key=args.to),
     ...     flags={"key": "--to"}, page="why.html")               # doctest: +SKIP
@@ -40,15 +41,15 @@ from qkv.cli.output import check_files, print_json, say_written, write_files
 class Command:
     """A command's steps besides its arguments.
 
-    Fields:
-        compute: ``(model, args, progress) → result``: the one library call (``model`` None when
-            ``loads`` is False; ``progress(stage, done, total)`` draws bars on a terminal).
-        flags: the library's argument names → this command's flags (``{"key": "--to"}``), for
+    Attributes:
+        compute: `(model, args, progress) → result`: the one library call (`model` None when
+            `loads` is False; `progress(stage, done, total)` draws bars on a terminal).
+        flags: the library's argument names → this command's flags (`{"key": "--to"}`), for
             errors and notes.
-        check: ``args → None``: refuses what it can before anything loads (raises QkvError);
-            it may read an input file into ``args`` (so a bad file costs no model load).
-        page: the file name ``--html`` suggests when given a directory (``"why.html"``).
-        loads: whether the command loads ``--model``.
+        check: `args → None`: refuses what it can before anything loads (raises QkvError);
+            it may read an input file into `args` (so a bad file costs no model load).
+        page: the file name `--html` suggests when given a directory (`"why.html"`).
+        loads: whether the command loads `--model`.
     """
 
     compute: Callable[[Any, argparse.Namespace, Callable], Any]
@@ -58,12 +59,12 @@ class Command:
     loads: bool = True
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """Make ``parser``'s command run this (its ``func``)."""
+        """Make `parser`'s command run this (its `func`)."""
         parser.set_defaults(func=functools.partial(run, self))
 
 
 def run(command: Command, args: argparse.Namespace) -> int:
-    """Every step of ``command`` for the parsed ``args``, in order; the exit code."""
+    """Every step of `command` for the parsed `args`, in order; the exit code."""
     from qkv.cli.progress import Bars
     from qkv.explain.wording import ArgumentError
 
@@ -82,8 +83,8 @@ def run(command: Command, args: argparse.Namespace) -> int:
 
 
 def load_model(args: argparse.Namespace, name: str | None = None):
-    """``--model`` (or the model ``name``) as :func:`qkv.load` reads it, on ``--device`` in
-    ``--dtype`` where they are given (otherwise the CPU, in the dtype the checkpoint stores)."""
+    """`--model` (or the model `name`) as [`qkv.load`][qkv.load] reads it, on `--device` in
+    `--dtype` where they are given (otherwise the CPU, in the dtype the checkpoint stores)."""
     from qkv.models import load
 
     given = {}
@@ -97,8 +98,8 @@ def load_model(args: argparse.Namespace, name: str | None = None):
 
 
 def check_length(model, text: str) -> None:
-    """A text longer than ``model`` takes: the one sentence for it
-    (:func:`qkv.explain.wording.too_long`, spelled ``--model reader`` by ``options.in_flags``),
+    """A text longer than `model` takes: the one sentence for it
+    (`qkv.explain.wording.too_long`, spelled `--model reader` by `options.in_flags`),
     before the forward."""
     from qkv.explain.wording import too_long
 
@@ -113,10 +114,10 @@ def check_length(model, text: str) -> None:
 
 def show(args: argparse.Namespace, result, *, flags: dict[str, str], model=None,
          figure: Callable[[], Any] | None = None) -> int:
-    """Print ``result`` as its row of :data:`qkv.explain.kinds.KINDS` says and write the files
-    asked for (see the module doc). ``model``: a self-attention model whose result holding NaN/inf
-    is refused naming where it first computed one; ``figure()`` draws ``--png`` instead of the
-    row's ``figure`` (a figure that needs more than the result)."""
+    """Print `result` as its row of `qkv.explain.kinds.KINDS` says and write the files
+    asked for (see the module doc). `model`: a self-attention model whose result holding NaN/inf
+    is refused naming where it first computed one; `figure()` draws `--png` instead of the
+    row's `figure` (a figure that needs more than the result)."""
     import inspect
     from importlib import import_module
 

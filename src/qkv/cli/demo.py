@@ -1,4 +1,4 @@
-"""``qkv walkthrough``: the seeds' worked example with numbers computed by qkv."""
+"""`qkv walkthrough`: the seeds' worked example with numbers computed by qkv."""
 
 from __future__ import annotations
 

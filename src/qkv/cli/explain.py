@@ -1,17 +1,17 @@
-"""``qkv explain``, ``qkv heads`` and ``qkv softmax-demo``: attention on a real model, explained.
+"""`qkv explain`, `qkv heads` and `qkv softmax-demo`: attention on a real model, explained.
 
     qkv explain TEXT [--model minilm|PATH] [--token WORD|INDEX] [--layer L] [--head H] [--words]
                      [--top K] [--to WORD] [--png FILE] [--json] [--no-projection]
     qkv heads TEXT --from WORD --to WORD [--json]      qkv heads --probe coref [--json]
     qkv softmax-demo [--dims 4,16,64,256,1024]
 
-Layers, heads, token indices and occurrences (``it@0``) all count from 0.
+Layers, heads, token indices and occurrences (`it@0`) all count from 0.
 
-These commands parse their flags, call :mod:`qkv.explain` (which computes every number), and
-print the result (:mod:`qkv.explain.render`, :mod:`qkv.explain.render_cross`), its ``to_dict()``
-(``--json``) or a figure (:mod:`qkv.explain.figures`). The library's errors and notes name its
-arguments (``token``, ``source``); :data:`FLAGS` re-spells them as this command line's flags
-(``--token``, ``--from``) — see :mod:`qkv.explain.wording`.
+These commands parse their flags, call [`qkv.explain`][qkv.explain] (which computes every number),
+and print the result (`qkv.explain.render`, `qkv.explain.render_cross`), its `to_dict()`
+(`--json`) or a figure (`qkv.explain.figures`). The library's errors and notes name its
+arguments (`token`, `source`); `FLAGS` re-spells them as this command line's flags
+(`--token`, `--from`) — see `qkv.explain.wording`.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def _print_json(obj, **kw) -> None:
 
 
 def _self_attention_model(args):
-    """The model ``--model`` names, refused when ``qkv heads`` has no self-attention to rank."""
+    """The model `--model` names, refused when `qkv heads` has no self-attention to rank."""
     model = load_model(args)
     if not model.capabilities.self_attention:
         raise QkvError(f"qkv heads ranks the self-attention heads of an encoder such as minilm; "
@@ -184,7 +184,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _show(args, result, *, model=None, figure=None) -> int:
-    """Print ``result`` as its row of :data:`qkv.explain.kinds.KINDS` says (:func:`qkv.cli.command.show`)."""
+    """Print `result` as its row of `qkv.explain.kinds.KINDS` says (`qkv.cli.command.show`)."""
     return show(args, result, flags=FLAGS, model=model, figure=figure)
 
 
@@ -217,7 +217,7 @@ def _explain_ablation(model, args) -> int:
 
 
 def _explain_translation(model, args) -> int:
-    """``qkv explain`` for an encoder-decoder: its cross-attention (see qkv.explain.cross),
+    """`qkv explain` for an encoder-decoder: its cross-attention (see qkv.explain.cross),
     checked against the model's own gold alignment when it has one (the toy grammar's)."""
     from qkv.explain import cross_attention, cross_attention_head
 
@@ -301,7 +301,7 @@ def run_softmax_demo(args: argparse.Namespace) -> int:
 
 
 def _check_demo_size(dims: list[int], keys: int, trials: int) -> None:
-    """QkvError when softmax-demo's arrays would pass :data:`DEMO_BYTES` (before any is made)."""
+    """QkvError when softmax-demo's arrays would pass `DEMO_BYTES` (before any is made)."""
     chunk = 256 * keys * max(dims) * 8  # one chunk of keys, float64
     jacobian = trials * keys * keys * 8  # every query's softmax Jacobian, float64
     if max(chunk, jacobian) > DEMO_BYTES:

@@ -1,13 +1,14 @@
-"""``qkv faithfulness``: which explanation methods agree with ablation, per probe.
+"""`qkv faithfulness`: which explanation methods agree with ablation, per probe.
 
     qkv faithfulness --model lm --probe induction [--mode zero|mean] [--sequences N] [--png FILE] [--json]
     qkv faithfulness --model minilm --probe coref
 
-Each head is ablated alone and the probe's metric measured (:mod:`qkv.explain.head_effects`);
-every contribution method scores the heads on the same probe; the table is Spearman's ρ between
-the two (:func:`qkv.explain.causal.faithfulness.faithfulness`). ``--png`` draws each head's effect
-against its attention score. While it works, bars on stderr (a terminal only, not with
-``--json``) show the ablations and the methods scored.
+Each head is ablated alone and the probe's metric measured
+([`qkv.explain.head_effects`][qkv.explain.head_effects]); every contribution method scores the heads
+on the same probe; the table is Spearman's ρ between the two
+([`qkv.explain.causal.faithfulness.faithfulness`][qkv.explain.causal.faithfulness.faithfulness]).
+`--png` draws each head's effect against its attention score. While it works, bars on stderr (a
+terminal only, not with `--json`) show the ablations and the methods scored.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _probes() -> list[str]:
 
 
 def run_heads_ablate(model, args: argparse.Namespace) -> int:
-    """``qkv heads --probe P --ablate``: each head's ablation effect beside its probe score."""
+    """`qkv heads --probe P --ablate`: each head's ablation effect beside its probe score."""
     from qkv.explain.causal.faithfulness import method_scores
     from qkv.explain.causal.head_effects import head_effects
     from qkv.explain.rendering.render import console

@@ -1,11 +1,11 @@
-"""``qkv train lm``: train the small Llama-architecture decoder whose heads learn induction.
+"""`qkv train lm`: train the small Llama-architecture decoder whose heads learn induction.
 
     qkv train lm [--out DIR] [--resume] [--slim] [--force] [--plot FILE] [--steps N] …
 
-Registered under ``qkv train`` next to ``translate`` (``qkv.cli.translate`` owns the ``train``
-group and calls :func:`register_train`). The options are :class:`qkv.lm.train.LMTrainConfig`'s
-fields: help and bounds from each field's ``option`` (:mod:`qkv.training.config`), parsed by a
-checked type from :mod:`qkv.cli.options`.
+Registered under `qkv train` next to `translate` (`qkv.cli.translate` owns the `train`
+group and calls `register_train`). The options are `qkv.lm.train.LMTrainConfig`'s
+fields: help and bounds from each field's `option` (`qkv.training.config`), parsed by a
+checked type from `qkv.cli.options`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DEFAULT_OUT = "runs/lm"
 
 
 def add_train_lm(t: argparse.ArgumentParser) -> None:
-    """``qkv train lm``'s arguments (``qkv.cli.translate.TRAIN`` lists it under ``qkv train``)."""
+    """`qkv train lm`'s arguments (`qkv.cli.translate.TRAIN` lists it under `qkv train`)."""
     t.description = (
         "Train a 2-layer Llama (RMSNorm, SwiGLU, RoPE) on random words with repeated spans: the later"
         " words of a copy are predictable only by induction, so induction heads form. Every "

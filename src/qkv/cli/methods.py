@@ -1,12 +1,12 @@
-"""The contribution-method flags of ``qkv explain`` and ``qkv heads``: ``--method``, ``--target``
-and ``qkv explain --compare`` (see :mod:`qkv.explain.contributions`).
+"""The contribution-method flags of `qkv explain` and `qkv heads`: `--method`, `--target`
+and `qkv explain --compare` (see [`qkv.explain.contributions`][qkv.explain.contributions]).
 
     qkv explain TEXT --token it --method norm [--png FILE] [--json]
     qkv explain TEXT --token it --method grad --target "a dog ate the pizza"
     qkv explain TEXT --token it --compare [--target TEXT] [--layer L] [--top K]
     qkv heads TEXT --from it --to pizza --method alti      qkv heads --probe coref --method norm
 
-Kept apart from :mod:`qkv.cli.explain` so the commands' own file only wires these in.
+Kept apart from `qkv.cli.explain` so the commands' own file only wires these in.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ FLAGS = {"method": "--method", "target_text": "--target"}
 
 
 def add_options(p: argparse.ArgumentParser, *, compare: bool) -> None:
-    """Add ``--method`` and ``--target`` (and ``--compare`` to ``qkv explain``)."""
+    """Add `--method` and `--target` (and `--compare` to `qkv explain`)."""
     # The help lists the registry's names, read when it is shown (a new method then needs no
     # edit here; the registry imports torch, which parsing does not).
     def method_help() -> str:
@@ -64,14 +64,15 @@ def check_heads(args: argparse.Namespace) -> None:
 
 
 def method_args(args: argparse.Namespace) -> dict:
-    """``method=`` and ``target_text=`` for :func:`qkv.explain.explain` / :func:`~qkv.explain.heads`."""
+    """`method=` and `target_text=` for [`qkv.explain.explain`][qkv.explain.explain] /
+[`heads`][qkv.explain.heads]."""
     from qkv.explain.contributions import DEFAULT
 
     return {"method": args.method or DEFAULT, "target_text": args.target_text}
 
 
 def run_compare(model, args: argparse.Namespace, *, flags) -> int:
-    """``qkv explain TEXT --compare``: every method's top words for ``--token``."""
+    """`qkv explain TEXT --compare`: every method's top words for `--token`."""
     from qkv.cli.command import show
     from qkv.cli.progress import Bars
     from qkv.explain.contributions.compare import compare
@@ -87,7 +88,7 @@ NOTE_FROM_TOKENS = 128  # below this --compare takes seconds; above it, say up f
 
 
 def _estimate_compare(model, text: str, file=None) -> float | None:
-    """On a long text, time one forward pass and say on stderr what ``--compare`` will cost
+    """On a long text, time one forward pass and say on stderr what `--compare` will cost
     before it starts (it ran ~2 minutes silently on 500 tokens). Value-zeroing alone runs one
     forward of t + 1 copies of the text, so (t + 1) × one (warm) pass is the estimate given — a
     rough one: a batch of copies runs faster per copy, the other methods add their own passes.

@@ -1,13 +1,13 @@
-"""``qkv needle``: where a decoder finds a needle and where it loses it, over depth × length.
+"""`qkv needle`: where a decoder finds a needle and where it loses it, over depth × length.
 
     qkv needle --model reader --lengths 1024,4096,16384 --depths 0,50,100 [--samples N]
                [--haystack FILE] [--png FILE] [--html FILE] [--json]
 
-Prints two depth × length tables (:func:`qkv.explain.probes.needle.needle_map`): the share of the
-needle's tokens the model predicts, and the retrieval heads' attention on the needle. ``--png``
-draws them as heat maps; ``--html`` writes the viewer's needle page with the map in it
-(:mod:`qkv.view.needle_page`; ``qkv view`` shows a saved ``--json`` at ``/needle``). Bars on
-stderr (a terminal only, not with ``--json``) while it works.
+Prints two depth × length tables (`qkv.explain.probes.needle.needle_map`): the share of the
+needle's tokens the model predicts, and the retrieval heads' attention on the needle. `--png`
+draws them as heat maps; `--html` writes the viewer's needle page with the map in it
+(`qkv.view.needle_page`; `qkv view` shows a saved `--json` at `/needle`). Bars on
+stderr (a terminal only, not with `--json`) while it works.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from qkv.cli.command import Command
 
 
 def haystack_ids(model, path: str | None) -> list[int] | None:
-    """The tokens of the text at ``path`` (None: none given); QkvError for an unreadable or
+    """The tokens of the text at `path` (None: none given); QkvError for an unreadable or
     empty file."""
     if path is None:
         return None

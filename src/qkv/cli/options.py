@@ -1,15 +1,17 @@
 """Every command-line option's value is checked here, once, by the type it is parsed with.
 
-Each option of every ``qkv`` command takes its ``type=`` from this module (or is a flag with no
-value, or has ``choices``); ``tests/cli/test_options.py`` walks the whole parser and fails on an
+Each option of every `qkv` command takes its `type=` from this module (or is a flag with no
+value, or has `choices`); `tests/cli/test_options.py` walks the whole parser and fails on an
 option that does not, so a new option cannot skip the checks. A bad value ends the command
-before anything runs, with one line that names the flag and the value::
+before anything runs, with one line that names the flag and the value:
 
-    qkv: error: --threads must be at most 8 (4 × this machine's 2 CPU cores), got 100000
+```text
+qkv: error: --threads must be at most 8 (4 × this machine's 2 CPU cores), got 100000
+```
 
-The helpers return argparse ``type`` callables (``str -> value``) that raise
-``argparse.ArgumentTypeError`` with a message that reads after the flag's name
-("must be at least 1, got 0"); :class:`Parser` prints it as ``--flag <message>``.
+The helpers return argparse `type` callables (`str -> value`) that raise
+`argparse.ArgumentTypeError` with a message that reads after the flag's name
+("must be at least 1, got 0"); `Parser` prints it as `--flag <message>`.
 
     integer(lo, hi)          whole numbers in [lo, hi] (``hi`` may say why it is the limit)
     real(lo, hi)             finite floats in [lo, hi] (``nan``/``inf`` refused); open ends optional
@@ -21,7 +23,7 @@ The helpers return argparse ``type`` callables (``str -> value``) that raise
     path()                   a file or directory name: not empty, no NUL, valid UTF-8
     name()                   a short identifier-like value (a model or probe name, or a path)
 
-Example:
+Examples:
     >>> p = Parser(prog="qkv")
     >>> _ = p.add_argument("--top", type=integer(1, 100), default=3)
     >>> p.parse_args(["--top", "5"]).top
@@ -68,9 +70,9 @@ def _show(raw: str, limit: int = 40) -> str:
 
 
 def integer(lo: int | None = None, hi: int | None = None, *, why: str = ""):
-    """A whole number in ``[lo, hi]``; ``why`` explains the upper limit in the message.
+    """A whole number in `[lo, hi]`; `why` explains the upper limit in the message.
 
-    Example:
+    Examples:
         >>> integer(1, 64, why="beams")("64")
         64
     """
@@ -97,9 +99,9 @@ def _shorten(value: int) -> str:
 
 def real(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
          hi_open: bool = False):
-    """A finite float in ``[lo, hi]`` (``lo_open``/``hi_open`` exclude the end itself).
+    """A finite float in `[lo, hi]` (`lo_open`/`hi_open` exclude the end itself).
 
-    Example:
+    Examples:
         >>> real(0, 1)("0.5")
         0.5
         >>> real(0, lo_open=True)("nan")
@@ -134,7 +136,7 @@ def cpu_cores() -> int:
 
 
 def threads():
-    """Torch threads: 1 … ``THREADS_PER_CORE`` × the CPU cores."""
+    """Torch threads: 1 … `THREADS_PER_CORE` × the CPU cores."""
     cores = cpu_cores()
     hi = THREADS_PER_CORE * cores
     parse = integer(1, hi, why=f"{THREADS_PER_CORE} × this machine's {cores} CPU cores")
@@ -148,9 +150,9 @@ def seed():
 
 
 def int_list(lo: int, hi: int | None, *, most: int, why: str = ""):
-    """Comma-separated whole numbers, each in ``[lo, hi]``, at most ``most`` of them.
+    """Comma-separated whole numbers, each in `[lo, hi]`, at most `most` of them.
 
-    Example:
+    Examples:
         >>> int_list(1, 1024, most=8)("4, 16,64")
         [4, 16, 64]
     """
@@ -187,7 +189,7 @@ def _checked(raw: str) -> str:
 
 
 def text(*, most: int = 1_000_000):
-    """Any text (the input of a model): valid UTF-8, a leading BOM dropped, at most ``most``
+    """Any text (the input of a model): valid UTF-8, a leading BOM dropped, at most `most`
     characters (a model's own length limit is checked later, in its tokens)."""
 
     def parse(raw: str) -> str:
@@ -200,7 +202,7 @@ def text(*, most: int = 1_000_000):
 
 
 def word():
-    """A word of the text, ``WORD@N`` or a token index (decided later, against the text)."""
+    """A word of the text, `WORD@N` or a token index (decided later, against the text)."""
 
     def parse(raw: str) -> str:
         value = _checked(raw)
@@ -212,7 +214,7 @@ def word():
 
 
 def path():
-    """A file or directory name: not empty, no NUL byte, valid UTF-8 (``~`` is expanded later)."""
+    """A file or directory name: not empty, no NUL byte, valid UTF-8 (`~` is expanded later)."""
 
     def parse(raw: str) -> str:
         if not raw:
@@ -234,7 +236,7 @@ def name():
 
 
 def validates(action: argparse.Action) -> bool:
-    """Whether ``action``'s value goes through a check of this module (or needs none)."""
+    """Whether `action`'s value goes through a check of this module (or needs none)."""
     if action.nargs == 0 or isinstance(action, (argparse._SubParsersAction, argparse._HelpAction,
                                                 argparse._VersionAction)):
         return True  # flags and sub-commands take no value
@@ -244,7 +246,7 @@ def validates(action: argparse.Action) -> bool:
 
 
 def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> list[str]:
-    """``"qkv explain --top"`` for every option of every command that skips this module."""
+    """`"qkv explain --top"` for every option of every command that skips this module."""
     out = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -256,12 +258,13 @@ def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> l
 
 
 def model_names(*, self_attention: bool = False, decoder: bool = False) -> str:
-    """The names ``--model`` takes besides a directory, for help texts: the shipped models of
-    :data:`qkv.models.registry.SHIPPED` (a second name of the same model left out); with
-    ``self_attention``, only those explained by their self-attention (``qkv heads``); with
-    ``decoder``, only causal self-attention models that predict the next token, what ``qkv
-    needle`` and ``qkv atlas`` read (each model is loaded to ask it: their help only).
+    """The names `--model` takes besides a directory, for help texts: the shipped models of
+    `qkv.models.registry.SHIPPED` (a second name of the same model left out); with
+    `self_attention`, only those explained by their self-attention (`qkv heads`); with
+    `decoder`, only causal self-attention models that predict the next token, what `qkv
+    needle` and `qkv atlas` read (each model is loaded to ask it: their help only).
 
+    Examples:
         >>> model_names(self_attention=True)
         'lm, reader, minilm'
         >>> model_names(decoder=True)
@@ -289,11 +292,11 @@ class Later:
     So building a command's parser and checking its arguments import no torch.
 
     Showing it the first time reads the tables (~3 s: torch); the text is then kept in
-    :func:`help_cache_file`, a file named by the version of qkv's source (every ``.py`` file's
+    `help_cache_file`, a file named by the version of qkv's source (every `.py` file's
     name, size and time), so later helps read the file, and an edit or a new install of
     qkv makes the text again. Nothing keeps the file in step by hand: it is made from the tables.
 
-    Example:
+    Examples:
         >>> help = Later(lambda: "one of " + ", ".join(["coref", "induction"]))
         >>> "coref" in help, str(help)
         (True, 'one of coref, induction')
@@ -317,8 +320,8 @@ class Later:
 
 
 def cached(make: Callable[[], Any]) -> Any:
-    """``make()`` (a JSON value), made once per version of qkv's source and then read from
-    :func:`help_cache_file`: what a parser needs from the library's tables (a help text, the
+    """`make()` (a JSON value), made once per version of qkv's source and then read from
+    `help_cache_file`: what a parser needs from the library's tables (a help text, the
     fields of the result kinds) without importing them (torch) each time."""
     cache, key = _help_cache(), _key(make)
     if key not in cache:
@@ -328,11 +331,11 @@ def cached(make: Callable[[], Any]) -> Any:
 
 
 def constant(where: str):
-    """A constant of the library, ``"module:NAME"`` (a bound such as
-    ``qkv.explain.probes.induction:MAX_SEQUENCES``), read once per version of qkv's source
-    (:func:`cached`), so a flag checks the library's own bound without importing torch.
+    """A constant of the library, `"module:NAME"` (a bound such as
+    `qkv.explain.probes.induction:MAX_SEQUENCES`), read once per version of qkv's source
+    (`cached`), so a flag checks the library's own bound without importing torch.
 
-    Example:
+    Examples:
         >>> constant("qkv.explain.probes.induction:MAX_SEQUENCES")
         1000
     """
@@ -345,7 +348,7 @@ def _constant(where: str):
 
 
 def _key(make: Callable) -> str:
-    """Where ``make`` is written and what it was made with (its closure's values)."""
+    """Where `make` is written and what it was made with (its closure's values)."""
     code = make.__code__
     cells = [repr(c.cell_contents) for c in make.__closure__ or ()]
     return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}:{code.co_qualname}:{cells}"
@@ -355,7 +358,7 @@ _HELP_CACHE: dict[str, Any] | None = None
 
 
 def help_cache_file() -> str:
-    """``$XDG_CACHE_HOME/qkv/help-<version>.json`` (default ``~/.cache``): the :class:`Later`
+    """`$XDG_CACHE_HOME/qkv/help-<version>.json` (default `~/.cache`): the `Later`
     texts made for this version of qkv's source."""
     import hashlib
 
@@ -386,7 +389,7 @@ def _help_cache() -> dict[str, Any]:
 def _save_help_cache(cache: dict[str, Any]) -> None:
     """Write the cache (atomically), removing other versions' files a day old (another checkout
     of qkv keeps its own meanwhile); a cache that cannot be written (a read-only home) only
-    costs the next ``--help`` its tables again."""
+    costs the next `--help` its tables again."""
     import time
 
     path = help_cache_file()
@@ -408,7 +411,7 @@ def _save_help_cache(cache: dict[str, Any]) -> None:
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, except that a description's or epilog's own line breaks are kept:
     each line is wrapped on its own, and an example command (an indented line, or one after
-    ``example: ``) not at all, so it can be copied whole; a :class:`Later` text is made here."""
+    `example: `) not at all, so it can be copied whole; a `Later` text is made here."""
 
     def _get_help_string(self, action):
         return str(action.help)
@@ -423,15 +426,15 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line, ``qkv: error: <message>``, exit code 2.
+    """An ArgumentParser whose errors are one line, `qkv: error: <message>`, exit code 2.
 
-    argparse's own format is a usage block and ``qkv explain: error: argument --top: …``;
-    the usage is one ``--help`` away, and the command is named at the end instead. Its help keeps
-    the line breaks of descriptions and epilogs (:class:`HelpFormatter`); sub-commands' parsers
+    argparse's own format is a usage block and `qkv explain: error: argument --top: …`;
+    the usage is one `--help` away, and the command is named at the end instead. Its help keeps
+    the line breaks of descriptions and epilogs (`HelpFormatter`); sub-commands' parsers
     are Parsers too (argparse makes them of the parent's class).
 
-    A sub-command's parser may be filled when it is first used (:func:`add_commands`): ``fill``
-    names the function that adds its arguments, run by :meth:`filled` — so ``qkv why …`` imports
+    A sub-command's parser may be filled when it is first used (`add_commands`): `fill`
+    names the function that adds its arguments, run by `filled` — so `qkv why …` imports
     the why command's module only, and no other command's.
     """
 
@@ -442,7 +445,7 @@ class Parser(argparse.ArgumentParser):
         self.lazy = False  # sub-commands filled when used (True) or at once
 
     def filled(self) -> "Parser":
-        """This parser with its arguments added (``fill(self)`` run once)."""
+        """This parser with its arguments added (`fill(self)` run once)."""
         if self.fill is not None:
             where, self.fill = self.fill, None
             module, _, function = where.partition(":")
@@ -462,12 +465,12 @@ class Parser(argparse.ArgumentParser):
 
 def add_commands(parser: Parser, commands: dict[str, tuple[str, str]], *, dest: str,
                  metavar: str, title: str) -> argparse._SubParsersAction:
-    """Sub-commands of ``parser`` from a table, name → (``"module:function"`` that adds the
-    command's arguments to its parser, the one line ``--help`` lists it with). With
-    ``parser.lazy`` a command's function runs (its module imported) only when the command is
+    """Sub-commands of `parser` from a table, name → (`"module:function"` that adds the
+    command's arguments to its parser, the one line `--help` lists it with). With
+    `parser.lazy` a command's function runs (its module imported) only when the command is
     parsed or its help shown; otherwise at once (the tests walk every command's options).
 
-    Example:
+    Examples:
         >>> p = Parser(prog="qkv"); p.lazy = True
         >>> _ = add_commands(p, {"walkthrough": ("qkv.cli.demo:add_walkthrough", "the example")},
         ...                  dest="command", metavar="COMMAND", title="one of these:")
@@ -484,8 +487,8 @@ def add_commands(parser: Parser, commands: dict[str, tuple[str, str]], *, dest: 
 
 
 def _one_line(message: str, prog: str) -> str:
-    """argparse's ``argument --top: must be …`` → ``--top must be …``; other messages (a missing
-    argument, an unknown option) point to the command's ``--help``."""
+    """argparse's `argument --top: must be …` → `--top must be …`; other messages (a missing
+    argument, an unknown option) point to the command's `--help`."""
     m = re.match(r"argument ([^:]+?): (.*)$", message, re.S)
     if m and m.group(2).startswith(_ARG):  # text that is not valid UTF-8
         flag = m.group(1).split("/")[0]
@@ -500,14 +503,14 @@ def _one_line(message: str, prog: str) -> str:
 
 
 def spelling(flags: dict[str, str]) -> dict[str, str]:
-    """The library's argument names → a command's flags: ``flags`` and, for every command, the
-    long-text model's (``reader`` → ``--model reader``)."""
+    """The library's argument names → a command's flags: `flags` and, for every command, the
+    long-text model's (`reader` → `--model reader`)."""
     return {"reader": "--model reader", **flags}
 
 
 def in_flags(flags: dict[str, str]):
-    """Decorator for a command's ``run(args)``: a :mod:`qkv.explain` ArgumentError it raises is
-    re-raised in the words of ``flags`` (the library says ``token``, the command line ``--token``)."""
+    """Decorator for a command's `run(args)`: a [`qkv.explain`][qkv.explain] ArgumentError it raises
+    is re-raised in the words of `flags` (the library says `token`, the command line `--token`)."""
 
     spelled_as = spelling(flags)
 
@@ -531,10 +534,10 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")  # names of torch's float
 
 
 def device():
-    """A device torch can run on here: ``cpu``, ``cuda`` (or ``cuda:N``) or ``mps``. Only a
+    """A device torch can run on here: `cpu`, `cuda` (or `cuda:N`) or `mps`. Only a
     device other than the CPU imports torch (to ask it whether the device is there).
 
-    Example:
+    Examples:
         >>> device()("cpu")
         'cpu'
         >>> device()("tpu")
@@ -574,10 +577,10 @@ def _check_available(kind: str, index: int) -> None:
 def add_model_argument(parser: argparse.ArgumentParser, *, default: str | None,
                        self_attention: bool = False, decoder: bool = False,
                        default_note: str = "") -> None:
-    """``--model`` (a shipped model's name or a model directory, its help listing the shipped
-    names that fit: ``self_attention``, or ``decoder``: next-token decoders only), ``--device``
-    and ``--dtype`` (what :func:`qkv.cli.command.load_model` passes to :func:`qkv.load`).
-    ``default_note`` follows the default in the help (``"; with --file, reader"``)."""
+    """`--model` (a shipped model's name or a model directory, its help listing the shipped
+    names that fit: `self_attention`, or `decoder`: next-token decoders only), `--device`
+    and `--dtype` (what `qkv.cli.command.load_model` passes to [`qkv.load`][qkv.load]).
+    `default_note` follows the default in the help (`"; with --file, reader"`)."""
     what = "a decoder: " if decoder else ""
     shown = default if default is not None else "minilm"
     parser.add_argument(
@@ -588,7 +591,7 @@ def add_model_argument(parser: argparse.ArgumentParser, *, default: str | None,
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--dtype``: where and in what floating-point type the model runs."""
+    """`--device` and `--dtype`: where and in what floating-point type the model runs."""
     parser.add_argument("--device", type=device(), default=None,
                         help="where the model runs: cpu (the default), cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=DTYPES, default=None, metavar="DTYPE",
@@ -599,9 +602,9 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 def add_output_arguments(parser: argparse.ArgumentParser, *, png: str | None = None,
                          html: str | None = None,
                          json: str = "print every number as one JSON object") -> None:
-    """A command's outputs, each with its help (``None``: the command has none): ``--png FILE``
-    (the result's figure), ``--html FILE`` (its self-contained page) and ``--json`` (the result
-    whole as JSON instead of its table). :mod:`qkv.cli.output` checks the files before the model
+    """A command's outputs, each with its help (`None`: the command has none): `--png FILE`
+    (the result's figure), `--html FILE` (its self-contained page) and `--json` (the result
+    whole as JSON instead of its table). `qkv.cli.output` checks the files before the model
     loads and writes them after the result."""
     if png is not None:
         parser.add_argument("--png", type=path(), default=None, metavar="FILE", help=png)

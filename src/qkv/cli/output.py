@@ -2,13 +2,13 @@
 
 Two rules every command follows:
 
-* **A result is built completely before a byte of it is written.** :func:`print_json` renders
+* **A result is built completely before a byte of it is written.** `print_json` renders
   the whole document first, so a value that cannot be written (NaN from a broken model) ends
   the command with one error line and nothing on stdout, never half a JSON object.
-* **A failed write is one line, not a traceback.** ``qkv explain … > /dev/full`` fails when
-  Python flushes stdout; :func:`finish_output` flushes it while the command can still say so
-  (``qkv: error: cannot write the output: No space left on device``, exit 2), then points
-  stdout at ``/dev/null`` so the interpreter's own flush at exit cannot fail a second time.
+* **A failed write is one line, not a traceback.** `qkv explain … > /dev/full` fails when
+  Python flushes stdout; `finish_output` flushes it while the command can still say so
+  (`qkv: error: cannot write the output: No space left on device`, exit 2), then points
+  stdout at `/dev/null` so the interpreter's own flush at exit cannot fail a second time.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from qkv.errors import QkvError
 
 
 def print_json(obj, **kw) -> None:
-    """Write ``obj`` as one JSON document and a newline, all or nothing.
+    """Write `obj` as one JSON document and a newline, all or nothing.
 
     Raises:
-        QkvError: ``obj`` holds NaN or ±inf (strict JSON has no spelling for them); nothing is
+        QkvError: `obj` holds NaN or ±inf (strict JSON has no spelling for them); nothing is
             written.
 
-    Example:
+    Examples:
         >>> print_json({"a": [1, 2.5]})
         {"a": [1, 2.5]}
     """
@@ -43,9 +43,9 @@ def print_json(obj, **kw) -> None:
 
 
 def first_non_finite(obj, path: str = "") -> str | None:
-    """Where the first NaN/inf in a JSON-like object is (``['heads'][3]['weight']``), or None.
+    """Where the first NaN/inf in a JSON-like object is (`['heads'][3]['weight']`), or None.
 
-    Example:
+    Examples:
         >>> first_non_finite({"a": [1.0, float("nan")]})
         "['a'][1]"
     """
@@ -60,7 +60,7 @@ def first_non_finite(obj, path: str = "") -> str | None:
 
 
 def finish_output(code: int) -> int:
-    """Flush stdout; on a failed write print one error line and return 2, else ``code``."""
+    """Flush stdout; on a failed write print one error line and return 2, else `code`."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:  # the reader left (qkv … | head): not an error of qkv's
@@ -74,7 +74,7 @@ def finish_output(code: int) -> int:
 
 
 def write_failed(e: OSError) -> int:
-    """The exit code for an ``OSError`` a command raised (a file or stdout it could not use)."""
+    """The exit code for an `OSError` a command raised (a file or stdout it could not use)."""
     if isinstance(e, BrokenPipeError):
         _silence_stdout()
         return 0
@@ -99,9 +99,9 @@ def _silence_stdout() -> None:
 
 
 def check_files(args, *, example: str) -> None:
-    """Before the model runs: ``--png`` and ``--html`` (where the command has them and they are
-    given) must be writable files — a typo costs nothing. ``example``: the page's file name to
-    suggest instead of a directory (``why.html``)."""
+    """Before the model runs: `--png` and `--html` (where the command has them and they are
+    given) must be writable files — a typo costs nothing. `example`: the page's file name to
+    suggest instead of a directory (`why.html`)."""
     if getattr(args, "png", None):
         from qkv.explain.rendering.plots import check_writable
 
@@ -113,9 +113,9 @@ def check_files(args, *, example: str) -> None:
 
 
 def write_files(args, *, figure=None, page=None) -> list[str]:
-    """Write ``figure()`` to ``--png`` and ``page()`` (a self-contained HTML string) to
-    ``--html``, each atomically (no partial file), where given; the paths written, for
-    :func:`say_written` once the result is printed."""
+    """Write `figure()` to `--png` and `page()` (a self-contained HTML string) to
+    `--html`, each atomically (no partial file), where given; the paths written, for
+    `say_written` once the result is printed."""
     written = []
     if figure is not None and getattr(args, "png", None):
         from qkv.explain.rendering.plots import save_atomic
@@ -131,6 +131,6 @@ def write_files(args, *, figure=None, page=None) -> list[str]:
 
 
 def say_written(paths: list[str]) -> None:
-    """``wrote FILE`` on stderr for each file a command wrote (stdout keeps the result)."""
+    """`wrote FILE` on stderr for each file a command wrote (stdout keeps the result)."""
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)

@@ -1,15 +1,17 @@
 """Progress bars on stderr for commands that take more than a few seconds.
 
-The library reports progress through a plain callback, ``progress(stage, done, total)`` (e.g.
-:func:`qkv.explain.causal.faithfulness.faithfulness`, :func:`qkv.explain.causal.head_effects.head_effects`);
-:class:`Bars` is that callback drawn with rich: one bar per stage, on stderr, and nothing at all
-when stderr is not a terminal or the command prints ``--json`` — a pipe or a log gets only the
-command's own lines.
+The library reports progress through a plain callback, `progress(stage, done, total)` (e.g.
+[`qkv.explain.causal.faithfulness.faithfulness`][qkv.explain.causal.faithfulness.faithfulness],
+[`qkv.explain.causal.head_effects.head_effects`][qkv.explain.causal.head_effects.head_effects]);
+`Bars` is that callback drawn with rich: one bar per stage, on stderr, and nothing at all when
+stderr is not a terminal or the command prints `--json` — a pipe or a log gets only the command's
+own lines.
 
+Examples:
     >>> with Bars(enabled=False) as bars:                 # what --json gives: draws nothing
     ...     bars("ablating", 3, 10)
 
-:func:`drawn` is that rule alone, for the training loop's own bar (tqdm): ``qkv train … --quiet``
+`drawn` is that rule alone, for the training loop's own bar (tqdm): `qkv train … --quiet`
 or a pipe, no bar (the evaluation lines still go to stderr).
 """
 
@@ -17,8 +19,8 @@ from __future__ import annotations
 
 
 def drawn(enabled: bool = True, console=None) -> bool:
-    """Whether progress is drawn: ``enabled`` (not ``--json``, not ``--quiet``) and stderr (or
-    ``console``) a terminal."""
+    """Whether progress is drawn: `enabled` (not `--json`, not `--quiet`) and stderr (or
+    `console`) a terminal."""
     if not enabled:
         return False
     if console is None:
@@ -29,11 +31,11 @@ def drawn(enabled: bool = True, console=None) -> bool:
 
 
 class Bars:
-    """``progress(stage, done, total)`` drawn as rich bars on stderr, one per stage (a spinner,
+    """`progress(stage, done, total)` drawn as rich bars on stderr, one per stage (a spinner,
     done/total, the time taken and the time left), cleared when the work is done.
 
     Args:
-        enabled: False draws nothing (``--json``).
+        enabled: False draws nothing (`--json`).
         console: where to draw (default: a rich console on stderr; drawn only when it is a
             terminal).
     """

@@ -1,10 +1,10 @@
-"""``qkv train reader``: train the small Mistral-style decoder that reads English at any length.
+"""`qkv train reader`: train the small Mistral-style decoder that reads English at any length.
 
     qkv train reader [--out DIR] [--corpus HTML_DIR] [--resume] [--slim] [--force] [--steps N] …
 
-Registered under ``qkv train`` next to ``translate`` and ``lm`` (``qkv.cli.translate`` owns the
-``train`` group). The options are :class:`qkv.reader.train.ReaderTrainConfig`'s fields, each
-with the help and bounds its ``option()`` declares.
+Registered under `qkv train` next to `translate` and `lm` (`qkv.cli.translate` owns the
+`train` group). The options are `qkv.reader.train.ReaderTrainConfig`'s fields, each
+with the help and bounds its `option()` declares.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ DEFAULT_OUT = "runs/reader"
 
 
 def add_train_reader(t: argparse.ArgumentParser) -> None:
-    """``qkv train reader``'s arguments (``qkv.cli.translate.TRAIN`` lists it under ``qkv train``)."""
+    """`qkv train reader`'s arguments (`qkv.cli.translate.TRAIN` lists it under `qkv train`)."""
     t.description = (
         "Train a 4-layer Mistral (Llama with a sliding window: RMSNorm, SwiGLU, RoPE) on the English "
         "prose of the Python documentation (Debian's python3.11-doc, PSF License Version 2), with a "

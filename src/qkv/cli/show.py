@@ -1,18 +1,18 @@
-"""``qkv show KIND TEXT [--FIELD VALUE …]``: any result kind, through its row of the kinds table.
+"""`qkv show KIND TEXT [--FIELD VALUE …]`: any result kind, through its row of the kinds table.
 
     qkv show row-entropy "The dog found some pizza next to the baby and ate it" --layer 2 --head 5
     qkv show steps TEXT --token it --layer 3 --head 1 --json
     qkv show effects --model lm --probe induction
 
-Every row of :data:`qkv.explain.kinds.KINDS` with a ``run`` (the viewer's endpoints) is a kind
-this command shows, with no code of its own: its request ``fields`` are its flags (``--layer``,
-``--token``, ``--words`` …, each checked by its :class:`~qkv.explain.kinds.Field` type before the
-model loads), its ``needs`` the capability asked of ``--model``, and its ``render`` / ``json`` /
-``figure`` / ``page`` how it is printed and drawn (:func:`qkv.cli.command.show`; a row with no
-``render`` prints its JSON). A new kind is shown here once its row is in the table.
+Every row of `qkv.explain.kinds.KINDS` with a `run` (the viewer's endpoints) is a kind
+this command shows, with no code of its own: its request `fields` are its flags (`--layer`,
+`--token`, `--words` …, each checked by its [`Field`][qkv.explain.kinds.Field] type before the
+model loads), its `needs` the capability asked of `--model`, and its `render` / `json` /
+`figure` / `page` how it is printed and drawn (`qkv.cli.command.show`; a row with no
+`render` prints its JSON). A new kind is shown here once its row is in the table.
 
 The flags are the table's fields, read once per version of qkv's source and kept
-(:func:`qkv.cli.options.cached`: the table imports torch, which parsing then does not); which of
+(`qkv.cli.options.cached`: the table imports torch, which parsing then does not); which of
 them a kind takes, and which it needs, is checked against its row before the model loads.
 """
 
@@ -27,7 +27,7 @@ EXAMPLE = "The dog found some pizza next to the baby and ate it"
 
 
 def shown_kinds() -> dict:
-    """The rows this command shows: a ``run`` that takes a model (not a long document's)."""
+    """The rows this command shows: a `run` that takes a model (not a long document's)."""
     from qkv.explain.kinds import KINDS
 
     return {k.name: k for k in KINDS.values() if k.run is not None and not k.document}
@@ -47,7 +47,7 @@ def _flag(name: str) -> str:
 
 
 def field_flags() -> list[list[str]]:
-    """[name, type] of every request field of a shown kind, once each (``--layer`` is one flag
+    """[name, type] of every request field of a shown kind, once each (`--layer` is one flag
     for every kind with a layer)."""
     seen: dict[str, str] = {}
     for row in shown_kinds().values():
@@ -62,7 +62,7 @@ TYPES = {"index": lambda: options.integer(0, 2**31 - 1), "token": options.word,
 
 def _check(args: argparse.Namespace) -> None:
     """The kind known, TEXT given where it needs one, its fields given and no other kind's
-    (before a model loads); ``args.row`` and ``args.fields`` for :func:`_run`."""
+    (before a model loads); `args.row` and `args.fields` for `_run`."""
     from qkv.errors import QkvError
 
     kinds = shown_kinds()

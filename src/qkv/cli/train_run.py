@@ -1,13 +1,13 @@
-"""What every ``qkv train MODEL`` shares: the options of a run, one ``--flag`` per field of the
+"""What every `qkv train MODEL` shares: the options of a run, one `--flag` per field of the
 model's training config, and the command line that repeats the run.
 
     qkv train MODEL [--out DIR] [--resume] [--slim] [--force] [--quiet] [--threads N] [--<field> V …]
 
-``qkv.cli.translate`` (``qkv train translate``), ``qkv.cli.lm`` (``qkv train lm``) and
-``qkv.cli.reader`` add these to their parsers and record :func:`run_command` in each checkpoint,
-so a run can be repeated. Every field, declared with :func:`qkv.training.config.option`, brings
-its help and bounds from the dataclass (the ``--flag`` parses with the same bounds the config
-checks); a trainer's ``helps`` may word a shared one its own way.
+`qkv.cli.translate` (`qkv train translate`), `qkv.cli.lm` (`qkv train lm`) and
+`qkv.cli.reader` add these to their parsers and record `run_command` in each checkpoint,
+so a run can be repeated. Every field, declared with `qkv.training.config.option`, brings
+its help and bounds from the dataclass (the `--flag` parses with the same bounds the config
+checks); a trainer's `helps` may word a shared one its own way.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from qkv.training.config import Option, option_of
 
 def config_options(config_class: type) -> list[tuple[str, type, object]]:
     """(field, type, default) for every field of a training config dataclass that becomes a
-    ``--flag``: all with a default, except the upper-case class constants.
+    `--flag`: all with a default, except the upper-case class constants.
 
-    Example:
+    Examples:
         >>> from qkv.lm.train import LMTrainConfig
         >>> config_options(LMTrainConfig)[0]
         ('steps', <class 'int'>, 2000)
@@ -35,16 +35,16 @@ def config_options(config_class: type) -> list[tuple[str, type, object]]:
 
 def add_config_options(parser: argparse.ArgumentParser, config: str, *,
                        helps: dict[str, str] | None = None) -> None:
-    """One ``--flag`` per :func:`config_options` field of the training config ``config``
-    (``"module:Class"``), default None (= not given, so a resumed run keeps its recorded value):
-    a bool as ``--flag`` / ``--no-flag``, any other value parsed by its
-    :class:`~qkv.training.config.Option`'s bounds (:func:`option_type`). The help:
-    ``helps[name]`` where a trainer words a shared option its own way ("sentences per step"),
+    """One `--flag` per `config_options` field of the training config `config`
+    (`"module:Class"`), default None (= not given, so a resumed run keeps its recorded value):
+    a bool as `--flag` / `--no-flag`, any other value parsed by its
+    `Option`'s bounds (`option_type`). The help:
+    `helps[name]` where a trainer words a shared option its own way ("sentences per step"),
     else the option's; then the default.
 
     The fields are read from the dataclass once per version of qkv's source and kept
-    (:func:`qkv.cli.options.cached`): the config modules import torch, and ``qkv train lm
-    --steps 0`` is refused without it."""
+    (`qkv.cli.options.cached`): the config modules import torch, and `qkv train lm
+    --steps 0` is refused without it."""
     helps = helps or {}
     for name, kind, default, spec in options.cached(lambda: config_fields(config)):
         flag = "--" + name.replace("_", "-")
@@ -58,9 +58,9 @@ def add_config_options(parser: argparse.ArgumentParser, config: str, *,
 
 def config_fields(config: str) -> list[list]:
     """[name, kind ("int", "float", "bool", "str"), default, the Option's fields] of every
-    ``--flag`` field of the config ``"module:Class"``: what :func:`add_config_options` keeps.
+    `--flag` field of the config `"module:Class"`: what `add_config_options` keeps.
 
-    Example:
+    Examples:
         >>> config_fields("qkv.lm.train:LMTrainConfig")[0][:3]
         ['steps', 'int', 2000]
     """
@@ -75,7 +75,7 @@ def config_fields(config: str) -> list[list]:
 def option_type(spec: Option):
     """The checked argparse type of an option: its own bounds, the config's check on the CLI.
 
-    Example:
+    Examples:
         >>> from qkv.training.config import Schedule, option_of
         >>> option_type(option_of(Schedule, "batch_size"))("4097")
         Traceback (most recent call last):
@@ -95,7 +95,7 @@ def given_options(args: argparse.Namespace, config_class: type) -> dict:
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, default_out: str, threads_help: str) -> None:
-    """Add --out, --resume, --slim, --force, --quiet and --threads (default 1) to ``parser``."""
+    """Add --out, --resume, --slim, --force, --quiet and --threads (default 1) to `parser`."""
     parser.add_argument("--out", type=options.path(), default=None, metavar="DIR",
                         help=f"checkpoint directory (default {default_out})")
     parser.add_argument("--resume", action="store_true",
@@ -112,9 +112,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, default_out: str, thread
 
 def run_command(model: str, out: str, args: argparse.Namespace, given: dict) -> str:
     """The command line that reproduces this run, options in a fixed order: the run's own
-    flags, then the ``given`` training options (a bool as ``--flag`` / ``--no-flag``).
+    flags, then the `given` training options (a bool as `--flag` / `--no-flag`).
 
-    Example:
+    Examples:
         >>> args = argparse.Namespace(resume=True, slim=False, force=False, threads=1)
         >>> run_command("lm", "runs/my lm", args, {"steps": 10, "norm_first": False})
         "qkv train lm --out 'runs/my lm' --resume --threads 1 --steps 10 --no-norm-first"

@@ -1,5 +1,5 @@
-"""``qkv train translate``, ``qkv translate`` and ``qkv evaluate``: the English→French model of the
-toy grammar; ``qkv translate`` also runs a transformers encoder-decoder.
+"""`qkv train translate`, `qkv translate` and `qkv evaluate`: the English→French model of the
+toy grammar; `qkv translate` also runs a transformers encoder-decoder.
 
     qkv train translate [--out DIR] [--resume] [--slim] [--steps N] [--batch-size B] …
     qkv translate [TEXT] [--model DIR|translate] [--beam K] [--vocab]
@@ -7,7 +7,7 @@ toy grammar; ``qkv translate`` also runs a transformers encoder-decoder.
                    Marian, BART, mBART, M2M100, T5 — generating on qkv's attention)
     qkv evaluate [--model DIR|translate] [--beam K] [--json]
 
-``--model translate`` (the default) is the small checkpoint shipped with qkv.
+`--model translate` (the default) is the small checkpoint shipped with qkv.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _not_a_load_name(model) -> None:
-    """``--model lm``/``minilm`` (names ``qkv.load`` knows) are no translation directories: say
+    """`--model lm`/`minilm` (names `qkv.load` knows) are no translation directories: say
     what they are instead of "does not exist". (Here, not in translate/: models.loading imports
     that package.)"""
     from pathlib import Path
@@ -178,9 +178,9 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def _is_transformers_seq2seq(model) -> bool:
-    """Whether ``--model`` is a directory whose config.json says a transformers encoder-decoder
-    (``"is_encoder_decoder": true``, which transformers writes for Marian, BART, mBART, M2M100
-    and T5 alike: what :func:`qkv.load` hands to :mod:`qkv.hf.seq2seq`), not a model_type list."""
+    """Whether `--model` is a directory whose config.json says a transformers encoder-decoder
+    (`"is_encoder_decoder": true`, which transformers writes for Marian, BART, mBART, M2M100
+    and T5 alike: what [`qkv.load`][qkv.load] hands to `qkv.hf.seq2seq`), not a model_type list."""
     import os
 
     from qkv.files import read_json
@@ -196,8 +196,8 @@ def _is_transformers_seq2seq(model) -> bool:
 
 
 def _translate_transformers(args: argparse.Namespace) -> int:
-    """``qkv translate`` on a transformers encoder-decoder: its ``generate`` on qkv's attention
-    (greedy, or beam search with ``--beam``), TEXT or standard input line by line."""
+    """`qkv translate` on a transformers encoder-decoder: its `generate` on qkv's attention
+    (greedy, or beam search with `--beam`), TEXT or standard input line by line."""
     from qkv.explain.finite import check_parameters
     from qkv.models.loading import load
     from qkv.text import check_one_line
@@ -218,8 +218,8 @@ def _translate_stream(ckpt, beam: int, translate_line=None) -> int:
     """Translate standard input line by line: one output line per input line, always.
 
     A line that cannot be translated (an unknown word, bytes that are not UTF-8) does not end
-    the stream: its output line is left empty, ``qkv: line N: <why>`` goes to stderr, and the
-    next line is translated. At the end one ``qkv: error:`` line counts the failures (exit 2),
+    the stream: its output line is left empty, `qkv: line N: <why>` goes to stderr, and the
+    next line is translated. At the end one `qkv: error:` line counts the failures (exit 2),
     so a script sees both every good translation and that some lines failed.
     """
     from qkv.text import check_one_line, read_lines
@@ -312,7 +312,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def render_report(report: dict, file=None) -> None:
-    """Print :func:`qkv.translate.report.test_report`'s report as a few tables (plain text in a
+    """Print `qkv.translate.report.test_report`'s report as a few tables (plain text in a
     pipe)."""
     from rich import box
     from rich.table import Table

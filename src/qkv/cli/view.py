@@ -1,17 +1,18 @@
-"""``qkv view``: the local web viewer (a server on 127.0.0.1), or one self-contained HTML file.
+"""`qkv view`: the local web viewer (a server on 127.0.0.1), or one self-contained HTML file.
 
     qkv view [TEXT] [--model NAME|DIR] [--port 8765|0] [--no-browser] [--host HOST] [--html FILE]
     qkv view --file BOOK.txt [--model NAME|DIR] [--port …] [--no-browser] [--host HOST]   (default model: reader)
 
-The server, its API and the page are :mod:`qkv.view`; this command checks the flags, loads the
-model once (so a bad ``--model`` fails here, not in the page), prints the URL and serves until
-Ctrl-C. ``--html FILE`` writes the page with the numbers for TEXT inlined and exits (a bar on
+The server, its API and the page are `qkv.view`; this command checks the flags, loads the
+model once (so a bad `--model` fails here, not in the page), prints the URL and serves until
+Ctrl-C. `--html FILE` writes the page with the numbers for TEXT inlined and exits (a bar on
 stderr while it computes them, on a terminal).
 
-``--file``: a long text (up to the model's positions) read from a file and explained once,
-before the server starts, by :func:`qkv.explain.long.document.document` (one forward, O(N) memory;
-its memory estimate — tokenising, then the tokens and the recorded forward — is checked before
-each; bars on stderr on a terminal). A missing, empty or non-UTF-8 file, more tokens than the
+`--file`: a long text (up to the model's positions) read from a file and explained once,
+before the server starts, by
+[`qkv.explain.long.document.document`][qkv.explain.long.document.document] (one forward, O(N)
+memory; its memory estimate — tokenising, then the tokens and the recorded forward — is checked
+before each; bars on stderr on a terminal). A missing, empty or non-UTF-8 file, more tokens than the
 model takes or more memory than there is: one error line, and no server.
 """
 
@@ -123,7 +124,7 @@ def run_view(args: argparse.Namespace) -> int:
 
 
 def _read_file(path: str) -> str:
-    """The text of ``path`` (read and decoded by qkv.files / qkv.text); QkvError for a missing
+    """The text of `path` (read and decoded by qkv.files / qkv.text); QkvError for a missing
     or unreadable file, bytes that are not UTF-8, or a file with nothing to read."""
     import os
 
@@ -137,7 +138,7 @@ def _read_file(path: str) -> str:
 
 
 def _document(model, path: str, text: str):
-    """The Document of ``text`` (one forward); its own checks — the memory tokenising takes, the
+    """The Document of `text` (one forward); its own checks — the memory tokenising takes, the
     model's positions, the memory estimate — raise before the forward. Bars on stderr while it
     tokenises, runs each layer and records it (a terminal only)."""
     from qkv.explain.long.document import document

@@ -1,13 +1,13 @@
-"""``qkv why``: why does a head's query of one token line up with the key of another?
+"""`qkv why`: why does a head's query of one token line up with the key of another?
 
     qkv why "The dog found some pizza next to the baby and ate it" --token it --to pizza --layer 3 --head 1
     qkv why TEXT --token 7 --to 4 --layer 1 --head 0 --model lm [--top N] [--json] [--png FILE]
                                                                  [--html FILE]
 
 The head's scaled score, split into (query component × key component) terms — embeddings, each
-earlier head, each feed-forward, bias — that sum to it (:func:`qkv.explain.score_attribution`).
-``--html``: the viewer's "why this weight" panel for it as one self-contained page
-(:func:`qkv.view.export.result_page`), written whole or not at all.
+earlier head, each feed-forward, bias — that sum to it (`qkv.explain.score_attribution`).
+`--html`: the viewer's "why this weight" panel for it as one self-contained page
+(`qkv.view.export.result_page`), written whole or not at all.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Local checks raise at once. The cross-rank check gathers one integer row per rank (dtype,
 shapes, mask arguments, layout) and compares them, so a rank whose shard has another dtype, head
 count or a length that does not fit the layout makes *every* rank raise the same
-:class:`ValueError` — rather than some ranks waiting for a message that never comes.
+`ValueError` — rather than some ranks waiting for a message that never comes.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def agree(query, key, value, *, group, layout: str, is_causal: bool, window, sca
 
     Raises:
         ValueError: on every rank, naming the ranks and values, when the ranks' shards or mask
-            arguments disagree, or their lengths are not a ``layout`` split of one sequence.
+            arguments disagree, or their lengths are not a `layout` split of one sequence.
         RuntimeError: a rank did not answer within the group's timeout.
     """
     rank, world = group_info(group, what=what)

@@ -1,12 +1,12 @@
 """The process group a sequence-parallel call runs on, and the checks every rank makes first.
 
-Every function in :mod:`qkv.distributed` starts here: :func:`group_info` refuses an
-uninitialised ``torch.distributed`` with a :class:`ValueError` (on every rank, since every rank
-checks locally), and :func:`agree` gathers one small integer row per rank (shapes, dtype, mask
+Every function in [`qkv.distributed`][qkv.distributed] starts here: `group_info` refuses an
+uninitialised `torch.distributed` with a `ValueError` (on every rank, since every rank
+checks locally), and `agree` gathers one small integer row per rank (shapes, dtype, mask
 arguments) so that a mismatch between ranks is *detected* — each rank sees the same table and
 raises the same error — instead of leaving a rank waiting forever for a message of the wrong size.
-A rank that never arrives is caught by the group's timeout (``init_process_group(timeout=...)``),
-re-raised as a :class:`RuntimeError` that says so.
+A rank that never arrives is caught by the group's timeout (`init_process_group(timeout=...)`),
+re-raised as a `RuntimeError` that says so.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def group_info(group, *, what: str) -> tuple[int, int]:
-    """(rank, world size) of this process in ``group`` (None = the default group).
+    """(rank, world size) of this process in `group` (None = the default group).
 
     Raises:
         ValueError: torch.distributed is not available or not initialised, or this process is
-            not a member of ``group``.
+            not a member of `group`.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(f"{what}: torch.distributed is not initialised; call "
@@ -43,7 +43,7 @@ def encode_dtype(dtype: torch.dtype) -> int:
 
 
 def gather_rows(row: list[int], group, *, what: str) -> list[list[int]]:
-    """All ranks' ``row`` (equal lengths), in rank order; a timeout becomes a clear RuntimeError."""
+    """All ranks' `row` (equal lengths), in rank order; a timeout becomes a clear RuntimeError."""
     mine = torch.tensor(row, dtype=torch.int64)  # (n,)
     _, world = group_info(group, what=what)
     rows = [torch.empty_like(mine) for _ in range(world)]
@@ -56,7 +56,7 @@ def gather_rows(row: list[int], group, *, what: str) -> list[list[int]]:
 
 
 WIDTH = 6
-"""Integers in one :func:`describe` row; the length axis (dim −2) sits at :data:`LENGTH_AT`."""
+"""Integers in one `describe` row; the length axis (dim −2) sits at `LENGTH_AT`."""
 LENGTH_AT = 4
 
 
@@ -67,7 +67,7 @@ def describe(x: torch.Tensor) -> list[int]:
     Fixed size whatever the rank, so every rank's row has the same length (gloo needs that for
     an all-gather; a row that grew with the rank would abort the group). Two tensors of one rank
     get equal rows exactly when their shapes are equal (up to a 63-bit digest collision);
-    :func:`gather_shapes` gives the shapes themselves, for messages.
+    `gather_shapes` gives the shapes themselves, for messages.
     """
     shape = tuple(x.shape)
     lead, last = shape[:-3], shape[-3:]
@@ -76,9 +76,9 @@ def describe(x: torch.Tensor) -> list[int]:
 
 
 def gather_shapes(tensors, width: int, group, *, what: str) -> list[list[tuple[int, ...]]]:
-    """Every rank's shapes of ``tensors``, in rank order, for messages (a second all-gather, made
-    once the ranks already know they disagree). ``width``: the largest rank any rank holds (from
-    the :func:`describe` rows), so the padded rows have one length on every rank."""
+    """Every rank's shapes of `tensors`, in rank order, for messages (a second all-gather, made
+    once the ranks already know they disagree). `width`: the largest rank any rank holds (from
+    the `describe` rows), so the padded rows have one length on every rank."""
     row = [v for t in tensors for v in (*t.shape, *([-1] * (width - t.ndim)))]
     rows = gather_rows(row, group, what=what)
     return [[tuple(v for v in r[i * width:(i + 1) * width] if v >= 0) for i in range(len(tensors))]

@@ -1,26 +1,29 @@
 """Which (query chunk, key chunk) pairs a mask leaves empty, full or partial — decided from global
 positions, so a rank skips the chunks it does not need without looking at a single score.
 
-A rank's shard is a few runs of global positions (:func:`~qkv.distributed.shard.layout_ranges`).
-The mask is one mask_mod over global positions (:class:`GlobalMask`: the band of causality and
-a window, :func:`~qkv.attention.block_mask.band`, AND-ed with a ``block_mask``'s mask_mod), and
-a pair of runs [qa, qb) × [ka, kb) is classified the way :func:`~qkv.attention.create_block_mask`
-classifies a block — the pair *is* one block — by the built-ins' ``kinds`` from its bounds alone.
-A square pair on the diagonal whose mask is exactly causal there is CAUSAL (torch's causal kernel).
+A rank's shard is a few runs of global positions
+([`layout_ranges`][qkv.distributed.shard.layout_ranges]). The mask is one mask_mod over global
+positions (`GlobalMask`: the band of causality and a window, `band`, AND-ed with a `block_mask`'s
+mask_mod), and a pair of runs [qa, qb) × [ka, kb) is classified the way
+[`create_block_mask`][qkv.attention.create_block_mask] classifies a block — the pair *is* one block
+— by the built-ins' `kinds` from its bounds alone. A square pair on the diagonal whose mask is
+exactly causal there is CAUSAL (torch's causal kernel).
 
-Zigzag under a causal mask, P = 2 (chunks 0..3; rank 0 holds 0 and 3, rank 1 holds 1 and 2)::
+Zigzag under a causal mask, P = 2 (chunks 0..3; rank 0 holds 0 and 3, rank 1 holds 1 and 2):
 
-                 keys of rank 0   keys of rank 1
-                  c0      c3       c1      c2
+```text
+keys of rank 0   keys of rank 1
+ c0      c3       c1      c2
+```
     rank 0   c0   ◣       ·        ·       ·         ◣ diagonal (torch's causal kernel)
              c3   ■       ◣        ■       ■         ■ full  · empty (skipped)
     rank 1   c1   ■       ·        ◣       ·
              c2   ■       ·        ■       ◣
 
-Every rank computes 2 diagonals + 2 full blocks here: balanced. A custom ``mask_mod``
-(FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, True = takes part) cannot be
+Every rank computes 2 diagonals + 2 full blocks here: balanced. A custom `mask_mod`
+(FlexAttention's `mask_mod(b, h, q_idx, kv_idx) -> bool`, True = takes part) cannot be
 classified from bounds: a pair the built-in parts do not leave empty is PARTIAL, and the blockwise
-kernel (:func:`qkv.attention.blockwise.forward_chunk`) skips the empty blocks inside it.
+kernel (`qkv.attention.blockwise.forward_chunk`) skips the empty blocks inside it.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ EMPTY, FULL, CAUSAL, PARTIAL = "empty", "full", "causal", "partial"
 
 @dataclass(frozen=True)
 class GlobalMask:
-    """A mask over global positions: ``causal``, ``window`` (left, right) and an optional ``mask_mod``.
+    """A mask over global positions: `causal`, `window` (left, right) and an optional `mask_mod`.
 
-    Called as a mask_mod itself (``mask(b, h, q_idx, kv_idx)``: all three together), which is
+    Called as a mask_mod itself (`mask(b, h, q_idx, kv_idx)`: all three together), which is
     what the blockwise kernel receives for a partial pair of chunks.
     """
 
@@ -51,7 +54,7 @@ class GlobalMask:
 
     @cached_property
     def parts(self) -> tuple:
-        """The mask as an intersection of mask_mods: the band, then ``mask_mod`` (its parts when
+        """The mask as an intersection of mask_mods: the band, then `mask_mod` (its parts when
         it is itself an intersection)."""
         structure = band(self.causal, self.window)
         parts = [structure] if structure is not None else []
@@ -103,15 +106,15 @@ def _kinds(mod, bounds) -> torch.Tensor:
 
 
 def _causal_on(mod, n: int) -> bool:
-    """Whether ``mod`` on a square n × n pair on the diagonal is exactly top-left causal: a band
+    """Whether `mod` on a square n × n pair on the diagonal is exactly top-left causal: a band
     closed on the right at the diagonal whose left side reaches the pair's first key."""
     return isinstance(mod, Band) and mod.right == 0 and mod._offset() == 0 and \
         (mod.left is None or mod.left >= n - 1)
 
 
 def mask_mod_of(block_mask, length: int) -> Callable | None:
-    """The ``mask_mod`` behind ``block_mask`` for a sequence of ``length`` tokens: a qkv block
-    mask (``.mask_mod``; built for ``length`` × ``length``, or refused), a qkv.masks mask_mod
+    """The `mask_mod` behind `block_mask` for a sequence of `length` tokens: a qkv block
+    mask (`.mask_mod`; built for `length` × `length`, or refused), a qkv.masks mask_mod
     (bound to the length), or any FlexAttention-style callable."""
     if block_mask is None:
         return None

@@ -1,27 +1,31 @@
 """Ring attention: each rank keeps its queries; key/value shards travel round the ring.
 
-P ranks, each holding a shard of one sequence (see :mod:`qkv.distributed.shard`)::
+P ranks, each holding a shard of one sequence (see `qkv.distributed.shard`):
 
-    step 0          step 1          …   step P−1
-    rank r: K/V_r   rank r: K/V_r−1     rank r: K/V_r+1       (indices mod P)
-         ──send K/V to r+1, receive from r−1──►
+```text
+step 0          step 1          …   step P−1
+rank r: K/V_r   rank r: K/V_r−1     rank r: K/V_r+1       (indices mod P)
+     ──send K/V to r+1, receive from r−1──►
+```
 
-At every step the next shard is already on its way (``batch_isend_irecv`` posted *before* this
+At every step the next shard is already on its way (`batch_isend_irecv` posted *before* this
 step's compute, into a second buffer: double buffering), so communication hides behind compute
 when a chunk's compute takes longer than its transfer. Each step's partial result is merged into
-the running one with the log-sum-exp (:mod:`qkv.distributed.merge`, fp32); pairs of chunks the
-mask leaves empty are skipped (:mod:`qkv.distributed.plan`). P − 1 messages (K and V) per rank.
+the running one with the log-sum-exp (`qkv.distributed.merge`, fp32); pairs of chunks the
+mask leaves empty are skipped (`qkv.distributed.plan`). P − 1 messages (K and V) per rank.
 
 **Backward** (FlashAttention-2's, per chunk, from the saved global log-sum-exp): K/V go round
 again, and with them two accumulators dK, dV: at each step a rank adds its queries' share of the
 gradient of the K/V it holds and passes the sum on; after P steps the accumulators are back at
 the rank that owns those keys. The accumulator of step i travels while step i + 1 computes.
 
-Example (every rank, inside a process group)::
+Example (every rank, inside a process group):
 
-    q, k, v = (qkv.distributed.shard(x, layout="zigzag") for x in (Q, K, V))  # (b, h, t_r, d)
-    out = qkv.distributed.ring_attention(q, k, v, is_causal=True)             # (b, h, t_r, d)
-    # == qkv.distributed.shard(qkv.scaled_dot_product_attention(Q, K, V, is_causal=True))
+```text
+q, k, v = (qkv.distributed.shard(x, layout="zigzag") for x in (Q, K, V))  # (b, h, t_r, d)
+out = qkv.distributed.ring_attention(q, k, v, is_causal=True)             # (b, h, t_r, d)
+# == qkv.distributed.shard(qkv.scaled_dot_product_attention(Q, K, V, is_causal=True))
+```
 """
 
 from __future__ import annotations
@@ -60,11 +64,11 @@ class _Ring:
         return (self.agreed.rank - 1) % self.agreed.world
 
     def owner(self, step: int) -> int:
-        """The rank whose K/V this rank holds at ``step``."""
+        """The rank whose K/V this rank holds at `step`."""
         return (self.agreed.rank - step) % self.agreed.world
 
     def segments(self, rank: int) -> list[tuple[slice, tuple[int, int]]]:
-        """(local rows, global [start, end)) of each run of ``rank``'s shard."""
+        """(local rows, global [start, end)) of each run of `rank`'s shard."""
         out, at = [], 0
         for s, e in self.agreed.ranges[rank]:
             out.append((slice(at, at + e - s), (s, e)))
@@ -88,7 +92,7 @@ class _Ring:
 
     def pairs(self, step: int):
         """(query rows, key rows, kind, query start, key start) of every non-empty pair of runs
-        at ``step`` (starts are global positions)."""
+        at `step` (starts are global positions)."""
         for q_rows, q_range in self.segments(self.agreed.rank):
             for k_rows, k_range in self.segments(self.owner(step)):
                 kind = self.mask.pair(q_range, k_range)
@@ -97,7 +101,7 @@ class _Ring:
 
     def attend(self, q, k, v, kind: str, q_start: int, k_start: int, nan_keys=None):
         """(out, lse) of one pair: torch's flash kernel for full and diagonal chunks, the
-        blockwise kernel (mask in global positions) for partial ones. ``nan_keys`` (B, h, s) or
+        blockwise kernel (mask in global positions) for partial ones. `nan_keys` (B, h, s) or
         None: the pair's keys holding a NaN (the blockwise kernel keeps NaN itself)."""
         if kind == PARTIAL:
             return forward_chunk(q, k, v, mask_mod=self.mask, q_offset=q_start, k_offset=k_start,
@@ -106,7 +110,7 @@ class _Ring:
                              nan_keys=nan_keys)
 
     def attend_backward(self, dout, q, k, v, out, lse, kind: str, q_start: int, k_start: int):
-        """(dq, dk, dv) of one pair from the merged ``out``/``lse`` of its query rows."""
+        """(dq, dk, dv) of one pair from the merged `out`/`lse` of its query rows."""
         if kind == PARTIAL:
             return backward_chunk(q, k, v, out, dout, lse, mask_mod=self.mask, q_offset=q_start,
                                   k_offset=k_start, scale=self.agreed.scale)
@@ -227,29 +231,29 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                    is_causal: bool = False, block_mask=None,
                    window: tuple[int | None, int | None] | None = None, scale: float | None = None,
                    enable_gqa: bool = False, layout: str = "zigzag", return_lse: bool = False):
-    """Exact attention over a sequence sharded across ``group``; this rank's queries' results.
+    """Exact attention over a sequence sharded across `group`; this rank's queries' results.
 
-    Every rank of ``group`` calls it with its shard (from :func:`~qkv.distributed.shard` with
-    the same ``layout``). Masks are over *global* positions.
+    Every rank of `group` calls it with its shard (from `shard` with
+    the same `layout`). Masks are over *global* positions.
 
     Args:
         query: (..., h, t_r, d) this rank's queries. key, value: (..., h_kv, t_r, d / dv).
         group: the process group (None = the default group).
         is_causal: query i attends keys j ≤ i (global positions).
         block_mask: FlexAttention-style mask over the global sequence: a block mask with a
-            ``mask_mod``, or a ``mask_mod(b, h, q_idx, kv_idx) -> bool`` itself (documents, …).
+            `mask_mod`, or a `mask_mod(b, h, q_idx, kv_idx) -> bool` itself (documents, …).
         window: (left, right): keys i − left … i + right (None = unbounded on that side).
         scale: multiplies q·kᵀ (default 1/√d). enable_gqa: h a multiple of h_kv.
-        layout: how the sequence was sharded: ``"zigzag"`` or ``"contiguous"``.
+        layout: how the sequence was sharded: `"zigzag"` or `"contiguous"`.
         return_lse: also return the log-sum-exp (..., h, t_r), float32 (float64 for float64
             inputs), −inf for a query with no key.
 
     Returns:
-        out (..., h, t_r, dv), or (out, lse) with ``return_lse``. Differentiable in q, k, v.
+        out (..., h, t_r, dv), or (out, lse) with `return_lse`. Differentiable in q, k, v.
 
     Raises:
         ValueError: on every rank, for an uninitialised group and for shards or arguments that
-            disagree between ranks (see :func:`qkv.distributed.checks.agree`).
+            disagree between ranks (see `qkv.distributed.checks.agree`).
         RuntimeError: a rank did not answer within the group's timeout.
     """
     agreed = agree(query, key, value, group=group, layout=layout, is_causal=is_causal,

@@ -1,25 +1,31 @@
 """Split a sequence across the ranks of a process group, and put it back together.
 
-Two layouts of N tokens over P ranks::
+Two layouts of N tokens over P ranks:
 
-    "contiguous"  rank r holds one run of N/P tokens    P = 2:  [ 0 0 0 0 | 1 1 1 1 ]
-    "zigzag"      N is cut into 2P chunks; rank r holds  P = 2:  [ 0 0 | 1 1 | 1 1 | 0 0 ]
-                  chunks r and 2P−1−r
+```text
+"contiguous"  rank r holds one run of N/P tokens    P = 2:  [ 0 0 0 0 | 1 1 1 1 ]
+"zigzag"      N is cut into 2P chunks; rank r holds  P = 2:  [ 0 0 | 1 1 | 1 1 | 0 0 ]
+              chunks r and 2P−1−r
+```
 
 Under a causal mask a query at position i has i + 1 keys, so contiguous shards give the last
 rank ~(2P−1)× the work of the first; zigzag pairs an early chunk with a late one and every rank
-gets the same amount. Lengths need not divide: the chunks are ``torch.tensor_split``'s (the
+gets the same amount. Lengths need not divide: the chunks are `torch.tensor_split`'s (the
 first N mod 2P chunks are one token longer), so shards differ by at most two tokens and every
-rank can compute where every other rank's tokens sit from N alone (:func:`layout_ranges`).
+rank can compute where every other rank's tokens sit from N alone
+([`layout_ranges`][qkv.distributed.shard.layout_ranges]).
 
-Positions must stay global (RoPE, learned position tables, masks): :func:`shard_positions`
-gives the global position of every local token, sharded exactly like the tokens.
+Positions must stay global (RoPE, learned position tables, masks):
+[`shard_positions`][qkv.distributed.shard.shard_positions] gives the global position of every local
+token, sharded exactly like the tokens.
 
-Example (inside a process group of 2)::
+Example (inside a process group of 2):
 
-    x = torch.arange(8)[None, :, None]              # (1, 8, 1), tokens 0..7
-    local = qkv.distributed.shard(x, dim=1)         # rank 0: 0 1 6 7   rank 1: 2 3 4 5
-    qkv.distributed.unshard(local, dim=1)           # every rank: 0..7 again
+```text
+x = torch.arange(8)[None, :, None]              # (1, 8, 1), tokens 0..7
+local = qkv.distributed.shard(x, dim=1)         # rank 0: 0 1 6 7   rank 1: 2 3 4 5
+qkv.distributed.unshard(local, dim=1)           # every rank: 0..7 again
+```
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ def check_layout(layout: str) -> None:
 
 
 def chunk_bounds(length: int, pieces: int) -> list[tuple[int, int]]:
-    """[start, end) of ``pieces`` near-equal chunks of ``length`` (``torch.tensor_split``'s cut)."""
+    """[start, end) of `pieces` near-equal chunks of `length` (`torch.tensor_split`'s cut)."""
     base, extra = divmod(length, pieces)
     bounds, start = [], 0
     for i in range(pieces):
@@ -49,9 +55,9 @@ def chunk_bounds(length: int, pieces: int) -> list[tuple[int, int]]:
 
 
 def layout_ranges(length: int, world: int, rank: int, layout: str = "zigzag") -> list[tuple[int, int]]:
-    """The global [start, end) runs that ``rank`` holds, in the order they sit in its shard.
+    """The global [start, end) runs that `rank` holds, in the order they sit in its shard.
 
-    Example:
+    Examples:
         >>> layout_ranges(10, 2, 0), layout_ranges(10, 2, 1)
         ([(0, 3), (8, 10)], [(3, 6), (6, 8)])
         >>> layout_ranges(10, 2, 1, "contiguous")
@@ -65,7 +71,7 @@ def layout_ranges(length: int, world: int, rank: int, layout: str = "zigzag") ->
 
 
 def shard_length(length: int, world: int, rank: int, layout: str = "zigzag") -> int:
-    """How many of ``length`` tokens ``rank`` holds."""
+    """How many of `length` tokens `rank` holds."""
     return sum(e - s for s, e in layout_ranges(length, world, rank, layout))
 
 
@@ -76,7 +82,7 @@ def _positions(length: int, world: int, rank: int, layout: str, device=None) -> 
 
 def shard_positions(length: int, group=None, layout: str = "zigzag", *,
                     device: torch.device | str | None = None) -> torch.Tensor:
-    """(t_r,) int64: the global position of each token this rank holds after :func:`shard`.
+    """(t_r,) int64: the global position of each token this rank holds after `shard`.
 
     Pass them to position embeddings (RoPE, learned tables) so they see global positions.
     """
@@ -85,18 +91,18 @@ def shard_positions(length: int, group=None, layout: str = "zigzag", *,
 
 
 def shard(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int = -2) -> torch.Tensor:
-    """This rank's part of the full sequence ``x`` along ``dim`` (every rank passes all of ``x``).
+    """This rank's part of the full sequence `x` along `dim` (every rank passes all of `x`).
 
-    No communication: every rank holds the whole ``x`` and keeps its own runs (a copy).
+    No communication: every rank holds the whole `x` and keeps its own runs (a copy).
 
     Args:
-        x: (..., N, ...) the full sequence; ``dim`` is its length axis (default −2, the ``t`` of
-            (b, h, t, d); use ``dim=1`` for (b, t, E) hidden states).
+        x: (..., N, ...) the full sequence; `dim` is its length axis (default −2, the `t` of
+            (b, h, t, d); use `dim=1` for (b, t, E) hidden states).
         group: the process group (None = the default group).
-        layout: ``"zigzag"`` (balanced under causal masks) or ``"contiguous"``.
+        layout: `"zigzag"` (balanced under causal masks) or `"contiguous"`.
 
     Returns:
-        (..., t_r, ...) with t_r = :func:`shard_length` (N, P, r).
+        (..., t_r, ...) with t_r = [`shard_length`][qkv.distributed.shard.shard_length] (N, P, r).
     """
     rank, world = group_info(group, what="shard")
     check_layout(layout)
@@ -107,10 +113,10 @@ def shard(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int = -2) ->
 
 
 def unshard(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int = -2) -> torch.Tensor:
-    """The full sequence from every rank's shard ``x`` (an all-gather), in global order.
+    """The full sequence from every rank's shard `x` (an all-gather), in global order.
 
-    Every rank must call it with its shard of one sequence (shapes equal except along ``dim``,
-    where they must be what :func:`shard` gives); every rank gets the whole sequence back.
+    Every rank must call it with its shard of one sequence (shapes equal except along `dim`,
+    where they must be what `shard` gives); every rank gets the whole sequence back.
     Differentiable: the gradient of the full sequence is sharded back.
     """
     rank, world = group_info(group, what="unshard")

@@ -1,11 +1,11 @@
 """DeepSpeed-Ulysses (Jacobs et al., 2023): trade sequence shards for head shards and back.
 
-::
-
-    before: rank r holds all h heads of its t_r tokens        (b, h, t_r, d)
-      all-to-all ─► rank r holds h/P heads of all N tokens     (b, h/P, N, d)
-    local attention over the whole sequence, any mask
-      all-to-all ─► back to all heads of its own tokens       (b, h, t_r, d)
+```text
+before: rank r holds all h heads of its t_r tokens        (b, h, t_r, d)
+  all-to-all ─► rank r holds h/P heads of all N tokens     (b, h/P, N, d)
+local attention over the whole sequence, any mask
+  all-to-all ─► back to all heads of its own tokens       (b, h, t_r, d)
+```
 
 Two all-to-alls of q, k, v and one of the output per call (each moves (P−1)/P of a rank's
 shard), against ring attention's P − 1 transfers of K/V: Ulysses sends less when P is large, but
@@ -27,7 +27,7 @@ from qkv.distributed.plan import CAUSAL, EMPTY, PARTIAL, GlobalMask, mask_mod_of
 
 
 def _all_to_all(x: torch.Tensor, agreed: Agreed, *, to_heads: bool) -> torch.Tensor:
-    """(B, h, t_r, d) → (B, h/P, N, d) in global order (``to_heads``), or the reverse."""
+    """(B, h, t_r, d) → (B, h/P, N, d) in global order (`to_heads`), or the reverse."""
     world, rank = agreed.world, agreed.rank
     lengths = [sum(e - s for s, e in r) for r in agreed.ranges]
     order = torch.cat([torch.arange(s, e) for r in agreed.ranges for s, e in r])  # shard order → global
@@ -63,7 +63,7 @@ def _exchange(recv, send, recv_sizes, send_sizes, agreed: Agreed) -> None:
 
 
 class _AllToAll(torch.autograd.Function):
-    """:func:`_all_to_all` as an autograd op: sequence shards → head shards (``to_heads``) or
+    """`_all_to_all` as an autograd op: sequence shards → head shards (`to_heads`) or
     back; its gradient is the same exchange the other way."""
 
     @staticmethod
@@ -83,15 +83,15 @@ def ulysses_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       window: tuple[int | None, int | None] | None = None,
                       scale: float | None = None, enable_gqa: bool = False,
                       layout: str = "zigzag", return_lse: bool = False):
-    """Exact attention over a sequence sharded across ``group``, by all-to-all head exchange.
+    """Exact attention over a sequence sharded across `group`, by all-to-all head exchange.
 
-    Same arguments, shapes and result as :func:`~qkv.distributed.ring_attention`; the head
-    count h must be divisible by the group size P. A ``block_mask`` is evaluated for the whole
+    Same arguments, shapes and result as [`ring_attention`][qkv.distributed.ring_attention]; the
+    head count h must be divisible by the group size P. A `block_mask` is evaluated for the whole
     sequence on every rank with the head index left out (a rank holds h/P of the heads): masks
-    that differ per head need :func:`ring_attention`.
+    that differ per head need `ring_attention`.
 
     Raises:
-        ValueError: on every rank, when h is not divisible by P, or as ``ring_attention``.
+        ValueError: on every rank, when h is not divisible by P, or as `ring_attention`.
     """
     agreed = agree(query, key, value, group=group, layout=layout, is_causal=is_causal,
                    window=window, scale=scale, enable_gqa=enable_gqa,

@@ -1,35 +1,37 @@
 """An encoder-decoder's cross-attention: where each target token looked in the source.
 
-The model translates the text greedily (or takes ``target=``); then one teacher-forced forward
-pass over that target records every cross-attention weight (the model's ``cross_pass``,
-:class:`~qkv.models.protocol.CrossPass`). Target position j is the decoder position that
+The model translates the text greedily (or takes `target=`); then one teacher-forced forward
+pass over that target records every cross-attention weight (the model's `cross_pass`,
+[`CrossPass`][qkv.models.protocol.CrossPass]). Target position j is the decoder position that
 *produces* target token j (its input is token j−1), so row j of a head's (t, s) map is where that
-head looked while the model chose token j::
+head looked while the model chose token j:
 
-                source (keys, from the encoder's memory)
-                the   red   apple  is   [EOS]
+```text
+source (keys, from the encoder's memory)
+the   red   apple  is   [EOS]
+```
     la          ■                                  ← producing "la"
     pomme             ·     ■
     rouge             ■
     est                            ■
     [EOS]                               ■
 
-:func:`cross_attention` returns every weight, each head's most-attended source token per target
-token, checked against a gold alignment when there is one (``gold=``; by default the model's own:
-``model.gold_alignment(text)``, which the toy translation model answers from its grammar and a
-transformers encoder-decoder leaves empty), and — with ``token`` — that target token's top source
-tokens per head.
-:func:`cross_attention_head` redoes one head's arithmetic for one target token — the decoder's
-query against the encoder's keys and values — in float64 with :func:`~qkv.explain.steps.head_steps`
-and compares it with the forward's own numbers.
+[`cross_attention`][qkv.explain.cross.cross_attention] returns every weight, each head's
+most-attended source token per target token, checked against a gold alignment when there is one
+(`gold=`; by default the model's own: `model.gold_alignment(text)`, which the toy translation model
+answers from its grammar and a transformers encoder-decoder leaves empty), and — with `token` — that
+target token's top source tokens per head.
+[`cross_attention_head`][qkv.explain.cross.cross_attention_head] redoes one head's arithmetic for
+one target token — the decoder's query against the encoder's keys and values — in float64 with
+[`head_steps`][qkv.explain.steps.head_steps] and compares it with the forward's own numbers.
 
-Both take a model whose ``capabilities.cross_attention`` is true (``qkv.load("translate")``:
+Both take a model whose `capabilities.cross_attention` is true (`qkv.load("translate")`:
 the shipped one; a transformers encoder-decoder directory — Marian, BART, mBART, M2M100, T5 —
-through :mod:`qkv.hf.seq2seq`), or a name/directory :func:`qkv.load` reads; they ask it only for
-``cross_pass``, ``cross_shape`` and ``gold_alignment`` (:mod:`qkv.models.protocol`). ``target=``
-teacher-forces a given translation instead of the model's own. ``qkv explain TEXT --model
-translate`` prints these results (:mod:`qkv.explain.render_cross`) and draws them
-(:mod:`qkv.explain.figures`).
+through `qkv.hf.seq2seq`), or a name/directory [`qkv.load`][qkv.load] reads; they ask it only for
+`cross_pass`, `cross_shape` and `gold_alignment` ([`qkv.models.protocol`][qkv.models.protocol]).
+`target=` teacher-forces a given translation instead of the model's own. `qkv explain TEXT --model
+translate` prints these results (`qkv.explain.render_cross`) and draws them
+(`qkv.explain.figures`).
 """
 
 from __future__ import annotations
@@ -58,23 +60,24 @@ GOLD_MARK = "✓"
 class CrossAttention:
     """One sentence's translation and every cross-attention weight of the forward that scored it.
 
-    Fields:
-        model: the checkpoint's name (``"translate (shipped)"`` or its directory); text: as given.
+    Attributes:
+        model: the checkpoint's name (`"translate (shipped)"` or its directory).
+        text: as given.
         source: the s source tokens, special tokens included (the keys).
         target: the t target tokens, ending with the end-of-sequence token (the queries).
         translation: the target as text.
         weights: (L, H, t, s) cross-attention weights, exactly as the forward computed them.
         gold: per target word (not [EOS]), the gold source token indices; None when there is no
             gold alignment (the model knows none, or its target differs from the gold's).
-        gold_note: why ``gold`` is None (or None).
-        trace: the full :class:`TranslationTrace` (queries, keys, values, scores… per layer) of
+        gold_note: why `gold` is None (or None).
+        trace: the full `TranslationTrace` (queries, keys, values, scores… per layer) of
             qkv's translation model; None for a model that keeps no such trace.
         token: the target token chosen for a closer look (its top source tokens), or None.
-        focus: the target token a viewer opens at: ``token``, else the last target word (the
-            default :func:`~qkv.explain.select.choose` resolves).
+        focus: the target token a viewer opens at: `token`, else the last target word (the
+            default `choose` resolves).
         top: how many source tokens that closer look lists per head.
         layers: the decoder layers shown (all, or the one asked for).
-        notes: how an ambiguous ``token`` was resolved.
+        notes: how an ambiguous `token` was resolved.
         special: per target token, whether it is a special token ([EOS], a language code).
     """
 
@@ -122,7 +125,7 @@ class CrossAttention:
         return gold[torch.arange(n), self.argmax[..., :n]].sum(-1)  # (L, H)
 
     def top_weights(self, layer: int, head: int, j: int) -> list[tuple[int, float]]:
-        """The ``top`` largest weights of target token j as (source index, weight), largest first."""
+        """The `top` largest weights of target token j as (source index, weight), largest first."""
         w = self.weights[layer, head, j]
         values, index = w.topk(min(self.top, w.numel()))
         return [(int(i), float(v)) for v, i in zip(values, index)]
@@ -138,9 +141,9 @@ class CrossAttention:
         return sorted(((l, h) for l in self.layers for h in range(self.num_heads)), key=key)
 
     def to_dict(self) -> dict:
-        """Every weight shown (``weights[l][h][j][i]`` for the ``layers``), each head's summary
-        (what ``qkv explain TEXT --model translate --json`` prints) and, per target token j,
-        ``ranking[j]``: the heads best first (:meth:`ranking`)."""
+        """Every weight shown (`weights[l][h][j][i]` for the `layers`), each head's summary
+        (what `qkv explain TEXT --model translate --json` prints) and, per target token j,
+        `ranking[j]`: the heads best first ([`ranking`][qkv.explain.cross.CrossAttention.ranking])."""
         counts = self.alignment()
         best = int(counts[list(self.layers)].max()) if counts is not None else None
         heads = []
@@ -173,13 +176,14 @@ class CrossAttention:
 @dataclass(frozen=True)
 class CrossHeadSteps:
     """One cross-attention head's arithmetic for one target token — what
-    :func:`cross_attention_head` returns.
+    [`cross_attention_head`][qkv.explain.cross.cross_attention_head] returns.
 
-    Fields:
-        attention: the sentence's :class:`CrossAttention` (its ``token`` is the target token).
-        steps: the float64 recomputation; ``steps.tokens`` are the source keys and
-            ``steps.token_index`` is the target position.
-        norm_first: whether the decoder is pre-norm (it says where ``steps.x`` comes from).
+    Attributes:
+        attention: the sentence's [`CrossAttention`][qkv.explain.cross.CrossAttention] (its `token`
+            is the target token).
+        steps: the float64 recomputation; `steps.tokens` are the source keys and
+            `steps.token_index` is the target position.
+        norm_first: whether the decoder is pre-norm (it says where `steps.x` comes from).
     """
 
     kind: ClassVar[str] = "cross_steps"  # its row in qkv.explain.kinds.KINDS
@@ -213,8 +217,8 @@ class CrossHeadSteps:
                 f"position {j} reads {previous} and produces {ca.target[j]!r}")
 
     def to_dict(self) -> dict:
-        """Every number in full (what ``qkv explain TEXT --model translate --layer L --head H
-        --json`` prints); −inf as :mod:`qkv.explain.jsonable` says."""
+        """Every number in full (what `qkv explain TEXT --model translate --layer L --head H
+        --json` prints); −inf as `qkv.explain.jsonable` says."""
         st, ca, j = self.steps, self.attention, self.target_index
         gold = self.gold
         return {
@@ -234,9 +238,9 @@ class CrossHeadSteps:
 
 
 def translation_model(model, *, target: str | None = None):
-    """``model`` itself when it has cross-attention, else :func:`qkv.load` of a name/directory.
+    """`model` itself when it has cross-attention, else [`qkv.load`][qkv.load] of a name/directory.
 
-    (A :class:`~qkv.translate.checkpoint.Checkpoint` is read as its ``model``.)
+    (A `Checkpoint` is read as its `model`.)
     """
     if isinstance(model, (str, os.PathLike)):
         from qkv.models.loading import load
@@ -259,7 +263,7 @@ def translation_model(model, *, target: str | None = None):
 
 
 def check_layer_head(model, layer: int | None, head: int | None) -> None:
-    """ArgumentError when the decoder has no such ``layer`` or ``head``."""
+    """ArgumentError when the decoder has no such `layer` or `head`."""
     check_index("layer", layer)
     check_index("head", head)
     L, H = model.cross_shape
@@ -272,7 +276,7 @@ def check_layer_head(model, layer: int | None, head: int | None) -> None:
 
 
 def check_target(target: str | None) -> None:
-    """ArgumentError for an empty or blank ``target`` (None: the model translates)."""
+    """ArgumentError for an empty or blank `target` (None: the model translates)."""
     if target is not None and (not target or is_blank(target)):
         raise ArgumentError("target", "{name} is empty ({value}); give the translation to "
                             "teacher-force, or leave {name} out for the model's own",
@@ -280,7 +284,7 @@ def check_target(target: str | None) -> None:
 
 
 def cross_pass(model, text: str, target: str | None = None) -> CrossPass:
-    """``model.cross_pass`` with a too-long ``target`` named as the argument it is, and the first
+    """`model.cross_pass` with a too-long `target` named as the argument it is, and the first
     non-finite weight refused (where it appeared)."""
     check_target(target)
     try:
@@ -305,8 +309,8 @@ def cross_pass(model, text: str, target: str | None = None) -> CrossPass:
 
 
 def _translate_and_trace(model, text: str, gold: Gold, target: str | None = None) -> CrossAttention:
-    """Translate ``text`` (or take ``target``) and trace the forward pass over it (see the
-    module doc); ``gold`` None: the model's own (``model.gold_alignment(text)``)."""
+    """Translate `text` (or take `target`) and trace the forward pass over it (see the
+    module doc); `gold` None: the model's own (`model.gold_alignment(text)`)."""
     cp = cross_pass(model, text, target)
     links, note = _gold(model.gold_alignment(text) if gold is None else gold, cp.words)
     return CrossAttention(model=model.name, text=text, source=cp.source, target=cp.target,
@@ -316,7 +320,7 @@ def _translate_and_trace(model, text: str, gold: Gold, target: str | None = None
 
 
 def _gold(gold: Gold, words: list[str]) -> tuple[list[tuple[int, ...]] | None, str | None]:
-    """A gold alignment as (links, None) when it is for the target ``words``, else (None, why)."""
+    """A gold alignment as (links, None) when it is for the target `words`, else (None, why)."""
     if gold is None:
         return None, None
     if isinstance(gold, str):
@@ -336,31 +340,31 @@ def _target_units(ca: CrossAttention) -> Units:
 def cross_attention(model, text: str, *, token: str | None = None, top: int = 3,
                     layer: int | None = None, gold: Gold = None,
                     target: str | None = None) -> CrossAttention:
-    """Translate ``text`` and return every cross-attention weight of the pass that scored it.
+    """Translate `text` and return every cross-attention weight of the pass that scored it.
 
     Args:
-        model: a model with cross-attention (``qkv.load("translate")``, a transformers
-            encoder-decoder), or a name/directory :func:`qkv.load` reads.
-        token: a target token to look at closer (a word, ``"word@N"`` or an index, as in
-            :func:`~qkv.explain.select.choose`); its top source tokens go into ``to_dict()``.
-        top: how many source tokens to list for ``token``, per head.
+        model: a model with cross-attention (`qkv.load("translate")`, a transformers
+            encoder-decoder), or a name/directory [`qkv.load`][qkv.load] reads.
+        token: a target token to look at closer (a word, `"word@N"` or an index, as in
+            `choose`); its top source tokens go into `to_dict()`.
+        top: how many source tokens to list for `token`, per head.
         layer: show only this decoder layer.
-        gold: ``(target_tokens, links)``: a reference translation and, per target word, the
+        gold: `(target_tokens, links)`: a reference translation and, per target word, the
             source token indices it translates, used when the translation's words equal it; or
-            a string saying why there is none (kept as ``gold_note``; it also turns a model's
-            own gold off). None (the default): the model's own, ``model.gold_alignment(text)``
-            — the toy translation model's grammar (:func:`qkv.translate.gold.grammar_gold`),
+            a string saying why there is none (kept as `gold_note`; it also turns a model's
+            own gold off). None (the default): the model's own, `model.gold_alignment(text)`
+            — the toy translation model's grammar (`qkv.translate.gold.grammar_gold`),
             nothing for a transformers encoder-decoder.
         target: a translation to teacher-force instead of the model's own (tokenised as the
-            model trains on it: ``tokenizer(text_target=target)`` for a transformers model).
+            model trains on it: `tokenizer(text_target=target)` for a transformers model).
 
     Raises:
-        ArgumentError: ``token`` not in the translation, ``layer`` out of range, ``top`` < 1;
-            ``target`` empty, longer than the model's positions, or given to a model without
+        ArgumentError: `token` not in the translation, `layer` out of range, `top` < 1;
+            `target` empty, longer than the model's positions, or given to a model without
             cross-attention.
         QkvError: an empty text, a word the model does not know, a bad checkpoint.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> ca = cross_attention(qkv.load("translate"), "the red apple is next to the black cats")
         >>> ca.translation, ca.weights.shape                      # (L, H, t, s)
@@ -388,20 +392,20 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
     received) · W_Q + b → q; each source token's memory vector (the encoder's output) · W_K + b
     → k_i, · W_V + b → v_i; the scores scaled by the model's own scale (1/√d; 1 for T5, which
     leaves it out), its mask and bias, softmax, Σ w·v — compared stage by stage with the
-    forward's (``steps.diffs``). A transformers encoder-decoder's W_Q, W_K, W_V come from
-    :mod:`qkv.hf.projections`' table, checked against its forward (``steps.projection`` says why
+    forward's (`steps.diffs`). A transformers encoder-decoder's W_Q, W_K, W_V come from
+    `qkv.hf.projections`' table, checked against its forward (`steps.projection` says why
     where they could not be read: then q, k, v are the kernel's).
 
     Args:
-        model, gold, target: as for :func:`cross_attention`.
+        model, gold, target: as for [`cross_attention`][qkv.explain.cross.cross_attention].
         token: the target token (None: the last target word).
         layer, head: the decoder layer and the head within it, counting from 0.
 
     Raises:
-        ArgumentError: ``token`` not in the translation, ``layer``/``head`` out of range.
-        QkvError: as for :func:`cross_attention`.
+        ArgumentError: `token` not in the translation, `layer`/`head` out of range.
+        QkvError: as for [`cross_attention`][qkv.explain.cross.cross_attention].
 
-    Example:
+    Examples:
         >>> text = "the red apple is next to the black cats"
         >>> cs = cross_attention_head("translate", text, token="rouge", layer=2, head=1)
         >>> cs.target_index, cs.gold, cs.steps.max_abs_diff < 1e-4
@@ -414,11 +418,11 @@ def cross_attention_head(model, text: str, *, token: str | None = None, layer: i
 def cross_attention_heads(model, text: str, *, token: str | None = None,
                           heads: list[tuple[int, int]], gold: Gold = None,
                           target: str | None = None) -> list[CrossHeadSteps]:
-    """:func:`cross_attention_head` of one target token for each ``(layer, head)`` in
-    ``heads``, from one translation and its one traced forward (a page showing every head of a
-    token needs one, not L·H).
+    """[`cross_attention_head`][qkv.explain.cross.cross_attention_head] of one target token for each
+    `(layer, head)` in `heads`, from one translation and its one traced forward (a page showing
+    every head of a token needs one, not L·H).
 
-    Example:
+    Examples:
         >>> text = "the red apple is next to the black cats"
         >>> both = cross_attention_heads("translate", text, token="rouge", heads=[(0, 0), (2, 1)])
         >>> [(cs.steps.layer, cs.steps.head) for cs in both]

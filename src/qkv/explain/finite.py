@@ -3,14 +3,14 @@
 A model whose weights hold NaN (a run trained with a NaN loss, a corrupted file) still runs: every
 number after the first NaN is NaN, and an explanation would print NaN weights, rank heads by NaN
 and sort garbage. The explainer checks each traced forward here, in the order the model computed
-it, and raises :class:`NonFiniteError` (a ``QkvError``) naming where the first non-finite number
+it, and raises `NonFiniteError` (a `QkvError`) naming where the first non-finite number
 appeared:
 
     layer 2, head 3: its query projection (q_proj) is not finite although its input is
     layer 1's attention heads are finite but the next layer's input holds NaN (its feed-forward)
     the embeddings hold NaN (the layers never saw a finite input)
 
-Example:
+Examples:
     >>> import torch
     >>> describe(torch.tensor([1.0, float("nan")]))
     'NaN'
@@ -28,7 +28,7 @@ class NonFiniteError(QkvError):
 
 
 def describe(t: torch.Tensor) -> str:
-    """``"NaN"`` if ``t`` holds a NaN, else ``"infinity"``."""
+    """`"NaN"` if `t` holds a NaN, else `"infinity"`."""
     return "NaN" if torch.isnan(t).any() else "infinity"
 
 
@@ -43,20 +43,20 @@ PROJECTIONS = (("query", "query projection (q_proj)"), ("key", "key projection (
 
 def check_layers(layer_traces, *, model: str = "the model", part: str = "",
                  output: torch.Tensor | None = None) -> None:
-    """Walk ``layer_traces`` (one ``LayerTrace`` per layer, in order) and raise
-    :class:`NonFiniteError` at the first non-finite number, in the order the forward made it:
+    """Walk `layer_traces` (one `LayerTrace` per layer, in order) and raise
+    `NonFiniteError` at the first non-finite number, in the order the forward made it:
 
-    1. the layer's input — every row (``key_input``/``value_input`` hold them all, not only the
-       traced rows' ``query_input``): the embeddings for layer 0, else the previous layer;
+    1. the layer's input — every row (`key_input`/`value_input` hold them all, not only the
+       traced rows' `query_input`): the embeddings for layer 0, else the previous layer;
     2. each head's projected queries, keys and values (q_proj, k_proj, v_proj told apart);
     3. its attention weights, then its output (weights · v);
-    4. the layer's output: the heads' concatenation through ``out_proj`` (the residual the
+    4. the layer's output: the heads' concatenation through `out_proj` (the residual the
        attention hands on) or, that being finite, the feed-forward.
 
     Args:
-        layer_traces: the traces of one layer stack (``StackOutput.traces``).
+        layer_traces: the traces of one layer stack (`StackOutput.traces`).
         model: the model's name, for the message.
-        part: ``"encoder "``/``"decoder "`` for a model with two stacks, else ``""``.
+        part: `"encoder "`/`"decoder "` for a model with two stacks, else `""`.
         output: the stack's last hidden state (b, t, E), checked after the last layer.
     """
     previous = None  # the layer trace whose output the next input is: (index, trace)
@@ -113,12 +113,12 @@ def _input_message(model: str, part: str, previous, t: torch.Tensor, final: bool
 
 
 def check_parameters(model, *, name: str = "the model") -> None:
-    """:class:`NonFiniteError` naming the first parameter of ``model`` that holds NaN/inf.
+    """`NonFiniteError` naming the first parameter of `model` that holds NaN/inf.
 
     For outputs that carry no trace to point into (a translation: NaN logits would decode to
     plausible-looking garbage), a broken model is refused before it runs.
 
-    Example:
+    Examples:
         >>> check_parameters(torch.nn.Linear(2, 2))
     """
     for pname, p in model.named_parameters():

@@ -1,18 +1,18 @@
-"""One traced forward pass over one text: the only source of the numbers ``qkv explain`` shows.
+"""One traced forward pass over one text: the only source of the numbers `qkv explain` shows.
 
-Everything the explainer prints about the model comes from :class:`Traced`, i.e. from the
-traces the model's own forward recorded (``model(..., trace_rows=rows,
-output_hidden_states=True)``) — never from a second, "similar" implementation. Only the
-requested query rows are kept (``trace_rows``), so explaining one token holds
-``O(layers · heads · s)`` attention numbers, not ``O(layers · heads · t · s)``.
+Everything the explainer prints about the model comes from `Traced`, i.e. from the
+traces the model's own forward recorded (`model(..., trace_rows=rows,
+output_hidden_states=True)`) — never from a second, "similar" implementation. Only the
+requested query rows are kept (`trace_rows`), so explaining one token holds
+`O(layers · heads · s)` attention numbers, not `O(layers · heads · t · s)`.
 
-:func:`trace_layer` answers a question about one layer's whole map: the forward stops after that
-layer (:class:`~qkv.modules.stack.LayerRows`) and keeps its q, k and every row's lse (O(t) per
-head); :meth:`LayerLse.weights` then gives any head's rows, exactly as the reference path computes
+`trace_layer` answers a question about one layer's whole map: the forward stops after that
+layer (`LayerRows`) and keeps its q, k and every row's lse (O(t) per
+head); `LayerLse.weights` then gives any head's rows, exactly as the reference path computes
 them, a block of rows at a time — one head's map holds O(t · s) numbers, nothing else does.
 
 Models are passed in, never loaded or cached here: a caller loads one with
-:func:`qkv.load` (eval mode) and keeps it as long as it likes.
+[`qkv.load`][qkv.load] (eval mode) and keeps it as long as it likes.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ BLOCK_NUMBERS = 1 << 22
 class Traced:
     """A text, its tokens, and what the model computed on it for the traced query rows.
 
-    Fields:
+    Attributes:
         text: the text as given.
-        encoding: the tokenizer's ``Encoding`` (ids, tokens, offsets, word_ids, special).
+        encoding: the tokenizer's `Encoding` (ids, tokens, offsets, word_ids, special).
         units: the tokens or words shown on screen.
         rows: (r,) the token positions whose attention rows were kept.
-        hidden_states: num_layers + 1 tensors (1, t, E); ``hidden_states[L]`` enters layer L.
-        traces: one ``LayerTrace`` per layer; ``traces[L].self_attn.attention.weights`` is
+        hidden_states: num_layers + 1 tensors (1, t, E); `hidden_states[L]` enters layer L.
+        traces: one `LayerTrace` per layer; `traces[L].self_attn.attention.weights` is
             (1, h, r, s).
     """
 
@@ -66,11 +66,11 @@ class Traced:
         return list(self.encoding.tokens)
 
     def weights(self, layer: int) -> torch.Tensor:
-        """(h, r, s): layer ``layer``'s attention weights for the traced rows, every head."""
+        """(h, r, s): layer `layer`'s attention weights for the traced rows, every head."""
         return self.traces[layer].self_attn.attention.weights[0]
 
     def layer_weights(self) -> list[torch.Tensor]:
-        """:meth:`weights` of every layer, in order: L tensors (h, r, s)."""
+        """`weights` of every layer, in order: L tensors (h, r, s)."""
         return [self.weights(layer) for layer in range(len(self.traces))]
 
 
@@ -85,27 +85,28 @@ def num_heads(model) -> int:
 
 
 def model_name(model) -> str:
-    """How messages name ``model`` (every model of the protocol has a ``name``)."""
+    """How messages name `model` (every model of the protocol has a `name`)."""
     return str(model.name)
 
 
 def check_model(model) -> None:
-    """ArgumentError unless ``model`` is a self-attention model from ``qkv.load`` (the typed
-    protocol :class:`~qkv.models.protocol.SelfAttentionModel`: layers, a tokenizer, a name …)."""
+    """ArgumentError unless `model` is a self-attention model from `qkv.load` (the typed
+    protocol [`SelfAttentionModel`][qkv.models.protocol.SelfAttentionModel]: layers, a tokenizer, a
+    name …)."""
     if not isinstance(model, SelfAttentionModel):
         raise ArgumentError("model", "{name} must be a model from qkv.load (with layers and a "
                             "tokenizer), got {value}", value=type(model).__name__)
 
 
 def check_index(name: str, value) -> None:
-    """ArgumentError unless ``value`` is None or an int — ``True`` would count as 1, 2.0 as 2."""
+    """ArgumentError unless `value` is None or an int — `True` would count as 1, 2.0 as 2."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise ArgumentError(name, "{name} must be an int, got {value}", value=repr(value))
 
 
 def check_layer_head(model, layer: int | None, head: int | None) -> None:
-    """ArgumentError naming the value and the valid range when ``layer``/``head`` do not exist
-    (or ``model`` is not a model)."""
+    """ArgumentError naming the value and the valid range when `layer`/`head` do not exist
+    (or `model` is not a model)."""
     check_model(model)
     check_index("layer", layer)
     check_index("head", head)
@@ -127,7 +128,7 @@ def check_layer_head(model, layer: int | None, head: int | None) -> None:
 
 
 def check_top(top: int) -> None:
-    """ArgumentError unless ``top`` (how many of the largest weights to list) is at least 1."""
+    """ArgumentError unless `top` (how many of the largest weights to list) is at least 1."""
     check_index("top", top)
     if top is None or top < 1:
         raise ArgumentError("top", "{name} must be at least 1, got {value}", value=top)
@@ -141,8 +142,8 @@ def check_text(text: str) -> None:
 
 
 def encode(model, text: str, *, unknown_ok: bool = False):
-    """The tokenizer's Encoding of ``text``; QkvError for an empty or blank text, one longer than
-    the model takes (:func:`~qkv.explain.wording.too_long`), or (unless ``unknown_ok``) one whose
+    """The tokenizer's Encoding of `text`; QkvError for an empty or blank text, one longer than
+    the model takes (`too_long`), or (unless `unknown_ok`) one whose
     every token is the unknown token."""
     check_text(text)
     check_model(model)
@@ -161,15 +162,15 @@ def encode(model, text: str, *, unknown_ok: bool = False):
 
 def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
           encoding=None, last_layer: int | None = None) -> Traced:
-    """Run ``model`` on ``text`` once, keeping the attention rows ``rows`` of every layer/head.
+    """Run `model` on `text` once, keeping the attention rows `rows` of every layer/head.
 
     Args:
-        rows: token positions (LongTensor) whose rows to keep, or ``slice(None)`` for all.
-        words: show words instead of tokens (see :mod:`qkv.explain.select`).
+        rows: token positions (LongTensor) whose rows to keep, or `slice(None)` for all.
+        words: show words instead of tokens (see `qkv.explain.select`).
         encoding: the text's Encoding when the caller already has it.
         last_layer: the last layer the caller reads: where the model allows it
-            (:func:`stops_at_layer`), the forward stops after it and ``traces`` /
-            ``hidden_states`` end there (the model's head never runs).
+            (`stops_at_layer`), the forward stops after it and `traces` /
+            `hidden_states` end there (the model's head never runs).
     """
     encoding = encoding if encoding is not None else encode(model, text)
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
@@ -188,10 +189,12 @@ def trace(model, text: str, rows: torch.Tensor | slice, *, words: bool = False,
 class LayerLse:
     """One layer of one forward, kept at O(t) per head: what any of its weights is computed from.
 
-    Fields:
-        text, encoding, units: as :class:`Traced`'s.
+    Attributes:
+        text: as `Traced`'s.
+        encoding: see `text`.
+        units: see `text`.
         layer: the layer.
-        record: its :class:`~qkv.attention.trace.LseTrace` — query (1, h, t, d), key (1, h_kv,
+        record: its `LseTrace` — query (1, h, t, d), key (1, h_kv,
             s, d) as the kernel read them (after positions and norms), every row's lse, the mask
             description and the scale.
     """
@@ -203,9 +206,9 @@ class LayerLse:
     record: LseTrace
 
     def weights(self, heads: list[int], rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(len(heads), r, s): the weights of query ``rows`` (None: all) in each of ``heads``.
+        """(len(heads), r, s): the weights of query `rows` (None: all) in each of `heads`.
 
-        Each row is the softmax of its own scores by the reference path (what ``trace_rows``
+        Each row is the softmax of its own scores by the reference path (what `trace_rows`
         runs), one head and a block of rows at a time — so the (r, s) result is the only large
         tensor. Kept in the dtype the attention computed in (float32 for fp32, bf16 and fp16
         models).
@@ -231,8 +234,8 @@ class LayerLse:
 
 
 def stops_at_layer(model, layer: int) -> bool:
-    """Whether ``model``'s forward can stop after ``layer`` and keep only its lse there: qkv's own
-    layers (a :class:`~qkv.modules.TransformerStack`, which reads :class:`LayerRows`) with no
+    """Whether `model`'s forward can stop after `layer` and keep only its lse there: qkv's own
+    layers (a [`TransformerStack`][qkv.modules.TransformerStack], which reads `LayerRows`) with no
     score bias (an lse record keeps q and k, not a bias). A transformers model behind qkv's
     attention runs its own layer loop, so it is traced whole instead."""
     lay = model.layers[layer]
@@ -242,15 +245,15 @@ def stops_at_layer(model, layer: int) -> bool:
 
 def trace_layer(model, text: str, layer: int | None, *, words: bool = False,
                 encoding=None) -> list[LayerLse]:
-    """Run ``model`` on ``text`` through layer ``layer`` only, keeping that layer's q, k and lse
-    (a list of one :class:`LayerLse`); ``layer=None``: the whole forward, every layer's.
+    """Run `model` on `text` through layer `layer` only, keeping that layer's q, k and lse
+    (a list of one `LayerLse`); `layer=None`: the whole forward, every layer's.
 
-    The layers after ``layer`` and the model's head never run (:class:`LayerRows`); the layers
-    before it run untraced, as a plain forward does. Needs :func:`stops_at_layer` (for every
-    layer with ``layer=None``).
+    The layers after `layer` and the model's head never run (`LayerRows`); the layers
+    before it run untraced, as a plain forward does. Needs `stops_at_layer` (for every
+    layer with `layer=None`).
 
     Args:
-        words: show words instead of tokens (see :mod:`qkv.explain.select`).
+        words: show words instead of tokens (see `qkv.explain.select`).
         encoding: the text's Encoding when the caller already has it.
     """
     encoding = encoding if encoding is not None else encode(model, text)
@@ -264,7 +267,7 @@ def trace_layer(model, text: str, layer: int | None, *, words: bool = False,
 
 
 def device_of(model) -> torch.device:
-    """The device ``model``'s weights are on: where an explanation creates its tensors."""
+    """The device `model`'s weights are on: where an explanation creates its tensors."""
     for p in model.parameters():
         return p.device
     return torch.device("cpu")

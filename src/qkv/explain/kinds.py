@@ -1,26 +1,28 @@
-"""The one table of result kinds: what each :mod:`qkv.explain` result is, and how it is asked for
-and shown.
+"""The one table of result kinds: what each [`qkv.explain`][qkv.explain] result is, and how it is
+asked for and shown.
 
-Every result class says its ``kind`` (a class attribute; ``to_dict()["kind"]`` carries it), and
-:data:`KINDS` holds one :class:`ResultKind` row per kind. Everything that turns results into
-something else reads this table — nothing dispatches on a class name or keeps a list of its own:
+Every result class says its `kind` (a class attribute; `to_dict()["kind"]` carries it), and
+`KINDS` holds one [`ResultKind`][qkv.explain.kinds.ResultKind] row per kind. Everything that turns
+results into something else reads this table — nothing dispatches on a class name or keeps a list of
+its own:
 
-* the CLI prints a result with its row's ``render`` (``--json``: ``json(to_dict())``), draws its
-  ``figure`` for ``--png`` and writes its ``page`` for ``--html`` (:mod:`qkv.cli.command`);
-  ``qkv show KIND TEXT`` runs any row with a ``run`` and a text, its ``fields`` as flags;
-* the ``--html`` export (:mod:`qkv.view.export`) runs a row as its ``export`` says — once per
+* the CLI prints a result with its row's `render` (`--json`: `json(to_dict())`), draws its
+  `figure` for `--png` and writes its `page` for `--html` (`qkv.cli.command`);
+  `qkv show KIND TEXT` runs any row with a `run` and a text, its `fields` as flags;
+* the `--html` export (`qkv.view.export`) runs a row as its `export` says — once per
   text, once per layer, or once per head (only rows answered from the cached maps: a forward per
   head would break the export's budget of a few forwards per token);
-* the viewer's API (:mod:`qkv.view.api`) serves ``/api/<endpoint>`` for each row with a ``run``,
-  taking, checking and defaulting the row's ``fields`` (:class:`Field`), refusing a model without
-  the row's ``needs`` capability, answering in the row's ``encoding``; ``/api/info`` sends the
-  rows to the page;
-* the ``--html`` export and a notebook (:mod:`qkv.view.notebook`) open the page at ``request(result)``;
-* the page draws an answer with ``PANELS[kind]`` (``view/static/app.js``), where the row's
-  ``panel`` says.
+* the viewer's API (`qkv.view.api`) serves `/api/<endpoint>` for each row with a `run`,
+  taking, checking and defaulting the row's `fields` ([`Field`][qkv.explain.kinds.Field]), refusing
+  a model without the row's `needs` capability, answering in the row's `encoding`; `/api/info` sends
+  the rows to the page;
+* the `--html` export and a notebook (`qkv.view.notebook`) open the page at `request(result)`;
+* the page draws an answer with `PANELS[kind]` (`view/static/app.js`), where the row's
+  `panel` says.
 
-A new result kind is a result class, one row here and, to show it, one entry of ``PANELS``.
+A new result kind is a result class, one row here and, to show it, one entry of `PANELS`.
 
+Examples:
     >>> [f.name for f in KINDS["steps"].fields], KINDS["steps"].needs
     (['token', 'layer', 'head', 'words'], 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
@@ -66,19 +68,20 @@ FIELD_TYPES = ("index", "bool", "token", "method", "probe")
 @dataclass(frozen=True)
 class Field:
     """One request field of a result kind: its name (the library's argument), type, default and
-    bounds — what the viewer's API checks and the page is told (``/api/info``).
+    bounds — what the viewer's API checks and the page is told (`/api/info`).
 
     Types:
-        index: an integer, ``0 ≤ value < 2**31`` (the library checks it against the model:
-            ``layer 9 is out of range …``).
+        index: an integer, `0 ≤ value < 2**31` (the library checks it against the model:
+            `layer 9 is out of range …`).
         bool: true or false.
-        token: an index, a word or ``"word@N"`` (at most ``limit`` characters); None: the
-            library's default (the last word). ``key`` (a score's key) is one too, required.
-        method: a name of :data:`qkv.explain.contributions.METHODS` that applies to the model.
+        token: an index, a word or `"word@N"` (at most `limit` characters); None: the
+            library's default (the last word). `key` (a score's key) is one too, required.
+        method: a name of `qkv.explain.contributions.METHODS` that applies to the model.
         probe: a probe whose effects the library measures on the model; None: its default probe.
 
-    ``default`` is what an absent field means; a ``required`` field has none.
+    `default` is what an absent field means; a `required` field has none.
 
+    Examples:
         >>> LAYER.required, WORDS.default, METHOD.default
         (True, False, 'weight')
     """
@@ -109,7 +112,7 @@ KEY = Field("key", "token", required=True, limit=100)  # a score's key (qkv why 
 
 
 def _indices(run: Callable, *names: str) -> tuple[Field, ...]:
-    """Index fields with the defaults of ``run``'s own keyword arguments (none: required)."""
+    """Index fields with the defaults of `run`'s own keyword arguments (none: required)."""
     import inspect
 
     params = inspect.signature(run).parameters
@@ -124,7 +127,7 @@ EXPORTS = ("text", "layer", "head")
 
 
 def _later(where: str) -> Callable:
-    """``"module:function"`` as a function that imports it when called (drawing and pages
+    """`"module:function"` as a function that imports it when called (drawing and pages
     import matplotlib and the viewer; the table stays cheap to import)."""
     def call(*args, **kwargs):
         import importlib
@@ -137,13 +140,13 @@ def _later(where: str) -> Callable:
 
 
 def _page_of_dict(where: str) -> Callable:
-    """A page drawn from the result's ``to_dict()`` (the needle and atlas pages)."""
+    """A page drawn from the result's `to_dict()` (the needle and atlas pages)."""
     draw = _later(where)
     return lambda result: draw(result.to_dict())
 
 
 def _result_page(result) -> str:
-    """The result alone, drawn by its panel (:func:`qkv.view.export.result_page`)."""
+    """The result alone, drawn by its panel (`qkv.view.export.result_page`)."""
     return _later("qkv.view.export:result_page")(result)
 
 
@@ -151,40 +154,43 @@ def _result_page(result) -> str:
 class ResultKind:
     """One kind of result.
 
-    Fields:
-        name: the result's ``kind`` (and ``to_dict()["kind"]``).
-        needs: the capability a model must have (a field of :class:`~qkv.models.protocol.Capabilities`).
-        render: ``"module:function"`` printing it in a terminal: ``function(console, result,
-            **options)`` taking those of ``names``/``top``/``model_arg`` it declares.
+    Attributes:
+        name: the result's `kind` (and `to_dict()["kind"]`).
+        needs: the capability a model must have (a field of
+            [`Capabilities`][qkv.models.protocol.Capabilities]).
+        render: `"module:function"` printing it in a terminal: `function(console, result,
+            **options)` taking those of `names`/`top`/`model_arg` it declares.
         endpoint: the viewer endpoint that answers with it (None: not in the viewer).
-        run: ``(model, text, **fields) → result``: what that endpoint runs (None: another row's
-            ``run`` answers it, or the API computes it itself — whole maps are cached there).
-        fields: the request fields (:class:`Field`) ``run`` takes besides ``model`` and ``text``.
+        run: `(model, text, **fields) → result`: what that endpoint runs (None: another row's
+            `run` answers it, or the API computes it itself — whole maps are cached there).
+        fields: the request fields ([`Field`][qkv.explain.kinds.Field]) `run` takes besides `model`
+            and `text`.
         request: result → the fields that ask for it again (where a page showing it opens).
-        json: what ``--json`` prints of ``to_dict()``.
+        json: what `--json` prints of `to_dict()`.
         text: whether a request needs a text (a probe runs on its own).
         whole_map: it traces every query row of a layer (O(t²)): the viewer keeps such requests
             to texts within its map limit.
-        from_map: ``run(map)`` reads one head's :class:`~qkv.explain.maps.AttentionMap` (the
-            ``layer``/``head``/``words`` fields pick it; no ``run``: the map itself): the viewer
+        from_map: `run(map)` reads one head's [`AttentionMap`][qkv.explain.maps.AttentionMap] (the
+            `layer`/`head`/`words` fields pick it; no `run`: the map itself): the viewer
             answers it from the text's maps, which it keeps, instead of a forward per head.
-        result: the result class a notebook displays as this row's panel (its ``kind`` is
-            ``name``; :mod:`qkv.view.notebook` registers it), or None: not displayed on its own.
-        document: answered from a :class:`~qkv.explain.long.document.Document` (``qkv view --file``):
-            ``run(document, **fields)``; the request names no model or text (the document's).
-        encoding: how the viewer sends it — ``"json"``: its ``to_dict()``; the others send its
-            numbers as float32 bytes (:data:`qkv.view.answers.ENCODINGS`).
-        panel: where the page draws it with ``PANELS[name]``: ``"main"`` (its own place in the
-            page: model view, head view, step panel), ``"head"`` (a section of its own under the
+        result: the result class a notebook displays as this row's panel (its `kind` is
+            `name`; `qkv.view.notebook` registers it), or None: not displayed on its own.
+        document: answered from a [`Document`][qkv.explain.long.document.Document]
+            (`qkv view --file`): `run(document, **fields)`; the request names no model or text (the
+            document's).
+        encoding: how the viewer sends it — `"json"`: its `to_dict()`; the others send its
+            numbers as float32 bytes (`qkv.view.answers.ENCODINGS`).
+        panel: where the page draws it with `PANELS[name]`: `"main"` (its own place in the
+            page: model view, head view, step panel), `"head"` (a section of its own under the
             head view, asked again with the selection's fields whenever the head changes),
-            ``"cell"`` (a section under the head view for the heat map's clicked cell: the
-            selection's fields with the cell's column as ``key``),
-            ``"alone"`` (only a result shown on its own: a notebook), None (no panel).
-        figure: result → a matplotlib figure, what ``--png`` draws (None: the command has none).
-        page: result → a self-contained HTML page, what ``--html`` writes (None: none).
-        export: how the ``--html`` export runs it for a short text: ``"text"`` (one request, the
-            selection's token), ``"layer"`` (one per layer), ``"head"`` (one per head: only a
-            ``from_map`` row, answered from the maps the export keeps, costs no forward per
+            `"cell"` (a section under the head view for the heat map's clicked cell: the
+            selection's fields with the cell's column as `key`),
+            `"alone"` (only a result shown on its own: a notebook), None (no panel).
+        figure: result → a matplotlib figure, what `--png` draws (None: the command has none).
+        page: result → a self-contained HTML page, what `--html` writes (None: none).
+        export: how the `--html` export runs it for a short text: `"text"` (one request, the
+            selection's token), `"layer"` (one per layer), `"head"` (one per head: only a
+            `from_map` row, answered from the maps the export keeps, costs no forward per
             head), or None (not exported; the page asks a server).
     """
 
@@ -221,22 +227,22 @@ class ResultKind:
         return tuple(f.name for f in self.fields)
 
     def to_dict(self) -> dict:
-        """What the page is told of the row (``/api/info``'s ``kinds``)."""
+        """What the page is told of the row (`/api/info`'s `kinds`)."""
         return {"name": self.name, "needs": self.needs, "endpoint": self.endpoint,
                 "fields": [f.to_dict() for f in self.fields], "text": self.text,
                 "whole_map": self.whole_map, "panel": self.panel, "encoding": self.encoding}
 
 
 def _effects(model, text, *, probe=None):
-    """The viewer's ablation effects: ``probe`` None is the model's default probe (the one whose
-    best heads the model view marks, :func:`~qkv.explain.probes.find_heads.default_probe`)."""
+    """The viewer's ablation effects: `probe` None is the model's default probe (the one whose
+    best heads the model view marks, `default_probe`)."""
     return head_effects(model, find_heads.default_probe(model) if probe is None else probe)
 
 
 def _why(model, text, *, layer, head, key, token=None):
-    """The viewer's "why this weight" (a clicked cell): :func:`score_attribution` of ``key`` for
-    the query ``token``; a model whose stream or projections qkv cannot split is refused as the
-    ``model``'s fault, by its one-line reason."""
+    """The viewer's "why this weight" (a clicked cell): `score_attribution` of `key` for
+    the query `token`; a model whose stream or projections qkv cannot split is refused as the
+    `model`'s fault, by its one-line reason."""
     check_layer_head(model, layer, head)
     try:
         circuits_residual.check(model)
@@ -340,7 +346,7 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
 
 
 def kind_of(result) -> ResultKind:
-    """The row of ``result`` (by its ``kind``); ValueError for something that is not a result."""
+    """The row of `result` (by its `kind`); ValueError for something that is not a result."""
     # any object may be handed here (an attribute it may lack): a result declares its kind
     name = getattr(result, "kind", None)
     if name not in KINDS:

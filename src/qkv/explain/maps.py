@@ -1,13 +1,13 @@
 """One head's whole attention map over a text — what a heat map of the head draws.
 
-Unlike :func:`qkv.explain.explain_head`, which traces one query row, this keeps every row:
-O(t · s) numbers for one head and nothing else of that size. The forward stops after the layer
-asked for and keeps that layer's q, k and lse (:func:`qkv.explain.forward.trace_layer`, O(t) per
-head); the head's rows are then its softmax rows by the reference path, a block at a time, in the
-dtype the attention computed in (float32 for fp32/bf16/fp16 models). :func:`attention_maps` with
-``layer=L`` gives one layer's heads the same way; without it, every layer's from one forward.
-With ``words=True`` the map is regrouped into words (into a word summed, from a word averaged;
-see :mod:`qkv.explain.select`).
+Unlike [`qkv.explain.explain_head`][qkv.explain.explain_head], which traces one query row, this
+keeps every row: O(t · s) numbers for one head and nothing else of that size. The forward stops
+after the layer asked for and keeps that layer's q, k and lse (`qkv.explain.forward.trace_layer`,
+O(t) per head); the head's rows are then its softmax rows by the reference path, a block at a time,
+in the dtype the attention computed in (float32 for fp32/bf16/fp16 models).
+[`attention_maps`][qkv.explain.maps.attention_maps] with `layer=L` gives one layer's heads the same
+way; without it, every layer's from one forward. With `words=True` the map is regrouped into words
+(into a word summed, from a word averaged; see `qkv.explain.select`).
 
 A model whose layers qkv does not run itself (a transformers model behind qkv's attention) is
 traced whole, every row of every layer, as before.
@@ -34,7 +34,7 @@ from qkv.explain.select import Units, group_columns, group_rows
 
 @dataclass(frozen=True)
 class AttentionMap:
-    """Head ``head`` of layer ``layer``: ``weights`` (U, U), rows from, columns to ``units``
+    """Head `head` of layer `layer`: `weights` (U, U), rows from, columns to `units`
     (float32 for fp32, bf16 and fp16 models: the dtype the attention computed in)."""
 
     kind: ClassVar[str] = "map"  # its row in qkv.explain.kinds.KINDS
@@ -47,19 +47,19 @@ class AttentionMap:
     weights: torch.Tensor
 
     def to_dict(self) -> dict:
-        """``weights[i][j]``: from unit i to unit j (finite: every row sums to 1)."""
+        """`weights[i][j]`: from unit i to unit j (finite: every row sums to 1)."""
         return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "words": self.units.words, "layer": self.layer, "head": self.head,
                 "weights": self.weights.tolist()}
 
 
 def attention_map(model, text: str, *, layer: int, head: int, words: bool = False) -> AttentionMap:
-    """The (U, U) attention map of one head on ``text``, as the forward computed it.
+    """The (U, U) attention map of one head on `text`, as the forward computed it.
 
     Raises:
-        ArgumentError: ``layer``/``head`` out of range. QkvError: an empty text.
+        ArgumentError: `layer`/`head` out of range. QkvError: an empty text.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> m = attention_map(qkv.load("minilm"), "the cat sat", layer=0, head=0)
         >>> m.units.labels, m.weights.shape, m.weights.sum(-1).allclose(torch.ones(5))
@@ -76,7 +76,7 @@ def attention_map(model, text: str, *, layer: int, head: int, words: bool = Fals
 
 def _layer_weights(model, text: str, layer: int, heads: list[int], words: bool):
     """(units, (len(heads), U, U)): some heads of one layer, from a forward that stops there
-    (:func:`stops_at_layer`), else from a whole traced forward."""
+    (`stops_at_layer`), else from a whole traced forward."""
     if stops_at_layer(model, layer):
         (rec,) = trace_layer(model, text, layer, words=words)
         units, w = rec.units, rec.weights(heads)  # (H, t, s)
@@ -91,15 +91,17 @@ def _layer_weights(model, text: str, layer: int, heads: list[int], words: bool):
 
 @dataclass(frozen=True)
 class AttentionMaps:
-    """Every head's map from one forward: ``weights`` (L, H, U, U), rows from, columns to ``units``
-    — or, with ``layer`` set, that layer's heads alone: ``weights`` (1, H, U, U).
+    """Every head's map from one forward: `weights` (L, H, U, U), rows from, columns to `units`
+    — or, with `layer` set, that layer's heads alone: `weights` (1, H, U, U).
 
-    :meth:`head` gives one head as the :class:`AttentionMap` :func:`attention_map` returns.
+    [`head`][qkv.explain.maps.AttentionMaps.head] gives one head as the
+    [`AttentionMap`][qkv.explain.maps.AttentionMap]
+    [`attention_map`][qkv.explain.maps.attention_map] returns.
 
-    An encoder-decoder's maps (from one teacher-forced forward) add: ``target_units`` (the t
-    target tokens, the queries), ``cross`` (L, H, t, s): decoder row j — the position that
-    produces target token j — over the s source ``units``, and ``decoder`` (L, H, t, t): the
-    decoder's self-attention; ``weights`` is then the encoder's self-attention (L_enc, H, s, s).
+    An encoder-decoder's maps (from one teacher-forced forward) add: `target_units` (the t
+    target tokens, the queries), `cross` (L, H, t, s): decoder row j — the position that
+    produces target token j — over the s source `units`, and `decoder` (L, H, t, t): the
+    decoder's self-attention; `weights` is then the encoder's self-attention (L_enc, H, s, s).
     All three are None for a model without cross-attention.
     """
 
@@ -115,9 +117,9 @@ class AttentionMaps:
     layer: int | None = None
 
     def to_dict(self) -> dict:
-        """``weights[l][h][i][j]``: layer l, head h, from unit i to unit j (and, for an
-        encoder-decoder, ``cross[l][h][j][i]`` from target token j to source token i,
-        ``decoder[l][h][j][k]``)."""
+        """`weights[l][h][i][j]`: layer l, head h, from unit i to unit j (and, for an
+        encoder-decoder, `cross[l][h][j][i]` from target token j to source token i,
+        `decoder[l][h][j][k]`)."""
         doc = {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                "words": self.units.words, "weights": self.weights.tolist()}
         if self.layer is not None:  # weights[0] is that layer's
@@ -128,7 +130,7 @@ class AttentionMaps:
         return doc
 
     def head(self, layer: int, head: int) -> AttentionMap:
-        """Head ``head`` of layer ``layer`` (one the maps hold: ``self.layer`` when it is set)."""
+        """Head `head` of layer `layer` (one the maps hold: `self.layer` when it is set)."""
         first = 0 if self.layer is None else self.layer
         if not 0 <= layer - first < self.weights.shape[0]:
             raise ArgumentError("layer", "{name} {value} is not among these maps' layers "
@@ -140,24 +142,24 @@ class AttentionMaps:
 
 def attention_maps(model, text: str, *, layer: int | None = None, words: bool = False,
                    target: str | None = None) -> AttentionMaps:
-    """Every layer's and head's (U, U) map on ``text`` from one forward (what a viewer keeps),
-    or, with ``layer``, that layer's heads: a forward that stops after it.
+    """Every layer's and head's (U, U) map on `text` from one forward (what a viewer keeps),
+    or, with `layer`, that layer's heads: a forward that stops after it.
 
     O(L · H · t · s) numbers (O(H · t · s) for one layer): one forward instead of one per head.
     The weights are in the dtype the attention computed in (float32 for fp32/bf16/fp16 models).
 
-    For a model with cross-attention (an encoder-decoder), ``text`` is the source and the forward
-    is teacher-forced on ``target`` — tokenised as the model trains on it
-    (``tokenizer(text_target=target)``, end-of-sequence included, shifted behind the decoder start
-    token by the model's own forward) — or, with ``target=None``, on the model's own greedy
-    translation; ``.cross`` is (L, H, t, s) (see :class:`AttentionMaps`).
+    For a model with cross-attention (an encoder-decoder), `text` is the source and the forward
+    is teacher-forced on `target` — tokenised as the model trains on it
+    (`tokenizer(text_target=target)`, end-of-sequence included, shifted behind the decoder start
+    token by the model's own forward) — or, with `target=None`, on the model's own greedy
+    translation; `.cross` is (L, H, t, s) (see [`AttentionMaps`][qkv.explain.maps.AttentionMaps]).
 
     Raises:
-        ArgumentError: ``target`` given to a model without cross-attention, empty, or longer
-            than the model's positions; ``words=True`` or ``layer`` with an encoder-decoder;
-            ``layer`` out of range.
+        ArgumentError: `target` given to a model without cross-attention, empty, or longer
+            than the model's positions; `words=True` or `layer` with an encoder-decoder;
+            `layer` out of range.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> ms = attention_maps(qkv.load("minilm"), "the cat sat")
         >>> ms.weights.shape, torch.equal(ms.head(2, 3).weights,
@@ -197,9 +199,9 @@ def attention_maps(model, text: str, *, layer: int | None = None, words: bool = 
 
 
 def _check_finite(model, text: str, layer: int, w: torch.Tensor) -> None:
-    """NonFiniteError naming the first layer and head that computed NaN or infinity, when ``w``
+    """NonFiniteError naming the first layer and head that computed NaN or infinity, when `w`
     (H, t, s) is not finite: the first such row is traced again through every layer up to
-    ``layer`` (:func:`qkv.explain.finite.check_layers` names where it starts)."""
+    `layer` (`qkv.explain.finite.check_layers` names where it starts)."""
     bad = ~torch.isfinite(w)
     if not bool(bad.any()):
         return
@@ -210,7 +212,8 @@ def _check_finite(model, text: str, layer: int, w: torch.Tensor) -> None:
 
 
 def _seq2seq_maps(model, text: str, *, words: bool, target: str | None) -> AttentionMaps:
-    """An encoder-decoder's maps from one teacher-forced forward (:func:`qkv.explain.cross.cross_pass`)."""
+    """An encoder-decoder's maps from one teacher-forced forward
+([`qkv.explain.cross.cross_pass`][qkv.explain.cross.cross_pass])."""
     if words:
         raise ArgumentError("words", "{name} groups a self-attention model's tokens; an "
                             "encoder-decoder's maps are per token (leave {name} out)")

@@ -3,20 +3,20 @@
 A hybrid model's linear-attention and state-space layers (Gated DeltaNet, KDA, lightning,
 Mamba-2, a gated short convolution) have no softmax rows, but each head's output is linear in
 its values: o = M·v with one (t × t) matrix M per head — causal, signed, rows need not sum to 1
-(:mod:`qkv.explain.mixers`). :func:`attention_map` asks :func:`effective_layer` and hands such a
-layer here; :func:`mixer_map` returns M as an :class:`EffectiveMap` (kind ``map``, drawn by the
+(`qkv.explain.mixers`). `attention_map` asks `effective_layer` and hands such a
+layer here; `mixer_map` returns M as an `EffectiveMap` (kind `map`, drawn by the
 same panel with a diverging scale and its row sums).
 
-Where the numbers come from: the model's own forward (:func:`qkv.explain.forward.trace`) runs
-once with a hook on the layer's mixer (``layers[L].parts.mixers[i].module``, the protocol's
+Where the numbers come from: the model's own forward (`qkv.explain.forward.trace`) runs
+once with a hook on the layer's mixer (`layers[L].parts.mixers[i].module`, the protocol's
 part) keeping its input — the normed hidden state — and its output for that call; the mixer's
-registered reader (:data:`~qkv.explain.mixers.MIXERS`, keyed by the part's ``MixerKind``) then
+registered reader (`MIXERS`, keyed by the part's `MixerKind`) then
 runs the module on exactly that input. The construction refuses the result unless the reader's
 run returned the forward's output bit for bit (the same computation, not a similar one) and
-M·v rebuilds the module's own mixing output to rounding (:func:`qkv.rounding.close`); the
-largest difference is kept in ``error``, as ``explain_head`` keeps its float64 re-check.
+M·v rebuilds the module's own mixing output to rounding (`qkv.rounding.close`); the
+largest difference is kept in `error`, as `explain_head` keeps its float64 re-check.
 
-Example:
+Examples:
     >>> m = mixer_map(qkv.load("path/to/qwen3_5"), "the cat sat", layer=0, head=1)  # doctest: +SKIP
     >>> m.weights.triu(1).abs().max(), m.row_sums                                    # doctest: +SKIP
     (tensor(0., dtype=torch.float64), tensor([...]))
@@ -40,13 +40,13 @@ from qkv.rounding import close
 
 @dataclass(frozen=True)
 class EffectiveMap:
-    """Head ``head`` of a linear or state-space ``mixer`` of layer ``layer``: ``weights`` (U, U)
+    """Head `head` of a linear or state-space `mixer` of layer `layer`: `weights` (U, U)
     the exact M with o = M·v (signed, causal; a row's sum is not 1), rows from, columns to
-    ``units``.
+    `units`.
 
-    Fields beyond :class:`~qkv.explain.maps.AttentionMap`'s: ``mixer`` the mixer's kind
-    (``MixerKind`` value), ``mixer_index`` its place among the layer's mixers, ``heads`` how many
-    heads (value heads, or channels of a short convolution) it has, ``error`` max |M·v − o| over
+    Fields beyond [`AttentionMap`][qkv.explain.maps.AttentionMap]'s: `mixer` the mixer's kind
+    (`MixerKind` value), `mixer_index` its place among the layer's mixers, `heads` how many
+    heads (value heads, or channels of a short convolution) it has, `error` max |M·v − o| over
     every head against the module's own mixing output o (float64 M, the forward's float32 o).
     """
 
@@ -69,21 +69,21 @@ class EffectiveMap:
         return self.weights.sum(-1)
 
     def marks(self) -> dict:
-        """What tells a reader this is no softmax map (``effective``: draw it on a diverging
-        scale) and ``row_sums[i]`` to print beside row i; the viewer's answer carries them too."""
+        """What tells a reader this is no softmax map (`effective`: draw it on a diverging
+        scale) and `row_sums[i]` to print beside row i; the viewer's answer carries them too."""
         return {"effective": True, "mixer": self.mixer, "mixer_index": self.mixer_index,
                 "heads": self.heads, "row_sums": self.row_sums.tolist(), "error": self.error}
 
     def to_dict(self) -> dict:
-        """``weights[i][j]`` from unit i to unit j — signed — and :meth:`marks`."""
+        """`weights[i][j]` from unit i to unit j — signed — and `marks`."""
         return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "words": self.units.words, "layer": self.layer, "head": self.head,
                 "weights": self.weights.tolist(), **self.marks()}
 
 
 def effective_layer(model, layer) -> bool:
-    """Whether layer ``layer`` of ``model`` has no mixer whose weights are softmax rows (a linear
-    or state-space layer, or a feed-forward-only one): :func:`mixer_map` answers it. False for an
+    """Whether layer `layer` of `model` has no mixer whose weights are softmax rows (a linear
+    or state-space layer, or a feed-forward-only one): `mixer_map` answers it. False for an
     index that is no layer (the caller's checks name it)."""
     parts = getattr(model, "parts", None)  # not a model: the caller's check_model names it
     if isinstance(layer, bool) or not isinstance(layer, int) or parts is None or not 0 <= layer < len(parts.layers):
@@ -97,14 +97,15 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
 
     Args:
         layer: the layer. head: the mixer's head (a value head; a channel of a short convolution).
-        mixer: which of the layer's mixers (``model.parts.layers[L].mixers``); None: its one
+        mixer: which of the layer's mixers (`model.parts.layers[L].mixers`); None: its one
             non-softmax mixer (Falcon-H1's and Zamba2's layers run Mamba-2 beside attention:
-            ``mixer=1``).
+            `mixer=1`).
         words: regroup into words (into a word summed, from a word averaged).
 
     Raises:
         ArgumentError: a layer, head or mixer out of range; a mixer whose weights are softmax
-            rows (:func:`qkv.explain.attention_map` draws those); a feed-forward-only layer.
+            rows ([`qkv.explain.attention_map`][qkv.explain.attention_map] draws those); a
+            feed-forward-only layer.
         QkvError: the mixer's reader refuses the module, or its run is not the forward's.
     """
     check_text(text)
@@ -137,16 +138,17 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
 
 def softmax_rows(model, traced) -> list[torch.Tensor]:
     """Every layer's traced softmax weights (h, r, s), zeros for a layer that no softmax mixes
-    (:func:`effective_layer`: its map is :func:`mixer_map`'s, per head, asked for one at a time)
-    — what :func:`qkv.explain.attention_maps` stacks (L, h, r, s) for a hybrid model."""
+    (`effective_layer`: its map is `mixer_map`'s, per head, asked for one at a time)
+    — what [`qkv.explain.attention_maps`][qkv.explain.attention_maps] stacks (L, h, r, s) for a
+    hybrid model."""
     rows = [None if tr.self_attn is None else tr.self_attn.attention.weights[0] for tr in traced.traces]
     first = next(w for w in rows if w is not None)  # (h, r, s); qkv.load needs one softmax layer
     return [first.new_zeros(first.shape) if w is None else w for w in rows]
 
 
 def check_softmax_everywhere(model, what: str) -> None:
-    """ArgumentError (one line, about ``model``) naming the first layer that no softmax mixes,
-    for ``what`` (a probe, head outputs) that reads every layer's softmax weights and is not run
+    """ArgumentError (one line, about `model`) naming the first layer that no softmax mixes,
+    for `what` (a probe, head outputs) that reads every layer's softmax weights and is not run
     on a hybrid's other layers yet."""
     for i, parts in enumerate(model.parts.layers):
         if not any(m.kind.softmax for m in parts.mixers):
@@ -158,10 +160,10 @@ def check_softmax_everywhere(model, what: str) -> None:
 
 
 def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
-    """Why a ranking by attention weights leaves ``layers`` out (a hybrid's layers that no
+    """Why a ranking by attention weights leaves `layers` out (a hybrid's layers that no
     softmax mixes), naming each one's kinds; None when none is left out.
 
-    The rankings (``qkv explain``, ``qkv heads``) compare heads by softmax weights, shares of 1;
+    The rankings (`qkv explain`, `qkv heads`) compare heads by softmax weights, shares of 1;
     an effective map's rows are signed and need not sum to 1, so they are not ranked beside them.
     """
     if not layers:
@@ -174,7 +176,7 @@ def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
 
 
 def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
-    """(its index, the mixer) of layer ``layer`` that :func:`mixer_map` reads; ArgumentError
+    """(its index, the mixer) of layer `layer` that `mixer_map` reads; ArgumentError
     naming the layer's kinds otherwise."""
     if layer is None or not 0 <= layer < len(model.layers):
         n = len(model.layers)
@@ -217,7 +219,7 @@ def _keep_output(seen: dict, key: str):
 
 
 def _read(model, layer: int, part: Mixer, seen: dict):
-    """The registered reader's record of ``part`` on the forward's own input, checked to be that
+    """The registered reader's record of `part` on the forward's own input, checked to be that
     forward's computation: the module's output on the re-run is the forward's, bit for bit."""
     if "input" not in seen:
         raise QkvError(f"layer {layer} of {model_name(model)}: its {part.kind.value} mixer did not run "
@@ -242,7 +244,7 @@ def _read(model, layer: int, part: Mixer, seen: dict):
 
 def _rebuilds(model, layer: int, part: Mixer, record) -> float:
     """max |M·v (+ offset) − o| over every head, o the module's mixing output; QkvError unless
-    within rounding (:func:`qkv.rounding.close`) of the float32 output."""
+    within rounding (`qkv.rounding.close`) of the float32 output."""
     # a short convolution's bias term C·bias reaches no value: kept apart as the record's offset
     offset = getattr(record, "offset", None)  # (t, D) or None: only ShortConv has one
     worst = 0.0

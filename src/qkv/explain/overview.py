@@ -1,9 +1,9 @@
 """The overview: for one token (or word), every layer and head, ranked by its largest weight.
 
-With ``method=`` (see :mod:`qkv.explain.contributions`) the rows are that method's scores
-instead of the weights, each row taken as shares of its total so heads compare on one scale:
-per-head methods (``norm``) keep one row per head, per-layer methods (``rollout``, ``alti``,
-``value-zeroing``, ``grad``) have one row per layer (``head`` None).
+With `method=` (see [`qkv.explain.contributions`][qkv.explain.contributions]) the rows are that
+method's scores instead of the weights, each row taken as shares of its total so heads compare on
+one scale: per-head methods (`norm`) keep one row per head, per-layer methods (`rollout`, `alti`,
+`value-zeroing`, `grad`) have one row per layer (`head` None).
 
 Ranking rule: heads are sorted by the **largest weight** in the chosen token's row (most focused
 first); the entropy of the row (in bits) is shown beside it as a second measure of spread.
@@ -11,9 +11,10 @@ first); the entropy of the row (in bits) is shown beside it as a second measure 
 Which heads stand out: the word that most heads put their largest weight on — not counting the
 token itself, its immediate neighbours (position heads) or special tokens ([CLS]/[SEP], where
 heads park attention they do not need) — is the *focus*; heads whose largest weight is on it are
-highlighted. ``to=WORD`` (``--to WORD``) names the focus instead.
+highlighted. `to=WORD` (`--to WORD`) names the focus instead.
 
-:func:`explain` is the entry point: a model and a text in, an :class:`Overview` out.
+[`explain`][qkv.explain.overview.explain] is the entry point: a model and a text in, an
+[`Overview`][qkv.explain.overview.Overview] out.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CAUSAL = ("decoder: each token attends to itself and the tokens before it only (
 
 
 def ranking(method: str) -> str:
-    """The ranking rule in words, for ``method``."""
+    """The ranking rule in words, for `method`."""
     if contributions.get_method(method).raw:
         return RANKING
     return (f"largest share of the row's {method} contribution (most focused first); entropy in "
@@ -51,12 +52,13 @@ def ranking(method: str) -> str:
 class HeadRow:
     """One head's attention from the chosen unit, over the units shown.
 
-    Fields:
-        layer, head: counting from 0; ``head`` is None for a per-layer method's row.
+    Attributes:
+        layer: counting from 0; `head` is None for a per-layer method's row.
+        head: see `layer`.
         weights: (U,) the row of weights (or of a method's shares) over units (sums to 1, or
             is all 0 where a method found nothing).
-        top: the ``k`` largest as (unit index, weight), largest first.
-        entropy: of ``weights``, in bits.
+        top: the `k` largest as (unit index, weight), largest first.
+        entropy: of `weights`, in bits.
     """
 
     layer: int
@@ -76,28 +78,33 @@ class HeadRow:
 
 @dataclass(frozen=True)
 class Overview:
-    """One token's (or word's) attention in every layer and head, ranked — what :func:`explain`
-    returns.
+    """One token's (or word's) attention in every layer and head, ranked — what
+    [`explain`][qkv.explain.overview.explain] returns.
 
-    Fields:
-        model: the model's name; text: the text as given; tokens: its t tokens.
-        units: the units shown (tokens, or words with ``words=True``); ``unit`` is the chosen one.
-        rows: one :class:`HeadRow` per head (of ``layer`` only, when given), ranked as
-            :data:`RANKING` says.
-        focus: the highlighted unit (``to``, or the one most heads point to), or None.
-        focus_reason: why ``focus`` was highlighted, or why nothing was.
-        num_layers, num_heads: the model's size.
-        notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
-        method, per: the method the rows come from (``"weight"``: the attention weights) and
-            whether it scores heads or layers (see :mod:`qkv.explain.contributions`).
-        scores: the method's raw scores for the token's rows (``Scores.scores``: (L, h, r, s)
+    Attributes:
+        model: the model's name.
+        text: the text as given.
+        tokens: its t tokens.
+        units: the units shown (tokens, or words with `words=True`); `unit` is the chosen one.
+        rows: one [`HeadRow`][qkv.explain.overview.HeadRow] per head (of `layer` only, when given),
+            ranked as `RANKING` says.
+        focus: the highlighted unit (`to`, or the one most heads point to), or None.
+        focus_reason: why `focus` was highlighted, or why nothing was.
+        num_layers: the model's size.
+        num_heads: see `num_layers`.
+        notes: how an ambiguous `token` was resolved (which occurrence, which word piece).
+        method: the method the rows come from (`"weight"`: the attention weights) and
+            whether it scores heads or layers (see
+            [`qkv.explain.contributions`][qkv.explain.contributions]).
+        per: see `method`.
+        scores: the method's raw scores for the token's rows (`Scores.scores`: (L, h, r, s)
             or (L, r, s)), or None.
-        target: what ``grad`` differentiated, or None.
+        target: what `grad` differentiated, or None.
         causal: the model is a decoder: a token attends to itself and earlier tokens only.
         sink: for a decoder, why the first token is named an attention sink (many heads put
             their largest weight on it), or None.
-        unscored: the layers left out of ``rows`` (a hybrid's layers without softmax weights;
-            ``notes`` says why, ``scores`` holds zeros there).
+        unscored: the layers left out of `rows` (a hybrid's layers without softmax weights;
+            `notes` says why, `scores` holds zeros there).
     """
 
     kind: ClassVar[str] = "overview"  # its row in qkv.explain.kinds.KINDS
@@ -125,7 +132,7 @@ class Overview:
         return self.focus is not None and row.argmax == self.focus
 
     def to_dict(self) -> dict:
-        """Every number of the overview (what ``qkv explain TEXT --json`` prints)."""
+        """Every number of the overview (what `qkv explain TEXT --json` prints)."""
         units = self.units
         group = units.groups[self.unit]
         extra = {}
@@ -172,7 +179,7 @@ class Overview:
 def entropy_bits(p: torch.Tensor) -> torch.Tensor:
     """Shannon entropy of distributions along the last dim, in bits (0·log 0 = 0).
 
-    Example:
+    Examples:
         >>> entropy_bits(torch.tensor([0.5, 0.5, 0.0])).item()
         1.0
     """
@@ -191,7 +198,7 @@ def unit_rows(weights: torch.Tensor, units: Units) -> torch.Tensor:
 
 
 def head_rows(per_layer: list[torch.Tensor], units: Units, k: int) -> list[HeadRow]:
-    """One :class:`HeadRow` per (layer, head), in layer/head order.
+    """One [`HeadRow`][qkv.explain.overview.HeadRow] per (layer, head), in layer/head order.
 
     Args:
         per_layer: for each layer, the traced weights (h, r, s) of the chosen unit's tokens.
@@ -210,7 +217,7 @@ def head_rows(per_layer: list[torch.Tensor], units: Units, k: int) -> list[HeadR
 def rank(rows: list[HeadRow]) -> list[HeadRow]:
     """Most focused first; ties by layer, then head, so the order is deterministic.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> from qkv.explain.select import token_units
         >>> u = token_units(E(tokens=["a", "b", "c"], special=[0, 0, 0]))
@@ -232,9 +239,9 @@ SINK_SHARE = 0.25
 
 
 def attention_sink(rows: list[HeadRow], units: Units, unit: int) -> Message | None:
-    """Why a decoder's first unit is an attention sink for ``unit``'s rows, or None.
+    """Why a decoder's first unit is an attention sink for `unit`'s rows, or None.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> from qkv.explain.select import token_units
         >>> u = token_units(E(tokens=["<s>", "b", "c"], special=[0, 0, 0]))
@@ -258,7 +265,7 @@ def choose_focus(rows: list[HeadRow], units: Units, unit: int, *,
                  largest: str = "weight") -> tuple[int | None, Message]:
     """The unit most heads point at, other than the chosen one, its neighbours, specials.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> from qkv.explain.select import token_units
         >>> u = token_units(E(tokens=["a", "b", "c", "d"], special=[0, 0, 0, 0]))
@@ -289,7 +296,7 @@ def choose_focus(rows: list[HeadRow], units: Units, unit: int, *,
 
 
 def chosen_focus(rows: list[HeadRow], units: Units, focus: int, *, largest: str = "weight") -> Message:
-    """Why ``focus``, named by the caller (``to``), is highlighted."""
+    """Why `focus`, named by the caller (`to`), is highlighted."""
     n = sum(r.argmax == focus for r in rows)
     return Message("highlighted: {heads} whose largest {largest} is on {focus!r} ({to})",
                    heads=_heads(n), focus=units.labels[focus], largest=largest)
@@ -298,29 +305,29 @@ def chosen_focus(rows: list[HeadRow], units: Units, focus: int, *, largest: str 
 def explain(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
             to: str | None = None, layer: int | None = None, method: str = contributions.DEFAULT,
             target_text: str | None = None) -> Overview:
-    """Every layer and head of ``model`` for one token of ``text``, ranked (see the module doc).
+    """Every layer and head of `model` for one token of `text`, ranked (see the module doc).
 
     One forward pass, keeping only the chosen token's rows: O(layers · heads · s) numbers.
 
     Args:
-        model: a self-attention model from :func:`qkv.load` (BERT, GPT-2 families).
-        token: which token — a word (its last occurrence), ``"word@N"`` (occurrence N, from 0)
+        model: a self-attention model from [`qkv.load`][qkv.load] (BERT, GPT-2 families).
+        token: which token — a word (its last occurrence), `"word@N"` (occurrence N, from 0)
             or an index, counting from 0 over the units shown; None: the last word.
         words: show words, not tokens (weights into a word summed, from a word averaged).
-        top: how many of each head's largest weights to keep in :attr:`HeadRow.top`.
-        to: a unit to highlight (as ``token``); None picks the one most heads point to.
+        top: how many of each head's largest weights to keep in `HeadRow.top`.
+        to: a unit to highlight (as `token`); None picks the one most heads point to.
         layer: keep only this layer's heads.
-        method: what the rows hold: ``"weight"`` (the attention weights) or another name in
-            :data:`qkv.explain.contributions.METHODS`, each row as shares of its total.
-        target_text: ``method="grad"`` on an encoder: the second text (see
-            :mod:`qkv.explain.contributions.grad`).
+        method: what the rows hold: `"weight"` (the attention weights) or another name in
+            `qkv.explain.contributions.METHODS`, each row as shares of its total.
+        target_text: `method="grad"` on an encoder: the second text (see
+            `qkv.explain.contributions.grad`).
 
     Raises:
-        ArgumentError: ``token``/``to`` not in the text, ``layer`` out of range, ``top`` < 1,
-            an unknown ``method`` or one that does not apply.
+        ArgumentError: `token`/`to` not in the text, `layer` out of range, `top` < 1,
+            an unknown `method` or one that does not apply.
         QkvError: an empty text.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ov = explain(model, "The dog found some pizza next to the baby and ate it", token="it")
@@ -346,14 +353,15 @@ def explain(model, text: str, *, token: str | None = None, words: bool = False, 
 
 def overview_of(model, text: str, encoding, units: Units, choice, scores, *, focus: int | None,
                 top: int, layer: int | None) -> Overview:
-    """The :class:`Overview` of a method's ``scores`` for the chosen unit: rows ranked, the focus
-    and the attention sink found. :func:`explain` and :meth:`qkv.explain.long.document.Document.explain`
+    """The [`Overview`][qkv.explain.overview.Overview] of a method's `scores` for the chosen unit:
+    rows ranked, the focus and the attention sink found. [`explain`][qkv.explain.overview.explain]
+    and [`qkv.explain.long.document.Document.explain`][qkv.explain.long.document.Document.explain]
     (the same answer from a long text's saved log-sum-exp) both end here.
 
     Args:
         encoding, units, choice: the text's tokens, the units shown, the chosen one.
-        scores: a :class:`~qkv.explain.contributions.Scores` for the unit's token rows.
-        focus: the unit named by ``to``, or None to pick one.
+        scores: a [`Scores`][qkv.explain.contributions.Scores] for the unit's token rows.
+        focus: the unit named by `to`, or None to pick one.
     """
     m = contributions.get_method(scores.method)
     per_layer = [m.as_shares(x) for x in scores.per_layer()]  # L × (h or 1, r, s)

@@ -5,6 +5,7 @@ spread that look is: 0 bits is all weight on one key, log2(k) bits an even sprea
 overview shows it for the selected token in every head; this is every token in one head, beside
 the key each row weights most.
 
+Examples:
     >>> import qkv
     >>> r = row_entropy(qkv.load("minilm"), "the cat sat", layer=0, head=0)
     >>> len(r.entropy), bool((r.entropy >= 0).all()), bool((r.entropy <= r.bound + 1e-9).all())
@@ -25,8 +26,8 @@ from qkv.explain.overview import entropy_bits
 
 @dataclass(frozen=True)
 class RowEntropy:
-    """One head's map (:class:`~qkv.explain.maps.AttentionMap`) read by its rows: ``entropy``
-    (U,) float64 bits of each row, ``argmax`` (U,) the key each row weights most."""
+    """One head's map ([`AttentionMap`][qkv.explain.maps.AttentionMap]) read by its rows: `entropy`
+    (U,) float64 bits of each row, `argmax` (U,) the key each row weights most."""
 
     kind: ClassVar[str] = "row-entropy"  # its row in qkv.explain.kinds.KINDS
 
@@ -46,7 +47,7 @@ class RowEntropy:
         return math.log2(len(self.map.units))
 
     def to_dict(self) -> dict:
-        """``entropy[i]`` bits of row i; ``argmax[i]`` its most-weighted key; ``bound`` log2(U)."""
+        """`entropy[i]` bits of row i; `argmax[i]` its most-weighted key; `bound` log2(U)."""
         m = self.map
         return {"kind": self.kind, "model": m.model, "text": m.text, "units": m.units.labels,
                 "words": m.units.words, "layer": m.layer, "head": m.head, "bound": self.bound,
@@ -56,5 +57,5 @@ class RowEntropy:
 
 def row_entropy(model, text: str, *, layer: int, head: int, words: bool = False) -> RowEntropy:
     """The entropy of every row of one head's map, from the forward's own map
-    (:func:`~qkv.explain.maps.attention_map`; ``words=True``: over words)."""
+    ([`attention_map`][qkv.explain.maps.attention_map]; `words=True`: over words)."""
     return RowEntropy(attention_map(model, text, layer=layer, head=head, words=words))

@@ -1,6 +1,6 @@
 """Why divide by √d_k: with unit-variance entries, q·k has standard deviation √d, so the
 unscaled softmax saturates as d grows — one weight near 1, the rest near 0 — and its gradient
-(the Jacobian ``diag(w) − w wᵀ``) vanishes. Dividing the scores by √d keeps both steady.
+(the Jacobian `diag(w) − w wᵀ`) vanishes. Dividing the scores by √d keeps both steady.
 
 Everything is computed in float64 from a seeded generator, so the figures are reproducible.
 """
@@ -18,7 +18,7 @@ from qkv.explain.wording import ArgumentError
 
 @dataclass(frozen=True)
 class Saturation:
-    """Averages over the trials for one dimension d (weights are over ``keys`` keys)."""
+    """Averages over the trials for one dimension d (weights are over `keys` keys)."""
 
     d: int
     score_std: float          # std of q·k (≈ √d)
@@ -31,7 +31,7 @@ class Saturation:
     kind: ClassVar[str] = "saturation"  # its row in qkv.explain.kinds.KINDS
 
     def to_dict(self) -> dict:
-        """The ``kind`` and the fields above, by name (``qkv softmax-demo --json`` prints one per d)."""
+        """The `kind` and the fields above, by name (`qkv softmax-demo --json` prints one per d)."""
         return {"kind": self.kind, **asdict(self)}
 
 
@@ -42,9 +42,9 @@ def _jacobian_norm(w: torch.Tensor) -> torch.Tensor:
 
 
 def saturation(dims: list[int], *, keys: int = 10, trials: int = 2000, seed: int = 0) -> list[Saturation]:
-    """One :class:`Saturation` per dimension.
+    """One `Saturation` per dimension.
 
-    Example:
+    Examples:
         >>> rows = saturation([4, 1024], trials=200)
         >>> rows[1].max_weight_raw > rows[0].max_weight_raw, abs(rows[1].max_weight_scaled - rows[0].max_weight_scaled) < 0.1
         (True, True)

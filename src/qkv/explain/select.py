@@ -1,7 +1,7 @@
-"""Which rows and columns of the attention a person means: tokens, words, and ``token="it@1"``.
+"""Which rows and columns of the attention a person means: tokens, words, and `token="it@1"`.
 
-A tokenizer cuts "pizzeria" into ``pi ##zz ##eria``; a reader thinks in words. A :class:`Units`
-is the list of things shown on screen — one per token, or one per word (``words=True``), each with
+A tokenizer cuts "pizzeria" into `pi ##zz ##eria`; a reader thinks in words. A `Units`
+is the list of things shown on screen — one per token, or one per word (`words=True`), each with
 the token positions it covers. Attention weights move from tokens to words by a fixed rule:
 
 * weights **into** a word are **summed** over its tokens (the word gets all the attention its
@@ -31,11 +31,11 @@ WORD_RULE = "weights into a word are summed over its tokens, weights from a word
 class Units:
     """The units shown on screen and the token positions each one covers.
 
-    Fields:
+    Attributes:
         labels: one display string per unit ("pizza", "[CLS]", "##zz").
         groups: for each unit, the token positions it covers (ascending, non-empty).
         special: for each unit, whether it is a special token ([CLS], [SEP], <|endoftext|>).
-        words: True when units are words (``words=True``), False when they are tokens.
+        words: True when units are words (`words=True`), False when they are tokens.
         num_tokens: the number of tokens the groups index into.
     """
 
@@ -53,7 +53,7 @@ class Units:
         return "word" if self.words else "token"
 
     def listing(self) -> str:
-        """``0:[CLS] 1:the 2:dog …`` — what an error message shows so a user can pick."""
+        """`0:[CLS] 1:the 2:dog …` — what an error message shows so a user can pick."""
         items = [f"{i}:{label}" for i, label in enumerate(self.labels)]
         if len(items) > _LIST_LIMIT:
             items = items[:_LIST_LIMIT] + [f"… ({len(items) - _LIST_LIMIT} more)"]
@@ -65,7 +65,7 @@ class Units:
 def token_units(encoding) -> Units:
     """One unit per token.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> u = token_units(E(tokens=["[CLS]", "hi", "[SEP]"], special=[True, False, True]))
         >>> u.labels, u.groups
@@ -77,11 +77,11 @@ def token_units(encoding) -> Units:
 
 
 def word_units(encoding, text: str) -> Units:
-    """One unit per word of ``text`` (tokens sharing a word id), special tokens on their own.
+    """One unit per word of `text` (tokens sharing a word id), special tokens on their own.
 
     A word's label is the text it spans (so "The", not the lower-cased token "the").
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> enc = E(tokens=["[CLS]", "pi", "##zza", "[SEP]"], special=[True, False, False, True],
         ...         word_ids=[None, 0, 0, None], offsets=[(0, 0), (0, 2), (2, 5), (0, 0)])
@@ -124,7 +124,7 @@ def units_for(encoding, text: str, words: bool) -> Units:
 def group_columns(weights: torch.Tensor, units: Units) -> torch.Tensor:
     """Weights into each unit: (..., s) over tokens → (..., U), summing a unit's columns.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> enc = E(tokens=["a", "b", "c"], special=[False] * 3, word_ids=[0, 0, 1],
         ...         offsets=[(0, 1), (1, 2), (3, 4)])
@@ -156,10 +156,10 @@ def group_rows(weights: torch.Tensor, units: Units) -> torch.Tensor:
 # -- choosing a unit from what the user typed --------------------------------------------------
 @dataclass(frozen=True)
 class Choice:
-    """The unit a ``token``/``to``/``source``/``target`` value picked, and a note for the user.
+    """The unit a `token`/`to`/`source`/`target` value picked, and a note for the user.
 
-    ``note`` (or None) says which occurrence or token was used when that was a guess; it names
-    arguments by role (:class:`~qkv.explain.wording.Message`).
+    `note` (or None) says which occurrence or token was used when that was a guess; it names
+    arguments by role (`Message`).
     """
 
     unit: int
@@ -179,7 +179,7 @@ def _split_occurrence(spec: str) -> tuple[str, int | None]:
 
 
 def _spec(spec: object, role: str) -> str:
-    """``spec`` as the text :func:`choose` reads: a whole number (from Python) is an index."""
+    """`spec` as the text `choose` reads: a whole number (from Python) is an index."""
     if isinstance(spec, int) and not isinstance(spec, bool):
         return str(spec)
     if not isinstance(spec, str):
@@ -190,17 +190,17 @@ def _spec(spec: object, role: str) -> str:
 def choose(spec: str | int | None, units: Units, *, role: str = "token") -> Choice:
     """Resolve a user's choice of unit.
 
-    ``spec`` is None (the last unit with a letter or digit, i.e. the last word, not a final
-    full stop), an index (``"12"`` or ``12``, counting from 0 over the
-    units shown), a word (``"it"``: its last occurrence, with a note when there are several) or
-    ``"it@0"`` (the first occurrence; occurrences count from 0). Matching ignores case.
-    ``role`` is the argument ``spec`` came from; messages name it (see :mod:`qkv.explain.wording`).
+    `spec` is None (the last unit with a letter or digit, i.e. the last word, not a final
+    full stop), an index (`"12"` or `12`, counting from 0 over the
+    units shown), a word (`"it"`: its last occurrence, with a note when there are several) or
+    `"it@0"` (the first occurrence; occurrences count from 0). Matching ignores case.
+    `role` is the argument `spec` came from; messages name it (see `qkv.explain.wording`).
 
     Raises:
         ArgumentError: the word is not in the text (the message lists the units), the index or
             the occurrence is out of range.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as E
         >>> u = token_units(E(tokens=["[CLS]", "it", "is", "it", "[SEP]"], special=[1, 0, 0, 0, 1]))
         >>> choose("it", u).unit, choose("it@0", u).unit, choose(None, u).unit
@@ -257,11 +257,11 @@ def choose(spec: str | int | None, units: Units, *, role: str = "token") -> Choi
 
 def choose_in(spec: str | int | None, encoding, text: str, *, words: bool,
               role: str = "token") -> tuple[Units, Choice]:
-    """The units to show and the one ``spec`` picks.
+    """The units to show and the one `spec` picks.
 
     In token mode a word the tokenizer split ("pizzeria" → pi ##zz ##eria) matches no single
     token; it is then found among the words and its **last** token is used, with a note
-    suggesting ``words=True`` (``--words``).
+    suggesting `words=True` (`--words`).
     """
     units = units_for(encoding, text, words)
     spec = None if spec is None else _spec(spec, role)

@@ -1,26 +1,29 @@
 """Step by step: one head, one token, the seeds' arithmetic with the model's real numbers.
 
-For the token at position i, layer L, head H (head dim d)::
+For the token at position i, layer L, head H (head dim d):
 
-    x       = the vector that entered the layer's attention       (E,)
-    q       = x · W_Q + b_Q                                       (d,)
-    k_j     = x_j · W_K + b_K,   v_j = x_j · W_V + b_V            (s, d)
-    score_j = q · k_j                                              (s,)
-    scaled_j = score_j / √d     (+ the forward's mask, if any)     (s,)
-    w       = softmax(scaled)   — sums to 1                        (s,)
-    output  = Σ_j w_j v_j                                          (d,)
+```text
+x       = the vector that entered the layer's attention       (E,)
+q       = x · W_Q + b_Q                                       (d,)
+k_j     = x_j · W_K + b_K,   v_j = x_j · W_V + b_V            (s, d)
+score_j = q · k_j                                              (s,)
+scaled_j = score_j / √d     (+ the forward's mask, if any)     (s,)
+w       = softmax(scaled)   — sums to 1                        (s,)
+output  = Σ_j w_j v_j                                          (d,)
+```
 
 Here W_Q is head H's slice of the layer's query projection, written the way the seeds write it
-(``x · W``, so W is (E, d) = ``q_proj.weight[H·d:(H+1)·d].T``). The arithmetic is redone
+(`x · W`, so W is (E, d) = `q_proj.weight[H·d:(H+1)·d].T`). The arithmetic is redone
 **explicitly in float64** from the weights and the traced inputs, then compared with the
-tensors the model's own forward recorded; ``max_abs_diff`` is the largest difference between
+tensors the model's own forward recorded; `max_abs_diff` is the largest difference between
 the recomputed output and the model's head output.
 
-:func:`explain_head` is the entry point for a model and a text; :func:`head_steps` does the
-arithmetic for any traced attention — a :class:`~qkv.modules.MultiHeadAttention` or a
-transformers module read by :mod:`qkv.hf.projections` (:class:`~qkv.hf.adapter.HFAttention`),
-self- or cross-attention (:func:`qkv.explain.cross_attention_head`: q from the decoder's x, each
-k_j and v_j from the encoder's memory, ``key_input``).
+[`explain_head`][qkv.explain.steps.explain_head] is the entry point for a model and a text;
+[`head_steps`][qkv.explain.steps.head_steps] does the arithmetic for any traced attention — a
+[`MultiHeadAttention`][qkv.modules.MultiHeadAttention] or a transformers module read by
+`qkv.hf.projections` (`HFAttention`), self- or cross-attention
+([`qkv.explain.cross_attention_head`][qkv.explain.cross_attention_head]: q from the decoder's x,
+each k_j and v_j from the encoder's memory, `key_input`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from qkv.modules.multihead import head_norm, norm_width
 @dataclass(frozen=True)
 class OneHead:
     """What names one head's answer for one token of a text: the fields every per-head result
-    starts with (``HeadSteps`` here, the score attributions of :mod:`qkv.explain.circuits`)."""
+    starts with (`HeadSteps` here, the score attributions of `qkv.explain.circuits`)."""
 
     model: str
     text: str
@@ -57,17 +60,18 @@ class HeadSteps(OneHead):
     """Every number of one head's attention for one token, recomputed in float64.
 
     Shapes: x (E,); query (d,); keys (s, d); values (s, dv); scores, scaled, mask, weights (s,);
-    output, model_output (dv,). ``mask`` is what the forward added to ``scaled``
-    (``AttentionTrace.additive()``: 0, −inf for keys it excluded — padding, causal structure —
-    or an ALiBi bias). ``diffs`` holds, per stage, the max absolute difference between the
+    output, model_output (dv,). `mask` is what the forward added to `scaled`
+    (`AttentionTrace.additive()`: 0, −inf for keys it excluded — padding, causal structure —
+    or an ALiBi bias). `diffs` holds, per stage, the max absolute difference between the
     float64 recomputation and the forward's own (float32) tensors.
 
-    Fields set by :func:`explain_head` (defaults from a bare :func:`head_steps`):
-        x_is_layer_input: whether ``x`` is the vector entering the layer (post-norm) rather than
+    Fields set by [`explain_head`][qkv.explain.steps.explain_head] (defaults from a bare
+    [`head_steps`][qkv.explain.steps.head_steps]):
+        x_is_layer_input: whether `x` is the vector entering the layer (post-norm) rather than
             its normalised form (pre-norm); None when not known.
-        word, word_tokens: with ``words=True``, the word chosen and its token positions (the
+        word, word_tokens: with `words=True`, the word chosen and its token positions (the
             arithmetic is for the last); None and () otherwise.
-        notes: how an ambiguous ``token`` was resolved (which occurrence, which word piece).
+        notes: how an ambiguous `token` was resolved (which occurrence, which word piece).
         qk_transform: what happens to q and the k_j after the projection (Qwen3's per-head
             RMSNorm, RoPE's rotation), in words; "" when nothing does.
         projection: "" when q, k_j and v_j were recomputed as x·W + b; otherwise why they could
@@ -106,8 +110,8 @@ class HeadSteps(OneHead):
         return self.diffs["output"]
 
     def to_dict(self) -> dict:
-        """Every number in full (what ``qkv explain … --layer L --head H --json`` prints);
-        −inf as :mod:`qkv.explain.jsonable` says."""
+        """Every number in full (what `qkv explain … --layer L --head H --json` prints);
+        −inf as `qkv.explain.jsonable` says."""
         return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
@@ -141,14 +145,14 @@ class HeadSteps(OneHead):
 
 
 def head_slice(module, head: int) -> tuple[slice, slice]:
-    """Rows of q_proj and of k_proj/v_proj that belong to query head ``head`` (GQA-aware)."""
+    """Rows of q_proj and of k_proj/v_proj that belong to query head `head` (GQA-aware)."""
     d = module.head_dim
     kv_head = head // (module.num_heads // module.num_kv_heads)
     return slice(head * d, (head + 1) * d), slice(kv_head * d, (kv_head + 1) * d)
 
 
 def _project(x: torch.Tensor, linear, rows: slice) -> torch.Tensor:
-    """x · W + b for the output features ``rows`` of ``linear`` — in float64."""
+    """x · W + b for the output features `rows` of `linear` — in float64."""
     w = linear.weight[rows].double()  # (d, E): nn.Linear stores W transposed
     b = linear.bias[rows].double() if linear.bias is not None else 0.0
     return x.double() @ w.T + b
@@ -172,18 +176,19 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 @torch.no_grad()
 def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: list[str],
                model: str, text: str) -> HeadSteps:
-    """Recompute head ``head`` of ``module`` for traced row ``row``, and compare with the trace.
+    """Recompute head `head` of `module` for traced row `row`, and compare with the trace.
 
     Args:
-        module: the layer's :class:`~qkv.modules.MultiHeadAttention` or
-            :class:`~qkv.hf.adapter.HFAttention` (its weights are used).
-        layer_trace: the :class:`~qkv.modules.multihead.MultiHeadTrace` the forward recorded
-            for this layer (queries for the traced rows from ``query_input``, keys/values for
-            every position from ``key_input``/``value_input``: a cross-attention's memory).
+        module: the layer's [`MultiHeadAttention`][qkv.modules.MultiHeadAttention] or
+            `HFAttention` (its weights are used).
+        layer_trace: the `MultiHeadTrace` the forward recorded
+            for this layer (queries for the traced rows from `query_input`, keys/values for
+            every position from `key_input`/`value_input`: a cross-attention's memory).
         row: index into the traced rows (0 when one token was traced).
-        tokens: the s key tokens; model, text: what was run, for the record.
+        tokens: the s key tokens.
+        model, text: what was run, for the record.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> mha = qkv.MultiHeadAttention(8, 2)
         >>> tr = mha(torch.randn(1, 3, 8), trace_rows=torch.tensor([2])).trace
@@ -259,22 +264,22 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
 
 def explain_head(model, text: str, *, token: str | None = None, layer: int, head: int,
                  words: bool = False) -> HeadSteps:
-    """One head's arithmetic for one token of ``text``, step by step (see the module doc).
+    """One head's arithmetic for one token of `text`, step by step (see the module doc).
 
-    With ``words=True`` a word of several tokens is explained at its last token (``word`` and
-    ``word_tokens`` say so). Only that token's rows are traced.
+    With `words=True` a word of several tokens is explained at its last token (`word` and
+    `word_tokens` say so). Only that token's rows are traced.
 
     Args:
-        model: a self-attention model from :func:`qkv.load`.
-        token: a word, ``"word@N"`` or an index (see :func:`qkv.explain.explain`); None: the
-            last word.
+        model: a self-attention model from [`qkv.load`][qkv.load].
+        token: a word, `"word@N"` or an index (see [`qkv.explain.explain`][qkv.explain.explain]);
+            None: the last word.
         layer, head: counting from 0.
 
     Raises:
-        ArgumentError: ``token`` not in the text, ``layer``/``head`` out of range.
+        ArgumentError: `token` not in the text, `layer`/`head` out of range.
         QkvError: an empty text.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> st = explain_head(model, "The dog found some pizza next to the baby and ate it",
@@ -289,11 +294,12 @@ def explain_head(model, text: str, *, token: str | None = None, layer: int, head
 
 def explain_heads(model, text: str, *, token: str | None = None,
                   heads: list[tuple[int, int]], words: bool = False) -> list[HeadSteps]:
-    """:func:`explain_head` of one token for each ``(layer, head)`` in ``heads``, from one
-    forward: the forward records that token's rows in every layer, and each head is read off
-    the same record (a page that shows every head of a token needs one forward, not L·H).
+    """[`explain_head`][qkv.explain.steps.explain_head] of one token for each `(layer, head)` in
+    `heads`, from one forward: the forward records that token's rows in every layer, and each head
+    is read off the same record (a page that shows every head of a token needs one forward, not
+    L·H).
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> both = explain_heads(model, "the cat sat", token="cat", heads=[(0, 0), (3, 1)])

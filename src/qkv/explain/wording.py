@@ -1,24 +1,25 @@
 """How qkv.explain's messages name the arguments they are about.
 
-The same mistake reaches a user through two doors: a library call (``explain(model, text,
-token="cat")``) and the command line (``qkv explain TEXT --token cat``). Each should be told in
-its own words — ``token 'cat' is not a token of the text`` vs ``--token 'cat' is not a token of
-the text`` — from one message written once.
+The same mistake reaches a user through two doors: a library call (`explain(model, text,
+token="cat")`) and the command line (`qkv explain TEXT --token cat`). Each should be told in
+its own words — `token 'cat' is not a token of the text` vs `--token 'cat' is not a token of
+the text` — from one message written once.
 
-So a message is a :class:`Message`: a ``str.format`` template in which every argument appears
-by its *role* — ``{token}``, ``{layer}``, ``{head}``, ``{words}``, … , and ``{name}`` for the
+So a message is a `Message`: a `str.format` template in which every argument appears
+by its *role* — `{token}`, `{layer}`, `{head}`, `{words}`, … , and `{name}` for the
 argument the message is about — plus the values it shows. Spelling it fills the roles in:
 
-* :data:`ARGUMENTS`, the default, spells a role as the library's keyword (``token``, ``layer``,
-  ``words=True``); ``str(message)`` and ``str(error)`` use it;
-* the CLI passes its own mapping (``qkv.cli.explain.FLAGS``: ``--token``, ``--from``, ``--words``).
+* `ARGUMENTS`, the default, spells a role as the library's keyword (`token`, `layer`,
+  `words=True`); `str(message)` and `str(error)` use it;
+* the CLI passes its own mapping (`qkv.cli.explain.FLAGS`: `--token`, `--from`, `--words`).
 
 A mapping need only name the roles it spells differently; the rest keep the library's spelling.
 Errors about arguments are
-:class:`ArgumentError` (a :class:`~qkv.errors.QkvError`); :meth:`ArgumentError.spelled` gives the
+`ArgumentError` (a `QkvError`); `ArgumentError.spelled` gives the
 same error in another spelling. Values are kept apart from the template, so a user's text with
 braces in it is shown as typed.
 
+Examples:
     >>> m = Message("{name} {value} is out of range; pick another with {layer}", "head", value=12)
     >>> str(m)
     'head 12 is out of range; pick another with layer'
@@ -60,10 +61,10 @@ ARGUMENTS: Mapping[str, str] = {
 class Message:
     """A sentence that names arguments by role (see the module docstring).
 
-    Fields:
-        template: a ``str.format`` template; roles and ``{name}`` are filled in by
-            :meth:`spelled`, everything else from ``values``.
-        about: the role ``{name}`` stands for, or None.
+    Attributes:
+        template: a `str.format` template; roles and `{name}` are filled in by
+            `spelled`, everything else from `values`.
+        about: the role `{name}` stands for, or None.
         values: the numbers and words the sentence shows; a value that is itself a Message is
             spelled the same way (sentences joined into one note).
     """
@@ -78,7 +79,7 @@ class Message:
         object.__setattr__(self, "values", dict(values))
 
     def spelled(self, names: Mapping[str, str] = ARGUMENTS) -> str:
-        """The sentence with each role spelled as ``names`` says."""
+        """The sentence with each role spelled as `names` says."""
         spelling = {**ARGUMENTS, **names}
         if self.about is not None:
             spelling["name"] = spelling[self.about]
@@ -90,11 +91,12 @@ class Message:
 
 
 class ArgumentError(QkvError):
-    """A bad argument to a :mod:`qkv.explain` function; the message names it by its role.
+    """A bad argument to a [`qkv.explain`][qkv.explain] function; the message names it by its role.
 
-    ``str(error)`` uses the library's names; ``error.spelled(names)`` is the same error as a
-    plain :class:`~qkv.errors.QkvError` in other words (the CLI's flags).
+    `str(error)` uses the library's names; `error.spelled(names)` is the same error as a
+    plain `QkvError` in other words (the CLI's flags).
 
+    Examples:
         >>> e = ArgumentError("top", "{name} must be at least 1, got {value}", value=0)
         >>> str(e), str(e.spelled({"top": "--top"}))
         ('top must be at least 1, got 0', '--top must be at least 1, got 0')
@@ -106,7 +108,7 @@ class ArgumentError(QkvError):
 
     @property
     def argument(self) -> str:
-        """The role of the argument at fault (``"token"``, ``"layer"``, …)."""
+        """The role of the argument at fault (`"token"`, `"layer"`, …)."""
         return self.message.about
 
     def spelled(self, names: Mapping[str, str]) -> QkvError:
@@ -117,6 +119,7 @@ def too_long(n: int, who: str, limit: int) -> ArgumentError:
     """The one sentence for a text with more tokens than the model takes, whichever command or
     call met it: how many, the model's limit, and the shipped model that reads long texts.
 
+    Examples:
         >>> e = too_long(601, "qkv-lm", 65)
         >>> str(e)
         "the text is 601 tokens and qkv-lm takes at most 65; shorten it, or read it with qkv.load('reader') (up to 131,072 tokens)"

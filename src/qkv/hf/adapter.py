@@ -1,37 +1,39 @@
-"""A transformers model on ``"qkv"`` behind qkv's model protocol: :class:`HFModel`.
+"""A transformers model on `"qkv"` behind qkv's model protocol: `HFModel`.
 
-``qkv.load(path)`` returns one for a model_type qkv has no native family for (Gemma 2, OLMo 2,
+`qkv.load(path)` returns one for a model_type qkv has no native family for (Gemma 2, OLMo 2,
 gpt-oss, ELECTRA …), so every explanation runs on it unchanged (see
-:mod:`qkv.models.protocol`). What the protocol asks and where it comes from::
+[`qkv.models.protocol`][qkv.models.protocol]). What the protocol asks and where it comes from:
 
-    tokenizer        qkv's Tokenizer over the directory's tokenizer files
-    layers[L]        the L-th element of the checkpoint's layer list (the list holding the
-                     attention modules, found by running the model once and listing the
-                     attention calls): every layer, whatever mixes its tokens
-      .parts         its :class:`~qkv.models.protocol.LayerParts`: mixers with their kinds
-                     (:mod:`qkv.hf.mixers`), norms found by behaviour, feed-forward, residual form
-    parts            :class:`~qkv.models.protocol.ModelParts`: the tables, each layer's parts,
-                     the read-out, each checked on the discovery forward
-      .self_attn     an :class:`HFAttention` (None in a layer without softmax attention): h,
-                     h_kv, d, dv, E read off its call; ``out_proj``
-                     the projection that reads the heads' outputs, when one was found;
-                     ``q_proj``/``k_proj``/``v_proj`` (every head's W_Q, W_K, W_V as matrices)
-                     and ``q_norm``/``k_norm`` from :mod:`qkv.hf.projections`' table, kept only
-                     where they rebuild the kernel's q, k, v (else ``projection_note`` says why)
-      .norm1, .sequential_residual
-                     the norm the attention reads, and whether the layer forms x + attn before
-                     its feed-forward (a child reads exactly that sum): what ALTI decomposes
-    forward(ids, mask, trace_rows=, output_hidden_states=, interventions=)
-                     the transformers forward inside a :func:`qkv.hf.trace.recording`: the
-                     attention function records the traced rows (q, k, v after the model's own
-                     positions and norms) and applies value and head edits; hooks registered for
-                     the call only keep what enters each layer (and apply ``Interventions.inputs``),
-                     what enters each attention module (its x and the ``position_embeddings``
-                     it is handed: the trace's ``position_step``) and what it returns (the
-                     residual x + attn)
+```text
+tokenizer        qkv's Tokenizer over the directory's tokenizer files
+layers[L]        the L-th element of the checkpoint's layer list (the list holding the
+                 attention modules, found by running the model once and listing the
+                 attention calls): every layer, whatever mixes its tokens
+  .parts         its :class:`~qkv.models.protocol.LayerParts`: mixers with their kinds
+                 (:mod:`qkv.hf.mixers`), norms found by behaviour, feed-forward, residual form
+parts            :class:`~qkv.models.protocol.ModelParts`: the tables, each layer's parts,
+                 the read-out, each checked on the discovery forward
+  .self_attn     an :class:`HFAttention` (None in a layer without softmax attention): h,
+                 h_kv, d, dv, E read off its call; ``out_proj``
+                 the projection that reads the heads' outputs, when one was found;
+                 ``q_proj``/``k_proj``/``v_proj`` (every head's W_Q, W_K, W_V as matrices)
+                 and ``q_norm``/``k_norm`` from :mod:`qkv.hf.projections`' table, kept only
+                 where they rebuild the kernel's q, k, v (else ``projection_note`` says why)
+  .norm1, .sequential_residual
+                 the norm the attention reads, and whether the layer forms x + attn before
+                 its feed-forward (a child reads exactly that sum): what ALTI decomposes
+forward(ids, mask, trace_rows=, output_hidden_states=, interventions=)
+                 the transformers forward inside a :func:`qkv.hf.trace.recording`: the
+                 attention function records the traced rows (q, k, v after the model's own
+                 positions and norms) and applies value and head edits; hooks registered for
+                 the call only keep what enters each layer (and apply ``Interventions.inputs``),
+                 what enters each attention module (its x and the ``position_embeddings``
+                 it is handed: the trace's ``position_step``) and what it returns (the
+                 residual x + attn)
+```
 
 What it cannot give, by name: projections that are no linear map of the module's input (or
-that the table does not hold) — ``explain_head`` then starts from q, k, v as the kernel read
+that the table does not hold) — `explain_head` then starts from q, k, v as the kernel read
 them; ALTI on a layer whose x + attn no child reads (parallel residual, norms on the branch).
 """
 
@@ -65,7 +67,7 @@ PROJECTION_NOTE = ("x·W_Q, x·W_K and x·W_V are not shown: q and every k_j, v_
 
 
 class _Weight:
-    """Any parameter of a module, where only its dtype is read (``q_proj.weight.element_size()``)."""
+    """Any parameter of a module, where only its dtype is read (`q_proj.weight.element_size()`)."""
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
@@ -76,10 +78,10 @@ class HFAttention:
 
     Fields: num_heads h, num_kv_heads h_kv, head_dim d, value_dim dv, embed_dim E; module (the
     transformers attention module); out_module (the module reading the heads' outputs: Linear or
-    GPT-2's Conv1D) and out_proj (it as a :class:`~qkv.hf.projections.Projection` (E, h·dv)), or
-    None; q_proj, k_proj, v_proj (:class:`~qkv.hf.projections.Projection` s: every
+    GPT-2's Conv1D) and out_proj (it as a `Projection` (E, h·dv)), or
+    None; q_proj, k_proj, v_proj (`Projection`s: every
     head's W_Q (h·d, E), W_K, W_V (h_kv·d, E) and biases) and q_norm, k_norm (the module's own,
-    or None) from ``parts``; projection_note "" when they were read, else why not (then q_proj
+    or None) from `parts`; projection_note "" when they were read, else why not (then q_proj
     is any weight of the module: its dtype, for sizes).
     """
 
@@ -101,7 +103,7 @@ class HFAttention:
             self.q_norm, self.k_norm = parts.q_norm, parts.k_norm
 
     def position_step(self, cos_sin) -> Rotation | None:
-        """The :class:`~qkv.hf.projections.Rotation` the ``position_embeddings`` handed to the
+        """The `Rotation` the `position_embeddings` handed to the
         module in one forward make of its q and k, in its style, or None (no rotation)."""
         if self.parts is None or self.parts.rotation is None or cos_sin is None:
             return None
@@ -109,21 +111,21 @@ class HFAttention:
 
 
 class HFLayer:
-    """One transformers layer (``block``), its :class:`HFAttention` (``self_attn``; None in a
+    """One transformers layer (`block`), its `HFAttention` (`self_attn`; None in a
     layer whose mixers run transformers' own code: Gated DeltaNet, Mamba-2 …) and its parts
-    (:attr:`parts`, a :class:`~qkv.models.protocol.LayerParts`).
+    (`parts`, a [`LayerParts`][qkv.models.protocol.LayerParts]).
 
-    ``mixers`` the layer's :class:`~qkv.models.protocol.Mixer` s; ``mixer_module`` the one whose
+    `mixers` the layer's [`Mixer`][qkv.models.protocol.Mixer]s; `mixer_module` the one whose
     input and output the residual structure is read from (the attention module where there is
-    one); ``out_module`` what returns the mixer's branch (the output projection, or the mixer
-    itself); ``feed_forward`` and ``ffn_norm`` (pre-norm: the norm the feed-forward reads).
+    one); `out_module` what returns the mixer's branch (the output projection, or the mixer
+    itself); `feed_forward` and `ffn_norm` (pre-norm: the norm the feed-forward reads).
 
-    Its residual structure, read off a forward (:func:`_structure`): ``sequential_residual``
+    Its residual structure, read off a forward (`_structure`): `sequential_residual`
     when the layer forms x + attn (attn: the output projection's output) before its feed-forward
-    — pre-norm (``norm_first``; ``norm1`` the part whose output the attention reads: x + attn is
-    read as it is) or post-norm (``norm1`` the norm that reads x + attn: its output goes on;
-    ``norm3`` the norm whose output is the layer's, when one is: what it reads, y + ff(y), is
-    kept per call in ``LayerTrace.ffn_sum``); False otherwise, ``residual_note`` saying what the
+    — pre-norm (`norm_first`; `norm1` the part whose output the attention reads: x + attn is
+    read as it is) or post-norm (`norm1` the norm that reads x + attn: its output goes on;
+    `norm3` the norm whose output is the layer's, when one is: what it reads, y + ff(y), is
+    kept per call in `LayerTrace.ffn_sum`); False otherwise, `residual_note` saying what the
     forward showed instead (a parallel residual, a norm on the attention's branch, a scaled
     branch).
     """
@@ -149,7 +151,7 @@ class HFLayer:
 
     @property
     def parts(self) -> LayerParts:
-        """The layer's :class:`~qkv.models.protocol.LayerParts`, as its forward showed them."""
+        """The layer's [`LayerParts`][qkv.models.protocol.LayerParts], as its forward showed them."""
         if self.sequential_residual:
             form = ResidualForm.PRE_NORM if self.norm_first else ResidualForm.POST_NORM
             norms = LayerNorms(self.norm1, self.ffn_norm if self.norm_first else self.norm3)
@@ -163,11 +165,11 @@ class HFLayer:
 
 @dataclass
 class _Seen:
-    """What one forward's hooks kept for one layer: ``entered`` (b, t, E) the layer's input
-    (after any patch), ``x`` (b, t, E) the attention module's input, ``cos_sin`` the
-    ``position_embeddings`` it was handed or None, ``out`` (b, t, E) what its output projection
-    returned, ``normed`` (b, t, E) what a post-norm layer's ``norm1`` returned, ``ffn_sum``
-    (b, t, E) what its ``norm3`` read; ``inner``
+    """What one forward's hooks kept for one layer: `entered` (b, t, E) the layer's input
+    (after any patch), `x` (b, t, E) the attention module's input, `cos_sin` the
+    `position_embeddings` it was handed or None, `out` (b, t, E) what its output projection
+    returned, `normed` (b, t, E) what a post-norm layer's `norm1` returned, `ffn_sum`
+    (b, t, E) what its `norm3` read; `inner`
     (discovery only): every module inside the block → (its input, its output)."""
 
     entered: torch.Tensor | None = None
@@ -180,9 +182,9 @@ class _Seen:
 
 
 class HFModel(nn.Module):
-    """A transformers model (``hf``, attn_implementation ``"qkv"``) meeting qkv's model protocol.
+    """A transformers model (`hf`, attn_implementation `"qkv"`) meeting qkv's model protocol.
 
-    Example:
+    Examples:
         >>> model = qkv.load("path/to/gemma-2")                          # doctest: +SKIP
         >>> qkv.explain.explain(model, "The dog ate it", token="it")     # doctest: +SKIP
     """
@@ -203,10 +205,10 @@ class HFModel(nn.Module):
         """Run the model on 3 tokens, listing its attention calls; its layers are the elements of
         the layer list holding them (every checkpoint layer, whatever mixes its tokens); a
         layer's mixers are its attention module (kind by its calls,
-        :func:`qkv.hf.mixers.softmax_kind`) and the modules :func:`qkv.hf.mixers.stateful_kind`
+        `qkv.hf.mixers.softmax_kind`) and the modules `qkv.hf.mixers.stateful_kind`
         recognises; the output projections are the Linear whose input is exactly a call's
         output. Then once more, traced, to read each attention's projections
-        (:func:`qkv.hf.projections.read`), each layer's residual structure and the model's
+        (`qkv.hf.projections.read`), each layer's residual structure and the model's
         embeddings and read-out, checked against that forward."""
         ids = torch.tensor([[1, 2, 3]], device=self._device())
         seen: dict[int, list[torch.Tensor]] = {}
@@ -255,8 +257,8 @@ class HFModel(nn.Module):
                                          next_token=causal and self._logits, head_weights=weights)
 
     def _layer_list(self, calls) -> nn.ModuleList:
-        """The checkpoint's layer list: the ``nn.ModuleList`` whose elements hold the attention
-        modules (``model.layers``); QkvError when a module sits in two of its layers (shared)."""
+        """The checkpoint's layer list: the `nn.ModuleList` whose elements hold the attention
+        modules (`model.layers`); QkvError when a module sits in two of its layers (shared)."""
         names = {id(m): n for n, m in self.hf.named_modules()}
         modules = dict(self.hf.named_modules())
         holders = {_layer_name(names[id(c.module)], modules, self.name) for c in calls}
@@ -273,10 +275,10 @@ class HFModel(nn.Module):
         return blocks
 
     def _read_layers(self, ids: torch.Tensor, layers: list) -> list[HFLayer]:
-        """One traced forward on ``ids``; each layer's :class:`HFLayer` with what it showed: the
+        """One traced forward on `ids`; each layer's `HFLayer` with what it showed: the
         attention module's projections, norms and position step (kept where they rebuild the
-        kernel's q, k, v), its residual structure (:func:`_structure`), and the model's
-        embeddings and read-out (:meth:`_model_parts`)."""
+        kernel's q, k, v), its residual structure (`_structure`), and the model's
+        embeddings and read-out (`_model_parts`)."""
         E = self.hf.config.hidden_size
 
         def attention(c, m, parts) -> HFAttention:
@@ -326,13 +328,13 @@ class HFModel(nn.Module):
 
     @property
     def layers(self) -> list[HFLayer]:
-        """One :class:`HFLayer` per checkpoint layer: ``layers[L].self_attn`` is layer L's
-        :class:`HFAttention` (None where no softmax attention runs), ``.parts`` its parts."""
+        """One `HFLayer` per checkpoint layer: `layers[L].self_attn` is layer L's
+        `HFAttention` (None where no softmax attention runs), `.parts` its parts."""
         return self._layers
 
     @property
     def parts(self) -> ModelParts:
-        """Every part an explanation reads (:class:`~qkv.models.protocol.ModelParts`), each
+        """Every part an explanation reads ([`ModelParts`][qkv.models.protocol.ModelParts]), each
         found and checked on the discovery forward."""
         return self._parts
 
@@ -346,11 +348,11 @@ class HFModel(nn.Module):
                 trace_rows: torch.Tensor | slice | LseRequest | None = None,
                 output_hidden_states: bool = False, interventions=None,
                 logits_to_keep: int | None = None):
-        """The transformers forward, recorded: a :class:`DecoderOutput` (models with next-token
-        logits) or an :class:`EncoderOutput`, with qkv's conventions — ``hidden_states[L]``
-        enters layer L and the last is the last layer's output before any final norm; ``traces``
-        one :class:`LayerTrace` per layer (``self_attn``: a ``MultiHeadTrace`` of the rows asked
-        for, or an ``LseTrace`` with ``trace_rows=LSE``)."""
+        """The transformers forward, recorded: a `DecoderOutput` (models with next-token
+        logits) or an `EncoderOutput`, with qkv's conventions — `hidden_states[L]`
+        enters layer L and the last is the last layer's output before any final norm; `traces`
+        one `LayerTrace` per layer (`self_attn`: a `MultiHeadTrace` of the rows asked
+        for, or an `LseTrace` with `trace_rows=LSE`)."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
             raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got "
                              f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
@@ -374,7 +376,7 @@ class HFModel(nn.Module):
         return EncoderOutput(last_hidden_state=hidden[-1], hidden_states=states, traces=traces)
 
     def _trace(self, rec: Recording, i: int, seen: _Seen, trace_rows) -> LayerTrace:
-        """Layer ``i``'s :class:`LayerTrace`: the attention's record (x = the module's input, its
+        """Layer `i`'s `LayerTrace`: the attention's record (x = the module's input, its
         position step, the traced rows, the heads' outputs) and, where the layer forms it, the
         residual x + attn."""
         layer = self._layers[i]
@@ -395,11 +397,11 @@ class HFModel(nn.Module):
 
     @contextmanager
     def _hooks(self, interventions, layers: list[HFLayer], *, inner: bool = False):
-        """For one forward: ``hidden`` (L + 1 tensors: what the embeddings and each layer
-        computed) and ``seen`` (a :class:`_Seen` per layer: what entered it, after any
-        ``inputs`` patch; what entered its attention module and left its output projection (and
-        a post-norm ``norm1``); with ``inner``, every inner module's input and output). Every
-        hook is removed when the ``with`` ends."""
+        """For one forward: `hidden` (L + 1 tensors: what the embeddings and each layer
+        computed) and `seen` (a `_Seen` per layer: what entered it, after any
+        `inputs` patch; what entered its attention module and left its output projection (and
+        a post-norm `norm1`); with `inner`, every inner module's input and output). Every
+        hook is removed when the `with` ends."""
         L = len(layers)
         hidden, seen = [None] * (L + 1), [_Seen(inner={} if inner else None) for _ in range(L)]
 
@@ -469,12 +471,12 @@ class HFModel(nn.Module):
 
 def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
                output: torch.Tensor) -> dict:
-    """A layer's residual structure from what one forward's hooks saw (``HFLayer``'s keywords;
-    ``output`` (b, t, E) the layer's): it forms x + attn when some part reads exactly that sum;
+    """A layer's residual structure from what one forward's hooks saw (`HFLayer`'s keywords;
+    `output` (b, t, E) the layer's): it forms x + attn when some part reads exactly that sum;
     pre-norm when a part maps x to what the attention reads, or when the sum goes on unnormed
     (the layer's output is x + attn + f, f what a part made of the sum's reader's output: an
     identity norm before the attention, ModernBERT's first layer); post-norm when the attention
-    reads x itself and a norm reads x + attn; neither (``sequential_residual`` False) otherwise."""
+    reads x itself and a norm reads x + attn; neither (`sequential_residual` False) otherwise."""
     if attention is None:
         return dict(residual_note="no token mixer: the layer is a feed-forward only (its tokens "
                                   "do not mix)")
@@ -538,7 +540,7 @@ def _parallel(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict:
 
 
 def _reader(seen: _Seen, norm: nn.Module | None, mixer: nn.Module) -> nn.Module | None:
-    """The outermost part (not the mixer, not inside it) that reads exactly what ``norm`` made:
+    """The outermost part (not the mixer, not inside it) that reads exactly what `norm` made:
     the feed-forward of a layer whose norm feeds it."""
     if norm is None:
         return None
@@ -550,12 +552,12 @@ def _reader(seen: _Seen, norm: nn.Module | None, mixer: nn.Module) -> nn.Module 
 
 
 def _outermost(found: list[nn.Module]) -> nn.Module | None:
-    """The module of ``found`` holding the most parts (hooks list a parent after its children)."""
+    """The module of `found` holding the most parts (hooks list a parent after its children)."""
     return max(found, key=lambda m: sum(1 for _ in m.modules()), default=None)
 
 
 def _normalises(given, made) -> bool:
-    """Whether a part made ``made`` (…, E) of ``given`` (…, E) as a norm does: each row scaled
+    """Whether a part made `made` (…, E) of `given` (…, E) as a norm does: each row scaled
     to unit RMS (RMSNorm) or centred first (LayerNorm) — times a factor per row a little under 1
     (the norm's ε), one weight per channel and a bias per channel or none — fitted by
     alternating least squares and checked to float32's rounding. By behaviour, so any norm
@@ -609,7 +611,7 @@ def _first(output):
 
 def _stateful(block: nn.Module, attention: nn.Module | None) -> list[tuple[nn.Module, object]]:
     """The layer's mixers that run transformers' own code, in module order: (module, kind) for
-    each outermost module :func:`qkv.hf.mixers.stateful_kind` recognises (not inside the
+    each outermost module `qkv.hf.mixers.stateful_kind` recognises (not inside the
     attention module or another mixer)."""
     found, skip = [], set() if attention is None else {id(m) for m in attention.modules()}
     for m in block.modules():
@@ -624,8 +626,8 @@ def _stateful(block: nn.Module, attention: nn.Module | None) -> list[tuple[nn.Mo
 
 @contextmanager
 def _outer(hf: nn.Module, layers: list[HFLayer], head: nn.Module | None):
-    """For the discovery forward: ``seen`` (module → (input, output)) of every module outside
-    the layers, and ``"head"`` → what the output embedding read."""
+    """For the discovery forward: `seen` (module → (input, output)) of every module outside
+    the layers, and `"head"` → what the output embedding read."""
     inside = {id(m) for layer in layers for m in layer.block.modules()}
     seen: dict = {}
 
@@ -650,8 +652,8 @@ _TABLES = {"position": ("position_embeddings", "wpe", "embed_positions"),
 
 def _embeddings(hf: nn.Module, ids: torch.Tensor, first: torch.Tensor, layers: list[HFLayer]
                 ) -> Embeddings | None:
-    """The :class:`~qkv.models.protocol.Embeddings` that rebuild ``first`` (1, t, E), what
-    entered layer 0 for ``ids`` (t,): the input embedding, the tables beside it, a norm beside
+    """The [`Embeddings`][qkv.models.protocol.Embeddings] that rebuild `first` (1, t, E), what
+    entered layer 0 for `ids` (t,): the input embedding, the tables beside it, a norm beside
     them that normalises their sum, a multiplier after; None where none rebuild it."""
     token = hf.get_input_embeddings()
     holder = next((m for m in hf.modules() if any(c is token for c in m.children())), None)
@@ -693,10 +695,10 @@ def _embeddings(hf: nn.Module, ids: torch.Tensor, first: torch.Tensor, layers: l
 
 def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
                  logits: torch.Tensor | None, config) -> Unembedding | None:
-    """The read-out (:class:`~qkv.models.protocol.Unembedding`) that turns ``last`` (1, t, E),
-    the last layer's output, into ``logits``: the output embedding after the part outside the
-    layers that normalises ``last`` into what it read, times a constant (Granite's
-    1/``logits_scaling``). None for a model without logits, or where none rebuild them."""
+    """The read-out ([`Unembedding`][qkv.models.protocol.Unembedding]) that turns `last` (1, t, E),
+    the last layer's output, into `logits`: the output embedding after the part outside the
+    layers that normalises `last` into what it read, times a constant (Granite's
+    1/`logits_scaling`). None for a model without logits, or where none rebuild them."""
     weight = None if head is None else getattr(head, "weight", None)
     if logits is None or not isinstance(weight, torch.Tensor) or head not in outer or last is None:
         return None
@@ -720,7 +722,7 @@ def _unembedding(outer: dict, head: nn.Module | None, last: torch.Tensor,
 
 
 def _not_summed(seen: _Seen, output: torch.Tensor) -> str:
-    """What a layer does instead of handing x + attn on, as one forward shows it (``output``
+    """What a layer does instead of handing x + attn on, as one forward shows it (`output`
     (b, t, E) the layer's): a norm reads the attention's output (a sandwich norm); a part reads
     x + c·attn (a residual multiplier, Granite); the output is x + attn + f with f a part's output
     (a parallel residual: GPT-J, GPT-NeoX, Phi)."""
@@ -753,8 +755,8 @@ def _same(a, b) -> bool:
 
 
 def _layer_name(attention: str, modules: dict[str, nn.Module], model: str) -> str:
-    """The name of the layer holding the attention module ``attention``: the deepest prefix
-    that is an element of an ``nn.ModuleList`` (``model.layers.3`` for ``model.layers.3.self_attn``)."""
+    """The name of the layer holding the attention module `attention`: the deepest prefix
+    that is an element of an `nn.ModuleList` (`model.layers.3` for `model.layers.3.self_attn`)."""
     parts = attention.split(".")
     for end in range(len(parts) - 1, 0, -1):
         parent = ".".join(parts[:end - 1])
@@ -765,7 +767,7 @@ def _layer_name(attention: str, modules: dict[str, nn.Module], model: str) -> st
 
 
 def wrap(hf: nn.Module, tokenizer, *, name: str) -> HFModel:
-    """:class:`HFModel` around a transformers model already on ``attn_implementation="qkv"``."""
+    """`HFModel` around a transformers model already on `attn_implementation="qkv"`."""
     return HFModel(hf, tokenizer, name=name).eval()
 
 

@@ -1,9 +1,9 @@
-"""The ``AttentionInterface`` function for ``"qkv"``: transformers' call → qkv's arguments.
+"""The `AttentionInterface` function for `"qkv"`: transformers' call → qkv's arguments.
 
-transformers calls ``fn(module, query, key, value, attention_mask, scaling=, dropout=, …)`` with
+transformers calls `fn(module, query, key, value, attention_mask, scaling=, dropout=, …)` with
 query (b, h, t, d), key (b, h_kv, s, d), value (b, h_kv, s, dv) and expects
-``(output (b, t, h, dv), weights (b, h, t, s) or None)``. Per-architecture extras arrive as
-keyword arguments: ``softcap`` (Gemma 2), ``s_aux`` (gpt-oss sinks), ``position_bias`` (T5).
+`(output (b, t, h, dv), weights (b, h, t, s) or None)`. Per-architecture extras arrive as
+keyword arguments: `softcap` (Gemma 2), `s_aux` (gpt-oss sinks), `position_bias` (T5).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ NAME = "qkv"
 
 
 def _description(module, query, key, attention_mask, is_causal) -> tuple[AttentionMask, torch.Tensor | None]:
-    """What reached us as the mask → (a qkv ``AttentionMask``, a float score bias or None)."""
+    """What reached us as the mask → (a qkv `AttentionMask`, a float score bias or None)."""
     t, s = query.shape[-2], key.shape[-2]
     if isinstance(attention_mask, AttentionMask):  # from qkv.hf.masks: structure
         return _broadcast(attention_mask, query.shape[0], t, s), None
@@ -56,7 +56,7 @@ def _broadcast(mask: AttentionMask, b: int, t: int, s: int) -> AttentionMask:
 
 
 def _selected(mask: AttentionMask, indices: torch.Tensor, t: int, s: int) -> AttentionMask:
-    """``mask`` AND the keys an indexer selected: ``indices`` (b, t, k) key positions per query
+    """`mask` AND the keys an indexer selected: `indices` (b, t, k) key positions per query
     (DeepSeek V3.2's sparse attention, which eager runs as the same dense mask)."""
     b = indices.shape[0]
     chosen = torch.zeros(b, t, s, dtype=torch.bool, device=indices.device)
@@ -82,11 +82,11 @@ def _weights(query, key, lse, mask: AttentionMask, bias, *, scale, softcap, grou
 
 
 def _weights_wanted(kwargs) -> bool:
-    """Whether the caller records attention weights (``output_attentions=True``).
+    """Whether the caller records attention weights (`output_attentions=True`).
 
     Most models pass the flag down; some (GPT-2) pop it and rely on transformers' output
     recorder, whose collector (a private context variable, read defensively) then lists
-    ``attentions``. Weights are (t × s) per head: computed only when asked for.
+    `attentions`. Weights are (t × s) per head: computed only when asked for.
     """
     if kwargs.get("output_attentions"):
         return True
@@ -104,10 +104,10 @@ def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           scaling: float | None = None, softcap: float | None = None,
                           s_aux: torch.Tensor | None = None, is_causal: bool | None = None,
                           position_bias: torch.Tensor | None = None, **kwargs):
-    """transformers' attention call on qkv: ``(output (b, t, h, dv), weights or None)``.
+    """transformers' attention call on qkv: `(output (b, t, h, dv), weights or None)`.
 
-    ``sliding_window`` (and other flash-attention hints) in ``kwargs`` are already part of the
-    mask transformers built through :func:`qkv.hf.masks.qkv_mask`.
+    `sliding_window` (and other flash-attention hints) in `kwargs` are already part of the
+    mask transformers built through [`qkv.hf.masks.qkv_mask`][qkv.hf.masks.qkv_mask].
     """
     mask, bias = _description(module, query, key, attention_mask, is_causal)
     indices = kwargs.pop("indices", None)

@@ -1,15 +1,16 @@
-"""A transformers checkpoint directory, built with ``attn_implementation="qkv"`` — or one error
+"""A transformers checkpoint directory, built with `attn_implementation="qkv"` — or one error
 naming the architecture or the value that cannot run on qkv (nothing downloaded, no remote code
 ever, no pickle ever).
 
-Before transformers builds anything, ``config.json`` and the weights' headers are checked here,
-by the one safetensors reader every qkv loader uses (:mod:`qkv.models.checkpoint`: files listed,
+Before transformers builds anything, `config.json` and the weights' headers are checked here,
+by the one safetensors reader every qkv loader uses (`qkv.models.checkpoint`: files listed,
 inside the directory, never a pickle, index well-formed): the model_type and the architecture
 class, every size a positive integer, the activation, dtype, rope_theta, no quantisation and no
 other attention implementation, and the layer count against the headers. Then the model is laid
 out on the meta device (no memory) and every tensor's shape and dtype checked; transformers'
 own loading bars, log lines and warnings stay off stderr.
 
+Examples:
     >>> import qkv.hf                                            # doctest: +SKIP
     >>> model = qkv.hf.load("path/to/olmo2")                     # doctest: +SKIP
     >>> model.config._attn_implementation                        # doctest: +SKIP
@@ -32,7 +33,7 @@ from qkv.models.loading import read_config
 
 @contextmanager
 def quiet():
-    """transformers' progress bars, log lines and ``warnings.warn`` kept off stderr while it
+    """transformers' progress bars, log lines and `warnings.warn` kept off stderr while it
     loads (an error is qkv's one line; a good load says nothing). Restores what was set."""
     from transformers.utils import logging
 
@@ -50,11 +51,11 @@ def quiet():
 
 
 def load(path: str | os.PathLike, *, dtype=None):
-    """The transformers model of ``path`` (its ``architectures[0]`` class, eval mode) on qkv.
+    """The transformers model of `path` (its `architectures[0]` class, eval mode) on qkv.
 
-    Raises :class:`~qkv.errors.QkvError` (a ``ValueError``) when transformers cannot build the
+    Raises `QkvError` (a `ValueError`) when transformers cannot build the
     model_type (remote code is never run), when the class's attention does not go through
-    transformers' ``AttentionInterface``, when the directory has no config.json, when a value of
+    transformers' `AttentionInterface`, when the directory has no config.json, when a value of
     config.json is unusable (see the module doc), or when the weights are missing, pickled,
     outside the directory, of another layer count, shape or dtype, or hold tensors the model
     does not have.
@@ -117,9 +118,9 @@ def load(path: str | os.PathLike, *, dtype=None):
 
 
 def model_class(raw: dict, config_file: str):
-    """The transformers model class config.json names (``architectures[0]``), checked: the
-    model_type is one transformers builds, the class is a model class (not ``AutoModel``, not
-    ``Trainer``) of that model_type, and its attention goes through the AttentionInterface."""
+    """The transformers model class config.json names (`architectures[0]`), checked: the
+    model_type is one transformers builds, the class is a model class (not `AutoModel`, not
+    `Trainer`) of that model_type, and its attention goes through the AttentionInterface."""
     import transformers
 
     model_type = raw.get("model_type")
@@ -183,12 +184,12 @@ TOP_K = {"num_experts_per_tok": ("n_routed_experts", "num_local_experts", "num_e
 
 
 def check_sizes(raw: dict, where: str) -> None:
-    """Every size config.json gives (:data:`~qkv.models.config.SIZE_KEYS` and
-    :data:`HYBRID_SIZE_KEYS`) a positive integer of at most :data:`MAX_SIZE`, and each top-k at
-    most the count it picks from (:func:`check_top_k`, on the built config) — one QkvError naming the key and value, before transformers
-    meets it as a tensor size.
+    """Every size config.json gives (`SIZE_KEYS` and
+    `HYBRID_SIZE_KEYS`) a positive integer of at most `MAX_SIZE`, and each top-k at
+    most the count it picks from (`check_top_k`, on the built config) — one QkvError naming the key
+    and value, before transformers meets it as a tensor size.
 
-    Example:
+    Examples:
         >>> check_sizes({"kv_lora_rank": -1}, "config.json")
         Traceback (most recent call last):
         ...
@@ -202,7 +203,7 @@ def check_sizes(raw: dict, where: str) -> None:
 
 def check_top_k(config, raw: dict, where: str) -> None:
     """Each top-k of the built config (a default where config.json has none) at most the count
-    it picks from: else a forward's ``topk`` fails."""
+    it picks from: else a forward's `topk` fails."""
     for key, counts in TOP_K.items():
         k = getattr(config, key, None)
         count = next((c for c in counts if isinstance(getattr(config, c, None), int)), None)
@@ -229,7 +230,7 @@ _LAYER = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)\.")
 
 def check_weights(weights: WeightFiles, cls, config) -> None:
     """One QkvError naming the tensor and file when the safetensors *headers* (no data read)
-    disagree with the model that ``config`` describes: another number of layers, a tensor
+    disagree with the model that `config` describes: another number of layers, a tensor
     whose shape is not the model's (e.g. a changed hidden_size), or a floating-point parameter
     stored as integers (int8: refused, never cast). Names the model does not have under the
     same name (renamed by transformers' loading, or dropped) are left to it.
@@ -262,10 +263,10 @@ def check_weights(weights: WeightFiles, cls, config) -> None:
 
 def load_explainable(path: str | os.PathLike, *, name: str | None = None, dtype=None, device=None,
                      files=None):
-    """``path`` as a qkv model (:class:`qkv.hf.adapter.HFModel`): :func:`load` on ``"qkv"``, with
-    qkv's tokenizer over the directory's tokenizer files — the registry's ``transformers``
-    loader (:mod:`qkv.models.registry`), what :func:`qkv.load` returns for a model_type without
-    a native family."""
+    """`path` as a qkv model (`qkv.hf.adapter.HFModel`): `load` on `"qkv"`, with
+    qkv's tokenizer over the directory's tokenizer files — the registry's `transformers`
+    loader ([`qkv.models.registry`][qkv.models.registry]), what [`qkv.load`][qkv.load] returns for a
+    model_type without a native family."""
     from qkv.hf.adapter import wrap
     from qkv.models.tokenizer import Tokenizer
 
@@ -289,7 +290,7 @@ def load_explainable(path: str | os.PathLike, *, name: str | None = None, dtype=
 
 def _layer_types_error(e: Exception, hf, config_file: str) -> Exception:
     """The QkvError for a forward of transformers' own code failing on a layer-type list that
-    its config accepted (a kind this model has no layer, mask or cache for), else ``e``: a
+    its config accepted (a kind this model has no layer, mask or cache for), else `e`: a
     failure in qkv's code stays a traceback."""
     import traceback
 

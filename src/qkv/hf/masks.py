@@ -1,13 +1,13 @@
-"""transformers' masks as qkv structure: the ``AttentionMaskInterface`` function for ``"qkv"``.
+"""transformers' masks as qkv structure: the `AttentionMaskInterface` function for `"qkv"`.
 
-transformers builds every mask from a ``mask_function(b, h, q_idx, kv_idx) -> bool`` (causal,
+transformers builds every mask from a `mask_function(b, h, q_idx, kv_idx) -> bool` (causal,
 sliding window, padding, packed sequences, images' bidirectional blocks …) and hands it to the
 registered mask interface. Here the common ones are *recognised* and become an
-:class:`~qkv.attention.attention_mask.AttentionMask` (causal / window / key padding: torch's causal kernel
-or qkv's blockwise band, never a (t × s) tensor); any other index-based function becomes a
-:class:`~qkv.attention.block_mask.BlockMask` evaluated one block row at a time (exact, O(N)
-memory); a function transformers says is not index-based (``use_vmap``) is drawn densely by
-transformers' own ``sdpa_mask``, the only thing that can evaluate it.
+[`AttentionMask`][qkv.attention.attention_mask.AttentionMask] (causal / window / key padding:
+torch's causal kernel or qkv's blockwise band, never a (t × s) tensor); any other index-based
+function becomes a [`BlockMask`][qkv.attention.block_mask.BlockMask] evaluated one block row at a
+time (exact, O(N) memory); a function transformers says is not index-based (`use_vmap`) is drawn
+densely by transformers' own `sdpa_mask`, the only thing that can evaluate it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from qkv.attention.attention_mask import AttentionMask
 
 @dataclass(frozen=True, eq=False)
 class PreparedMask(AttentionMask):
-    """An :class:`AttentionMask` as transformers sees a prepared mask: 4-D, ``shape`` (b, 1, t, s).
+    """An [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] as transformers sees a
+    prepared mask: 4-D, `shape` (b, 1, t, s).
 
-    ``generate`` with a static cache builds each step's mask ahead of the forward and passes it
-    back in as ``attention_mask``; transformers' ``_preprocess_mask_arguments`` reads its
-    ``ndim`` (a 2-D mask would be padding) and :func:`qkv_mask` hands it on unchanged.
+    `generate` with a static cache builds each step's mask ahead of the forward and passes it
+    back in as `attention_mask`; transformers' `_preprocess_mask_arguments` reads its
+    `ndim` (a 2-D mask would be padding) and [`qkv_mask`][qkv.hf.masks.qkv_mask] hands it on
+    unchanged.
     """
 
     shape: tuple[int, int, int, int] = (0, 1, 0, 0)
@@ -48,7 +50,7 @@ class PreparedMask(AttentionMask):
     def __getitem__(self, index) -> torch.Tensor:
         """The mask drawn as a bool tensor (b, 1, t, s) (True = takes part), then indexed: for
         model code that reads the mask as numbers (DeepSeek V3.2's indexer scores its keys
-        under ``attention_mask[:, 0]``, an O(t·s) score matrix of its own)."""
+        under `attention_mask[:, 0]`, an O(t·s) score matrix of its own)."""
         b, _, t, s = self.shape
         keep = self.materialize(t, s)
         if keep is None:
@@ -59,10 +61,11 @@ class PreparedMask(AttentionMask):
 
 
 def _window(mask_function) -> tuple[int | None, int | None] | None:
-    """transformers' built-in mask functions as a qkv window ``(left, right)``; None if unknown.
+    """transformers' built-in mask functions as a qkv window `(left, right)`; None if unknown.
 
     causal → (None, 0); bidirectional → (None, None); sliding window w (keys q−w < k ≤ q) →
-    (w−1, 0); bidirectional window w (|q − k| ≤ w) → (w, w); an ``and_masks`` of these → their intersection.
+    (w−1, 0); bidirectional window w (|q − k| ≤ w) → (w, w); an `and_masks` of these → their
+    intersection.
     """
     from transformers import masking_utils as mu
 
@@ -94,12 +97,12 @@ def _window(mask_function) -> tuple[int | None, int | None] | None:
 def qkv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
              mask_function=None, attention_mask: torch.Tensor | None = None, use_vmap: bool = False,
              device="cpu", **kwargs) -> PreparedMask:
-    """The mask interface function: structure (an ``AttentionMask``, or a ``BlockMask`` in one)
-    or, for non-index-based functions and inside ``torch.compile`` with a static cache,
+    """The mask interface function: structure (an `AttentionMask`, or a `BlockMask` in one)
+    or, for non-index-based functions and inside `torch.compile` with a static cache,
     transformers' dense bool mask (b, 1, t, s).
 
-    Queries are at global positions ``q_offset + i``, keys at ``kv_offset + j``. A static cache
-    gives ``q_offset`` as a 0-d tensor (so that a compiled step does not recompile) and keys up
+    Queries are at global positions `q_offset + i`, keys at `kv_offset + j`. A static cache
+    gives `q_offset` as a 0-d tensor (so that a compiled step does not recompile) and keys up
     to its full length: the diagonal is then not bottom-right, and a recognised causal or window
     function becomes the same band placed by the offsets (classified from bounds, not evaluated).
     """

@@ -1,21 +1,22 @@
-"""Which :class:`~qkv.models.protocol.MixerKind` a transformers module is, read off what it holds.
+"""Which [`MixerKind`][qkv.models.protocol.MixerKind] a transformers module is, read off what it
+holds.
 
 Softmax-kind mixers are found by what reaches qkv's attention function (the adapter lists the
-calls): ``indices=`` handed with the call (an indexer's top-k keys) makes it ``sparse``, two
-calls of one module in one forward ``differential``, a latent kv rank in the config (the size
-MLA's low-rank kv projection is built with) ``mla``, else ``softmax``.
+calls): `indices=` handed with the call (an indexer's top-k keys) makes it `sparse`, two
+calls of one module in one forward `differential`, a latent kv rank in the config (the size
+MLA's low-rank kv projection is built with) `mla`, else `softmax`.
 
 The others run transformers' own code and are recognised by the state they carry — the names
 come from their papers' reference code, which transformers keeps so checkpoints load:
 
 ========================  ===========================================================================
-``mamba2``                a decay ``A_log`` and a skip ``D`` beside a causal convolution (Mamba,
+`mamba2`                a decay `A_log` and a skip `D` beside a causal convolution (Mamba,
                           Mamba-2: Bamba, Jamba, Nemotron-H, Falcon-H1, Granite 4, Zamba2)
-``gated_deltanet``        ``A_log`` and a per-head ``dt_bias``, no skip, beside a convolution
+`gated_deltanet`        `A_log` and a per-head `dt_bias`, no skip, beside a convolution
                           (Qwen3-Next / 3.5, OLMo hybrid)
-``kda``                   ``A_log`` with a per-channel ``dt_bias`` (a decay per key channel: Kimi)
-``lightning``             a per-head decay ``slope_rate`` held as a buffer (MiniMax)
-``short_conv``            a depthwise causal ``Conv1d`` between linear maps, no state (LFM2)
+`kda`                   `A_log` with a per-channel `dt_bias` (a decay per key channel: Kimi)
+`lightning`             a per-head decay `slope_rate` held as a buffer (MiniMax)
+`short_conv`            a depthwise causal `Conv1d` between linear maps, no state (LFM2)
 ========================  ===========================================================================
 """
 
@@ -30,8 +31,8 @@ LATENT_KV = ("kv_lora_rank",)
 
 
 def _named(module: nn.Module, name: str):
-    """The parameter or buffer ``name`` held by ``module`` or one of its children that is not a
-    module of its own kind (Kimi keeps ``A_log`` in a gate child), or None."""
+    """The parameter or buffer `name` held by `module` or one of its children that is not a
+    module of its own kind (Kimi keeps `A_log` in a gate child), or None."""
     for full, value in (*module.named_parameters(), *module.named_buffers()):
         if full == name or full.endswith("." + name):
             return value
@@ -44,7 +45,7 @@ def _convolves(module: nn.Module) -> bool:
 
 
 def stateful_kind(module: nn.Module) -> MixerKind | None:
-    """The kind of a non-softmax token mixer, or None when ``module`` is not one (see the
+    """The kind of a non-softmax token mixer, or None when `module` is not one (see the
     module doc); a module holding one (a decoder layer) is not one itself."""
     own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
     if "slope_rate" in own:
@@ -63,8 +64,8 @@ def stateful_kind(module: nn.Module) -> MixerKind | None:
 
 
 def softmax_kind(config, *, calls: int, indexed: bool) -> MixerKind:
-    """The kind of a module that called qkv's attention ``calls`` times in one forward,
-    ``indexed`` when an indexer's keys came with the call."""
+    """The kind of a module that called qkv's attention `calls` times in one forward,
+    `indexed` when an indexer's keys came with the call."""
     if indexed:
         return MixerKind.SPARSE
     if calls > 1:

@@ -1,29 +1,31 @@
 """A transformers attention module's query, key and value projections as matrices — one table.
 
-What ``explain_head`` multiplies x by (``x · W_Q + b_Q``, then the norm, then the position step)
-is read here, the same way for every architecture: :data:`LAYOUTS` lists how attention modules
-hold their projections, by the names of their children::
+What `explain_head` multiplies x by (`x · W_Q + b_Q`, then the norm, then the position step)
+is read here, the same way for every architecture: `LAYOUTS` lists how attention modules
+hold their projections, by the names of their children:
 
-    q_proj, k_proj, v_proj          three Linear maps         Llama, Mistral, Qwen, Gemma, OLMo, Phi …
-    query, key, value               three Linear maps         BERT, RoBERTa, ELECTRA
-    q_lin, k_lin, v_lin             three Linear maps         DistilBERT
-    c_attn                          [q | k | v], Conv1D       GPT-2 (weight stored (in, out))
-    qkv_proj, Wqkv                  [q | k | v]               Phi-3, ModernBERT, MPT
-    query_key_value                 per head [q_h | k_h | v_h] GPT-NeoX
-    q, k, v                         three Linear maps         T5 (self- and cross-attention)
+```text
+q_proj, k_proj, v_proj          three Linear maps         Llama, Mistral, Qwen, Gemma, OLMo, Phi …
+query, key, value               three Linear maps         BERT, RoBERTa, ELECTRA
+q_lin, k_lin, v_lin             three Linear maps         DistilBERT
+c_attn                          [q | k | v], Conv1D       GPT-2 (weight stored (in, out))
+qkv_proj, Wqkv                  [q | k | v]               Phi-3, ModernBERT, MPT
+query_key_value                 per head [q_h | k_h | v_h] GPT-NeoX
+q, k, v                         three Linear maps         T5 (self- and cross-attention)
+```
 
-and the per-head norms (children ``q_norm`` and ``k_norm``: Qwen3 per head, OLMo 2 over the whole
-projection — :func:`qkv.modules.multihead.head_norm` tells them apart by their width). The
-position step is the model's own: the ``(cos, sin)`` transformers hands the attention module as
-``position_embeddings``, applied to the first features of each head (:class:`Rotation`; GPT-NeoX
-and Phi rotate part of each head) in the layout the forward shows (:data:`STYLES`). ALiBi and learned
+and the per-head norms (children `q_norm` and `k_norm`: Qwen3 per head, OLMo 2 over the whole
+projection — `qkv.modules.multihead.head_norm` tells them apart by their width). The
+position step is the model's own: the `(cos, sin)` transformers hands the attention module as
+`position_embeddings`, applied to the first features of each head (`Rotation`; GPT-NeoX
+and Phi rotate part of each head) in the layout the forward shows (`STYLES`). ALiBi and learned
 absolute positions need no step: they are in x or in the score bias.
 
-No entry is trusted by its name: :func:`read` rebuilds q, k and v from the module's input with
+No entry is trusted by its name: `read` rebuilds q, k and v from the module's input with
 the layout, the norms and the position step, and keeps it only where they equal the q, k and v
 the attention kernel received in the same forward (else the reason, by name).
 
-Example:
+Examples:
     >>> import torch
     >>> from torch import nn
     >>> m = nn.Module(); m.c_attn = nn.Linear(8, 24)          # any module holding c_attn
@@ -46,8 +48,8 @@ from qkv.rounding import close  # the tolerance, shared with the norms' reading
 
 @dataclass(frozen=True)
 class Projection:
-    """An ``nn.Linear``-like view of a linear map: ``weight`` (out, in), ``bias`` (out,) or None;
-    ``y = x · weightᵀ + bias``."""
+    """An `nn.Linear`-like view of a linear map: `weight` (out, in), `bias` (out,) or None;
+    `y = x · weightᵀ + bias`."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -57,12 +59,12 @@ class Projection:
                                     None if self.bias is None else self.bias.to(x.dtype))
 
     def rows(self, index) -> "Projection":
-        """The output features ``index`` (a slice or an index tensor)."""
+        """The output features `index` (a slice or an index tensor)."""
         return Projection(self.weight[index], None if self.bias is None else self.bias[index])
 
 
 def as_projection(m: nn.Module) -> Projection | None:
-    """``m`` as a :class:`Projection` if it is an ``nn.Linear`` or GPT-2's ``Conv1D`` (weight
+    """`m` as a `Projection` if it is an `nn.Linear` or GPT-2's `Conv1D` (weight
     stored (in, out): transposed here), else None."""
     from transformers.pytorch_utils import Conv1D  # qkv.hf runs with transformers loaded
 
@@ -97,7 +99,7 @@ def _stacked(module: nn.Module, names: tuple[str, ...], sz: Sizes):
 
 
 def _per_head(module: nn.Module, names: tuple[str, ...], sz: Sizes):
-    """[q_h | k_h | v_h] for each head h in turn (GPT-NeoX's ``view(b, t, h, 3·d)``)."""
+    """[q_h | k_h | v_h] for each head h in turn (GPT-NeoX's `view(b, t, h, 3·d)`)."""
     whole = as_projection(getattr(module, names[0]))
     if whole is None or sz.heads != sz.kv_heads or sz.head_dim != sz.value_dim:
         return None, None, None
@@ -109,7 +111,7 @@ def _per_head(module: nn.Module, names: tuple[str, ...], sz: Sizes):
 @dataclass(frozen=True)
 class Layout:
     """One way an attention module holds its projections: its children's names and a reader
-    ``(module, names, sizes) → (W_Q, W_K, W_V)`` as :class:`Projection` s (None: not linear)."""
+    `(module, names, sizes) → (W_Q, W_K, W_V)` as `Projection`s (None: not linear)."""
 
     name: str
     names: tuple[str, ...]
@@ -147,8 +149,8 @@ OWN = "own"
 
 
 def own_rotation(module: nn.Module) -> Callable | None:
-    """The rotary function of the file that defines ``module``'s class — transformers' modelling
-    files each define ``apply_rotary_pos_emb(q, k, cos, sin)`` and call it on the projected q, k
+    """The rotary function of the file that defines `module`'s class — transformers' modelling
+    files each define `apply_rotary_pos_emb(q, k, cos, sin)` and call it on the projected q, k
     with the angles the module is handed — or None where the file has none."""
     import sys
 
@@ -158,10 +160,10 @@ def own_rotation(module: nn.Module) -> Callable | None:
 
 @dataclass(frozen=True)
 class Rotation:
-    """The position step transformers handed an attention call: ``(cos, sin)`` (b, s, ·) for
+    """The position step transformers handed an attention call: `(cos, sin)` (b, s, ·) for
     every position, turning the first r features of each head (the others pass as they are) in
-    one of the :data:`STYLES`. A :class:`~qkv.modules.multihead.MultiHeadTrace`'s
-    ``position_step``."""
+    one of the `STYLES`. A `MultiHeadTrace`'s
+    `position_step`."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -207,11 +209,11 @@ class Rotation:
 
 @dataclass(frozen=True)
 class Parts:
-    """What :func:`read` found for one attention module: its layout's name, the three
+    """What `read` found for one attention module: its layout's name, the three
     projections (full width: every head), the q/k norms (or None) and the style in which the
-    forward's position step rotates q and k (:data:`STYLES`; None: NoPE layers, or models whose
-    positions are in x or in a score bias); ``q_scale``: the constant a module multiplies its
-    queries by before the kernel (OPT: 1/√d, the kernel then told 1), already in ``q_proj``."""
+    forward's position step rotates q and k (`STYLES`; None: NoPE layers, or models whose
+    positions are in x or in a score bias); `q_scale`: the constant a module multiplies its
+    queries by before the kernel (OPT: 1/√d, the kernel then told 1), already in `q_proj`."""
 
     layout: str
     q_proj: Projection
@@ -232,13 +234,13 @@ def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
 def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
          cos_sin: tuple[torch.Tensor, torch.Tensor] | None, query: torch.Tensor, key: torch.Tensor,
          value: torch.Tensor, *, memory: torch.Tensor | None = None) -> Parts | str:
-    """The module's :class:`Parts`, checked against one forward, or why none (in words).
+    """The module's `Parts`, checked against one forward, or why none (in words).
 
     Args:
-        x: (b, t, E) what the module received (its ``hidden_states``).
+        x: (b, t, E) what the module received (its `hidden_states`).
         memory: (b, s, E) what a cross-attention projects its keys and values from (the
-            encoder's output, its ``key_value_states``); None: x itself (self-attention).
-        cos_sin: the ``position_embeddings`` it received, or None.
+            encoder's output, its `key_value_states`); None: x itself (self-attention).
+        cos_sin: the `position_embeddings` it received, or None.
         query, key, value: (b, h, t, d), (b, h_kv, s, d), (b, h_kv, s, dv) as the kernel read them.
     """
     kv_input = x if memory is None else memory  # (b, s, E)
@@ -295,7 +297,7 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
 
 
 def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value) -> str | None:
-    """Why a module that normalises q and k *after* the rotation (:data:`NORMS_AFTER`, HunYuan)
+    """Why a module that normalises q and k *after* the rotation (`NORMS_AFTER`, HunYuan)
     is not read — checked: projected, rotated in one of the styles, then normalised per head,
     its q and k are the kernel's — or None where that is not what it does. The step-by-step
     normalises before the position step (Qwen3's order), so such a module starts from q and k."""

@@ -1,38 +1,41 @@
 """A 🤗 transformers encoder-decoder (Marian, BART, mBART, M2M100/NLLB, T5/mT5) behind qkv's model
-protocol: what :func:`qkv.load` returns for such a directory.
+protocol: what [`qkv.load`][qkv.load] returns for such a directory.
 
-The model runs with ``attn_implementation="qkv"`` (every encoder, decoder and cross-attention goes
-through :func:`qkv.hf.attention.qkv_attention_forward`; T5's relative position bias arrives as
-``bias=``), so the weights it reports are qkv's own (``output_attentions``: from the forward's
-log-sum-exp; ``cross_pass``: the traced rows', below). The adapter
-adds what :mod:`qkv.explain.cross` asks every cross-attention model for
-(:class:`~qkv.models.protocol.CrossPass`):
+The model runs with `attn_implementation="qkv"` (every encoder, decoder and cross-attention goes
+through [`qkv.hf.attention.qkv_attention_forward`][qkv.hf.attention.qkv_attention_forward]; T5's
+relative position bias arrives as `bias=`), so the weights it reports are qkv's own
+(`output_attentions`: from the forward's log-sum-exp; `cross_pass`: the traced rows', below). The
+adapter adds what [`qkv.explain.cross`][qkv.explain.cross] asks every cross-attention model for
+([`CrossPass`][qkv.models.protocol.CrossPass]):
 
-``cross_pass(text, target=None)``
-    one forward teacher-forced on ``target`` exactly as transformers trains on ``labels``: the
-    labels are ``tokenizer(text_target=target)`` (its end-of-sequence included, its target-side
+`cross_pass(text, target=None)`
+    one forward teacher-forced on `target` exactly as transformers trains on `labels`: the
+    labels are `tokenizer(text_target=target)` (its end-of-sequence included, its target-side
     rules: mBART's language code, Marian's target vocabulary) and the model's own forward shifts
     them right behind the decoder start token. Row j of a cross map is where the decoder looked
-    while producing label j::
+    while producing label j:
 
-        labels            y0     y1     y2     </s>
-        decoder input   start    y0     y1     y2        (shifted by transformers, not here)
+    ```text
+    labels            y0     y1     y2     </s>
+    decoder input   start    y0     y1     y2        (shifted by transformers, not here)
+    ```
 
     ``target=None``: the model's own greedy translation (``generate``), teacher-forced on what it
     generated (decoder input = the generated ids without their last, so each row is the step that
     chose the next token).
-``translate(texts, beam=1)``
-    ``generate`` on qkv's attention (greedy or beam search), decoded without special tokens.
+`translate(texts, beam=1)`
+    `generate` on qkv's attention (greedy or beam search), decoded without special tokens.
 
-Every attention call of that forward is recorded (:mod:`qkv.hf.trace`, the one traced attention
-qkv's own layers call too): the weights are the traces', and ``CrossPass.trace`` holds each
-layer's record — like the translation model's — so :func:`qkv.explain.cross_attention_head`
-redoes a cross-attention head step by step: the decoder's x (what the module received) · W_Q + b
-→ q, the encoder's output (its ``key_value_states``: the memory) · W_K + b → k_i for every source
-token, with W_Q, W_K, W_V read by :mod:`qkv.hf.projections`' table and checked against the
-forward (``decoder[L].cross_attn``, an :class:`~qkv.hf.adapter.HFAttention`). The hooks that keep
-x and the memory are registered for the call only.
+Every attention call of that forward is recorded (`qkv.hf.trace`, the one traced attention
+qkv's own layers call too): the weights are the traces', and `CrossPass.trace` holds each
+layer's record — like the translation model's — so
+[`qkv.explain.cross_attention_head`][qkv.explain.cross_attention_head] redoes a cross-attention head
+step by step: the decoder's x (what the module received) · W_Q + b → q, the encoder's output (its
+`key_value_states`: the memory) · W_K + b → k_i for every source token, with W_Q, W_K, W_V read by
+`qkv.hf.projections`' table and checked against the forward (`decoder[L].cross_attn`, an
+`HFAttention`). The hooks that keep x and the memory are registered for the call only.
 
+Examples:
     >>> import qkv                                             # doctest: +SKIP
     >>> model = qkv.load("path/to/opus-mt-en-fr")              # doctest: +SKIP
     >>> cp = model.cross_pass("the cat", target="le chat")     # doctest: +SKIP
@@ -64,12 +67,12 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
 class Seq2SeqModel:
-    """A transformers encoder-decoder (``hf``, eval, on qkv's attention) and its tokenizer.
+    """A transformers encoder-decoder (`hf`, eval, on qkv's attention) and its tokenizer.
 
-    Fields: ``hf`` the ``…ForConditionalGeneration`` model; ``tokenizer`` transformers' own
-    tokenizer of the directory; ``name`` for messages; ``config`` the transformers config;
-    ``decoder[L]`` layer L's :class:`CrossLayer` (its cross-attention's projections, read off a
-    forward at construction); ``capabilities`` (``head_weights`` where every layer's W_Q, W_K,
+    Fields: `hf` the `…ForConditionalGeneration` model; `tokenizer` transformers' own
+    tokenizer of the directory; `name` for messages; `config` the transformers config;
+    `decoder[L]` layer L's `CrossLayer` (its cross-attention's projections, read off a
+    forward at construction); `capabilities` (`head_weights` where every layer's W_Q, W_K,
     W_V and W_O were read).
     """
 
@@ -87,7 +90,7 @@ class Seq2SeqModel:
 
     @property
     def cross_layers(self) -> list[CrossLayer]:
-        """``decoder``, as the protocol names it: layer L's ``cross_attn`` and ``norm_first``."""
+        """`decoder`, as the protocol names it: layer L's `cross_attn` and `norm_first`."""
         return self.decoder
 
     @property
@@ -100,7 +103,7 @@ class Seq2SeqModel:
 
     @property
     def max_positions(self) -> int | None:
-        """Positions the embeddings cover: the config's ``max_position_embeddings``; None where it
+        """Positions the embeddings cover: the config's `max_position_embeddings`; None where it
         has none (relative positions only, as T5's)."""
         limit = getattr(self.config, "max_position_embeddings", None)
         return limit if isinstance(limit, int) else None
@@ -115,19 +118,19 @@ class Seq2SeqModel:
             raise TooLong(argument, n, limit, self.name)
 
     def encode_source(self, text: str) -> torch.Tensor:
-        """(1, s) the tokenizer's ids of ``text`` (its special tokens included)."""
+        """(1, s) the tokenizer's ids of `text` (its special tokens included)."""
         ids = self.tokenizer(text)["input_ids"]
         self._check_length("text", len(ids))
         return torch.tensor([ids], dtype=torch.long)
 
     def encode_target(self, target: str) -> torch.Tensor:
-        """(1, t) the labels transformers trains on: ``tokenizer(text_target=target)``."""
+        """(1, t) the labels transformers trains on: `tokenizer(text_target=target)`."""
         labels = self.tokenizer(text_target=target)["input_ids"]
         self._check_length("target", len(labels))
         return torch.tensor([labels], dtype=torch.long)
 
     def generate(self, src: torch.Tensor, *, beam: int = 1) -> torch.Tensor:
-        """(1, n) ``generate``'s ids for ``src`` (decoder start token first), greedy or beam."""
+        """(1, n) `generate`'s ids for `src` (decoder start token first), greedy or beam."""
         kw = dict(num_beams=beam, do_sample=False)
         limit = self.max_positions
         if limit is not None:  # never past the decoder's positions (transformers' default may be)
@@ -141,16 +144,17 @@ class Seq2SeqModel:
                                       skip_special_tokens=True).strip() for t in texts]
 
     def tokens(self, ids: list[int]) -> list[str]:
-        """The tokenizer's strings for ``ids``; ``[id N]`` for an id past its vocabulary (a
+        """The tokenizer's strings for `ids`; `[id N]` for an id past its vocabulary (a
         model's embedding often has more rows than its tokenizer has tokens)."""
         return [t if t is not None else f"[id {i}]"
                 for i, t in zip(ids, self.tokenizer.convert_ids_to_tokens(ids))]
 
     @torch.no_grad()
     def cross_pass(self, text: str, target: str | None = None) -> CrossPass:
-        """One forward teacher-forced on ``target`` (see the module doc) → :class:`CrossPass`.
+        """One forward teacher-forced on `target` (see the module doc) →
+        [`CrossPass`][qkv.models.protocol.CrossPass].
 
-        Raises :class:`~qkv.models.protocol.TooLong` (a QkvError) when the text or the target
+        Raises [`TooLong`][qkv.models.protocol.TooLong] (a QkvError) when the text or the target
         needs more positions than the model has.
         """
         src = self.encode_source(text)  # (1, s)
@@ -185,10 +189,10 @@ class Seq2SeqModel:
 
 @dataclass(frozen=True)
 class CrossLayer:
-    """One decoder layer as :func:`qkv.explain.cross_attention_head` reads it (as it reads the
-    translation model's layers): ``cross_attn`` the layer's cross-attention
-    (:class:`~qkv.hf.adapter.HFAttention`: h, d, W_Q, W_K, W_V and W_O where they were read, else
-    its ``projection_note``); ``norm_first`` whether the module reads a norm of the residual
+    """One decoder layer as [`qkv.explain.cross_attention_head`][qkv.explain.cross_attention_head]
+    reads it (as it reads the translation model's layers): `cross_attn` the layer's cross-attention
+    (`HFAttention`: h, d, W_Q, W_K, W_V and W_O where they were read, else
+    its `projection_note`); `norm_first` whether the module reads a norm of the residual
     stream (pre-norm: mBART, M2M100, T5) rather than the residual itself (post-norm: BART, Marian
     — then a norm reads x + attn, which is how a forward tells them apart)."""
 
@@ -198,9 +202,9 @@ class CrossLayer:
 
 @dataclass
 class _Seen:
-    """What one attention module received and returned in one forward: ``x`` (b, t, E) its
-    ``hidden_states``, ``memory`` (b, s, E) its ``key_value_states`` (cross-attention: the
-    encoder's output) or None, ``out`` (b, t, E) its output (after its output projection)."""
+    """What one attention module received and returned in one forward: `x` (b, t, E) its
+    `hidden_states`, `memory` (b, s, E) its `key_value_states` (cross-attention: the
+    encoder's output) or None, `out` (b, t, E) its output (after its output projection)."""
 
     x: torch.Tensor | None = None
     memory: torch.Tensor | None = None
@@ -214,11 +218,11 @@ PROBE = {(3, 3): "encoder", (2, 2): "decoder", (2, 3): "cross"}
 
 
 def _discover(hf: nn.Module, name: str) -> tuple[dict[int, Hashable], list[CrossLayer]]:
-    """The keys of every attention module (``("encoder" | "decoder" | "cross", layer)``, by the
-    order of their calls) and each decoder layer's :class:`CrossLayer`: two forwards of the
-    :data:`PROBE` lengths, the first listing the calls (and which projection reads each call's
+    """The keys of every attention module (`("encoder" | "decoder" | "cross", layer)`, by the
+    order of their calls) and each decoder layer's `CrossLayer`: two forwards of the
+    `PROBE` lengths, the first listing the calls (and which projection reads each call's
     output: its W_O), the second traced, reading W_Q, W_K, W_V off it
-    (:func:`qkv.hf.projections.read`, kept only where they rebuild the kernel's q, k, v)."""
+    (`qkv.hf.projections.read`, kept only where they rebuild the kernel's q, k, v)."""
     device = next(hf.parameters()).device
     src, tgt = torch.arange(1, 4, device=device)[None], torch.arange(1, 3, device=device)[None]
     read_by: dict[int, list[torch.Tensor]] = {}  # id(projection) → what it read
@@ -267,9 +271,9 @@ def _discover(hf: nn.Module, name: str) -> tuple[dict[int, Hashable], list[Cross
 
 @torch.no_grad()
 def _recorded(hf: nn.Module, keys: dict[int, Hashable], *, inner: bool = False, **inputs):
-    """One forward of ``hf`` on ``inputs`` with every attention call keyed in ``keys`` traced
-    (every row: :func:`qkv.hf.trace.recording`) → (the :class:`~qkv.hf.trace.Recording`, a
-    :class:`_Seen` per key; with ``inner``, also ``"inner"``: what every module read). Every
+    """One forward of `hf` on `inputs` with every attention call keyed in `keys` traced
+    (every row: `qkv.hf.trace.recording`) → (the `Recording`, a
+    `_Seen` per key; with `inner`, also `"inner"`: what every module read). Every
     hook is removed when it returns."""
     rec = Recording(keys=keys, rows=slice(None))
     modules = {id(m): m for m in hf.modules()}
@@ -308,7 +312,7 @@ def _recorded(hf: nn.Module, keys: dict[int, Hashable], *, inner: bool = False, 
 
 
 def _layer_traces(rec: Recording, seen: dict, part: str) -> list[LayerTrace]:
-    """The encoder's (``part="encoder"``) or the decoder's :class:`LayerTrace` s, every row: the
+    """The encoder's (`part="encoder"`) or the decoder's `LayerTrace`s, every row: the
     self-attention's record (x: the module's input, projected into q, k and v) and, in the
     decoder, the cross-attention's (q from x, k and v from the memory)."""
     def record(key, memory: bool) -> MultiHeadTrace:
@@ -325,19 +329,19 @@ def _layer_traces(rec: Recording, seen: dict, part: str) -> list[LayerTrace]:
 
 
 def _weights(rec: Recording, part: str) -> torch.Tensor:
-    """(L, H, t, s) the traced weights of every ``part`` call (``"encoder"``, ``"decoder"``,
-    ``"cross"``), in layer order."""
+    """(L, H, t, s) the traced weights of every `part` call (`"encoder"`, `"decoder"`,
+    `"cross"`), in layer order."""
     n = sum(1 for key in rec.traces if key[0] == part)
     return torch.stack([rec.traces[(part, i)].weights[0] for i in range(n)])
 
 
 def load(path: str | os.PathLike, *, name: str | None = None, dtype=None,
          device: torch.device | str | None = None) -> Seq2SeqModel:
-    """The encoder-decoder in ``path`` on qkv's attention, with transformers' tokenizer.
+    """The encoder-decoder in `path` on qkv's attention, with transformers' tokenizer.
 
-    Raises QkvError when transformers cannot build it (:func:`qkv.hf.load`'s errors); when the
+    Raises QkvError when transformers cannot build it (`qkv.hf.load`'s errors); when the
     directory has no tokenizer transformers can read (naming a missing backend such as
-    sentencepiece), or a tokenizer file that is not one (:func:`check_tokenizer_files`); when the
+    sentencepiece), or a tokenizer file that is not one (`check_tokenizer_files`); when the
     tokenizer has more tokens than the model's embedding has rows (a tokenizer from another
     model); or when its Marian tokenizer keeps separate source and target vocabularies (refused:
     the same id means different tokens on the two sides, and qkv labels both from one).
@@ -378,13 +382,13 @@ TOKENIZER_DATA = ("merges.txt", "vocab.txt", "source.spm", "target.spm", "spiece
 
 
 def check_tokenizer_files(path: str) -> None:
-    """Every tokenizer file in ``path`` is what transformers expects, before it reads any: a
+    """Every tokenizer file in `path` is what transformers expects, before it reads any: a
     regular file (a FIFO would block the reader, a directory fail later), the JSON ones one
-    object each, ``tokenizer.json`` a tokenizer ``tokenizers`` reads; Marian's
-    ``separate_vocabs`` refused (see :func:`load`). QkvError naming the file otherwise.
+    object each, `tokenizer.json` a tokenizer `tokenizers` reads; Marian's
+    `separate_vocabs` refused (see `load`). QkvError naming the file otherwise.
 
-    (transformers reads a ``tokenizer.json`` holding ``[]`` and fails at the first text with a
-    TypeError; a FIFO ``tokenizer_config.json`` it skips, building a tokenizer without the
+    (transformers reads a `tokenizer.json` holding `[]` and fails at the first text with a
+    TypeError; a FIFO `tokenizer_config.json` it skips, building a tokenizer without the
     model's special tokens.)
     """
     import tokenizers
@@ -414,8 +418,8 @@ def check_tokenizer_files(path: str) -> None:
 
 def _check_vocabulary(tokenizer, hf, path: str) -> None:
     """Every id the tokenizer can produce must be a row of the model's embedding table (the
-    rule of :func:`qkv.models.loading.load`'s tokenizer check, asked of the model's own
-    embedding): a tokenizer from another model would index past it or into wrong rows."""
+    rule of [`qkv.models.loading.load`][qkv.models.loading.load]'s tokenizer check, asked of the
+    model's own embedding): a tokenizer from another model would index past it or into wrong rows."""
     rows = hf.get_input_embeddings().num_embeddings
     ids = tokenizer.get_vocab().values()
     n = max(ids) + 1 if ids else 0

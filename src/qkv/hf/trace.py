@@ -1,32 +1,32 @@
 """What an explanation reads from a transformers model, recorded inside its attention call.
 
-transformers hands every attention call to ``qkv.hf.attention.qkv_attention_forward`` with q and
+transformers hands every attention call to `qkv.hf.attention.qkv_attention_forward` with q and
 k *after* the model's own positions (RoPE, partial rotary, QK-norm …) — the only place where the
-numbers the softmax reads exist for any architecture. A forward run inside :func:`recording`
+numbers the softmax reads exist for any architecture. A forward run inside `recording`
 records there, for the attention modules it names (a key per module: the layer index for a
-decoder's or encoder's self-attention; any hashable for other calls, e.g. ``("cross", 2)``):
+decoder's or encoder's self-attention; any hashable for other calls, e.g. `("cross", 2)`):
 
-- an :class:`~qkv.attention.AttentionTrace` of the query rows asked for (``rows``: positions or
-  ``slice(None)``), computed by the reference path — with the forward's mask, bias, scale,
+- an [`AttentionTrace`][qkv.attention.AttentionTrace] of the query rows asked for (`rows`: positions
+  or `slice(None)`), computed by the reference path — with the forward's mask, bias, scale,
   soft-cap and sinks — whose output rows *replace* the kernel's, so an explanation equals the
-  forward; or, with ``rows=LSE``, an :class:`~qkv.modules.lse_trace.LseTrace` (q, k, v and every
-  row's log-sum-exp, O(t) per head) — both by :func:`qkv.attention.traced.traced_attention`, the
+  forward; or, with `rows=LSE`, an `LseTrace` (q, k, v and every
+  row's log-sum-exp, O(t) per head) — both by `qkv.attention.traced.traced_attention`, the
   one traced attention qkv's own layers call too;
 - the heads' outputs concatenated, (b, t, h·dv): exactly what the module's output projection
   reads (it reshapes the returned (b, t, h, dv) and projects it), in the autograd graph;
-- the interventions: ``AttentionEdit.values`` scales the value vectors before attending,
-  ``AttentionEdit.heads`` replaces or zeroes heads' outputs before they are returned (= before
+- the interventions: `AttentionEdit.values` scales the value vectors before attending,
+  `AttentionEdit.heads` replaces or zeroes heads' outputs before they are returned (= before
   the output projection).
 
-::
-
-    with recording(Recording(keys={id(attn): 0 for ...}, rows=torch.tensor([4]))) as rec:
-        model(ids)
-    rec.traces[0]          # AttentionTrace (b, h, 1, ·) of layer 0
-    rec.heads[0]           # (b, t, h·dv)
+```text
+with recording(Recording(keys={id(attn): 0 for ...}, rows=torch.tensor([4]))) as rec:
+    model(ids)
+rec.traces[0]          # AttentionTrace (b, h, 1, ·) of layer 0
+rec.heads[0]           # (b, t, h·dv)
+```
 
 A module the recording does not name (or a forward outside any recording) runs untouched. The
-recording is a context variable: one per thread, nothing left behind after the ``with``.
+recording is a context variable: one per thread, nothing left behind after the `with`.
 """
 
 from __future__ import annotations
@@ -67,13 +67,14 @@ class Call:
 class Recording:
     """What one forward records (see the module doc).
 
-    Fields:
-        keys: ``id(module)`` → its key (a layer index …); None: discover (every call is listed
-            in ``calls``, nothing else is done).
-        rows: query positions to trace, ``slice(None)``, :data:`~qkv.modules.lse_trace.LSE`, or
+    Attributes:
+        keys: `id(module)` → its key (a layer index …); None: discover (every call is listed
+            in `calls`, nothing else is done).
+        rows: query positions to trace, `slice(None)`, `LSE`, or
             None (record nothing but the heads' outputs).
-        edits: key → :class:`~qkv.modules.intervention.AttentionEdit` for that call.
-        traces, heads: filled by the forward, by key.
+        edits: key → `AttentionEdit` for that call.
+        traces: filled by the forward, by key.
+        heads: see `traces`.
         calls: the discovery's calls, in order.
     """
 
@@ -90,7 +91,7 @@ _ACTIVE: ContextVar[Recording | None] = ContextVar("qkv_hf_recording", default=N
 
 @contextmanager
 def recording(rec: Recording) -> Iterator[Recording]:
-    """Make ``rec`` the recording of every attention call in this thread until the ``with`` ends."""
+    """Make `rec` the recording of every attention call in this thread until the `with` ends."""
     token = _ACTIVE.set(rec)
     try:
         yield rec
@@ -107,11 +108,11 @@ def traced_attention(rec: Recording, key_: Hashable, query: torch.Tensor, key: t
                      value: torch.Tensor, *, mask: AttentionMask, bias: torch.Tensor | None,
                      scale: float, softcap: float | None, sinks: torch.Tensor | None,
                      dropout_p: float) -> torch.Tensor:
-    """One attention call under ``rec`` for the module keyed ``key_``: its output (b, t, h, dv),
-    by :func:`qkv.attention.traced.traced_attention` (the rows asked for traced, their output
+    """One attention call under `rec` for the module keyed `key_`: its output (b, t, h, dv),
+    by `qkv.attention.traced.traced_attention` (the rows asked for traced, their output
     rows the trace's own, the edits applied), with the trace and the heads' outputs kept.
     A module's second call in one forward (differential attention's second map) is kept under
-    ``(key_, 1)``; the edits apply to the first."""
+    `(key_, 1)`; the edits apply to the first."""
     if key_ in rec.heads:
         key_ = (key_, 1)
     call = attend(query, key, value, mask=mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,

@@ -1,4 +1,4 @@
-"""The training curves of ``qkv train lm``: losses and the best induction score per evaluation.
+"""The training curves of `qkv train lm`: losses and the best induction score per evaluation.
 
 The phase change shows as the copied-word loss falling away from the random-word loss at the
 step where an induction head's score jumps (Olsson et al., 2022, fig. "phase change").
@@ -10,13 +10,13 @@ from matplotlib.figure import Figure
 
 
 def training_curves(history: list[dict], *, appeared: int | None = None) -> Figure:
-    """A two-panel figure from a run's ``history`` (config.json ``qkv_training.history``).
+    """A two-panel figure from a run's `history` (config.json `qkv_training.history`).
 
     Top: validation loss on copied words (predictable by induction) and on random words, and
     the training loss. Bottom: the best induction and previous-token head score, and chance.
-    ``appeared``: the step to mark as the induction heads' appearance.
+    `appeared`: the step to mark as the induction heads' appearance.
 
-    Example:
+    Examples:
         >>> h = [{"step": 100, "train_loss": 4.1, "copy_loss": 4.0, "random_loss": 4.2,
         ...       "induction": [[0.1]], "previous_token": [[0.2]]}]
         >>> len(training_curves(h).axes)

@@ -1,24 +1,26 @@
-"""Synthetic text with repeated spans: the data on which ``qkv train lm`` grows induction heads.
+"""Synthetic text with repeated spans: the data on which `qkv train lm` grows induction heads.
 
-The vocabulary is 256 made-up two-syllable words (``baka bala … goja``) plus ``<bos>`` (every
-sequence starts with it) and ``<unk>``. A sequence is random words in which, now and then, a
-span of earlier words is copied again::
+The vocabulary is 256 made-up two-syllable words (`baka bala … goja`) plus `<bos>` (every
+sequence starts with it) and `<unk>`. A sequence is random words in which, now and then, a
+span of earlier words is copied again:
 
-    <bos> bika doma feta bona gisa  dela ...  fora  doma feta bona gisa dela  bapa ...
-                   └──── span ────┘           └─── its copy ──┘
+```text
+<bos> bika doma feta bona gisa  dela ...  fora  doma feta bona gisa dela  bapa ...
+               └──── span ────┘           └─── its copy ──┘
+```
 
 Outside copies, a word is drawn uniformly (unpredictable: ln 256 ≈ 5.55 nats) or, optionally
-(``rule_prob``), given by a fixed rule from the word two back. The first word of a copy is
+(`rule_prob`), given by a fixed rule from the word two back. The first word of a copy is
 unpredictable (which earlier span is copied, and when, is random); every later word of a copy is
 predictable *only* by looking back: find the previous occurrence of the current word and copy
 the word after it. That is what an induction head does (Olsson et al., 2022), with a
-previous-token head in an earlier layer. :class:`LMBatch` marks those predictable positions, so
+previous-token head in an earlier layer. `LMBatch` marks those predictable positions, so
 the loss on them can be watched falling at the phase change.
 
-A batch is a pure function of (seed, step) — ``--resume`` replays exactly the batches an
+A batch is a pure function of (seed, step) — `--resume` replays exactly the batches an
 uninterrupted run sees — and the validation batches of a seed never meet a training step's.
 
-Example:
+Examples:
     >>> b = get_batch(DataConfig(seq_len=12), batch_size=2, seed=0, step=0)
     >>> b.ids.shape, b.ids[0, 0].item() == BOS_ID          # (b, 1 + seq_len)
     (torch.Size([2, 13]), True)
@@ -69,8 +71,8 @@ class DataConfig:
 class LMBatch:
     """Sequences for next-token prediction.
 
-    Fields:
-        ids: (b, 1 + seq_len) word ids, ``<bos>`` first.
+    Attributes:
+        ids: (b, 1 + seq_len) word ids, `<bos>` first.
         predictable: (b, 1 + seq_len) True where the word is the second or later word of a
             copied span — predictable by induction from what came before.
     """
@@ -84,7 +86,7 @@ class LMBatch:
 
 
 def sample_sequence(rng: random.Random, cfg: DataConfig) -> tuple[list[int], list[bool]]:
-    """One sequence (without ``<bos>``): word ids and which are predictable by induction."""
+    """One sequence (without `<bos>`): word ids and which are predictable by induction."""
     first = len(SPECIALS)
 
     def draw(ids: list[int]) -> int:  # a uniform word, or the rule's word of the one two back
@@ -104,25 +106,25 @@ def _batch(rng: random.Random, cfg: DataConfig, batch_size: int) -> LMBatch:
 
 
 def get_batch(cfg: DataConfig, *, batch_size: int, seed: int, step: int) -> LMBatch:
-    """Training batch ``step`` of run ``seed``: a pure function of (seed, step)."""
+    """Training batch `step` of run `seed`: a pure function of (seed, step)."""
     return _batch(random.Random(f"train/{seed}/{step}"), cfg, batch_size)
 
 
 def valid_batch(cfg: DataConfig, *, batch_size: int, seed: int) -> LMBatch:
-    """The validation batch of run ``seed`` (its own random stream, not a training step's)."""
+    """The validation batch of run `seed` (its own random stream, not a training step's)."""
     return _batch(random.Random(f"valid/{seed}"), cfg, batch_size)
 
 
 def text_of(ids: list[int] | torch.Tensor) -> str:
-    """The words of ``ids`` (specials shown as ``<bos>``), space-separated."""
+    """The words of `ids` (specials shown as `<bos>`), space-separated."""
     names = SPECIALS + WORDS
     return " ".join(names[int(i)] for i in ids)
 
 
 def build_tokenizer():
-    """The word-level ``tokenizers.Tokenizer`` of this vocabulary; it puts ``<bos>`` first.
+    """The word-level `tokenizers.Tokenizer` of this vocabulary; it puts `<bos>` first.
 
-    Saved as ``tokenizer.json`` beside the model, so ``qkv.load`` reads it like any other.
+    Saved as `tokenizer.json` beside the model, so `qkv.load` reads it like any other.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from tokenizers import decoders

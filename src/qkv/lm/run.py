@@ -1,22 +1,24 @@
-"""What every decoder that qkv trains shares: ``qkv train lm`` and ``qkv train reader`` both run
-:func:`train_decoder` and write the same Hugging Face directory.
+"""What every decoder that qkv trains shares: `qkv train lm` and `qkv train reader` both run
+`train_decoder` and write the same Hugging Face directory.
 
-* :func:`hf_tensors`, :func:`hf_config`, :func:`save_checkpoint` — the checkpoint, a Hugging Face
-  Llama directory (a Mistral one when the model has a sliding window), so ``qkv.load(out)`` and
-  transformers both read it::
+* `hf_tensors`, `hf_config`, `save_checkpoint` — the checkpoint, a Hugging Face
+  Llama directory (a Mistral one when the model has a sliding window), so `qkv.load(out)` and
+  transformers both read it:
 
-      config.json                     Llama's / Mistral's config + "qkv_training" (step, options,
-                                      history, the command) + "files" (sha256s)
-      model-<step>.safetensors        the weights, Hugging Face names ("model.layers.0.…")
-      model.safetensors.index.json    Hugging Face's index: which file holds each tensor
-      optimizer-<step>.safetensors    AdamW's moments (not in --slim checkpoints)
-      tokenizer.json                  the run's tokenizer (<bos> put first)
+  ```text
+  config.json                     Llama's / Mistral's config + "qkv_training" (step, options,
+                                  history, the command) + "files" (sha256s)
+  model-<step>.safetensors        the weights, Hugging Face names ("model.layers.0.…")
+  model.safetensors.index.json    Hugging Face's index: which file holds each tensor
+  optimizer-<step>.safetensors    AdamW's moments (not in --slim checkpoints)
+  tokenizer.json                  the run's tokenizer (<bos> put first)
+  ```
 
-* :func:`read_training` — the ``qkv_training`` record, type-checked.
-* :func:`init_weights`, :func:`load_weights` — GPT-2's initialisation from the seed; a checkpoint's
+* `read_training` — the `qkv_training` record, type-checked.
+* `init_weights`, `load_weights` — GPT-2's initialisation from the seed; a checkpoint's
   tensors into a model (names and shapes checked).
-* :func:`train_decoder` — new run or ``--resume`` around :func:`qkv.training.loop.run_loop`; a
-  :class:`DecoderRun` says what is particular to one kind of run (its model, batches, evaluation).
+* `train_decoder` — new run or `--resume` around `qkv.training.loop.run_loop`; a
+  `DecoderRun` says what is particular to one kind of run (its model, batches, evaluation).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ _TO_HF = {qkv: hf for hf, qkv in LAYER_NAMES.items()}
 
 
 def hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
-    """The model's parameters under Hugging Face's names (``model.layers.0.mlp.up_proj.weight``)."""
+    """The model's parameters under Hugging Face's names (`model.layers.0.mlp.up_proj.weight`)."""
     out = {}
     for name, x in model.state_dict().items():
         if name == "embed_tokens.weight":
@@ -64,8 +66,8 @@ def hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
 
 
 def hf_config(config: LlamaConfig) -> dict:
-    """config.json for Hugging Face and ``qkv.load``: ``LlamaForCausalLM``, or
-    ``MistralForCausalLM`` when the model has a sliding window (Llama's config has none)."""
+    """config.json for Hugging Face and `qkv.load`: `LlamaForCausalLM`, or
+    `MistralForCausalLM` when the model has a sliding window (Llama's config has none)."""
     windowed = config.sliding_window is not None
     kind = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]} if windowed else \
         {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
@@ -86,7 +88,7 @@ def hf_config(config: LlamaConfig) -> dict:
 
 def save_checkpoint(out: Path, model: LlamaModel, meta: dict, *, step: int,
                     optimizer: torch.optim.Optimizer | None, tokenizer_json: bytes) -> None:
-    """Write the Hugging Face directory of ``model`` at ``step`` (+ the optimizer, for --resume)."""
+    """Write the Hugging Face directory of `model` at `step` (+ the optimizer, for --resume)."""
     weights = f"model-{step:06d}.safetensors"
     tensors = hf_tensors(model)
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
@@ -105,9 +107,9 @@ def save_checkpoint(out: Path, model: LlamaModel, meta: dict, *, step: int,
 
 def read_training(out: str | Path, *, command: str, format_version: int,
                   model_types: tuple[str, ...]) -> dict:
-    """The ``qkv_training`` section of a run's config.json, its fields type-checked.
+    """The `qkv_training` section of a run's config.json, its fields type-checked.
 
-    ``command`` (``"lm"``, ``"reader"``) names the trainer in messages; ``model_types`` are those
+    `command` (`"lm"`, `"reader"`) names the trainer in messages; `model_types` are those
     its checkpoints have.
     """
     out = Path(out)
@@ -135,7 +137,7 @@ def read_training(out: str | Path, *, command: str, format_version: int,
 
 
 def load_weights(model: LlamaModel, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Copy a checkpoint's Hugging Face-named ``tensors`` into ``model`` (names and shapes checked)."""
+    """Copy a checkpoint's Hugging Face-named `tensors` into `model` (names and shapes checked)."""
     expected = hf_tensors(model)
     if set(tensors) != set(expected):
         missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
@@ -150,7 +152,7 @@ def load_weights(model: LlamaModel, tensors: dict[str, torch.Tensor], source: st
 
 
 def init_weights(model: LlamaModel, seed: int) -> LlamaModel:
-    """GPT-2's initialisation from ``seed``: N(0, 0.02), the residual projections (attention out,
+    """GPT-2's initialisation from `seed`: N(0, 0.02), the residual projections (attention out,
     SwiGLU down) scaled by 1/√(2·layers); RMSNorm gains stay 1."""
     gen = torch.Generator().manual_seed(seed)
     layers = model.config.num_hidden_layers
@@ -165,16 +167,17 @@ def init_weights(model: LlamaModel, seed: int) -> LlamaModel:
 
 @dataclass(frozen=True)
 class DecoderRun:
-    """What one kind of decoder run supplies to :func:`train_decoder`.
+    """What one kind of decoder run supplies to `train_decoder`.
 
-    Fields:
-        command: the trainer's name (``"lm"``, ``"reader"``), for messages.
-        format_version: of its ``qkv_training`` record; model_types: its checkpoints'.
-        config_class: its config dataclass (``from_dict``, ``to_dict``, ``RESUMABLE_CHANGES``).
+    Attributes:
+        command: the trainer's name (`"lm"`, `"reader"`), for messages.
+        format_version: of its `qkv_training` record.
+        model_types: its checkpoints'.
+        config_class: its config dataclass (`from_dict`, `to_dict`, `RESUMABLE_CHANGES`).
         tokenizer_json: the tokenizer file every checkpoint holds.
         new_model: config → the model, initialised from the config's seed.
         step_loss: (model, step) → (mean loss with a graph, tokens in the batch).
-        evaluate: model → (result kept as ``state.last_eval``, fields for the history, a log line).
+        evaluate: model → (result kept as `state.last_eval`, fields for the history, a log line).
         record: (model, history, final) → fields of the record besides the common ones (e.g.
             when induction appeared; the final held-out numbers).
     """
@@ -191,16 +194,16 @@ class DecoderRun:
 
 
 def print_run_summary(state: TrainState, out, seconds: float, details: list[str], file=None) -> None:
-    """One line: the step trained to and how long it took, the trainer's ``details``, where the
-    checkpoint is (``qkv train lm`` / ``reader`` print it at the end)."""
+    """One line: the step trained to and how long it took, the trainer's `details`, where the
+    checkpoint is (`qkv train lm` / `reader` print it at the end)."""
     print("; ".join([f"trained to step {state.step} in {seconds:.0f} s", *details,
                      f"checkpoint in {out}"]), file=file or sys.stdout)
 
 
 def _resumable(run: DecoderRun, cfg, out: Path, force: bool) -> tuple[dict, bool]:
-    """(the record of the run in ``out``, whether continuing it stays exact), once it is known
-    that ``cfg`` continues it: the same options (but those that may change), the same thread
-    count (or ``force``), an optimizer state kept, steps left to train."""
+    """(the record of the run in `out`, whether continuing it stays exact), once it is known
+    that `cfg` continues it: the same options (but those that may change), the same thread
+    count (or `force`), an optimizer state kept, steps left to train."""
     meta = read_training(out, command=run.command, format_version=run.format_version,
                          model_types=run.model_types)
     diffs = changed_options(run.config_class.from_dict(meta["train"]), cfg,
@@ -221,15 +224,15 @@ def train_decoder(run: DecoderRun, cfg, out: str | Path, *, resume: bool = False
                   progress: bool = True, command: str | None = None, slim: bool = False,
                   force: bool = False, callback: Callable[[TrainState], None] | None = None
                   ) -> tuple[TrainState, LlamaModel]:
-    """Train (or, with ``resume``, continue) ``run``'s model with options ``cfg`` into ``out``.
+    """Train (or, with `resume`, continue) `run`'s model with options `cfg` into `out`.
 
-    ``callback(state)`` after every step (an exception from it stops the run like a kill),
-    ``slim`` drops the optimizer state from the final checkpoint, a new run needs an empty
-    ``out`` unless ``force``, and with ``resume`` ``force`` accepts a different thread count
+    `callback(state)` after every step (an exception from it stops the run like a kill),
+    `slim` drops the optimizer state from the final checkpoint, a new run needs an empty
+    `out` unless `force`, and with `resume` `force` accepts a different thread count
     (recorded as inexact). Returns the final state and the model (in eval mode).
 
     Raises:
-        QkvError: a bad ``out``, a configuration that differs from the resumed run's.
+        QkvError: a bad `out`, a configuration that differs from the resumed run's.
         qkv.training.loop.NonFiniteLoss: the loss became NaN or infinite (nothing saved).
     """
     out = prepare_out_dir(out, resume=resume, force=force, kinds=KINDS)

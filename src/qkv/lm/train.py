@@ -1,15 +1,15 @@
-"""``qkv train lm``: a small Llama-architecture decoder learns text with repeated spans.
+"""`qkv train lm`: a small Llama-architecture decoder learns text with repeated spans.
 
-* :class:`LMTrainConfig` — every knob, with commented defaults; ``from_dict`` rejects unknown keys
-  and wrong types; values are bounded (:mod:`qkv.training.config`).
-* :func:`evaluate` — validation loss (all next words, and those predictable only by induction)
-  and every head's induction and previous-token score (:mod:`qkv.explain.induction`).
-* :func:`train` — AdamW, warm-up + cosine, gradient clipping, the progress bar and checkpoints
-  of the shared loop (:func:`qkv.training.loop.run_loop`), ``--resume`` exact.
+* `LMTrainConfig` — every knob, with commented defaults; `from_dict` rejects unknown keys
+  and wrong types; values are bounded (`qkv.training.config`).
+* `evaluate` — validation loss (all next words, and those predictable only by induction)
+  and every head's induction and previous-token score (`qkv.explain.induction`).
+* `train` — AdamW, warm-up + cosine, gradient clipping, the progress bar and checkpoints
+  of the shared loop (`qkv.training.loop.run_loop`), `--resume` exact.
 
-The checkpoint is a Hugging Face Llama directory, so ``qkv.load(out)`` runs it like any Llama
-(its layout, the resume logic and the loop are :mod:`qkv.lm.run`'s, shared with ``qkv train
-reader``); ``tokenizer.json`` is the word-level tokenizer (``<bos>`` put first).
+The checkpoint is a Hugging Face Llama directory, so `qkv.load(out)` runs it like any Llama
+(its layout, the resume logic and the loop are `qkv.lm.run`'s, shared with `qkv train
+reader`); `tokenizer.json` is the word-level tokenizer (`<bos>` put first).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ APPEARED = 0.5
 class LMTrainConfig(Schedule):
     """Everything an LM training run depends on. Defaults: the shipped model's run.
 
-    Example:
+    Examples:
         >>> LMTrainConfig.from_dict({"steps": 10}).steps
         10
     """
@@ -89,7 +89,7 @@ class LMTrainConfig(Schedule):
 
     @property
     def probe_length(self) -> int:
-        """Length n of the probe's random half: the sequences are <bos> + 2n ≤ the model's length."""
+        """Length n of the probe's random half: the sequences are `<bos>` + 2n ≤ the model's length."""
         return min(25, self.seq_len // 2)
 
     def model_config(self) -> LlamaConfig:
@@ -105,7 +105,7 @@ def lr_at(step: int, cfg: LMTrainConfig) -> float:
 
 
 def loss_fn(model: LlamaModel, batch: LMBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean loss, per-position loss (b, t−1)) of predicting ``ids[:, 1:]`` from what precedes."""
+    """(mean loss, per-position loss (b, t−1)) of predicting `ids[:, 1:]` from what precedes."""
     logits = model(batch.ids[:, :-1]).logits  # (b, t−1, V)
     per = F.cross_entropy(logits.transpose(1, 2), batch.ids[:, 1:], reduction="none")  # (b, t−1)
     return per.mean(), per
@@ -116,8 +116,10 @@ class LMEval:
     """Validation numbers after a step.
 
     Fields:
-        loss: mean next-word loss; copy_loss: on words predictable only by induction (the
-        second and later words of a copied span); random_loss: on the others (best: ln 256 ≈ 5.55).
+        loss: mean next-word loss.
+        copy_loss: on words predictable only by induction (the
+        second and later words of a copied span).
+        random_loss: on the others (best: ln 256 ≈ 5.55).
         induction, previous_token: (layers × heads) lists of scores (see qkv.explain.induction).
     """
 
@@ -152,7 +154,7 @@ def evaluate(model: LlamaModel, cfg: LMTrainConfig) -> LMEval:
 
 
 def _mean_or_none(losses: torch.Tensor) -> float | None:
-    """The mean, or None when there is nothing to average (``--copy-prob 0``: no copied words;
+    """The mean, or None when there is nothing to average (`--copy-prob 0`: no copied words;
     a NaN would be written into config.json, which strict JSON cannot hold)."""
     return float(losses.mean()) if losses.numel() else None
 
@@ -162,7 +164,7 @@ def _loss(x: float | None) -> str:
 
 
 def read_training(out: str | Path) -> dict:
-    """The ``qkv_training`` section of a run's config.json, its fields type-checked."""
+    """The `qkv_training` section of a run's config.json, its fields type-checked."""
     return read_run(out, command="lm", format_version=FORMAT_VERSION, model_types=MODEL_TYPES)
 
 
@@ -173,7 +175,7 @@ def _tokenizer():
 
 
 def new_model(cfg: LMTrainConfig) -> LlamaModel:
-    """The run's model, initialised from ``cfg.seed`` (:func:`qkv.lm.run.init_weights`)."""
+    """The run's model, initialised from `cfg.seed` (`qkv.lm.run.init_weights`)."""
     return init_weights(LlamaModel(cfg.model_config(), tokenizer=_tokenizer(), name="lm"), cfg.seed)
 
 
@@ -181,16 +183,16 @@ def new_model(cfg: LMTrainConfig) -> LlamaModel:
 def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
           command: str | None = None, slim: bool = False, force: bool = False,
           callback: Callable[[TrainState], None] | None = None) -> TrainState:
-    """Train (or, with ``resume``, continue) a model into directory ``out``.
+    """Train (or, with `resume`, continue) a model into directory `out`.
 
-    The contract is :func:`qkv.lm.run.train_decoder`'s (as :func:`qkv.translate.train.train`'s):
-    ``callback(state)`` after every step (an exception from it stops the run like a kill),
-    ``slim`` drops the optimizer state from the final checkpoint, a new run needs an empty
-    ``out`` unless ``force``, and with ``resume`` ``force`` accepts a different thread count
+    The contract is `qkv.lm.run.train_decoder`'s (as `qkv.translate.train.train`'s):
+    `callback(state)` after every step (an exception from it stops the run like a kill),
+    `slim` drops the optimizer state from the final checkpoint, a new run needs an empty
+    `out` unless `force`, and with `resume` `force` accepts a different thread count
     (recorded as inexact).
 
     Raises:
-        QkvError: a bad ``out``, a configuration that differs from the resumed run's.
+        QkvError: a bad `out`, a configuration that differs from the resumed run's.
         qkv.training.loop.NonFiniteLoss: the loss became NaN or infinite (nothing saved).
     """
     def step_loss(model: LlamaModel, step: int) -> tuple[torch.Tensor, int]:
@@ -216,7 +218,7 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, progress
 
 
 def appeared_at(history: list[dict], threshold: float = APPEARED) -> int | None:
-    """The first evaluated step at which some head's induction score reached ``threshold``."""
+    """The first evaluated step at which some head's induction score reached `threshold`."""
     for h in history:
         if max(max(row) for row in h["induction"]) >= threshold:
             return h["step"]

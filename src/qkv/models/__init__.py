@@ -1,20 +1,22 @@
 """Real pretrained models, written with qkv's modules, loaded from Hugging Face checkpoints.
 
-* ``bert.py``      — :class:`BertModel` (encoder, post-norm) and ``embed`` (sentence vectors)
-* ``gpt2.py``      — :class:`GPT2Model` (decoder-only, pre-norm, causal) and ``generate``
-* ``gpt_neox.py``  — :class:`GPTNeoXModel` (Pythia: parallel residual, partial rotary)
-* ``llama.py``     — :class:`LlamaModel` (RMSNorm, SwiGLU, RoPE + scaling, GQA); ``mistral.py``,
-  ``qwen2.py``, ``qwen3.py`` map their configs onto :class:`LlamaConfig`
-* ``decoder.py``   — :class:`DecoderLM`, the forward, caches and checks GPT-2, GPT-NeoX and Llama share
-* ``generate.py``  — :func:`generate`, the decoding loop of every decoder (greedy, sampling, EOS)
-* ``roberta.py``, ``distilbert.py`` — BERT's encoder with RoBERTa's positions / DistilBERT's names
-* ``tokenizer.py`` — :class:`Tokenizer` with per-token offsets and word ids
-* ``loading.py``   — :func:`load`: a checkpoint directory or a known name → a ready model
-* ``registry.py``  — :data:`FAMILIES` by ``model_type``; ``family.py``: the :class:`Family` record
-* ``outputs.py``   — :class:`EncoderOutput`, :class:`DecoderOutput`
+* `bert.py`      — `BertModel` (encoder, post-norm) and `embed` (sentence vectors)
+* `gpt2.py`      — `GPT2Model` (decoder-only, pre-norm, causal) and `generate`
+* `gpt_neox.py`  — `GPTNeoXModel` (Pythia: parallel residual, partial rotary)
+* `llama.py`     — `LlamaModel` (RMSNorm, SwiGLU, RoPE + scaling, GQA); `mistral.py`,
+  `qwen2.py`, `qwen3.py` map their configs onto `LlamaConfig`
+* `decoder.py`   — `DecoderLM`, the forward, caches and checks GPT-2, GPT-NeoX and Llama share
+* `generate.py`  — [`generate`][qkv.models.generate], the decoding loop of every decoder (greedy,
+  sampling, EOS)
+* `roberta.py`, `distilbert.py` — BERT's encoder with RoBERTa's positions / DistilBERT's names
+* `tokenizer.py` — [`Tokenizer`][qkv.models.Tokenizer] with per-token offsets and word ids
+* `loading.py`   — [`load`][qkv.models.load]: a checkpoint directory or a known name → a ready model
+* `registry.py`  — `FAMILIES` by `model_type`; `family.py`: the `Family` record
+* `outputs.py`   — `EncoderOutput`, `DecoderOutput`
 
-No ``transformers`` import at run time: only ``safetensors`` and ``tokenizers``.
+No `transformers` import at run time: only `safetensors` and `tokenizers`.
 
+Examples:
     >>> import qkv.models
     >>> model = qkv.models.load("minilm")                           # doctest: +SKIP
     >>> model.embed(["The cat sat.", "A cat was sitting."]).shape   # doctest: +SKIP

@@ -1,15 +1,15 @@
 """BERT (Devlin et al., 2019): an encoder of post-norm layers, built from qkv's modules.
 
-::
+```text
+input_ids ─► word + token-type + position embeddings ─► LayerNorm ─► hidden_states[0]
+             ┌───────────────────────────────────────────────────────────────┐
+layer L:     │ x = norm1(x + self_attn(x))     (every token sees every token) │ × num_layers
+             │ x = norm3(x + ff(x))            (GELU)                         │
+             └───────────────────────────────────────────────────────────────┘
+```
 
-    input_ids ─► word + token-type + position embeddings ─► LayerNorm ─► hidden_states[0]
-                 ┌───────────────────────────────────────────────────────────────┐
-    layer L:     │ x = norm1(x + self_attn(x))     (every token sees every token) │ × num_layers
-                 │ x = norm3(x + ff(x))            (GELU)                         │
-                 └───────────────────────────────────────────────────────────────┘
-
-It reads Hugging Face BERT checkpoints (``qkv.models.load``) and computes the same numbers
-(tested against ``transformers`` and ``sentence-transformers`` on all-MiniLM-L6-v2).
+It reads Hugging Face BERT checkpoints (`qkv.models.load`) and computes the same numbers
+(tested against `transformers` and `sentence-transformers` on all-MiniLM-L6-v2).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
 
 @dataclass(frozen=True)
 class BertConfig:
-    """The sizes of a BERT model; field names and defaults are Hugging Face's ``config.json``."""
+    """The sizes of a BERT model; field names and defaults are Hugging Face's `config.json`."""
 
     vocab_size: int = 30522
     hidden_size: int = 768  # E
@@ -62,9 +62,9 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "BertConfig":
-        """Read a Hugging Face BERT ``config.json`` (as a dict); unsupported features raise.
+        """Read a Hugging Face BERT `config.json` (as a dict); unsupported features raise.
 
-        Example:
+        Examples:
             >>> BertConfig.from_dict({"hidden_size": 384, "num_hidden_layers": 6}).head_dim
             32
         """
@@ -73,7 +73,7 @@ class BertConfig:
 
 def read_config(cls: type, d: dict, model_type: str, architectures: tuple[str, ...], *,
                 where: str = "config.json"):
-    """A BERT-layout ``config.json`` (BERT, RoBERTa) → ``cls``; a missing field takes ``cls``'s
+    """A BERT-layout `config.json` (BERT, RoBERTa) → `cls`; a missing field takes `cls`'s
     own default, and the variants qkv's encoder does not implement raise."""
     if not isinstance(d, dict):
         raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
@@ -88,7 +88,7 @@ def read_config(cls: type, d: dict, model_type: str, architectures: tuple[str, .
 
 
 class BertEmbeddings(nn.Module):
-    """``LayerNorm(word[id] + token_type[type] + position[p])`` for every token."""
+    """`LayerNorm(word[id] + token_type[type] + position[p])` for every token."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -101,14 +101,14 @@ class BertEmbeddings(nn.Module):
     offset = 0  # the position table's row of position 0 (RoBERTa's is 2)
 
     def tables(self) -> dict[str, nn.Module]:
-        """The tables summed, by name (what :class:`~qkv.models.protocol.Embeddings` holds)."""
+        """The tables summed, by name (what [`Embeddings`][qkv.models.protocol.Embeddings] holds)."""
         return {"token": self.word, "position": self.position, "type": self.token_type}
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(b, t) ids → (b, t, E). Summed in Hugging Face's order (word + type, then position).
 
-        ``position_ids`` (b, t) or (t,): each token's position (default 0 … t − 1); packed
+        `position_ids` (b, t) or (t,): each token's position (default 0 … t − 1); packed
         sequences restart at 0 for every sequence.
         """
         x = self.word(input_ids) + self.token_type(token_type_ids)  # (b, t, E)
@@ -118,19 +118,20 @@ class BertEmbeddings(nn.Module):
 
 
 class BertModel(nn.Module):
-    """A BERT encoder: embeddings and ``num_hidden_layers`` post-norm :class:`TransformerLayer`.
+    """A BERT encoder: embeddings and `num_hidden_layers` post-norm
+    [`TransformerLayer`][qkv.modules.transformer.TransformerLayer].
 
-    Layer L, head H's query weights are ``model.layers[L].self_attn.q_proj.weight[H*d:(H+1)*d]``
+    Layer L, head H's query weights are `model.layers[L].self_attn.q_proj.weight[H*d:(H+1)*d]`
     (nn.Linear convention, q = x Wᵀ + b), and the vector projected into that query is
-    ``hidden_states[L]`` itself (post-norm: nothing stands between a layer's input and its
+    `hidden_states[L]` itself (post-norm: nothing stands between a layer's input and its
     projections).
 
-    Fields besides the modules: ``config``; ``tokenizer`` (a :class:`qkv.models.Tokenizer`, or
-    None), ``name`` (for messages) and ``max_seq_length`` (the sentence-embedding length limit,
-    default the position table's size) — given to the constructor; ``qkv.models.load`` passes
-    them from the checkpoint directory.
+    Fields besides the modules: `config`; `tokenizer` (a
+    [`qkv.models.Tokenizer`][qkv.models.Tokenizer], or None), `name` (for messages) and
+    `max_seq_length` (the sentence-embedding length limit, default the position table's size) —
+    given to the constructor; `qkv.models.load` passes them from the checkpoint directory.
 
-    Example:
+    Examples:
         >>> model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2,
         ...                              num_attention_heads=4, intermediate_size=64))
         >>> out = model(torch.tensor([[101, 7, 8, 102]]), output_hidden_states=True)
@@ -158,7 +159,7 @@ class BertModel(nn.Module):
 
     @property
     def layers(self) -> nn.ModuleList:
-        """The encoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
+        """The encoder's layers: `model.layers[L].self_attn` is layer L's attention."""
         return self.encoder.layers
 
     @property
@@ -180,19 +181,19 @@ class BertModel(nn.Module):
             attention_mask: (b, t), 1/True for real tokens and 0/False for padding; padding
                 keys are masked out, so padding never changes a real token's result.
             token_type_ids: (b, t) segment ids (default all 0).
-            varlen: packed sequences instead of a padded batch: ``input_ids`` is (1, N), the
-                texts' tokens one after another (:class:`~qkv.attention.VarLen`); every linear
+            varlen: packed sequences instead of a padded batch: `input_ids` is (1, N), the
+                texts' tokens one after another ([`VarLen`][qkv.attention.VarLen]); every linear
                 map then runs on real tokens only, and attention stays within each text.
-            trace_rows: query positions (LongTensor, or ``slice(None)`` for all) whose
+            trace_rows: query positions (LongTensor, or `slice(None)` for all) whose
                 attention to record in every layer; the traced layers compute with the
                 reference attention path: the same numbers up to float roundings (tests bound them
                 by transformers' own float32 error).
             output_hidden_states: also return what enters each layer.
             interventions: heads zeroed or replaced, value vectors zeroed, layer inputs patched
-                (:class:`~qkv.modules.Interventions`, handed to the layer stack).
+                (`Interventions`, handed to the layer stack).
 
         Returns:
-            An :class:`EncoderOutput`.
+            An `EncoderOutput`.
         """
         b, t = self._check_ids(input_ids, varlen)
         if token_type_ids is None:
@@ -235,18 +236,18 @@ class BertModel(nn.Module):
 
         This is sentence-transformers' recipe for all-MiniLM-L6-v2 (same numbers to 1e-5).
         Texts are sorted by length and each batch runs packed, without padding, through the
-        model's one forward (``varlen``, see :class:`~qkv.attention.VarLen`). A text longer than ``self.max_seq_length`` tokens raises a
-        :class:`QkvError`, or with ``truncate=True`` is cut to it with a warning
-        (sentence-transformers cuts silently).
+        model's one forward (`varlen`, see [`VarLen`][qkv.attention.VarLen]). A text longer than
+        `self.max_seq_length` tokens raises a `QkvError`, or with `truncate=True` is cut to it with
+        a warning (sentence-transformers cuts silently).
 
-        ``texts``: a sequence of strings, or one string — one text, as sentence-transformers
+        `texts`: a sequence of strings, or one string — one text, as sentence-transformers
         reads it (never its characters).
 
         Returns:
-            (n, E) float tensor, rows in the order of ``texts``, each of unit length; (E,) for
+            (n, E) float tensor, rows in the order of `texts`, each of unit length; (E,) for
             one string.
 
-        Example:
+        Examples:
             >>> model = qkv.models.load("minilm")                     # doctest: +SKIP
             >>> e = model.embed(["a cat", "a kitten", "tax law"])     # doctest: +SKIP
             >>> (e[0] @ e[1]) > (e[0] @ e[2])                         # doctest: +SKIP

@@ -1,28 +1,28 @@
 """The safetensors weights of a checkpoint directory: the one reader every loader uses.
 
-Native families (:mod:`qkv.models.loading`), the transformers path (:mod:`qkv.hf.load`, and the
-encoder-decoders it builds) and the translation model (:mod:`qkv.translate.checkpoint`) all find
+Native families ([`qkv.models.loading`][qkv.models.loading]), the transformers path (`qkv.hf.load`,
+and the encoder-decoders it builds) and the translation model (`qkv.translate.checkpoint`) all find
 and check their weights here, before anything is built:
 
-* **which files** (:func:`weight_files`): ``model.safetensors``, or the shards a
-  ``model.safetensors.index.json`` names (a JSON object whose ``weight_map`` is a non-empty
+* **which files** (`weight_files`): `model.safetensors`, or the shards a
+  `model.safetensors.index.json` names (a JSON object whose `weight_map` is a non-empty
   tensor → file map), or the file a qkv manifest names; with a manifest (config.json's
-  ``"files"``) only listed files count. Every name is a plain file name inside the directory (no
-  ``/``, ``..`` or absolute path), every file a regular file (a FIFO or a directory is refused
+  `"files"`) only listed files count. Every name is a plain file name inside the directory (no
+  `/`, `..` or absolute path), every file a regular file (a FIFO or a directory is refused
   at once, never read), and a symbolic link must stay inside the directory (or point into the
-  Hugging Face cache's own ``blobs/`` beside ``snapshots/``). Pickles are never read: a directory
-  that has only ``pytorch_model.bin`` is refused, naming it.
-* **the headers** (:class:`WeightFiles`): names, shapes and dtypes, no tensor data. A loader
-  checks the config against them — the layer count first (a ``num_hidden_layers`` of 10⁹ must
+  Hugging Face cache's own `blobs/` beside `snapshots/`). Pickles are never read: a directory
+  that has only `pytorch_model.bin` is refused, naming it.
+* **the headers** (`WeightFiles`): names, shapes and dtypes, no tensor data. A loader
+  checks the config against them — the layer count first (a `num_hidden_layers` of 10⁹ must
   fail at once, not after listing 10⁹ layers), then every name (none missing, none unexpected),
   shape and dtype (floating point only: int8 weights are refused, never cast).
-* **the tensors**: memory-mapped on access (:class:`LazyTensors`); a tensor kept as stored is a
+* **the tensors**: memory-mapped on access (`LazyTensors`); a tensor kept as stored is a
   view of the file's one mapping, a converted one is read through a mapping of its own that is
   released as soon as the converted copy exists.
 
-Every failure is one :class:`~qkv.errors.QkvError` line naming the file, tensor or value.
+Every failure is one `QkvError` line naming the file, tensor or value.
 
-Example:
+Examples:
     >>> import tempfile, torch
     >>> from safetensors.torch import save_file
     >>> with tempfile.TemporaryDirectory() as d:
@@ -61,16 +61,16 @@ LAYER = re.compile(r"(?:^|\.)(\d+)\.")  # the first number in a tensor's name: i
 
 def weight_files(path: str | os.PathLike, listed: Mapping[str, str] | None = None, *,
                  names: list[str] | None = None) -> list[str]:
-    """The safetensors files to read in the checkpoint directory ``path``, each checked.
+    """The safetensors files to read in the checkpoint directory `path`, each checked.
 
     Args:
         listed: a manifest's files (name → sha256); a file it does not list is treated as absent.
         names: the files to read when the caller knows them (a translation checkpoint's
-            ``model-000400.safetensors``); else ``model.safetensors`` or the index's shards.
+            `model-000400.safetensors`); else `model.safetensors` or the index's shards.
 
     Raises:
         QkvError: no weights (naming a pickle when that is all there is), an index that is not
-            a non-empty ``weight_map``, a shard named outside the directory, a file that is
+            a non-empty `weight_map`, a shard named outside the directory, a file that is
             missing, not a regular file, or a link leading out of the directory.
     """
     path = os.fspath(path)
@@ -95,8 +95,8 @@ def weight_files(path: str | os.PathLike, listed: Mapping[str, str] | None = Non
 
 
 def shard_names(index: str) -> list[str]:
-    """The shard files ``index`` (a ``model.safetensors.index.json``) names, sorted, each a plain
-    file name; QkvError unless it is an object with a non-empty ``weight_map`` of file names."""
+    """The shard files `index` (a `model.safetensors.index.json`) names, sorted, each a plain
+    file name; QkvError unless it is an object with a non-empty `weight_map` of file names."""
     raw = read_json(index)
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if (not isinstance(weight_map, dict) or not weight_map
@@ -110,8 +110,8 @@ def shard_names(index: str) -> list[str]:
 
 
 def inside(path: str, name: str, where: str, listed: Mapping[str, str] | None = None) -> str:
-    """``path/name`` when ``name`` is a plain file name of a regular file in ``path`` (a link
-    only when it stays inside); else one QkvError naming ``where`` and the file."""
+    """`path/name` when `name` is a plain file name of a regular file in `path` (a link
+    only when it stays inside); else one QkvError naming `where` and the file."""
     check_name(name, where)
     if listed is not None and name not in listed:
         raise QkvError(f"{where} names {name!r}, which config.json does not list with a sha256 "
@@ -132,8 +132,8 @@ def inside(path: str, name: str, where: str, listed: Mapping[str, str] | None = 
 
 
 def _link_allowed(path: str, file: str) -> bool:
-    """A link resolving inside ``path``, or the Hugging Face cache's snapshot → blob link
-    (``…/snapshots/<rev>/f`` → ``…/blobs/<hash>``)."""
+    """A link resolving inside `path`, or the Hugging Face cache's snapshot → blob link
+    (`…/snapshots/<rev>/f` → `…/blobs/<hash>`)."""
     home = os.path.realpath(path)
     target = os.path.realpath(file)
     if os.path.commonpath([home, target]) == home:
@@ -145,11 +145,11 @@ def _link_allowed(path: str, file: str) -> bool:
 
 class WeightFiles:
     """The tensors of a checkpoint's safetensors files, known from their headers and read only
-    when asked for. Names are unprefixed (``bert.embeddings…`` → ``embeddings…``).
+    when asked for. Names are unprefixed (`bert.embeddings…` → `embeddings…`).
 
-    Fields: ``path``; ``files``; ``where``: name → (file, stored name); ``shapes``: name →
-    shape; ``dtypes``: name → safetensors dtype name (``"F32"``, ``"BF16"``, ``"I8"`` …);
-    ``expected``: the names :meth:`check` accepted, with their shapes.
+    Fields: `path`; `files`; `where`: name → (file, stored name); `shapes`: name →
+    shape; `dtypes`: name → safetensors dtype name (`"F32"`, `"BF16"`, `"I8"` …);
+    `expected`: the names `check` accepted, with their shapes.
     """
 
     def __init__(self, path: str, files: list[str]):
@@ -163,8 +163,8 @@ class WeightFiles:
     @classmethod
     def open(cls, path: str | os.PathLike, prefix: str = "", listed: Mapping[str, str] | None = None,
              *, names: list[str] | None = None) -> "WeightFiles":
-        """Read every file's header (names, shapes, dtypes; no tensor data). ``listed``, ``names``:
-        as :func:`weight_files`; ``prefix`` is stripped from the stored names that carry it."""
+        """Read every file's header (names, shapes, dtypes; no tensor data). `listed`, `names`:
+        as `weight_files`; `prefix` is stripped from the stored names that carry it."""
         path = os.fspath(path)
         weights = cls(path, weight_files(path, listed, names=names))
         for file in weights.files:
@@ -191,14 +191,14 @@ class WeightFiles:
         return self.files[0] if len(self.files) == 1 else f"{self.path}/model-*.safetensors"
 
     def layer_count(self, pattern: re.Pattern = LAYER) -> int:
-        """How many layers the names hold: 1 + the largest layer index ``pattern`` finds."""
+        """How many layers the names hold: 1 + the largest layer index `pattern` finds."""
         found = {int(m.group(1)) for name in self.where if (m := pattern.search(name))}
         return max(found) + 1 if found else 0
 
     def check_layers(self, n: object, key: str, config_file: str, *,
                      pattern: re.Pattern = LAYER, at_most: bool = False) -> None:
-        """The config's layer count ``n`` (``config.json``'s ``key``) equals the headers' (is at
-        most it with ``at_most``: a model with several stacks): the first check, before any
+        """The config's layer count `n` (`config.json`'s `key`) equals the headers' (is at
+        most it with `at_most`: a model with several stacks): the first check, before any
         list of expected tensors exists."""
         if not isinstance(n, int) or isinstance(n, bool):
             return
@@ -210,8 +210,8 @@ class WeightFiles:
 
     def check(self, expected: Mapping[str, tuple[int, ...]], ignored: re.Pattern | None = None,
               *, what: str = "config.json") -> None:
-        """Names (none missing, none unexpected but ``ignored``), shapes and floating dtypes
-        against ``expected`` (name → shape), the model that ``what`` describes."""
+        """Names (none missing, none unexpected but `ignored`), shapes and floating dtypes
+        against `expected` (name → shape), the model that `what` describes."""
         for name, (file, stored) in self.where.items():
             if name not in expected and not (ignored and ignored.match(name)):
                 raise QkvError(f"{file}: unexpected tensor {stored!r} ({what} does not "
@@ -240,7 +240,7 @@ class WeightFiles:
         return max(found, key=lambda d: torch.finfo(d).bits) if found else torch.float32
 
     def read(self, name: str, *, shared: bool) -> torch.Tensor:
-        """One tensor, memory-mapped. ``shared``: a view of the file's one long-lived mapping
+        """One tensor, memory-mapped. `shared`: a view of the file's one long-lived mapping
         (for tensors the model keeps as they are); else through a mapping of its own, unmapped
         when the tensor is freed (for tensors about to be converted into a copy)."""
         file, stored = self.where[name]
@@ -254,13 +254,13 @@ class WeightFiles:
 
     def tensors(self, dtype: torch.dtype, device: torch.device,
                 as_stored: set[str] = frozenset()) -> "LazyTensors":
-        """The expected tensors as a mapping read on access; ``as_stored``: names the caller keeps
+        """The expected tensors as a mapping read on access; `as_stored`: names the caller keeps
         as they are (views of the file when dtype and device allow)."""
         return LazyTensors(self, as_stored, dtype, device)
 
 
 class LazyTensors(Mapping):
-    """name → tensor in ``dtype`` on ``device``, read from the checkpoint on each access (so a
+    """name → tensor in `dtype` on `device`, read from the checkpoint on each access (so a
     converted tensor's source is freed as soon as the caller drops it)."""
 
     def __init__(self, weights: WeightFiles, as_stored: set[str], dtype: torch.dtype,

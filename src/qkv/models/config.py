@@ -1,4 +1,4 @@
-"""Reading Hugging Face ``config.json`` values with errors that name the key and the file."""
+"""Reading Hugging Face `config.json` values with errors that name the key and the file."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ACTIVATIONS = {
 
 def get_int(d: dict, key: str, default: int | None = None, *, minimum: int = 1,
             where: str = "config.json") -> int:
-    """``d[key]`` as an int >= ``minimum`` (``default`` when absent)."""
+    """`d[key]` as an int >= `minimum` (`default` when absent)."""
     value = d.get(key, default)
     if value is None:
         raise QkvError(f"{where} has no {key!r}")
@@ -38,7 +38,7 @@ def get_float(d: dict, key: str, default: float, *, where: str = "config.json") 
 
 
 def get_bool(d: dict, key: str, default: bool, *, where: str = "config.json") -> bool:
-    """``d[key]`` as a bool (``default`` when absent or null); anything but true/false raises."""
+    """`d[key]` as a bool (`default` when absent or null); anything but true/false raises."""
     value = d.get(key, default)
     if value is None:
         return default
@@ -48,7 +48,7 @@ def get_bool(d: dict, key: str, default: bool, *, where: str = "config.json") ->
 
 
 def get_token_ids(d: dict, key: str, *, where: str = "config.json") -> tuple[int, ...]:
-    """``d[key]`` as a tuple of token ids: one id or a list of them (``eos_token_id``); () when
+    """`d[key]` as a tuple of token ids: one id or a list of them (`eos_token_id`); () when
     absent or null."""
     value = d.get(key)
     values = [] if value is None else value if isinstance(value, list) else [value]
@@ -58,7 +58,7 @@ def get_token_ids(d: dict, key: str, *, where: str = "config.json") -> tuple[int
 
 
 def activation(d: dict, key: str, default: str, *, where: str = "config.json") -> str:
-    """The qkv name of the activation ``d[key]``; unsupported ones are a QkvError."""
+    """The qkv name of the activation `d[key]`; unsupported ones are a QkvError."""
     name = d.get(key, default)
     if not isinstance(name, str) or name not in ACTIVATIONS:
         raise QkvError(f"{where}: {key} {name!r} is not supported; qkv supports "
@@ -68,7 +68,7 @@ def activation(d: dict, key: str, default: str, *, where: str = "config.json") -
 
 def check_architecture(d: dict, model_type: str, supported: Iterable[str], *,
                        where: str = "config.json") -> None:
-    """Reject a config whose ``model_type`` or ``architectures`` qkv cannot run."""
+    """Reject a config whose `model_type` or `architectures` qkv cannot run."""
     found = d.get("model_type", model_type)
     if found != model_type:
         raise QkvError(f"{where}: model_type {found!r} is not {model_type!r}")
@@ -83,7 +83,7 @@ def check_architecture(d: dict, model_type: str, supported: Iterable[str], *,
 
 
 def require(d: dict, key: str, allowed: Any, *, where: str = "config.json") -> None:
-    """``d[key]``, when present, must equal ``allowed`` (a feature qkv does not implement)."""
+    """`d[key]`, when present, must equal `allowed` (a feature qkv does not implement)."""
     if key in d and d[key] is not None and d[key] != allowed:
         raise QkvError(f"{where}: {key}={d[key]!r} is not supported (qkv needs {allowed!r})")
 
@@ -91,15 +91,15 @@ def require(d: dict, key: str, allowed: Any, *, where: str = "config.json") -> N
 def read_fields(cls: type, d: dict, names: Iterable[str], *, where: str = "config.json",
                 activations: dict[str, str] | None = None,
                 may_be_zero: Iterable[str] = ()) -> dict[str, Any]:
-    """``{name: value}`` for the dataclass ``cls``'s fields ``names``, read from ``d`` by each
-    field's type (int, float, bool, ``int | None``); a key missing from ``d`` takes the field's
+    """`{name: value}` for the dataclass `cls`'s fields `names`, read from `d` by each
+    field's type (int, float, bool, `int | None`); a key missing from `d` takes the field's
     own default, so a family states its defaults once, on its config dataclass.
 
-    ``activations``: fields holding an activation name → the Hugging Face default name (the
-    dataclass holds qkv's name, which may differ: ``gelu_new`` → ``gelu_tanh``).
-    ``may_be_zero``: int fields for which 0 is valid (a token id); the others must be ≥ 1.
+    `activations`: fields holding an activation name → the Hugging Face default name (the
+    dataclass holds qkv's name, which may differ: `gelu_new` → `gelu_tanh`).
+    `may_be_zero`: int fields for which 0 is valid (a token id); the others must be ≥ 1.
 
-    Example:
+    Examples:
         >>> from qkv.models.gpt2 import GPT2Config
         >>> read_fields(GPT2Config, {"n_embd": 64}, ["n_embd", "n_layer", "n_inner"])
         {'n_embd': 64, 'n_layer': 12, 'n_inner': None}
@@ -149,10 +149,10 @@ def check_common(raw: dict, where: str = "config.json") -> None:
     """One QkvError naming the key and value for what no checkpoint qkv reads may say: a size
     that is not a positive integer, a dtype that is not floating point, another attention
     implementation, a quantisation, a rope_theta that is not a positive finite number (at the
-    top or in the rope dicts, as transformers 5 writes it). :func:`qkv.load` asks it of every
+    top or in the rope dicts, as transformers 5 writes it). [`qkv.load`][qkv.load] asks it of every
     config.json it routes; a family's own reader checks the rest.
 
-    Example:
+    Examples:
         >>> check_common({"hidden_size": 0})
         Traceback (most recent call last):
         ...
@@ -182,8 +182,8 @@ def check_common(raw: dict, where: str = "config.json") -> None:
 
 
 def _rope_sections(raw: dict) -> list[dict]:
-    """config.json and its rope dicts (``rope_parameters``, ``rope_scaling``, one per layer kind
-    in some models): wherever a ``rope_theta`` may be."""
+    """config.json and its rope dicts (`rope_parameters`, `rope_scaling`, one per layer kind
+    in some models): wherever a `rope_theta` may be."""
     out, todo = [], [raw]
     while todo:
         d = todo.pop()

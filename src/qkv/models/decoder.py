@@ -1,15 +1,15 @@
 """The plumbing every decoder-only language model shares (GPT-2, GPT-NeoX, Llama and its kin).
 
-::
+```text
+input_ids (b, t) ─► embed ─► TransformerStack (causal, ends in its final norm) ─► h (b, t, E)
+                                                ─► logits = h · Wᵀ (b, t, V), W = output_weight
+```
 
-    input_ids (b, t) ─► embed ─► TransformerStack (causal, ends in its final norm) ─► h (b, t, E)
-                                                    ─► logits = h · Wᵀ (b, t, V), W = output_weight
-
-A family's model subclasses :class:`DecoderLM`, builds its parts in ``__init__`` and keeps only
-what is its own: how tokens are embedded (:meth:`DecoderLM.embed`: GPT-2 adds learned position
-vectors; rotary models add nothing and let the layers rotate by ``positions``) and the mask
-(:meth:`DecoderLM.attention_mask`: Mistral's sliding window). Generation comes from
-:class:`qkv.models.generate.DecoderGenerationMixin`.
+A family's model subclasses `DecoderLM`, builds its parts in `__init__` and keeps only
+what is its own: how tokens are embedded (`DecoderLM.embed`: GPT-2 adds learned position
+vectors; rotary models add nothing and let the layers rotate by `positions`) and the mask
+(`DecoderLM.attention_mask`: Mistral's sliding window). Generation comes from
+[`qkv.models.generate.DecoderGenerationMixin`][qkv.models.generate.DecoderGenerationMixin].
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from qkv.modules import Interventions, KVCache
 class DecoderLM(DecoderGenerationMixin, nn.Module):
     """A decoder-only language model: token embedding → causal layer stack → tied or own head.
 
-    A subclass's ``__init__`` sets ``config`` (with ``vocab_size``), ``name``, ``tokenizer``,
-    ``embed_tokens`` (an ``nn.Embedding`` (V, E)), ``decoder`` (a :class:`TransformerStack`
-    with its final norm) and ``lm_head`` (``nn.Linear(E, V, bias=False)``, or None when the
-    logits read ``embed_tokens.weight``); it overrides :attr:`max_length` when its config has
-    no ``max_length``.
+    A subclass's `__init__` sets `config` (with `vocab_size`), `name`, `tokenizer`,
+    `embed_tokens` (an `nn.Embedding` (V, E)), `decoder` (a
+    [`TransformerStack`][qkv.TransformerStack] with its final norm) and `lm_head`
+    (`nn.Linear(E, V, bias=False)`, or None when the logits read `embed_tokens.weight`); it
+    overrides `max_length` when its config has no `max_length`.
 
-    Example:
+    Examples:
         >>> from qkv.models import LlamaConfig, LlamaModel
         >>> model = LlamaModel(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
         ...                                num_hidden_layers=2, num_attention_heads=4))
@@ -50,7 +50,7 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
 
     @property
     def layers(self) -> nn.ModuleList:
-        """The decoder's layers: ``model.layers[L].self_attn`` is layer L's attention."""
+        """The decoder's layers: `model.layers[L].self_attn` is layer L's attention."""
         return self.decoder.layers
 
     @property
@@ -60,24 +60,24 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
 
     @property
     def parts(self) -> ModelParts:
-        """Every part an explanation reads (:class:`~qkv.models.protocol.ModelParts`): the
-        tables :meth:`embedding_tables` names, each layer's parts, the final norm and
-        :attr:`output_weight`."""
+        """Every part an explanation reads ([`ModelParts`][qkv.models.protocol.ModelParts]): the
+        tables `embedding_tables` names, each layer's parts, the final norm and
+        `output_weight`."""
         return model_parts(self.layers, self.embedding_tables(), head=self.output_weight,
                            final_norm=self.decoder.norm)
 
     def embedding_tables(self) -> dict[str, nn.Module]:
-        """The tables :meth:`embed` sums, by name: the token table (rotary models have no other)."""
+        """The tables `embed` sums, by name: the token table (rotary models have no other)."""
         return {"token": self.embed_tokens}
 
     @property
     def output_weight(self) -> torch.Tensor:
-        """(V, E) the matrix the logits are read with (``embed_tokens.weight`` when tied)."""
+        """(V, E) the matrix the logits are read with (`embed_tokens.weight` when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def new_kv_caches(self, batch_size: int, max_len: int) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer for ``max_len`` tokens (prompt included), with
-        as many heads as the layers' keys and values have (h_kv under GQA)."""
+        """One empty [`KVCache`][qkv.modules.kv_cache.KVCache] per layer for `max_len` tokens
+        (prompt included), with as many heads as the layers' keys and values have (h_kv under GQA)."""
         p = self.embed_tokens.weight
         return [KVCache(batch_size, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, max_len,
                         dtype=p.dtype, device=p.device) for layer in self.layers]
@@ -88,8 +88,8 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
         return AttentionMask(causal=True, alignment="bottom_right", key_padding=padding)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: int) -> torch.Tensor:
-        """(b, t) ids → (b, t, E) what enters layer 0; ``positions`` (b, t) when some token is
-        padding (else the t tokens follow the ``past`` cached ones). Rotary models add nothing here."""
+        """(b, t) ids → (b, t, E) what enters layer 0; `positions` (b, t) when some token is
+        padding (else the t tokens follow the `past` cached ones). Rotary models add nothing here."""
         return self.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -99,28 +99,30 @@ class DecoderLM(DecoderGenerationMixin, nn.Module):
                 logits_to_keep: int | None = None,
                 position_ids: torch.Tensor | None = None,
                 interventions: Interventions | None = None) -> DecoderOutput:
-        """Next-token logits for every position (or the last ``logits_to_keep``).
+        """Next-token logits for every position (or the last `logits_to_keep`).
 
         Args:
-            input_ids: (b, t) token ids (the new tokens, when ``kv_caches`` hold earlier ones).
+            input_ids: (b, t) token ids (the new tokens, when `kv_caches` hold earlier ones).
             attention_mask: (b, past + t), 1/True for real tokens, 0/False for padding (either
                 side). Positions count real tokens only, so padding never changes a real
                 token's result (a left-padded prompt decodes as it does alone).
-            kv_caches: one :class:`KVCache` per layer (see :meth:`new_kv_caches`); the new
-                tokens' keys and values are appended and attention is causal, bottom-right.
+            kv_caches: one [`KVCache`][qkv.modules.kv_cache.KVCache] per layer (see
+                `new_kv_caches`); the new tokens' keys and values are appended and attention is
+                causal, bottom-right.
             trace_rows: query positions (among the t new tokens) to record in every layer.
             output_hidden_states: also return what enters each layer.
             logits_to_keep: compute the logits of the last k positions only, (b, k, V)
                 (generation needs 1: the output head is a large matrix).
             position_ids: (b, t) or (t,) each new token's position, when it is not its place in
-                ``input_ids`` — e.g. a shard of one long sequence under sequence parallelism
-                (:func:`qkv.distributed.shard_positions`: learned tables and RoPE must see global
-                positions). Default: counted from the cache and the padding.
+                `input_ids` — e.g. a shard of one long sequence under sequence parallelism
+                ([`qkv.distributed.shard_positions`][qkv.distributed.shard_positions]: learned
+                tables and RoPE must see global positions). Default: counted from the cache and the
+                padding.
             interventions: heads zeroed or replaced, value vectors zeroed, layer inputs patched
-                (:class:`~qkv.modules.Interventions`, handed to the layer stack).
+                (`Interventions`, handed to the layer stack).
 
         Returns:
-            A :class:`DecoderOutput` (logits (b, t, V), or (b, k, V)).
+            A `DecoderOutput` (logits (b, t, V), or (b, k, V)).
         """
         # 1) check the ids, the caches and the length
         b, t = self._check_ids(input_ids)

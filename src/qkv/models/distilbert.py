@@ -1,15 +1,15 @@
 """DistilBERT (Sanh et al., 2019): BERT's post-norm encoder, half the layers, no token types.
 
-The layers are BERT's (:class:`~qkv.models.bert.BertModel` runs them); what differs:
+The layers are BERT's (`BertModel` runs them); what differs:
 
-* the embeddings are ``LayerNorm(word[id] + position[p])`` — no token-type table;
-* ``config.json`` says ``dim``, ``n_layers``, ``n_heads``, ``hidden_dim``, ``activation``;
-* checkpoint names: ``transformer.layer.N.attention.q_lin`` … ``sa_layer_norm``, ``ffn.lin1``,
-  ``output_layer_norm`` (prefix ``distilbert.`` when saved with a head).
+* the embeddings are `LayerNorm(word[id] + position[p])` — no token-type table;
+* `config.json` says `dim`, `n_layers`, `n_heads`, `hidden_dim`, `activation`;
+* checkpoint names: `transformer.layer.N.attention.q_lin` … `sa_layer_norm`, `ffn.lin1`,
+  `output_layer_norm` (prefix `distilbert.` when saved with a head).
 
-::
-
-    token i ─► word[id_i] + position[i] ─► LayerNorm ─► n_layers × (x = norm1(x + attn(x)); x = norm3(x + ff(x)))
+```text
+token i ─► word[id_i] + position[i] ─► LayerNorm ─► n_layers × (x = norm1(x + attn(x)); x = norm3(x + ff(x)))
+```
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ DISTILBERT_ARCHITECTURES = ("DistilBertModel", "DistilBertForMaskedLM")
 class DistilBertConfig:
     """The sizes of a DistilBERT model; field names and defaults are Hugging Face's.
 
-    Example:
+    Examples:
         >>> DistilBertConfig(dim=64, n_heads=4).head_dim
         16
     """
@@ -62,7 +62,7 @@ class DistilBertConfig:
     num_attention_heads = property(lambda self: self.n_heads)
 
     def as_bert(self) -> BertConfig:
-        """The same sizes under BERT's names (what :class:`BertModel` reads)."""
+        """The same sizes under BERT's names (what `BertModel` reads)."""
         return BertConfig(vocab_size=self.vocab_size, hidden_size=self.dim,
                           num_hidden_layers=self.n_layers, num_attention_heads=self.n_heads,
                           intermediate_size=self.hidden_dim, hidden_act=self.activation,
@@ -72,9 +72,9 @@ class DistilBertConfig:
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "DistilBertConfig":
-        """Read a Hugging Face DistilBERT ``config.json`` (as a dict); unsupported features raise.
+        """Read a Hugging Face DistilBERT `config.json` (as a dict); unsupported features raise.
 
-        Example:
+        Examples:
             >>> DistilBertConfig.from_dict({"dim": 64, "n_heads": 4, "n_layers": 2}).n_layers
             2
         """
@@ -88,7 +88,7 @@ class DistilBertConfig:
 
 
 class DistilBertEmbeddings(nn.Module):
-    """``LayerNorm(word[id] + position[p])`` for every token: no token types."""
+    """`LayerNorm(word[id] + position[p])` for every token: no token types."""
 
     def __init__(self, config: DistilBertConfig):
         super().__init__()
@@ -105,8 +105,8 @@ class DistilBertEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(b, t) ids → (b, t, E). ``token_type_ids``, if given, must be all 0: DistilBERT has
-        no segments. ``position_ids`` (b, t) or (t,) as :class:`~qkv.models.bert.BertEmbeddings`."""
+        """(b, t) ids → (b, t, E). `token_type_ids`, if given, must be all 0: DistilBERT has
+        no segments. `position_ids` (b, t) or (t,) as `BertEmbeddings`."""
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("DistilBERT has no token types: token_type_ids must be None or all 0")
         x = self.word(input_ids)  # (b, t, E)
@@ -116,11 +116,11 @@ class DistilBertEmbeddings(nn.Module):
 
 
 class DistilBertModel(BertModel):
-    """A DistilBERT encoder: BERT's layers and forward, :class:`DistilBertEmbeddings`.
+    """A DistilBERT encoder: BERT's layers and forward, `DistilBertEmbeddings`.
 
-    ``config`` is the :class:`DistilBertConfig` (with BERT's names as read-only aliases).
+    `config` is the `DistilBertConfig` (with BERT's names as read-only aliases).
 
-    Example:
+    Examples:
         >>> model = DistilBertModel(DistilBertConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4,
         ...                                          hidden_dim=64, max_position_embeddings=20))
         >>> model(torch.tensor([[1, 7, 8, 2]])).last_hidden_state.shape

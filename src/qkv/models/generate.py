@@ -1,18 +1,20 @@
 """Text generation for every decoder: greedy or sampled, with the KV cache, padded batches, EOS.
 
 One loop serves all decoder families (GPT-2, Llama, Mistral, Qwen, ...). A decoder takes part
-by having::
+by having:
 
-    model(ids, attention_mask, kv_caches=caches) -> an output with .logits (b, t, V)
-    model.new_kv_caches(batch, max_len)          -> one KVCache per layer
-    model.max_length                             -> the most tokens it takes
+```text
+model(ids, attention_mask, kv_caches=caches) -> an output with .logits (b, t, V)
+model.new_kv_caches(batch, max_len)          -> one KVCache per layer
+model.max_length                             -> the most tokens it takes
+```
 
 Each step feeds only the newest token (the cache holds the keys and values of everything
 before it); prompts of different lengths are **left**-padded to one length and the
-``attention_mask`` says which tokens are real, so every row continues right after its last
-real token. Sampling draws from ``softmax(logits / temperature)`` restricted to the ``top_k``
-largest and to the smallest set whose probabilities reach ``top_p`` (Holtzman et al., 2020),
-with a private ``torch.Generator`` (``seed``), so nothing touches the global RNG.
+`attention_mask` says which tokens are real, so every row continues right after its last
+real token. Sampling draws from `softmax(logits / temperature)` restricted to the `top_k`
+largest and to the smallest set whose probabilities reach `top_p` (Holtzman et al., 2020),
+with a private `torch.Generator` (`seed`), so nothing touches the global RNG.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool =
              seed: int | None = None, attention_mask: torch.Tensor | None = None,
              eos_token_id=_FROM_CONFIG, pad_token_id: int | None = None,
              use_cache: bool = True) -> torch.Tensor:
-    """Continue each prompt of ``ids`` by up to ``max_new_tokens`` tokens.
+    """Continue each prompt of `ids` by up to `max_new_tokens` tokens.
 
     Args:
         model: a decoder (see the module doc).
@@ -46,16 +48,16 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool =
         seed: seeds the sampler's own generator (reproducible draws).
         attention_mask: (b, t), 1 for real prompt tokens, 0 for (left) padding.
         eos_token_id: a token id or ids that end a row; default the model config's
-            ``eos_token_id`` (none for GPT-2's config here); None never stops.
+            `eos_token_id` (none for GPT-2's config here); None never stops.
         pad_token_id: written after a row has ended (default: its first EOS id).
         use_cache: feed only the new token each step (True) or the whole sequence (False;
             the same tokens, slower — the test of the cache).
 
     Returns:
-        (b, t + n) the prompts and their continuations, n ≤ ``max_new_tokens``: fewer when
+        (b, t + n) the prompts and their continuations, n ≤ `max_new_tokens`: fewer when
         every row ended with an EOS token (rows that end earlier are padded).
 
-    Example:
+    Examples:
         >>> out = generate(model, torch.tensor([[1, 2, 3]]), 5, do_sample=True, top_k=10, seed=0)  # doctest: +SKIP
         >>> out.shape                                                                             # doctest: +SKIP
         torch.Size([1, 8])
@@ -101,9 +103,10 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool =
 
 def sample(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(b, V) logits → (b,) one token id per row, drawn from :func:`filter_scores`' softmax.
+    """(b, V) logits → (b,) one token id per row, drawn from
+    [`filter_scores`][qkv.models.generate.filter_scores]' softmax.
 
-    Example:
+    Examples:
         >>> sample(torch.tensor([[0.0, 5.0, 1.0]]), top_k=1)   # only the largest is left
         tensor([1])
     """
@@ -116,10 +119,10 @@ def filter_scores(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int 
     """(b, V) logits / temperature, with −inf for every token top-k or top-p leaves out.
 
     top-k keeps the k largest (ties with the k-th stay); top-p keeps the most likely tokens
-    until their probabilities reach ``top_p`` (the token that reaches it included, so at least
-    one stays) — the rules of ``transformers``' ``TopKLogitsWarper`` / ``TopPLogitsWarper``.
+    until their probabilities reach `top_p` (the token that reaches it included, so at least
+    one stays) — the rules of `transformers`' `TopKLogitsWarper` / `TopPLogitsWarper`.
 
-    Example:
+    Examples:
         >>> filter_scores(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), top_p=0.7).isinf()
         tensor([[False, False,  True,  True]])
     """
@@ -174,17 +177,18 @@ def _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask
 
 
 class DecoderGenerationMixin:
-    """``model.generate(...)`` (see :func:`generate`); :class:`qkv.models.decoder.DecoderLM` is
-    the decoder base that mixes it in."""
+    """`model.generate(...)` (see
+    [`generate`][qkv.models.generate.DecoderGenerationMixin.generate]);
+    `qkv.models.decoder.DecoderLM` is the decoder base that mixes it in."""
 
     causal = True  # a token attends to itself and earlier tokens only (what explanations say)
     capabilities = DECODER  # the one model protocol (qkv.models.protocol)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, **kwargs) -> torch.Tensor:
-        """Continue ``ids`` (b, t), left-padded with ``attention_mask`` when the prompts differ
-        in length: greedy by default, or sampled (``do_sample``, ``temperature``, ``top_k``,
-        ``top_p``, ``seed``); see :func:`qkv.models.generate.generate`, the one loop every
-        decoder shares.
+        """Continue `ids` (b, t), left-padded with `attention_mask` when the prompts differ
+        in length: greedy by default, or sampled (`do_sample`, `temperature`, `top_k`,
+        `top_p`, `seed`); see [`qkv.models.generate.generate`][qkv.models.generate.generate], the
+        one loop every decoder shares.
 
         Returns:
             (b, t + n) the prompts followed by the generated tokens.

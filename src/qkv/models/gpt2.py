@@ -1,16 +1,16 @@
 """GPT-2 (Radford et al., 2019): a decoder-only stack of pre-norm causal layers.
 
-::
+```text
+input_ids ─► token + position embeddings ─► hidden_states[0]
+             ┌──────────────────────────────────────────────────────────┐
+layer L:     │ x = x + self_attn(norm1(x))   (causal: token i sees ≤ i)  │ × n_layer
+             │ x = x + ff(norm3(x))          (tanh GELU)                 │
+             └──────────────────────────────────────────────────────────┘
+             ─► final LayerNorm ─► logits = x · token_embeddingᵀ   (tied output head)
+```
 
-    input_ids ─► token + position embeddings ─► hidden_states[0]
-                 ┌──────────────────────────────────────────────────────────┐
-    layer L:     │ x = x + self_attn(norm1(x))   (causal: token i sees ≤ i)  │ × n_layer
-                 │ x = x + ff(norm3(x))          (tanh GELU)                 │
-                 └──────────────────────────────────────────────────────────┘
-                 ─► final LayerNorm ─► logits = x · token_embeddingᵀ   (tied output head)
-
-Reads Hugging Face GPT-2 checkpoints (``qkv.models.load``); same logits and greedy generations
-as ``transformers`` (tested).
+Reads Hugging Face GPT-2 checkpoints (`qkv.models.load`); same logits and greedy generations
+as `transformers` (tested).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 
 @dataclass(frozen=True)
 class GPT2Config:
-    """The sizes of a GPT-2 model; field names and defaults are Hugging Face's ``config.json``."""
+    """The sizes of a GPT-2 model; field names and defaults are Hugging Face's `config.json`."""
 
     vocab_size: int = 50257
     n_positions: int = 1024  # the most tokens (prompt + generated) the model takes
@@ -57,9 +57,9 @@ class GPT2Config:
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "GPT2Config":
-        """Read a Hugging Face GPT-2 ``config.json`` (as a dict); unsupported features raise.
+        """Read a Hugging Face GPT-2 `config.json` (as a dict); unsupported features raise.
 
-        Example:
+        Examples:
             >>> GPT2Config.from_dict({"n_embd": 64, "n_head": 4, "n_layer": 2}).inner_dim
             256
         """
@@ -79,16 +79,16 @@ class GPT2Config:
 class GPT2Model(DecoderLM):
     """GPT-2 with its language-model head (tied to the token embedding).
 
-    Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
-    and values (pre-norm); :class:`qkv.modules.LayerTrace`'s ``self_attn.query_input`` holds it.
-    Forward, caches and generation are :class:`qkv.models.decoder.DecoderLM`'s; GPT-2's own part
-    is :meth:`embed` (learned position vectors). Generation stops at an EOS token only when
-    ``eos_token_id`` is given (GPT-2's config here names none).
+    Layer L's self-attention projects `layers[L].norm1(hidden_states[L])` into queries, keys
+    and values (pre-norm); `qkv.modules.LayerTrace`'s `self_attn.query_input` holds it.
+    Forward, caches and generation are `qkv.models.decoder.DecoderLM`'s; GPT-2's own part
+    is `embed` (learned position vectors). Generation stops at an EOS token only when
+    `eos_token_id` is given (GPT-2's config here names none).
 
-    Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name`` (for
-    messages), given to the constructor (``qkv.models.load`` passes them).
+    Fields besides the modules: `config`, `tokenizer` (or None) and `name` (for
+    messages), given to the constructor (`qkv.models.load` passes them).
 
-    Example:
+    Examples:
         >>> model = GPT2Model(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4))
         >>> model(torch.tensor([[1, 2, 3]])).logits.shape       # (b, t, V)
         torch.Size([1, 3, 100])
@@ -118,21 +118,21 @@ class GPT2Model(DecoderLM):
 
     @property
     def embed_tokens(self) -> nn.Embedding:
-        """The token embedding, ``wte`` (Hugging Face's name, kept in the state dict)."""
+        """The token embedding, `wte` (Hugging Face's name, kept in the state dict)."""
         return self.wte
 
     @property
     def max_length(self) -> int:
-        """The most tokens (prompt + generated) the model takes: ``n_positions``."""
+        """The most tokens (prompt + generated) the model takes: `n_positions`."""
         return self.config.n_positions
 
     def embedding_tables(self) -> dict[str, nn.Module]:
-        """The token table ``wte`` and the learned position table ``wpe``."""
+        """The token table `wte` and the learned position table `wpe`."""
         return {"token": self.wte, "position": self.wpe}
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: int) -> torch.Tensor:
-        """(b, t) ids → (b, t, E) token + position vectors; ``positions`` (b, t) when some token
-        is padding (each counts the real tokens before it), else ``past``, past + 1, …"""
+        """(b, t) ids → (b, t, E) token + position vectors; `positions` (b, t) when some token
+        is padding (each counts the real tokens before it), else `past`, past + 1, …"""
         x = self.wte(input_ids)  # (b, t, E)
         return self.wpe(x, offset=past) if positions is None else x + self.wpe.weight[positions]
 

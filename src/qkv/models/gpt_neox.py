@@ -1,23 +1,23 @@
 """GPT-NeoX (Black et al., 2022) and Pythia (Biderman et al., 2023): a pre-norm causal decoder
 whose attention and feed-forward read the *same* input (parallel residual), with rotary
-embeddings on only part of each head (``rotary_pct``).
+embeddings on only part of each head (`rotary_pct`).
 
-::
+```text
+input_ids ─► token embedding ─► hidden_states[0]          (no position vectors are added)
+             ┌─────────────────────────────────────────────────────────────────────┐
+layer L:     │ x = x + self_attn(norm1(x)) + ff(norm3(x))   (use_parallel_residual)  │ × L
+             │   — or, without it, GPT-2's two steps:                               │
+             │ x = x + self_attn(norm1(x));  x = x + ff(norm3(x))                   │
+             └─────────────────────────────────────────────────────────────────────┘
+             ─► final LayerNorm ─► logits = x · Wᵀ   (W = embed_out, or the embedding if tied)
 
-    input_ids ─► token embedding ─► hidden_states[0]          (no position vectors are added)
-                 ┌─────────────────────────────────────────────────────────────────────┐
-    layer L:     │ x = x + self_attn(norm1(x)) + ff(norm3(x))   (use_parallel_residual)  │ × L
-                 │   — or, without it, GPT-2's two steps:                               │
-                 │ x = x + self_attn(norm1(x));  x = x + ff(norm3(x))                   │
-                 └─────────────────────────────────────────────────────────────────────┘
-                 ─► final LayerNorm ─► logits = x · Wᵀ   (W = embed_out, or the embedding if tied)
+one head's query/key features:  [ rotated by RoPE (rotary_dim = d·rotary_pct) | as they are ]
+```
 
-    one head's query/key features:  [ rotated by RoPE (rotary_dim = d·rotary_pct) | as they are ]
-
-Hugging Face stores q, k and v in one ``query_key_value`` matrix, interleaved *per head*:
-rows ``[q_0 k_0 v_0 q_1 k_1 v_1 …]``, each block d rows (``gpt_neox_convert`` splits it).
-Reads Hugging Face checkpoints (``qkv.load``); same logits, hidden states, attention and greedy
-generations as ``transformers`` (tested).
+Hugging Face stores q, k and v in one `query_key_value` matrix, interleaved *per head*:
+rows `[q_0 k_0 v_0 q_1 k_1 v_1 …]`, each block d rows (`gpt_neox_convert` splits it).
+Reads Hugging Face checkpoints (`qkv.load`); same logits, hidden states, attention and greedy
+generations as `transformers` (tested).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ GPT_NEOX_ARCHITECTURES = ("GPTNeoXForCausalLM", "GPTNeoXModel")
 @dataclass(frozen=True)
 class GPTNeoXConfig:
     """The sizes and options of a GPT-NeoX / Pythia model; names follow Hugging Face's
-    ``config.json`` (``rotary_pct`` and ``rotary_emb_base`` also from transformers ≥ 5's
-    ``rope_parameters``).
+    `config.json` (`rotary_pct` and `rotary_emb_base` also from transformers ≥ 5's
+    `rope_parameters`).
 
-    Example:
+    Examples:
         >>> c = GPTNeoXConfig(hidden_size=64, num_attention_heads=4, rotary_pct=0.25)
         >>> c.head_dim, c.rotary_dim
         (16, 4)
@@ -83,7 +83,7 @@ class GPTNeoXConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """How many leading features of each head RoPE rotates (``int(d · rotary_pct)``, as HF)."""
+        """How many leading features of each head RoPE rotates (`int(d · rotary_pct)`, as HF)."""
         return int(self.head_dim * self.rotary_pct)
 
     @property
@@ -92,9 +92,9 @@ class GPTNeoXConfig:
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "GPTNeoXConfig":
-        """Read a Hugging Face GPT-NeoX ``config.json`` (as a dict); unsupported options raise.
+        """Read a Hugging Face GPT-NeoX `config.json` (as a dict); unsupported options raise.
 
-        Example:
+        Examples:
             >>> GPTNeoXConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4,
             ...                          "rotary_pct": 0.5}).rotary_dim
             8
@@ -118,7 +118,7 @@ class GPTNeoXConfig:
 
 
 def _read_rope(d: dict, where: str) -> tuple[float, float]:
-    """(rotary_pct, base) from transformers ≥ 5's ``rope_parameters`` or the older keys."""
+    """(rotary_pct, base) from transformers ≥ 5's `rope_parameters` or the older keys."""
     for key in ("rope_parameters", "rope_scaling"):
         value = d.get(key)
         if value is not None and not isinstance(value, dict):
@@ -139,9 +139,9 @@ def _read_rope(d: dict, where: str) -> tuple[float, float]:
 
 
 class PartialRotary(nn.Module):
-    """RoPE on the first ``rotary_dim`` features of every head; the others pass unrotated.
+    """RoPE on the first `rotary_dim` features of every head; the others pass unrotated.
 
-    Example:
+    Examples:
         >>> rope = PartialRotary(8, 4)
         >>> x = torch.randn(1, 2, 5, 8)                      # (b, h, t, d)
         >>> y = rope(x, offset=3)
@@ -157,7 +157,7 @@ class PartialRotary(nn.Module):
         self.rope = RotaryEmbedding(rotary_dim, base)
 
     def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (b, h, t, d) → the same shape, features ``[:rotary_dim]`` rotated."""
+        """x: (b, h, t, d) → the same shape, features `[:rotary_dim]` rotated."""
         r = self.rotary_dim
         at = {} if positions is None else {"positions": positions}  # (b, t) with left padding
         rotated = self.rope(x[..., :r], offset=offset, **at)  # (b, h, t, r)
@@ -165,11 +165,11 @@ class PartialRotary(nn.Module):
 
 
 class ParallelResidualLayer(TransformerLayer):
-    """``x + self_attn(norm1(x)) + ff(norm3(x))``: both blocks read the layer's input (GPT-J,
+    """`x + self_attn(norm1(x)) + ff(norm3(x))`: both blocks read the layer's input (GPT-J,
     GPT-NeoX), so neither sees the other's output. Sums in Hugging Face's order
     (ff + attention, then the residual), so the float roundings are the same.
 
-    Example:
+    Examples:
         >>> layer = ParallelResidualLayer(MultiHeadAttention(16, 4), FeedForward(16, 32),
         ...                               nn.LayerNorm(16), nn.LayerNorm(16), norm_first=True)
         >>> layer(torch.randn(2, 5, 16), mask=AttentionMask(causal=True)).hidden.shape
@@ -184,8 +184,9 @@ class ParallelResidualLayer(TransformerLayer):
                 trace_rows: torch.Tensor | slice | None = None,
                 positions: torch.Tensor | None = None, intervention=None,
                 **torch_style) -> LayerOutput:
-        """x: (b, t, E) → a :class:`LayerOutput`; arguments as :meth:`TransformerLayer.forward`
-        (no cross-attention: ``memory`` must be None)."""
+        """x: (b, t, E) → a `LayerOutput`; arguments as
+        [`TransformerLayer.forward`][qkv.modules.transformer.TransformerLayer.forward] (no
+        cross-attention: `memory` must be None)."""
         if memory is not None or self.cross_attn is not None:
             raise ValueError("a parallel-residual layer has no cross-attention (memory must be None)")
         at = {} if positions is None else {"positions": positions}
@@ -211,16 +212,16 @@ def build_layer(c: GPTNeoXConfig, backend: str = "auto") -> TransformerLayer:
 class GPTNeoXModel(DecoderLM):
     """A GPT-NeoX / Pythia decoder with its language-model head.
 
-    Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
-    and values; the first ``config.rotary_dim`` features of each query and key are then rotated
+    Layer L's self-attention projects `layers[L].norm1(hidden_states[L])` into queries, keys
+    and values; the first `config.rotary_dim` features of each query and key are then rotated
     by their position. A token attends to itself and the tokens before it.
 
-    Forward, caches and generation are :class:`qkv.models.decoder.DecoderLM`'s (the rotary
+    Forward, caches and generation are `qkv.models.decoder.DecoderLM`'s (the rotary
     layers take each token's position from it).
 
-    Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name``.
+    Fields besides the modules: `config`, `tokenizer` (or None) and `name`.
 
-    Example:
+    Examples:
         >>> model = GPTNeoXModel(GPTNeoXConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
         ...                                    num_hidden_layers=2, num_attention_heads=4,
         ...                                    max_position_embeddings=64))
@@ -263,10 +264,10 @@ def gpt_neox_shapes(c: GPTNeoXConfig) -> Shapes:
 
 
 def split_qkv(x: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``query_key_value``'s weight (3E, E) or bias (3E,), rows interleaved per head
-    ``[q_0 k_0 v_0 q_1 …]`` → q, k, v, each (E, E) or (E,) with the heads in order.
+    """`query_key_value`'s weight (3E, E) or bias (3E,), rows interleaved per head
+    `[q_0 k_0 v_0 q_1 …]` → q, k, v, each (E, E) or (E,) with the heads in order.
 
-    Example:
+    Examples:
         >>> q, k, v = split_qkv(torch.arange(12.0), heads=2)   # d = 2: q0 k0 v0 q1 k1 v1
         >>> q.tolist(), v.tolist()
         ([0.0, 1.0, 6.0, 7.0], [4.0, 5.0, 10.0, 11.0])
@@ -277,7 +278,7 @@ def split_qkv(x: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def gpt_neox_convert(tensors: Tensors, c: GPTNeoXConfig) -> Tensors:
-    """Hugging Face names → this model's state dict; ``query_key_value`` split in three."""
+    """Hugging Face names → this model's state dict; `query_key_value` split in three."""
     state = {"embed_tokens.weight": tensors["embed_in.weight"],
              "decoder.norm.weight": tensors["final_layer_norm.weight"],
              "decoder.norm.bias": tensors["final_layer_norm.bias"]}

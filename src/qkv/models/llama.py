@@ -1,19 +1,19 @@
 """Llama (Touvron et al., 2023): a pre-norm causal decoder with RMSNorm, SwiGLU, RoPE and GQA.
 
-::
+```text
+input_ids ─► token embedding ─► hidden_states[0]          (no position vectors are added)
+             ┌────────────────────────────────────────────────────────────────────┐
+layer L:     │ x = x + self_attn(rmsnorm1(x))   RoPE on q, k; h_kv ≤ h (GQA)        │ × L
+             │ x = x + down(silu(gate(n)) ⊙ up(n)),  n = rmsnorm3(x)   (SwiGLU)     │
+             └────────────────────────────────────────────────────────────────────┘
+             ─► final RMSNorm ─► logits = x · Wᵀ   (W = lm_head, or the embedding when tied)
+```
 
-    input_ids ─► token embedding ─► hidden_states[0]          (no position vectors are added)
-                 ┌────────────────────────────────────────────────────────────────────┐
-    layer L:     │ x = x + self_attn(rmsnorm1(x))   RoPE on q, k; h_kv ≤ h (GQA)        │ × L
-                 │ x = x + down(silu(gate(n)) ⊙ up(n)),  n = rmsnorm3(x)   (SwiGLU)     │
-                 └────────────────────────────────────────────────────────────────────┘
-                 ─► final RMSNorm ─► logits = x · Wᵀ   (W = lm_head, or the embedding when tied)
-
-The same model runs Mistral (a sliding window, ``mistral.py``), Qwen2 (q/k/v biases,
-``qwen2.py``) and Qwen3 (RMSNorm on each head's query and key, ``qwen3.py``): their files hold
-only how their ``config.json`` maps onto :class:`LlamaConfig`. Reads Hugging Face checkpoints
-(``qkv.load``); same logits, hidden states, attention and greedy generations as
-``transformers`` (tested).
+The same model runs Mistral (a sliding window, `mistral.py`), Qwen2 (q/k/v biases,
+`qwen2.py`) and Qwen3 (RMSNorm on each head's query and key, `qwen3.py`): their files hold
+only how their `config.json` maps onto `LlamaConfig`. Reads Hugging Face checkpoints
+(`qkv.load`); same logits, hidden states, attention and greedy generations as
+`transformers` (tested).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 @dataclass(frozen=True)
 class LlamaConfig:
     """The sizes and options of a Llama-family model; names and defaults follow Hugging Face's
-    ``config.json`` for Llama (Mistral, Qwen2, Qwen3 map onto the same fields).
+    `config.json` for Llama (Mistral, Qwen2, Qwen3 map onto the same fields).
 
-    Example:
+    Examples:
         >>> c = LlamaConfig(hidden_size=48, num_attention_heads=6, num_key_value_heads=2)
         >>> c.head_dim, c.num_key_value_heads
         (8, 2)
@@ -93,9 +93,9 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "LlamaConfig":
-        """Read a Hugging Face Llama ``config.json`` (as a dict); unsupported options raise.
+        """Read a Hugging Face Llama `config.json` (as a dict); unsupported options raise.
 
-        Example:
+        Examples:
             >>> LlamaConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4,
             ...                        "rope_scaling": {"rope_type": "linear", "factor": 2.0}}).rope_scaling.kind
             'linear'
@@ -105,9 +105,9 @@ class LlamaConfig:
 
 def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
                 where: str = "config.json", **overrides) -> LlamaConfig:
-    """The fields every Llama-family ``config.json`` shares → a :class:`LlamaConfig`.
+    """The fields every Llama-family `config.json` shares → a `LlamaConfig`.
 
-    ``overrides`` are the family's own fields (``qkv_bias=True`` for Qwen2, ...).
+    `overrides` are the family's own fields (`qkv_bias=True` for Qwen2, ...).
     """
     if not isinstance(d, dict):
         raise QkvError(f"{where} must hold a JSON object, got {type(d).__name__}")
@@ -130,8 +130,8 @@ def read_config(d: dict, model_type: str, architectures: tuple[str, ...], *,
 
 
 def read_rope(d: dict, max_positions: int, *, where: str) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from ``rope_parameters`` (transformers ≥ 5) or the older
-    ``rope_theta`` + ``rope_scaling`` (whose type key is ``rope_type`` or ``type``)."""
+    """(rope_theta, scaling) from `rope_parameters` (transformers ≥ 5) or the older
+    `rope_theta` + `rope_scaling` (whose type key is `rope_type` or `type`)."""
     p = {}
     for key in ("rope_scaling", "rope_parameters"):
         value = d.get(key)
@@ -171,7 +171,7 @@ class RMSNorm(nn.Module):
     Normalises in float32 whatever the input dtype, then multiplies by γ in the input dtype,
     as Llama's reference code does (so bf16 models round where they were trained to).
 
-    Example:
+    Examples:
         >>> RMSNorm(4, eps=0.0)(torch.tensor([[3.0, -3.0, 3.0, -3.0]])).tolist()
         [[1.0, -1.0, 1.0, -1.0]]
     """
@@ -205,16 +205,16 @@ def build_layer(c: LlamaConfig, backend: str = "auto") -> TransformerLayer:
 class LlamaModel(DecoderLM):
     """A Llama-family decoder with its language-model head.
 
-    Layer L's self-attention projects ``layers[L].norm1(hidden_states[L])`` into queries, keys
+    Layer L's self-attention projects `layers[L].norm1(hidden_states[L])` into queries, keys
     and values; queries and keys are then rotated (RoPE) by their position. A token attends to
-    itself and the tokens before it (within ``sliding_window`` for Mistral).
+    itself and the tokens before it (within `sliding_window` for Mistral).
 
-    Forward, caches and generation are :class:`qkv.models.decoder.DecoderLM`'s; Llama's own part
-    is :meth:`attention_mask` (Mistral's window, no causal mask for a one-token step).
+    Forward, caches and generation are `qkv.models.decoder.DecoderLM`'s; Llama's own part
+    is `attention_mask` (Mistral's window, no causal mask for a one-token step).
 
-    Fields besides the modules: ``config``, ``tokenizer`` (or None) and ``name``.
+    Fields besides the modules: `config`, `tokenizer` (or None) and `name`.
 
-    Example:
+    Examples:
         >>> model = LlamaModel(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
         ...                                num_hidden_layers=2, num_attention_heads=4,
         ...                                num_key_value_heads=2, max_position_embeddings=64))
@@ -249,9 +249,9 @@ class LlamaModel(DecoderLM):
 
 # -- the checkpoint mapping ---------------------------------------------------------------------
 def layer_modules(c: LlamaConfig) -> dict[str, tuple[str, dict[str, tuple[int, ...]]]]:
-    """Per layer: Hugging Face module (after ``model.layers.N.``) → (qkv's module, {parameter:
-    shape}), for the modules and biases ``c``'s checkpoint holds — the one list that the shape
-    check, the conversion (:data:`LAYER_NAMES`) and ``qkv train lm``'s export read."""
+    """Per layer: Hugging Face module (after `model.layers.N.`) → (qkv's module, {parameter:
+    shape}), for the modules and biases `c`'s checkpoint holds — the one list that the shape
+    check, the conversion (`LAYER_NAMES`) and `qkv train lm`'s export read."""
     E, F_, d = c.hidden_size, c.intermediate_size, c.head_dim
     q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
     qkv_bias = c.attention_bias or c.qkv_bias  # Qwen2: biases on q, k, v only
@@ -306,7 +306,7 @@ def llama_convert(tensors: Tensors, c: LlamaConfig) -> Tensors:
 
 
 def family(config_from_dict) -> Family:
-    """The :class:`Family` record of a Llama-architecture family with its own config reader."""
+    """The `Family` record of a Llama-architecture family with its own config reader."""
     return Family(
         config_from_dict=config_from_dict, build=build, max_length=lambda c: c.max_length,
         prefix="model.", shapes=llama_shapes,

@@ -1,33 +1,34 @@
-"""``load(name_or_path)``: a Hugging Face checkpoint directory → a ready qkv model.
+"""`load(name_or_path)`: a Hugging Face checkpoint directory → a ready qkv model.
 
-:func:`load` resolves a name (:data:`qkv.models.registry.SHIPPED`), reads config.json, verifies
-a qkv manifest's files and hands the directory to the loader :func:`qkv.models.registry.route`
-names: :func:`load_native` here, or the transformers, seq2seq and translation loaders (imported
-by module path when needed). The native loader:
+[`load`][qkv.models.loading.load] resolves a name (`qkv.models.registry.SHIPPED`), reads
+config.json, verifies a qkv manifest's files and hands the directory to the loader
+[`qkv.models.registry.route`][qkv.models.registry.route] names:
+[`load_native`][qkv.models.loading.load_native] here, or the transformers, seq2seq and translation
+loaders (imported by module path when needed). The native loader:
 
-A directory holds ``config.json`` (which family, which sizes), ``model.safetensors`` or a
-sharded ``model.safetensors.index.json`` with its shards (the weights; never a pickle — qkv
+A directory holds `config.json` (which family, which sizes), `model.safetensors` or a
+sharded `model.safetensors.index.json` with its shards (the weights; never a pickle — qkv
 does not unpickle files) and the tokenizer files. Loading:
 
-1. read ``config.json`` → the family's config dataclass (unsupported variants and wrong types
+1. read `config.json` → the family's config dataclass (unsupported variants and wrong types
    raise, naming the key);
 2. read the safetensors *headers* (no data) through the one reader every loader uses
-   (:mod:`qkv.models.checkpoint`: files inside the directory, never a pickle) and check the
+   (`qkv.models.checkpoint`: files inside the directory, never a pickle) and check the
    config against them — first the number of layers, then every name (none missing, none
    unexpected), shape and dtype — before anything is allocated;
-3. translate Hugging Face's names and layouts to qkv's modules (GPT-2's ``Conv1D`` weights
+3. translate Hugging Face's names and layouts to qkv's modules (GPT-2's `Conv1D` weights
    are stored transposed, GPT-NeoX's q/k/v fused per head …), one tensor at a time;
 4. build the family's model around them, with the tokenizer (one record per family in
-   :mod:`qkv.models.registry`; nothing here is family-specific).
+   [`qkv.models.registry`][qkv.models.registry]; nothing here is family-specific).
 
-Memory: the files are memory-mapped (``safetensors.safe_open``). A tensor the family uses as
+Memory: the files are memory-mapped (`safetensors.safe_open`). A tensor the family uses as
 stored (same dtype, on the CPU) stays a view of the mapping — no copy, its pages shared with the
 OS's file cache; a tensor that must be converted (transposed, split, cast, moved to a device)
 is read through a mapping of its own that is released as soon as the converted copy exists. So
-loading never holds a checkpoint twice (``benchmarks/RESULTS.md`` records peak RSS / checkpoint
+loading never holds a checkpoint twice (`benchmarks/RESULTS.md` records peak RSS / checkpoint
 size). The mapping is private (copy-on-write): changing a loaded weight never writes the file.
 
-Every failure is one :class:`QkvError` line naming the file, tensor or limit.
+Every failure is one `QkvError` line naming the file, tensor or limit.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ __all__ = ["KNOWN_MODELS", "load", "load_native", "lm_dir", "minilm_dir", "resol
 
 
 def lm_dir() -> str:
-    """The small Llama trained by ``qkv train lm`` (induction heads), shipped in ``qkv/data/lm``."""
+    """The small Llama trained by `qkv train lm` (induction heads), shipped in `qkv/data/lm`."""
     return SHIPPED["lm"].find()
 
 
@@ -64,34 +65,34 @@ KNOWN_MODELS: dict[str, tuple[str, Callable[[], str]]] = {
 # -- the loader -------------------------------------------------------------------------------
 def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
          device: str | torch.device | None = None, via: str | None = None):
-    """A ready model (e.g. ``BertModel``, ``GPTNeoXModel``) in eval mode, with its tokenizer.
+    """A ready model (e.g. `BertModel`, `GPTNeoXModel`) in eval mode, with its tokenizer.
 
-    The model meets :mod:`qkv.models.protocol` (``SelfAttentionModel`` or
-    ``CrossAttentionModel``); its ``tokenizer``, ``name`` and ``config`` fields are set by its
+    The model meets [`qkv.models.protocol`][qkv.models.protocol] (`SelfAttentionModel` or
+    `CrossAttentionModel`); its `tokenizer`, `name` and `config` fields are set by its
     constructor, nothing is attached afterwards. Which loader reads a directory is
-    :func:`qkv.models.registry.route` (one table: native family, transformers, seq2seq,
-    translation).
+    [`qkv.models.registry.route`][qkv.models.registry.route] (one table: native family,
+    transformers, seq2seq, translation).
 
     Args:
-        name_or_path: a known name (``"minilm"`` / ``"all-MiniLM-L6-v2"``, ``"lm"``,
-            ``"translate"``: the shipped translation model) or a directory in Hugging Face
-            format: ``config.json``, ``model.safetensors`` (or sharded
-            ``model.safetensors.index.json``) and tokenizer files; or a translation checkpoint
-            directory (``qkv train translate --out``).
-        dtype: the floating-point dtype of the weights (e.g. ``torch.bfloat16``); None keeps
+        name_or_path: a known name (`"minilm"` / `"all-MiniLM-L6-v2"`, `"lm"`,
+            `"translate"`: the shipped translation model) or a directory in Hugging Face
+            format: `config.json`, `model.safetensors` (or sharded
+            `model.safetensors.index.json`) and tokenizer files; or a translation checkpoint
+            directory (`qkv train translate --out`).
+        dtype: the floating-point dtype of the weights (e.g. `torch.bfloat16`); None keeps
             the dtype the checkpoint stores (the widest, if its tensors differ).
-        device: where the weights go (``"cpu"``, ``"cuda:0"``, ``"mps"`` …); None is the CPU.
+        device: where the weights go (`"cpu"`, `"cuda:0"`, `"mps"` …); None is the CPU.
         via: None — a native family when qkv has one for the model_type, else the transformers
-            model on qkv's attention behind the same protocol (:class:`qkv.hf.adapter.HFModel`,
-            needs ``qkv[hf]``); ``"hf"`` — the transformers model even where a family exists
-            (to compare the two); ``"native"`` — a native family or an error.
+            model on qkv's attention behind the same protocol (`qkv.hf.adapter.HFModel`,
+            needs `qkv[hf]`); `"hf"` — the transformers model even where a family exists
+            (to compare the two); `"native"` — a native family or an error.
 
     Raises:
         QkvError: unknown name, missing directory or file, invalid config, unsupported
             architecture, corrupt weights, missing/unexpected tensor, shape or dtype mismatch,
             a tokenizer with ids the model's vocabulary does not have, an unavailable device.
 
-    Example:
+    Examples:
         >>> model = load("minilm")                                 # doctest: +SKIP
         >>> model.tokenizer.encode("attention").tokens             # doctest: +SKIP
         ['[CLS]', 'attention', '[SEP]']
@@ -116,7 +117,7 @@ def load(name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None,
 
 def load_native(path: str, *, name: str, dtype: torch.dtype | None, device: torch.device,
                 files: dict[str, str] | None = None) -> nn.Module:
-    """The registry's ``native`` loader: the family of config.json's model_type, its weights
+    """The registry's `native` loader: the family of config.json's model_type, its weights
     checked from the headers (layer count first, then names, shapes, dtypes) before anything
     is built."""
     config_file = os.path.join(path, "config.json")
@@ -142,7 +143,7 @@ def load_native(path: str, *, name: str, dtype: torch.dtype | None, device: torc
 
 
 def _check_head(weights: WeightFiles, family: Family, config, raw: dict, config_file: str) -> None:
-    """A base-model checkpoint (``LlamaModel``: no ``lm_head.weight``) of a family whose model
+    """A base-model checkpoint (`LlamaModel`: no `lm_head.weight`) of a family whose model
     ends in a language-model head is refused by name, not as a missing tensor."""
     missing = [n for n in family.shapes(config) if n not in weights.where]
     archs = raw.get("architectures") or []
@@ -199,8 +200,9 @@ def _check_vocabulary(tokenizer: Tokenizer, config, path: str) -> None:
 
 
 def _build_without_parameters(family: Family, config, **kwargs) -> nn.Module:
-    """``family.build(config, **kwargs)`` with every parameter on the meta device
-    (:func:`parameters_on_meta`): they are about to be replaced by the checkpoint's tensors."""
+    """`family.build(config, **kwargs)` with every parameter on the meta device
+    ([`parameters_on_meta`][qkv.models.loading.parameters_on_meta]): they are about to be replaced
+    by the checkpoint's tensors."""
     with parameters_on_meta():
         return family.build(config, **kwargs)
 
@@ -209,10 +211,11 @@ def _build_without_parameters(family: Family, config, **kwargs) -> nn.Module:
 def parameters_on_meta():
     """Every module built in the block gets its parameters on the meta device: neither
     allocated nor randomly initialised; buffers (rotary frequencies, …) are computed for real,
-    which building the whole model under ``torch.device("meta")`` would not do (and torch's meta
-    ``arange`` and ``normal_`` import ``torch._dynamo``: seconds). (The hook is global while it is
+    which building the whole model under `torch.device("meta")` would not do (and torch's meta
+    `arange` and `normal_` import `torch._dynamo`: seconds). (The hook is global while it is
     registered: load models from one thread at a time.)
 
+    Examples:
         >>> with parameters_on_meta():
         ...     layer = nn.Linear(4, 2)
         >>> layer.weight.is_meta
@@ -230,9 +233,9 @@ def parameters_on_meta():
 
 
 class _SkipMetaInit(torch.overrides.TorchFunctionMode):
-    """In-place calls on a meta tensor (``nn.init.normal_(weight)`` …) skipped: a meta tensor has
-    no numbers to fill. Not only saved work: torch's meta ``normal_`` imports ``torch._dynamo``
-    on first use, which took seconds of every ``qkv.load`` (and of every command that loads)."""
+    """In-place calls on a meta tensor (`nn.init.normal_(weight)` …) skipped: a meta tensor has
+    no numbers to fill. Not only saved work: torch's meta `normal_` imports `torch._dynamo`
+    on first use, which took seconds of every `qkv.load` (and of every command that loads)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -269,10 +272,10 @@ def _check_tied(weights: WeightFiles, family: Family, dtype: torch.dtype) -> Non
 
 def _kept_as_stored(family: Family, config, expected: dict[str, tuple[int, ...]],
                     dtype: torch.dtype) -> set[str]:
-    """Names of the tensors that ``family.convert`` puts in the model as they are (or as views).
+    """Names of the tensors that `family.convert` puts in the model as they are (or as views).
 
-    Found by running ``convert`` on meta tensors (no data): an output that is a source or a
-    view of one (``.t()``, ``chunk``) keeps that source; a fresh tensor (``contiguous`` copy,
+    Found by running `convert` on meta tensors (no data): an output that is a source or a
+    view of one (`.t()`, `chunk`) keeps that source; a fresh tensor (`contiguous` copy,
     concatenation) does not.
     """
     meta = {name: torch.empty(shape, dtype=dtype, device="meta") for name, shape in expected.items()}

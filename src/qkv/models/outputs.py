@@ -16,13 +16,13 @@ from qkv.modules import LayerTrace
 class EncoderOutput:
     """The result of an encoder (BERT) forward.
 
-    Fields:
+    Attributes:
         last_hidden_state: (b, t, E) the last layer's output.
-        hidden_states: ``num_layers + 1`` tensors (b, t, E), or None unless asked for.
-            ``hidden_states[0]`` is the embedding output and ``hidden_states[L]`` is exactly
-            what *enters* layer L (so ``hidden_states[L + 1]`` is layer L's output).
-        traces: one :class:`qkv.modules.LayerTrace` per layer for the requested query rows,
-            or None unless ``trace_rows`` was given.
+        hidden_states: `num_layers + 1` tensors (b, t, E), or None unless asked for.
+            `hidden_states[0]` is the embedding output and `hidden_states[L]` is exactly
+            what *enters* layer L (so `hidden_states[L + 1]` is layer L's output).
+        traces: one `qkv.modules.LayerTrace` per layer for the requested query rows,
+            or None unless `trace_rows` was given.
     """
 
     last_hidden_state: torch.Tensor
@@ -34,13 +34,13 @@ class EncoderOutput:
 class DecoderOutput:
     """The result of a decoder-only (GPT-2) forward.
 
-    Fields:
+    Attributes:
         logits: (b, t, V) next-token scores at every position.
-        hidden_states: ``num_layers + 1`` tensors (b, t, E), or None unless asked for, indexed
-            like :class:`EncoderOutput`'s: ``hidden_states[L]`` enters layer L and the last one
+        hidden_states: `num_layers + 1` tensors (b, t, E), or None unless asked for, indexed
+            like `EncoderOutput`'s: `hidden_states[L]` enters layer L and the last one
             is the last layer's output *before* the final LayerNorm (Hugging Face's tuple
             instead ends with the normalised one).
-        traces: one :class:`qkv.modules.LayerTrace` per layer, or None unless asked for.
+        traces: one `qkv.modules.LayerTrace` per layer, or None unless asked for.
     """
 
     logits: torch.Tensor

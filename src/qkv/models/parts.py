@@ -1,7 +1,7 @@
-"""The :class:`~qkv.models.protocol.ModelParts` of qkv's own models, read off their modules.
+"""The [`ModelParts`][qkv.models.protocol.ModelParts] of qkv's own models, read off their modules.
 
-Every native family is built from :class:`~qkv.modules.transformer.TransformerLayer` s (the
-parallel-residual subclass for GPT-NeoX), so one function names a layer's parts and each model
+Every native family is built from [`TransformerLayer`][qkv.modules.transformer.TransformerLayer]s
+(the parallel-residual subclass for GPT-NeoX), so one function names a layer's parts and each model
 says only its tables and read-out.
 """
 
@@ -18,9 +18,9 @@ from qkv.models.protocol import (
 
 
 def layer_parts(layer) -> LayerParts:
-    """A :class:`~qkv.modules.transformer.TransformerLayer`'s parts: its self-attention (qkv's
-    softmax attention), norm1 / norm3 / norm2, its feed-forward; pre- or post-norm, or parallel
-    where its own forward says it does not form x + attn (``residual_note``)."""
+    """A [`TransformerLayer`][qkv.modules.transformer.TransformerLayer]'s parts: its self-attention
+    (qkv's softmax attention), norm1 / norm3 / norm2, its feed-forward; pre- or post-norm, or
+    parallel where its own forward says it does not form x + attn (`residual_note`)."""
     if layer.sequential_residual:
         form = ResidualForm.PRE_NORM if layer.norm_first else ResidualForm.POST_NORM
     else:
@@ -34,9 +34,9 @@ def layer_parts(layer) -> LayerParts:
 def model_parts(layers: Iterable, tables: Mapping[str, nn.Module], *, norm: nn.Module | None = None,
                 offset: int = 0, head: torch.Tensor | None = None,
                 final_norm: nn.Module | None = None) -> ModelParts:
-    """A native model's :class:`ModelParts`: ``tables`` (``"token"``, ``"position"``,
-    ``"type"``), the embedding norm, the position offset; ``head`` (V, E) the output matrix of
-    a model with next-token logits after ``final_norm``."""
+    """A native model's [`ModelParts`][qkv.models.parts.ModelParts]: `tables` (`"token"`,
+    `"position"`, `"type"`), the embedding norm, the position offset; `head` (V, E) the output
+    matrix of a model with next-token logits after `final_norm`."""
     read_out = None if head is None else Unembedding(head, None, final_norm)
     return ModelParts(embeddings=Embeddings(dict(tables), position_offset=offset, norm=norm),
                       layers=tuple(layer_parts(layer) for layer in layers), unembedding=read_out)

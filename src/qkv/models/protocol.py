@@ -1,54 +1,57 @@
 """The one model protocol: what an explainable model provides and what it can do.
 
-Explanations, the CLI and the viewer ask a model for its :class:`Capabilities` — never for its
-class, family or a kind string. Every model :func:`qkv.load` returns (a native family, the
-shipped ``lm``, a transformers model behind qkv's attention, a transformers encoder-decoder, the
-translation model) meets :class:`SelfAttentionModel` or :class:`CrossAttentionModel` — typed
-below, checked for every loader by ``tests/models/test_protocol.py`` — so explanations read these
-attributes directly, never guessing with ``hasattr``:
+Explanations, the CLI and the viewer ask a model for its
+[`Capabilities`][qkv.models.protocol.Capabilities] — never for its class, family or a kind string.
+Every model [`qkv.load`][qkv.load] returns (a native family, the shipped `lm`, a transformers model
+behind qkv's attention, a transformers encoder-decoder, the translation model) meets
+[`SelfAttentionModel`][qkv.models.protocol.SelfAttentionModel] or
+[`CrossAttentionModel`][qkv.models.protocol.CrossAttentionModel] — typed below, checked for every
+loader by `tests/models/test_protocol.py` — so explanations read these attributes directly, never
+guessing with `hasattr`:
 
-``capabilities``
-    a :class:`Capabilities` (frozen; a class attribute is enough).
-``name``
-    a short string for messages (``"all-MiniLM-L6-v2"``, ``"translate (shipped)"``).
-``config``
+`capabilities`
+    a [`Capabilities`][qkv.models.protocol.Capabilities] (frozen; a class attribute is enough).
+`name`
+    a short string for messages (`"all-MiniLM-L6-v2"`, `"translate (shipped)"`).
+`config`
     its config dataclass (sizes: layers, heads, vocabulary).
-``tokenizer``
-    a :class:`~qkv.models.Tokenizer` (``encode(text).tokens / .ids``, ``id_to_token``,
-    ``special_ids``, ``max_length``), for self-attention models; a cross-attention model reads
-    its text through ``cross_pass`` instead.
-``layers``
-    the self-attention stack's layers: ``layers[L].self_attn`` is a
-    :class:`~qkv.modules.MultiHeadAttention` (``num_heads``, ``head_dim``, its projections when
-    ``capabilities.head_weights``); a translation model's are ``decoder.layers`` (self and
-    ``cross_attn``).
-``forward(..., trace_rows=...)``
-    the model's own forward, recording :class:`~qkv.attention.AttentionTrace` s for the rows
-    asked for (what :mod:`qkv.explain.forward` reads); a translation model's is ``trace(src, tgt)``.
-``cross_pass(text, target=None)``, ``cross_shape``
-    (models with ``capabilities.cross_attention``) one teacher-forced forward over ``target``
-    (None: the model's own greedy translation) → a :class:`CrossPass`; ``cross_shape`` is
-    (decoder layers, heads per layer).
-``gold_alignment(text)``
-    (models with ``capabilities.cross_attention``) a :data:`Gold` alignment for ``text`` when the
+`tokenizer`
+    a [`Tokenizer`][qkv.models.Tokenizer] (`encode(text).tokens / .ids`, `id_to_token`,
+    `special_ids`, `max_length`), for self-attention models; a cross-attention model reads
+    its text through `cross_pass` instead.
+`layers`
+    the self-attention stack's layers: `layers[L].self_attn` is a
+    [`MultiHeadAttention`][qkv.modules.MultiHeadAttention] (`num_heads`, `head_dim`, its projections
+    when `capabilities.head_weights`); a translation model's are `decoder.layers` (self and
+    `cross_attn`).
+`forward(..., trace_rows=...)`
+    the model's own forward, recording [`AttentionTrace`][qkv.attention.AttentionTrace]s for the
+    rows asked for (what `qkv.explain.forward` reads); a translation model's is `trace(src, tgt)`.
+`cross_pass(text, target=None)`, `cross_shape`
+    (models with `capabilities.cross_attention`) one teacher-forced forward over `target`
+    (None: the model's own greedy translation) → a [`CrossPass`][qkv.models.protocol.CrossPass];
+    `cross_shape` is (decoder layers, heads per layer).
+`gold_alignment(text)`
+    (models with `capabilities.cross_attention`) a `Gold` alignment for `text` when the
     model knows one (the toy translation model: its grammar's), else None (a transformers
-    encoder-decoder). :mod:`qkv.explain.cross` and :func:`qkv.explain.attention_maps` read
-    nothing else.
+    encoder-decoder). [`qkv.explain.cross`][qkv.explain.cross] and
+    [`qkv.explain.attention_maps`][qkv.explain.attention_maps] read nothing else.
 
-Which explanation applies is a question to :class:`Capabilities`:
+Which explanation applies is a question to [`Capabilities`][qkv.models.protocol.Capabilities]:
 
 ======================  ===================================================================
-``self_attention``      ``explain``, ``explain_head``, ``heads``, ``attention_map(s)``, probes
-``cross_attention``     ``cross_attention``, ``cross_attention_head`` (a decoder reading an
+`self_attention`      `explain`, `explain_head`, `heads`, `attention_map(s)`, probes
+`cross_attention`     `cross_attention`, `cross_attention_head` (a decoder reading an
                         encoder's memory: translation)
-``causal``              a token sees itself and earlier tokens only (decoders); the induction and
+`causal`              a token sees itself and earlier tokens only (decoders); the induction and
                         previous-token probes need it; the coref probe needs it off
-``next_token``          next-token logits (a language-model head): the ``grad`` method's target
-                        without a ``target_text``
-``head_weights``        W_Q, W_K, W_V, W_O of each head are known (``explain_head``'s step by step,
+`next_token`          next-token logits (a language-model head): the `grad` method's target
+                        without a `target_text`
+`head_weights`        W_Q, W_K, W_V, W_O of each head are known (`explain_head`'s step by step,
                         the norm-based contribution methods)
 ======================  ===================================================================
 
+Examples:
     >>> ENCODER.self_attention, ENCODER.causal, TRANSLATION.cross_attention
     (True, False, True)
     >>> capabilities_of(object())
@@ -77,7 +80,7 @@ if TYPE_CHECKING:
 class Capabilities:
     """What a model can be asked (see the module doc for what each field enables).
 
-    Fields:
+    Attributes:
         self_attention: one stack of self-attention layers over the text the explanations read.
         causal: that self-attention is causal (token i sees keys ≤ i).
         encoder: a bidirectional encoder (BERT, or the translation model's English side).
@@ -110,14 +113,14 @@ SEQ2SEQ = replace(TRANSLATION, head_weights=False)
 
 @dataclass(frozen=True)
 class CrossPass:
-    """One teacher-forced forward of an encoder-decoder: what ``model.cross_pass(text, target=)``
-    returns (every model with ``capabilities.cross_attention`` has that method).
+    """One teacher-forced forward of an encoder-decoder: what `model.cross_pass(text, target=)`
+    returns (every model with `capabilities.cross_attention` has that method).
 
     Target position j is the decoder position that *produces* target token j (its input is
     token j−1, the decoder start token at j = 0), so row j of a cross map is where the decoder
     looked while choosing token j.
 
-    Fields:
+    Attributes:
         source: the s source tokens as shown (the keys), special tokens included.
         target: the t target tokens (the queries), end-of-sequence included.
         special: (t,) whether each target token is a special token (EOS, a language code).
@@ -127,7 +130,7 @@ class CrossPass:
         encoder: (L_enc, H, s, s) and decoder: (L, H, t, t) the self-attention weights of the
             same forward.
         trace: the model's own full trace when it keeps one (the translation model's
-            ``TranslationTrace``: queries, keys, values per layer), else None.
+            `TranslationTrace`: queries, keys, values per layer), else None.
     """
 
     source: list[str]
@@ -149,19 +152,21 @@ Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
 
 # -- the parts an explanation reads, named ------------------------------------------------------
 class MixerKind(Enum):
-    """What mixes a layer's tokens (one typed field per mixer of :class:`LayerParts`).
+    """What mixes a layer's tokens (one typed field per mixer of
+    [`LayerParts`][qkv.models.protocol.LayerParts]).
 
-    ``softmax``: softmax attention run by qkv's traced attention (q·kᵀ, the softmax, Σ w·v);
-    ``mla``: multi-head latent attention (DeepSeek V2/V3, Kimi): low-rank latent q and kv, a
-    RoPE part and a content part per score, the softmax run by qkv; ``sparse``: indexed attention
+    `softmax`: softmax attention run by qkv's traced attention (q·kᵀ, the softmax, Σ w·v);
+    `mla`: multi-head latent attention (DeepSeek V2/V3, Kimi): low-rank latent q and kv, a
+    RoPE part and a content part per score, the softmax run by qkv; `sparse`: indexed attention
     (DeepSeek V3.2, GLM-DSA): an indexer picks the top-k keys per query, qkv's softmax over them;
-    ``differential``: two softmax maps and λ, their difference the map (DiffLlama); the rest run
-    transformers' own code: ``gated_deltanet`` (Qwen3-Next / 3.5, OLMo hybrid: the delta rule
-    with a decay), ``kda`` (Kimi Delta Attention: the delta rule with a per-channel decay),
-    ``lightning`` (MiniMax: linear attention with a per-head decay), ``mamba2`` (a selective
-    state-space model: Mamba-2's SSD; Jamba's Mamba-1 scan too), ``short_conv`` (LFM2: a gated
+    `differential`: two softmax maps and λ, their difference the map (DiffLlama); the rest run
+    transformers' own code: `gated_deltanet` (Qwen3-Next / 3.5, OLMo hybrid: the delta rule
+    with a decay), `kda` (Kimi Delta Attention: the delta rule with a per-channel decay),
+    `lightning` (MiniMax: linear attention with a per-head decay), `mamba2` (a selective
+    state-space model: Mamba-2's SSD; Jamba's Mamba-1 scan too), `short_conv` (LFM2: a gated
     causal depthwise convolution).
 
+    Examples:
         >>> MixerKind("gated_deltanet").softmax, MixerKind.MLA.softmax
         (False, True)
     """
@@ -187,13 +192,15 @@ _SOFTMAX_KINDS = frozenset({MixerKind.SOFTMAX, MixerKind.MLA, MixerKind.SPARSE, 
 
 class ResidualForm(Enum):
     """How a layer adds its branches to the residual stream (m: the mixer, f: the feed-forward,
-    n₁, n₃: :class:`LayerNorms`' ``mixer`` and ``feed_forward``)::
+    n₁, n₃: [`LayerNorms`][qkv.models.protocol.LayerNorms]' `mixer` and `feed_forward`):
 
-        pre_norm    y = x + m(n₁(x));  out = y + f(n₃(y))
-        post_norm   y = n₁(x + m(x));  out = n₃(y + f(y))
-        parallel    out = x + m(n₁(x)) + f(n₃(x))
-        other       none of these (a scaled branch, a norm on the branch, two mixers): the
-                    layer's ``residual_note`` says what
+    ```text
+    pre_norm    y = x + m(n₁(x));  out = y + f(n₃(y))
+    post_norm   y = n₁(x + m(x));  out = n₃(y + f(y))
+    parallel    out = x + m(n₁(x)) + f(n₃(x))
+    other       none of these (a scaled branch, a norm on the branch, two mixers): the
+                layer's ``residual_note`` says what
+    ```
     """
 
     PRE_NORM = "pre_norm"
@@ -206,15 +213,16 @@ class ResidualForm(Enum):
 class Mixer:
     """One token mixer of a layer.
 
-    Fields:
-        kind: its :class:`MixerKind`.
+    Attributes:
+        kind: its [`MixerKind`][qkv.models.protocol.MixerKind].
         module: the module that runs it (it reads the layer's normed input).
-        output: the module whose output (or its first element: ``MultiHeadAttention``'s
-            ``AttentionOutput.output``) is the branch the layer adds — a transformers BERT's
-            output projection, outside its attention module; None: ``module`` itself.
-        attention: for a kind whose weights qkv's attention computes (``kind.softmax``), its
-            sizes and projections (an :class:`AttentionLayerLike`: ``num_heads``, ``head_dim``,
-            ``q_proj`` … where they are linear maps); None for the other kinds.
+        output: the module whose output (or its first element: `MultiHeadAttention`'s
+            `AttentionOutput.output`) is the branch the layer adds — a transformers BERT's
+            output projection, outside its attention module; None: `module` itself.
+        attention: for a kind whose weights qkv's attention computes (`kind.softmax`), its
+            sizes and projections (an
+            [`AttentionLayerLike`][qkv.models.protocol.AttentionLayerLike]: `num_heads`, `head_dim`,
+            `q_proj` … where they are linear maps); None for the other kinds.
     """
 
     kind: MixerKind
@@ -225,9 +233,10 @@ class Mixer:
 
 @dataclass(frozen=True)
 class LayerNorms:
-    """A layer's norms by role (:class:`ResidualForm` says where each sits): ``mixer`` n₁ (read
-    by the mixer in a pre-norm layer, reading x + m(x) in a post-norm one), ``feed_forward`` n₃,
-    ``cross`` the cross-attention's (decoders of encoder-decoders); None where there is none."""
+    """A layer's norms by role ([`ResidualForm`][qkv.models.protocol.ResidualForm] says where each
+    sits): `mixer` n₁ (read by the mixer in a pre-norm layer, reading x + m(x) in a post-norm one),
+    `feed_forward` n₃, `cross` the cross-attention's (decoders of encoder-decoders); None where
+    there is none."""
 
     mixer: nn.Module | None = None
     feed_forward: nn.Module | None = None
@@ -236,15 +245,16 @@ class LayerNorms:
 
 @dataclass(frozen=True)
 class LayerParts:
-    """Everything an explanation reads of one layer, named (``layers[L].parts``).
+    """Everything an explanation reads of one layer, named (`layers[L].parts`).
 
-    Fields:
+    Attributes:
         mixers: what mixes its tokens, in the order it runs them: one for most layers, two
             for a layer running Mamba-2 beside attention (Falcon-H1) or in turn (Zamba2's
             hybrid layers), none for a feed-forward-only layer (Nemotron-H's MLP layers).
-        norms: its :class:`LayerNorms`.
+        norms: its [`LayerNorms`][qkv.models.protocol.LayerNorms].
         feed_forward: the feed-forward (MLP, gated, mixture of experts) or None.
-        residual: its :class:`ResidualForm`; ``residual_note`` why it is ``other``.
+        residual: its [`ResidualForm`][qkv.models.protocol.ResidualForm]; `residual_note` why it is
+            `other`.
     """
 
     mixers: tuple[Mixer, ...]
@@ -261,18 +271,18 @@ class LayerParts:
 
 @dataclass(frozen=True)
 class Embeddings:
-    """What enters layer 0, by table: ``hidden_states[0] = norm(scale · Σ rows)``.
+    """What enters layer 0, by table: `hidden_states[0] = norm(scale · Σ rows)`.
 
-    Fields:
-        tables: name → module, in the order they are summed: ``"token"`` (an ``nn.Embedding``;
-            called on the ids: a scaled embedding scales its rows), ``"position"`` and
-            ``"type"`` (modules with a ``weight`` (n, E): rows read by index) where the model
+    Attributes:
+        tables: name → module, in the order they are summed: `"token"` (an `nn.Embedding`;
+            called on the ids: a scaled embedding scales its rows), `"position"` and
+            `"type"` (modules with a `weight` (n, E): rows read by index) where the model
             has them.
         position_offset: the position table's row of position 0 (RoBERTa: 2).
         position_pad: a transformers RoBERTa's padding id: its positions count the non-padding
-            tokens from ``position_pad + 1``; None: positions are offset + 0 … t − 1.
+            tokens from `position_pad + 1`; None: positions are offset + 0 … t − 1.
         norm: the embedding norm (BERT) or None.
-        scale: a multiplier after the sum (Granite's ``embedding_multiplier``), 1 if none.
+        scale: a multiplier after the sum (Granite's `embedding_multiplier`), 1 if none.
     """
 
     tables: Mapping[str, nn.Module]
@@ -282,8 +292,8 @@ class Embeddings:
     scale: float = 1.0
 
     def position_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """(t,) the position table's row each token of ``ids`` (t,) reads: offset + its
-        position; with ``position_pad``, the count of non-padding tokens from pad + 1 (padding
+        """(t,) the position table's row each token of `ids` (t,) reads: offset + its
+        position; with `position_pad`, the count of non-padding tokens from pad + 1 (padding
         reads row pad)."""
         import torch
 
@@ -293,9 +303,9 @@ class Embeddings:
         return torch.cumsum(real, 0) * real + self.position_pad
 
     def rows(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each table's rows (t, E) for the text ``ids`` (t,), by name: the token module called
+        """Each table's rows (t, E) for the text `ids` (t,), by name: the token module called
         on the ids (a scaled embedding scales them), the position rows, segment row 0 (one
-        text); ``norm(scale · Σ rows)`` is what enters layer 0."""
+        text); `norm(scale · Σ rows)` is what enters layer 0."""
         out = {}
         for name, table in self.tables.items():
             if name == "token":
@@ -309,10 +319,10 @@ class Embeddings:
 
 @dataclass(frozen=True)
 class Unembedding:
-    """The read-out of a model with next-token logits: ``z = (norm(x) · weightᵀ + bias) ·
-    scale`` with x the last layer's output, the logits z or, with ``softcap`` c, c·tanh(z/c)
-    (Gemma 2); ``weight`` (V, E), ``bias`` (V,) or None, ``norm`` the final norm or None,
-    ``scale`` a multiplier after the product (1/``logits_scaling``)."""
+    """The read-out of a model with next-token logits: `z = (norm(x) · weightᵀ + bias) ·
+    scale` with x the last layer's output, the logits z or, with `softcap` c, c·tanh(z/c)
+    (Gemma 2); `weight` (V, E), `bias` (V,) or None, `norm` the final norm or None,
+    `scale` a multiplier after the product (1/`logits_scaling`)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
@@ -323,14 +333,15 @@ class Unembedding:
 
 @dataclass(frozen=True)
 class ModelParts:
-    """Every part of a self-attention model an explanation reads (``model.parts``).
+    """Every part of a self-attention model an explanation reads (`model.parts`).
 
-    Fields:
-        embeddings: its :class:`Embeddings`, or None where no tables rebuild layer 0's input
-            (a projection after them: ELECTRA's ``embeddings_project``).
-        layers: one :class:`LayerParts` per layer of ``model.layers``, in order.
-        unembedding: the :class:`Unembedding` of a model with next-token logits; None
-            otherwise (an encoder) or where no norm and matrix rebuild its logits.
+    Attributes:
+        embeddings: its [`Embeddings`][qkv.models.protocol.Embeddings], or None where no tables
+            rebuild layer 0's input (a projection after them: ELECTRA's `embeddings_project`).
+        layers: one [`LayerParts`][qkv.models.protocol.LayerParts] per layer of `model.layers`, in
+            order.
+        unembedding: the [`Unembedding`][qkv.models.protocol.Unembedding] of a model with next-token
+            logits; None otherwise (an encoder) or where no norm and matrix rebuild its logits.
     """
 
     embeddings: Embeddings | None
@@ -341,7 +352,8 @@ class ModelParts:
 # -- the protocol, typed -------------------------------------------------------------------------
 @runtime_checkable
 class TokenizerLike(Protocol):
-    """What explanations ask a self-attention model's tokenizer (:class:`qkv.models.Tokenizer`)."""
+    """What explanations ask a self-attention model's tokenizer
+([`qkv.models.Tokenizer`][qkv.models.Tokenizer])."""
 
     name: str
     max_length: int | None  # the most tokens the model takes, special tokens included
@@ -364,8 +376,8 @@ class TokenizerLike(Protocol):
 
 @runtime_checkable
 class AttentionLayerLike(Protocol):
-    """``layers[L].self_attn``: its sizes (h, d) and, with ``capabilities.head_weights``, its
-    projections (``q_proj`` … ``out_proj``)."""
+    """`layers[L].self_attn`: its sizes (h, d) and, with `capabilities.head_weights`, its
+    projections (`q_proj` … `out_proj`)."""
 
     num_heads: int
     head_dim: int
@@ -373,12 +385,12 @@ class AttentionLayerLike(Protocol):
 
 @runtime_checkable
 class SelfAttentionModel(Protocol):
-    """A model explained by its self-attention (``capabilities.self_attention``): a native
-    family, the shipped ``lm``, a transformers model behind qkv's attention (``HFModel``).
+    """A model explained by its self-attention (`capabilities.self_attention`): a native
+    family, the shipped `lm`, a transformers model behind qkv's attention (`HFModel`).
 
-    ``model(input_ids (b, t), attention_mask (b, t), *, trace_rows=, output_hidden_states=,
-    interventions=)`` is its own forward: an ``EncoderOutput`` or ``DecoderOutput`` whose
-    ``traces[L].self_attn`` holds the rows asked for (:mod:`qkv.explain.forward` reads it).
+    `model(input_ids (b, t), attention_mask (b, t), *, trace_rows=, output_hidden_states=,
+    interventions=)` is its own forward: an `EncoderOutput` or `DecoderOutput` whose
+    `traces[L].self_attn` holds the rows asked for (`qkv.explain.forward` reads it).
     """
 
     capabilities: Capabilities
@@ -397,9 +409,10 @@ class SelfAttentionModel(Protocol):
 
 @runtime_checkable
 class CrossLayerLike(Protocol):
-    """``cross_layers[L]`` of a cross-attention model: its cross-attention (an
-    :class:`AttentionLayerLike`: sizes, and W_Q … W_O with ``capabilities.head_weights``) and
-    whether it reads a norm of the residual stream (pre-norm) or the stream itself."""
+    """`cross_layers[L]` of a cross-attention model: its cross-attention (an
+    [`AttentionLayerLike`][qkv.models.protocol.AttentionLayerLike]: sizes, and W_Q … W_O with
+    `capabilities.head_weights`) and whether it reads a norm of the residual stream (pre-norm) or
+    the stream itself."""
 
     cross_attn: AttentionLayerLike
     norm_first: bool
@@ -407,13 +420,13 @@ class CrossLayerLike(Protocol):
 
 @runtime_checkable
 class CrossAttentionModel(Protocol):
-    """A model explained by its cross-attention (``capabilities.cross_attention``): the
-    translation model, a transformers encoder-decoder (``Seq2SeqModel``).
+    """A model explained by its cross-attention (`capabilities.cross_attention`): the
+    translation model, a transformers encoder-decoder (`Seq2SeqModel`).
 
-    ``cross_pass(text, target=None)`` → :class:`CrossPass` (one teacher-forced forward; None:
-    the model's own greedy translation), ``cross_shape`` (decoder layers, heads per layer),
-    ``translate(texts, beam=1)`` → one string per text, ``gold_alignment(text)`` → the
-    alignment the model knows for ``text`` or None.
+    `cross_pass(text, target=None)` → [`CrossPass`][qkv.models.protocol.CrossPass] (one
+    teacher-forced forward; None: the model's own greedy translation), `cross_shape` (decoder
+    layers, heads per layer), `translate(texts, beam=1)` → one string per text,
+    `gold_alignment(text)` → the alignment the model knows for `text` or None.
     """
 
     capabilities: Capabilities
@@ -434,7 +447,7 @@ class CrossAttentionModel(Protocol):
 
 
 def capabilities_of(model) -> Capabilities:
-    """``model.capabilities``, or a ``ValueError`` naming what was given instead."""
+    """`model.capabilities`, or a `ValueError` naming what was given instead."""
     caps = getattr(model, "capabilities", None)
     if not isinstance(caps, Capabilities):
         raise ValueError(f"model must be a qkv model (from qkv.load) with .capabilities, got "
@@ -445,8 +458,8 @@ def capabilities_of(model) -> Capabilities:
 class TooLong(QkvError):
     """A text or target that tokenises to more tokens than the model has positions.
 
-    ``argument`` names the argument it came from (``"text"`` or ``"target"``), so an explanation
-    can re-raise it as an :class:`~qkv.explain.wording.ArgumentError` in its caller's words.
+    `argument` names the argument it came from (`"text"` or `"target"`), so an explanation
+    can re-raise it as an `ArgumentError` in its caller's words.
     """
 
     def __init__(self, argument: str, n: int, limit: int, model: str):

@@ -1,7 +1,7 @@
 """Qwen2 (Yang et al., 2024): Llama with biases on the query, key and value projections
 (none on the output projection).
 
-Qwen2's optional per-layer sliding windows (``use_sliding_window``) are not supported: the
+Qwen2's optional per-layer sliding windows (`use_sliding_window`) are not supported: the
 released checkpoints leave them off, and a config that turns them on is refused by name.
 """
 
@@ -14,7 +14,7 @@ QWEN2_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen2Model")
 
 
 def check_full_attention(d: dict, where: str) -> None:
-    """Qwen's ``use_sliding_window`` / ``layer_types`` must leave every layer full attention."""
+    """Qwen's `use_sliding_window` / `layer_types` must leave every layer full attention."""
     if d.get("use_sliding_window"):
         raise QkvError(f"{where}: use_sliding_window=true is not supported (qkv runs Qwen with "
                        f"full attention in every layer; Mistral's single window is supported)")
@@ -28,9 +28,9 @@ def check_full_attention(d: dict, where: str) -> None:
 
 
 def qwen2_config(d: dict, *, where: str = "config.json") -> LlamaConfig:
-    """A Qwen2 ``config.json`` (as a dict) → :class:`LlamaConfig` with q/k/v biases.
+    """A Qwen2 `config.json` (as a dict) → `LlamaConfig` with q/k/v biases.
 
-    Example:
+    Examples:
         >>> qwen2_config({"hidden_size": 64, "num_attention_heads": 4}).qkv_bias
         True
     """

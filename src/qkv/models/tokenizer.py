@@ -1,15 +1,16 @@
 """Text → token ids, keeping where every token came from (character span and word).
 
-A thin wrapper around the Hugging Face ``tokenizers`` library (Rust, fast). What it adds:
+A thin wrapper around the Hugging Face `tokenizers` library (Rust, fast). What it adds:
 
-* one loader for the three layouts a checkpoint directory may have: ``tokenizer.json``,
-  GPT-2's byte-level BPE files ``vocab.json`` + ``merges.txt``, or BERT's ``vocab.txt``;
-* an :class:`Encoding` record with each token's character offsets and word index, which the
-  explainer uses to group sub-word tokens back into the words a reader typed;
-* one rule for text that does not fit the model (see :meth:`Tokenizer.encode`);
-* :func:`display_token`, the one place a token string becomes the text a reader is shown
-  (``"Ġdog"`` → ``"dog"``, ``"Ċ"`` → ``"↵"``): the viewer's pages, the CLI's tables and the PNGs
-  all ask it.
+* one loader for the three layouts a checkpoint directory may have: `tokenizer.json`,
+  GPT-2's byte-level BPE files `vocab.json` + `merges.txt`, or BERT's `vocab.txt`;
+* an [`Encoding`][qkv.models.tokenizer.Encoding] record with each token's character offsets and word
+  index, which the explainer uses to group sub-word tokens back into the words a reader typed;
+* one rule for text that does not fit the model (see
+  [`Tokenizer.encode`][qkv.models.tokenizer.Tokenizer.encode]);
+* [`display_token`][qkv.models.tokenizer.display_token], the one place a token string becomes the
+  text a reader is shown (`"Ġdog"` → `"dog"`, `"Ċ"` → `"↵"`): the viewer's pages, the CLI's tables
+  and the PNGs all ask it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ GPT2_SPECIALS = ("<|endoftext|>",)
 def _byte_alphabet() -> dict[str, int]:
     """GPT-2's byte-level alphabet, character → byte: the printable bytes stand for themselves,
     the others (space, newline, control bytes, 0x7F–0xA0, 0xAD) are shifted to U+0100 onwards
-    (space is ``Ġ`` U+0120, newline ``Ċ`` U+010A)."""
+    (space is `Ġ` U+0120, newline `Ċ` U+010A)."""
     kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
     shifted = [b for b in range(256) if b not in kept]
     return {**{chr(b): b for b in kept}, **{chr(256 + n): b for n, b in enumerate(shifted)}}
@@ -50,21 +51,21 @@ SPACE_MARK = "␣"  # a token that is only spaces (a bare "Ġ")
 
 
 def display_token(token: str) -> str:
-    """The text a reader is shown for ``token``, a tokenizer's token string — the one place
+    """The text a reader is shown for `token`, a tokenizer's token string — the one place
     this is decided (the viewer, the CLI's tables, the PNGs ask it).
 
-    * Byte-level BPE (GPT-2, Llama 3, qkv's reader): each character stands for a byte (``Ġ`` a
-      space, ``Ċ`` a newline, ``âĢĻ`` the three bytes of ``’``); the bytes are decoded as UTF-8,
-      a token that ends inside a character shows its loose bytes as ``\\xNN``. A token is read
+    * Byte-level BPE (GPT-2, Llama 3, qkv's reader): each character stands for a byte (`Ġ` a
+      space, `Ċ` a newline, `âĢĻ` the three bytes of `’`); the bytes are decoded as UTF-8,
+      a token that ends inside a character shows its loose bytes as `\\xNN`. A token is read
       this way when every character is in the byte alphabet and it has a shifted character
-      (U+0100 onwards) or decodes as UTF-8 — so a WordPiece ``"café"`` stays itself.
-    * SentencePiece: ``▁`` is a space; a byte token ``<0x0A>`` is its byte.
-    * The space that starts a word is dropped (``"Ġdog"`` → ``"dog"``, as a word is typed); a
-      newline, a tab and a carriage return show as ``↵``, ``⇥`` and ``␍``; a token of spaces
-      only shows one ``␣`` per space (a bare space would be an empty label).
-    * Anything else (``"[CLS]"``, ``"##ing"``, ``"<|endoftext|>"``) is shown as it is.
+      (U+0100 onwards) or decodes as UTF-8 — so a WordPiece `"café"` stays itself.
+    * SentencePiece: `▁` is a space; a byte token `<0x0A>` is its byte.
+    * The space that starts a word is dropped (`"Ġdog"` → `"dog"`, as a word is typed); a
+      newline, a tab and a carriage return show as `↵`, `⇥` and `␍`; a token of spaces
+      only shows one `␣` per space (a bare space would be an empty label).
+    * Anything else (`"[CLS]"`, `"##ing"`, `"<|endoftext|>"`) is shown as it is.
 
-    Example:
+    Examples:
         >>> [display_token(t) for t in ["Ġdog", "Ċ", "ĠĠ", "âĢĻ", "▁le", "<0x0A>", "##ing", "café"]]
         ['dog', '↵', '␣␣', '’', 'le', '↵', '##ing', 'café']
     """
@@ -72,11 +73,12 @@ def display_token(token: str) -> str:
 
 
 def display_text(text: str) -> str:
-    """A piece of text as a label: the word-start space dropped, ``↵ ⇥ ␍`` for a newline, a tab
-    and a carriage return, ``␣`` for each space of a label of spaces only (:func:`display_token`
-    after decoding; a word's text, a context's key, as they are).
+    """A piece of text as a label: the word-start space dropped, `↵ ⇥ ␍` for a newline, a tab
+    and a carriage return, `␣` for each space of a label of spaces only
+    ([`display_token`][qkv.models.tokenizer.display_token] after decoding; a word's text, a
+    context's key, as they are).
 
-    Example:
+    Examples:
         >>> display_text(" dog"), display_text("\\n"), display_text("  "), display_text("łza")
         ('dog', '↵', '␣␣', 'łza')
     """
@@ -89,7 +91,8 @@ def display_text(text: str) -> str:
 
 
 def _decoded(token: str) -> str:
-    """``token`` with its tokenizer's markers decoded (see :func:`display_token`)."""
+    """`token` with its tokenizer's markers decoded (see
+[`display_token`][qkv.models.tokenizer.display_token])."""
     if SENTENCEPIECE_SPACE in token or _BYTE_FALLBACK.search(token):
         text = token.replace(SENTENCEPIECE_SPACE, " ")
         return _BYTE_FALLBACK.sub(lambda m: chr(int(m.group(1), 16)) if int(m.group(1), 16) < 0x80
@@ -109,19 +112,19 @@ def _decoded(token: str) -> str:
 class Encoding:
     """One text, tokenised. All lists have one entry per token.
 
-    Fields:
+    Attributes:
         ids: token ids.
-        tokens: the token strings (``"##ing"`` for a BERT word piece, ``"Ġworld"`` for GPT-2).
-        offsets: ``(start, end)`` character span of each token in the original text, without
-            the space a word-start marker stands for (``"Ġdog"`` → ``dog``, ``"▁dog"`` → ``dog``,
-            whatever the tokenizer file's ``trim_offsets``); ``(0, 0)`` for special tokens
-            such as ``[CLS]`` / ``[SEP]``.
-        word_ids: index of the word each token belongs to (:func:`word_ids`: split at spaces
-            and between letters and punctuation, for ``##``-, ``Ġ``- and ``▁``-marked
+        tokens: the token strings (`"##ing"` for a BERT word piece, `"Ġworld"` for GPT-2).
+        offsets: `(start, end)` character span of each token in the original text, without
+            the space a word-start marker stands for (`"Ġdog"` → `dog`, `"▁dog"` → `dog`,
+            whatever the tokenizer file's `trim_offsets`); `(0, 0)` for special tokens
+            such as `[CLS]` / `[SEP]`.
+        word_ids: index of the word each token belongs to (`word_ids`: split at spaces
+            and between letters and punctuation, for `##`-, `Ġ`- and `▁`-marked
             vocabularies alike), None for special tokens.
-        special: True for tokens the tokenizer added (``[CLS]``, ``[SEP]``), not from the text.
+        special: True for tokens the tokenizer added (`[CLS]`, `[SEP]`), not from the text.
 
-    Example:
+    Examples:
         >>> enc = Tokenizer.from_dir(minilm_dir).encode("Tokenizers rock")   # doctest: +SKIP
         >>> enc.tokens, enc.word_ids                                          # doctest: +SKIP
         (['[CLS]', 'token', '##izer', '##s', 'rock', '[SEP]'], [None, 0, 0, 0, 1, None])
@@ -141,10 +144,10 @@ class Encoding:
 class BatchEncoding:
     """Several texts, tokenised and right-padded to the longest.
 
-    Fields:
+    Attributes:
         input_ids: (b, t) long, padded with the tokenizer's pad id.
         attention_mask: (b, t) long, 1 for real tokens and 0 for padding.
-        encodings: the per-text :class:`Encoding` (unpadded).
+        encodings: the per-text [`Encoding`][qkv.models.tokenizer.Encoding] (unpadded).
     """
 
     input_ids: torch.Tensor
@@ -153,18 +156,18 @@ class BatchEncoding:
 
 
 class Tokenizer:
-    """A ``tokenizers.Tokenizer`` with offsets, word ids and a length limit.
+    """A `tokenizers.Tokenizer` with offsets, word ids and a length limit.
 
     Args:
-        tokenizer: a ``tokenizers.Tokenizer``; its own padding and truncation settings are
+        tokenizer: a `tokenizers.Tokenizer`; its own padding and truncation settings are
             switched off (qkv pads batches itself and never truncates silently).
-        name: how error messages call the model (e.g. ``"all-MiniLM-L6-v2"``).
+        name: how error messages call the model (e.g. `"all-MiniLM-L6-v2"`).
         max_length: the most tokens (special tokens included) the model takes, or None.
 
-    Over-long text: :meth:`encode` raises :class:`QkvError` ("text is N tokens; <model> takes
-    at most M …") unless ``truncate=True``, in which case it keeps the first M tokens (special
-    tokens kept) and emits a ``warnings.warn`` naming both numbers. Failing loudly is the
-    default because an explanation of a silently cut text would explain the wrong text.
+    Over-long text: [`encode`][qkv.models.tokenizer.Tokenizer.encode] raises `QkvError` ("text is N
+    tokens; `<model>` takes at most M …") unless `truncate=True`, in which case it keeps the first M
+    tokens (special tokens kept) and emits a `warnings.warn` naming both numbers. Failing loudly is
+    the default because an explanation of a silently cut text would explain the wrong text.
     """
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, *, name: str = "the model",
@@ -181,11 +184,11 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, path: str | os.PathLike, *, name: str | None = None,
                  max_length: int | None = None, files: Container[str] | None = None) -> "Tokenizer":
-        """Load from a checkpoint directory: ``tokenizer.json``, else ``vocab.json`` +
-        ``merges.txt`` (GPT-2 byte-level BPE), else ``vocab.txt`` (BERT WordPiece).
+        """Load from a checkpoint directory: `tokenizer.json`, else `vocab.json` +
+        `merges.txt` (GPT-2 byte-level BPE), else `vocab.txt` (BERT WordPiece).
 
-        ``max_length`` defaults to ``model_max_length`` in ``tokenizer_config.json`` when present.
-        ``files``: the names a manifest lists; a file not among them is treated as absent.
+        `max_length` defaults to `model_max_length` in `tokenizer_config.json` when present.
+        `files`: the names a manifest lists; a file not among them is treated as absent.
         """
         path = os.fspath(path)
         if not os.path.isdir(path):
@@ -206,7 +209,7 @@ class Tokenizer:
 
     @property
     def unk_token(self) -> str | None:
-        """The token an unknown word becomes (``[UNK]``, ``<unk>``), or None (byte-level BPE
+        """The token an unknown word becomes (`[UNK]`, `<unk>`), or None (byte-level BPE
         has no unknown words)."""
         token = getattr(self._tok.model, "unk_token", None)
         return token if isinstance(token, str) and self._tok.token_to_id(token) is not None else None
@@ -219,22 +222,22 @@ class Tokenizer:
         return unk is not None and bool(tokens) and all(t == unk for t in tokens)
 
     def token_to_id(self, token: str) -> int | None:
-        """The id of ``token`` (``"[CLS]"``, ``"Ġdog"``), None when the vocabulary lacks it."""
+        """The id of `token` (`"[CLS]"`, `"Ġdog"`), None when the vocabulary lacks it."""
         return self._tok.token_to_id(token)
 
     def id_to_token(self, i: int) -> str | None:
-        """The token string of id ``i`` (``"##ing"``, ``"Ġworld"``), None outside the vocabulary."""
+        """The token string of id `i` (`"##ing"`, `"Ġworld"`), None outside the vocabulary."""
         return self._tok.id_to_token(int(i))
 
     @property
     def special_ids(self) -> frozenset[int]:
-        """The ids of the special tokens (``[CLS]``, ``<|endoftext|>``): never drawn as text."""
+        """The ids of the special tokens (`[CLS]`, `<|endoftext|>`): never drawn as text."""
         return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
     def ordinary_ids(self) -> list[int]:
         """Every id that is not a special token, in order (what random text is drawn from).
 
-        Example:
+        Examples:
             >>> tok.ordinary_ids()[:3]                    # doctest: +SKIP
             [0, 1, 2]
         """
@@ -246,13 +249,13 @@ class Tokenizer:
 
         Args:
             text: the text.
-            max_length: the token limit for this call (default: the model's, ``self.max_length``).
+            max_length: the token limit for this call (default: the model's, `self.max_length`).
             truncate: cut an over-long text to the limit with a warning instead of raising.
 
         Raises:
-            QkvError: the text has more tokens than the limit and ``truncate`` is False.
+            QkvError: the text has more tokens than the limit and `truncate` is False.
 
-        Example:
+        Examples:
             >>> tok.encode("Hello world").tokens          # doctest: +SKIP
             ['[CLS]', 'hello', 'world', '[SEP]']
         """
@@ -264,7 +267,7 @@ class Tokenizer:
                      truncate: bool = False) -> BatchEncoding:
         """Tokenise several texts and right-pad them into (b, t) tensors.
 
-        Same length rule as :meth:`encode`, applied to each text.
+        Same length rule as [`encode`][qkv.models.tokenizer.Tokenizer.encode], applied to each text.
         """
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise QkvError("texts must be a list of strings")
@@ -303,7 +306,7 @@ class Tokenizer:
         return [_to_encoding(e, text) for e, text in zip(raw, texts)]
 
     def _truncator(self, limit: int) -> tokenizers.Tokenizer:
-        """A copy of the tokenizer that truncates to ``limit`` (special tokens kept)."""
+        """A copy of the tokenizer that truncates to `limit` (special tokens kept)."""
         if limit not in self._truncating:
             tok = tokenizers.Tokenizer.from_str(self._tok.to_str())
             tok.enable_truncation(limit)
@@ -335,7 +338,7 @@ def _to_encoding(e: tokenizers.Encoding, text: str) -> Encoding:
 
 
 def _trim_leading_space(text: str, a: int, b: int) -> tuple[int, int]:
-    """The span without the whitespace its token's marker stands for (``"Ġdog"`` → ``dog``)."""
+    """The span without the whitespace its token's marker stands for (`"Ġdog"` → `dog`)."""
     while a < b and text[a].isspace():
         a += 1
     return a, b
@@ -345,13 +348,13 @@ def word_ids(text: str, offsets: list[tuple[int, int]], raw: list[int | None],
              special: list[bool]) -> list[int | None]:
     """Which word each token belongs to, the same way for every vocabulary.
 
-    A token starts a new word when the tokenizer's pre-tokeniser says so (``raw`` word ids
-    differ), when text lies between it and the previous token (the space a ``Ġ``/``▁`` marker
+    A token starts a new word when the tokenizer's pre-tokeniser says so (`raw` word ids
+    differ), when text lies between it and the previous token (the space a `Ġ`/`▁` marker
     stands for: SentencePiece-style tokenizers without a pre-tokeniser put a whole text in one
-    "word"), or when it switches between letters/digits and punctuation (``"dog" "."``, as
+    "word"), or when it switches between letters/digits and punctuation (`"dog" "."`, as
     BERT's and GPT-2's pre-tokenisers split). Special tokens get None.
 
-    Example:
+    Examples:
         >>> # "▁the" "▁do" "g" ".", one pre-tokeniser word (raw ids all 0)
         >>> word_ids("the dog.", [(0, 3), (4, 6), (6, 7), (7, 8)], [0, 0, 0, 0], [False] * 4)
         [0, 1, 1, 2]
@@ -429,7 +432,7 @@ def byte_level_bpe(vocab_file: str, merges_file: str) -> tokenizers.Tokenizer:
 
 
 def wordpiece(vocab_file: str, *, lowercase: bool = True) -> tokenizers.Tokenizer:
-    """BERT's tokenizer from ``vocab.txt``: ``[CLS] text [SEP]`` with WordPiece sub-words."""
+    """BERT's tokenizer from `vocab.txt`: `[CLS] text [SEP]` with WordPiece sub-words."""
     try:
         tok = tokenizers.Tokenizer(models.WordPiece.from_file(vocab_file, unk_token="[UNK]"))
     except Exception as e:

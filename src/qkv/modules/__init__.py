@@ -1,13 +1,16 @@
 """Modules assembled from the attention core.
 
-* ``multihead.py``   — :class:`MultiHeadAttention` (self, cross, GQA, MQA)
-* ``lse_trace.py``   — ``trace_rows=LSE``: every row's log-sum-exp with q, k, v (:class:`LseTrace`)
-* ``kv_cache.py``    — :class:`KVCache` for incremental decoding
-* ``positional.py``  — sinusoidal, learned, rotary (RoPE), ALiBi
-* ``feedforward.py`` — :class:`FeedForward`, :class:`GatedFeedForward` (SwiGLU)
-* ``transformer.py`` — :class:`TransformerLayer` (pre-/post-norm, optional cross-attention)
-* ``stack.py``       — :class:`TransformerStack`, the one layer loop every model uses
-* ``intervention.py`` — :class:`Interventions`: heads zeroed/replaced, values zeroed, inputs patched
+* `multihead.py`   — [`MultiHeadAttention`][qkv.modules.MultiHeadAttention] (self, cross, GQA, MQA)
+* `lse_trace.py`   — `trace_rows=LSE`: every row's log-sum-exp with q, k, v (`LseTrace`)
+* `kv_cache.py`    — [`KVCache`][qkv.modules.KVCache] for incremental decoding
+* `positional.py`  — sinusoidal, learned, rotary (RoPE), ALiBi
+* `feedforward.py` — [`FeedForward`][qkv.modules.FeedForward],
+  [`GatedFeedForward`][qkv.modules.GatedFeedForward] (SwiGLU)
+* `transformer.py` — [`TransformerLayer`][qkv.modules.TransformerLayer] (pre-/post-norm, optional
+  cross-attention)
+* `stack.py`       — [`TransformerStack`][qkv.modules.TransformerStack], the one layer loop every
+  model uses
+* `intervention.py` — `Interventions`: heads zeroed/replaced, values zeroed, inputs patched
 """
 
 from qkv.modules.feedforward import FeedForward, GatedFeedForward

@@ -15,9 +15,9 @@ ACTIVATIONS = {
 
 
 class FeedForward(nn.Module):
-    """``fc2(dropout(act(fc1(x))))`` applied to every position alike.
+    """`fc2(dropout(act(fc1(x))))` applied to every position alike.
 
-    Example:
+    Examples:
         >>> FeedForward(8, 32, activation="gelu")(torch.randn(2, 5, 8)).shape   # (b, t, E)
         torch.Size([2, 5, 8])
     """
@@ -37,12 +37,12 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """``down(dropout(act(gate(x)) ⊙ up(x)))`` — Shazeer (2020), "GLU Variants Improve Transformer".
+    """`down(dropout(act(gate(x)) ⊙ up(x)))` — Shazeer (2020), "GLU Variants Improve Transformer".
 
-    With ``activation="silu"`` this is SwiGLU, the feed-forward of Llama, Mistral and Qwen
-    (Hugging Face names: ``gate_proj``, ``up_proj``, ``down_proj``).
+    With `activation="silu"` this is SwiGLU, the feed-forward of Llama, Mistral and Qwen
+    (Hugging Face names: `gate_proj`, `up_proj`, `down_proj`).
 
-    Example:
+    Examples:
         >>> GatedFeedForward(8, 32, activation="silu")(torch.randn(2, 5, 8)).shape   # (b, t, E)
         torch.Size([2, 5, 8])
     """

@@ -8,10 +8,10 @@ import torch
 class KVCache:
     """Preallocated key/value buffers of shape (b, h_kv, max_len, d) for one attention layer.
 
-    ``update(k, v)`` appends the new tokens' keys and values and returns everything cached so far;
+    `update(k, v)` appends the new tokens' keys and values and returns everything cached so far;
     the attention then runs the new queries against all of it with bottom-right causality.
 
-    Example:
+    Examples:
         >>> cache = KVCache(batch_size=1, num_kv_heads=2, head_dim=4, max_len=8)
         >>> k, v = cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
         >>> k.shape, len(cache)
@@ -51,7 +51,7 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows ``index`` (beam search: follow each surviving beam's history)."""
+        """Keep batch rows `index` (beam search: follow each surviving beam's history)."""
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
 

@@ -1,12 +1,12 @@
 """Multi-head attention: project, split into heads, attend, merge, project.
 
-::
-
-    MHA (h_kv = h)          GQA (1 < h_kv < h)        MQA (h_kv = 1)
-    q: ■ ■ ■ ■              q: ■ ■ ■ ■                q: ■ ■ ■ ■
-       | | | |                 \\ | | /                  \\ \\ / /
-    k: ■ ■ ■ ■              k:  ■   ■                 k:    ■
-    v: ■ ■ ■ ■              v:  ■   ■                 v:    ■
+```text
+MHA (h_kv = h)          GQA (1 < h_kv < h)        MQA (h_kv = 1)
+q: ■ ■ ■ ■              q: ■ ■ ■ ■                q: ■ ■ ■ ■
+   | | | |                 \\ | | /                  \\ \\ / /
+k: ■ ■ ■ ■              k:  ■   ■                 k:    ■
+v: ■ ■ ■ ■              v:  ■   ■                 v:    ■
+```
 """
 
 from __future__ import annotations
@@ -28,20 +28,21 @@ from qkv.modules.positional import ALiBi, RotaryEmbedding
 
 @dataclass(frozen=True)
 class MultiHeadTrace:
-    """What one multi-head attention call did, for the kept query rows ``r``.
+    """What one multi-head attention call did, for the kept query rows `r`.
 
-    Fields:
+    Attributes:
         rows: (r,) the query positions kept.
         query_input: (b, r, E) the vectors x_i that were projected into queries.
         key_input: (b, s, kdim) the vectors x_j projected into keys.
         value_input: (b, s, vdim) the vectors x_j projected into values.
-        attention: the :class:`AttentionTrace` per head, (b, h, r, ·); its ``output`` is each
-            head's output before the heads are concatenated and mixed by ``out_proj``.
-        heads: (b, t, h·d) every row's heads concatenated, exactly ``out_proj``'s input (after
-            any :class:`~qkv.modules.intervention.AttentionEdit`); not detached, so a forward
+        attention: the [`AttentionTrace`][qkv.attention.trace.AttentionTrace] per head, (b, h, r,
+            ·); its `output` is each head's output before the heads are concatenated and mixed by
+            `out_proj`.
+        heads: (b, t, h·d) every row's heads concatenated, exactly `out_proj`'s input (after
+            any `AttentionEdit`); not detached, so a forward
             run with autograd on can be differentiated with respect to it.
         position_step: the model's own position step between the projections (and any q/k
-            norm) and the scores — ``position_step(x (n, d), positions (n,)) → (n, d)`` rotates
+            norm) and the scores — `position_step(x (n, d), positions (n,)) → (n, d)` rotates
             one head's vectors as the forward rotated them (RoPE) — or None when q·k reads the
             projections as they are (positions already in x, or a score bias such as ALiBi).
     """
@@ -57,8 +58,9 @@ class MultiHeadTrace:
 
 @dataclass(frozen=True)
 class ModuleRotation:
-    """The position step of a :class:`MultiHeadAttention`: its own rotary module, applied to one
-    head's vectors at their positions (the ``position_step`` of its traces)."""
+    """The position step of a [`MultiHeadAttention`][qkv.modules.multihead.MultiHeadAttention]: its
+    own rotary module, applied to one head's vectors at their positions (the `position_step` of its
+    traces)."""
 
     rotary: nn.Module
 
@@ -72,7 +74,7 @@ class ModuleRotation:
 
 def head_norm(norm: nn.Module, x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """A q/k norm applied as the model applies it, to x (..., n·d), every head's features: per head
-    when the norm's width is d (Qwen3's, qkv's ``q_norm``), over all of them otherwise (OLMo 2
+    when the norm's width is d (Qwen3's, qkv's `q_norm`), over all of them otherwise (OLMo 2
     normalises the whole projection before splitting heads). Returns (..., n·d)."""
     if norm_width(norm) == x.shape[-1]:
         return norm(x)
@@ -80,8 +82,8 @@ def head_norm(norm: nn.Module, x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def norm_width(norm: nn.Module) -> int:
-    """How many features ``norm`` normalises together: its weight's width (or its
-    ``normalized_shape`` without one)."""
+    """How many features `norm` normalises together: its weight's width (or its
+    `normalized_shape` without one)."""
     weight = getattr(norm, "weight", None)
     return weight.shape[-1] if weight is not None else norm.normalized_shape[-1]
 
@@ -90,12 +92,12 @@ def norm_width(norm: nn.Module) -> int:
 class AttentionOutput:
     """What one multi-head attention call returns, whatever was asked for.
 
-    Fields:
-        output: (b, t, E) the attention block's output (after ``out_proj``).
-        weights: None unless ``need_weights``; then (b, t, s) averaged over heads, or
-            (b, h, t, s) with ``average_attn_weights=False``.
-        trace: None unless ``trace_rows``; then a :class:`MultiHeadTrace` of those rows (an
-            :class:`~qkv.modules.lse_trace.LseTrace` with ``trace_rows=LSE``).
+    Attributes:
+        output: (b, t, E) the attention block's output (after `out_proj`).
+        weights: None unless `need_weights`; then (b, t, s) averaged over heads, or
+            (b, h, t, s) with `average_attn_weights=False`.
+        trace: None unless `trace_rows`; then a `MultiHeadTrace` of those rows (an
+            `LseTrace` with `trace_rows=LSE`).
     """
 
     output: torch.Tensor
@@ -113,31 +115,33 @@ class MultiHeadAttention(nn.Module):
         kdim, vdim: widths of the key and value inputs (default E), for cross-attention.
         bias: whether the four projections have biases.
         dropout: dropout on the attention weights while training.
-        rotary: a :class:`RotaryEmbedding` applied to queries and keys, or None.
-        alibi: an :class:`ALiBi` bias added to the scores, or None.
+        rotary: a [`RotaryEmbedding`][qkv.modules.positional.RotaryEmbedding] applied to queries and
+            keys, or None.
+        alibi: an [`ALiBi`][qkv.modules.positional.ALiBi] bias added to the scores, or None.
         backend: the attention backend for calls that need no weights (see
-            :func:`qkv.scaled_dot_product_attention`).
+            [`qkv.scaled_dot_product_attention`][qkv.scaled_dot_product_attention]).
         head_dim: d, when it is not E / h (some Llama-family checkpoints); then E need not be
             divisible by h.
-        out_bias: whether ``out_proj`` has a bias (default: ``bias``; Qwen2 has q/k/v biases only).
+        out_bias: whether `out_proj` has a bias (default: `bias`; Qwen2 has q/k/v biases only).
         q_norm, k_norm: a norm applied to each head's query / key vector before the rotation
             (Qwen3's per-head RMSNorm), or None.
 
-    Masks follow :func:`qkv.scaled_dot_product_attention`: **bool True = takes part** (the
-    opposite of ``torch.nn.MultiheadAttention``, whose True means "masked out"); float masks are
-    added. ``attn_mask`` is (t, s), (b·h, t, s) or broadcastable to (b, h, t, s);
-    ``key_padding_mask`` is (b, s), True (or 0.0) for real tokens.
+    Masks follow [`qkv.scaled_dot_product_attention`][qkv.scaled_dot_product_attention]: **bool
+    True = takes part** (the opposite of `torch.nn.MultiheadAttention`, whose True means "masked
+    out"); float masks are added. `attn_mask` is (t, s), (b·h, t, s) or broadcastable to (b, h, t,
+    s); `key_padding_mask` is (b, s), True (or 0.0) for real tokens.
 
-    Example:
+    Examples:
         >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2)
         >>> x = torch.randn(2, 5, 16)                          # (b, t, E)
         >>> res = mha(x, need_weights=True, is_causal=True)
         >>> res.output.shape, res.weights.shape                # (b, t, E), (b, t, s)
         (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
 
-    Sequence parallelism: set ``sequence_parallel`` to a :class:`qkv.distributed.SequenceParallel`
-    (``SequenceParallel.apply(model)`` does it for every layer) and self-attention runs on this
-    rank's shard of a sequence split across processes (ring or all-to-all).
+    Sequence parallelism: set `sequence_parallel` to a
+    [`qkv.distributed.SequenceParallel`][qkv.distributed.SequenceParallel]
+    (`SequenceParallel.apply(model)` does it for every layer) and self-attention runs on this rank's
+    shard of a sequence split across processes (ring or all-to-all).
     """
 
     sequence_parallel = None  # a qkv.distributed.SequenceParallel, or None: attend locally
@@ -187,7 +191,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"{name} must be a floating-point tensor (embeddings), got dtype {x.dtype}")
 
     def _describe(self, mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset) -> AttentionMask:
-        """This call's masks as one :class:`AttentionMask` description (nothing materialised)."""
+        """This call's masks as one [`AttentionMask`][qkv.attention.attention_mask.AttentionMask]
+description (nothing materialised)."""
         if mask is not None:
             if attn_mask is not None or key_padding_mask is not None or is_causal:
                 raise ValueError("pass either mask=AttentionMask(...) or attn_mask / key_padding_mask / "
@@ -225,30 +230,30 @@ class MultiHeadAttention(nn.Module):
                 trace_rows: torch.Tensor | slice | None = None,
                 positions: torch.Tensor | None = None,
                 intervention: AttentionEdit | None = None) -> AttentionOutput:
-        """Attend from ``query`` (b, t, E) to ``key`` (b, s, kdim) / ``value`` (b, s, vdim).
+        """Attend from `query` (b, t, E) to `key` (b, s, kdim) / `value` (b, s, vdim).
 
-        ``key``/``value`` default to ``query`` (self-attention). With ``kv_cache`` the new keys
+        `key`/`value` default to `query` (self-attention). With `kv_cache` the new keys
         and values are appended to it and the queries attend to everything cached, causally
         aligned bottom-right; rotary positions continue from the cache's length, unless
-        ``positions`` (b, t) gives each new token's position (left-padded batches).
+        `positions` (b, t) gives each new token's position (left-padded batches).
 
-        Masks: either ``mask``, an :class:`~qkv.attention.AttentionMask` description (what a
-        :class:`~qkv.modules.TransformerStack` passes down, built once per forward; it may hold
-        packed sequences), or the ``torch.nn.MultiheadAttention``-style ``attn_mask``,
-        ``key_padding_mask`` and ``is_causal``. ALiBi reaches the attention as a score bias,
-        apart from the mask. A long sequence with a window, document or any ``mask_mod`` passes
-        ``mask=AttentionMask(block=qkv.create_block_mask(...))`` (or a window/padding/packed
-        description) and runs blockwise in O(t) memory (``backend="blockwise"``, or ``"auto"``).
+        Masks: either `mask`, an [`AttentionMask`][qkv.attention.AttentionMask] description (what a
+        [`TransformerStack`][qkv.modules.TransformerStack] passes down, built once per forward; it
+        may hold packed sequences), or the `torch.nn.MultiheadAttention`-style `attn_mask`,
+        `key_padding_mask` and `is_causal`. ALiBi reaches the attention as a score bias,
+        apart from the mask. A long sequence with a window, document or any `mask_mod` passes
+        `mask=AttentionMask(block=qkv.create_block_mask(...))` (or a window/padding/packed
+        description) and runs blockwise in O(t) memory (`backend="blockwise"`, or `"auto"`).
 
-        ``intervention``: an :class:`~qkv.modules.intervention.AttentionEdit` — value vectors
+        `intervention`: an `AttentionEdit` — value vectors
         scaled (b, h_kv, s) before attending, heads' outputs (b, t, d) replaced or zeroed before
-        ``out_proj``. The trace records the attention as computed (edited values included); a
-        replaced head's new output reaches ``output`` only.
+        `out_proj`. The trace records the attention as computed (edited values included); a
+        replaced head's new output reaches `output` only.
 
         Returns:
-            An :class:`AttentionOutput`: ``output`` (b, t, E) always; ``weights`` when
-            ``need_weights``; ``trace`` when ``trace_rows`` (query positions, or
-            ``slice(None)`` for all) is given.
+            An `AttentionOutput`: `output` (b, t, E) always; `weights` when
+            `need_weights`; `trace` when `trace_rows` (query positions, or
+            `slice(None)` for all) is given.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -290,7 +295,7 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, query, key, value, offset: int, positions):
         """q (b, h, t, d), k and v (b, h_kv, s_new, d): projected, split into heads, q and k
-        normalised (where the model has q/k norms) and rotated from position ``offset``."""
+        normalised (where the model has q/k norms) and rotated from position `offset`."""
         q = self._split(self.q_proj(query), self.num_heads)  # (b, h, t, d)
         k = self._split(self.k_proj(key), self.num_kv_heads)  # (b, h_kv, s_new, d)
         v = self._split(self.v_proj(value), self.num_kv_heads)  # (b, h_kv, s_new, d)
@@ -306,7 +311,7 @@ class MultiHeadAttention(nn.Module):
     def _attend(self, q, k, v, description: AttentionMask, trace_rows, need_weights: bool,
                 needs_local: bool, intervention):
         """(heads (b, h, t, d), the trace or None, weights (b, h, t, s) or None): this module's
-        backend through :func:`~qkv.attention.traced.traced_attention`, or its sequence shard."""
+        backend through `traced_attention`, or its sequence shard."""
         t, s = q.shape[-2], k.shape[-2]
         bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
         dropout_p = self.dropout if self.training else 0.0
@@ -322,7 +327,7 @@ class MultiHeadAttention(nn.Module):
 
     def _record(self, query, key, value, trace_rows, trace, concat: torch.Tensor, s: int) -> MultiHeadTrace:
         """The traced rows' record: their inputs, the attention trace, the heads (b, t, h·d)
-        and the position step; key/value inputs only when they are the whole key length ``s``."""
+        and the position step; key/value inputs only when they are the whole key length `s`."""
         rows, new = row_positions(query.shape[1], trace_rows, query.device), key.shape[1]
         return MultiHeadTrace(rows=rows, query_input=query[:, rows],
                               key_input=key if new == s else key.new_empty(0),
@@ -333,7 +338,8 @@ class MultiHeadAttention(nn.Module):
     def _attend_shard(self, q, k, v, description, bias, dropout_p, gqa, trace_rows, needs_local,
                       intervention) -> tuple[torch.Tensor, LseTrace | None]:
         """This rank's shard of one sequence: (heads (b, h, t, d), an LseTrace or None).
-        ``trace_rows=LSE`` is the one trace a shard can give: its rows' global lse, merged by the ring."""
+        `trace_rows=LSE` is the one trace a shard can give: its rows' global lse, merged by the
+        ring."""
         if intervention is not None:
             intervention.check(self.num_heads)
             v = intervention.edit_values(v)  # (b, h_kv, s, d)
@@ -352,10 +358,10 @@ class MultiHeadAttention(nn.Module):
     # -- interop -----------------------------------------------------------------------------
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
-        """A qkv module holding the weights of ``torch.nn.MultiheadAttention`` ``m``.
+        """A qkv module holding the weights of `torch.nn.MultiheadAttention` `m`.
 
-        Inputs are always batch-first here, whatever ``m.batch_first`` was, and bool masks keep
-        qkv's meaning (True = takes part): pass ``~mask`` where ``m`` took ``mask``.
+        Inputs are always batch-first here, whatever `m.batch_first` was, and bool masks keep
+        qkv's meaning (True = takes part): pass `~mask` where `m` took `mask`.
         """
         if not isinstance(m, nn.MultiheadAttention):
             raise ValueError(f"from_torch takes a torch.nn.MultiheadAttention, got {type(m).__name__}")

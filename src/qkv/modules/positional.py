@@ -1,8 +1,8 @@
 """Positional information: sinusoidal, learned, rotary (RoPE) and ALiBi.
 
-Sinusoidal and learned encodings are *added* to the token embeddings (``x + pe``); rotary
+Sinusoidal and learned encodings are *added* to the token embeddings (`x + pe`); rotary
 embeddings *rotate* queries and keys inside attention; ALiBi adds a distance penalty to the
-scores. All take an ``offset``: the position of the first token (non-zero when decoding with a
+scores. All take an `offset`: the position of the first token (non-zero when decoding with a
 KV cache).
 """
 
@@ -25,7 +25,7 @@ def _check_span(offset: int, t: int, max_len: int, what: str) -> None:
 class SinusoidalPositionalEncoding(nn.Module):
     """Vaswani et al. (2017), §3.5: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(…).
 
-    Example:
+    Examples:
         >>> pe = SinusoidalPositionalEncoding(8, max_len=16)
         >>> pe(torch.zeros(2, 5, 8)).shape          # (b, t, d) in, (b, t, d) out
         torch.Size([2, 5, 8])
@@ -53,7 +53,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 class LearnedPositionalEmbedding(nn.Module):
     """A trained table of position vectors (BERT, GPT-2), added to the token embeddings.
 
-    Example:
+    Examples:
         >>> LearnedPositionalEmbedding(512, 8)(torch.zeros(1, 3, 8), offset=2).shape
         torch.Size([1, 3, 8])
     """
@@ -71,17 +71,17 @@ class LearnedPositionalEmbedding(nn.Module):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """How a checkpoint stretches RoPE past the length it was trained on (HF's ``rope_scaling``).
+    """How a checkpoint stretches RoPE past the length it was trained on (HF's `rope_scaling`).
 
     Kinds:
-        ``"linear"``  (Chen et al., 2023, position interpolation): every frequency / ``factor``.
-        ``"dynamic"`` (NTK-aware, "dynamic NTK"): once a call reaches position p ≥
-            ``max_positions``, the base becomes base · (factor·(p+1)/max_positions − (factor−1))
+        `"linear"`  (Chen et al., 2023, position interpolation): every frequency / `factor`.
+        `"dynamic"` (NTK-aware, "dynamic NTK"): once a call reaches position p ≥
+            `max_positions`, the base becomes base · (factor·(p+1)/max_positions − (factor−1))
             ^(d/(d−2)); shorter calls use the plain frequencies. A function of the call, so
             cached decoding rotates earlier keys with the frequencies of *their* call (as
-            ``transformers`` does).
-        ``"llama3"``  (Llama 3.1): wavelengths longer than ``original_max_positions /
-            low_freq_factor`` are divided by ``factor``, shorter than ``… / high_freq_factor``
+            `transformers` does).
+        `"llama3"`  (Llama 3.1): wavelengths longer than `original_max_positions /
+            low_freq_factor` are divided by `factor`, shorter than `… / high_freq_factor`
             kept, and the band between interpolated smoothly.
     """
 
@@ -108,7 +108,7 @@ class RopeScaling:
 
 def rope_frequencies(head_dim: int, base: float | torch.Tensor, device=None) -> torch.Tensor:
     """(d/2,) float32 θ_i = base^(−2i/d). Computed in float32 as the reference implementations
-    (Meta's, ``transformers``) do, so a checkpoint sees exactly the angles it was trained with."""
+    (Meta's, `transformers`) do, so a checkpoint sees exactly the angles it was trained with."""
     i = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
     return 1.0 / (base ** (i / head_dim))
 
@@ -127,10 +127,10 @@ class RotaryEmbedding(nn.Module):
     """RoPE (Su et al., 2021): rotate pairs of query/key features by a position-dependent angle.
 
     Uses the "rotate half" pairing (feature i with feature i + d/2), as GPT-NeoX and Llama do.
-    Scores then depend on positions only through their difference. ``base`` is Llama's
-    ``rope_theta``; ``scaling`` a :class:`RopeScaling` (or None).
+    Scores then depend on positions only through their difference. `base` is Llama's
+    `rope_theta`; `scaling` a `RopeScaling` (or None).
 
-    Example:
+    Examples:
         >>> rope = RotaryEmbedding(8)
         >>> rope(torch.randn(1, 2, 5, 8), offset=3).shape   # (b, h, t, d)
         torch.Size([1, 2, 5, 8])
@@ -155,7 +155,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
 
     def frequencies(self, length: int) -> torch.Tensor:
-        """(d/2,) float32 frequencies for a call whose positions end below ``length``."""
+        """(d/2,) float32 frequencies for a call whose positions end below `length`."""
         s = self.scaling
         if s is None or s.kind != "dynamic" or length <= s.max_positions:
             return self.inv_freq.float()
@@ -166,8 +166,8 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, t: int, *, offset: int = 0, positions: torch.Tensor | None = None,
                 device=None, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of every token's angles, (t, d) or (b, 1, t, d) with ``positions``,
-        computed in float32 and rounded to ``dtype``."""
+        """cos and sin of every token's angles, (t, d) or (b, 1, t, d) with `positions`,
+        computed in float32 and rounded to `dtype`."""
         if positions is None:
             pos = torch.arange(offset, offset + t, device=device)  # (t,)
         else:
@@ -188,7 +188,7 @@ class RotaryEmbedding(nn.Module):
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
     def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (b, h, t, d) at positions offset … offset + t − 1, or at ``positions`` (b, t) (left
+        """x: (b, h, t, d) at positions offset … offset + t − 1, or at `positions` (b, t) (left
         padding: each row's own positions) → rotated x, same shape."""
         cos, sin = self.cos_sin(x.shape[-2], offset=offset, positions=positions, device=x.device,
                                 dtype=x.dtype)
@@ -205,7 +205,7 @@ class RotaryEmbedding(nn.Module):
 class ALiBi(nn.Module):
     """Press et al. (2022): add −m_h · |p_i − j| to the scores; m_h a geometric slope per head.
 
-    Example:
+    Examples:
         >>> ALiBi(4).bias(2, 3).shape      # (h, t, s), bottom-right aligned
         torch.Size([4, 2, 3])
     """

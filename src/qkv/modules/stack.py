@@ -1,16 +1,20 @@
-"""The one layer loop: a :class:`TransformerStack` of :class:`TransformerLayer` s.
+"""The one layer loop: a [`TransformerStack`][qkv.modules.stack.TransformerStack] of
+[`TransformerLayer`][qkv.modules.transformer.TransformerLayer]s.
 
 Every model — BERT's encoder, GPT-2's decoder, both halves of the translation model — runs its
-layers through :meth:`TransformerStack.forward`; nowhere else loops over layers::
+layers through [`TransformerStack.forward`][qkv.modules.stack.TransformerStack.forward]; nowhere
+else loops over layers:
 
-    x ─► layer 0 ─► layer 1 ─► … ─► layer L−1 ─► [final norm] ─► last_hidden_state
-    │        │          │                  │
-    hidden_states[0]   [1]     …        [L]   (what enters layer ℓ is hidden_states[ℓ])
+```text
+x ─► layer 0 ─► layer 1 ─► … ─► layer L−1 ─► [final norm] ─► last_hidden_state
+│        │          │                  │
+hidden_states[0]   [1]     …        [L]   (what enters layer ℓ is hidden_states[ℓ])
+```
 
-The mask is built once per forward as an :class:`~qkv.attention.AttentionMask` description
+The mask is built once per forward as an [`AttentionMask`][qkv.attention.AttentionMask] description
 (causal, padding, packed sequences) and handed to every layer unchanged.
 
-``trace_rows=LayerRows(ℓ, rows)`` traces ``rows`` in layer ℓ alone and stops the loop after it:
+`trace_rows=LayerRows(ℓ, rows)` traces `rows` in layer ℓ alone and stops the loop after it:
 an explanation of one layer pays for layers 0…ℓ, not for the rest (nor for the model's head).
 """
 
@@ -31,19 +35,19 @@ from qkv.modules.transformer import LayerTrace, TransformerLayer
 
 @dataclass(frozen=True)
 class LayerRows:
-    """``trace_rows=LayerRows(layer, rows)``: trace ``rows`` in layer ``layer`` only, and stop.
+    """`trace_rows=LayerRows(layer, rows)`: trace `rows` in layer `layer` only, and stop.
 
-    Fields:
+    Attributes:
         layer: the layer whose attention is recorded (from 0); the layers after it do not run.
-        rows: what that layer records — query positions, ``slice(None)``, or
-            :data:`~qkv.attention.trace.LSE` (q, k, v and every row's lse: O(t) per head).
-        earlier: record the same ``rows`` in every layer before it too (what a decomposition
-            of layer ``layer``'s input reads: each earlier layer's heads and residual).
+        rows: what that layer records — query positions, `slice(None)`, or
+            `LSE` (q, k, v and every row's lse: O(t) per head).
+        earlier: record the same `rows` in every layer before it too (what a decomposition
+            of layer `layer`'s input reads: each earlier layer's heads and residual).
 
-    It rides on ``trace_rows`` because every model already threads that argument from its
-    forward to the stack. The stack's output then holds ``traces[layer]`` (the others None, or
-    each earlier layer's with ``earlier``),
-    ``hidden_states`` up to what layer ``layer`` computed, and a ``last_hidden_state`` with no
+    It rides on `trace_rows` because every model already threads that argument from its
+    forward to the stack. The stack's output then holds `traces[layer]` (the others None, or
+    each earlier layer's with `earlier`),
+    `hidden_states` up to what layer `layer` computed, and a `last_hidden_state` with no
     positions, (b, 0, E): nothing after the layer was computed, so a model's head reads nothing.
     """
 
@@ -56,14 +60,14 @@ class LayerRows:
 class StackOutput:
     """What a stack returns, whatever was asked for.
 
-    Fields:
+    Attributes:
         last_hidden_state: (b, t, E) the last layer's output, after the final norm if any;
-            (b, 0, E) when ``trace_rows`` was a :class:`LayerRows` (the forward stopped there).
-        hidden_states: None unless asked for; then ``num_layers + 1`` tensors (b, t, E):
-            ``hidden_states[ℓ]`` is exactly what enters layer ℓ, and the last one is the last
+            (b, 0, E) when `trace_rows` was a `LayerRows` (the forward stopped there).
+        hidden_states: None unless asked for; then `num_layers + 1` tensors (b, t, E):
+            `hidden_states[ℓ]` is exactly what enters layer ℓ, and the last one is the last
             layer's output *before* the final norm.
-        traces: None unless ``trace_rows``; then one :class:`LayerTrace` per layer (up to
-            the stop, None but there, for a :class:`LayerRows`).
+        traces: None unless `trace_rows`; then one `LayerTrace` per layer (up to
+            the stop, None but there, for a `LayerRows`).
     """
 
     last_hidden_state: torch.Tensor
@@ -74,9 +78,9 @@ class StackOutput:
 class TransformerStack(nn.Module):
     """Layers applied in order, then an optional final norm (pre-norm stacks end with one).
 
-    Indexing, ``len`` and iteration reach the layers: ``stack[0].self_attn``.
+    Indexing, `len` and iteration reach the layers: `stack[0].self_attn`.
 
-    Example:
+    Examples:
         >>> stack = TransformerStack([TransformerLayer.build(16, 4, 32) for _ in range(2)])
         >>> out = stack(torch.randn(1, 5, 16), mask=AttentionMask(causal=True),
         ...             output_hidden_states=True)
@@ -106,24 +110,25 @@ class TransformerStack(nn.Module):
                 output_hidden_states: bool = False,
                 positions: torch.Tensor | None = None,
                 interventions: Interventions | None = None) -> StackOutput:
-        """x: (b, t, E) → a :class:`StackOutput`.
+        """x: (b, t, E) → a `StackOutput`.
 
         Args:
-            mask: the self-attention's :class:`~qkv.attention.AttentionMask` (None = full);
-                ``AttentionMask(block=qkv.create_block_mask(...))`` carries a block mask (a
-                window, packed documents, any ``mask_mod``) to every layer.
+            mask: the self-attention's [`AttentionMask`][qkv.attention.AttentionMask] (None = full);
+                `AttentionMask(block=qkv.create_block_mask(...))` carries a block mask (a
+                window, packed documents, any `mask_mod`) to every layer.
             memory, memory_mask: the encoder output (b, s, E) and its mask, for layers with
                 cross-attention.
-            kv_caches, memory_kv_caches: one :class:`KVCache` per layer (decoding).
+            kv_caches, memory_kv_caches: one [`KVCache`][qkv.modules.kv_cache.KVCache] per layer
+                (decoding).
             trace_rows: query positions whose attention every layer records, or a
-                :class:`LayerRows`: one layer's, and the forward stops after it.
+                `LayerRows`: one layer's, and the forward stops after it.
             output_hidden_states: also return what enters each layer.
             positions: (b, t) each token's position, for rotary embeddings (default: counted
                 from the caches' length).
-            interventions: an :class:`~qkv.modules.intervention.Interventions`: heads zeroed or
-                replaced, value vectors zeroed, what enters a layer patched. ``hidden_states``
-                stay what each stage computed (``hidden_states[ℓ]`` is layer ℓ−1's output, or the
-                embeddings); an ``inputs[ℓ]`` patch replaces it on its way into layer ℓ.
+            interventions: an `Interventions`: heads zeroed or
+                replaced, value vectors zeroed, what enters a layer patched. `hidden_states`
+                stay what each stage computed (`hidden_states[ℓ]` is layer ℓ−1's output, or the
+                embeddings); an `inputs[ℓ]` patch replaces it on its way into layer ℓ.
         """
         for name, caches in (("kv_caches", kv_caches), ("memory_kv_caches", memory_kv_caches)):
             if caches is not None and len(caches) != len(self.layers):
@@ -157,7 +162,7 @@ class TransformerStack(nn.Module):
         )
 
     def _stop(self, trace_rows) -> int | None:
-        """The layer a :class:`LayerRows` stops after (checked), else None."""
+        """The layer a `LayerRows` stops after (checked), else None."""
         if not isinstance(trace_rows, LayerRows):
             return None
         n = len(self.layers)

@@ -1,16 +1,16 @@
 """One transformer layer — encoder or decoder, pre- or post-norm — built from its parts.
 
-::
+```text
+post-norm (Vaswani, BERT)            pre-norm (GPT-2, Llama)
+x = norm1(x + self_attn(x))          x = x + self_attn(norm1(x))
+x = norm2(x + cross_attn(x, mem))    x = x + cross_attn(norm2(x), mem)
+x = norm3(x + ff(x))                 x = x + ff(norm3(x))
+```
 
-    post-norm (Vaswani, BERT)            pre-norm (GPT-2, Llama)
-    x = norm1(x + self_attn(x))          x = x + self_attn(norm1(x))
-    x = norm2(x + cross_attn(x, mem))    x = x + cross_attn(norm2(x), mem)
-    x = norm3(x + ff(x))                 x = x + ff(norm3(x))
-
-Encoder and decoder are the same class: a decoder layer has a ``cross_attn`` part and is
+Encoder and decoder are the same class: a decoder layer has a `cross_attn` part and is
 called with a causal mask. The parts are given to the constructor (any norm module — LayerNorm,
 RMSNorm; any feed-forward — plain or gated), so a new family is a new builder, not a new class.
-Layers are stacked by :class:`~qkv.modules.stack.TransformerStack`.
+Layers are stacked by [`TransformerStack`][qkv.modules.stack.TransformerStack].
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
 class LayerTrace:
     """The attention traces of one layer (rows as requested), and its residual stream.
 
-    Fields:
-        self_attn, cross_attn: the attentions' :class:`MultiHeadTrace` s (cross: decoders only).
-        residual: (b, t, E) what the self-attention sub-block hands on, every row: ``x + attn``
-            (pre-norm) or ``norm1(x + attn)`` (post-norm); None for a layer that never forms it
-            (GPT-NeoX's parallel residual). Not detached (see ``MultiHeadTrace.heads``).
-        ffn_sum: (b, t, E) what a post-norm layer's last norm read, ``residual + ff(residual)``,
+    Attributes:
+        self_attn: the attentions' `MultiHeadTrace`s (cross: decoders only).
+        cross_attn: see `self_attn`.
+        residual: (b, t, E) what the self-attention sub-block hands on, every row: `x + attn`
+            (pre-norm) or `norm1(x + attn)` (post-norm); None for a layer that never forms it
+            (GPT-NeoX's parallel residual). Not detached (see `MultiHeadTrace.heads`).
+        ffn_sum: (b, t, E) what a post-norm layer's last norm read, `residual + ff(residual)`,
             where the forward records it (a transformers post-norm layer, whose feed-forward
             qkv does not run); None otherwise.
     """
@@ -57,9 +58,9 @@ class LayerTrace:
 class LayerOutput:
     """What one layer returns, whatever was asked for.
 
-    Fields:
+    Attributes:
         hidden: (b, t, E) the layer's output.
-        trace: None unless ``trace_rows``; then the layer's :class:`LayerTrace`.
+        trace: None unless `trace_rows`; then the layer's `LayerTrace`.
     """
 
     hidden: torch.Tensor
@@ -71,14 +72,16 @@ class TransformerLayer(nn.Module):
 
     Args:
         self_attn: the self-attention module.
-        feed_forward: the feed-forward block (:class:`FeedForward` or :class:`GatedFeedForward`).
-        norm1: the norm around self-attention; norm3: the norm around the feed-forward.
+        feed_forward: the feed-forward block ([`FeedForward`][qkv.modules.feedforward.FeedForward]
+            or [`GatedFeedForward`][qkv.modules.feedforward.GatedFeedForward]).
+        norm1: the norm around self-attention.
+        norm3: the norm around the feed-forward.
         cross_attn: attention from this layer's tokens to an encoder's output (decoders only),
-            with its norm ``norm2``.
+            with its norm `norm2`.
         norm_first: pre-norm (True) or post-norm (False).
         dropout: dropout on each sub-block's output before the residual sum.
 
-    Example:
+    Examples:
         >>> layer = TransformerLayer.build(16, 4, 64, norm_first=True)
         >>> layer(torch.randn(2, 5, 16), is_causal=True).hidden.shape
         torch.Size([2, 5, 16])
@@ -102,9 +105,10 @@ class TransformerLayer(nn.Module):
               num_kv_heads: int | None = None, bias: bool = True, **attn_kwargs) -> "TransformerLayer":
         """Assemble a layer from sizes.
 
-        ``norm`` is ``"layer"`` or ``"rms"``; ``gated`` picks :class:`GatedFeedForward`
-        (SwiGLU with ``activation="silu"``); ``attn_kwargs`` go to the self-attention
-        (``rotary``, ``alibi``, ``backend``…).
+        `norm` is `"layer"` or `"rms"`; `gated` picks
+        [`GatedFeedForward`][qkv.modules.feedforward.GatedFeedForward] (SwiGLU with
+        `activation="silu"`); `attn_kwargs` go to the self-attention (`rotary`, `alibi`,
+        `backend`…).
         """
         if norm not in NORMS:
             raise ValueError(f"unknown norm {norm!r}; choose from {sorted(NORMS)}")
@@ -132,7 +136,7 @@ class TransformerLayer(nn.Module):
         return type(self).forward is TransformerLayer.forward
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, block) -> tuple[torch.Tensor, object]:
-        """Run ``block`` as a residual branch, pre- or post-norm; pass back its trace, if any."""
+        """Run `block` as a residual branch, pre- or post-norm; pass back its trace, if any."""
         h = norm(x) if self.norm_first else x
         y = block(h)
         trace = None
@@ -150,16 +154,16 @@ class TransformerLayer(nn.Module):
                 trace_rows: torch.Tensor | slice | None = None,
                 positions: torch.Tensor | None = None,
                 intervention: AttentionEdit | None = None) -> LayerOutput:
-        """x: (b, t, E) → a :class:`LayerOutput` (hidden (b, t, E); a trace with ``trace_rows``).
+        """x: (b, t, E) → a `LayerOutput` (hidden (b, t, E); a trace with `trace_rows`).
 
-        Masks: ``mask`` (an :class:`~qkv.attention.AttentionMask`, as the stack passes it) or
-        the torch-style ``attn_mask`` / ``key_padding_mask`` / ``is_causal``; for the
-        cross-attention ``memory_mask`` or ``memory_key_padding_mask``. ``memory`` (b, s, E)
-        is the encoder output that ``cross_attn`` reads; ``positions`` (b, t) go to the
-        self-attention's rotary embedding. ``memory_kv_cache`` (decoding) holds
-        the cross-attention's keys and values of ``memory``: the first call projects ``memory``
-        into it, later calls reuse it instead of projecting ``memory`` again. ``intervention``
-        (an :class:`~qkv.modules.intervention.AttentionEdit`) goes to the self-attention.
+        Masks: `mask` (an [`AttentionMask`][qkv.attention.AttentionMask], as the stack passes it) or
+        the torch-style `attn_mask` / `key_padding_mask` / `is_causal`; for the
+        cross-attention `memory_mask` or `memory_key_padding_mask`. `memory` (b, s, E)
+        is the encoder output that `cross_attn` reads; `positions` (b, t) go to the
+        self-attention's rotary embedding. `memory_kv_cache` (decoding) holds
+        the cross-attention's keys and values of `memory`: the first call projects `memory`
+        into it, later calls reuse it instead of projecting `memory` again. `intervention`
+        (an `AttentionEdit`) goes to the self-attention.
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the layer has cross-attention")

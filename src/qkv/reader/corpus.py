@@ -1,23 +1,25 @@
 """The reader's text: English prose from Debian's Python documentation, read offline.
 
-The corpus is the HTML of the ``python3.11-doc`` package (``apt-get install python3.11-doc``,
-``/usr/share/doc/python3.11/html``). Every page says of itself: "This page is licensed under the
+The corpus is the HTML of the `python3.11-doc` package (`apt-get install python3.11-doc`,
+`/usr/share/doc/python3.11/html`). Every page says of itself: "This page is licensed under the
 Python Software Foundation License Version 2. Examples, recipes, and other code in the
-documentation are additionally licensed under the Zero Clause BSD License." (:data:`LICENCE`).
+documentation are additionally licensed under the Zero Clause BSD License." (`LICENCE`).
 
-A page's text is what its ``<div role="main">`` holds, read with the standard library's
-:class:`html.parser.HTMLParser`: paragraphs, headings, list items and table cells, one block a
-line, with the code blocks (``<pre>``), scripts and the ``¶`` header links left out — prose, not
+A page's text is what its `<div role="main">` holds, read with the standard library's
+`html.parser.HTMLParser`: paragraphs, headings, list items and table cells, one block a
+line, with the code blocks (`<pre>`), scripts and the `¶` header links left out — prose, not
 listings. Pages that are not prose (the indexes, the search page, the module index, the
 changelog) are skipped.
 
-The pages under ``tutorial/`` are **held out**: the tokenizer and the model never see them, and
-the reader's held-out loss is measured on them::
+The pages under `tutorial/` are **held out**: the tokenizer and the model never see them, and
+the reader's held-out loss is measured on them:
 
-    html/library/*.html, reference/, howto/, faq/, …  ─► training text (tokenizer + model)
-    html/tutorial/*.html                               ─► held-out text (loss only)
+```text
+html/library/*.html, reference/, howto/, faq/, …  ─► training text (tokenizer + model)
+html/tutorial/*.html                               ─► held-out text (loss only)
+```
 
-Example:
+Examples:
     >>> page_text('<div role="main"><h1>Hi<a class="headerlink">¶</a></h1><p>A <b>bold</b> word.</p>'
     ...           '<pre>x = 1</pre></div>')
     'Hi\\nA bold word.'
@@ -49,7 +51,7 @@ _VOID = {"br", "img", "hr", "input", "meta", "link", "wbr", "col", "area", "sour
 
 
 class _Text(html.parser.HTMLParser):
-    """Collects the text inside ``<div role="main">`` (or nothing, on a page without one)."""
+    """Collects the text inside `<div role="main">` (or nothing, on a page without one)."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -102,9 +104,11 @@ def page_text(page: str) -> str:
 class Corpus:
     """The training and held-out text of a documentation directory.
 
-    Fields:
-        train, heldout: the pages' texts (one string per page, in path order).
-        train_pages, heldout_pages: the pages' paths relative to the directory.
+    Attributes:
+        train: the pages' texts (one string per page, in path order).
+        heldout: see `train`.
+        train_pages: the pages' paths relative to the directory.
+        heldout_pages: see `train_pages`.
         source: what the text is (package, version, licence, directory) — recorded in the
             checkpoint.
     """
@@ -121,7 +125,7 @@ class Corpus:
 
 
 def package_version(package: str = PACKAGE) -> str | None:
-    """The installed version of a Debian package (``dpkg-query``), or None without one."""
+    """The installed version of a Debian package (`dpkg-query`), or None without one."""
     try:
         out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True,
                              text=True, timeout=30)
@@ -131,7 +135,7 @@ def package_version(package: str = PACKAGE) -> str | None:
 
 
 def read_corpus(directory: str | os.PathLike = DEFAULT_DIR) -> Corpus:
-    """Every prose page under ``directory``, split into training and held-out pages.
+    """Every prose page under `directory`, split into training and held-out pages.
 
     Raises:
         QkvError: the directory is missing or holds no page of either kind.

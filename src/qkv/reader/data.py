@@ -1,26 +1,28 @@
 """The reader's tokenizer and batches: byte-level BPE trained on the corpus, random windows of the
 token stream, and short copying sequences.
 
-* :func:`train_tokenizer` — a byte-level BPE (GPT-2's scheme: every byte is a token, so no text
-  is unknown) learned from the training pages only, ``<bos>`` put first by its post-processor.
-* :class:`TokenStream` — the training pages' token ids end to end (a page closes with ``\\n\\n``),
+* `train_tokenizer` — a byte-level BPE (GPT-2's scheme: every byte is a token, so no text
+  is unknown) learned from the training pages only, `<bos>` put first by its post-processor.
+* `TokenStream` — the training pages' token ids end to end (a page closes with `\\n\\n`),
   and the held-out pages, each its own id list.
-* :func:`get_batch` — ``batch_size`` windows: ``seq_len`` English tokens at a random offset, or
-  (``copy_prob``) as many tokens in *copying sequences* of ``copy_len``: random tokens in which spans of earlier ones are written again
-  (:func:`qkv.training.copies.copy_sequence`, ``qkv train lm``'s rule). Every token of a copy
-  but its first is predictable only by looking back — find the current token's earlier
-  occurrence and read what followed it, what induction heads do (Olsson et al. 2022). English
-  repeats itself too (names, identifiers), but too seldom for induction heads to form within a
-  CPU budget; its bigrams are what makes a previous-token head useful first. The first
-  ``copy_steps`` draw their tokens from few ids (``copy_vocab``: each is seen often, so the
-  heads form sooner), later copies from the whole vocabulary::
+* `get_batch` — `batch_size` windows: `seq_len` English tokens at a random offset, or
+  (`copy_prob`) as many tokens in *copying sequences* of `copy_len`: random tokens in which spans of
+  earlier ones are written again (`qkv.training.copies.copy_sequence`, `qkv train lm`'s rule). Every
+  token of a copy but its first is predictable only by looking back — find the current token's
+  earlier occurrence and read what followed it, what induction heads do (Olsson et al. 2022).
+  English repeats itself too (names, identifiers), but too seldom for induction heads to form within
+  a CPU budget; its bigrams are what makes a previous-token head useful first. The first
+  `copy_steps` draw their tokens from few ids (`copy_vocab`: each is seen often, so the
+  heads form sooner), later copies from the whole vocabulary:
 
-      <bos> 17 203  88 140  56 │ 88 140  56 │ 9 │ 203  88 │ 31 …
-                   └─ span ─┘   └─ copy ─┘       └copy┘
+  ```text
+  <bos> 17 203  88 140  56 │ 88 140  56 │ 9 │ 203  88 │ 31 …
+               └─ span ─┘   └─ copy ─┘       └copy┘
+  ```
 
-A batch is a pure function of (seed, step), like ``qkv train lm``'s.
+A batch is a pure function of (seed, step), like `qkv train lm`'s.
 
-Example:
+Examples:
     >>> import tokenizers
     >>> tok = train_tokenizer(["the cat sat on the mat. " * 20], vocab_size=300)
     >>> stream = TokenStream.of(tok, ["the cat sat on the mat. " * 40], ["a mat."])
@@ -46,9 +48,9 @@ MIN_VOCAB = 258  # <bos>, the 256 bytes and at least one merge
 
 
 def train_tokenizer(pages: list[str], *, vocab_size: int):
-    """A byte-level BPE ``tokenizers.Tokenizer`` with ``vocab_size`` tokens learned from ``pages``.
+    """A byte-level BPE `tokenizers.Tokenizer` with `vocab_size` tokens learned from `pages`.
 
-    ``<bos>`` is id 0 and put before every encoded text; the 256 byte tokens are always in the
+    `<bos>` is id 0 and put before every encoded text; the 256 byte tokens are always in the
     vocabulary, so any text encodes (no unknown token).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -73,9 +75,9 @@ def train_tokenizer(pages: list[str], *, vocab_size: int):
 class TokenStream:
     """The corpus as token ids.
 
-    Fields:
-        train: (n,) int64, every training page's ids (each page closed by ``\\n\\n``), end to end.
-        heldout: one (n_i,) int64 tensor per held-out page (its ids, no ``<bos>``).
+    Attributes:
+        train: (n,) int64, every training page's ids (each page closed by `\\n\\n`), end to end.
+        heldout: one (n_i,) int64 tensor per held-out page (its ids, no `<bos>`).
         vocab_size: the tokenizer's.
     """
 
@@ -85,7 +87,7 @@ class TokenStream:
 
     @classmethod
     def of(cls, tokenizer, train_pages: list[str], heldout_pages: list[str]) -> "TokenStream":
-        """Encode the pages (``tokenizer``: a ``tokenizers.Tokenizer``, its ``<bos>`` left out)."""
+        """Encode the pages (`tokenizer`: a `tokenizers.Tokenizer`, its `<bos>` left out)."""
         enc = tokenizer.encode_batch([p + PAGE_END for p in train_pages], add_special_tokens=False)
         train = torch.tensor([i for e in enc for i in e.ids], dtype=torch.long)
         held = [torch.tensor(e.ids, dtype=torch.long) for e in
@@ -95,7 +97,7 @@ class TokenStream:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """How training windows are drawn (:attr:`qkv.reader.train.ReaderTrainConfig.batches` holds
+    """How training windows are drawn (`qkv.reader.train.ReaderTrainConfig.batches` holds
     the shipped reader's values)."""
 
     seq_len: int  # tokens after <bos>
@@ -115,11 +117,11 @@ class BatchConfig:
 class ReaderBatch:
     """A step's text: English windows of the token stream and short copying sequences.
 
-    Fields:
-        ids: (b, 1 + seq_len) English token ids, ``<bos>`` first (b may be 0).
-        copies: (c, 1 + copy_len) copying sequences' ids, ``<bos>`` first (c may be 0).
+    Attributes:
+        ids: (b, 1 + seq_len) English token ids, `<bos>` first (b may be 0).
+        copies: (c, 1 + copy_len) copying sequences' ids, `<bos>` first (c may be 0).
         copied: (c, 1 + copy_len) True on the tokens that continue a copy (those only looking
-            back predicts: :func:`qkv.training.copies.copy_sequence`).
+            back predicts: `qkv.training.copies.copy_sequence`).
     """
 
     ids: torch.Tensor
@@ -132,18 +134,18 @@ class ReaderBatch:
 
 
 def copying_sequence(rng: random.Random, cfg: BatchConfig, high: int) -> tuple[list[int], list[bool]]:
-    """One copying sequence of ``cfg.copy_len`` ids (without ``<bos>``): random tokens of ids
-    1 … ``high`` − 1 in which spans of earlier ones are written again, and which tokens continue a
+    """One copying sequence of `cfg.copy_len` ids (without `<bos>`): random tokens of ids
+    1 … `high` − 1 in which spans of earlier ones are written again, and which tokens continue a
     copy."""
     return copy_sequence(rng, cfg.copy_len, lambda ids: rng.randrange(BOS_ID + 1, high),  # never <bos>
                          copy_prob=1.0, min_span=cfg.min_span, max_span=cfg.max_span)
 
 
 def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: int, step: int) -> ReaderBatch:
-    """Training batch ``step`` of run ``seed``: a pure function of (stream, seed, step). Each of
-    ``batch_size`` windows is English (``seq_len`` tokens at a random offset) or, with chance
-    ``copy_prob``, ``seq_len // copy_len`` copying sequences — as many tokens, in short
-    sequences (of ids below ``copy_vocab`` during the first ``copy_steps``)."""
+    """Training batch `step` of run `seed`: a pure function of (stream, seed, step). Each of
+    `batch_size` windows is English (`seq_len` tokens at a random offset) or, with chance
+    `copy_prob`, `seq_len // copy_len` copying sequences — as many tokens, in short
+    sequences (of ids below `copy_vocab` during the first `copy_steps`)."""
     n = cfg.seq_len
     if len(stream.train) < n:
         raise QkvError(f"the training text has {len(stream.train)} tokens, fewer than --seq-len {n}")
@@ -165,8 +167,8 @@ def get_batch(stream: TokenStream, cfg: BatchConfig, *, batch_size: int, seed: i
 
 
 def heldout_windows(stream: TokenStream, *, seq_len: int, count: int) -> torch.Tensor:
-    """(count', 1 + seq_len) ``<bos>`` + consecutive held-out windows (pages end to end), at
-    most ``count`` of them, spread evenly: the validation batch watched during training."""
+    """(count', 1 + seq_len) `<bos>` + consecutive held-out windows (pages end to end), at
+    most `count` of them, spread evenly: the validation batch watched during training."""
     text = torch.cat(stream.heldout)
     starts = range(0, len(text) - seq_len + 1, seq_len)
     if not starts:

@@ -1,18 +1,18 @@
-"""``qkv train reader``: a small Mistral-style decoder (Llama with a sliding window and RoPE) learns
+"""`qkv train reader`: a small Mistral-style decoder (Llama with a sliding window and RoPE) learns
 English from the Python documentation.
 
-* :class:`ReaderTrainConfig` — every knob, with commented defaults (the shipped reader's run).
-* :func:`prepare` — corpus → byte-level BPE tokenizer → token ids (:mod:`qkv.reader.corpus`,
-  :mod:`qkv.reader.data`).
-* :func:`evaluate` — loss on held-out windows, and every head's induction and previous-token score.
-* :func:`heldout_report` — the held-out pages read whole (each one forward, the window makes it
+* `ReaderTrainConfig` — every knob, with commented defaults (the shipped reader's run).
+* `prepare` — corpus → byte-level BPE tokenizer → token ids (`qkv.reader.corpus`,
+  `qkv.reader.data`).
+* `evaluate` — loss on held-out windows, and every head's induction and previous-token score.
+* `heldout_report` — the held-out pages read whole (each one forward, the window makes it
   O(N)) against a unigram model of the training text, in nats per token.
-* :func:`train` — the decoder loop shared with ``qkv train lm`` (:func:`qkv.lm.run.train_decoder`).
+* `train` — the decoder loop shared with `qkv train lm` (`qkv.lm.run.train_decoder`).
 
-Why a window: every layer attends to at most ``window`` keys, so a forward costs O(N·window) and
+Why a window: every layer attends to at most `window` keys, so a forward costs O(N·window) and
 the model reads a text of any length the way it read its training windows (RoPE is relative:
 past the window a token sees exactly what it saw in training). Information still travels
-further through the layers (up to ``layers × (window − 1)`` tokens back).
+further through the layers (up to `layers × (window − 1)` tokens back).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ PROBE_LENGTH = 25  # the probes' repeated half: well inside the window
 class ReaderTrainConfig(Schedule):
     """Everything a reader training run depends on. Defaults: the shipped reader's run.
 
-    Example:
+    Examples:
         >>> ReaderTrainConfig.from_dict({"steps": 10}).window
         128
     """
@@ -134,7 +134,7 @@ class ReaderTrainConfig(Schedule):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A run's text: the tokenizer (``tokenizers.Tokenizer``), the ids and where they came from."""
+    """A run's text: the tokenizer (`tokenizers.Tokenizer`), the ids and where they came from."""
 
     tokenizer: object
     stream: TokenStream
@@ -153,7 +153,7 @@ def prepare(cfg: ReaderTrainConfig) -> Prepared:
 
 
 def loss_fn(model: LlamaModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean loss, per-position loss (b, t−1)) of predicting ``ids[:, 1:]`` from what precedes."""
+    """(mean loss, per-position loss (b, t−1)) of predicting `ids[:, 1:]` from what precedes."""
     logits = model(ids[:, :-1]).logits  # (b, t−1, V)
     per = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (b, t−1)
     return per.mean(), per
@@ -174,9 +174,10 @@ def batch_loss(model: LlamaModel, batch: ReaderBatch) -> torch.Tensor:
 class ReaderEval:
     """Validation numbers after a step.
 
-    Fields:
+    Attributes:
         loss: mean next-token loss (nats) on held-out windows (pages the model never trains on).
-        induction, previous_token: (layers × heads) lists of probe scores (qkv.explain.induction).
+        induction: (layers × heads) lists of probe scores (qkv.explain.induction).
+        previous_token: see `induction`.
     """
 
     loss: float
@@ -191,7 +192,7 @@ class ReaderEval:
 
 @torch.no_grad()
 def evaluate(model: LlamaModel, cfg: ReaderTrainConfig, windows: torch.Tensor) -> ReaderEval:
-    """Loss on the held-out ``windows`` (b, 1 + seq_len) and every head's probe scores."""
+    """Loss on the held-out `windows` (b, 1 + seq_len) and every head's probe scores."""
     from qkv.explain.probes.induction import induction_probe
 
     was_training = model.training
@@ -206,7 +207,7 @@ def evaluate(model: LlamaModel, cfg: ReaderTrainConfig, windows: torch.Tensor) -
 
 @torch.no_grad()
 def heldout_report(model: LlamaModel, stream: TokenStream) -> dict:
-    """Nats per token on the held-out pages, each read whole after ``<bos>`` (one forward a
+    """Nats per token on the held-out pages, each read whole after `<bos>` (one forward a
     page), and the unigram baseline on the same tokens."""
     was_training = model.training
     model.eval()
@@ -221,7 +222,7 @@ def heldout_report(model: LlamaModel, stream: TokenStream) -> dict:
 
 
 def new_model(cfg: ReaderTrainConfig, tokenizer) -> LlamaModel:
-    """The run's model, initialised from ``cfg.seed`` (:func:`qkv.lm.run.init_weights`)."""
+    """The run's model, initialised from `cfg.seed` (`qkv.lm.run.init_weights`)."""
     from qkv.models.tokenizer import Tokenizer
 
     config = cfg.model_config(tokenizer.get_vocab_size())
@@ -230,7 +231,7 @@ def new_model(cfg: ReaderTrainConfig, tokenizer) -> LlamaModel:
 
 
 def read_training(out: str | Path) -> dict:
-    """The ``qkv_training`` section of a reader run's config.json, its fields type-checked."""
+    """The `qkv_training` section of a reader run's config.json, its fields type-checked."""
     return read_run(out, command="reader", format_version=FORMAT_VERSION, model_types=MODEL_TYPES)
 
 
@@ -238,10 +239,10 @@ def train(cfg: ReaderTrainConfig, out: str | Path, *, resume: bool = False, prog
           command: str | None = None, slim: bool = False, force: bool = False,
           callback: Callable[[TrainState], None] | None = None,
           prepared: Prepared | None = None) -> TrainState:
-    """Train (or, with ``resume``, continue) a reader into directory ``out``.
+    """Train (or, with `resume`, continue) a reader into directory `out`.
 
-    ``prepared``: the corpus already read and tokenised (tests reuse one); None reads
-    ``cfg.corpus``. The contract is :func:`qkv.lm.run.train_decoder`'s.
+    `prepared`: the corpus already read and tokenised (tests reuse one); None reads
+    `cfg.corpus`. The contract is `qkv.lm.run.train_decoder`'s.
     """
     prepared = prepared or prepare(cfg)
     stream = prepared.stream

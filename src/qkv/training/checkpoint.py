@@ -1,25 +1,27 @@
 """Checkpoint directories, written and read in one place.
 
-A checkpoint is a directory with one *manifest* (``config.json``) and the files it lists::
+A checkpoint is a directory with one *manifest* (`config.json`) and the files it lists:
 
-    config.json                        the commit point: whatever the model family needs, plus
-                                       "files": {name: sha256} for every other file of the
-                                       checkpoint (weights, optimizer state, tokenizers, index)
-    model-000400.safetensors           …the files it lists, each a plain name in the directory
+```text
+config.json                        the commit point: whatever the model family needs, plus
+                                   "files": {name: sha256} for every other file of the
+                                   checkpoint (weights, optimizer state, tokenizers, index)
+model-000400.safetensors           …the files it lists, each a plain name in the directory
+```
 
-Writing (:func:`write_checkpoint`): every file goes to a temporary name and is moved into place
-with ``os.replace`` (:mod:`qkv.files`); tensor files carry their step in their name and the
+Writing (`write_checkpoint`): every file goes to a temporary name and is moved into place
+with `os.replace` (`qkv.files`); tensor files carry their step in their name and the
 manifest is replaced last, so at every instant the manifest names a complete, consistent set of
 files — a run killed mid-save leaves the previous checkpoint intact. Files of the checkpoint's
 kinds that the new manifest does not list are deleted afterwards, and so are temporary files a
 killed writer left behind.
 
-Reading (:func:`read_listed`): a file is read only when the manifest lists it, its name is a plain
+Reading (`read_listed`): a file is read only when the manifest lists it, its name is a plain
 file name inside the directory, a sha256 is recorded for it and the bytes match it. Anything else
-is one :class:`~qkv.errors.QkvError` line — never skipped, never a traceback. The bytes checked are
+is one `QkvError` line — never skipped, never a traceback. The bytes checked are
 the bytes returned (no second read that could see a different file).
 
-Example:
+Examples:
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
     ...     m = write_checkpoint(d, {"notes.txt": b"hello"}, {"step": 1})
@@ -63,7 +65,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[str]:
-    """Delete the temporary files a killed writer left in ``directory``; return their names."""
+    """Delete the temporary files a killed writer left in `directory`; return their names."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -81,7 +83,7 @@ def sha256_bytes(data: bytes) -> str:
 
 # -- the output directory of a training run -------------------------------------------------------
 def check_out_dir(out: object, *, flag: str = "--out") -> Path:
-    """The run directory named by ``out``: refused up front when empty or an existing file."""
+    """The run directory named by `out`: refused up front when empty or an existing file."""
     if out is None or not str(out).strip():
         raise QkvError(f"{flag} must name a directory, got an empty string")
     path = Path(str(out))
@@ -99,13 +101,13 @@ def prepare_out_dir(out: object, *, resume: bool, force: bool, kinds: tuple[str,
                     flag: str = "--out") -> Path:
     """Check the run directory before any training starts.
 
-    * ``resume``: the directory must hold a manifest.
-    * a new run: the directory must be missing or empty, unless ``force``; then the old manifest
+    * `resume`: the directory must hold a manifest.
+    * a new run: the directory must be missing or empty, unless `force`; then the old manifest
       goes first (so nothing of the old run is ever read again) and the files of the
-      checkpoint's ``kinds`` (glob patterns) after it. Other files are left alone.
+      checkpoint's `kinds` (glob patterns) after it. Other files are left alone.
 
     The directory is created and must take a new file (checked by creating one), so an
-    unwritable ``out`` fails before training. Stale temporary files are removed in every case.
+    unwritable `out` fails before training. Stale temporary files are removed in every case.
     """
     path = check_out_dir(out, flag=flag)
     try:  # create it and a file in it now, not after an hour of training (a read-only mount, /sys)
@@ -136,12 +138,12 @@ def prepare_out_dir(out: object, *, resume: bool, force: bool, kinds: tuple[str,
 # -- writing --------------------------------------------------------------------------------------
 def write_checkpoint(directory: str | os.PathLike, files: dict[str, Content], manifest: dict, *,
                      kinds: tuple[str, ...] = ()) -> dict:
-    """Write ``files`` and then the manifest listing each with its sha256; return the manifest.
+    """Write `files` and then the manifest listing each with its sha256; return the manifest.
 
     Args:
-        files: {plain file name: bytes or a writer ``f(path)``}.
-        manifest: the rest of config.json; its ``"files"`` key is set here.
-        kinds: glob patterns of the checkpoint's files (``"model-*.safetensors"``); those that
+        files: {plain file name: bytes or a writer `f(path)`}.
+        manifest: the rest of config.json; its `"files"` key is set here.
+        kinds: glob patterns of the checkpoint's files (`"model-*.safetensors"`); those that
             the new manifest does not list are deleted once it is in place.
     """
     directory = Path(directory)
@@ -169,10 +171,10 @@ def write_checkpoint(directory: str | os.PathLike, files: dict[str, Content], ma
 
 def save_tensors_writer(tensors: dict[str, torch.Tensor],
                         metadata: dict[str, str] | None = None) -> bytes:
-    """The safetensors bytes of ``tensors``, a file content for :func:`write_checkpoint`.
+    """The safetensors bytes of `tensors`, a file content for `write_checkpoint`.
 
-    Bytes, not ``save_file(tensors, tmp)``: safetensors' writer re-creates the file with mode
-    0600, whereas :mod:`qkv.files` gives every new file the umask's permissions.
+    Bytes, not `save_file(tensors, tmp)`: safetensors' writer re-creates the file with mode
+    0600, whereas `qkv.files` gives every new file the umask's permissions.
     """
     from safetensors.torch import save
 
@@ -181,7 +183,7 @@ def save_tensors_writer(tensors: dict[str, torch.Tensor],
 
 # -- reading --------------------------------------------------------------------------------------
 def read_manifest(directory: str | os.PathLike) -> dict:
-    """config.json of a checkpoint directory, its ``"files"`` section checked; QkvError else."""
+    """config.json of a checkpoint directory, its `"files"` section checked; QkvError else."""
     directory = Path(directory)
     if not directory.is_dir():
         raise QkvError(f"model directory {str(directory)!r} does not exist")
@@ -201,13 +203,13 @@ def read_manifest(directory: str | os.PathLike) -> dict:
 
 
 def read_listed(directory: str | os.PathLike, manifest: dict, name: object, what: str = "") -> bytes:
-    """The bytes of ``name``, when the manifest lists it and they match its sha256."""
+    """The bytes of `name`, when the manifest lists it and they match its sha256."""
     return read_verified(listed_path(directory, manifest, name, what), manifest[FILES_KEY][name],
                          f"{what} file" if what else "file")
 
 
 def listed_path(directory: str | os.PathLike, manifest: dict, name: object, what: str = "") -> Path:
-    """``directory/name`` when the manifest lists ``name`` (a plain file name) with a sha256 and
+    """`directory/name` when the manifest lists `name` (a plain file name) with a sha256 and
     the file is there; QkvError naming it else (a stale or foreign file is never read)."""
     directory = Path(directory)
     what = what or "file"
@@ -239,7 +241,7 @@ def load_tensors(directory: str | os.PathLike, manifest: dict, name: object,
 # -- typed fields of a manifest -------------------------------------------------------------------
 def get_field(manifest: dict, key: str, kind: type | tuple[type, ...], where: str, *,
               default: object = ..., minimum: float | None = None) -> object:
-    """``manifest[key]`` checked to be a ``kind`` (a bool is not an int; an int is a float)."""
+    """`manifest[key]` checked to be a `kind` (a bool is not an int; an int is a float)."""
     if key not in manifest:
         if default is ...:
             raise QkvError(f"{where}: corrupt checkpoint (no {key!r})")
@@ -261,7 +263,7 @@ def get_field(manifest: dict, key: str, kind: type | tuple[type, ...], where: st
 
 # -- optimizer state ------------------------------------------------------------------------------
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """An optimizer's state as flat tensors ``state.<param>.<name>`` plus its JSON-able groups."""
+    """An optimizer's state as flat tensors `state.<param>.<name>` plus its JSON-able groups."""
     sd = opt.state_dict()
     tensors = {}
     for idx, state in sd["state"].items():
@@ -274,7 +276,7 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
 
 def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
                            groups: object, source: str) -> None:
-    """Restore :func:`optimizer_tensors`' output; QkvError when it does not fit ``opt``."""
+    """Restore `optimizer_tensors`' output; QkvError when it does not fit `opt`."""
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise QkvError(f"{source}: corrupt checkpoint (optimizer param_groups must be a list of "
                        f"objects)")

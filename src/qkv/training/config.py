@@ -1,18 +1,18 @@
 """Checks shared by every training configuration: types, finite floats, bounds, resumability.
 
-A training config is a frozen dataclass (``qkv.translate.train.TrainConfig``,
-``qkv.lm.train.LMTrainConfig``, ``qkv.reader.train.ReaderTrainConfig``). A field declared with
-:func:`option` carries its facts once — help text and bounds — in its metadata:
-:func:`check_options` (called by ``__post_init__``) checks the value against them and the CLI
-(``qkv.cli.train_run.add_config_options``) builds the ``--flag``'s help and checked type from
-them; a subclass that only changes a default inherits its parent's facts (:func:`option_of`).
-Fields without one are checked by :func:`check_int` / :func:`check_float` in ``__post_init__``.
-:class:`Schedule`'s ``from_dict`` (every trainer's, inherited) is :func:`config_from_dict`, which
-also refuses unknown keys and values of the wrong JSON type (``"steps": "abc"`` in a config.json);
-``to_dict`` is the options by name. Messages name the CLI flag
-(``--batch-size``), since that is where a user sets the value.
+A training config is a frozen dataclass (`qkv.translate.train.TrainConfig`,
+`qkv.lm.train.LMTrainConfig`, `qkv.reader.train.ReaderTrainConfig`). A field declared with
+`option` carries its facts once — help text and bounds — in its metadata:
+`check_options` (called by `__post_init__`) checks the value against them and the CLI
+(`qkv.cli.train_run.add_config_options`) builds the `--flag`'s help and checked type from
+them; a subclass that only changes a default inherits its parent's facts (`option_of`).
+Fields without one are checked by `check_int` / `check_float` in `__post_init__`.
+`Schedule`'s `from_dict` (every trainer's, inherited) is `config_from_dict`, which
+also refuses unknown keys and values of the wrong JSON type (`"steps": "abc"` in a config.json);
+`to_dict` is the options by name. Messages name the CLI flag
+(`--batch-size`), since that is where a user sets the value.
 
-Example:
+Examples:
     >>> check_float("lr", float("inf"), low=0.0, high=10.0, low_open=True)
     Traceback (most recent call last):
     ...
@@ -34,7 +34,7 @@ def flag(name: str) -> str:
 
 
 def check_int(name: str, value: object, *, low: int, high: int) -> None:
-    """``value`` must be an int (not a bool) in [low, high]."""
+    """`value` must be an int (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise QkvError(f"{flag(name)} must be a whole number, got {value!r}")
     if not low <= value <= high:
@@ -43,7 +43,7 @@ def check_int(name: str, value: object, *, low: int, high: int) -> None:
 
 def check_float(name: str, value: object, *, low: float, high: float, low_open: bool = False,
                 high_open: bool = False) -> None:
-    """``value`` must be a finite real number in the interval (open ends as asked)."""
+    """`value` must be a finite real number in the interval (open ends as asked)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise QkvError(f"{flag(name)} must be a number, got {value!r}")
     inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
@@ -55,8 +55,8 @@ def check_float(name: str, value: object, *, low: float, high: float, low_open: 
 @dataclass(frozen=True)
 class Option:
     """A training option's facts: what it means (the CLI's help) and the values it may take.
-    ``low``/``high`` None: a bool, or with ``text`` a non-empty string such as a path (no
-    bounds); the ends are closed unless ``*_open``."""
+    `low`/`high` None: a bool, or with `text` a non-empty string such as a path (no
+    bounds); the ends are closed unless `*_open`."""
 
     help: str
     low: float | None = None
@@ -66,7 +66,7 @@ class Option:
     text: bool = False
 
     def check(self, name: str, value: object) -> None:
-        """QkvError naming ``--flag`` unless ``value`` is of the default's kind and in bounds."""
+        """QkvError naming `--flag` unless `value` is of the default's kind and in bounds."""
         if self.text:
             if not isinstance(value, str) or not value:
                 raise QkvError(f"{flag(name)} must be a non-empty string, got {value!r}")
@@ -82,10 +82,10 @@ class Option:
 
 def option(default, help: str, *, low: float | None = None, high: float | None = None,
            low_open: bool = False, high_open: bool = False):
-    """A dataclass field with its facts in the metadata (see :class:`Option`); ints are bounded
-    by int ``low``/``high``, floats by float ones, a bool or a string (a path) by none.
+    """A dataclass field with its facts in the metadata (see `Option`); ints are bounded
+    by int `low`/`high`, floats by float ones, a bool or a string (a path) by none.
 
-    Example:
+    Examples:
         >>> @dataclass(frozen=True)
         ... class C:
         ...     steps: int = option(10, "optimiser steps", low=1, high=100)
@@ -97,7 +97,7 @@ def option(default, help: str, *, low: float | None = None, high: float | None =
 
 
 def option_of(cls, name: str) -> Option | None:
-    """The :class:`Option` of field ``name``: its own, or (a subclass that only changed the
+    """The `Option` of field `name`: its own, or (a subclass that only changed the
     default) the nearest parent's; None for a field declared without one."""
     for klass in getattr(cls, "__mro__", type(cls).__mro__):
         f = getattr(klass, "__dataclass_fields__", {}).get(name)
@@ -107,7 +107,7 @@ def option_of(cls, name: str) -> Option | None:
 
 
 def check_options(config) -> None:
-    """Check every field of ``config`` that has an :class:`Option` against it."""
+    """Check every field of `config` that has an `Option` against it."""
     for f in fields(config):
         spec = option_of(type(config), f.name)
         if spec is not None:
@@ -115,7 +115,7 @@ def check_options(config) -> None:
 
 
 def config_from_dict(cls, d: object, *, where: str = "training options"):
-    """Build ``cls`` from a dict: unknown keys and wrong JSON types are one clear error."""
+    """Build `cls` from a dict: unknown keys and wrong JSON types are one clear error."""
     if not isinstance(d, dict):
         raise QkvError(f"{where} must be a JSON object, got {type(d).__name__}")
     hints = get_type_hints(cls)
@@ -134,7 +134,7 @@ def config_from_dict(cls, d: object, *, where: str = "training options"):
 
 
 def changed_options(old, new, allowed: frozenset[str]) -> list[str]:
-    """``name=old (now new)`` for every field of two configs that differs and may not change."""
+    """`name=old (now new)` for every field of two configs that differs and may not change."""
     return [f"{f.name}={getattr(old, f.name)!r} (now {getattr(new, f.name)!r})" for f in fields(old)
             if f.name not in allowed and getattr(old, f.name) != getattr(new, f.name)]
 
@@ -142,7 +142,7 @@ def changed_options(old, new, allowed: frozenset[str]) -> list[str]:
 def check_threads(meta: dict, out: object, *, allow_inexact: bool) -> bool:
     """Is the resumed run still exact? A different torch thread count changes how sums are split,
     so the parameters would no longer be those of an uninterrupted run: refused unless
-    ``allow_inexact`` (``--force``), which says so on stderr and records ``"exact": false``."""
+    `allow_inexact` (`--force`), which says so on stderr and records `"exact": false`."""
     import torch
 
     saved, now = meta.get("threads"), torch.get_num_threads()
@@ -161,10 +161,10 @@ def check_threads(meta: dict, out: object, *, allow_inexact: bool) -> bool:
 @dataclass(frozen=True)
 class Schedule:
     """The optimiser and bookkeeping options every trainer has — one place for their meaning,
-    bounds and resumability. ``qkv.translate.train.TrainConfig`` and ``qkv.lm.train.LMTrainConfig``
+    bounds and resumability. `qkv.translate.train.TrainConfig` and `qkv.lm.train.LMTrainConfig`
     extend it with their model and data options (and give some of these other defaults).
 
-    Example:
+    Examples:
         >>> s = Schedule(steps=1000, warmup=100, lr=1e-3)
         >>> s.lr_at(49), s.lr_at(99), round(s.lr_at(999), 6)     # warm-up, peak, last step
         (0.0005, 0.001, 0.0001)
@@ -194,17 +194,17 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, d: dict):
-        """The config a ``config.json``'s options describe (:func:`config_from_dict`: unknown
+        """The config a `config.json`'s options describe (`config_from_dict`: unknown
         keys and wrong JSON types are one error) — every trainer's config, as its own class."""
         return config_from_dict(cls, d)
 
     def to_dict(self) -> dict:
-        """Every option by name, plain JSON (what ``config.json`` records)."""
+        """Every option by name, plain JSON (what `config.json` records)."""
         return asdict(self)
 
     def lr_at(self, step: int) -> float:
-        """Learning rate for (0-based) ``step``: linear warm-up to ``lr``, cosine down to
-        ``lr · min_lr_ratio`` (:func:`qkv.training.loop.lr_at`)."""
+        """Learning rate for (0-based) `step`: linear warm-up to `lr`, cosine down to
+        `lr · min_lr_ratio` (`qkv.training.loop.lr_at`)."""
         from qkv.training import loop
 
         return loop.lr_at(step, lr=self.lr, warmup=self.warmup, steps=self.steps,

@@ -1,9 +1,11 @@
 """Sequences with copied spans: the data on which induction heads form.
 
-A sequence is new tokens in which, now and then, a span of earlier tokens is written again::
+A sequence is new tokens in which, now and then, a span of earlier tokens is written again:
 
-    bika doma feta bona gisa  dela ...  fora  doma feta bona gisa dela  bapa ...
-         └──── span ────┘               └──── its copy ────────┘
+```text
+bika doma feta bona gisa  dela ...  fora  doma feta bona gisa dela  bapa ...
+     └──── span ────┘               └──── its copy ────────┘
+```
 
 The first token of a copy is unpredictable (which earlier span is copied, and when, is random);
 every later token of it is predictable *only* by looking back: find the current token's earlier
@@ -11,10 +13,10 @@ occurrence and read the token after it — what an induction head does, with a p
 in an earlier layer (Olsson et al., 2022). Copies start at random distances back, so no head can
 predict them by position alone.
 
-``qkv train lm`` draws its made-up words this way (:mod:`qkv.lm.data`) and ``qkv train reader``
-its copying windows (:mod:`qkv.reader.data`); the rule lives here once.
+`qkv train lm` draws its made-up words this way (`qkv.lm.data`) and `qkv train reader`
+its copying windows (`qkv.reader.data`); the rule lives here once.
 
-Example:
+Examples:
     >>> import random
     >>> rng = random.Random(0)
     >>> ids, copied = copy_sequence(rng, 12, lambda ids: rng.randrange(100), copy_prob=1.0,
@@ -32,10 +34,10 @@ from typing import Callable
 def copy_sequence(rng: random.Random, length: int, draw: Callable[[list[int]], int], *,
                   copy_prob: float, min_span: int, max_span: int,
                   reach: int | None = None) -> tuple[list[int], list[bool]]:
-    """``length`` token ids and, for each, whether it continues a copy (predictable by induction).
+    """`length` token ids and, for each, whether it continues a copy (predictable by induction).
 
-    After each new token (``draw(ids so far)``), with chance ``copy_prob`` a span of
-    ``min_span … max_span`` earlier tokens is written again, taken from at most ``reach`` tokens
+    After each new token (`draw(ids so far)`), with chance `copy_prob` a span of
+    `min_span … max_span` earlier tokens is written again, taken from at most `reach` tokens
     back (None: anywhere) — a model with a window must be able to see what it copies.
     """
     ids: list[int] = []

@@ -1,22 +1,24 @@
-"""The one training loop: ``qkv train translate`` and ``qkv train lm`` both run :func:`run_loop`.
+"""The one training loop: `qkv train translate` and `qkv train lm` both run `run_loop`.
 
-A step is::
+A step is:
 
-    lr ← schedule(step)            (warm-up, then cosine: lr_at)
-    loss, tokens ← step_loss(step)  (the model's batch for that step: a pure function of it)
-    loss not finite?  → stop: NonFiniteLoss, nothing of this step is saved
-    backward, clip the gradient norm, optimizer step
-    every eval_every steps: evaluate(state) → a result and a line for the log
-    every save_every steps and at the end: save(step, last result, final)
+```text
+lr ← schedule(step)            (warm-up, then cosine: lr_at)
+loss, tokens ← step_loss(step)  (the model's batch for that step: a pure function of it)
+loss not finite?  → stop: NonFiniteLoss, nothing of this step is saved
+backward, clip the gradient norm, optimizer step
+every eval_every steps: evaluate(state) → a result and a line for the log
+every save_every steps and at the end: save(step, last result, final)
+```
 
-The caller's ``save`` writes an atomic checkpoint (:mod:`qkv.training.checkpoint`); the loop never
-saves a model whose parameters are not all finite. ``callback(state)`` runs after every step; an
+The caller's `save` writes an atomic checkpoint (`qkv.training.checkpoint`); the loop never
+saves a model whose parameters are not all finite. `callback(state)` runs after every step; an
 exception it raises stops the run like a kill would, leaving the newest checkpoint intact.
-Ctrl-C (SIGINT) and SIGTERM (``kill``, a scheduler's stop) end the run alike: one line on stderr
-says after which step it stopped and which checkpoint ``--resume`` continues from, then
-:class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) goes on to the caller.
+Ctrl-C (SIGINT) and SIGTERM (`kill`, a scheduler's stop) end the run alike: one line on stderr
+says after which step it stopped and which checkpoint `--resume` continues from, then
+`KeyboardInterrupt` (`Terminated` for SIGTERM) goes on to the caller.
 
-Example:
+Examples:
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([4.0]))
     >>> opt = torch.optim.SGD([w], lr=0.1)
@@ -47,10 +49,11 @@ class NonFiniteLoss(QkvError):
 
 
 def lr_at(step: int, *, lr: float, warmup: int, steps: int, min_lr_ratio: float) -> float:
-    """Learning rate for (0-based) ``step``: linear warm-up to ``lr``, cosine down to ``lr·min_lr_ratio``.
+    """Learning rate for (0-based) `step`: linear warm-up to `lr`, cosine down to `lr·min_lr_ratio`.
 
-    >>> lr_at(49, lr=1e-3, warmup=100, steps=1000, min_lr_ratio=0.05)
-    0.0005
+    Examples:
+        >>> lr_at(49, lr=1e-3, warmup=100, steps=1000, min_lr_ratio=0.05)
+        0.0005
     """
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -73,7 +76,7 @@ class LoopPlan:
 
 @dataclass
 class TrainState:
-    """What :func:`run_loop` hands to its ``callback`` after every step (and returns at the end)."""
+    """What `run_loop` hands to its `callback` after every step (and returns at the end)."""
 
     step: int  # steps done
     loss: float  # this step's training loss
@@ -89,13 +92,13 @@ def run_loop(plan: LoopPlan, *, params: Iterable[torch.nn.Parameter], optimizer:
              save: Callable[[int, object, bool], None] | None = None,
              progress: bool = True, where: str = "the run directory",
              callback: Callable[[TrainState], None] | None = None) -> TrainState:
-    """Run steps ``plan.start … plan.steps - 1``; see the module docstring for one step.
+    """Run steps `plan.start … plan.steps - 1`; see the module docstring for one step.
 
     Args:
         params: the parameters to clip and to check for finiteness before each save.
         lr: step → learning rate, set on every parameter group.
         step_loss: step → (scalar loss with a graph, tokens in the batch).
-        evaluate: the state after a step → (result kept as ``state.last_eval``, a line for the log).
+        evaluate: the state after a step → (result kept as `state.last_eval`, a line for the log).
         save: (step done, last result, final) → writes a checkpoint.
         where: the run directory, for messages.
 
@@ -162,7 +165,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _stop_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM raise :class:`Terminated` (its default ends the process without a word);
+    """Make SIGTERM raise `Terminated` (its default ends the process without a word);
     returns what puts the handler before back. Off the main thread, where no handler can be set
     (and no signal arrives), nothing changes."""
     if threading.current_thread() is not threading.main_thread():

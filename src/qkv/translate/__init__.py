@@ -1,5 +1,5 @@
 """English→French translation on a toy grammar: the data, with gold word alignments
-(``qkv.translate.grammar``), and what learns from it."""
+(`qkv.translate.grammar`), and what learns from it."""
 
 # Where things are: grammar.py (the data), vocab.py (tokenizers), data.py (batches), train.py (the
 # loop), decode.py (greedy, beam, KV cache), checkpoint.py (files), metrics.py and report.py

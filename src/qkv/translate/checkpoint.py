@@ -1,15 +1,17 @@
-"""Translation checkpoints: safetensors tensors + a JSON config, through :mod:`qkv.training.checkpoint`.
+"""Translation checkpoints: safetensors tensors + a JSON config, through `qkv.training.checkpoint`.
 
-A checkpoint directory holds::
+A checkpoint directory holds:
 
-    config.json                      the commit point: sizes, training config, step, metrics,
-                                     the command that made it, which files hold what, and
-                                     "files": {name: sha256} for every other file below
-    model-<step>.safetensors         the weights
-    optimizer-<step>.safetensors     AdamW's moments (training runs only; --slim drops them)
-    tokenizer_en.json, tokenizer_fr.json
+```text
+config.json                      the commit point: sizes, training config, step, metrics,
+                                 the command that made it, which files hold what, and
+                                 "files": {name: sha256} for every other file below
+model-<step>.safetensors         the weights
+optimizer-<step>.safetensors     AdamW's moments (training runs only; --slim drops them)
+tokenizer_en.json, tokenizer_fr.json
+```
 
-Writing and reading go through :mod:`qkv.training.checkpoint`: atomic files, config.json last,
+Writing and reading go through `qkv.training.checkpoint`: atomic files, config.json last,
 and a file is read only when config.json lists it with a matching sha256 — tokenizers included,
 so tokenizers left by another run are never picked up. Nothing is ever unpickled.
 """
@@ -47,14 +49,14 @@ DEFAULT_MODEL_NAME = "translate"
 
 
 def default_model_dir() -> Path:
-    """Where the shipped checkpoint lives: ``qkv/data/translate``."""
+    """Where the shipped checkpoint lives: `qkv/data/translate`."""
     return Path(__file__).resolve().parent.parent / "data" / "translate"
 
 
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:
-    """``None`` or ``"translate"`` → the shipped checkpoint; anything else is a directory path.
+    """`None` or `"translate"` → the shipped checkpoint; anything else is a directory path.
 
-    A real directory called ``translate`` in the working directory wins over the name.
+    A real directory called `translate` in the working directory wins over the name.
     """
     if model is None or (str(model) == DEFAULT_MODEL_NAME and not Path(str(model)).is_dir()):
         return default_model_dir()
@@ -62,16 +64,16 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def model_name(directory: Path) -> str:
-    """How messages and results name a translation model: ``"translate (shipped)"`` or its path."""
+    """How messages and results name a translation model: `"translate (shipped)"` or its path."""
     shipped = Path(directory).resolve() == default_model_dir().resolve()
     return "translate (shipped)" if shipped else str(directory)
 
 
 def is_translation_model(model: str | os.PathLike | None) -> bool:
-    """True when ``model`` names a directory whose config.json says ``"model_type": "qkv-translation"``.
+    """True when `model` names a directory whose config.json says `"model_type": "qkv-translation"`.
 
-    (:func:`qkv.load` routes such a directory here by the same model_type:
-    :func:`qkv.models.registry.route`.)
+    ([`qkv.load`][qkv.load] routes such a directory here by the same model_type:
+    [`qkv.models.registry.route`][qkv.models.registry.route].)
     """
     path = resolve_model_dir(model) / "config.json"
     if not path.is_file():
@@ -91,8 +93,8 @@ def model_tensors(model: TranslationModel) -> dict[str, torch.Tensor]:
 
 def _check_sizes(config: TranslationConfig, shapes: dict[str, tuple[int, ...]], where: str) -> None:
     """Sizes in config.json that no tensor of the checkpoint could hold are refused before the
-    model is built (``"d_model": 1000000000`` would otherwise ask for terabytes first), from the
-    weights' header (``shapes``: name → shape)."""
+    model is built (`"d_model": 1000000000` would otherwise ask for terabytes first), from the
+    weights' header (`shapes`: name → shape)."""
     largest = max((max(s, default=1) for s in shapes.values()), default=1)
     for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "ff_dim"):
         if getattr(config, name) > largest:
@@ -109,10 +111,10 @@ def _check_sizes(config: TranslationConfig, shapes: dict[str, tuple[int, ...]], 
 
 def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor], source: str,
                        *, check_only: bool = False) -> None:
-    """Copy ``tensors`` into ``model``; QkvError naming missing, unexpected or mis-shaped tensors.
+    """Copy `tensors` into `model`; QkvError naming missing, unexpected or mis-shaped tensors.
 
-    ``check_only``: compare names and shapes only (``model`` may be on the meta device; the
-    values of ``tensors`` may be shapes)."""
+    `check_only`: compare names and shapes only (`model` may be on the meta device; the
+    values of `tensors` may be shapes)."""
     tensors = upgrade_state_dict(tensors)  # format-1 checkpoints: layers before the stack
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
@@ -130,9 +132,9 @@ def load_model_tensors(model: TranslationModel, tensors: dict[str, torch.Tensor]
 
 
 def read_weights(directory: Path, meta: dict) -> WeightFiles:
-    """The checkpoint's weights file (``meta["weights"]["file"]``): listed in config.json, its
+    """The checkpoint's weights file (`meta["weights"]["file"]`): listed in config.json, its
     bytes matching the sha256 there, read by the one safetensors reader
-    (:mod:`qkv.models.checkpoint`: a regular file inside the directory, headers only)."""
+    (`qkv.models.checkpoint`: a regular file inside the directory, headers only)."""
     name = meta["weights"]["file"]
     path = listed_path(directory, meta, name, "weights")
     read_verified(path, meta[FILES_KEY][name], "weights file")
@@ -188,11 +190,11 @@ def read_meta(directory: str | Path) -> dict:
 
 
 def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: bool = False) -> Checkpoint:
-    """Load a translation checkpoint (``None``/"translate" = the shipped one).
+    """Load a translation checkpoint (`None`/"translate" = the shipped one).
 
     Every problem — a missing directory, a directory of another model type, a corrupt or
     mismatched file, a file config.json does not list with its sha256 — is a one-line
-    :class:`~qkv.errors.QkvError`.
+    `QkvError`.
     """
     directory = resolve_model_dir(model)
     meta = read_meta(directory)
@@ -221,17 +223,17 @@ def load_checkpoint(model: str | os.PathLike | None = None, *, with_optimizer: b
 
 def load_model(path: str | os.PathLike, *, name: str | None = None, dtype: torch.dtype | None = None,
                device: torch.device | None = None, files: dict | None = None) -> TranslationModel:
-    """The registry's ``translation`` loader (:func:`qkv.load`): the checkpoint's model, in eval
-    mode, on ``device`` in ``dtype`` (None: as stored). ``name`` and ``files`` are
-    :func:`load_checkpoint`'s own (config.json names the model's files)."""
+    """The registry's `translation` loader ([`qkv.load`][qkv.load]): the checkpoint's model, in eval
+    mode, on `device` in `dtype` (None: as stored). `name` and `files` are
+    `load_checkpoint`'s own (config.json names the model's files)."""
     return load_checkpoint(path).model.to(device=device, dtype=dtype)
 
 
 def save_checkpoint(directory: str | Path, model: TranslationModel, vocab: Vocab, meta: dict,
                     *, step: int, optimizer: torch.optim.Optimizer | None = None) -> Path:
-    """Write a checkpoint of ``model`` at ``step`` (and the optimizer, for ``--resume``).
+    """Write a checkpoint of `model` at `step` (and the optimizer, for `--resume`).
 
-    ``meta`` is merged into config.json (the training config, metrics, the command…). The
+    `meta` is merged into config.json (the training config, metrics, the command…). The
     tokenizers and tensors go first, config.json (listing each with its sha256) last; older
     tensor files are removed once it names the new ones.
     """

@@ -3,10 +3,10 @@
 A batch never depends on what ran before it, only on the seed and the step number: resuming a
 killed run at step k draws exactly the batches the uninterrupted run would have drawn.
 
-::
-
-    epoch e = ⌊step · B / N⌋ → permutation π_e = randperm(N, seed=(seed, e))
-    batch(step) = pairs π_e[i·B : (i+1)·B],  i = step mod (N // B)
+```text
+epoch e = ⌊step · B / N⌋ → permutation π_e = randperm(N, seed=(seed, e))
+batch(step) = pairs π_e[i·B : (i+1)·B],  i = step mod (N // B)
+```
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from qkv.translate.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab
 
 @functools.lru_cache(maxsize=4)
 def load_splits(seed: int = 0) -> Splits:
-    """``grammar.make_splits(seed)`` with the default sizes, computed once per process.
+    """`grammar.make_splits(seed)` with the default sizes, computed once per process.
 
-    Safe to cache: :class:`~qkv.translate.grammar.Splits` is frozen and holds tuples of frozen
+    Safe to cache: `Splits` is frozen and holds tuples of frozen
     pairs, so no caller can change what the next one gets.
     """
     return make_splits(seed=seed)
@@ -36,7 +36,7 @@ def load_splits(seed: int = 0) -> Splits:
 class Batch:
     """One padded batch. src (b, s): English ids + [EOS]; tgt (b, t+1): [BOS] + French + [EOS].
 
-    The decoder reads ``tgt_in`` = tgt[:, :-1] and learns to predict ``tgt_out`` = tgt[:, 1:].
+    The decoder reads `tgt_in` = tgt[:, :-1] and learns to predict `tgt_out` = tgt[:, 1:].
     """
 
     src: torch.Tensor
@@ -77,7 +77,7 @@ class EncodedCorpus:
         return len(self.pairs)
 
     def batch(self, index: torch.Tensor) -> Batch:
-        """Rows ``index``, trimmed to the longest sentence among them."""
+        """Rows `index`, trimmed to the longest sentence among them."""
         src, tgt = self.src[index], self.tgt[index]
         s = int((src != PAD_ID).sum(1).max())
         t = int((tgt != PAD_ID).sum(1).max())
@@ -85,7 +85,7 @@ class EncodedCorpus:
 
 
 def encode_pairs(pairs: Sequence[Pair], vocab: Vocab) -> EncodedCorpus:
-    """Tokenise every pair with ``vocab`` (ids end with [EOS]; French starts with [BOS])."""
+    """Tokenise every pair with `vocab` (ids end with [EOS]; French starts with [BOS])."""
     en = vocab.en.encode_batch([p.en for p in pairs], add_special_tokens=False)
     fr = vocab.fr.encode_batch([p.fr for p in pairs], add_special_tokens=False)
     src = pad([e.ids + [EOS_ID] for e in en])
@@ -94,9 +94,9 @@ def encode_pairs(pairs: Sequence[Pair], vocab: Vocab) -> EncodedCorpus:
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
-    """The corpus rows of batch ``step``: a pure function of (n, batch_size, seed, step).
+    """The corpus rows of batch `step`: a pure function of (n, batch_size, seed, step).
 
-    Example:
+    Examples:
         >>> a = batch_indices(100, 8, seed=0, step=37)
         >>> bool((a == batch_indices(100, 8, seed=0, step=37)).all()), a.shape
         (True, torch.Size([8]))
@@ -110,7 +110,7 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor
 
 
 def get_batch(corpus: EncodedCorpus, batch_size: int, seed: int, step: int) -> Batch:
-    """Training batch ``step`` of ``corpus`` (see :func:`batch_indices`)."""
+    """Training batch `step` of `corpus` (see `batch_indices`)."""
     return corpus.batch(batch_indices(len(corpus), batch_size, seed, step))
 
 

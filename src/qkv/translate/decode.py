@@ -2,11 +2,11 @@
 
 With the cache, each new token runs the decoder on one position: its self-attention reads the
 cached keys and values of the French tokens so far, its cross-attention the memory's keys and
-values projected once per sentence. Without it (``use_cache=False``, kept as the reference the
+values projected once per sentence. Without it (`use_cache=False`, kept as the reference the
 tests and the benchmark compare against), every step re-runs the decoder over the whole prefix.
 
-``model`` is a :class:`~qkv.translate.model.TranslationModel` (its ``start``/``step``),
-annotated as ``nn.Module``: that module calls these for its own ``translate``/``cross_pass``,
+`model` is a `TranslationModel` (its `start`/`step`),
+annotated as `nn.Module`: that module calls these for its own `translate`/`cross_pass`,
 so importing it here would make a cycle.
 
 Decoding never emits [PAD], [BOS] or [UNK]: their logits are set to −inf. Output id rows end
@@ -43,7 +43,7 @@ def greedy_decode(model: nn.Module, src: torch.Tensor, *, max_new: int | None = 
                   use_cache: bool = True) -> torch.Tensor:
     """Most likely next token, one at a time: src (b, s) → ids (b, n) ending in [EOS].
 
-    Example:
+    Examples:
         >>> from qkv.translate.model import TranslationConfig, TranslationModel
         >>> m = TranslationModel(TranslationConfig(10, 12, d_model=8, num_heads=2, encoder_layers=1,
         ...                                        decoder_layers=1, ff_dim=16)).eval()
@@ -78,12 +78,12 @@ def greedy_decode(model: nn.Module, src: torch.Tensor, *, max_new: int | None = 
 @torch.no_grad()
 def beam_search(model: nn.Module, src: torch.Tensor, beam_size: int = 4, *,
                 max_new: int | None = None, length_penalty: float = 0.0) -> torch.Tensor:
-    """Keep the ``beam_size`` best partial translations per sentence: src (b, s) → ids (b, n).
+    """Keep the `beam_size` best partial translations per sentence: src (b, s) → ids (b, n).
 
-    A hypothesis's score is its summed log-probability divided by ``length ** length_penalty``
+    A hypothesis's score is its summed log-probability divided by `length ** length_penalty`
     (0 = plain log-probability: this grammar's lengths are fixed by the English). The decoder
     runs on b·K rows; after each step every cache is reordered to follow the surviving beams
-    (:meth:`KVCache.reorder`). With ``beam_size=1`` this is exactly :func:`greedy_decode`.
+    ([`KVCache.reorder`][qkv.KVCache.reorder]). With `beam_size=1` this is exactly `greedy_decode`.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
@@ -119,7 +119,7 @@ def translate(model: nn.Module, vocab: Vocab, texts: list[str], *, beam: int = 1
               batch_size: int = 256, progress: Callable[[str, int, int], None] | None = None
               ) -> list[str]:
     """French for each English text (QkvError for empty text or unknown words, before decoding);
-    ``progress("translating", done, len(texts))`` told after each batch."""
+    `progress("translating", done, len(texts))` told after each batch."""
     ids = [vocab.encode_en(t) for t in texts]
     out: list[str] = []
     for start in range(0, len(ids), batch_size):

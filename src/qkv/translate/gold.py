@@ -1,10 +1,11 @@
 """The grammar's gold alignment for a sentence: what the translation model answers when asked
-for its ``gold_alignment(text)`` (:mod:`qkv.models.protocol`), so that
-:func:`qkv.explain.cross_attention` checks each head against it.
+for its `gold_alignment(text)` ([`qkv.models.protocol`][qkv.models.protocol]), so that
+[`qkv.explain.cross_attention`][qkv.explain.cross_attention] checks each head against it.
 
 The explanation library does not know the toy grammar: it asks the model, and a model that
 learned no grammar (a transformers encoder-decoder) has no gold alignment.
 
+Examples:
     >>> french, links = grammar_gold("the red apple is next to the black cats")
     >>> french[:3], links[:3]              # "la" ← the, "pomme" ← apple, "rouge" ← red
     (['la', 'pomme', 'rouge'], [(0,), (2,), (1,)])

@@ -3,10 +3,10 @@
 Every English sentence the grammar generates has exactly one French translation, and we know which
 English words each French word comes from. That is what lets us score a cross-attention head: its
 alignment accuracy is the fraction of French tokens whose most-attended English token is in the
-token's gold set (``Pair.alignment``).
+token's gold set (`Pair.alignment`).
 
 Sentences are lower case, without final punctuation, and follow one of three templates
-(``[adj]`` is an optional adjective; every noun phrase has an article):
+(`[adj]` is an optional adjective; every noun phrase has an article):
 
     1. the [adj] noun  eats|sees|likes|finds|follows  the [adj] noun
     2. the [adj] noun  is|are  adj
@@ -19,8 +19,8 @@ always follows the article in French, so "l'arbre rouge"), and "de" contracts wi
 du (de le), de la, de l', des (de les), d'un, d'une.
 
 Tokens. English tokens are the whitespace-separated words. French tokens are the words, with the
-elided "l'" and "d'" split off as tokens of their own: "l'arbre" is ``["l'", "arbre"]`` and
-``detokenize_fr`` glues a token ending in an apostrophe to the next one. Only the ASCII
+elided "l'" and "d'" split off as tokens of their own: "l'arbre" is `["l'", "arbre"]` and
+`detokenize_fr` glues a token ending in an apostrophe to the next one. Only the ASCII
 apostrophe is used.
 
 Gold alignment rules (for each French token, the English token indices it translates):
@@ -32,7 +32,7 @@ Gold alignment rules (for each French token, the English token indices it transl
     du, des                 "to" and the English article ("the"): the two fused into one word
 
 Content words (nouns, adjectives, verbs) are exactly one-to-one: each aligns to one English token,
-and no other French token aligns to that English token. ``Pair.fr_roles`` names each French
+and no other French token aligns to that English token. `Pair.fr_roles` names each French
 token's role ("det", "noun", "adj", "verb", "prep", "prep_det") so scores can be split by role.
 
     English tokens   0 the   1 red   2 apple   3 is   4 next   5 to   6 the   7 black   8 cats
@@ -40,12 +40,12 @@ token's role ("det", "noun", "adj", "verb", "prep", "prep_det") so scores can be
     French tokens    la     pomme   rouge   est    à      côté   des      chats   noirs
     alignment        (0,)   (2,)    (1,)    (3,)   (4,)   (4,)   (5, 6)   (8,)    (7,)
 
-Splits (``make_splits``) hold out some adjective–noun combinations (attributive "the red apple"
+Splits (`make_splits`) hold out some adjective–noun combinations (attributive "the red apple"
 and predicative "the apple is red" alike) and some (subject noun, object noun) combinations: they
 never occur in train or valid, and a test pair is *unseen* when it contains at least one of them.
 Every noun and adjective still occurs in training on its own; only the combination is withheld.
 
-Example:
+Examples:
 
     >>> pair = make_pair("the cat is next to the tree")
     >>> pair.fr
@@ -80,8 +80,9 @@ Role = Literal["det", "noun", "adj", "verb", "prep", "prep_det"]
 class Numbered:
     """A word that agrees in number, in both languages: a noun, or a verb's third person.
 
-    >>> NOUNS["horse"].fr(plural=True), VERBS["follow"].en(plural=False)
-    ('chevaux', 'follows')
+    Examples:
+        >>> NOUNS["horse"].fr(plural=True), VERBS["follow"].en(plural=False)
+        ('chevaux', 'follows')
     """
 
     en_sg: str
@@ -98,10 +99,11 @@ class Numbered:
 
 @dataclass(frozen=True)
 class Noun(Numbered):
-    """One noun in both languages. ``fr_vowel``: the French noun elides a preceding le/la/de.
+    """One noun in both languages. `fr_vowel`: the French noun elides a preceding le/la/de.
 
-    >>> NOUNS["horse"].fr_pl
-    'chevaux'
+    Examples:
+        >>> NOUNS["horse"].fr_pl
+        'chevaux'
     """
 
     gender: Gender
@@ -112,8 +114,9 @@ class Noun(Numbered):
 class Adjective:
     """One adjective: English form and the four French agreeing forms.
 
-    >>> ADJECTIVES["white"].fr("f", plural=True)
-    'blanches'
+    Examples:
+        >>> ADJECTIVES["white"].fr("f", plural=True)
+        'blanches'
     """
 
     en: str
@@ -132,8 +135,9 @@ class Adjective:
 class Verb(Numbered):
     """One verb in the present tense, third person: singular and plural forms.
 
-    >>> VERBS["follow"].fr_pl
-    'suivent'
+    Examples:
+        >>> VERBS["follow"].fr_pl
+        'suivent'
     """
 
 
@@ -201,8 +205,9 @@ FR_FUNCTION_WORDS: tuple[str, ...] = (
 class Lexicon:
     """Every token the grammar can produce, per language, sorted.
 
-    >>> "l'" in lexicon().fr and "next" in lexicon().en
-    True
+    Examples:
+        >>> "l'" in lexicon().fr and "next" in lexicon().en
+        True
     """
 
     en: tuple[str, ...]
@@ -231,17 +236,19 @@ def lexicon() -> Lexicon:
 def tokenize_en(text: str) -> list[str]:
     """English tokens are whitespace-separated words.
 
-    >>> tokenize_en("the cat eats the apple")
-    ['the', 'cat', 'eats', 'the', 'apple']
+    Examples:
+        >>> tokenize_en("the cat eats the apple")
+        ['the', 'cat', 'eats', 'the', 'apple']
     """
     return text.split()
 
 
 def detokenize_en(tokens: list[str] | tuple[str, ...]) -> str:
-    """Inverse of ``tokenize_en``: join with single spaces.
+    """Inverse of `tokenize_en`: join with single spaces.
 
-    >>> detokenize_en(["the", "cats", "eat"])
-    'the cats eat'
+    Examples:
+        >>> detokenize_en(["the", "cats", "eat"])
+        'the cats eat'
     """
     _check_tokens(tokens)
     return " ".join(tokens)
@@ -254,17 +261,19 @@ _FR_TOKEN = re.compile(r"[^\s']*'|[^\s']+")
 def tokenize_fr(text: str) -> list[str]:
     """Split French on whitespace and after every apostrophe.
 
-    >>> tokenize_fr("l'oiseau est à côté d'une orange")
-    ["l'", 'oiseau', 'est', 'à', 'côté', "d'", 'une', 'orange']
+    Examples:
+        >>> tokenize_fr("l'oiseau est à côté d'une orange")
+        ["l'", 'oiseau', 'est', 'à', 'côté', "d'", 'une', 'orange']
     """
     return _FR_TOKEN.findall(text)
 
 
 def detokenize_fr(tokens: list[str] | tuple[str, ...]) -> str:
-    """Inverse of ``tokenize_fr``: spaces between tokens, none after an elided "l'" or "d'".
+    """Inverse of `tokenize_fr`: spaces between tokens, none after an elided "l'" or "d'".
 
-    >>> detokenize_fr(["le", "chat", "est", "à", "côté", "de", "l'", "arbre"])
-    "le chat est à côté de l'arbre"
+    Examples:
+        >>> detokenize_fr(["le", "chat", "est", "à", "côté", "de", "l'", "arbre"])
+        "le chat est à côté de l'arbre"
     """
     _check_tokens(tokens)
     for t in tokens:
@@ -297,8 +306,9 @@ def _check_tokens(tokens: list[str] | tuple[str, ...]) -> None:
 class NounPhrase:
     """Article + optional adjective + noun. Indefinite noun phrases are singular.
 
-    >>> NounPhrase("apple", plural=False, definite=False, adj="red")
-    NounPhrase(noun='apple', plural=False, definite=False, adj='red')
+    Examples:
+        >>> NounPhrase("apple", plural=False, definite=False, adj="red")
+        NounPhrase(noun='apple', plural=False, definite=False, adj='red')
     """
 
     noun: str
@@ -317,12 +327,13 @@ class NounPhrase:
 
 @dataclass(frozen=True)
 class Sentence:
-    """One sentence's structure: template 1 has ``obj``, 2 has ``pred_adj``, 3 has ``obj``.
+    """One sentence's structure: template 1 has `obj`, 2 has `pred_adj`, 3 has `obj`.
 
-    >>> cat, apples = NounPhrase("cat", False, True, adj="red"), NounPhrase("apple", True, True)
-    >>> s = Sentence(1, cat, verb="eat", obj=apples)
-    >>> s.adj_noun(), s.noun_noun()
-    ((('red', 'cat'),), (('cat', 'apple'),))
+    Examples:
+        >>> cat, apples = NounPhrase("cat", False, True, adj="red"), NounPhrase("apple", True, True)
+        >>> s = Sentence(1, cat, verb="eat", obj=apples)
+        >>> s.adj_noun(), s.noun_noun()
+        ((('red', 'cat'),), (('cat', 'apple'),))
     """
 
     template: Literal[1, 2, 3]
@@ -361,15 +372,16 @@ class Sentence:
 class Pair:
     """One English sentence, its French translation and the gold word alignment.
 
-    ``alignment[j]`` holds the English token indices that French token ``j`` translates (sorted,
-    never empty); ``fr_roles[j]`` is French token ``j``'s role. ``adj_noun`` and ``noun_noun`` are
-    the English lemma combinations the sentence contains (see ``Sentence``).
+    `alignment[j]` holds the English token indices that French token `j` translates (sorted,
+    never empty); `fr_roles[j]` is French token `j`'s role. `adj_noun` and `noun_noun` are
+    the English lemma combinations the sentence contains (see `Sentence`).
 
-    >>> p = make_pair("the horses are hungry")
-    >>> p.fr_tokens, p.alignment
-    (('les', 'chevaux', 'sont', 'affamés'), ((0,), (1,), (2,), (3,)))
-    >>> p.adj_noun, p.noun_noun
-    ((('hungry', 'horse'),), ())
+    Examples:
+        >>> p = make_pair("the horses are hungry")
+        >>> p.fr_tokens, p.alignment
+        (('les', 'chevaux', 'sont', 'affamés'), ((0,), (1,), (2,), (3,)))
+        >>> p.adj_noun, p.noun_noun
+        ((('hungry', 'horse'),), ())
     """
 
     en: str
@@ -386,8 +398,9 @@ class Pair:
     def links(self) -> list[tuple[int, int]]:
         """The alignment as (fr_index, en_index) pairs.
 
-        >>> make_pair("the cat is red").links
-        [(0, 0), (1, 1), (2, 2), (3, 3)]
+        Examples:
+            >>> make_pair("the cat is red").links
+            [(0, 0), (1, 1), (2, 2), (3, 3)]
         """
         return [(j, i) for j, srcs in enumerate(self.alignment) for i in srcs]
 
@@ -436,7 +449,7 @@ class _Builder:
 
 
 def _emit_np(b: _Builder, np: NounPhrase, start: int, after_de: int | None = None) -> None:
-    """French for the noun phrase whose English starts at ``start``; ``after_de`` is the index of
+    """French for the noun phrase whose English starts at `start`; `after_de` is the index of
     "to" when the phrase follows "à côté de", whose "de" contracts with the article."""
     noun = NOUNS[np.noun]
     i_art, i_adj, i_noun = start, start + 1, start + (2 if np.adj else 1)
@@ -456,8 +469,9 @@ def _emit_np(b: _Builder, np: NounPhrase, start: int, after_de: int | None = Non
 def realize(s: Sentence) -> Pair:
     """Both languages and the gold alignment for a sentence structure.
 
-    >>> realize(Sentence(2, NounPhrase("horse", plural=True, definite=True), pred_adj="hungry")).fr
-    'les chevaux sont affamés'
+    Examples:
+        >>> realize(Sentence(2, NounPhrase("horse", plural=True, definite=True), pred_adj="hungry")).fr
+        'les chevaux sont affamés'
     """
     b = _Builder()
     subj_start = b.en_words(_en_np(s.subj))
@@ -493,7 +507,7 @@ def realize(s: Sentence) -> Pair:
 
 
 def _en_forms(words: dict[str, Numbered]) -> dict[str, tuple[str, bool]]:
-    """English surface form -> (lemma, plural) of ``words`` (a form both numbers share: plural)."""
+    """English surface form -> (lemma, plural) of `words` (a form both numbers share: plural)."""
     return {**{w.en_sg: (k, False) for k, w in words.items()},
             **{w.en_pl: (k, True) for k, w in words.items()}}
 
@@ -576,29 +590,32 @@ class _Parser:
 
 
 def parse(en: str) -> Sentence:
-    """The structure of an English sentence of the grammar; ``ValueError`` naming the word otherwise.
+    """The structure of an English sentence of the grammar; `ValueError` naming the word otherwise.
 
-    >>> s = parse("a dog is tired")
-    >>> s.template, s.subj, s.pred_adj
-    (2, NounPhrase(noun='dog', plural=False, definite=False, adj=None), 'tired')
+    Examples:
+        >>> s = parse("a dog is tired")
+        >>> s.template, s.subj, s.pred_adj
+        (2, NounPhrase(noun='dog', plural=False, definite=False, adj=None), 'tired')
     """
     return _Parser(en).sentence()
 
 
 def make_pair(en: str) -> Pair:
-    """The full ``Pair`` (translation, tokens, alignment) for an English sentence of the grammar.
+    """The full `Pair` (translation, tokens, alignment) for an English sentence of the grammar.
 
-    >>> make_pair("a tired child sees the green trees").fr
-    'un enfant fatigué voit les arbres verts'
+    Examples:
+        >>> make_pair("a tired child sees the green trees").fr
+        'un enfant fatigué voit les arbres verts'
     """
     return realize(parse(en))
 
 
 def translate_reference(en: str) -> str:
-    """The grammar's exact French for ``en``; ``ValueError`` naming the sentence and word otherwise.
+    """The grammar's exact French for `en`; `ValueError` naming the sentence and word otherwise.
 
-    >>> translate_reference("the red apple is next to the black cats")
-    'la pomme rouge est à côté des chats noirs'
+    Examples:
+        >>> translate_reference("the red apple is next to the black cats")
+        'la pomme rouge est à côté des chats noirs'
     """
     return make_pair(en).fr
 
@@ -633,8 +650,9 @@ def sample_sentence(rng: random.Random) -> Sentence:
     """A random sentence structure. Subject and object nouns differ, so that every noun in a
     sentence has one unambiguous source for attention to find.
 
-    >>> realize(sample_sentence(random.Random(0))).en == realize(sample_sentence(random.Random(0))).en
-    True
+    Examples:
+        >>> realize(sample_sentence(random.Random(0))).en == realize(sample_sentence(random.Random(0))).en
+        True
     """
     template = rng.choices((1, 2, 3), weights=TEMPLATE_WEIGHTS)[0]
     subj = _sample_np(rng)
@@ -649,13 +667,14 @@ def sample_sentence(rng: random.Random) -> Sentence:
 class Splits:
     """Train/valid/test pairs and the combinations held out of train and valid.
 
-    ``held_out_adj_noun`` holds (adjective, noun) lemma pairs, ``held_out_noun_noun`` holds
+    `held_out_adj_noun` holds (adjective, noun) lemma pairs, `held_out_noun_noun` holds
     (subject noun, object noun) lemma pairs. No English sentence occurs twice in the whole corpus.
     Immutable (tuples of frozen pairs), so one cached instance can be shared by every caller.
 
-    >>> s = make_splits(seed=0, n_train=50, n_valid=5, n_test=10)
-    >>> len(s.train), len(s.test_unseen), any(s.is_unseen(p) for p in s.train)
-    (50, 5, False)
+    Examples:
+        >>> s = make_splits(seed=0, n_train=50, n_valid=5, n_test=10)
+        >>> len(s.train), len(s.test_unseen), any(s.is_unseen(p) for p in s.train)
+        (50, 5, False)
     """
 
     seed: int
@@ -692,7 +711,7 @@ def _contains_held_out(
 def _hold_out(
     rng: random.Random, candidates: list[tuple[str, str]], fraction: float
 ) -> frozenset[tuple[str, str]]:
-    """Pick ``round(fraction * len(candidates))`` combinations, spread so that no first or second
+    """Pick `round(fraction * len(candidates))` combinations, spread so that no first or second
     element is held out much more often than the others (each lemma keeps most of its partners)."""
     n = round(fraction * len(candidates))
     if n == 0:
@@ -726,13 +745,14 @@ def make_splits(
 ) -> Splits:
     """Deterministic train/valid/test splits with held-out combinations.
 
-    ``held_out_fraction`` of the adjective–noun combinations and of the (subject, object) noun
-    combinations never occur in train or valid; ``round(unseen_fraction * n_test)`` test pairs
+    `held_out_fraction` of the adjective–noun combinations and of the (subject, object) noun
+    combinations never occur in train or valid; `round(unseen_fraction * n_test)` test pairs
     contain at least one of them, the rest contain none. Same seed, same splits.
 
-    >>> sizes = dict(n_train=20, n_valid=2, n_test=4)
-    >>> make_splits(seed=3, **sizes) == make_splits(seed=3, **sizes)
-    True
+    Examples:
+        >>> sizes = dict(n_train=20, n_valid=2, n_test=4)
+        >>> make_splits(seed=3, **sizes) == make_splits(seed=3, **sizes)
+        True
     """
     for name, n in (("n_train", n_train), ("n_valid", n_valid), ("n_test", n_test)):
         if n < 0:

@@ -2,7 +2,7 @@
 
 Alignment accuracy of a cross-attention head (layer l, head h): over the French tokens of a set
 of pairs, the fraction whose most-attended English token is in the grammar's gold set for that
-token (``Pair.alignment``). The attention read is the one of the decoder position that *produces*
+token (`Pair.alignment`). The attention read is the one of the decoder position that *produces*
 the French token (its input is the previous token), in a teacher-forced pass over the gold
 French. The English [EOS] counts as a position: attending most to it is a miss.
 """
@@ -24,8 +24,9 @@ from qkv.translate.vocab import Vocab
 def exact_match(hypotheses: list[str], references: list[str]) -> float:
     """The fraction of hypotheses equal to their reference, character for character.
 
-    >>> exact_match(["le chat", "la pomme"], ["le chat", "une pomme"])
-    0.5
+    Examples:
+        >>> exact_match(["le chat", "la pomme"], ["le chat", "une pomme"])
+        0.5
     """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
@@ -37,8 +38,9 @@ def exact_match(hypotheses: list[str], references: list[str]) -> float:
 def bleu(hypotheses: list[str], references: list[str]) -> float:
     """Corpus BLEU (sacrebleu, default 13a tokenisation), 0–100.
 
-    >>> round(bleu(["le chat mange la pomme"], ["le chat mange la pomme"]), 1)
-    100.0
+    Examples:
+        >>> round(bleu(["le chat mange la pomme"], ["le chat mange la pomme"]), 1)
+        100.0
     """
     try:
         import sacrebleu
@@ -53,7 +55,7 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
 class AlignmentScores:
     """Per-head alignment accuracy.
 
-    Fields:
+    Attributes:
         accuracy: (layers, heads) fraction of French tokens whose argmax English token is gold.
         tokens: how many French tokens were scored.
     """
@@ -80,8 +82,8 @@ def gold_matrix(pair: Pair, s: int) -> torch.Tensor:
 def head_alignment(model: TranslationModel, vocab: Vocab, pairs: Sequence[Pair],
                    batch_size: int = 250, progress: Callable[[str, int, int], None] | None = None
                    ) -> AlignmentScores:
-    """Alignment accuracy of every decoder cross-attention head on ``pairs`` (teacher-forced);
-    ``progress("aligning", done, len(pairs))`` told after each batch."""
+    """Alignment accuracy of every decoder cross-attention head on `pairs` (teacher-forced);
+    `progress("aligning", done, len(pairs))` told after each batch."""
     corpus = encode_pairs(pairs, vocab)
     L, H = model.config.decoder_layers, model.config.num_heads
     hits = torch.zeros(L, H)

@@ -1,18 +1,18 @@
 """The encoder-decoder Transformer of Vaswani et al. (2017), for the toy English→French grammar.
 
-::
+```text
+English ids ─ embed·√d + PE ─ [encoder layer] × N ─────────────┐ memory (b, s, E)
+                                                               │
+French ids ── embed·√d + PE ─ [decoder layer] × N ─ generator ─ logits (b, t, V_fr)
+  ([BOS] y_1 … y_{t-1})        self-attn (causal)
+                               cross-attn: queries from French, keys/values from memory
+                               feed-forward
+```
 
-    English ids ─ embed·√d + PE ─ [encoder layer] × N ─────────────┐ memory (b, s, E)
-                                                                   │
-    French ids ── embed·√d + PE ─ [decoder layer] × N ─ generator ─ logits (b, t, V_fr)
-      ([BOS] y_1 … y_{t-1})        self-attn (causal)
-                                   cross-attn: queries from French, keys/values from memory
-                                   feed-forward
-
-Encoder and decoder layers are the same :class:`~qkv.modules.TransformerLayer`; a decoder layer
-is built with ``cross_attention=True`` and called with ``is_causal=True``. Decoding keeps a
-:class:`~qkv.modules.KVCache` per decoder layer for the self-attention, and one per layer for the
-cross-attention keys and values of the memory, which are projected once per sentence.
+Encoder and decoder layers are the same [`TransformerLayer`][qkv.modules.TransformerLayer]; a
+decoder layer is built with `cross_attention=True` and called with `is_causal=True`. Decoding keeps
+a [`KVCache`][qkv.modules.KVCache] per decoder layer for the self-attention, and one per layer for
+the cross-attention keys and values of the memory, which are projected once per sentence.
 
 Dimension letters: b batch, s English length, t French length, E = d_model, V vocabulary size.
 """
@@ -36,9 +36,9 @@ from qkv.modules import (
 
 @dataclass(frozen=True)
 class TranslationConfig:
-    """Sizes of a :class:`TranslationModel`. Defaults: the shipped model.
+    """Sizes of a `TranslationModel`. Defaults: the shipped model.
 
-    Example:
+    Examples:
         >>> TranslationConfig(src_vocab_size=64, tgt_vocab_size=90).head_dim
         32
     """
@@ -93,7 +93,7 @@ class TranslationConfig:
 class DecoderState:
     """What incremental decoding carries from one step to the next.
 
-    Fields:
+    Attributes:
         memory: (b, s, E) the encoder output. memory_mask: (b, s) True for real English tokens.
         self_caches: one KVCache per decoder layer, the French tokens so far.
         cross_caches: one KVCache per decoder layer, the memory's projected keys and values.
@@ -110,7 +110,7 @@ class DecoderState:
         return len(self.self_caches[0])
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows ``index`` (beam search), in every cache and in the memory."""
+        """Keep batch rows `index` (beam search), in every cache and in the memory."""
         for cache in (*self.self_caches, *self.cross_caches):
             cache.reorder(index)
         self.memory = self.memory.index_select(0, index)
@@ -121,8 +121,8 @@ class DecoderState:
 class TranslationTrace:
     """The attention traces of one teacher-forced forward pass.
 
-    ``encoder[l]`` and ``decoder[l]`` are layer ``l``'s :class:`~qkv.modules.LayerTrace`; the
-    decoder's ``cross_attn.attention.weights`` (b, h, t, s) is where each French position looked
+    `encoder[l]` and `decoder[l]` are layer `l`'s `LayerTrace`; the
+    decoder's `cross_attn.attention.weights` (b, h, t, s) is where each French position looked
     in the English sentence.
     """
 
@@ -133,10 +133,10 @@ class TranslationTrace:
 class TranslationModel(nn.Module):
     """Encoder-decoder Transformer: English ids (b, s) and French ids (b, t) → logits (b, t, V).
 
-    ``qkv.load("translate")`` gives the shipped model with ``vocab``, ``name`` and ``directory``
+    `qkv.load("translate")` gives the shipped model with `vocab`, `name` and `directory`
     set (its constructor's keywords).
 
-    Example:
+    Examples:
         >>> cfg = TranslationConfig(src_vocab_size=20, tgt_vocab_size=30, d_model=16, num_heads=2,
         ...                         encoder_layers=1, decoder_layers=1, ff_dim=32)
         >>> model = TranslationModel(cfg)
@@ -201,7 +201,7 @@ class TranslationModel(nn.Module):
 
         The decoder's self-attention is causal; French padding sits after the real tokens, so
         causality alone keeps real positions from seeing it (its outputs are never scored).
-        ``memory_mask`` (b, s) is True for real English tokens.
+        `memory_mask` (b, s) is True for real English tokens.
         """
         return self.generator(self._decode(tgt, memory, memory_mask).last_hidden_state)
 
@@ -222,14 +222,14 @@ class TranslationModel(nn.Module):
         return self.decode(tgt, memory, src != self.config.pad_id)
 
     def trace(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, TranslationTrace]:
-        """The forward pass with every attention intermediate kept: ``(logits, trace)``."""
+        """The forward pass with every attention intermediate kept: `(logits, trace)`."""
         enc = self._encode(src, trace_rows=slice(None))
         dec = self._decode(tgt, enc.last_hidden_state, src != self.config.pad_id, trace_rows=slice(None))
         return self.generator(dec.last_hidden_state), TranslationTrace(encoder=enc.traces, decoder=dec.traces)
 
     # -- incremental decoding ----------------------------------------------------------------
     def start(self, src: torch.Tensor, max_new: int) -> DecoderState:
-        """Encode ``src`` (b, s) and allocate the caches for up to ``max_new`` French tokens."""
+        """Encode `src` (b, s) and allocate the caches for up to `max_new` French tokens."""
         memory = self.encode(src)  # (b, s, E)
         b, s, _ = memory.shape
         c, kw = self.config, dict(dtype=memory.dtype, device=memory.device)
@@ -240,7 +240,7 @@ class TranslationModel(nn.Module):
     def step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
         """Feed the next French tokens (b, n) (n = 1 when generating) → logits (b, n, V).
 
-        Positions continue from ``state.length``; the caches grow by n.
+        Positions continue from `state.length`; the caches grow by n.
         """
         x = self.embed(self.tgt_embed, tokens, offset=state.length)  # (b, n, E)
         # causal, bottom-right: the n new tokens are the last of the cached positions
@@ -255,7 +255,7 @@ class TranslationModel(nn.Module):
     # -- the cross-attention protocol (qkv.models.protocol.CrossPass) -------------------------
     @property
     def cross_layers(self) -> nn.ModuleList:
-        """The decoder's layers, as the protocol names them: ``cross_attn`` and ``norm_first``."""
+        """The decoder's layers, as the protocol names them: `cross_attn` and `norm_first`."""
         return self.decoder.layers
 
     @property
@@ -264,17 +264,18 @@ class TranslationModel(nn.Module):
         return self.config.decoder_layers, self.config.num_heads
 
     def translate(self, texts: list[str], *, beam: int = 1) -> list[str]:
-        """French for each English text (greedy, or beam search of width ``beam``)."""
+        """French for each English text (greedy, or beam search of width `beam`)."""
         from qkv.translate.decode import translate  # translate/ imports this module
 
         return translate(self, self.vocab, texts, beam=beam)
 
     @torch.no_grad()
     def cross_pass(self, text: str, target: str | None = None) -> CrossPass:
-        """One traced forward over ``target`` (None: this model's greedy translation of ``text``).
+        """One traced forward over `target` (None: this model's greedy translation of `text`).
 
-        QkvError for an empty text or unknown English words; :class:`TooLong` when the French
-        needs more than ``config.max_len`` positions.
+        QkvError for an empty text or unknown English words;
+        [`TooLong`][qkv.models.protocol.TooLong] when the French needs more than `config.max_len`
+        positions.
         """
         from qkv.translate.decode import greedy_decode
         from qkv.translate.vocab import BOS_ID, EOS, EOS_ID
@@ -304,8 +305,8 @@ class TranslationModel(nn.Module):
 
     def gold_alignment(self, text: str) -> Gold:
         """The grammar this model learns gives every sentence's gold alignment
-        (:func:`qkv.translate.gold.grammar_gold`): its French tokens and, per French token, the
-        English token indices it translates; a sentence saying why when ``text`` is not one of
+        (`qkv.translate.gold.grammar_gold`): its French tokens and, per French token, the
+        English token indices it translates; a sentence saying why when `text` is not one of
         the grammar's."""
         from qkv.translate.gold import grammar_gold  # translate/ imports this module
 
@@ -313,9 +314,9 @@ class TranslationModel(nn.Module):
 
 
 def upgrade_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Checkpoints written before the layer stack (format 1) name layers ``encoder.0.…`` and
-    the final norms ``encoder_norm.…``; today's model has ``encoder.layers.0.…`` and
-    ``encoder.norm.…``. Renames the old names, leaves new ones alone."""
+    """Checkpoints written before the layer stack (format 1) name layers `encoder.0.…` and
+    the final norms `encoder_norm.…`; today's model has `encoder.layers.0.…` and
+    `encoder.norm.…`. Renames the old names, leaves new ones alone."""
     out = {}
     for name, x in tensors.items():
         name = re.sub(r"^(encoder|decoder)\.(\d+)\.", r"\1.layers.\2.", name)

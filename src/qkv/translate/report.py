@@ -1,11 +1,13 @@
-"""``qkv evaluate``: a translation model on the grammar's test split, seen and unseen apart.
+"""`qkv evaluate`: a translation model on the grammar's test split, seen and unseen apart.
 
-The report is a plain dict (what ``--json`` prints; the CLI also prints it as tables,
-``qkv.cli.translate.render_report``)::
+The report is a plain dict (what `--json` prints; the CLI also prints it as tables,
+`qkv.cli.translate.render_report`):
 
-    {"model": DIR, "beam": K, "splits": {"all"|"seen"|"unseen": {"sentences", "exact_match", "bleu"}},
-     "alignment": {"tokens": n, "heads": [[acc per head] per layer], "best": {layer, head, accuracy}},
-     "errors": [{"en", "expected", "got"}, …]   (the first few wrong translations)}
+```text
+{"model": DIR, "beam": K, "splits": {"all"|"seen"|"unseen": {"sentences", "exact_match", "bleu"}},
+ "alignment": {"tokens": n, "heads": [[acc per head] per layer], "best": {layer, head, accuracy}},
+ "errors": [{"en", "expected", "got"}, …]   (the first few wrong translations)}
+```
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SHOWN_ERRORS = 5
 def test_report(ckpt: Checkpoint, *, beam: int = 1,
                 progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Translate the test split of the model's data seed and score it (see the module docstring);
-    ``progress(stage, done, total)`` told while it translates and while it aligns."""
+    `progress(stage, done, total)` told while it translates and while it aligns."""
     t0 = time.perf_counter()
     splits = load_splits(int((ckpt.meta.get("train") or {}).get("data_seed", 0)))
     test = splits.test

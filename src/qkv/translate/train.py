@@ -1,16 +1,16 @@
 """Training the translation model: plain, importable functions around one loop.
 
-* :class:`TrainConfig` — every knob, with commented defaults; ``from_dict`` rejects unknown keys.
-* :func:`lr_at` — the learning rate of a step: linear warm-up, then cosine decay.
-* :func:`get_batch` (in :mod:`qkv.translate.data`) — batch ``step`` as a pure function of
-  (seed, step), so ``--resume`` replays exactly the batches an uninterrupted run would see.
-* :func:`evaluate` — validation loss, token accuracy and greedy exact match.
-* :func:`train` — AdamW, label smoothing, gradient clipping, a progress bar, periodic evaluation
-  and atomic checkpoints: the loop is :func:`qkv.training.loop.run_loop`, shared with
-  ``qkv train lm``; the files are written by :mod:`qkv.training.checkpoint`.
+* `TrainConfig` — every knob, with commented defaults; `from_dict` rejects unknown keys.
+* `lr_at` — the learning rate of a step: linear warm-up, then cosine decay.
+* `get_batch` (in `qkv.translate.data`) — batch `step` as a pure function of
+  (seed, step), so `--resume` replays exactly the batches an uninterrupted run would see.
+* `evaluate` — validation loss, token accuracy and greedy exact match.
+* `train` — AdamW, label smoothing, gradient clipping, a progress bar, periodic evaluation
+  and atomic checkpoints: the loop is `qkv.training.loop.run_loop`, shared with
+  `qkv train lm`; the files are written by `qkv.training.checkpoint`.
 
 Dropout is made a pure function of (seed, step) too: the global RNG is re-seeded from them at
-every step (inside ``torch.random.fork_rng``, so the caller's RNG is left as it was). Resuming at
+every step (inside `torch.random.fork_rng`, so the caller's RNG is left as it was). Resuming at
 step k therefore gives the same parameters as never having stopped.
 """
 
@@ -44,7 +44,7 @@ from qkv.translate.vocab import PAD_ID, Vocab
 class TrainConfig(Schedule):
     """Everything a training run depends on. Defaults: the shipped model's run.
 
-    Example:
+    Examples:
         >>> TrainConfig.from_dict({"steps": 10, "d_model": 32}).steps
         10
         >>> TrainConfig.from_dict({"stpes": 10})
@@ -94,11 +94,12 @@ class TrainConfig(Schedule):
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for (0-based) ``step``: linear warm-up to ``lr``, cosine down to ``lr·min_lr_ratio``.
+    """Learning rate for (0-based) `step`: linear warm-up to `lr`, cosine down to `lr·min_lr_ratio`.
 
-    >>> cfg = TrainConfig(steps=1000, warmup=100, lr=1e-3)
-    >>> lr_at(49, cfg), lr_at(99, cfg), round(lr_at(999, cfg), 6)
-    (0.0005, 0.001, 5e-05)
+    Examples:
+        >>> cfg = TrainConfig(steps=1000, warmup=100, lr=1e-3)
+        >>> lr_at(49, cfg), lr_at(99, cfg), round(lr_at(999, cfg), 6)
+        (0.0005, 0.001, 5e-05)
     """
     return cfg.lr_at(step)
 
@@ -122,7 +123,7 @@ class EvalResult:
 @torch.no_grad()
 def evaluate(model: TranslationModel, corpus: EncodedCorpus, *, exact_size: int | None = None,
              batch_size: int = 250) -> EvalResult:
-    """Loss and token accuracy on all of ``corpus``; exact match on its first ``exact_size`` pairs."""
+    """Loss and token accuracy on all of `corpus`; exact match on its first `exact_size` pairs."""
     was_training = model.training
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
@@ -163,16 +164,16 @@ def _check_resume(saved: dict, cfg: TrainConfig, out: Path) -> None:
 def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
           command: str | None = None, slim: bool = False, force: bool = False,
           callback: Callable[[TrainState], None] | None = None) -> TrainState:
-    """Train (or, with ``resume``, continue training) a model into directory ``out``.
+    """Train (or, with `resume`, continue training) a model into directory `out`.
 
-    ``callback(state)`` runs after every step; an exception it raises stops the run like a kill
-    would, leaving the newest checkpoint in ``out`` intact. ``slim`` drops the optimizer state
+    `callback(state)` runs after every step; an exception it raises stops the run like a kill
+    would, leaving the newest checkpoint in `out` intact. `slim` drops the optimizer state
     from the final checkpoint (for shipping; such a checkpoint cannot be resumed). A new run
-    needs an empty (or missing) ``out`` unless ``force``; with ``resume``, ``force`` accepts a
+    needs an empty (or missing) `out` unless `force`; with `resume`, `force` accepts a
     different thread count (the run is then recorded as inexact).
 
     Raises:
-        QkvError: a bad ``out``, a configuration that differs from the resumed run's.
+        QkvError: a bad `out`, a configuration that differs from the resumed run's.
         qkv.training.loop.NonFiniteLoss: the loss became NaN or infinite (nothing saved).
     """
     out = prepare_out_dir(out, resume=resume, force=force, kinds=KINDS)

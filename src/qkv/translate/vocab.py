@@ -1,15 +1,17 @@
-"""Word-level vocabularies for the two languages, trained with the ``tokenizers`` library.
+"""Word-level vocabularies for the two languages, trained with the `tokenizers` library.
 
 The grammar's tokens are whole words (French splits off the elided "l'" and "d'"), so a
-``WordLevel`` model is the right tokenizer: one id per word, learned from the training corpus,
-plus four special tokens with fixed ids::
+`WordLevel` model is the right tokenizer: one id per word, learned from the training corpus,
+plus four special tokens with fixed ids:
 
-    [PAD]=0  [BOS]=1  [EOS]=2  [UNK]=3
+```text
+[PAD]=0  [BOS]=1  [EOS]=2  [UNK]=3
+```
 
 English input is lower-cased, and one final ".", "!" or "?" is dropped (the grammar has neither
 capitals nor punctuation). Words the model never saw are **refused**, not mapped to [UNK]: a
-translation of "[UNK]" would be a silent guess, so :meth:`Vocab.encode_en` raises a
-:class:`~qkv.errors.QkvError` that lists every unknown word.
+translation of "[UNK]" would be a silent guess, so `Vocab.encode_en` raises a
+`QkvError` that lists every unknown word.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ def _word_level(language: str) -> Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], language: str) -> Tokenizer:
-    """A WordLevel tokenizer whose vocabulary is every word of ``sentences``.
+    """A WordLevel tokenizer whose vocabulary is every word of `sentences`.
 
-    Example:
+    Examples:
         >>> tok = train_tokenizer(["the cat eats", "the dog"], "en")
         >>> tok.encode("the dog").ids[1] > 3, tok.token_to_id("[EOS]")
         (True, 2)
@@ -64,8 +66,9 @@ def train_tokenizer(sentences: Iterable[str], language: str) -> Tokenizer:
 def normalize_en(text: str) -> str:
     """Lower case, single spaces, no final sentence punctuation.
 
-    >>> normalize_en("  The cat is RED. ")
-    'the cat is red'
+    Examples:
+        >>> normalize_en("  The cat is RED. ")
+        'the cat is red'
     """
     return " ".join(_FINAL_PUNCT.sub("", text).lower().split())
 
@@ -74,7 +77,7 @@ def normalize_en(text: str) -> str:
 class Vocab:
     """The English (source) and French (target) tokenizers of one translation model.
 
-    Example:
+    Examples:
         >>> v = Vocab.train(["the cat eats"], ["le chat mange"])
         >>> v.decode_fr(v.encode_fr("le chat mange")[1:-1])
         'le chat mange'
@@ -98,7 +101,7 @@ class Vocab:
         return self.fr.get_vocab_size()
 
     def unknown_words(self, text: str) -> list[str]:
-        """The words of English ``text`` outside the vocabulary, in order, without repeats."""
+        """The words of English `text` outside the vocabulary, in order, without repeats."""
         clean = normalize_en(text)
         enc = self.en.encode(clean, add_special_tokens=False)
         # An unknown word's token is "[UNK]"; its offsets still point at the word itself.
@@ -106,11 +109,12 @@ class Vocab:
         return list(dict.fromkeys(words))
 
     def encode_en(self, text: str) -> list[int]:
-        """Ids of ``text`` followed by [EOS]; QkvError for empty text or unknown words.
+        """Ids of `text` followed by [EOS]; QkvError for empty text or unknown words.
 
-        >>> v = Vocab.train(["the cat eats"], ["le chat mange"])
-        >>> v.encode_en("The cat eats.") == v.encode_en("the cat eats")
-        True
+        Examples:
+            >>> v = Vocab.train(["the cat eats"], ["le chat mange"])
+            >>> v.encode_en("The cat eats.") == v.encode_en("the cat eats")
+            True
         """
         clean = normalize_en(text)
         if not clean or is_blank(clean):
@@ -124,11 +128,11 @@ class Vocab:
         return self.en.encode(clean, add_special_tokens=False).ids + [EOS_ID]
 
     def encode_fr(self, text: str) -> list[int]:
-        """[BOS] + ids of French ``text`` + [EOS] (the decoder's input and target, shifted)."""
+        """[BOS] + ids of French `text` + [EOS] (the decoder's input and target, shifted)."""
         return [BOS_ID] + self.fr.encode(text, add_special_tokens=False).ids + [EOS_ID]
 
     def fr_tokens(self, ids: Iterable[int]) -> list[str]:
-        """French tokens of ``ids``, stopping at [EOS] and skipping [BOS]/[PAD]."""
+        """French tokens of `ids`, stopping at [EOS] and skipping [BOS]/[PAD]."""
         out = []
         for i in ids:
             if i == EOS_ID:
@@ -138,7 +142,7 @@ class Vocab:
         return out
 
     def en_tokens(self, ids: Iterable[int]) -> list[str]:
-        """English tokens of ``ids``, stopping at [EOS]."""
+        """English tokens of `ids`, stopping at [EOS]."""
         out = []
         for i in ids:
             if i == EOS_ID:
@@ -148,7 +152,7 @@ class Vocab:
         return out
 
     def decode_fr(self, ids: Iterable[int]) -> str:
-        """The French sentence for generated ``ids`` (apostrophes glued to the next word)."""
+        """The French sentence for generated `ids` (apostrophes glued to the next word)."""
         return detokenize_fr(self.fr_tokens(ids))
 
     def words(self, language: str = "en") -> list[str]:
@@ -164,7 +168,7 @@ class Vocab:
         return dict(self.FILES)
 
     def texts(self) -> dict[str, str]:
-        """{file name: JSON text} of both tokenizers, as :meth:`save` writes them."""
+        """{file name: JSON text} of both tokenizers, as `save` writes them."""
         return {name: getattr(self, lang).to_str(pretty=True) for lang, name in self.FILES.items()}
 
     @classmethod

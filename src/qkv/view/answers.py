@@ -1,8 +1,8 @@
-"""What the page receives for a :mod:`qkv.explain` result: its ``to_dict()``, which is complete
-and carries its ``kind`` (whole maps travel as float32 base64).
+"""What the page receives for a [`qkv.explain`][qkv.explain] result: its `to_dict()`, which is
+complete and carries its `kind` (whole maps travel as float32 base64).
 
-Used by the API (:mod:`qkv.view.api`), the export and the notebook display
-(:mod:`qkv.view.notebook`) alike, so a notebook and a browser get the same answer for the same
+Used by the API (`qkv.view.api`), the export and the notebook display
+(`qkv.view.notebook`) alike, so a notebook and a browser get the same answer for the same
 result.
 
 """
@@ -18,15 +18,15 @@ from qkv.models.tokenizer import display_text, display_token
 
 def encode_f32(t) -> str:
     """A tensor as base64 of its little-endian float32 bytes, row-major (the page decodes it
-    with ``new Float32Array``)."""
+    with `new Float32Array`)."""
     import torch
 
     return base64.b64encode(t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()).decode()
 
 
 def head_map(m) -> dict:
-    """One head's map (an :class:`~qkv.explain.AttentionMap`, or a linear / state-space layer's
-    :class:`~qkv.explain.mixer_maps.EffectiveMap` with its marks: signed, its row sums), weights
+    """One head's map (an [`AttentionMap`][qkv.explain.AttentionMap], or a linear / state-space
+    layer's `EffectiveMap` with its marks: signed, its row sums), weights
     as float32 base64."""
     marks = m.marks() if isinstance(m, EffectiveMap) else {}
     return {"kind": m.kind, "model": m.model, "text": m.text, "units": m.units.labels,
@@ -36,7 +36,7 @@ def head_map(m) -> dict:
 
 
 def all_maps(maps) -> dict:
-    """Every head's map (an :class:`~qkv.explain.AttentionMaps`): weights (L, H, U, U)."""
+    """Every head's map (an [`AttentionMaps`][qkv.explain.AttentionMaps]): weights (L, H, U, U)."""
     return {"kind": maps.kind, "model": maps.model, "units": maps.units.labels,
             "special": list(maps.units.special), "words": maps.units.words,
             "shape": list(maps.weights.shape), "encoding": "float32-base64",
@@ -44,8 +44,8 @@ def all_maps(maps) -> dict:
 
 
 def document_overview(r) -> dict:
-    """A document's overview (:class:`~qkv.explain.long.document_results.DocumentOverview`): every
-    head's row over the N keys as one float32 (rows, N) array, in the order of ``heads``."""
+    """A document's overview (`DocumentOverview`): every
+    head's row over the N keys as one float32 (rows, N) array, in the order of `heads`."""
     import torch
 
     d = r.to_dict()
@@ -61,8 +61,8 @@ def document_overview(r) -> dict:
 
 
 def values_as_bytes(r) -> dict:
-    """A result whose numbers are one tensor (its ``values`` field names it: a block map's tiles,
-    rows of weights, received sums): that tensor as float32 base64, the rest (``header()``) JSON."""
+    """A result whose numbers are one tensor (its `values` field names it: a block map's tiles,
+    rows of weights, received sums): that tensor as float32 base64, the rest (`header()`) JSON."""
     return r.header() | {r.values: encode_f32(getattr(r, r.values)), "encoding": "float32-base64"}
 
 
@@ -74,9 +74,9 @@ ENCODINGS = {"json": lambda r: r.to_dict(), "map": head_map, "maps": all_maps,
 
 
 def answer(result) -> dict:
-    """What the page receives for ``result``: as its row's ``encoding`` says (its ``to_dict()``,
-    complete, with its ``kind``; or for whole maps the same numbers as float32 base64), with
-    :func:`labelled`'s display labels beside its token strings."""
+    """What the page receives for `result`: as its row's `encoding` says (its `to_dict()`,
+    complete, with its `kind`; or for whole maps the same numbers as float32 base64), with
+    `labelled`'s display labels beside its token strings."""
     return labelled(ENCODINGS[kind_of(result).encoding](result))
 
 
@@ -85,10 +85,11 @@ TOKEN_LISTS = {"tokens": "labels", "source": "source_labels", "target": "target_
 
 
 def labelled(d: dict) -> dict:
-    """``d`` with the display text of each of its token lists (:data:`TOKEN_LISTS`) beside it, as
-    :func:`~qkv.models.tokenizer.display_token` gives it: the page shows these, never a raw
-    ``Ġ`` or ``Ċ``; the raw tokens stay, as the result has them.
+    """`d` with the display text of each of its token lists (`TOKEN_LISTS`) beside it, as
+    [`display_token`][qkv.models.tokenizer.display_token] gives it: the page shows these, never a
+    raw `Ġ` or `Ċ`; the raw tokens stay, as the result has them.
 
+    Examples:
         >>> labelled({"tokens": ["<bos>", "Ġdog", "Ċ"]})["labels"]
         ['<bos>', 'dog', '↵']
     """
@@ -100,10 +101,11 @@ def labelled(d: dict) -> dict:
 
 
 def saved_labelled(d: dict) -> dict:
-    """A saved atlas's ``to_dict()`` (``qkv atlas --json``) with each context's key shown as a
-    label (``key_label``: :func:`~qkv.models.tokenizer.display_text` — a newline key is ``↵``);
+    """A saved atlas's `to_dict()` (`qkv atlas --json`) with each context's key shown as a
+    label (`key_label`: [`display_text`][qkv.models.tokenizer.display_text] — a newline key is `↵`);
     any other saved result as it is.
 
+    Examples:
         >>> ctx = {"query": 3, "key": 2, "weight": 0.5, "distance": 1, "text": "a b", "key_text": "\\n"}
         >>> saved_labelled({"kind": "atlas", "heads": [{"contexts": [ctx]}]})["heads"][0]["contexts"][0]["key_label"]
         '↵'
@@ -117,7 +119,7 @@ def saved_labelled(d: dict) -> dict:
 
 def of_result(result) -> tuple[str, dict, dict]:
     """(endpoint, request fields, answer) for a result shown on its own (a notebook, an export):
-    its row of :data:`qkv.explain.kinds.KINDS` says where the page opens."""
+    its row of `qkv.explain.kinds.KINDS` says where the page opens."""
     row = kind_of(result)
     if row.endpoint is None or row.request is None:
         raise ValueError(f"a {row.name} result has no panel in the viewer")

@@ -1,54 +1,60 @@
-"""The viewer's JSON API: a request's fields checked, a :mod:`qkv.explain` result returned.
+"""The viewer's JSON API: a request's fields checked, a [`qkv.explain`][qkv.explain] result
+returned.
 
-The page never computes attention: every number it shows is a field of a ``to_dict()`` answered
-here. The endpoints are the rows of :data:`qkv.explain.kinds.KINDS` (the request body is a JSON
-object; ``model`` and ``text`` name what to run, the other fields are the row's ``fields``, the
-library's arguments)::
+The page never computes attention: every number it shows is a field of a `to_dict()` answered
+here. The endpoints are the rows of `qkv.explain.kinds.KINDS` (the request body is a JSON
+object; `model` and `text` name what to run, the other fields are the row's `fields`, the
+library's arguments):
 
-    overview     explain(model, text, token, words, method)              → Overview
-    steps        explain_head(model, text, token, layer, head, words)    → HeadSteps
-    map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
-    maps         every head's map at once (short texts only: the model view's thumbnails)
-    received     AttentionReceived(the head's map)  (= attention_received(model, text, layer, head, words))
-    row_entropy  RowEntropy(the head's map)         (= row_entropy(model, text, layer, head, words))
-    probe        probe(model) — the model's default probe (coref; induction for a causal
-                 model) (the best heads the model view marks)
-    cross        cross_attention(model, text, token)          (encoder-decoders; gold: the model's own)
-    cross_steps  cross_attention_head(model, text, token, layer, head)
-    effects      head_effects(model, probe) — each head's ablation effect on a probe that applies
-                 to the model (``/api/info`` lists them, its default first: the model view's)
-    why          score_attribution(model, text, layer, head, token, key) — "why this weight": one
-                 score split into (query × key component) terms (a clicked heat-map cell; a model
-                 whose residual stream qkv cannot split: 422 naming ``model`` and the reason)
+```text
+overview     explain(model, text, token, words, method)              → Overview
+steps        explain_head(model, text, token, layer, head, words)    → HeadSteps
+map          one head's (U, U) map, float32 in base64     (attention_maps(...).head(l, h))
+maps         every head's map at once (short texts only: the model view's thumbnails)
+received     AttentionReceived(the head's map)  (= attention_received(model, text, layer, head, words))
+row_entropy  RowEntropy(the head's map)         (= row_entropy(model, text, layer, head, words))
+probe        probe(model) — the model's default probe (coref; induction for a causal
+             model) (the best heads the model view marks)
+cross        cross_attention(model, text, token)          (encoder-decoders; gold: the model's own)
+cross_steps  cross_attention_head(model, text, token, layer, head)
+effects      head_effects(model, probe) — each head's ablation effect on a probe that applies
+             to the model (``/api/info`` lists them, its default first: the model view's)
+why          score_attribution(model, text, layer, head, token, key) — "why this weight": one
+             score split into (query × key component) terms (a clicked heat-map cell; a model
+             whose residual stream qkv cannot split: 422 naming ``model`` and the reason)
+```
 
-A server started on a long document (``qkv view --file``) holds its
-:class:`~qkv.explain.long.document.Document`, built once, and answers the ``document`` rows from it
-(their requests name no model or text; :mod:`qkv.explain.document_results`)::
+A server started on a long document (`qkv view --file`) holds its
+[`Document`][qkv.explain.long.document.Document], built once, and answers the `document` rows from
+it (their requests name no model or text; `qkv.explain.document_results`):
 
-    doc_overview   doc.explain(token, method)                 → DocumentOverview (rows as bytes)
-    doc_block_map  doc.block_map(layer, head, block)          → BlockMap (tile sums)
-    doc_rows       doc.weights(layer, head, start…stop)[:, key_start…key_stop] → WeightRows
-    doc_received   doc.received(layer, head), its top keys     → KeysReceived
-    doc_spans      head_spans(doc, first): every head's sink share and mean distance → HeadSpans
+```text
+doc_overview   doc.explain(token, method)                 → DocumentOverview (rows as bytes)
+doc_block_map  doc.block_map(layer, head, block)          → BlockMap (tile sums)
+doc_rows       doc.weights(layer, head, start…stop)[:, key_start…key_stop] → WeightRows
+doc_received   doc.received(layer, head), its top keys     → KeysReceived
+doc_spans      head_spans(doc, first): every head's sink share and mean distance → HeadSpans
+```
 
-Each request field is declared once, in its row (:class:`~qkv.explain.kinds.Field`: name, type,
-default, bounds), checked here by :func:`read_field` and sent to the page by ``/api/info`` with
-the rows, so the page's defaults are the library's. A row marked ``from_map`` is answered from
+Each request field is declared once, in its row ([`Field`][qkv.explain.kinds.Field]: name, type,
+default, bounds), checked here by `read_field` and sent to the page by `/api/info` with
+the rows, so the page's defaults are the library's. A row marked `from_map` is answered from
 the text's maps (one forward, kept in an LRU) rather than a forward per head.
 
-Which endpoints a model takes is its ``capabilities`` (:mod:`qkv.models.protocol`) against the
-row's ``needs``; ``/api/info`` sends each model's capabilities to the page. A translation's gold
-alignment is the model's own (``model.gold_alignment``: the toy grammar's for the translation
+Which endpoints a model takes is its `capabilities` ([`qkv.models.protocol`][qkv.models.protocol])
+against the row's `needs`; `/api/info` sends each model's capabilities to the page. A translation's
+gold alignment is the model's own (`model.gold_alignment`: the toy grammar's for the translation
 model, none for a transformers encoder-decoder).
 
-Every field is checked before anything runs; a bad one is an :class:`ApiError` (HTTP 4xx) whose
-JSON names the field: ``{"error": {"field": "layer", "message": "layer 9 is out of range …"}}``.
+Every field is checked before anything runs; a bad one is an `ApiError` (HTTP 4xx) whose
+JSON names the field: `{"error": {"field": "layer", "message": "layer 9 is out of range …"}}`.
 
 Models are loaded once, on first use, and shared by every request; torch calls run one at a time
-under :attr:`Models.lock` (a forward is not re-entrant with traces, and two at once would only
+under `Models.lock` (a forward is not re-entrant with traces, and two at once would only
 fight for the same cores). Answers are kept in a small LRU (bounded in bytes), so a page going
 back and forth between heads costs one forward per text.
 
+Examples:
     >>> api = Api(Models(["minilm"]))
     >>> api.handle("steps", {"text": "the cat sat", "token": 2, "layer": 0, "head": 1})["token"]
     'cat'
@@ -104,7 +110,7 @@ FIELDS = {endpoint: set(row.field_names) for endpoint, row in ROWS.items()}
 
 
 class ApiError(QkvError):
-    """A request the API refuses: ``status`` (4xx), the ``field`` at fault and a message."""
+    """A request the API refuses: `status` (4xx), the `field` at fault and a message."""
 
     def __init__(self, field: str | None, message: str, status: int = 422):
         super().__init__(f"{field}: {message}" if field else message)
@@ -150,7 +156,7 @@ def _boolean(body: dict, field: str) -> bool:
 
 
 def _token(body: dict, field: str, limit: int, *, required: bool = False) -> str | None:
-    """A token field (``token``, ``key``): an index (int), a word, ``"word@N"``, or absent (the
+    """A token field (`token`, `key`): an index (int), a word, `"word@N"`, or absent (the
     last word; a required one: an error)."""
     value = body.get(field)
     if value is None:
@@ -165,7 +171,7 @@ def _token(body: dict, field: str, limit: int, *, required: bool = False) -> str
 
 
 def read_field(body: dict, field: Field) -> Any:
-    """``field``'s value in ``body``, checked by its type (absent: its default; required: an error).
+    """`field`'s value in `body`, checked by its type (absent: its default; required: an error).
     Whether a method or probe applies to the model is asked of the library afterwards."""
     if field.type == "index":
         value = _integer(body, field.name, required=field.required)
@@ -182,8 +188,8 @@ def read_field(body: dict, field: Field) -> Any:
 class Models:
     """The models a viewer may run (names or directories given at start), each loaded once.
 
-    A page may only name one of ``names``: a request cannot make the server read another path.
-    Every model loads with :func:`qkv.load` and is described by its ``capabilities``.
+    A page may only name one of `names`: a request cannot make the server read another path.
+    Every model loads with [`qkv.load`][qkv.load] and is described by its `capabilities`.
     """
 
     def __init__(self, names: Sequence[str], *, loader: Callable[[str], Any] | None = None):
@@ -219,8 +225,9 @@ class Models:
 
     def info(self, name: str) -> dict:
         """The model's name, capabilities (what the page chooses its panels by), the methods
-        that apply to it as the page can ask (no ``target_text``: ``grad`` needs a decoder) and
-        the probes whose ablation effects it has (the library's :func:`probes_for`)."""
+        that apply to it as the page can ask (no `target_text`: `grad` needs a decoder) and
+        the probes whose ablation effects it has (the library's
+        [`probes_for`][qkv.explain.causal.head_effects.probes_for])."""
         model = self.get(name)
         caps = model.capabilities
         return {"name": name, "capabilities": caps.to_dict(), "example": example_for(caps),
@@ -240,9 +247,9 @@ def example_for(caps) -> str:
 
 def page_info(models: list[dict], *, default_text: str | None = None,
               map_tokens: int = MAX_MAP_TOKENS, document: dict | None = None) -> dict:
-    """What ``/api/info`` answers (and an exported page or a notebook embeds): the models
-    (:meth:`Models.info`), the methods, the limits and the rows of
-    :data:`~qkv.explain.kinds.KINDS` with their fields — every default the page uses."""
+    """What `/api/info` answers (and an exported page or a notebook embeds): the models
+    (`Models.info`), the methods, the limits and the rows of
+    `KINDS` with their fields — every default the page uses."""
     return {"models": models, "default_model": models[0]["name"], "default_text": default_text,
             "methods": METHODS, **METHOD_INFO,
             "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
@@ -252,7 +259,7 @@ def page_info(models: list[dict], *, default_text: str | None = None,
 
 
 def _applies(model, method: str) -> bool:
-    """Whether the library runs ``method`` on ``model`` (it is asked, not second-guessed here)."""
+    """Whether the library runs `method` on `model` (it is asked, not second-guessed here)."""
     from qkv.explain.contributions import check_method
 
     try:
@@ -263,7 +270,7 @@ def _applies(model, method: str) -> bool:
 
 
 class _Lru:
-    """A least-recently-used cache bounded by the summed ``size`` of its values (thread-safe)."""
+    """A least-recently-used cache bounded by the summed `size` of its values (thread-safe)."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.bytes = max_bytes, 0
@@ -289,7 +296,7 @@ class _Lru:
 
 # -- the API -----------------------------------------------------------------------------------
 class Api:
-    """``handle(endpoint, body)`` → the JSON-ready answer, or :class:`ApiError`."""
+    """`handle(endpoint, body)` → the JSON-ready answer, or `ApiError`."""
 
     def __init__(self, models: Models, *, cache_bytes: int = CACHE_BYTES,
                  map_tokens: int = MAX_MAP_TOKENS, text: str | None = None, document=None):
@@ -346,7 +353,7 @@ class Api:
         return answer
 
     def _check_names(self, row, args: dict, model: str, loaded) -> None:
-        """A ``method`` field must name a method that applies to ``model``, a ``probe`` one whose
+        """A `method` field must name a method that applies to `model`, a `probe` one whose
         effects the library measures on it (absent: the model's default probe)."""
         for field in row.fields:
             value = args[field.name]
@@ -364,7 +371,7 @@ class Api:
                                    f"are: {', '.join(known)}")
 
     def answer(self, endpoint: str, body: dict) -> bytes:
-        """:meth:`handle`'s answer as JSON bytes, kept in the LRU (the server sends these)."""
+        """`handle`'s answer as JSON bytes, kept in the LRU (the server sends these)."""
         key = json.dumps([endpoint, body], sort_keys=True) if isinstance(body, dict) else None
         cached = self._answers.get(key) if key is not None else None
         if cached is None:
@@ -378,8 +385,8 @@ class Api:
         return cached
 
     def _from_document(self, row, args: dict) -> dict:
-        """A ``document`` row's answer: ``run`` on the served Document under the lock (its
-        fields already checked; absent optional ones left to ``run``'s defaults)."""
+        """A `document` row's answer: `run` on the served Document under the lock (its
+        fields already checked; absent optional ones left to `run`'s defaults)."""
         if self.document is None:
             raise ApiError("endpoint", f"{row.endpoint} answers about a document and this server "
                            "has none: start it with qkv view --file FILE", 404)
@@ -428,8 +435,8 @@ class Api:
         return maps
 
     def _from_maps(self, row, model, text, args: dict) -> dict:
-        """A row answered from ``text``'s maps (one forward, kept): the whole maps (``maps``:
-        short texts only), one head's map, or ``run`` on one head's map (``from_map``)."""
+        """A row answered from `text`'s maps (one forward, kept): the whole maps (`maps`:
+        short texts only), one head's map, or `run` on one head's map (`from_map`)."""
         if not row.from_map:
             with self.models.lock:
                 n = len(model.tokenizer.encode(text).ids)

@@ -1,27 +1,29 @@
-"""``qkv view TEXT --html FILE``: the viewer as one self-contained file, no server needed.
+"""`qkv view TEXT --html FILE`: the viewer as one self-contained file, no server needed.
 
-The file holds the page (style and script inlined, see :mod:`qkv.view.page`) and the API's
-answers for one text, computed here by the same :class:`~qkv.view.api.Api` a server uses, so the
+The file holds the page (style and script inlined, see `qkv.view.page`) and the API's
+answers for one text, computed here by the same `Api` a server uses, so the
 numbers are the ones the server would send. Where the server answers one head per request, the
-export asks the library for every head of a token at once (:func:`~qkv.explain.steps.explain_heads`,
-:func:`~qkv.explain.cross.cross_attention_heads`: one forward, each head the answer its request
-gets; tests/view/test_export.py compares them), so a sentence costs two forwards per token, not
-one per head. What is included:
+export asks the library for every head of a token at once
+([`explain_heads`][qkv.explain.steps.explain_heads],
+[`cross_attention_heads`][qkv.explain.cross.cross_attention_heads]: one forward, each head the
+answer its request gets; tests/view/test_export.py compares them), so a sentence costs two forwards
+per token, not one per head. What is included:
 
 * self-attention: the overview of the chosen token; for a short text (at most
-  :data:`~qkv.view.api.MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
+  `MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
   map, the step panel of every head for the chosen token and of the chosen head for every token,
-  the model's probe's best heads, and each row of the kinds table with an ``export`` rule
-  (:func:`exported_rows`) run as its rule says — once for the text, once per layer or once per head
+  the model's probe's best heads, and each row of the kinds table with an `export` rule
+  (`exported_rows`) run as its rule says — once for the text, once per layer or once per head
   (per head only for rows answered from the maps, so the forwards stay a few per token); for a
   longer text the chosen head's map and steps only;
 * translation: the cross-attention (every head's map), and the step panel of every head for the
   chosen target token and of the chosen head for every target token.
 
 Anything else the page asks for says "not in this exported file" instead of a number.
-:func:`result_page` is the other form: one result alone, drawn by its panel (``qkv why --html``,
+`result_page` is the other form: one result alone, drawn by its panel (`qkv why --html`,
 a notebook's display).
 
+Examples:
     >>> from qkv.view.api import Api, Models
     >>> answers, state = collect(Api(Models(["minilm"])), "minilm", "the cat sat", probe=False)
     >>> state["token"], sorted({endpoint for endpoint, _, _ in answers})
@@ -47,16 +49,17 @@ DEFAULT_METHOD = METHOD.default
 
 def exported_rows() -> list:
     """The rows the export runs besides the page's main answers (the "attention received" panel
-    …), each as its ``export`` says: read from the table of result kinds when the export runs,
+    …), each as its `export` says: read from the table of result kinds when the export runs,
     so a new row comes along."""
     return [k for k in KINDS.values() if k.export and k.endpoint and k.needs == "self_attention"]
 
 
 def places(export: str, every: list[tuple[int, int]], layer: int, head: int) -> list[tuple[int, int]]:
-    """The (layer, head) selections a row is run at by its ``export`` rule: the chosen head
-    alone (``"text"``: the request has no layer or head, or the page's own), the chosen head of
-    every layer (``"layer"``), or every head (``"head"``).
+    """The (layer, head) selections a row is run at by its `export` rule: the chosen head
+    alone (`"text"`: the request has no layer or head, or the page's own), the chosen head of
+    every layer (`"layer"`), or every head (`"head"`).
 
+    Examples:
         >>> places("layer", [(0, 0), (0, 1), (1, 0), (1, 1)], 1, 1)
         [(0, 1), (1, 1)]
     """
@@ -68,9 +71,9 @@ def places(export: str, every: list[tuple[int, int]], layer: int, head: int) -> 
 
 
 class _Answers:
-    """The export's answers, each request asked once, in the order asked: ``[endpoint, request
-    fields, answer]`` by the request (the page finds an answer by its request; :meth:`_key` alone
-    spells the lookup key). ``progress(stage, done, total)`` is told after each piece of work."""
+    """The export's answers, each request asked once, in the order asked: `[endpoint, request
+    fields, answer]` by the request (the page finds an answer by its request; `_key` alone
+    spells the lookup key). `progress(stage, done, total)` is told after each piece of work."""
 
     def __init__(self, api: Api, model: str, text: str,
                  progress: Callable[[str, int, int], None] | None):
@@ -86,7 +89,7 @@ class _Answers:
         return list(self._by_request.values())
 
     def ask(self, endpoint: str, **fields) -> dict:
-        """The API's answer to ``endpoint`` with ``fields`` (those given as ``None`` left out)."""
+        """The API's answer to `endpoint` with `fields` (those given as `None` left out)."""
         fields = {k: v for k, v in fields.items() if v is not None}
         if self._key(endpoint, fields) not in self._by_request:
             self.put(endpoint, fields,
@@ -98,8 +101,8 @@ class _Answers:
 
     def every_head(self, endpoint: str, explain_heads: Callable, every: list[tuple[int, int]],
                    **fields) -> None:
-        """``endpoint``'s answer for every (layer, head) of ``every`` at one token, from one
-        forward (``explain_heads``): each the answer the server gives that head's request."""
+        """`endpoint`'s answer for every (layer, head) of `every` at one token, from one
+        forward (`explain_heads`): each the answer the server gives that head's request."""
         with self.api.models.lock:
             # the token as the API passes it: a string (an index, a word or word@N)
             results = explain_heads(self.loaded, self.text, heads=every,
@@ -108,7 +111,7 @@ class _Answers:
             self.put(endpoint, fields | {"layer": l, "head": h}, answer_of(r))
 
     def best_heads(self) -> None:
-        """The model's probe (the server's ``probe`` answer: ``find_heads.probe(model)``), run
+        """The model's probe (the server's `probe` answer: `find_heads.probe(model)`), run
         here to tell its own progress (49 sentences for coref: the page's longest step)."""
         with self.api.models.lock:
             result = find_heads.probe(self.loaded, progress=self.progress)
@@ -123,7 +126,7 @@ class _Answers:
 
 def _heads(answer: dict, layer: int, head: int) -> tuple[int, int, list[tuple[int, int]]]:
     """The chosen (layer, head) kept within the model's, and every (layer, head) of the model,
-    from an answer that names ``num_layers`` and ``num_heads``."""
+    from an answer that names `num_layers` and `num_heads`."""
     L, H = answer["num_layers"], answer["num_heads"]
     return min(layer, L - 1), min(head, H - 1), [(l, h) for l in range(L) for h in range(H)]
 
@@ -192,10 +195,10 @@ def _self_attention(answers: _Answers, token, layer: int, head: int, words: bool
 def collect(api: Api, model: str, text: str, *, token: str | int | None = None, layer: int = 0,
             head: int = 0, words: bool = False, probe: bool = True,
             progress: Callable[[str, int, int], None] | None = None) -> tuple[list, dict]:
-    """([[endpoint, request fields, answer], …], the page's opening state) for ``text`` on
-    ``model`` (the page finds an answer by its request; it alone spells the lookup key).
+    """([[endpoint, request fields, answer], …], the page's opening state) for `text` on
+    `model` (the page finds an answer by its request; it alone spells the lookup key).
 
-    ``progress(stage, done, total)``: called after each group of answers (``qkv view --html``
+    `progress(stage, done, total)`: called after each group of answers (`qkv view --html`
     draws it as a bar on a terminal)."""
     answers = _Answers(api, model, text, progress)
     token = int(token) if isinstance(token, str) and token.isdigit() else token
@@ -207,9 +210,9 @@ def collect(api: Api, model: str, text: str, *, token: str | int | None = None, 
 
 
 def result_page(result) -> str:
-    """One :mod:`qkv.explain` result alone as a self-contained page (its row's panel,
-    ``PANELS[kind]``, draws its numbers; nothing else is in it): ``qkv why --html``, and a
-    notebook's display in an iframe (:mod:`qkv.view.notebook`)."""
+    """One [`qkv.explain`][qkv.explain] result alone as a self-contained page (its row's panel,
+    `PANELS[kind]`, draws its numbers; nothing else is in it): `qkv why --html`, and a
+    notebook's display in an iframe (`qkv.view.notebook`)."""
     endpoint, fields, answer = of_result(result)
     row = kind_of(result)
     text, model = answer.get("text") or "", answer.get("model") or ""
@@ -222,7 +225,7 @@ def result_page(result) -> str:
 
 def export_html(path: str | os.PathLike, model: str, text: str, *, api: Api | None = None,
                 **selection) -> int:
-    """Write the self-contained page for ``text`` to ``path`` (atomically); returns its bytes."""
+    """Write the self-contained page for `text` to `path` (atomically); returns its bytes."""
     api = api or Api(Models([model]))
     answers, state = collect(api, model, text, **selection)
     info = api.info()

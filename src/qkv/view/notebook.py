@@ -1,10 +1,12 @@
-"""A :mod:`qkv.explain` result in a notebook: the viewer's page for its numbers, in a sandboxed
-iframe. Registered from this side (``qkv.explain`` knows nothing of the viewer)::
+"""A [`qkv.explain`][qkv.explain] result in a notebook: the viewer's page for its numbers, in a
+sandboxed iframe. Registered from this side (`qkv.explain` knows nothing of the viewer):
 
-    %load_ext qkv.view.notebook          # or: qkv.view.notebook.register()
+```text
+%load_ext qkv.view.notebook          # or: qkv.view.notebook.register()
+```
 
-after which ``explain(...)``, ``explain_head(...)``, ``attention_map(...)``, ``cross_attention(...)``
-… display as the page. :func:`html` is the same page for any result, without IPython.
+after which `explain(...)`, `explain_head(...)`, `attention_map(...)`, `cross_attention(...)`
+… display as the page. `html` is the same page for any result, without IPython.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ SHOWN = {k.name: k.result for k in KINDS.values() if k.result is not None}
 
 
 def html(result) -> str:
-    """``result`` as a notebook shows it: the viewer for its numbers only, in a sandboxed iframe
-    (the page draws it with its row's panel: ``PANELS[kind]``; :func:`qkv.view.export.result_page`)."""
+    """`result` as a notebook shows it: the viewer for its numbers only, in a sandboxed iframe
+    (the page draws it with its row's panel: `PANELS[kind]`; `qkv.view.export.result_page`)."""
     return iframe(result_page(result))
 
 
 def register(ipython=None) -> None:
-    """Make ``ipython`` (default: the running one) display every result kind with :func:`html`."""
+    """Make `ipython` (default: the running one) display every result kind with `html`."""
     if ipython is None:
         from IPython import get_ipython
 
@@ -35,5 +37,5 @@ def register(ipython=None) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext qkv.view.notebook``."""
+    """`%load_ext qkv.view.notebook`."""
     register(ipython)

@@ -1,18 +1,18 @@
-"""A page as one HTML string: ``static/frame.html`` (what every page's ``<head>`` holds, the
-``<body>`` around its content) filled with one page's title, body (``static/index.html`` for the
-text's: :data:`PAGES`), style and script.
+"""A page as one HTML string: `static/frame.html` (what every page's `<head>` holds, the
+`<body>` around its content) filled with one page's title, body (`static/index.html` for the
+text's: `PAGES`), style and script.
 
 Two forms, one frame:
 
-* **served** (:func:`page_html` without answers): ``<link>``/``<script src>`` to ``/static/…``;
+* **served** (`page_html` without answers): `<link>`/`<script src>` to `/static/…`;
   the server sends a Content-Security-Policy header allowing its own origin only.
-* **standalone** (with answers — ``qkv view TEXT --html FILE`` and a notebook's display,
-  :mod:`qkv.view.notebook`):
-  style, script and the API's answers inlined; a ``<meta>`` Content-Security-Policy that allows
-  exactly that style and script (by sha256) and **no network access at all** (``connect-src
-  'none'``, nothing loaded from anywhere). It works from ``file://``.
+* **standalone** (with answers — `qkv view TEXT --html FILE` and a notebook's display,
+  `qkv.view.notebook`):
+  style, script and the API's answers inlined; a `<meta>` Content-Security-Policy that allows
+  exactly that style and script (by sha256) and **no network access at all** (`connect-src
+  'none'`, nothing loaded from anywhere). It works from `file://`.
 
-:func:`iframe` wraps a standalone page for a notebook: ``srcdoc`` in a sandboxed iframe (scripts
+`iframe` wraps a standalone page for a notebook: `srcdoc` in a sandboxed iframe (scripts
 allowed, no same-origin), so the page and the notebook's scripts cannot reach each other.
 """
 
@@ -32,7 +32,7 @@ MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=u
 
 
 def static_files(static_dir: Path = STATIC_DIR) -> dict[str, tuple[bytes, str]]:
-    """Every plain file directly in ``static_dir`` with a known type: name → (bytes, media type).
+    """Every plain file directly in `static_dir` with a known type: name → (bytes, media type).
 
     Read once: the server answers from this dict, so no request can reach another file.
     """
@@ -55,7 +55,7 @@ def _json_in_html(data) -> str:
 
 @dataclass(frozen=True)
 class Page:
-    """One of the viewer's pages: files in ``static/`` that :data:`FRAME` is filled with."""
+    """One of the viewer's pages: files in `static/` that `FRAME` is filled with."""
 
     body: str  # what stands in the frame's <body>: the page's header, main and footer
     script: str  # its script, loaded after shared.js
@@ -76,11 +76,11 @@ SHARED_SCRIPT = "shared.js"  # loaded before each page's script: the POST, helpe
 
 
 def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page: str = "text") -> str:
-    """The page: served (``embed`` None) or standalone with ``embed`` inlined (see the module doc).
+    """The page: served (`embed` None) or standalone with `embed` inlined (see the module doc).
 
-    ``embed``: the text page's ``{"model", "text", "state", "info", "answers": [[endpoint,
-    fields, answer], …]}``; an atlas's or a needle map's ``to_dict()``.
-    ``page``: which of :data:`PAGES` (a document's is served only).
+    `embed`: the text page's `{"model", "text", "state", "info", "answers": [[endpoint,
+    fields, answer], …]}`; an atlas's or a needle map's `to_dict()`.
+    `page`: which of `PAGES` (a document's is served only).
     """
     static_dir = Path(static_dir)
     chosen = PAGES[page]
@@ -112,15 +112,15 @@ def page_html(static_dir: Path = STATIC_DIR, embed: dict | None = None, *, page:
 
 
 def standalone(answers: list, *, model: str, text: str, state: dict, info: dict) -> str:
-    """A self-contained page showing ``answers`` (``[[endpoint, request fields, answer], …]``:
-    the page looks each up by its request), opened at ``state``;
-    ``info`` is what ``/api/info`` would answer (the model and its capabilities)."""
+    """A self-contained page showing `answers` (`[[endpoint, request fields, answer], …]`:
+    the page looks each up by its request), opened at `state`;
+    `info` is what `/api/info` would answer (the model and its capabilities)."""
     return page_html(embed={"model": model, "text": text, "state": state, "info": info,
                             "answers": answers})
 
 
 def iframe(page: str, *, height: int = 760) -> str:
-    """``page`` in a sandboxed ``srcdoc`` iframe (a notebook's display)."""
+    """`page` in a sandboxed `srcdoc` iframe (a notebook's display)."""
     return (f'<iframe srcdoc="{html.escape(page, quote=True)}" sandbox="allow-scripts allow-downloads" '
             f'width="100%" height="{height}" title="qkv view" '
             f'style="border:1px solid #8884;width:100%"></iframe>')

@@ -1,38 +1,40 @@
 """The viewer's web server: routes, limits, static files, errors as JSON; uvicorn on 127.0.0.1.
 
-Routes (:func:`create_app`)::
+Routes (`create_app`):
 
-    GET  /                the page (static/index.html with the static files inlined: page.py)
-    GET  /static/NAME     one of the files in static/ — a fixed list read at start, so no path
-                          can name anything else (``/static/../server.py`` is a 404)
-    GET  /api/info        the models served, the methods, the limits
-    POST /api/ENDPOINT    a JSON object in, the API's answer out (see :mod:`qkv.view.api`)
-    GET  /atlas, /needle  a saved result's page (static/atlas.html, needle.html): open a file …
-    POST /api/atlas       … a saved ``qkv atlas --json`` (``/api/needle``: ``qkv needle --json``)
-                          in; out, the result it describes, rebuilt and checked by
-                          ``Atlas.from_dict`` / ``NeedleMap.from_dict`` (:data:`SAVED`), as its
-                          ``to_dict()``: anything else is a 4xx naming the field and the value
+```text
+GET  /                the page (static/index.html with the static files inlined: page.py)
+GET  /static/NAME     one of the files in static/ — a fixed list read at start, so no path
+                      can name anything else (``/static/../server.py`` is a 404)
+GET  /api/info        the models served, the methods, the limits
+POST /api/ENDPOINT    a JSON object in, the API's answer out (see :mod:`qkv.view.api`)
+GET  /atlas, /needle  a saved result's page (static/atlas.html, needle.html): open a file …
+POST /api/atlas       … a saved ``qkv atlas --json`` (``/api/needle``: ``qkv needle --json``)
+                      in; out, the result it describes, rebuilt and checked by
+                      ``Atlas.from_dict`` / ``NeedleMap.from_dict`` (:data:`SAVED`), as its
+                      ``to_dict()``: anything else is a 4xx naming the field and the value
+```
 
-Slow clients: a request's line, headers and body must arrive within :data:`REQUEST_TIMEOUT`
+Slow clients: a request's line, headers and body must arrive within `REQUEST_TIMEOUT`
 seconds of its first byte (else a 408), and a connection still waiting for its request does not
-count against the :data:`MAX_CONCURRENT` requests served at once (:func:`_protocol`), so
+count against the `MAX_CONCURRENT` requests served at once (`_protocol`), so
 connections that send half a request line and wait cannot hold good clients out.
 
-Every API error is JSON ``{"error": {"field", "message"}}`` with a 4xx status: a body over
-:data:`MAX_BODY_BYTES` is refused from its ``Content-Length`` before any of it is read (or, sent
+Every API error is JSON `{"error": {"field", "message"}}` with a 4xx status: a body over
+`MAX_BODY_BYTES` is refused from its `Content-Length` before any of it is read (or, sent
 without one, as soon as the bytes read pass the limit); a body that is not a JSON object is a 400.
 Anything unexpected is a JSON 500 without a traceback (the tests require that none happens).
 
 DNS rebinding and cross-site requests (as Jupyter guards against them): a page on another site
 can make a browser send requests here, and a name the attacker controls can resolve to
-127.0.0.1. So every request's ``Host`` must name this server — the address it is bound to or a
-loopback name (:func:`allowed_hosts`) — and an API request that says where it comes from
-(``Origin``, ``Sec-Fetch-Site``) must come from this same origin: anything else is a 403 JSON
-error naming the header (:func:`refusal`). A server bound to every interface (``0.0.0.0``, ``::``)
-cannot know the names it is reached by and takes any ``Host``; the same-origin rule still holds.
+127.0.0.1. So every request's `Host` must name this server — the address it is bound to or a
+loopback name (`allowed_hosts`) — and an API request that says where it comes from
+(`Origin`, `Sec-Fetch-Site`) must come from this same origin: anything else is a 403 JSON
+error naming the header (`refusal`). A server bound to every interface (`0.0.0.0`, `::`)
+cannot know the names it is reached by and takes any `Host`; the same-origin rule still holds.
 
-:func:`serve` binds the socket itself — so ``port=0`` picks a free port that can be printed, and
-a port in use is one clear :class:`~qkv.errors.QkvError` — then runs uvicorn until Ctrl-C.
+`serve` binds the socket itself — so `port=0` picks a free port that can be printed, and
+a port in use is one clear `QkvError` — then runs uvicorn until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def _error(status: int, field: str | None, message: str) -> JSONResponse:
 
 
 async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
-    """The request's JSON object, read at most ``limit`` bytes far."""
+    """The request's JSON object, read at most `limit` bytes far."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -103,7 +105,7 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 def allowed_hosts(bound: str = "127.0.0.1") -> frozenset[str] | None:
-    """The ``Host`` names a server bound to ``bound`` answers: that address and the loopback
+    """The `Host` names a server bound to `bound` answers: that address and the loopback
     names; None (any) for a wildcard address."""
     if bound in WILDCARD_HOSTS:
         return None
@@ -116,7 +118,7 @@ def _port(text: str) -> bool:
 
 
 def _host_name(value: str) -> str | None:
-    """``"127.0.0.1:8765"`` → ``"127.0.0.1"``, ``"[::1]:80"`` → ``"::1"``; None when malformed
+    """`"127.0.0.1:8765"` → `"127.0.0.1"`, `"[::1]:80"` → `"::1"`; None when malformed
     (a port beyond 65535 included)."""
     value = value.strip().lower()
     if value.startswith("["):
@@ -134,8 +136,8 @@ def _host_name(value: str) -> str | None:
 def refusal(headers, hosts: frozenset[str] | None, *, api: bool) -> tuple[str, str] | None:
     """(header, why) when a request must be refused (see the module doc), else None.
 
-    ``headers``: a case-insensitive mapping (Starlette's ``Headers``); ``hosts``: from
-    :func:`allowed_hosts`; ``api``: the request is for ``/api/…``.
+    `headers`: a case-insensitive mapping (Starlette's `Headers`); `hosts`: from
+    `allowed_hosts`; `api`: the request is for `/api/…`.
     """
     host = headers.get("host")
     name = _host_name(host) if host else None
@@ -157,7 +159,7 @@ def refusal(headers, hosts: frozenset[str] | None, *, api: bool) -> tuple[str, s
 
 
 class _Guard:
-    """ASGI middleware: :func:`refusal` before any route runs."""
+    """ASGI middleware: `refusal` before any route runs."""
 
     def __init__(self, app, hosts: frozenset[str] | None):
         self.app, self.hosts = app, hosts
@@ -175,8 +177,8 @@ class _Guard:
 
 def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
                hosts: frozenset[str] | None = allowed_hosts()) -> Starlette:
-    """The Starlette app serving ``api`` and the page. ``static_dir`` is listed once, here;
-    ``hosts``: the ``Host`` names it answers (:func:`allowed_hosts` of the bound address)."""
+    """The Starlette app serving `api` and the page. `static_dir` is listed once, here;
+    `hosts`: the `Host` names it answers (`allowed_hosts` of the bound address)."""
     files = static_files(static_dir)
     page = page_html(static_dir, page="text" if api.document is None else "document").encode()
 
@@ -210,7 +212,7 @@ def create_app(api: Api, *, static_dir: Path = STATIC_DIR,
                         headers=_page_headers())
 
     async def saved(request: Request) -> Response:
-        """A saved result checked: its class's ``from_dict`` rebuilds it, its ``to_dict()`` answers."""
+        """A saved result checked: its class's `from_dict` rebuilds it, its `to_dict()` answers."""
         read_back = SAVED[request.url.path.rsplit("/", 1)[1]].from_dict
         try:
             body = await read_json(request, limit=MAX_SAVED_BYTES)
@@ -255,7 +257,7 @@ def _page_headers() -> dict[str, str]:
 
 # -- running it --------------------------------------------------------------------------------
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (0: a free port); QkvError when the port is taken."""
+    """A listening socket on `host:port` (0: a free port); QkvError when the port is taken."""
     if not 0 <= port <= 65535:
         raise QkvError(f"--port {port} is out of range (0–65535; 0 picks a free port)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -291,15 +293,15 @@ MAX_CONCURRENT = 200
 
 class _ReadDeadline:
     """The limits the viewer adds to uvicorn's h11 protocol (mixed in before it by
-    :func:`_protocol`, which sets the class attributes). uvicorn has no deadline for a partial
+    `_protocol`, which sets the class attributes). uvicorn has no deadline for a partial
     request line: 201 connections that sent half a line and waited made every good request a 503
     for as long as they stayed.
 
     A connection is in one of two states: 1) waiting for a request (new, or kept alive after a
-    response) — it does not count towards uvicorn's ``limit_concurrency``, and at most
-    ``max_unread`` of them are kept, the longest waiting dropped first; 2) serving one, from its
+    response) — it does not count towards uvicorn's `limit_concurrency`, and at most
+    `max_unread` of them are kept, the longest waiting dropped first; 2) serving one, from its
     headers in to its response complete. From a request's first byte, its line, headers and body
-    must arrive within ``request_timeout`` seconds: else a 408 (a late body: the connection
+    must arrive within `request_timeout` seconds: else a 408 (a late body: the connection
     closed, which the app reads as the client gone).
     """
 
@@ -387,8 +389,8 @@ class _ReadDeadline:
 
 
 def _protocol(request_timeout: float, max_unread: int) -> type:
-    """uvicorn's h11 protocol with :class:`_ReadDeadline`'s limits: each request must arrive
-    within ``request_timeout`` seconds of its first byte, and at most ``max_unread`` connections
+    """uvicorn's h11 protocol with `_ReadDeadline`'s limits: each request must arrive
+    within `request_timeout` seconds of its first byte, and at most `max_unread` connections
     wait for one (uvicorn is imported here, when a server is made)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -399,8 +401,8 @@ def _protocol(request_timeout: float, max_unread: int) -> type:
 
 def make_server(app, sock: socket.socket, *, log_level: str = "warning",
                 request_timeout: float = REQUEST_TIMEOUT, max_unread: int = MAX_UNREAD):
-    """A uvicorn server for ``app`` on ``sock`` (call ``.run(sockets=[sock])``); each request
-    must arrive within ``request_timeout`` seconds (:func:`_protocol`)."""
+    """A uvicorn server for `app` on `sock` (call `.run(sockets=[sock])`); each request
+    must arrive within `request_timeout` seconds (`_protocol`)."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False,
@@ -410,7 +412,7 @@ def make_server(app, sock: socket.socket, *, log_level: str = "warning",
 
 
 def serve(app, sock: socket.socket, *, on_started: Callable[[], None] | None = None) -> None:
-    """Run ``app`` on ``sock`` until Ctrl-C (uvicorn shuts down open connections, then returns)."""
+    """Run `app` on `sock` until Ctrl-C (uvicorn shuts down open connections, then returns)."""
     server = make_server(app, sock)
     if on_started is not None:
         original = server.startup

@@ -2,37 +2,39 @@
 interval of keys.
 
 A sliding window, causality, packed documents (each document's tokens contiguous) and their
-``and_masks`` intersections keep, for query row i, exactly the keys ``[lo_i, hi_i)``::
+`and_masks` intersections keep, for query row i, exactly the keys `[lo_i, hi_i)`:
 
-    window (left 2)      documents [0 0 0 1 1]     lo/hi per row
-    ■ . . . .            ■ ■ ■ . .                 window: [i − 2, i + 1)
-    ■ ■ . . .            ■ ■ ■ . .                 documents: [first, last + 1) of row i's document
-    ■ ■ ■ . .            ■ ■ ■ . .
-    . ■ ■ ■ .            . . . ■ ■
-    . . ■ ■ ■            . . . ■ ■
+```text
+window (left 2)      documents [0 0 0 1 1]     lo/hi per row
+■ . . . .            ■ ■ ■ . .                 window: [i − 2, i + 1)
+■ ■ . . .            ■ ■ ■ . .                 documents: [first, last + 1) of row i's document
+■ ■ ■ . .            ■ ■ ■ . .
+. ■ ■ ■ .            . . . ■ ■
+. . ■ ■ ■            . . . ■ ■
+```
 
-For such a mask the kernel (``intervals.cpp``) runs FlashAttention-2's forward per query tile
-of ``BLOCK_Q`` rows: S = scale · Q_tile · K_spanᵀ by BLAS over the tile's span of keys (in chunks
-of at most ``BLOCK_K``), the interval and the online softmax applied in one sweep over S while it
+For such a mask the kernel (`intervals.cpp`) runs FlashAttention-2's forward per query tile
+of `BLOCK_Q` rows: S = scale · Q_tile · K_spanᵀ by BLAS over the tile's span of keys (in chunks
+of at most `BLOCK_K`), the interval and the online softmax applied in one sweep over S while it
 is in cache, then O += P · V_span by BLAS; (batch · head, tile) items split over torch's threads.
-It returns ``(out, lse)`` with :func:`qkv.attention.spans.spans_forward`'s contract.
+It returns `(out, lse)` with `qkv.attention.spans.spans_forward`'s contract.
 
-The backward (:func:`kernel_backward`, the contract of :func:`qkv.attention.spans.spans_backward`)
+The backward (`kernel_backward`, the contract of `qkv.attention.spans.spans_backward`)
 is FlashAttention-2's over the same tiles: per chunk of a tile's keys it recomputes
 P = exp(S − lse) on the rows' intervals and runs dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D + dlse),
 dQ += scale · dS K, dK += scale · dSᵀ Q by BLAS — five products to the forward's two, so
 forward + backward ≈ 3.5× the forward at one rate. Work items are (batch, key head) pairs, each
 owning its dK, dV rows and its query heads' dQ rows (no locks, no per-thread copies: beyond dq,
-dk, dv it holds two (``BLOCK_Q``, ``BLOCK_K``) tiles a thread); with fewer pairs than threads the
+dk, dv it holds two (`BLOCK_Q`, `BLOCK_K`) tiles a thread); with fewer pairs than threads the
 query tiles split into runs whose keys do not overlap every other run, even runs then odd.
 
-It is compiled by set-up (``python -m qkv.attention.kernels.build``) and only *loaded* here: where
+It is compiled by set-up (`python -m qkv.attention.kernels.build`) and only *loaded* here: where
 it was not built (no compiler), for float64, a mask that is not one interval per row, or
-non-CPU tensors, :func:`supports` says no and the pure-torch spans path answers —
-the reference the tests compare the kernel against. ``use_kernel(False)`` selects that path for
+non-CPU tensors, `supports` says no and the pure-torch spans path answers —
+the reference the tests compare the kernel against. `use_kernel(False)` selects that path for
 comparison.
 
-Example:
+Examples:
     >>> import torch, qkv
     >>> from qkv.attention import kernels
     >>> q = k = v = torch.randn(1, 2, 300, 16)
@@ -86,11 +88,11 @@ def load():
 
 
 def _import(path):
-    """The extension module at ``path``, or None (with one warning line) when it does not load.
+    """The extension module at `path`, or None (with one warning line) when it does not load.
 
     Nothing is mapped into this process that was not verified: a file whose stamp does not hold
-    its sha256 (:func:`~qkv.attention.kernels.build.verified`) is first imported and run by a
-    child process (:func:`~qkv.attention.kernels.build.verify`, which stamps it when it passes):
+    its sha256 (`verified`) is first imported and run by a
+    child process (`verify`, which stamps it when it passes):
     a truncated library would otherwise end this process with SIGBUS where the loader touches a
     page past the file's end."""
     from qkv.attention.kernels import build
@@ -115,13 +117,13 @@ def _warn(path, why: str) -> None:
 
 
 def available() -> bool:
-    """Whether the kernel is built (and not switched off by :func:`use_kernel`)."""
+    """Whether the kernel is built (and not switched off by `use_kernel`)."""
     return _state["enabled"] and load() is not None
 
 
 @contextlib.contextmanager
 def use_kernel(enabled: bool):
-    """``with use_kernel(False):`` runs the pure-torch spans path where the kernel would answer."""
+    """`with use_kernel(False):` runs the pure-torch spans path where the kernel would answer."""
     before = _state["enabled"]
     _state["enabled"] = bool(enabled)
     try:
@@ -135,9 +137,9 @@ _INTERVALS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def intervals(bm: BlockMask) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(lo, hi)``, each (B', t) int64 (B' = 1 or the mask's batch): row i keeps keys
-    ``[lo_i, hi_i)`` (local indices, possibly outside [0, s): the kernel clamps) — or None when
-    ``bm``'s mask is not one interval per row. Cached per block mask."""
+    """`(lo, hi)`, each (B', t) int64 (B' = 1 or the mask's batch): row i keeps keys
+    `[lo_i, hi_i)` (local indices, possibly outside [0, s): the kernel clamps) — or None when
+    `bm`'s mask is not one interval per row. Cached per block mask."""
     if bm in _INTERVALS:
         return _INTERVALS[bm]
     got = None
@@ -151,7 +153,7 @@ def intervals(bm: BlockMask) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _mod_intervals(mod, q: torch.Tensor):
-    """Global key interval per global query ``q`` of a mask_mod, or None (not an interval mask)."""
+    """Global key interval per global query `q` of a mask_mod, or None (not an interval mask)."""
     if isinstance(mod, Band):
         p = q + mod._offset()
         lo = p - mod.left if mod.left is not None else torch.full_like(q, -(1 << 62))
@@ -202,9 +204,9 @@ def _has_window(mod) -> bool:
 # -- the forward --------------------------------------------------------------------------------
 def can_run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             block_mask: BlockMask) -> bool:
-    """Whether the kernel can answer this call: built and enabled (:func:`use_kernel`), float32
+    """Whether the kernel can answer this call: built and enabled (`use_kernel`), float32
     CPU (q, k, v) of one head size, shaped (b, h, ·, d) or (h, ·, d) with b, h and h_kv > 0, at
-    least ``MIN_ROWS`` query rows, an interval mask (:func:`intervals`).
+    least `MIN_ROWS` query rows, an interval mask (`intervals`).
 
     NaN in → NaN out, as on the spans path: a row that sees a key holding a NaN gives NaN (its
     score's exp is NaN); a NaN value may also reach a row of the same tile that does not see it
@@ -221,7 +223,7 @@ def can_run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
              block_mask: BlockMask) -> bool:
     """Whether the blockwise backend runs this call by the kernel (else by the spans path): it
-    can (:func:`can_run`) and was measured faster there — a window (:func:`_has_window`)."""
+    can (`can_run`) and was measured faster there — a window (`_has_window`)."""
     return _has_window(block_mask.mask_mod) and can_run(query, key, value, block_mask)
 
 
@@ -230,15 +232,15 @@ _LD_MAX = 2**31 - 1  # BLAS's leading dimensions are 32-bit ints
 
 
 def _blas_rows(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (b, h, n, d) if each (n, d) matrix is one BLAS can read in place — last dim
+    """`x` (b, h, n, d) if each (n, d) matrix is one BLAS can read in place — last dim
     contiguous, row stride (its leading dimension) at least d and below 2³¹, so rows neither
-    repeat (an ``expand`` along n: stride 0) nor overlap — else a row-major copy. Heads and
-    batches may share memory (an ``expand`` over h): the kernel only reads them.
+    repeat (an `expand` along n: stride 0) nor overlap — else a row-major copy. Heads and
+    batches may share memory (an `expand` over h): the kernel only reads them.
 
     BLAS refuses a leading dimension below the row length with a line on stdout ("Intel oneMKL
     ERROR: Parameter 8 was incorrect") and skips the product, leaving the output tile as it was:
-    the kernel's ``check_inputs`` refuses such a tensor, and this copy keeps one from arriving
-    there (autograd hands the backward an expanded ``dout`` for ``out.sum(dim=2)``)."""
+    the kernel's `check_inputs` refuses such a tensor, and this copy keeps one from arriving
+    there (autograd hands the backward an expanded `dout` for `out.sum(dim=2)`)."""
     d = x.shape[-1]
     if x.stride(-1) == 1 and d <= x.stride(-2) <= _LD_MAX:
         return x
@@ -249,8 +251,8 @@ def _blas_rows(x: torch.Tensor) -> torch.Tensor:
 def kernel_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    block_mask: BlockMask, *, scale: float,
                    enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out (..., h, t, d), lse (..., h, t))`` by the C++ kernel — the contract of
-    :func:`qkv.attention.spans.spans_forward` (call :func:`can_run` first)."""
+    """`(out (..., h, t, d), lse (..., h, t))` by the C++ kernel — the contract of
+    `qkv.attention.spans.spans_forward` (call `can_run` first)."""
     lay = _Layout(query, key, enable_gqa)
     _check_mask(block_mask, lay)
     lo, hi = intervals(block_mask)
@@ -265,9 +267,9 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
                     block_mask: BlockMask, *, scale: float, enable_gqa: bool = False,
                     dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)`` shaped like query, key, value by the C++ kernel — the contract of
-    :func:`qkv.attention.spans.spans_backward` (call :func:`can_run` first): FlashAttention-2's
-    backward from the saved ``out`` and ``lse`` of either forward, ``dlse`` (..., h, t) the
+    """`(dq, dk, dv)` shaped like query, key, value by the C++ kernel — the contract of
+    `qkv.attention.spans.spans_backward` (call `can_run` first): FlashAttention-2's
+    backward from the saved `out` and `lse` of either forward, `dlse` (..., h, t) the
     gradient reaching lse or None. A row with no key (lse −inf) gets dq 0 and adds nothing.
 
     Memory beyond dq, dk, dv: two (BLOCK_Q, BACKWARD_BLOCK_K) tiles a thread; q, k, v, out and
@@ -297,9 +299,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               block_mask: BlockMask, *, scale: float,
               enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable attention by the spans path, the kernel taking each pass where it runs and
-    was measured faster: the forward for a window (:func:`supports`), the backward for every
-    interval mask (:func:`can_run`; documents of 2,048 at 16k, one thread: 1.1-1.2× the spans
-    backward). Elsewhere, or under ``use_kernel(False)``, :func:`qkv.attention.spans.spans_attention`."""
+    was measured faster: the forward for a window (`supports`), the backward for every
+    interval mask (`can_run`; documents of 2,048 at 16k, one thread: 1.1-1.2× the spans
+    backward). Elsewhere, or under `use_kernel(False)`, `qkv.attention.spans.spans_attention`."""
     from qkv.attention import spans
     if not can_run(query, key, value, block_mask):
         return spans.spans_attention(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)

@@ -1,21 +1,22 @@
-"""Compile qkv's C++ attention kernels into the environment, once, at set-up (``make setup``):
+"""Compile qkv's C++ attention kernels into the environment, once, at set-up (`make setup`):
 
     python -m qkv.attention.kernels.build                 # → <venv>/qkv-kernels/qkv_intervals_<tag>.so
     python -m qkv.attention.kernels.build --can-compile   # exit 0 when g++ and Python.h are here
 
-The kernel is a torch C++ extension (``torch/extension.h``, ATen's BLAS and ``parallel_for``),
-compiled by the machine's ``g++`` with torch's own include and library paths
-(``torch.utils.cpp_extension``) for *this* CPU (``-march=native``: the build is local to the
-environment that runs it). ``<tag>`` hashes the source, the flags, the CPU and torch's version,
-so a build made from another source, for another CPU or another torch is never loaded (:mod:`qkv.attention.kernels`
-then uses the pure-torch spans path). Nothing compiles at import or at run time.
+The kernel is a torch C++ extension (`torch/extension.h`, ATen's BLAS and `parallel_for`),
+compiled by the machine's `g++` with torch's own include and library paths
+(`torch.utils.cpp_extension`) for *this* CPU (`-march=native`: the build is local to the
+environment that runs it). `<tag>` hashes the source, the flags, the CPU and torch's version,
+so a build made from another source, for another CPU or another torch is never loaded
+(`qkv.attention.kernels` then uses the pure-torch spans path). Nothing compiles at import or at run
+time.
 
 A library is *verified* before anything maps it into a user's process: a fresh interpreter
-imports it and runs a tiny forward and backward (:func:`check_in_child`), and a stamp beside it
-(``<name>.verified``) records the sha256 of the file that passed. Loading compares the file with
+imports it and runs a tiny forward and backward (`check_in_child`), and a stamp beside it
+(`<name>.verified`) records the sha256 of the file that passed. Loading compares the file with
 its stamp; a file without a matching stamp gets the child-process check once (and its stamp), so
 a truncated or corrupt library costs one warning line and the pure-torch path, never a SIGBUS in
-the user's process. ``build`` checks an existing library the same way and rebuilds it when the
+the user's process. `build` checks an existing library the same way and rebuilds it when the
 check fails.
 
 Exit status 0 whether or not it built: set-up goes on without the kernel, and says so in one line.
@@ -40,12 +41,12 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fope
 
 
 def build_dir() -> Path:
-    """Where kernels live: inside the environment (``sys.prefix``: the venv of ``make setup``)."""
+    """Where kernels live: inside the environment (`sys.prefix`: the venv of `make setup`)."""
     return Path(sys.prefix) / "qkv-kernels"
 
 
 def cpu_features() -> str:
-    """This CPU's model and instruction-set flags (``/proc/cpuinfo``): a ``-march=native`` build is
+    """This CPU's model and instruction-set flags (`/proc/cpuinfo`): a `-march=native` build is
     for them only (an environment copied to another machine must not run it)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -103,7 +104,7 @@ assert all(bool(x.isfinite().all()) for x in (out, lse, *grads)), 'not finite'
 
 
 def check_in_child(path: Path) -> str | None:
-    """None when the library at ``path`` imports and computes in a fresh interpreter, else why
+    """None when the library at `path` imports and computes in a fresh interpreter, else why
     not in a few words (the child's last line, or the signal that ended it)."""
     try:
         proc = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True,
@@ -131,7 +132,7 @@ def _digest(path: Path) -> str | None:
 
 
 def verified(path: Path) -> bool:
-    """Whether this very file passed :func:`check_in_child` (its stamp holds its sha256)."""
+    """Whether this very file passed `check_in_child` (its stamp holds its sha256)."""
     try:
         stamp = stamp_path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
@@ -140,7 +141,7 @@ def verified(path: Path) -> bool:
 
 
 def verify(path: Path) -> str | None:
-    """Check ``path`` in a child process and stamp it when it passes (where the directory is
+    """Check `path` in a child process and stamp it when it passes (where the directory is
     writable: else the check runs again in the next process); None, or why it failed."""
     digest = _digest(path)
     why = check_in_child(path) if digest is not None else "not a readable file"
@@ -209,7 +210,7 @@ def compiler() -> str | None:
 
 
 def can_compile() -> bool:
-    """A compiler and the Python headers torch's extension header needs (``Python.h``)."""
+    """A compiler and the Python headers torch's extension header needs (`Python.h`)."""
     return compiler() is not None and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
 
 

@@ -1,16 +1,16 @@
-"""No projection (``qkv explain --no-projection``): attention with q = k = v = x, without W_Q,
+"""No projection (`qkv explain --no-projection`): attention with q = k = v = x, without W_Q,
 W_K, W_V.
 
 A seed claims that without the projections a token always attends most to itself. Token i
-puts its largest score on itself exactly when ``x_i · x_i > x_i · x_j`` for every other j, i.e.
-``‖x_i‖² > ‖x_i‖ ‖x_j‖ cos θ_ij`` — which fails whenever some other vector is longer enough
+puts its largest score on itself exactly when `x_i · x_i > x_i · x_j` for every other j, i.e.
+`‖x_i‖² > ‖x_i‖ ‖x_j‖ cos θ_ij` — which fails whenever some other vector is longer enough
 in x_i's direction. So the claim depends on the vectors' norms; this module measures it on
 the vectors that really enter each layer of a model, beside the same figure for the learned
 heads (fraction of (head, token) pairs whose largest weight is on the token itself).
 
-The no-projection attention is computed by :func:`qkv.attention_trace` on the forward's own
-traced inputs, with the usual 1/√E scaling (E = the model width). :func:`no_projection` is the
-entry point for a model and a text.
+The no-projection attention is computed by [`qkv.attention_trace`][qkv.attention_trace] on the
+forward's own traced inputs, with the usual 1/√E scaling (E = the model width). `no_projection` is
+the entry point for a model and a text.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ RULE = "largest weight on the token itself; no projection: q = k = v = x, scale 
 class LayerSelf:
     """One layer's self-attention figures.
 
-    Fields:
+    Attributes:
         layer: counting from 0.
         plain_self: (t,) bool — without projections, token i's largest weight is on itself.
         plain_target: (t,) the position each token attends to most without projections.
@@ -56,11 +56,14 @@ class LayerSelf:
 
 @dataclass(frozen=True)
 class NoProjection:
-    """Every layer's self-attention figures for one text — what :func:`no_projection` returns.
+    """Every layer's self-attention figures for one text — what `no_projection` returns.
 
-    Fields:
-        model, text, tokens: what was run; width: E, the model width (the scale is 1/√E).
-        layers: one :class:`LayerSelf` per layer (only ``layer``'s when one was asked for).
+    Attributes:
+        model: what was run.
+        text: see `model`.
+        tokens: see `model`.
+        width: E, the model width (the scale is 1/√E).
+        layers: one `LayerSelf` per layer (only `layer`'s when one was asked for).
     """
 
     kind: ClassVar[str] = "no-projection"  # its row in qkv.explain.kinds.KINDS
@@ -72,7 +75,7 @@ class NoProjection:
     layers: list[LayerSelf]
 
     def to_dict(self) -> dict:
-        """Every figure (what ``qkv explain TEXT --no-projection --json`` prints)."""
+        """Every figure (what `qkv explain TEXT --no-projection --json` prints)."""
         return {"kind": self.kind,
             "model": self.model,
             "text": self.text,
@@ -93,7 +96,7 @@ class NoProjection:
 def no_projection_weights(x: torch.Tensor) -> torch.Tensor:
     """softmax(x xᵀ / √E) for x (t, E): the weights (t, t) with q = k = v = x.
 
-    Example:
+    Examples:
         >>> x = torch.tensor([[1.0, 0.0], [3.0, 0.0]])      # the second vector is longer
         >>> no_projection_weights(x).argmax(-1).tolist()    # so both tokens pick it
         [1, 1]
@@ -118,7 +121,7 @@ def layer_self(layer: int, x: torch.Tensor, learned: torch.Tensor) -> LayerSelf:
 
 
 def ablation(traces: list) -> list[LayerSelf]:
-    """Per layer, from traces that kept every query row (``trace_rows=slice(None)``)."""
+    """Per layer, from traces that kept every query row (`trace_rows=slice(None)`)."""
     out = []
     for layer, tr in enumerate(traces):
         sa = tr.self_attn
@@ -129,14 +132,14 @@ def ablation(traces: list) -> list[LayerSelf]:
 
 
 def no_projection(model, text: str, *, layer: int | None = None) -> NoProjection:
-    """How often each token of ``text`` attends most to itself, without and with projections.
+    """How often each token of `text` attends most to itself, without and with projections.
 
     One forward pass keeping every query row (O(layers · heads · t · s) numbers).
 
     Raises:
-        ArgumentError: ``layer`` out of range. QkvError: an empty text.
+        ArgumentError: `layer` out of range. QkvError: an empty text.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> r = no_projection(qkv.load("minilm"), "The dog found some pizza next to the baby and ate it")
         >>> len(r.layers), r.layers[0].plain_self.shape        # 6 layers, one flag per token

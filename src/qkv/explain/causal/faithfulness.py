@@ -1,31 +1,34 @@
-"""Which explanation methods agree with causal ground truth? :func:`faithfulness`.
+"""Which explanation methods agree with causal ground truth?
+[`faithfulness`][qkv.explain.causal.faithfulness.faithfulness].
 
-For one probe, every contribution method scores each head (:mod:`qkv.explain.contributions`),
-and ablation measures what each head does to the probe's task (:func:`~qkv.explain.head_effects.
-head_effects`). A method is *faithful* on the probe when the heads it scores high are the heads
-whose removal hurts: the table is Spearman's ρ between the two, per method.
+For one probe, every contribution method scores each head
+([`qkv.explain.contributions`][qkv.explain.contributions]), and ablation measures what each head
+does to the probe's task (`head_effects`). A method is *faithful* on the probe when the heads it
+scores high are the heads whose removal hurts: the table is Spearman's ρ between the two, per
+method.
 
 A method's per-head probe score, on the *same sequences* the effects are measured on (the
-probe's task, :func:`~qkv.explain.causal.head_effects.task`, one definition for both sides):
+probe's task, [`task`][qkv.explain.causal.head_effects.task], one definition for both sides):
 
-* ``induction``: on the repeated random sequences (prefix, r, r), each row as shares of its
+* `induction`: on the repeated random sequences (prefix, r, r), each row as shares of its
   total (the weights as they are), the second copy's share on "the token after the earlier
-  occurrence" (``induction_scores_of``);
-* ``previous-token``: on the alternating pairs (prefix, x y x y …) the effects are measured on,
-  each token's share on the one before it (``previous_token_scores_of``). This differs from
-  :func:`qkv.explain.probe`'s previous-token *attention* probe, which reads TransformerLens's
-  repeated random tokens: a head's score there and here may differ (``lm``'s previous-token head,
-  ``L0 H1``: 0.71 there, 0.68 here), but scoring the methods on other sequences than the ones
+  occurrence" (`induction_scores_of`);
+* `previous-token`: on the alternating pairs (prefix, x y x y …) the effects are measured on,
+  each token's share on the one before it (`previous_token_scores_of`). This differs from
+  `qkv.explain.probe`'s previous-token *attention* probe, which reads TransformerLens's
+  repeated random tokens: a head's score there and here may differ (`lm`'s previous-token head,
+  `L0 H1`: 0.71 there, 0.68 here), but scoring the methods on other sequences than the ones
   ablated would compare two experiments, not a method with the ground truth;
-* ``coref``: :func:`qkv.explain.probe`'s accuracy — how often the head's largest share from the
+* `coref`: `qkv.explain.probe`'s accuracy — how often the head's largest share from the
   pronoun lands on its referent.
 
-Per-layer methods (``rollout``, ``flow``, ``alti``, ``value-zeroing``, ``grad``) score layers, not
+Per-layer methods (`rollout`, `flow`, `alti`, `value-zeroing`, `grad`) score layers, not
 heads: their ρ is over layers, against the effect of ablating all of a layer's heads at once
-(``per`` says which, ``n`` how many points; with few layers ρ says little). A method that does not
-apply (``flow`` past 24 tokens, ``grad`` on an encoder without a second text) is listed in
-``skipped`` with the reason.
+(`per` says which, `n` how many points; with few layers ρ says little). A method that does not
+apply (`flow` past 24 tokens, `grad` on an encoder without a second text) is listed in
+`skipped` with the reason.
 
+Examples:
     >>> import qkv
     >>> f = faithfulness(qkv.load("lm"), probe="induction", sequences=4)     # doctest: +SKIP
     >>> sorted([*f.spearman, *f.skipped]) == sorted(contributions.METHODS)  # doctest: +SKIP
@@ -50,7 +53,7 @@ from qkv.explain.wording import ArgumentError
 def ranks(x: torch.Tensor) -> torch.Tensor:
     """(n,) float64 ranks from 1, ties given their average rank.
 
-    Example:
+    Examples:
         >>> ranks(torch.tensor([10.0, 30.0, 20.0, 30.0])).tolist()
         [1.0, 3.5, 2.0, 3.5]
     """
@@ -79,7 +82,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float | None:
 def method_scores(model, probe: str, method: str, *, sequences: int, length: int | None,
                   seed: int) -> torch.Tensor:
     """(L, h) for a per-head method, (L, 1) for a per-layer one: the method's probe score on the
-    sequences that are ablated (the probe's :attr:`~qkv.explain.probes.base.Effects.scores`)."""
+    sequences that are ablated (the probe's `scores`)."""
     task_ = task(model, probe, sequences=sequences, length=length, seed=seed)
     return registry.PROBES[probe].effects.scores(model, method, task_)
 
@@ -87,13 +90,16 @@ def method_scores(model, probe: str, method: str, *, sequences: int, length: int
 # -- the table ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Faithfulness:
-    """Each method's agreement with ablation on one probe — what :func:`faithfulness` returns.
+    """Each method's agreement with ablation on one probe — what
+    [`faithfulness`][qkv.explain.causal.faithfulness.faithfulness] returns.
 
-    Fields:
-        model, probe: what ran.
-        effects: the :class:`~qkv.explain.causal.head_effects.HeadEffects` (with ``layer_effects``).
+    Attributes:
+        model: what ran.
+        probe: see `model`.
+        effects: the [`HeadEffects`][qkv.explain.causal.head_effects.HeadEffects] (with
+            `layer_effects`).
         scores: {method: (L, h) per-head or (L,) per-layer probe scores}.
-        per: {method: ``"head"`` or ``"layer"``}.
+        per: {method: `"head"` or `"layer"`}.
         spearman: {method: ρ between its scores and the effects, or None (no order)}.
         skipped: {method: why it did not run on this probe}.
     """
@@ -109,8 +115,10 @@ class Faithfulness:
     kind: ClassVar[str] = "faithfulness"  # what to_dict() says it is
 
     def to_dict(self) -> dict:
-        """The effects' fields (:meth:`HeadEffects.to_dict`: mode, metric, clean, sequences,
-        effects, layer_effects, heads), then each method's scores and ρ, and what was skipped."""
+        """The effects' fields
+        ([`HeadEffects.to_dict`][qkv.explain.causal.head_effects.HeadEffects.to_dict]: mode, metric,
+        clean, sequences, effects, layer_effects, heads), then each method's scores and ρ, and what
+        was skipped."""
         effects = {k: v for k, v in self.effects.to_dict().items() if k != "kind"}
         return {"kind": self.kind, **effects, "model": self.model, "probe": self.probe,
                 "methods": [{"method": m, "per": self.per[m], "spearman": self.spearman[m],
@@ -126,13 +134,14 @@ def faithfulness(model, probe: str = "induction", *, methods: list[str] | None =
     """Spearman's ρ between each method's per-head probe scores and the heads' ablation effects.
 
     Args:
-        probe: ``"induction"``, ``"previous-token"`` (decoders) or ``"coref"``.
-        methods: names in :data:`qkv.explain.contributions.METHODS` (default: all).
-        mode: the ablation (``"zero"`` or ``"mean"``).
+        probe: `"induction"`, `"previous-token"` (decoders) or `"coref"`.
+        methods: names in `qkv.explain.contributions.METHODS` (default: all).
+        mode: the ablation (`"zero"` or `"mean"`).
         sequences, length, seed: the decoder probes' random sequences (both sides use them).
-        progress: called as ``progress(stage, done, total)`` while it works: ``"ablating"``
-            (:func:`~qkv.explain.causal.head_effects.head_effects`' copies), then ``"methods"`` (one step
-            per method), e.g. to draw bars (``qkv faithfulness`` does on a terminal).
+        progress: called as `progress(stage, done, total)` while it works: `"ablating"`
+            ([`head_effects`][qkv.explain.causal.head_effects.head_effects]' copies), then
+            `"methods"` (one step per method), e.g. to draw bars (`qkv faithfulness` does on a
+            terminal).
 
     Raises:
         ArgumentError: an unknown probe, method or mode; a probe that does not apply.

@@ -1,33 +1,35 @@
-"""What each head does to a probe's task when it alone is removed: :func:`head_effects`.
+"""What each head does to a probe's task when it alone is removed:
+[`head_effects`][qkv.explain.causal.head_effects.head_effects].
 
-The attention probes (:mod:`qkv.explain.induction`, :func:`qkv.explain.probe`) say where a head
+The attention probes (`qkv.explain.induction`, `qkv.explain.probe`) say where a head
 *looks*; this says whether the model *needs* it. For every head (and every layer's heads
 together) the probe's metric is measured with that head ablated
-(:mod:`qkv.explain.interventions`), and the effect is the change from the clean run. Each probe's
-record says how (:class:`~qkv.explain.probes.base.Effects`: its sequences, where the metric
+(`qkv.explain.interventions`), and the effect is the change from the clean run. Each probe's
+record says how (`Effects`: its sequences, where the metric
 reads, what it needs of the model); the shipped ones:
 
-* ``induction`` (decoders) — the mean next-token loss on the *repeated half* of the probe's
+* `induction` (decoders) — the mean next-token loss on the *repeated half* of the probe's
   random repeated sequences (prefix, r, r: the second copy's tokens r₁ … rₙ₋₁ are predictable
   only by finding the earlier occurrence and copying what followed). Effect: loss ablated −
   loss clean (positive: the head helps copying).
-* ``previous-token`` (decoders) — the mean next-token loss on *alternating pairs*
+* `previous-token` (decoders) — the mean next-token loss on *alternating pairs*
   (prefix, x y x y x y …, x ≠ y random): from the third token on, the next token is the one
   *before* the current one, so it can only be predicted by reading the previous token — the
   information a previous-token head moves. Effect: loss ablated − loss clean. These are not
   the repeated random tokens of the previous-token *attention* probe
-  (:func:`qkv.explain.probes.induction.induction_probe`): there the next token is random or an
+  (`qkv.explain.probes.induction.induction_probe`): there the next token is random or an
   induction target, and no loss reads the previous token alone. The methods' scores that
-  :func:`~qkv.explain.causal.faithfulness.faithfulness` compares with these effects are taken on these
-  same pairs (:func:`task` is the one definition of a probe's data). An induction circuit solves
-  the pairs too (the earlier x was followed by y), which itself needs the previous-token head:
-  so ablating one induction head alone barely matters, ablating both does.
-* ``retrieval`` (decoders) — the mean next-token loss on the needle's copy in the retrieval
-  probe's needle-in-a-haystack inputs (:func:`qkv.explain.probes.retrieval.needle_inputs`): the copy's
+  [`faithfulness`][qkv.explain.causal.faithfulness.faithfulness] compares with these effects are
+  taken on these same pairs ([`task`][qkv.explain.causal.head_effects.task] is the one definition of
+  a probe's data). An induction circuit solves the pairs too (the earlier x was followed by y),
+  which itself needs the previous-token head: so ablating one induction head alone barely matters,
+  ablating both does.
+* `retrieval` (decoders) — the mean next-token loss on the needle's copy in the retrieval
+  probe's needle-in-a-haystack inputs (`qkv.explain.probes.retrieval.needle_inputs`): the copy's
   tokens after the first are predictable only by finding the needle earlier in the input.
   Effect: loss ablated − loss clean. (The top-k retrieval heads against k random heads, on the
-  needle's accuracy: :func:`qkv.explain.probes.retrieval.retrieval_ablation`.)
-* ``coref`` (any model whose tokenizer splits the probe sentences into the labelled words; made
+  needle's accuracy: `qkv.explain.probes.retrieval.retrieval_ablation`.)
+* `coref` (any model whose tokenizer splits the probe sentences into the labelled words; made
   for encoders) — 1 − cos(h^L_p ablated, h^L_p clean), h^L_p the pronoun's final vector (its
   tokens averaged), averaged over the shipped coref sentences. An encoder has no next token to
   score; what a coreference head would do is write the referent into the pronoun's
@@ -36,9 +38,10 @@ reads, what it needs of the model); the shipped ones:
   model does not use (and for the clean run itself).
 
 Batched: one forward holds the clean copy and one copy per head of every probe sequence of one
-length (L·h + 1 copies; + L with ``layers=True``), so all effects cost about L·h + 1 plain
-forwards of the probe data, in a few calls (:data:`MAX_BATCH` rows each).
+length (L·h + 1 copies; + L with `layers=True`), so all effects cost about L·h + 1 plain
+forwards of the probe data, in a few calls (`MAX_BATCH` rows each).
 
+Examples:
     >>> import qkv
     >>> e = head_effects(qkv.load("lm"), probe="induction", sequences=4)       # doctest: +SKIP
     >>> e.effects.shape                                                        # doctest: +SKIP
@@ -68,9 +71,9 @@ MAX_BATCH = 512
 
 # -- the probes' data ----------------------------------------------------------------------------
 def task(model, probe: str, *, sequences: int, length: int | None, seed: int) -> Task:
-    """The probe's data for ``model`` (its record's :attr:`~qkv.explain.probes.base.Effects.task`);
-    ArgumentError when the probe does not apply to it, or for ``sequences`` and ``length`` out
-    of :func:`qkv.explain.probes.induction.check_sizes`' bounds."""
+    """The probe's data for `model` (its record's `task`);
+    ArgumentError when the probe does not apply to it, or for `sequences` and `length` out
+    of `qkv.explain.probes.induction.check_sizes`' bounds."""
     check_sizes(sequences, length)
     measured = registry.with_effects()
     if probe not in measured:
@@ -89,10 +92,11 @@ def task(model, probe: str, *, sequences: int, length: int | None, seed: int) ->
 
 
 def probes_for(model) -> list[str]:
-    """The probes :func:`faithfulness <qkv.explain.causal.faithfulness.faithfulness>` compares
-    methods on that apply to ``model``, its default probe
-    (:func:`~qkv.explain.probes.registry.default_probe`) first — what the viewer offers.
+    """The probes [`faithfulness`][qkv.explain.causal.faithfulness.faithfulness] compares
+    methods on that apply to `model`, its default probe
+    (`default_probe`) first — what the viewer offers.
 
+    Examples:
         >>> import qkv
         >>> probes_for(qkv.load("lm"))
         ['induction', 'previous-token']
@@ -110,8 +114,8 @@ def probes_for(model) -> list[str]:
 
 # -- the metric ------------------------------------------------------------------------------------
 def metric(task_: Task, index: torch.Tensor, output: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """(n,) the probe's metric on n rows: sequence ``index`` (n,) of the task, output (n, t, ·),
-    and the clean run's output of the same sequences ``clean`` (n, t, ·) (coref compares with it)."""
+    """(n,) the probe's metric on n rows: sequence `index` (n,) of the task, output (n, t, ·),
+    and the clean run's output of the same sequences `clean` (n, t, ·) (coref compares with it)."""
     if task_.scored is not None:
         ids = torch.cat([task_.ids[int(i)] for i in index])  # (n, t)
         at = task_.scored.nonzero().flatten()  # the predictions read: position i → token i + 1
@@ -128,14 +132,18 @@ def metric(task_: Task, index: torch.Tensor, output: torch.Tensor, clean: torch.
 # -- the effects ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HeadEffects:
-    """Each head's causal effect on a probe's metric — what :func:`head_effects` returns.
+    """Each head's causal effect on a probe's metric — what
+    [`head_effects`][qkv.explain.causal.head_effects.head_effects] returns.
 
-    Fields:
-        model, probe, mode: what ran; metric: the metric in words.
+    Attributes:
+        model: what ran.
+        probe: see `model`.
+        mode: see `model`.
+        metric: the metric in words.
         clean: the metric on the clean run (0 for coref, by definition).
         effects: (L, h) float64 — metric with that head ablated − clean.
         layer_effects: (L,) float64 — the same with all of a layer's heads ablated together
-            (``layers=True``), else None.
+            (`layers=True`), else None.
         sequences: how many probe sequences (sentences) were averaged.
     """
 
@@ -155,7 +163,7 @@ class HeadEffects:
         return ranked(self.effects)
 
     def to_dict(self) -> dict:
-        """``effects[layer][head]``; ``heads`` the same, ranked."""
+        """`effects[layer][head]`; `heads` the same, ranked."""
         return {"kind": self.kind, "model": self.model, "probe": self.probe, "mode": self.mode,
                 "metric": self.metric, "clean": self.clean, "sequences": self.sequences,
                 "effects": self.effects.tolist(),
@@ -171,9 +179,9 @@ def _copies(L: int, H: int, layers: bool) -> list[tuple[int, list[int]]]:
 
 def _group(model, task_: Task, index: torch.Tensor, mode: str, copies,
            done=lambda k: None) -> torch.Tensor:
-    """(1 + len(copies), n) the metric on n equally long sequences ``index``: row 0 clean, row
-    k with copy k's heads ablated; batched, at most :data:`MAX_BATCH` rows a forward
-    (``done(k)`` after each, k its copies)."""
+    """(1 + len(copies), n) the metric on n equally long sequences `index`: row 0 clean, row
+    k with copy k's heads ablated; batched, at most `MAX_BATCH` rows a forward
+    (`done(k)` after each, k its copies)."""
     ids = torch.cat([task_.ids[int(i)] for i in index])  # (n, t)
     n = ids.shape[0]
     means = interventions.mean_values(interventions.head_outputs(model, ids)) if mode == "mean" else None
@@ -200,8 +208,8 @@ def _group(model, task_: Task, index: torch.Tensor, mode: str, copies,
 
 
 def _ablation(where: torch.Tensor, mean: torch.Tensor | None):
-    """A function of one head's output o (rows, t, d): the rows ``where`` (rows,) replaced by
-    ``mean`` (rows, 1, d), or zeroed when ``mean`` is None; the other rows unchanged."""
+    """A function of one head's output o (rows, t, d): the rows `where` (rows,) replaced by
+    `mean` (rows, 1, d), or zeroed when `mean` is None; the other rows unchanged."""
     def edit(o: torch.Tensor) -> torch.Tensor:
         new = torch.zeros((), dtype=o.dtype) if mean is None else mean.to(o.dtype)
         return torch.where(where.view(-1, 1, 1), new, o)  # (rows, t, d)
@@ -211,15 +219,15 @@ def _ablation(where: torch.Tensor, mean: torch.Tensor | None):
 def head_effects(model, probe: str = "induction", *, mode: str = "zero", sequences: int = 20,
                  length: int | None = None, seed: int = 0, layers: bool = False,
                  progress: Callable[[str, int, int], None] | None = None) -> HeadEffects:
-    """Every head's effect on ``probe``'s metric when it alone is ablated (see the module doc).
+    """Every head's effect on `probe`'s metric when it alone is ablated (see the module doc).
 
     Args:
-        probe: ``"induction"``, ``"previous-token"`` (decoders) or ``"coref"``.
-        mode: ``"zero"`` or ``"mean"`` (see :mod:`qkv.explain.interventions`).
+        probe: `"induction"`, `"previous-token"` (decoders) or `"coref"`.
+        mode: `"zero"` or `"mean"` (see `qkv.explain.interventions`).
         sequences, length, seed: the random sequences of the decoder probes (as
-            :func:`qkv.explain.probes.induction.induction_probe`; the coref sentences are fixed).
-        layers: also ablate each layer's heads together (``layer_effects``; L more copies).
-        progress: called as ``progress("ablating", done, total)`` after each batched forward
+            `qkv.explain.probes.induction.induction_probe`; the coref sentences are fixed).
+        layers: also ablate each layer's heads together (`layer_effects`; L more copies).
+        progress: called as `progress("ablating", done, total)` after each batched forward
             (done of total ablated copies of the sequence groups), e.g. to draw a bar.
 
     Raises:

@@ -1,19 +1,21 @@
-"""Interventions on attention heads: ablation (:func:`ablate`) and activation patching
-(:func:`patch`) — does the model *use* a head, whatever its attention looks like?
+"""Interventions on attention heads: ablation ([`ablate`][qkv.explain.causal.interventions.ablate])
+and activation patching ([`patch`][qkv.explain.causal.interventions.patch]) — does the model *use* a
+head, whatever its attention looks like?
 
 A head's output is o^{ℓ,h} (t, d): its share of the attention block before the output projection
-mixes the heads (``out_proj``'s input, columns h·d … (h+1)·d). Intervening on it:
+mixes the heads (`out_proj`'s input, columns h·d … (h+1)·d). Intervening on it:
 
-* ``mode="zero"``: o^{ℓ,h} = 0 — equal to zeroing that head's slice of the output projection's
-  input (transformers: ``o_proj``/``attention.output.dense``'s input columns h·d … (h+1)·d);
-* ``mode="mean"``: o^{ℓ,h}_i = mean_j o^{ℓ,h}_j, the head's clean output averaged over the
+* `mode="zero"`: o^{ℓ,h} = 0 — equal to zeroing that head's slice of the output projection's
+  input (transformers: `o_proj`/`attention.output.dense`'s input columns h·d … (h+1)·d);
+* `mode="mean"`: o^{ℓ,h}_i = mean_j o^{ℓ,h}_j, the head's clean output averaged over the
   text's positions (the head still says "something typical", but nothing about this token);
 * patching: o^{ℓ,h} taken from another run of the same length.
 
-Every intervention goes through the forward's own argument ``interventions=``
-(:class:`~qkv.modules.intervention.Interventions`, the one mechanism value zeroing uses too);
-nothing here hooks a module. Heads are ``(layer, head)`` pairs, counted from 0.
+Every intervention goes through the forward's own argument `interventions=`
+(`Interventions`, the one mechanism value zeroing uses too);
+nothing here hooks a module. Heads are `(layer, head)` pairs, counted from 0.
 
+Examples:
     >>> import qkv
     >>> lm = qkv.load("lm")
     >>> ids = lm.tokenizer.encode("the cat sat on the mat and the cat sat").ids
@@ -44,7 +46,7 @@ Head = tuple[int, int]
 
 # -- arguments -------------------------------------------------------------------------------------
 def check_heads(model, heads) -> tuple[Head, ...]:
-    """``heads`` as a tuple of (layer, head) pairs; ArgumentError naming ``heads`` otherwise."""
+    """`heads` as a tuple of (layer, head) pairs; ArgumentError naming `heads` otherwise."""
     n_layers, n_heads = forward.num_layers(model), forward.num_heads(model)
     if isinstance(heads, (str, bytes, torch.Tensor)) or not isinstance(heads, Iterable):
         raise ArgumentError("heads", "{name} must be a list of (layer, head) pairs ([] for none), "
@@ -67,7 +69,7 @@ def check_heads(model, heads) -> tuple[Head, ...]:
 
 
 def check_mode(mode: str, length: int) -> None:
-    """ArgumentError for an unknown ``mode``, or ``"mean"`` over a one-token text."""
+    """ArgumentError for an unknown `mode`, or `"mean"` over a one-token text."""
     if mode not in MODES:
         raise ArgumentError("mode", "unknown {name} {value!r}; known: {known}", value=mode,
                             known=", ".join(MODES))
@@ -106,13 +108,13 @@ def _shown(value) -> str:
 
 # -- the forward with heads replaced ---------------------------------------------------------------
 def run(model, ids: torch.Tensor, edits: Interventions | None = None):
-    """The model's own forward on ``ids`` (b, t) with ``edits``; its output."""
+    """The model's own forward on `ids` (b, t) with `edits`; its output."""
     return model(ids, torch.ones_like(ids), interventions=edits)
 
 
 def head_outputs(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's head outputs (b, t, h, d) on ``ids`` (b, t), as the traced forward recorded
-    them (``out_proj``'s input, split into heads)."""
+    """Every layer's head outputs (b, t, h, d) on `ids` (b, t), as the traced forward recorded
+    them (`out_proj`'s input, split into heads)."""
     check_softmax_everywhere(model, "replacing heads' outputs")
     out = model(ids, torch.ones_like(ids), trace_rows=slice(None))
     return [tr.self_attn.attention.output.transpose(1, 2) for tr in out.traces]  # (b, t, h, d)
@@ -124,7 +126,7 @@ def output_of(model, out) -> torch.Tensor:
 
 
 def edits_for(heads: Sequence[Head], value_of: Callable[[int], torch.Tensor | None]) -> Interventions:
-    """``heads`` replaced in every copy of a batch; ``value_of(layer)`` gives that layer's
+    """`heads` replaced in every copy of a batch; `value_of(layer)` gives that layer's
     replacement (b, t, h, d) or broadcastable, None for zero."""
     def value(layer: int, head: int):
         new = value_of(layer)
@@ -141,11 +143,15 @@ def mean_values(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
 # -- ablate ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ablation:
-    """The model's output with some heads removed — what :func:`ablate` returns.
+    """The model's output with some heads removed — what
+    [`ablate`][qkv.explain.causal.interventions.ablate] returns.
 
-    Fields:
-        model: the model's name; tokens: the text's tokens; ids: (t,).
-        heads: the (layer, head) pairs ablated; mode: ``"zero"`` or ``"mean"``.
+    Attributes:
+        model: the model's name.
+        tokens: the text's tokens.
+        ids: (t,).
+        heads: the (layer, head) pairs ablated.
+        mode: `"zero"` or `"mean"`.
         logits: (t, V) a decoder's next-token logits, else None.
         hidden: (t, E) an encoder's last hidden state, else None.
     """
@@ -171,12 +177,12 @@ class Ablation:
 
 
 def ablate(model, text_or_ids, *, heads, mode: str = "zero") -> Ablation:
-    """Run ``model`` on a text with ``heads`` removed (see the module docstring for the modes).
+    """Run `model` on a text with `heads` removed (see the module docstring for the modes).
 
     Args:
         text_or_ids: a text (tokenised by the model's tokenizer) or token ids (t,) / (1, t).
-        heads: (layer, head) pairs; ``[]`` runs the model as it is.
-        mode: ``"zero"`` or ``"mean"``.
+        heads: (layer, head) pairs; `[]` runs the model as it is.
+        mode: `"zero"` or `"mean"`.
 
     Raises:
         ArgumentError: a head the model does not have, an unknown mode, mean over one token.
@@ -210,17 +216,20 @@ def next_token_loss(output: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Patching:
-    """Activation patching of head outputs — what :func:`patch` returns.
+    """Activation patching of head outputs — what [`patch`][qkv.explain.causal.interventions.patch]
+    returns.
 
     A metric m is measured on the clean run, the corrupted run, and the corrupted run with the
-    ``heads``' outputs taken from the clean run; the recovered fraction is
+    `heads`' outputs taken from the clean run; the recovered fraction is
 
         (m_patched − m_corrupted) / (m_clean − m_corrupted)
 
     1: those heads carry everything the corruption took away; 0: nothing.
 
     Fields:
-        model, heads; metric: what m is in words; clean, corrupted, patched: m on each run;
+        model, heads.
+        metric: what m is in words.
+        clean, corrupted, patched: m on each run;
         recovered: the fraction (None when clean and corrupted give the same m).
     """
 
@@ -241,12 +250,12 @@ class Patching:
 
 
 def patch(model, clean, corrupted, *, heads, metric: Callable | None = None) -> Patching:
-    """Patch ``heads``' outputs from the clean run into the corrupted one (equal lengths).
+    """Patch `heads`' outputs from the clean run into the corrupted one (equal lengths).
 
     Args:
         clean, corrupted: texts or token ids of the same number of tokens.
         heads: (layer, head) pairs.
-        metric: ``(output (1, t, ·), ids (1, t)) -> float`` on the model's output (logits or last
+        metric: `(output (1, t, ·), ids (1, t)) -> float` on the model's output (logits or last
             hidden state) and the *clean* ids; default: a decoder's next-token loss on the clean
             text, an encoder's cosine of the last token's final vector to the clean run's.
 

@@ -2,14 +2,14 @@
 
 One concept a file:
 
-* ``norms.py``        a LayerNorm / RMSNorm frozen at the scale a forward computed (affine)
-* ``residual.py``     a layer's input split by component: embed, each earlier head, each
+* `norms.py`        a LayerNorm / RMSNorm frozen at the scale a forward computed (affine)
+* `residual.py`     a layer's input split by component: embed, each earlier head, each
                       feed-forward, bias — summing to the recorded hidden state
-* ``score.py``        :func:`score_attribution` — one score as (query × key components) terms
-* ``logit.py``        :func:`logit_attribution` — a logit as each component's direct part
-* ``composition.py``  :func:`composition` — Q-, K-, V-composition of head pairs, from weights
-* ``ablate.py``       :func:`remove_component` — the causal check: a component taken out of a
-                      layer's input through the forward's ``interventions``
+* `score.py`        `score_attribution` — one score as (query × key components) terms
+* `logit.py`        `logit_attribution` — a logit as each component's direct part
+* `composition.py`  `composition` — Q-, K-, V-composition of head pairs, from weights
+* `ablate.py`       `remove_component` — the causal check: a component taken out of a
+                      layer's input through the forward's `interventions`
 """
 
 from qkv.explain.circuits.composition import Composition, composition

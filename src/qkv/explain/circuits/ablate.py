@@ -2,7 +2,7 @@
 run the model again.
 
 A component b of layer ℓ's input at the key's position j is subtracted from what enters layer ℓ
-there (the forward's own ``interventions=``: ``Interventions.inputs[ℓ]``, a function of the
+there (the forward's own `interventions=`: `Interventions.inputs[ℓ]`, a function of the
 input; nothing else changes). The attribution predicts the new score
 
     s'_ij = s_ij − Σ_a terms[a, b]
@@ -10,10 +10,10 @@ input; nothing else changes). The attribution predicts the new score
 exactly when the key is a linear function of the layer's input: a post-norm layer (BERT,
 MiniLM: the attention reads x itself). In a pre-norm layer the norm in front of the attention
 recomputes its scale on the edited vector; the prediction is then the frozen-scale one, and
-``scale_ratio`` (σ before / σ after, of the key's norm) says by how much the forward's differs
+`scale_ratio` (σ before / σ after, of the key's norm) says by how much the forward's differs
 (for an RMSNorm with no biases downstream — Llama — k' = ratio · (k − k_b) exactly).
 
-Example:
+Examples:
     >>> import qkv
     >>> from qkv.explain import score_attribution
     >>> lm = qkv.load("lm")
@@ -42,7 +42,7 @@ class Removal:
     """One component taken out of the key's residual.
 
     Fields: component; before (the attribution's forward score), predicted (before − its
-    column of ``terms``), measured (the forward's score with it removed); exact: whether the
+    column of `terms`), measured (the forward's score with it removed); exact: whether the
     prediction is exact (the layer's attention reads its input with no norm in front);
     scale_ratio: σ/σ' of the key's norm in front of the attention (1.0 when there is none).
     """
@@ -57,8 +57,8 @@ class Removal:
 
 @torch.no_grad()
 def remove_component(model, attribution, component: str) -> Removal:
-    """Run ``attribution``'s text again with key-side ``component`` removed from the key's
-    input to its layer → :class:`Removal`."""
+    """Run `attribution`'s text again with key-side `component` removed from the key's
+    input to its layer → `Removal`."""
     names = attribution.key_components
     if component not in names:
         raise ArgumentError("component", "{name} {value!r} is not one of the key's components "
@@ -87,8 +87,8 @@ def remove_component(model, attribution, component: str) -> Removal:
 
 
 def run_edited(model, ids: torch.Tensor, row: int, layer: int, delta: torch.Tensor):
-    """The model's traced forward (row ``row``) with ``delta`` (1, t, E) subtracted from what
-    enters layer ``layer`` — through ``Interventions.inputs``."""
+    """The model's traced forward (row `row`) with `delta` (1, t, E) subtracted from what
+    enters layer `layer` — through `Interventions.inputs`."""
     edits = Interventions(inputs={layer: lambda x: x - delta})
     return model(ids, torch.ones_like(ids), trace_rows=torch.tensor([row]),
                  output_hidden_states=True, interventions=edits)

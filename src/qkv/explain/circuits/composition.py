@@ -3,16 +3,18 @@ Mathematical Framework for Transformer Circuits", §"Composition").
 
 In the row convention (x · W) head h reads x and writes x · W_OV^h, W_OV = W_V W_O (E, E), and
 scores query x_i against key x_j as x_i W_QK x_jᵀ, W_QK = W_Q W_Kᵀ (E, E). An earlier head 1's
-write can feed a later head 2's query, key or value::
+write can feed a later head 2's query, key or value:
 
-    Q-composition  ‖W_OV¹ W_QK²‖_F   / (‖W_OV¹‖_F ‖W_QK²‖_F)
-    K-composition  ‖W_QK² W_OV¹ᵀ‖_F  / (‖W_OV¹‖_F ‖W_QK²‖_F)
-    V-composition  ‖W_OV¹ W_OV²‖_F   / (‖W_OV¹‖_F ‖W_OV²‖_F)
+```text
+Q-composition  ‖W_OV¹ W_QK²‖_F   / (‖W_OV¹‖_F ‖W_QK²‖_F)
+K-composition  ‖W_QK² W_OV¹ᵀ‖_F  / (‖W_OV¹‖_F ‖W_QK²‖_F)
+V-composition  ‖W_OV¹ W_OV²‖_F   / (‖W_OV¹‖_F ‖W_OV²‖_F)
+```
 
 Norm gains, biases and RoPE are left out, as in the paper's definition. Every norm is taken
 through (d × d) Gram matrices (‖P M Qᵀ‖²_F = tr(QᵀQ Mᵀ PᵀP M)), never an (E × E) product.
 
-Example:
+Examples:
     >>> import qkv
     >>> c = composition(qkv.load("lm"))
     >>> c.k.shape, c.top("k", 1)[0][:2]                 # (L, h, L, h): writer, then reader
@@ -73,7 +75,7 @@ class Composition:
 
 
 def head_matrices(model, layer: int):
-    """Per head of ``layer``: W_Q (h, E, d), W_K (h, E, d), W_V (h, E, dv), W_O (h, dv, E),
+    """Per head of `layer`: W_Q (h, E, d), W_K (h, E, d), W_V (h, E, dv), W_O (h, dv, E),
     float64 (GQA: each query head with its group's W_K, W_V)."""
     attn = model.layers[layer].self_attn
     if attn.projection_note or attn.out_proj is None:
@@ -98,7 +100,7 @@ def _fro2(p: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def composition(model) -> Composition:
-    """Every pair's Q-, K- and V-composition (see the module doc) → :class:`Composition`."""
+    """Every pair's Q-, K- and V-composition (see the module doc) → `Composition`."""
     check_model(model)
     mats = [head_matrices(model, ell) for ell in range(len(model.layers))]
     L, H = len(mats), mats[0][0].shape[0]

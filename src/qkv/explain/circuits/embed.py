@@ -1,22 +1,24 @@
 """What enters layer 0, by table: the token's row, the position's row, the segment's row.
 
 A model embeds token i of ids as the sum of rows of its tables, normalised where it has an
-embedding norm (BERT, DistilBERT)::
+embedding norm (BERT, DistilBERT):
 
-    hidden_states[0]_i = norm( token[id_i] + position[offset + i] + type[0] )
+```text
+hidden_states[0]_i = norm( token[id_i] + position[offset + i] + type[0] )
 
-    embed.token      the token table's row (Gemma's scaled embedding: the module's own output)
-    embed.position   a learned position table's row (BERT, GPT-2, OPT); RoPE models have none
-    embed.type       the segment table's row (BERT's token types; one text reads row 0)
+embed.token      the token table's row (Gemma's scaled embedding: the module's own output)
+embed.position   a learned position table's row (BERT, GPT-2, OPT); RoPE models have none
+embed.type       the segment table's row (BERT's token types; one text reads row 0)
+```
 
-The norm is frozen at the scale the forward computed (:mod:`.norms`): each row carried through
-as (row − mean(row)) · γ/σ, β going to ``bias``. The tables are the ones the model protocol
-names (``model.parts.embeddings``, :class:`~qkv.models.protocol.Embeddings`). :func:`split` checks that the rows rebuild what entered layer 0; a model
-whose protocol names no tables (a projection after them: ELECTRA's ``embeddings_project``), or
-whose tables do not rebuild it, keeps one component, ``embed``: ``hidden_states[0]`` whole,
-still exact.
+The norm is frozen at the scale the forward computed (`norms`): each row carried through
+as (row − mean(row)) · γ/σ, β going to `bias`. The tables are the ones the model protocol
+names (`model.parts.embeddings`, [`Embeddings`][qkv.models.protocol.Embeddings]). `split` checks
+that the rows rebuild what entered layer 0; a model whose protocol names no tables (a projection
+after them: ELECTRA's `embeddings_project`), or whose tables do not rebuild it, keeps one component,
+`embed`: `hidden_states[0]` whole, still exact.
 
-Example:
+Examples:
     >>> import qkv, torch
     >>> minilm = qkv.load("minilm")
     >>> names(minilm)
@@ -38,21 +40,21 @@ TABLES = {"token": TOKEN, "position": POSITION, "type": TYPE}
 
 
 def tables(model) -> Embeddings | None:
-    """The model's embedding tables as its protocol names them (``model.parts.embeddings``),
+    """The model's embedding tables as its protocol names them (`model.parts.embeddings`),
     or None where it names none that rebuild layer 0's input."""
     return model.parts.embeddings
 
 
 def names(model) -> tuple[str, ...]:
-    """The embedding's components as the model's tables say: ``embed.token`` and, where the model
-    has them, ``embed.position`` and ``embed.type``; ``("embed",)`` where no table is found (a
-    forward's own are :func:`split`'s, ``("embed",)`` too where the tables do not rebuild it)."""
+    """The embedding's components as the model's tables say: `embed.token` and, where the model
+    has them, `embed.position` and `embed.type`; `("embed",)` where no table is found (a
+    forward's own are `split`'s, `("embed",)` too where the tables do not rebuild it)."""
     found = tables(model)
     return (EMBED,) if found is None else tuple(TABLES[n] for n in found.tables)
 
 
 def _rows(found: Embeddings, ids: torch.Tensor, positions: torch.Tensor, dtype) -> torch.Tensor:
-    """(P, n, E) each table's rows for the tokens at ``positions`` (n,) of the text ``ids`` (t,),
+    """(P, n, E) each table's rows for the tokens at `positions` (n,) of the text `ids` (t,),
     times the embedding's scale."""
     rows = found.rows(ids)
     return torch.stack([r[positions].to(dtype) * found.scale for r in rows.values()])  # (P, n, E)
@@ -61,9 +63,9 @@ def _rows(found: Embeddings, ids: torch.Tensor, positions: torch.Tensor, dtype) 
 @torch.no_grad()
 def split(model, ids: torch.Tensor, first: torch.Tensor, positions: torch.Tensor
           ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor]:
-    """Layer 0's input at ``positions`` (n,) by table: (names, parts (P, n, E) float64, bias
-    (n, E) float64: the embedding norm's β, else 0), checked to sum to ``first`` (n, E), what the
-    forward fed layer 0, for the text ``ids`` (t,); ``(("embed",), first, 0)`` where the tables
+    """Layer 0's input at `positions` (n,) by table: (names, parts (P, n, E) float64, bias
+    (n, E) float64: the embedding norm's β, else 0), checked to sum to `first` (n, E), what the
+    forward fed layer 0, for the text `ids` (t,); `(("embed",), first, 0)` where the tables
     are not found or do not rebuild it."""
     found = tables(model)
     bias = torch.zeros(first.shape, dtype=torch.float64, device=first.device)

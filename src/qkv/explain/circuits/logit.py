@@ -1,15 +1,17 @@
 """What a head writes: a next-token logit as the sum of every component's direct contribution.
 
-At position i the model's logit for token w is ``norm_f(x_i) · W_U[w] + b_U[w]`` with x_i the
-last layer's output. Split x_i by component (:mod:`.residual`) and freeze the final norm at the
-scale this forward computed (:mod:`.norms`)::
+At position i the model's logit for token w is `norm_f(x_i) · W_U[w] + b_U[w]` with x_i the
+last layer's output. Split x_i by component (`residual`) and freeze the final norm at the
+scale this forward computed (`norms`):
 
-    logit_w = Σ_c norm_f(x_{i,c}) · W_U[w]  (+ β·W_U[w] + b_U[w] in ``bias``)
+```text
+logit_w = Σ_c norm_f(x_{i,c}) · W_U[w]  (+ β·W_U[w] + b_U[w] in ``bias``)
+```
 
 Each head's part norm_f(o^{l,h}_i W_O^h) · W_Uᵀ over the whole vocabulary says which tokens its
 output promotes on this input (its OV circuit here). Models with next-token logits only.
 
-Example:
+Examples:
     >>> import qkv
     >>> lm = qkv.load("lm")
     >>> a = logit_attribution(lm, "baka bela dima fona baka bela dima", token=7, target="fona")
@@ -49,8 +51,8 @@ def check_decoder(model) -> None:
 
 
 def unembedding(model, last: torch.Tensor, logits: torch.Tensor) -> Unembedding:
-    """The model's read-out (``model.parts.unembedding``: final norm, output matrix, scale),
-    checked: it turns ``last`` (n, E), the last layer's output, into the forward's ``logits``
+    """The model's read-out (`model.parts.unembedding`: final norm, output matrix, scale),
+    checked: it turns `last` (n, E), the last layer's output, into the forward's `logits`
     (n, V). QkvError naming the model where it has none, it does not, or it soft-caps (a
     soft-capped logit is no sum of parts)."""
     check_decoder(model)
@@ -75,10 +77,13 @@ def unembedding(model, last: torch.Tensor, logits: torch.Tensor) -> Unembedding:
 class LogitAttribution:
     """One logit split by component.
 
-    Fields:
-        token_index: the position read; target, target_id: the token whose logit it is.
-        components: the C names; contributions (C,) float64, summing to ``logit``.
-        logit: the model's own logit; bound: how far the sum may be from it (the forward's
+    Attributes:
+        token_index: the position read.
+        target: the token whose logit it is.
+        target_id: see `target`.
+        components: the C names; contributions (C,) float64, summing to `logit`.
+        logit: the model's own logit.
+        bound: how far the sum may be from it (the forward's
             rounding of the final norm's output, measured against the parts' sum, times |W_U|,
             plus the read-out's own dot product of E terms, γ_E Σ|h||w|).
         promoted: per head name, the tokens its output promotes most at this position and by
@@ -131,10 +136,10 @@ def _target(model, target, logits: torch.Tensor) -> int:
 
 @torch.no_grad()
 def logit_attribution(model, text: str, *, token=None, target=None) -> LogitAttribution:
-    """The logit of ``target`` at ``token`` (an index, a word or ``"word@N"``; None: the last)
+    """The logit of `target` at `token` (an index, a word or `"word@N"`; None: the last)
     split into every component's direct contribution (see the module doc).
 
-    ``target``: a token of the vocabulary or its id; None: the model's own top prediction.
+    `target`: a token of the vocabulary or its id; None: the model's own top prediction.
     """
     check_decoder(model)
     encoding = encode(model, text)

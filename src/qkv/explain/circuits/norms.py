@@ -9,10 +9,10 @@ so with σ (or rms) frozen at the value the forward computed, y is affine in x: 
 into parts x = Σ_c x_c carries through as y = Σ_c (x_c − mean(x_c)) · γ/σ + β (the standard,
 exact reading of that forward: Elhage et al. 2021, "folding" the norm; Ferrando et al. 2022).
 
-:func:`linearise` reads γ (or Gemma's 1 + γ), β and ε off the module and keeps the form only
+`linearise` reads γ (or Gemma's 1 + γ), β and ε off the module and keeps the form only
 where it rebuilds the module's own output on x (else the norm is named).
 
-Example:
+Examples:
     >>> import torch
     >>> norm = torch.nn.LayerNorm(4)
     >>> x = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
@@ -34,7 +34,7 @@ from qkv.rounding import rebuilds  # the one tolerance; circuits/ import it from
 
 @dataclass(frozen=True)
 class Linearised:
-    """One norm frozen at one forward's inputs: ``y = apply(x) + shift``.
+    """One norm frozen at one forward's inputs: `y = apply(x) + shift`.
 
     Fields: scale (n, E) γ/σ per row; shift (E,) β; centres: whether the mean is subtracted.
     """
@@ -52,23 +52,23 @@ class Linearised:
 
 
 def _eps(norm: nn.Module, dtype: torch.dtype) -> float:
-    """The norm's ε as it stores it (torch's ``eps``, transformers' ``variance_epsilon`` …); only
-    a candidate — :func:`linearise` fits 1/σ per row from the norm's own output first."""
+    """The norm's ε as it stores it (torch's `eps`, transformers' `variance_epsilon` …); only
+    a candidate — `linearise` fits 1/σ per row from the norm's own output first."""
     found = (vars(norm).get(name) for name in ("eps", "variance_epsilon", "epsilon"))
     value = next((v for v in found if isinstance(v, (int, float))), None)
     return float(value) if value is not None else torch.finfo(dtype).eps  # nn.RMSNorm, eps=None
 
 
 def affine(norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The norm's own γ and β (its parameters ``weight`` and ``bias``), None where it has none
+    """The norm's own γ and β (its parameters `weight` and `bias`), None where it has none
     (OLMo's LayerNorm has neither)."""
     own = dict(norm.named_parameters(recurse=False))
     return own.get("weight"), own.get("bias")
 
 
 def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
-    """``norm`` as an affine map at the rows of ``x`` (n, E) (the vectors it read in the
-    forward), checked against ``norm(x)``; QkvError naming the norm where neither a LayerNorm's
+    """`norm` as an affine map at the rows of `x` (n, E) (the vectors it read in the
+    forward), checked against `norm(x)`; QkvError naming the norm where neither a LayerNorm's
     nor an RMSNorm's formula with its γ, β and ε rebuilds its output."""
     x64 = x.double()
     E = x.shape[-1]

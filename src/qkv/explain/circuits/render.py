@@ -1,7 +1,7 @@
 """A score attribution in a terminal (a ranked table of the largest terms) and as a heat map.
 
-:func:`render_terms` is the ``score-attribution`` row's printer (``qkv why``); :func:`terms_figure`
-draws the (query × key components) matrix, headless (:func:`qkv.explain.rendering.plots.new_figure`).
+`render_terms` is the `score-attribution` row's printer (`qkv why`); `terms_figure`
+draws the (query × key components) matrix, headless (`qkv.explain.rendering.plots.new_figure`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ TOP = 12
 
 
 def render_terms(console, a: ScoreAttribution, *, top: int = TOP) -> None:
-    """The score, how well the terms sum to it, and the ``top`` largest terms (query component ×
+    """The score, how well the terms sum to it, and the `top` largest terms (query component ×
     key component), with each key-side component's total beside."""
     q, k = display_token(a.tokens[a.token_index]), display_token(a.tokens[a.key_index])
     console.print(f"model: {a.model} · layer {a.layer} head {a.head} · query {a.token_index}:{q} "
@@ -40,7 +40,7 @@ def render_terms(console, a: ScoreAttribution, *, top: int = TOP) -> None:
 
 def terms_figure(a: ScoreAttribution, *, most: int = 24):
     """The terms as a heat map, rows = query components, columns = key components; only the
-    ``most`` components with the largest row/column totals by size (a 6-layer model has 80)."""
+    `most` components with the largest row/column totals by size (a 6-layer model has 80)."""
     rows = a.terms.abs().sum(1).argsort(descending=True)[:most].sort().values
     cols = a.terms.abs().sum(0).argsort(descending=True)[:most].sort().values
     m = a.terms[rows][:, cols].float()

@@ -15,24 +15,28 @@ For a traced forward, the vector entering layer ℓ at position i is the sum of
                      its ``ffn``
     bias             what no upstream part writes: output-projection biases, norm offsets β
 
-Pre-norm layers (GPT-2, Llama) add their parts::
+Pre-norm layers (GPT-2, Llama) add their parts:
 
-    x_{l+1} = x_l + Σ_h o^{l,h} W_O^h + b_O + ffn_l,     ffn_l = x_{l+1} − (x_l + attn_l)
+```text
+x_{l+1} = x_l + Σ_h o^{l,h} W_O^h + b_O + ffn_l,     ffn_l = x_{l+1} − (x_l + attn_l)
+```
 
-with ``x_l + attn_l`` the residual the forward recorded (``LayerTrace.residual``) and the heads'
-outputs those it recorded (``MultiHeadTrace.heads``). Post-norm layers (BERT, MiniLM) normalise
-each sum; each norm is frozen at the scale that forward computed (:mod:`.norms`), so every
-component c is carried through as (c − mean(c)) · γ/σ and β joins ``bias``::
+with `x_l + attn_l` the residual the forward recorded (`LayerTrace.residual`) and the heads'
+outputs those it recorded (`MultiHeadTrace.heads`). Post-norm layers (BERT, MiniLM) normalise
+each sum; each norm is frozen at the scale that forward computed (`norms`), so every
+component c is carried through as (c − mean(c)) · γ/σ and β joins `bias`:
 
-    y_l     = norm1(x_l + attn_l)        (recorded: LayerTrace.residual)
-    x_{l+1} = norm3(y_l + ff(y_l))       (y_l + ff(y_l): recorded in LayerTrace.ffn_sum by a
-                                          transformers layer; qkv's own runs ff on y_l)
+```text
+y_l     = norm1(x_l + attn_l)        (recorded: LayerTrace.residual)
+x_{l+1} = norm3(y_l + ff(y_l))       (y_l + ff(y_l): recorded in LayerTrace.ffn_sum by a
+                                      transformers layer; qkv's own runs ff on y_l)
+```
 
 Every step is per token, so the stream is built for the positions asked only (a 16k-token
-document is split by positions in chunks). :func:`stream` checks that the components sum to the
+document is split by positions in chunks). `stream` checks that the components sum to the
 recorded hidden state (to the forward's rounding) and raises otherwise.
 
-Example:
+Examples:
     >>> import qkv, torch
     >>> from qkv.explain.contributions.base import run
     >>> lm = qkv.load("lm")
@@ -66,9 +70,9 @@ def ffn_name(layer: int) -> str:
 
 
 def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """The components of layer ``layer``'s input, in order: the embedding's (``embedding``, as
-    :func:`.embed.split` gave them; default :func:`.embed.names`), each earlier layer's heads and
-    feed-forward, ``bias`` last (C names)."""
+    """The components of layer `layer`'s input, in order: the embedding's (`embedding`, as
+    `embed.split` gave them; default `embed.names`), each earlier layer's heads and
+    feed-forward, `bias` last (C names)."""
     out = list(embed.names(model) if embedding is None else embedding)
     for ell in range(layer):
         attn = model.layers[ell].self_attn
@@ -79,15 +83,15 @@ def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[
 
 
 def mixer_name(model, layer: int) -> str:
-    """``L{l}.{kind}``: the branch of a layer whose mixer qkv's attention does not run."""
+    """`L{l}.{kind}`: the branch of a layer whose mixer qkv's attention does not run."""
     return f"L{layer}." + "+".join(m.kind.value for m in model.parts.layers[layer].mixers)
 
 
 @dataclass(frozen=True)
 class Stream:
-    """Layer ``layer``'s input at ``positions`` (n,), split: ``parts`` (C, n, E) float64 with
-    one row per name of ``names`` (``bias`` last); ``parts.sum(0)`` is the recorded hidden state
-    to within ``error`` (max abs)."""
+    """Layer `layer`'s input at `positions` (n,), split: `parts` (C, n, E) float64 with
+    one row per name of `names` (`bias` last); `parts.sum(0)` is the recorded hidden state
+    to within `error` (max abs)."""
 
     layer: int
     positions: torch.Tensor
@@ -103,7 +107,7 @@ def out_weight(attn) -> torch.Tensor:
 
 
 def check(model) -> None:
-    """QkvError naming what :func:`stream` cannot read in ``model``."""
+    """QkvError naming what `stream` cannot read in `model`."""
     check_layers(model, "circuits", hybrid=True)
     for i, layer in enumerate(model.layers):
         attn = layer.self_attn
@@ -147,8 +151,8 @@ def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
 
 
 def _ffn_sum(lay, trace, residual: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """(n, E) what a post-norm layer's ``norm3`` read, y + ff(y): recorded by the forward
-    (``LayerTrace.ffn_sum``: a transformers layer), else qkv's own ``feed_forward`` run on the
+    """(n, E) what a post-norm layer's `norm3` read, y + ff(y): recorded by the forward
+    (`LayerTrace.ffn_sum`: a transformers layer), else qkv's own `feed_forward` run on the
     y the forward made."""
     if trace.ffn_sum is not None:
         return trace.ffn_sum[0, positions]
@@ -157,7 +161,7 @@ def _ffn_sum(lay, trace, residual: torch.Tensor, positions: torch.Tensor) -> tor
 
 def _own_mixer(parts, fwd, ell: int, positions: torch.Tensor) -> torch.Tensor:
     """(2, n, E) the mixer's branch and the feed-forward's of a pre-norm layer qkv's attention
-    does not run, from the recorded states (x + mix: ``LayerTrace.residual``); (1, n, E) the
+    does not run, from the recorded states (x + mix: `LayerTrace.residual`); (1, n, E) the
     feed-forward alone for a layer without a mixer."""
     before = fwd.hidden_states[ell][0, positions].double()  # (n, E)
     after = fwd.hidden_states[ell + 1][0, positions].double()  # (n, E)
@@ -169,9 +173,9 @@ def _own_mixer(parts, fwd, ell: int, positions: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
-    """The input of layer ``layer`` (0 … L; L: the last layer's output, before any final norm)
-    at ``positions``, split by component, from ``fwd`` (a
-    :class:`~qkv.explain.contributions.base.Forward` with the residuals and heads recorded)."""
+    """The input of layer `layer` (0 … L; L: the last layer's output, before any final norm)
+    at `positions`, split by component, from `fwd` (a
+    `Forward` with the residuals and heads recorded)."""
     check(model)
     positions = torch.as_tensor(positions).long()
     first = fwd.hidden_states[0][0, positions]  # (n, E)

@@ -2,21 +2,23 @@
 
 Head h of layer ℓ scores key j for query i as s_ij = (q_i · k_j) / √d. Every step from the
 layer's input to q and k is linear once each norm is frozen at the scale the forward computed
-(:mod:`.norms`), and RoPE is a rotation (linear at each position), so with the layer's input
-split by component (:mod:`.residual`: x_i = Σ_a x_{i,a}, ``bias`` last)::
+(`norms`), and RoPE is a rotation (linear at each position), so with the layer's input
+split by component (`residual`: x_i = Σ_a x_{i,a}, `bias` last):
 
-    q_i = Σ_a q_a,   q_a = rot_i( n_q( norm1(x_{i,a}) · W_Q^h ) )       (+ b_Q, β in bias)
-    k_j = Σ_b k_b,   k_b = rot_j( n_k( norm1(x_{j,b}) · W_K^h ) )
-    s_ij = Σ_a Σ_b terms[a, b],     terms[a, b] = (q_a · k_b) / √d
+```text
+q_i = Σ_a q_a,   q_a = rot_i( n_q( norm1(x_{i,a}) · W_Q^h ) )       (+ b_Q, β in bias)
+k_j = Σ_b k_b,   k_b = rot_j( n_k( norm1(x_{j,b}) · W_K^h ) )
+s_ij = Σ_a Σ_b terms[a, b],     terms[a, b] = (q_a · k_b) / √d
+```
 
 (n_q, n_k: the per-head query/key norms where the model has them, frozen the same way.) A
-soft-capped model (Gemma 2) applies c·tanh(s/c) after: ``terms`` sum to the score *before* the
-cap (``capped`` is the score after). A score bias (ALiBi) is no component: ``score_bias``.
+soft-capped model (Gemma 2) applies c·tanh(s/c) after: `terms` sum to the score *before* the
+cap (`capped` is the score after). A score bias (ALiBi) is no component: `score_bias`.
 
-:func:`score_attribution` does this for one (query, key) pair; with ``key=None`` for the whole
+`score_attribution` does this for one (query, key) pair; with `key=None` for the whole
 row: every key's split over the key-side components (query side summed), O(N · C) memory.
 
-Example:
+Examples:
     >>> import qkv
     >>> from qkv.explain import score_attribution
     >>> minilm = qkv.load("minilm")
@@ -57,17 +59,18 @@ CHUNK_NUMBERS = 1 << 22
 class ScoreAttribution(OneHead):
     """One head's score of one key, as a (query components × key components) matrix.
 
-    Fields:
+    Attributes:
         tokens: the text's tokens; token_index i, key_index j: the query and the key.
-        query_components, key_components: the C names of the rows and columns of ``terms``
-            (``embed.token``, ``embed.position``, ``embed.type`` where the model adds them,
-            ``L{l}.H{h}``, ``L{l}.ffn``, ``bias``: :func:`.residual.names`).
-        terms: (C, C) float64, terms[a, b] = (q_a · k_b)/√d; ``terms.sum()`` = ``score``.
+        query_components: the C names of the rows and columns of `terms`
+            (`embed.token`, `embed.position`, `embed.type` where the model adds them,
+            `L{l}.H{h}`, `L{l}.ffn`, `bias`: `residual.names`).
+        key_components: see `query_components`.
+        terms: (C, C) float64, terms[a, b] = (q_a · k_b)/√d; `terms.sum()` = `score`.
         score: the head's scaled score s_ij from the forward (before any soft-cap).
         capped: c·tanh(score/c) with the model's soft-cap c, else None (terms are before it).
         score_bias: what the forward added to the score besides q·k (ALiBi), 0 otherwise.
-        bound: how far ``terms.sum()`` may be from ``score``: the rounding of the forward's
-            q and k (measured: ``q_error``, ``k_error``, each checked to be rounding) carried
+        bound: how far `terms.sum()` may be from `score`: the rounding of the forward's
+            q and k (measured: `q_error`, `k_error`, each checked to be rounding) carried
             through the dot product, plus the dot product's own rounding in the model's dtype.
     """
 
@@ -117,11 +120,13 @@ class ScoreAttribution(OneHead):
 class ScoreRow(OneHead):
     """One head's scores of every key for one query, each split over the key-side components.
 
-    Fields:
+    Attributes:
         keys: (s,) the key positions the head scored (masked ones left out).
-        key_components: the C names; terms: (s, C) float64, terms[j, b] = (q · k_{j,b})/√d
-            with q whole; ``terms.sum(1)`` = ``scores``.
-        scores: (s,) the forward's scaled scores; bound: as :class:`ScoreAttribution`'s, the
+        key_components: the C names.
+        terms: (s, C) float64, terms[j, b] = (q · k_{j,b})/√d
+            with q whole; `terms.sum(1)` = `scores`.
+        scores: (s,) the forward's scaled scores.
+        bound: as `ScoreAttribution`'s, the
             largest over the row.
     """
 
@@ -154,8 +159,8 @@ def check_model(model, layer: int) -> None:
 
 
 def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Tensor:
-    """(C, n, d) float64: each component of the layer's input at ``st.positions`` as its part
-    of head ``head``'s query (``which="q"``) or key (``"k"``) there."""
+    """(C, n, d) float64: each component of the layer's input at `st.positions` as its part
+    of head `head`'s query (`which="q"`) or key (`"k"`) there."""
     lay = model.layers[layer]
     attn = lay.self_attn
     trace = fwd.traces[layer].self_attn
@@ -196,7 +201,7 @@ _CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKey
 
 
 def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(W[take] (·, E), b[take] (·,) or None) of the linear map ``proj`` in float64, once per
+    """(W[take] (·, E), b[take] (·,) or None) of the linear map `proj` in float64, once per
     weights version."""
     weight, bias = proj.weight, proj.bias
     version = (weight._version, weight.data_ptr(), weight.dtype,
@@ -210,7 +215,7 @@ def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Te
 
 
 def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int) -> Forward:
-    """The forward through layer ``layer`` only, ``rows`` traced in it and every layer before
+    """The forward through layer `layer` only, `rows` traced in it and every layer before
     (their heads and residuals are the components): nothing after the layer is computed, the
     model's head included. A model that runs its own layer loop (transformers) runs whole."""
     if not stops_at_layer(model, layer):
@@ -251,18 +256,18 @@ def _checked(model, got: torch.Tensor, want: torch.Tensor, what: str) -> torch.T
 
 @torch.no_grad()
 def score_attribution(model, text: str, *, layer: int, head: int, token=None, key=None):
-    """Head ``head`` of layer ``layer``: the score of ``key`` for the query ``token``, split
-    into (query component × key component) terms — a :class:`ScoreAttribution`; with
-    ``key=None`` every key's score split over the key-side components — a :class:`ScoreRow`
+    """Head `head` of layer `layer`: the score of `key` for the query `token`, split
+    into (query component × key component) terms — a `ScoreAttribution`; with
+    `key=None` every key's score split over the key-side components — a `ScoreRow`
     (see the module doc).
 
     Args:
-        model: a model from :func:`qkv.load` whose heads' weights are read
-            (``capabilities.head_weights``) and whose residual stream splits (pre- or
+        model: a model from [`qkv.load`][qkv.load] whose heads' weights are read
+            (`capabilities.head_weights`) and whose residual stream splits (pre- or
             post-norm layers that form x + attn; a parallel residual, a norm on the attention's
             branch or a scaled branch is refused by name).
-        token, key: an index, a word or ``"word@N"`` (as :func:`qkv.explain.explain` takes
-            them); ``token=None``: the last word.
+        token, key: an index, a word or `"word@N"` (as [`qkv.explain.explain`][qkv.explain.explain]
+            takes them); `token=None`: the last word.
 
     Raises:
         ArgumentError: a token or key not in the text, a layer/head out of range, a key the
@@ -313,7 +318,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
 
 
 def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) -> ScoreRow:
-    """Every key's score split over the key-side components, ``keys`` in chunks (O(N · C))."""
+    """Every key's score split over the key-side components, `keys` in chunks (O(N · C))."""
     att = fwd.traces[layer].self_attn.attention
     E = fwd.hidden_states[layer].shape[-1]
     C = len(names(model, layer))

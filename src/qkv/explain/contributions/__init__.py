@@ -1,21 +1,23 @@
 """Contributions beyond the raw attention weights: what each token actually hands on.
 
-One method per file, each a documented formula (notation in :mod:`.base`):
+One method per file, each a documented formula (notation in `base`):
 
-* ``weight``  (:mod:`.weight`) — A^{ℓ,h}_ij itself, per head
-* ``norm``    (:mod:`.norm`, Kobayashi et al. 2020) — ‖A_ij f^h(h_j)‖ per head (and per layer)
-* ``rollout`` (:mod:`.rollout`, Abnar & Zuidema 2020) — (½Ā + ½I) multiplied through the layers
-* ``flow``    (:mod:`.flow`, the same paper) — max-flow through those capacities (≤ 24 tokens)
-* ``alti``    (:mod:`.alti`, Ferrando et al. 2022) — residual and norm included, rolled out
-* ``value-zeroing`` (:mod:`.value_zeroing`, Mohebbi et al. 2023) — re-run with v_j = 0
-* ``grad``    (:mod:`.grad`, Chefer et al. 2021) — (A ⊙ ∂y/∂A)⁺, rolled out
-* ``attnlrp`` (:mod:`.attnlrp`, Achtibat et al. 2024) — LRP relevance of each weight, per head
+* `weight`  (`weight`) — A^{ℓ,h}_ij itself, per head
+* `norm`    (`norm`, Kobayashi et al. 2020) — ‖A_ij f^h(h_j)‖ per head (and per layer)
+* `rollout` (`rollout`, Abnar & Zuidema 2020) — (½Ā + ½I) multiplied through the layers
+* `flow`    (`flow`, the same paper) — max-flow through those capacities (≤ 24 tokens)
+* `alti`    (`alti`, Ferrando et al. 2022) — residual and norm included, rolled out
+* `value-zeroing` (`value_zeroing`, Mohebbi et al. 2023) — re-run with v_j = 0
+* `grad`    (`grad`, Chefer et al. 2021) — (A ⊙ ∂y/∂A)⁺, rolled out
+* `attnlrp` (`attnlrp`, Achtibat et al. 2024) — LRP relevance of each weight, per head
 
-:data:`METHODS` maps the names to :class:`~.base.Method` records; ``per`` says whether a method
-scores every head (``"head"``) or one row per layer, rolled out through it (``"layer"``).
-:func:`contributions` runs one on one token of a text; :func:`qkv.explain.explain`,
-:func:`~qkv.explain.heads` and :func:`~qkv.explain.probe` take ``method=`` and rank by it.
+`METHODS` maps the names to [`Method`][qkv.explain.contributions.base.Method] records; `per` says
+whether a method scores every head (`"head"`) or one row per layer, rolled out through it
+(`"layer"`). [`contributions`][qkv.explain.contributions.contributions] runs one on one token of a
+text; [`qkv.explain.explain`][qkv.explain.explain], [`heads`][qkv.explain.heads] and `probe` take
+`method=` and rank by it.
 
+Examples:
     >>> import qkv
     >>> from qkv.explain.contributions import contributions
     >>> c = contributions(qkv.load("minilm"), "The dog found some pizza next to the baby and ate it",
@@ -25,8 +27,10 @@ scores every head (``"head"``) or one row per layer, rolled out through it (``"l
     >>> c.tokens[int(c.scores[-1, 1:-1].argmax()) + 1]                # after the last layer
     'pizza'
 
-Every method's :meth:`~.base.Method.run` answers in its ``per``'s shape — (L, h, r, s) or (L, r, s):
+Every method's [`run`][qkv.explain.contributions.base.Method.run] answers in its `per`'s shape — (L,
+h, r, s) or (L, r, s):
 
+Examples:
     >>> model = qkv.load("minilm")
     >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])   # [CLS] the cat sat [SEP]
     >>> sorted({(m.per, tuple(m.run(model, ids, torch.tensor([3]), "a dog").scores.shape))
@@ -60,7 +64,7 @@ DEFAULT = weight.METHOD.name
 
 
 def get_method(name: str) -> Method:
-    """The registered method ``name``; ArgumentError listing the known ones otherwise."""
+    """The registered method `name`; ArgumentError listing the known ones otherwise."""
     method = METHODS.get(name)
     if method is None:
         raise ArgumentError("method", "unknown {name} {value!r}; known methods: {known}",
@@ -69,11 +73,11 @@ def get_method(name: str) -> Method:
 
 
 def check_method(model, name: str, target_text: str | None = None) -> Method:
-    """The method, once it is known to apply to ``model`` with ``target_text``.
+    """The method, once it is known to apply to `model` with `target_text`.
 
     Raises:
-        ArgumentError: an unknown name; ``target_text`` with a method other than ``grad``;
-            ``grad`` on an encoder without a target text, or with an empty one; ``alti`` on
+        ArgumentError: an unknown name; `target_text` with a method other than `grad`;
+            `grad` on an encoder without a target text, or with an empty one; `alti` on
             parallel-residual layers; any method on layers with cross-attention.
     """
     method = get_method(name)
@@ -91,25 +95,30 @@ def check_method(model, name: str, target_text: str | None = None) -> Method:
 
 def scores(model, ids: torch.Tensor, rows: torch.Tensor, *, method: str,
            target_text: str | None = None) -> Scores:
-    """Run ``method`` on token ids (1, t) for the query rows ``rows`` (token positions)."""
+    """Run `method` on token ids (1, t) for the query rows `rows` (token positions)."""
     return check_method(model, method, target_text).run(model, ids, rows, target_text)
 
 
 @dataclass(frozen=True)
 class Contributions:
-    """One token's contributions by one method — what :func:`contributions` returns.
+    """One token's contributions by one method — what
+    [`contributions`][qkv.explain.contributions.contributions] returns.
 
-    Fields:
-        model, text, tokens: what was run.
-        token_index: the chosen token (with ``words``, the word's first token; the rows of its
-            tokens are averaged, see ``token_indices``).
+    Attributes:
+        model: what was run.
+        text: see `model`.
+        tokens: see `model`.
+        token_index: the chosen token (with `words`, the word's first token; the rows of its
+            tokens are averaged, see `token_indices`).
         token_indices: the tokens whose rows were averaged.
-        method: the method's name; per: ``"head"`` or ``"layer"``; formula: one line.
+        method: the method's name.
+        per: `"head"` or `"layer"`.
+        formula: one line.
         scores: (L, h, s) for per-head methods, (L, s) for per-layer ones (the row rolled out
             through each layer), over the t tokens, in the method's own units.
-        layer_scores: ``norm``'s per-layer norms (L, s), or None.
-        target: what ``grad`` differentiated, or None.
-        notes: how an ambiguous ``token`` was resolved.
+        layer_scores: `norm`'s per-layer norms (L, s), or None.
+        target: what `grad` differentiated, or None.
+        notes: how an ambiguous `token` was resolved.
     """
 
     model: str
@@ -128,8 +137,8 @@ class Contributions:
     kind: ClassVar[str] = "contributions"  # its row in qkv.explain.kinds.KINDS
 
     def to_dict(self) -> dict:
-        """``{kind, tokens, token_index, method, scores, …}``: ``scores[layer][head][key]`` for
-        per-head methods, ``scores[layer][key]`` for per-layer ones."""
+        """`{kind, tokens, token_index, method, scores, …}`: `scores[layer][head][key]` for
+        per-head methods, `scores[layer][key]` for per-layer ones."""
         out = {"kind": self.kind, "model": self.model, "text": self.text, "tokens": self.tokens,
                "token_index": self.token_index, "token_indices": list(self.token_indices),
                "method": self.method, "per": self.per, "formula": self.formula,
@@ -143,17 +152,17 @@ class Contributions:
 
 def contributions(model, text: str, *, method: str, token: str | None = None,
                   words: bool = False, target_text: str | None = None) -> Contributions:
-    """Every layer's (and head's) contributions into one token of ``text`` by ``method``.
+    """Every layer's (and head's) contributions into one token of `text` by `method`.
 
     Args:
-        method: a name in :data:`METHODS`.
-        token: as in :func:`qkv.explain.explain` (a word, ``"word@N"``, an index; None: the
-            last word).
-        words: pick ``token`` among words; a word's rows are averaged over its tokens.
-        target_text: ``grad`` on an encoder: the second text (see :mod:`.grad`).
+        method: a name in `METHODS`.
+        token: as in [`qkv.explain.explain`][qkv.explain.explain] (a word, `"word@N"`, an index;
+            None: the last word).
+        words: pick `token` among words; a word's rows are averaged over its tokens.
+        target_text: `grad` on an encoder: the second text (see `grad`).
 
     Raises:
-        ArgumentError: unknown method, a method that does not apply, a bad ``token``.
+        ArgumentError: unknown method, a method that does not apply, a bad `token`.
         QkvError: an empty text.
     """
     m = check_method(model, method, target_text)

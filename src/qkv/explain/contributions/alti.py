@@ -1,4 +1,4 @@
-"""``alti`` (Ferrando et al., 2022, "Measuring the Mixing of Contextual Information in the
+"""`alti` (Ferrando et al., 2022, "Measuring the Mixing of Contextual Information in the
 Transformer"): what each input token contributes to each token after the attention block,
 residual and norm included, rolled out through the layers.
 
@@ -12,8 +12,8 @@ affine):
                               T_i(x_j) = γ ⊙ (z_ij − mean(z_ij)) / σ_i
     post-norm, RMSNorm:       T_i(x_j) = γ ⊙ z_ij / rms_i
 
-so y_i = Σ_j T_i(x_j) + (the biases' terms). :func:`layer_terms` **checks this reconstruction
-against the forward's own y_i** (the output of ``norm1``, or the residual sum ``norm3`` reads) and
+so y_i = Σ_j T_i(x_j) + (the biases' terms). `layer_terms` **checks this reconstruction
+against the forward's own y_i** (the output of `norm1`, or the residual sum `norm3` reads) and
 raises if it is off by more than 1e-5 (relative to the largest |y|). Then (the paper's eq. 9–10,
 L1 distances):
 
@@ -44,7 +44,7 @@ RECONSTRUCTION_TOLERANCE = 1e-5
 
 
 def _centres(norm: nn.Module) -> bool:
-    """Whether ``norm`` subtracts the mean (LayerNorm) or not (RMSNorm)."""
+    """Whether `norm` subtracts the mean (LayerNorm) or not (RMSNorm)."""
     if isinstance(norm, nn.LayerNorm):
         return True
     if isinstance(norm, nn.RMSNorm) or "rms" in type(norm).__name__.lower():  # torch's or a family's
@@ -53,7 +53,7 @@ def _centres(norm: nn.Module) -> bool:
 
 
 def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale (r, E), shift (E,)) with norm(v) = v_c · scale + shift per token, where ``total``
+    """(scale (r, E), shift (E,)) with norm(v) = v_c · scale + shift per token, where `total`
     (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm)."""
     E = total.shape[-1]
     weight, bias = affine(norm)
@@ -67,10 +67,10 @@ def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, to
 
 def check_applies(model) -> None:
     """ArgumentError unless every layer forms x + attn before its feed-forward
-    (``layer.sequential_residual``: qkv's :class:`~qkv.modules.TransformerLayer`, a transformers
-    layer one of whose parts reads exactly that sum): a parallel-residual layer (GPT-NeoX) or one
-    that normalises the attention's branch before adding it (OLMo 2, Gemma 2) never forms it, so
-    there is no attention-block output to decompose."""
+    (`layer.sequential_residual`: qkv's [`TransformerLayer`][qkv.modules.TransformerLayer], a
+    transformers layer one of whose parts reads exactly that sum): a parallel-residual layer
+    (GPT-NeoX) or one that normalises the attention's branch before adding it (OLMo 2, Gemma 2)
+    never forms it, so there is no attention-block output to decompose."""
     check_layers(model, "alti")
     for layer in model.layers:
         if not layer.sequential_residual:
@@ -96,10 +96,10 @@ def value_layout(layer, trace) -> torch.Tensor:
 
 def layer_terms(layer, fwd: Forward, index: int, rows: slice = slice(None),
                 per_key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(T (r, s, E), bias (r, E), y (r, E)) of layer ``index`` for the query rows ``rows``:
+    """(T (r, s, E), bias (r, E), y (r, E)) of layer `index` for the query rows `rows`:
     T[i, j] = T_i(x_j).
 
-    ``per_key``: :func:`value_layout` of the layer, when the caller already has it.
+    `per_key`: `value_layout` of the layer, when the caller already has it.
 
     Raises AssertionError when Σ_j T[i, j] + bias[i] is not the forward's y_i (see the module
     doc): the decomposition is then of something other than what the model computed. (The sum
@@ -137,7 +137,7 @@ def layer_terms(layer, fwd: Forward, index: int, rows: slice = slice(None),
 def matrix(terms: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(r, s) C: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), rows normalised to sum 1.
 
-    ``terms`` (r, s, E) is overwritten (it is the largest tensor ALTI holds).
+    `terms` (r, s, E) is overwritten (it is the largest tensor ALTI holds).
     """
     distance = terms.sub_(y.unsqueeze(1)).abs_().sum(-1)  # (r, s): ‖T_i(x_j) − y_i‖₁
     c = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
@@ -150,7 +150,7 @@ CHUNK = 1 << 20
 
 
 def layer_matrix(layer, fwd: Forward, index: int, rows: slice = slice(None)) -> torch.Tensor:
-    """(r, t) rows ``rows`` (all: (t, t)) of layer ``index``'s C^ℓ, a chunk of rows at a time."""
+    """(r, t) rows `rows` (all: (t, t)) of layer `index`'s C^ℓ, a chunk of rows at a time."""
     per_key = value_layout(layer, fwd.traces[index].self_attn)  # (s, h, E)
     s, E = per_key.shape[0], per_key.shape[2]
     first, stop, _ = rows.indices(fwd.hidden_states[index].shape[1])
@@ -161,7 +161,7 @@ def layer_matrix(layer, fwd: Forward, index: int, rows: slice = slice(None)) -> 
 
 
 def matrices(model, ids: torch.Tensor, last: slice = slice(None)) -> list[torch.Tensor]:
-    """Each layer's C^ℓ (t, t), before rollout; only the rows ``last`` of the last layer's
+    """Each layer's C^ℓ (t, t), before rollout; only the rows `last` of the last layer's
     (the token's rows are all that layer's rollout reads)."""
     check_applies(model)
     fwd = run(model, ids, slice(None))
@@ -172,8 +172,9 @@ def matrices(model, ids: torch.Tensor, last: slice = slice(None)) -> list[torch.
 
 
 def for_rows(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Matrices:
-    """:func:`matrices` with the last layer's rows cut to the span of ``rows``; ``METHOD.run``
-    rolls them out (shapes: the example in :mod:`qkv.explain.contributions`)."""
+    """`matrices` with the last layer's rows cut to the span of `rows`; `METHOD.run`
+    rolls them out (shapes: the example in
+    [`qkv.explain.contributions`][qkv.explain.contributions])."""
     first, stop = int(rows.min()), int(rows.max()) + 1
     return Matrices(matrices(model, ids, slice(first, stop)), first=first)  # last: (stop − first, t)
 

@@ -1,4 +1,4 @@
-"""``attnlrp`` (Achtibat et al., ICML 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance
+"""`attnlrp` (Achtibat et al., ICML 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance
 Propagation for Transformers"): the relevance of every attention weight for one output.
 
 LRP hands an output's value y back through the network, layer by layer, so that each input
@@ -21,20 +21,20 @@ linear and homogeneous, and conserves relevance under plain gradient × input. S
 
     y = Σ_j R(x_j) + absorbed                (x_j: token j's vector entering layer 0)
 
-where ``absorbed`` is what the biases, the norms' β and the softmax linearisations kept — the
+where `absorbed` is what the biases, the norms' β and the softmax linearisations kept — the
 conservation the tests check, term by term.
 
 The rules are applied *to the model's own forward*, not to a copy: while the forward runs, a
-``TorchFunctionMode`` routes the operations above to autograd functions whose forward is the
+`TorchFunctionMode` routes the operations above to autograd functions whose forward is the
 very same call (bit-identical results) and whose backward is the rule. The graph starts at the
-token embeddings (each ``embedding`` lookup is made a leaf); weights are never differentiated.
+token embeddings (each `embedding` lookup is made a leaf); weights are never differentiated.
 
-What the method scores, per head (``per="head"``), for a query row i: the relevance of each
+What the method scores, per head (`per="head"`), for a query row i: the relevance of each
 attention weight, R^{ℓ,h}_ij = A^{ℓ,h}_ij · G(A^{ℓ,h}_ij) — half the relevance of the term
 A_ij v_j in head h's output at i (the other half goes to v_j, by the uniform rule). The output
 y explained for row i:
 
-* a decoder: the logit of the model's own next-token prediction at i (as ``grad``);
+* a decoder: the logit of the model's own next-token prediction at i (as `grad`);
 * an encoder: ‖h^L_i‖, token i's final vector read along its own direction (y = h^L_i · u with
   u = h^L_i / ‖h^L_i‖ held constant) — how much of token i's final representation each part of
   the network built, the quantity the coref ablation metric (1 − cos to the clean run) asks about.
@@ -59,7 +59,7 @@ FORMULA = "R^{ℓ,h}_ij = A_ij · G(A_ij), G the LRP-modified gradient of y (Ach
 
 # -- the rules, as autograd functions: forward = the model's own call, backward = the rule ------
 class _Linear(torch.autograd.Function):
-    """``F.linear``; the bias keeps b · G (ε-rule with ε → 0 = gradient × input)."""
+    """`F.linear`; the bias keeps b · G (ε-rule with ε → 0 = gradient × input)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, ledger):
@@ -171,7 +171,7 @@ def _depends_on_input(x) -> bool:
 class Rules(TorchFunctionMode):
     """Routes the forward's operations to the AttnLRP rules (see the module docstring).
 
-    ``ledger`` collects, during the backward, every scalar a rule kept (biases, β, softmax).
+    `ledger` collects, during the backward, every scalar a rule kept (biases, β, softmax).
     """
 
     def __init__(self):
@@ -217,10 +217,11 @@ def _norm_args(args, kwargs, names, defaults):
 # -- one row's relevance -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Relevance:
-    """AttnLRP for one query row — what :func:`relevance` returns.
+    """AttnLRP for one query row — what `relevance` returns.
 
-    Fields:
-        row: the token whose output is explained; target: y in words.
+    Attributes:
+        row: the token whose output is explained.
+        target: y in words.
         y: the explained output's value.
         tokens: (t,) R(x_j), each token's relevance at the input of layer 0 (summed over E).
         weights: (L, h, t, s) R^{ℓ,h}_ij, the relevance of every attention weight.
@@ -236,7 +237,7 @@ class Relevance:
 
 
 def _explained(model, out, row: int) -> tuple[torch.Tensor, str]:
-    """(y, y in words) for row ``row`` of the forward ``out`` (see the module docstring)."""
+    """(y, y in words) for row `row` of the forward `out` (see the module docstring)."""
     if is_decoder(model):
         logits = out.logits[0, row]  # (V,)
         k = int(logits.argmax())
@@ -247,7 +248,7 @@ def _explained(model, out, row: int) -> tuple[torch.Tensor, str]:
 
 def _weight_relevance(attn, trace, g: torch.Tensor) -> torch.Tensor:
     """(h, t, s) R_ij = A_ij · G(A_ij) = ½ A_ij ⟨G(o_i), v_j⟩ from the gradient reaching the heads'
-    outputs o = A v (``g``: (1, t, h·d), out_proj's input): the uniform rule halves it."""
+    outputs o = A v (`g`: (1, t, h·d), out_proj's input): the uniform rule halves it."""
     a, v = trace.attention.weights[0], trace.attention.value[0]  # (h, t, s), (h, s, d)
     t = g.shape[1]
     g = g[0].detach().view(t, attn.num_heads, attn.head_dim).transpose(0, 1)  # (h, t, d)
@@ -255,9 +256,9 @@ def _weight_relevance(attn, trace, g: torch.Tensor) -> torch.Tensor:
 
 
 def relevance(model, ids: torch.Tensor, rows) -> list[Relevance]:
-    """AttnLRP on ``ids`` (1, t), one backward per row in ``rows``; one forward for all.
+    """AttnLRP on `ids` (1, t), one backward per row in `rows`; one forward for all.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])

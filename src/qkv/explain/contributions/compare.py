@@ -2,13 +2,13 @@
 
 One row per method, read off its scores for the chosen token:
 
-* a per-head method (``weight``, ``norm``): the mean of its heads' shares — every head of every
-  layer, or of ``layer`` only;
-* a per-layer method (``rollout``, ``alti``, ``value-zeroing``, ``grad``): its row after the last
-  layer (R^L), or after ``layer``.
+* a per-head method (`weight`, `norm`): the mean of its heads' shares — every head of every
+  layer, or of `layer` only;
+* a per-layer method (`rollout`, `alti`, `value-zeroing`, `grad`): its row after the last
+  layer (R^L), or after `layer`.
 
-Rows are over units (words with ``words=True``: into a word summed, from a word averaged).
-``grad`` runs only where it has a target (a decoder, or ``target_text`` on an encoder), ``flow``
+Rows are over units (words with `words=True`: into a word summed, from a word averaged).
+`grad` runs only where it has a target (a decoder, or `target_text` on an encoder), `flow`
 only on short texts; otherwise they are left out with a note saying why.
 """
 
@@ -27,16 +27,18 @@ from qkv.explain.wording import ArgumentError, Message
 
 @dataclass(frozen=True)
 class Comparison:
-    """The methods' rows for one unit — what :func:`compare` returns.
+    """The methods' rows for one unit — what `compare` returns.
 
     Fields:
-        model, text, tokens; units: shown; unit: the chosen one.
+        model, text, tokens.
+        units: shown.
+        unit: the chosen one.
         layer: the layer read (None: every layer / the last rolled-out row).
         rows: method name → (U,) its row as shares (sums to 1).
-        top: method name → the ``k`` largest (unit index, share), largest first.
+        top: method name → the `k` largest (unit index, share), largest first.
         skipped: method name → why it did not run.
         parked: method name → the share of its row on [CLS]/[SEP]/punctuation.
-        notes: how an ambiguous ``token`` was resolved.
+        notes: how an ambiguous `token` was resolved.
     """
 
     model: str
@@ -77,14 +79,14 @@ def _row(s, layer: int | None) -> torch.Tensor:
 def compare(model, text: str, *, token: str | None = None, words: bool = False, top: int = 3,
             layer: int | None = None, target_text: str | None = None,
             progress: Callable[[str, int, int], None] | None = None) -> Comparison:
-    """Run every method of :data:`~qkv.explain.contributions.METHODS` on one token
-    (``progress("methods", done, total)`` told after each: some take seconds).
+    """Run every method of `METHODS` on one token
+    (`progress("methods", done, total)` told after each: some take seconds).
 
     Raises:
-        ArgumentError: a bad ``token``, ``layer`` out of range, ``top`` < 1, an empty
-            ``target_text``. QkvError: an empty text.
+        ArgumentError: a bad `token`, `layer` out of range, `top` < 1, an empty
+            `target_text`. QkvError: an empty text.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> c = compare(qkv.load("minilm"), "the cat sat on the mat", token="sat", top=1)
         >>> sorted([*c.rows, *c.skipped]) == sorted(METHODS)    # each method: a row, or why not

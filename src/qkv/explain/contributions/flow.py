@@ -1,9 +1,9 @@
-"""``flow`` (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers", attention
+"""`flow` (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers", attention
 flow): how much can flow from input token j to token i after layer ℓ through the layers' mixing.
 
 The layers form a graph: node (ℓ, i) is token i after layer ℓ (ℓ = 0: the input), and each
 edge (ℓ − 1, j) → (ℓ, i) has the capacity Â^ℓ_ij = ½ Ā^ℓ_ij + ½ δ_ij — rollout's matrix
-(:mod:`.rollout`). Where rollout multiplies the matrices (every path counts, weighted by the
+(`rollout`). Where rollout multiplies the matrices (every path counts, weighted by the
 product of its weights), flow asks for the **maximum flow** from (0, j) to (ℓ, i): paths share
 the edges' capacities, so a heavy single path is not counted twice.
 
@@ -11,8 +11,8 @@ the edges' capacities, so a heavy single path is not counted twice.
 
 One max-flow problem per (layer, key) for the token's row: L · t problems on graphs of up to
 (L + 1) · t nodes and L · t² edges, solved with networkx (a dependency of torch, pure Python).
-That finishes in seconds only for short texts, so ``flow`` refuses texts longer than
-:data:`MAX_TOKENS` tokens (measured on this project's machine, L = 6: 14 tokens 0.7 s, 32
+That finishes in seconds only for short texts, so `flow` refuses texts longer than
+`MAX_TOKENS` tokens (measured on this project's machine, L = 6: 14 tokens 0.7 s, 32
 tokens 17 s, for one token's row).
 """
 
@@ -31,7 +31,7 @@ MAX_TOKENS = 24
 
 
 def check_length(model, t: int) -> None:
-    """ArgumentError for a text longer than :data:`MAX_TOKENS` tokens."""
+    """ArgumentError for a text longer than `MAX_TOKENS` tokens."""
     if t > MAX_TOKENS:
         raise ArgumentError("method", "{name} 'flow' does not apply to a text of {t} tokens: it "
                             "solves one max-flow problem per layer and key, which takes seconds "
@@ -40,7 +40,7 @@ def check_length(model, t: int) -> None:
 
 
 def flows(mats: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-    """(L, r, t): F^ℓ for the rows ``rows``, from the layers' capacity matrices (t, t)."""
+    """(L, r, t): F^ℓ for the rows `rows`, from the layers' capacity matrices (t, t)."""
     import networkx as nx  # torch depends on it; imported here, as only flow needs it
 
     t = mats[0].shape[0]
@@ -60,7 +60,7 @@ def flows(mats: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
 
 
 def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, r, t): row ``rows`` of F^1 … F^L."""
+    """(L, r, t): row `rows` of F^1 … F^L."""
     check_length(model, ids.shape[1])
     rows = torch.as_tensor(rows)
     mats = rollout_matrices(run(model, ids, slice(None)))

@@ -1,4 +1,4 @@
-"""``grad`` (attention × gradient; Chefer et al., 2021, "Generic Attention-model Explainability
+"""`grad` (attention × gradient; Chefer et al., 2021, "Generic Attention-model Explainability
 for Interpreting Bi-Modal and Encoder-Decoder Transformers", eq. 5–7): the weights that a chosen
 output is sensitive to.
 
@@ -11,18 +11,18 @@ large *and* that y would grow with count:
 and the scores are the rows of R^ℓ − I: R's identity is each token standing for itself through
 the residual (1 on the diagonal, against gradients of order 1e-3), and would hide the rest.
 
-The target y (:func:`target`):
+The target y (`target`):
 
 * a decoder (GPT-2, Llama): the logit of the model's own next-token prediction at the chosen
   token (the largest logit there);
 * an encoder (BERT, MiniLM): the cosine similarity of the text's sentence embedding (the mean of
   the last layer over its tokens, the model's pooling) to that of a second text
-  (``target_text``); an encoder without one has nothing to differentiate, so ``grad`` does not
+  (`target_text`); an encoder without one has nothing to differentiate, so `grad` does not
   apply to it.
 
 The gradient with respect to the weights is read off the forward: head h's output at token i is
-``o_i = Σ_j A_ij v_j``, and A enters the forward nowhere else, so ∂y/∂A_ij = ⟨∂y/∂o_i, v_j⟩
-with ∂y/∂o from one backward pass to the heads' outputs (``out_proj``'s input) and v_j the
+`o_i = Σ_j A_ij v_j`, and A enters the forward nowhere else, so ∂y/∂A_ij = ⟨∂y/∂o_i, v_j⟩
+with ∂y/∂o from one backward pass to the heads' outputs (`out_proj`'s input) and v_j the
 forward's values. One forward and one backward; (t × t) per layer.
 """
 
@@ -38,12 +38,12 @@ FORMULA = "R^ℓ = R^{ℓ−1} + mean_h (A ⊙ ∂y/∂A)⁺ R^{ℓ−1}, R^0 = 
 
 
 def is_decoder(model) -> bool:
-    """Whether ``model`` predicts next tokens (its output has ``logits``): its capabilities say."""
+    """Whether `model` predicts next tokens (its output has `logits`): its capabilities say."""
     return capabilities_of(model).next_token
 
 
 def check_target(model, target_text: str | None) -> None:
-    """ArgumentError when ``grad`` has no target on ``model``, or an empty one."""
+    """ArgumentError when `grad` has no target on `model`, or an empty one."""
     name = model.name
     if is_decoder(model):
         if target_text is not None:
@@ -67,7 +67,7 @@ def _pooled(last: torch.Tensor) -> torch.Tensor:
 
 
 def target(model, fwd: Forward, row: int, target_text: str | None) -> tuple[torch.Tensor, str]:
-    """(y, what y is in words) for the forward ``fwd`` (run with ``grad=True``)."""
+    """(y, what y is in words) for the forward `fwd` (run with `grad=True`)."""
     if is_decoder(model):
         logits = fwd.output.logits[0, row]  # (V,)
         k = int(logits.argmax())
@@ -83,9 +83,9 @@ def target(model, fwd: Forward, row: int, target_text: str | None) -> tuple[torc
 def matrices(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None
              ) -> Matrices:
     """Each layer's Ā^ℓ = mean_h (A ⊙ ∂y/∂A)⁺ (t, t), and the target in words (taken at the
-    last of ``rows``); ``METHOD.run`` rolls them out as R^ℓ − I.
+    last of `rows`); `METHOD.run` rolls them out as R^ℓ − I.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])

@@ -1,15 +1,15 @@
-"""``norm`` (Kobayashi et al., 2020, "Attention is Not Only a Weight"): how long a vector each
+"""`norm` (Kobayashi et al., 2020, "Attention is Not Only a Weight"): how long a vector each
 key actually sends.
 
-Per head the output of token i is ``Σ_j A_ij f^h(h_j)`` (see :mod:`.base`), so token j's share
-is the vector ``A_ij f^h(h_j)`` and its size
+Per head the output of token i is `Σ_j A_ij f^h(h_j)` (see `base`), so token j's share
+is the vector `A_ij f^h(h_j)` and its size
 
     per head:   ‖A^{ℓ,h}_ij f^h(h_j)‖ = A^{ℓ,h}_ij ‖f^h(h_j)‖
     per layer:  ‖Σ_h A^{ℓ,h}_ij f^h(h_j)‖
 
-A head that puts 0.86 of its weight on [CLS] moves little if [CLS]'s ``f^h`` is short. The
-terms are exact: ``Σ_h Σ_j A_ij f^h(h_j) + b_O`` *is* the attention block's output
-(:func:`terms` returns them; the tests rebuild the block's output from them).
+A head that puts 0.86 of its weight on [CLS] moves little if [CLS]'s `f^h` is short. The
+terms are exact: `Σ_h Σ_j A_ij f^h(h_j) + b_O` *is* the attention block's output
+(`terms` returns them; the tests rebuild the block's output from them).
 
 Cost: one forward plus one (s × d) · (d × E) product per head and layer — the size of the
 output projection applied to every token once more.
@@ -28,16 +28,16 @@ FORMULA = "‖A^{ℓ,h}_ij f^h(h_j)‖ per head; ‖Σ_h A^{ℓ,h}_ij f^h(h_j)�
 def terms(attn, trace) -> torch.Tensor:
     """(h, r, s, E): the vectors A^h_ij f^h(h_j) for the traced rows i of one layer.
 
-    Summed over heads and keys, plus ``out_proj``'s bias, they are the block's output rows.
+    Summed over heads and keys, plus `out_proj`'s bias, they are the block's output rows.
     """
     a = trace.attention.weights[0]  # (h, r, s)
     return a.unsqueeze(-1) * value_vectors(attn, trace).unsqueeze(1)  # (h, r, s, E)
 
 
 def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """Per-head norms (L, h, r, s) and per-layer norms (L, r, s) for the query rows ``rows``.
+    """Per-head norms (L, h, r, s) and per-layer norms (L, r, s) for the query rows `rows`.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
@@ -65,7 +65,7 @@ def from_document(doc, rows: torch.Tensor) -> Scores:
 
 
 def check_applies(model) -> None:
-    """ArgumentError unless every layer's output projection W_O is known (``out_proj``)."""
+    """ArgumentError unless every layer's output projection W_O is known (`out_proj`)."""
     check_layers(model, "norm")
     for layer in model.layers:
         if layer.self_attn.out_proj is None:

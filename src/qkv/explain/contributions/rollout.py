@@ -1,4 +1,4 @@
-"""``rollout`` (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): attention
+"""`rollout` (Abnar & Zuidema, 2020, "Quantifying Attention Flow in Transformers"): attention
 followed back through the layers.
 
 The residual connection carries each token on past the attention, so each layer's head-averaged
@@ -12,7 +12,7 @@ Row i of R^ℓ says how much of token i after layer ℓ comes from each input to
 Memory: every layer's full (t × t) matrix (the row of R^ℓ needs all of R^{ℓ−1}), so the
 forward traces every row: O(L · h · t²) numbers, not the O(L · h · t) of the per-head methods.
 
-``flow`` (:mod:`.flow`) is the paper's max-flow variant over the same capacities.
+`flow` (`flow`) is the paper's max-flow variant over the same capacities.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def layer_matrices(fwd) -> list[torch.Tensor]:
 
 
 def matrices(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Matrices:
-    """Every layer's Â^ℓ (t, t) from one forward tracing every row; ``METHOD.run`` rolls them out.
+    """Every layer's Â^ℓ (t, t) from one forward tracing every row; `METHOD.run` rolls them out.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
@@ -48,8 +48,8 @@ def matrices(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | No
 
 
 def from_document(doc, rows: torch.Tensor) -> Scores:
-    """(L, r, N): rows ``rows`` of R^1 … R^L from a long document's record, never a matrix:
-    e_rows Â^ℓ … Â^1 as row vectors times each layer's attention (``doc.through``), restarted for
+    """(L, r, N): rows `rows` of R^1 … R^L from a long document's record, never a matrix:
+    e_rows Â^ℓ … Â^1 as row vectors times each layer's attention (`doc.through`), restarted for
     each ℓ (the product runs from the top layer down) — L(L+1)/2 sweeps over the keys, O(N) memory."""
     start = torch.zeros(len(rows), len(doc), dtype=torch.float64)
     start[torch.arange(len(rows)), rows] = 1.0  # (r, N)

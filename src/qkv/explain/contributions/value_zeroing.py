@@ -1,4 +1,4 @@
-"""``value-zeroing`` (Mohebbi et al., 2023, "Quantifying Context Mixing in Transformers"): how
+"""`value-zeroing` (Mohebbi et al., 2023, "Quantifying Context Mixing in Transformers"): how
 much token i's output changes when token j's value vector is removed.
 
 For each layer ℓ and each key j, the layer is run again on its unchanged input with v_j = 0 in
@@ -9,10 +9,10 @@ nothing); token i's output x̃_i^{¬j} is compared with the unchanged run's x̃_
 
 The whole layer runs (attention, residual, norms, feed-forward), through the model's own
 modules: one forward of a batch of t + 1 copies of the text, with
-:class:`~qkv.modules.Interventions` passed to the forward — copy j's value of token j zeroed, and
+`Interventions` passed to the forward — copy j's value of token j zeroed, and
 every copy given the plain copy's (t's) input to each layer — so each layer's variants start from
-the unperturbed hidden states, and the comparison shares one kernel and its roundings. Cost: one forward of t + 1
-copies.
+the unperturbed hidden states, and the comparison shares one kernel and its roundings. Cost: one
+forward of t + 1 copies.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ FORMULA = "C_ij ∝ 1 − cos(x̃_i, x̃_i with v_j = 0 in every head); R^ℓ = 
 def matrices(model, ids: torch.Tensor, rows: torch.Tensor | None = None,
              target_text: str | None = None) -> Matrices:
     """Each layer's C^ℓ (t, t), before rollout, from one forward of a batch of t + 1 copies
-    (``METHOD.run`` rolls them out).
+    (`METHOD.run` rolls them out).
 
     Copy j (< t) has v_j zeroed in every layer; copy t is the plain text. Every layer's input is
-    patched with the plain copy's (``Interventions.inputs``), so each layer's variants start from
+    patched with the plain copy's (`Interventions.inputs`), so each layer's variants start from
     the unchanged hidden states, exactly as re-running that layer alone would; the layers'
-    outputs are the stack's ``hidden_states[ℓ + 1]`` (what each layer computed, before a patch).
+    outputs are the stack's `hidden_states[ℓ + 1]` (what each layer computed, before a patch).
     """
     check_layers(model, "value-zeroing")
     t, n_layers = ids.shape[1], len(model.layers)

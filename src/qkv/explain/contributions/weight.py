@@ -1,12 +1,12 @@
-"""``weight``: the attention weights themselves, A^{ℓ,h}_ij — what ``qkv explain`` always showed.
+"""`weight`: the attention weights themselves, A^{ℓ,h}_ij — what `qkv explain` always showed.
 
 A weight says how much of head h's *average* token i takes from token j, not how much token j
-changes token i: a heavy weight on a short value vector moves little (see ``norm``).
+changes token i: a heavy weight on a short value vector moves little (see `norm`).
 
 On a hybrid model only the softmax layers have weights: a linear-attention or state-space
-layer's effective map (:func:`qkv.explain.mixer_maps.mixer_map`) is signed and its rows need not
+layer's effective map (`qkv.explain.mixer_maps.mixer_map`) is signed and its rows need not
 sum to 1, so it is no share of attention to rank beside them — those layers are left out
-(``Scores.unscored``) and the rankings say so.
+(`Scores.unscored`) and the rankings say so.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ FORMULA = "A^{ℓ,h}_ij, the softmax weight (every row sums to 1)"
 
 
 def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | None = None) -> Scores:
-    """(L, h, r, s): every layer's weights for the query rows ``rows``, from one forward.
+    """(L, h, r, s): every layer's weights for the query rows `rows`, from one forward.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> model = qkv.load("minilm")
         >>> ids = torch.tensor([model.tokenizer.encode("the cat sat").ids])
@@ -38,7 +38,7 @@ def compute(model, ids: torch.Tensor, rows: torch.Tensor, target_text: str | Non
 
 
 def from_document(doc, rows: torch.Tensor) -> Scores:
-    """(L, h, r, N): the weights of ``rows``, recomputed from a long document's saved q and k."""
+    """(L, h, r, N): the weights of `rows`, recomputed from a long document's saved q and k."""
     weights = torch.stack([doc.row_weights(layer, rows) for layer in range(len(doc.layers))])
     return Scores(method="weight", per="head", rows=rows, scores=weights)
 

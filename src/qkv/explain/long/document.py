@@ -1,31 +1,36 @@
 """A long text explained exactly at O(N) memory: one forward, then any token, row, column or tile.
 
-:func:`document` runs the model's own forward once with ``trace_rows=LSE``
-(:mod:`qkv.modules.lse_trace`): every attention call keeps its queries and keys (after rotary
-positions), each row's log-sum-exp and its mask description — O(L · (h + h_kv) · N · d) numbers,
-never an N × N matrix. Every later question is answered from those, blockwise, exactly::
+[`document`][qkv.explain.long.document.document] runs the model's own forward once with
+`trace_rows=LSE` (`qkv.modules.lse_trace`): every attention call keeps its queries and keys (after
+rotary positions), each row's log-sum-exp and its mask description — O(L · (h + h_kv) · N · d)
+numbers, never an N × N matrix. Every later question is answered from those, blockwise, exactly:
 
-    w_ij = exp(q_i · k_j · scale − lse_i)      (0 where the model's mask excludes j)
+```text
+w_ij = exp(q_i · k_j · scale − lse_i)      (0 where the model's mask excludes j)
+```
 
-* :meth:`Document.explain` — the :class:`~qkv.explain.overview.Overview` that
-  :func:`qkv.explain.explain` gives for a token (the same rows, ranking, focus and sink), without
-  another forward: rows of q·kᵀ for the token, O(L · h · N);
-* :meth:`Document.weights` — chosen rows of one head, (rows, N);
-* :meth:`Document.received` — each key's total received weight Σ_i w_ij (N,), the score
-  KV-cache eviction methods such as H2O keep;
-* :meth:`Document.block_map` — the sum of every (block × block) tile, (⌈N/b⌉, ⌈N/b⌉): the whole
-  map of a book at a glance;
-* :meth:`Document.scores` — a contribution method for one token's rows, for the methods that
-  declare how to read the record (:data:`METHODS`: the weights; ``norm``, w_ij ‖f^h(h_j)‖ from the
-  value norms kept from the forward; ``rollout``, row vectors multiplied through the layers'
-  attention, O(N) memory);
-* :meth:`Document.sinks`, :meth:`Document.column` — the weight every row puts on one key (the
-  first token: the attention sink), O(N · d).
+* [`Document.explain`][qkv.explain.long.document.Document.explain] — the
+  [`Overview`][qkv.explain.overview.Overview] that [`qkv.explain.explain`][qkv.explain.explain]
+  gives for a token (the same rows, ranking, focus and sink), without another forward: rows of q·kᵀ
+  for the token, O(L · h · N);
+* [`Document.weights`][qkv.explain.long.document.Document.weights] — chosen rows of one head, (rows,
+  N);
+* [`Document.received`][qkv.explain.long.document.Document.received] — each key's total received
+  weight Σ_i w_ij (N,), the score KV-cache eviction methods such as H2O keep;
+* [`Document.block_map`][qkv.explain.long.document.Document.block_map] — the sum of every (block ×
+  block) tile, (⌈N/b⌉, ⌈N/b⌉): the whole map of a book at a glance;
+* [`Document.scores`][qkv.explain.long.document.Document.scores] — a contribution method for one
+  token's rows, for the methods that declare how to read the record (`METHODS`: the weights; `norm`,
+  w_ij ‖f^h(h_j)‖ from the value norms kept from the forward; `rollout`, row vectors multiplied
+  through the layers' attention, O(N) memory);
+* [`Document.sinks`][qkv.explain.long.document.Document.sinks],
+  [`Document.column`][qkv.explain.long.document.Document.column] — the weight every row puts on one
+  key (the first token: the attention sink), O(N · d).
 
 Each honours the mask the forward used (causal, a sliding window, packed documents, any block
 mask), read from the record, not re-derived.
 
-Example:
+Examples:
     >>> import qkv
     >>> from qkv.explain.long.document import document
     >>> model = qkv.load("minilm")
@@ -69,13 +74,13 @@ METHODS = tuple(name for name, m in contributions.METHODS.items() if m.document 
 class LayerRecord:
     """One layer's self-attention, kept at O(N): what every weight is recomputed from.
 
-    Fields:
+    Attributes:
         query: (h, t, d) the queries the kernel read (after positions).
         key: (h_kv, s, d) the keys, likewise.
         lse: (h, t) each row's log-sum-exp (float32; −inf for a row with no key).
-        mask: the :class:`~qkv.attention.AttentionMask` the forward used.
+        mask: the [`AttentionMask`][qkv.attention.AttentionMask] the forward used.
         scale: the scores' scale, None for 1/√d.
-        value_norms: (h, s) ‖f^h(h_j)‖ = ‖v^h_j W_O^h‖, what ``norm`` multiplies the weights by.
+        value_norms: (h, s) ‖f^h(h_j)‖ = ‖v^h_j W_O^h‖, what `norm` multiplies the weights by.
     """
 
     query: torch.Tensor
@@ -93,8 +98,9 @@ class LayerRecord:
 class Document:
     """A text after one recorded forward; answers about any token, exactly, in O(N) memory.
 
-    Built by :func:`document`. Fields: ``model``, ``text``, ``encoding`` (the tokenizer's),
-    ``layers`` (one :class:`LayerRecord` per layer). Layers and heads count from 0.
+    Built by [`document`][qkv.explain.long.document.document]. Fields: `model`, `text`, `encoding`
+    (the tokenizer's), `layers` (one [`LayerRecord`][qkv.explain.long.document.LayerRecord] per
+    layer). Layers and heads count from 0.
     """
 
     def __init__(self, model, text: str, encoding, layers: list[LayerRecord]):
@@ -118,7 +124,7 @@ class Document:
 
     # -- the mask ----------------------------------------------------------------------------
     def block_mask(self, layer: int) -> BlockMask:
-        """Layer ``layer``'s mask as a :class:`~qkv.attention.BlockMask` (built once, shared by
+        """Layer `layer`'s mask as a [`BlockMask`][qkv.attention.BlockMask] (built once, shared by
         layers that use the same description)."""
         rec = self.layers[layer]
         key = id(rec.mask)
@@ -141,9 +147,9 @@ class Document:
 
     # -- weights, columns, sums ----------------------------------------------------------------
     def weights(self, layer: int, head: int, rows: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """(len(rows), N): the exact weights of query ``rows`` in one head (float32).
+        """(len(rows), N): the exact weights of query `rows` in one head (float32).
 
-        Example:
+        Examples:
             >>> doc.weights(0, 0, [5, 9]).sum(-1)                      # doctest: +SKIP
             tensor([1.0000, 1.0000])
         """
@@ -151,7 +157,7 @@ class Document:
         return self._all_heads(layer, rows, head)[0]
 
     def row_weights(self, layer: int, rows: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """(h, r, N): every head's exact weights of query ``rows`` in layer ``layer``."""
+        """(h, r, N): every head's exact weights of query `rows` in layer `layer`."""
         self._check(layer)
         return self._all_heads(layer, rows)
 
@@ -163,9 +169,9 @@ class Document:
                                   **self._kw(layer))[0]
 
     def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
-        """(h, r, N): every head's weights of ``rows`` ((1, r, N): head ``head``'s).
+        """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s).
 
-        A row is the softmax of its own scores (the reference path that ``trace_rows`` runs, on
+        A row is the softmax of its own scores (the reference path that `trace_rows` runs, on
         the recorded q and k): O(r · N), and as exact as the traced forward — exp(s − lse) would
         add the rounding of lse, ~|lse| · eps relative, 4 × the softmax's on MiniLM's layer 0.
         """
@@ -198,7 +204,7 @@ class Document:
         """(⌈N/block⌉, ⌈N/block⌉): the sum of the weights in every (block × block) tile (exact).
 
         Row I of tiles sums to the number of its rows that see a key (block, or fewer at the end).
-        ``block``: 1 … max(N, 128) (:func:`check_block`).
+        `block`: 1 … max(N, 128) ([`check_block`][qkv.explain.long.document.check_block]).
         """
         rec = self._check(layer, head)
         check_block(block, len(self))
@@ -206,9 +212,9 @@ class Document:
                                     block=block, **self._kw(layer))[0, 0]
 
     def column(self, layer: int, key: int) -> torch.Tensor:
-        """(h, N): the weight every query row of every head puts on key ``key`` — O(h · N · d).
+        """(h, N): the weight every query row of every head puts on key `key` — O(h · N · d).
 
-        0 where the mask hides ``key`` from a row.
+        0 where the mask hides `key` from a row.
         """
         rec = self._check(layer)
         return column_weights(rec, self.block_mask(layer), key, rec.key.shape[1])
@@ -220,7 +226,7 @@ class Document:
                             for layer in range(len(self.layers))])
 
     def top_received(self, layer: int, head: int, k: int = 10) -> list[tuple[int, float]]:
-        """The ``k`` keys that receive the most weight in one head, as (token index, Σ_i w_ij)."""
+        """The `k` keys that receive the most weight in one head, as (token index, Σ_i w_ij)."""
         check_top(k)
         got = self.received(layer, head)
         values, index = got.topk(min(k, len(got)))
@@ -229,9 +235,9 @@ class Document:
     # -- contributions for one token -----------------------------------------------------------
     def scores(self, rows: Sequence[int] | torch.Tensor,
                method: str = contributions.DEFAULT) -> Scores:
-        """A contribution method's :class:`~qkv.explain.contributions.Scores` for query ``rows``,
-        by the method's own ``document`` (one of :data:`METHODS`; each says how it reads the record
-        at O(N) — e.g. ``rollout`` as row vectors times each layer's attention, never a matrix).
+        """A contribution method's [`Scores`][qkv.explain.contributions.Scores] for query `rows`,
+        by the method's own `document` (one of `METHODS`; each says how it reads the record
+        at O(N) — e.g. `rollout` as row vectors times each layer's attention, never a matrix).
         """
         m = contributions.check_method(self.model, method)
         if m.document is None:
@@ -243,12 +249,13 @@ class Document:
     def explain(self, token: str | int | None = None, *, words: bool = False, top: int = 3,
                 to: str | None = None, layer: int | None = None,
                 method: str = contributions.DEFAULT) -> Overview:
-        """The :class:`~qkv.explain.overview.Overview` of one token — what
-        :func:`qkv.explain.explain` gives for ``(model, text, token=…)`` — from the record.
+        """The [`Overview`][qkv.explain.overview.Overview] of one token — what
+        [`qkv.explain.explain`][qkv.explain.explain] gives for `(model, text, token=…)` — from the
+        record.
 
-        Arguments as :func:`qkv.explain.explain` (``method`` one of :data:`METHODS`).
+        Arguments as [`qkv.explain.explain`][qkv.explain.explain] (`method` one of `METHODS`).
 
-        Example:
+        Examples:
             >>> ov = doc.explain(token="mat")                           # doctest: +SKIP
             >>> len(ov.rows) == doc.model.num_layers * doc.model.num_heads    # doctest: +SKIP
             True
@@ -264,8 +271,8 @@ class Document:
 
 def column_weights(rec: LayerRecord, bm: BlockMask, key: int, n: int,
                    rows: torch.Tensor | None = None) -> torch.Tensor:
-    """(h, t): the weight each recorded query row of every head puts on key ``key`` (of ``n``),
-    exp(q·k·scale − lse), 0 where the mask ``bm`` hides the key from a row. ``rows``: the recorded
+    """(h, t): the weight each recorded query row of every head puts on key `key` (of `n`),
+    exp(q·k·scale − lse), 0 where the mask `bm` hides the key from a row. `rows`: the recorded
     rows' positions in the whole text (a rank's own under sharding; None = all of them)."""
     if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key < n:
         raise QkvError(f"key must be a token index in 0–{n - 1}, got {key!r}")
@@ -280,7 +287,7 @@ def column_weights(rec: LayerRecord, bm: BlockMask, key: int, n: int,
 
 
 def _column_mask(bm: BlockMask, key: int, h: int) -> torch.Tensor:
-    """(h or 1, t) bool: which query rows may see key ``key`` under ``bm``."""
+    """(h or 1, t) bool: which query rows may see key `key` under `bm`."""
     rows, c = [], key // bm.block_size
     for r in range(bm.kinds.shape[-2]):
         rows.append(bm.dense_block(r, c, c + 1)[0, :, :, key - c * bm.block_size])  # (H', bq)
@@ -288,8 +295,8 @@ def _column_mask(bm: BlockMask, key: int, h: int) -> torch.Tensor:
 
 
 def check_block(block, n: int) -> int:
-    """``block`` when it is a tile side of an ``n``-token document
-    (:func:`qkv.attention.received.check_block`: 1 … max(n, 128)); ArgumentError naming ``block``
+    """`block` when it is a tile side of an `n`-token document
+    (`qkv.attention.received.check_block`: 1 … max(n, 128)); ArgumentError naming `block`
     and the limit otherwise."""
     try:
         return _received.check_block(block, n)
@@ -298,9 +305,9 @@ def check_block(block, n: int) -> int:
 
 
 def row_index(rows, n: int) -> torch.Tensor:
-    """(r,) the token indices ``rows`` (an int, ints, or an integer tensor) of an ``n``-token
-    text, at most ``n`` of them; QkvError naming ``rows`` otherwise — a float is no index
-    (``torch.long`` would truncate 1.9 to 1), and more rows than the text would repeat them."""
+    """(r,) the token indices `rows` (an int, ints, or an integer tensor) of an `n`-token
+    text, at most `n` of them; QkvError naming `rows` otherwise — a float is no index
+    (`torch.long` would truncate 1.9 to 1), and more rows than the text would repeat them."""
     try:
         index = torch.as_tensor(rows).reshape(-1)
     except (TypeError, ValueError, RuntimeError, OverflowError):
@@ -333,15 +340,15 @@ TOKENIZING_BYTES = 400
 
 
 def tokenizing_bytes(text: str) -> int:
-    """The most memory tokenising ``text`` takes, in bytes (:data:`TOKENIZING_BYTES` a byte)."""
+    """The most memory tokenising `text` takes, in bytes (`TOKENIZING_BYTES` a byte)."""
     return TOKENIZING_BYTES * len(text.encode("utf-8", "surrogatepass"))
 
 
 def forward_bytes(model, n: int) -> int:
-    """What the recorded forward over ``n`` tokens holds, in bytes: the record of every layer
+    """What the recorded forward over `n` tokens holds, in bytes: the record of every layer
     (queries, keys, values until the forward ends, lse, value norms), what enters every layer
-    (the stack keeps each), and one layer's working set — fitted to the peak RSS of ``qkv view
-    --file`` on reader (25k–100k tokens, docs/reliability.md): 16 vectors of the model's width
+    (the stack keeps each), and one layer's working set — fitted to the peak RSS of `qkv view
+    --file` on reader (25k–100k tokens, docs/reliability.md): 16 vectors of the model's width
     (norms, projections, rotated copies, attention output, residuals) and 6 of its widest linear
     layer (the gated feed-forward's gate, up, activation and product, with their copies)."""
     total, widest = 0, 0
@@ -366,16 +373,17 @@ FIRST_CALL_BYTES = 64 * 2**20
 
 
 def estimate_bytes(model, n: int) -> int:
-    """How much memory :func:`document` holds at its peak for ``n`` tokens, in bytes: the tokens
-    (:data:`TOKEN_BYTES` each), the recorded forward (:func:`forward_bytes`) and
-    :data:`FIRST_CALL_BYTES`. Measured peaks (reader, ``qkv view --file``'s work): 12k tokens
-    330 MiB, 48k 1,168 MiB, 96k 1,607 MiB against 376, 1,314 and 2,566 estimated."""
+    """How much memory [`document`][qkv.explain.long.document.document] holds at its peak for `n`
+    tokens, in bytes: the tokens (`TOKEN_BYTES` each), the recorded forward
+    ([`forward_bytes`][qkv.explain.long.document.forward_bytes]) and `FIRST_CALL_BYTES`. Measured
+    peaks (reader, `qkv view --file`'s work): 12k tokens 330 MiB, 48k 1,168 MiB, 96k 1,607 MiB
+    against 376, 1,314 and 2,566 estimated."""
     return n * TOKEN_BYTES + forward_bytes(model, n) + FIRST_CALL_BYTES
 
 
 def memory_allowed(memory_limit) -> int | None:
-    """The bytes a document may take: ``memory_limit`` (a positive, finite number of bytes), or
-    the memory available now when it is None; ArgumentError naming ``memory_limit`` otherwise."""
+    """The bytes a document may take: `memory_limit` (a positive, finite number of bytes), or
+    the memory available now when it is None; ArgumentError naming `memory_limit` otherwise."""
     if memory_limit is None:
         return available_bytes()
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real) \
@@ -404,7 +412,8 @@ def _gib(n: int) -> str:
 def encoded(model, text: str | bytes, *, have: int | None = None):
     """(text, the tokenizer's Encoding): bytes decoded as UTF-8; QkvError for anything but a
     text, an empty one, more tokens than the model takes, or — before the tokenizer runs — a
-    text whose tokenising alone needs more than ``have`` bytes (:func:`tokenizing_bytes`)."""
+    text whose tokenising alone needs more than `have` bytes
+    ([`tokenizing_bytes`][qkv.explain.long.document.tokenizing_bytes])."""
     text = clean_text(text) if isinstance(text, (bytes, bytearray)) else text
     if not isinstance(text, str):
         raise QkvError(f"text must be a str or UTF-8 bytes, got {type(text).__name__}")
@@ -423,22 +432,23 @@ def encoded(model, text: str | bytes, *, have: int | None = None):
 
 def document(model, text: str | bytes, *, memory_limit: int | None = None,
              progress: Callable[[str, int, int], None] | None = None) -> Document:
-    """Run ``model`` once over ``text``, keeping what every later question needs at O(N).
+    """Run `model` once over `text`, keeping what every later question needs at O(N).
 
     Args:
-        model: a self-attention model from :func:`qkv.load` (decoders and encoders alike).
-        text: the text (``str``, or UTF-8 ``bytes`` as read from a file).
+        model: a self-attention model from [`qkv.load`][qkv.load] (decoders and encoders alike).
+        text: the text (`str`, or UTF-8 `bytes` as read from a file).
         memory_limit: the most bytes the whole run may hold at once, tokens included (default:
             the memory available now); checked before the tokenizer runs
-            (:func:`tokenizing_bytes`) and again, with N known, before the forward
-            (:func:`estimate_bytes`).
-        progress: called as ``progress(stage, done, total)`` while it works — ``"tokenising"``
-            (0 of 1, then 1 of 1), ``"forward"`` (layer ℓ entered: ℓ of L) and ``"recording"``
-            (ℓ of L layers kept) — e.g. to draw bars (``qkv view --file`` does on a terminal).
+            ([`tokenizing_bytes`][qkv.explain.long.document.tokenizing_bytes]) and again, with N
+            known, before the forward
+            ([`estimate_bytes`][qkv.explain.long.document.estimate_bytes]).
+        progress: called as `progress(stage, done, total)` while it works — `"tokenising"`
+            (0 of 1, then 1 of 1), `"forward"` (layer ℓ entered: ℓ of L) and `"recording"`
+            (ℓ of L layers kept) — e.g. to draw bars (`qkv view --file` does on a terminal).
 
     Raises:
         QkvError: an empty text, bytes that are not UTF-8, more tokens than the model takes,
-            more memory than ``memory_limit`` (the message says how much it would take), a
+            more memory than `memory_limit` (the message says how much it would take), a
             model whose attention has a score bias (ALiBi) the blockwise kernel cannot take.
 
     Cost: one forward with the blockwise kernel (it returns the lse), about as long as an
@@ -480,7 +490,7 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None,
 
 
 def _layers_told(tell, L: int) -> Interventions:
-    """Interventions that change nothing and tell ``("forward", ℓ, L)`` as layer ℓ is entered."""
+    """Interventions that change nothing and tell `("forward", ℓ, L)` as layer ℓ is entered."""
     def entering(layer: int):
         def same(x: torch.Tensor) -> torch.Tensor:
             tell("forward", layer, L)
@@ -491,8 +501,9 @@ def _layers_told(tell, L: int) -> Interventions:
 
 
 def _record(attn, trace) -> LayerRecord:
-    """One layer's :class:`LayerRecord` from its ``LseTrace`` (batch 1); the values are reduced
-    to their norms after the output projection, one head at a time (O(N · E) at once)."""
+    """One layer's [`LayerRecord`][qkv.explain.long.document.LayerRecord] from its `LseTrace` (batch
+    1); the values are reduced to their norms after the output projection, one head at a time (O(N ·
+    E) at once)."""
     v = trace.value[0]  # (h_kv, s, dv)
     w = out_weight(attn)  # (h, dv, E)
     groups = attn.num_heads // v.shape[0]

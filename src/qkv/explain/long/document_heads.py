@@ -1,26 +1,30 @@
 """Sinks and spans: where every head of a model looks over a whole document, at O(N).
 
 For one head with weights w_ij over a document of N tokens (the R rows i that see at least one
-key; every row of a decoder or an encoder does)::
+key; every row of a decoder or an encoder does):
 
-    sink share     S = (1/R) Σ_i Σ_{j < first} w_ij     the share of attention parked on the first
-                                                         token(s) — the attention sink (Xiao et
-                                                         al., 2023): ~1 for a head with nothing
-                                                         to do, ~first/(i+1) if uniform
-    mean distance  D = (1/R) Σ_i Σ_j w_ij (i − j)       how far back the head looks, in tokens
-                                                         (negative: it looks ahead, in an encoder)
+```text
+sink share     S = (1/R) Σ_i Σ_{j < first} w_ij     the share of attention parked on the first
+                                                     token(s) — the attention sink (Xiao et
+                                                     al., 2023): ~1 for a head with nothing
+                                                     to do, ~first/(i+1) if uniform
+mean distance  D = (1/R) Σ_i Σ_j w_ij (i − j)       how far back the head looks, in tokens
+                                                     (negative: it looks ahead, in an encoder)
+```
 
-Both come from the document's record (:class:`~qkv.explain.long.document.Document`: each layer's q, k
-and lse), never from an N × N matrix: per layer one blockwise sweep
-(:func:`qkv.attention.received.attention_received`) multiplies the row vectors 1 and i into the
-attention matrix, giving every key's C_j = Σ_i w_ij and P_j = Σ_i i · w_ij, and then::
+Both come from the document's record ([`Document`][qkv.explain.long.document.Document]: each layer's
+q, k and lse), never from an N × N matrix: per layer one blockwise sweep
+(`qkv.attention.received.attention_received`) multiplies the row vectors 1 and i into the
+attention matrix, giving every key's C_j = Σ_i w_ij and P_j = Σ_i i · w_ij, and then:
 
-    S = Σ_{j < first} C_j / R          D = Σ_j (P_j − j · C_j) / R
+```text
+S = Σ_{j < first} C_j / R          D = Σ_j (P_j − j · C_j) / R
+```
 
 The sweep runs in float64: P_j and j · C_j are both about j · C_j (up to N) and their difference
 is a few tokens, so float32 would keep only ~7 − log10(N) of its digits.
 
-Example:
+Examples:
     >>> import qkv
     >>> from qkv.explain.long.document import document
     >>> doc = document(qkv.load("lm"), "baka bela dima fona " * 8)
@@ -49,8 +53,10 @@ METRICS = ("sink", "distance")
 class HeadSpans:
     """Every head's sink share and mean attention distance over one document.
 
-    Fields:
-        model: the model's name; tokens: N; first: how many first tokens count as the sink.
+    Attributes:
+        model: the model's name.
+        tokens: N.
+        first: how many first tokens count as the sink.
         sink: (layers, heads) float64, S above. distance: (layers, heads) float64, D above.
         rows: (layers, heads) how many rows see some key (R).
     """
@@ -65,7 +71,7 @@ class HeadSpans:
     rows: torch.Tensor
 
     def ranked(self, metric: str = "sink") -> list[tuple[int, int, float]]:
-        """(layer, head, value) for ``metric`` (``"sink"`` or ``"distance"``), largest first."""
+        """(layer, head, value) for `metric` (`"sink"` or `"distance"`), largest first."""
         if metric not in METRICS:
             raise QkvError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
         values = {"sink": self.sink, "distance": self.distance}[metric]
@@ -83,13 +89,13 @@ class HeadSpans:
 
 
 def head_spans(doc: Document, *, first: int = 1) -> HeadSpans:
-    """Every head's sink share (on the first ``first`` tokens) and mean attention distance.
+    """Every head's sink share (on the first `first` tokens) and mean attention distance.
 
     Cost: per layer one sweep over the tiles the mask keeps (a window's band, a causal triangle),
     in float64; memory O(h · N).
 
     Raises:
-        ArgumentError: ``first`` is not a whole number in 1 … N.
+        ArgumentError: `first` is not a whole number in 1 … N.
     """
     n = len(doc)
     if isinstance(first, bool) or not isinstance(first, int) or not 1 <= first <= n:

@@ -1,18 +1,19 @@
-"""What a :class:`~qkv.explain.long.document.Document` answers, as typed results with a ``kind``.
+"""What a [`Document`][qkv.explain.long.document.Document] answers, as typed results with a `kind`.
 
-A Document's methods return tensors; what shows them by their ``kind`` (the rows of
-:data:`qkv.explain.kinds.KINDS` marked ``document``: ``qkv view --file``) gets these records,
-each with a complete ``to_dict()``. Every number is the Document's own — these only select and
+A Document's methods return tensors; what shows them by their `kind` (the rows of
+`qkv.explain.kinds.KINDS` marked `document`: `qkv view --file`) gets these records,
+each with a complete `to_dict()`. Every number is the Document's own — these only select and
 label it:
 
-* :func:`overview` → :class:`DocumentOverview`: ``doc.explain(token=…)`` (the same Overview
-  :func:`qkv.explain.explain` gives), without the document's text and token labels (sent once);
-* :func:`block_map` → :class:`BlockMap`: ``doc.block_map(layer, head, block)``, every tile's sum;
-* :func:`weight_rows` → :class:`WeightRows`: ``doc.weights(layer, head, rows)`` for a run of
+* `overview` → `DocumentOverview`: `doc.explain(token=…)` (the same Overview
+  [`qkv.explain.explain`][qkv.explain.explain] gives), without the document's text and token labels
+  (sent once);
+* `block_map` → `BlockMap`: `doc.block_map(layer, head, block)`, every tile's sum;
+* `weight_rows` → `WeightRows`: `doc.weights(layer, head, rows)` for a run of
   query rows, cut to a run of keys (a zoomed region of the map);
-* :func:`received` → :class:`KeysReceived`: ``doc.received(layer, head)`` and its largest keys.
+* `received` → `KeysReceived`: `doc.received(layer, head)` and its largest keys.
 
-Example:
+Examples:
     >>> import qkv
     >>> from qkv.explain.long.document import document
     >>> doc = document(qkv.load("minilm"), "the cat sat on the mat " * 40)
@@ -38,10 +39,10 @@ MAX_TILES = 1024  # tiles a side in one block_map answer (1024² float32 = 4 MB)
 
 @dataclass(frozen=True)
 class DocumentOverview:
-    """``doc.explain(token=…)``'s :class:`~qkv.explain.overview.Overview`, as a document sends it.
+    """`doc.explain(token=…)`'s [`Overview`][qkv.explain.overview.Overview], as a document sends it.
 
-    ``to_dict()`` is the Overview's without ``text``, ``tokens``, ``units`` and ``special`` — the
-    document's, the same for every token (:func:`describe` holds them) — so a token switch in a
+    `to_dict()` is the Overview's without `text`, `tokens`, `units` and `special` — the
+    document's, the same for every token (`describe` holds them) — so a token switch in a
     book does not resend the book.
     """
 
@@ -58,8 +59,8 @@ class DocumentOverview:
 
 @dataclass(frozen=True)
 class BlockMap:
-    """``tiles[I, J]``: the sum of one head's weights from query rows ``I·block …`` to keys
-    ``J·block …`` (exact; row I sums to the number of its rows that see a key). ``tokens``: N."""
+    """`tiles[I, J]`: the sum of one head's weights from query rows `I·block …` to keys
+    `J·block …` (exact; row I sums to the number of its rows that see a key). `tokens`: N."""
 
     kind: ClassVar[str] = "block-map"
     values: ClassVar[str] = "tiles"  # the field holding the numbers (a viewer sends it as bytes)
@@ -71,7 +72,7 @@ class BlockMap:
     tiles: torch.Tensor  # (⌈N/block⌉, ⌈N/block⌉) float32
 
     def header(self) -> dict:
-        """Everything but ``tiles``."""
+        """Everything but `tiles`."""
         return {"kind": self.kind, "layer": self.layer, "head": self.head, "block": self.block,
                 "tokens": self.tokens, "shape": list(self.tiles.shape)}
 
@@ -81,8 +82,8 @@ class BlockMap:
 
 @dataclass(frozen=True)
 class WeightRows:
-    """One head's exact weights of query rows ``rows[0] ≤ i < rows[1]`` on keys
-    ``keys[0] ≤ j < keys[1]``: ``weights`` (rows, keys) float32 (a region of the map)."""
+    """One head's exact weights of query rows `rows[0] ≤ i < rows[1]` on keys
+    `keys[0] ≤ j < keys[1]`: `weights` (rows, keys) float32 (a region of the map)."""
 
     kind: ClassVar[str] = "weight-rows"
     values: ClassVar[str] = "weights"
@@ -94,7 +95,7 @@ class WeightRows:
     weights: torch.Tensor
 
     def header(self) -> dict:
-        """Everything but ``weights``."""
+        """Everything but `weights`."""
         return {"kind": self.kind, "layer": self.layer, "head": self.head, "rows": list(self.rows),
                 "keys": list(self.keys), "shape": list(self.weights.shape)}
 
@@ -104,8 +105,8 @@ class WeightRows:
 
 @dataclass(frozen=True)
 class KeysReceived:
-    """Each key's total weight Σ_i w_ij in one head (``received``, (N,) float32, over ``rows``
-    query rows) and the ``top`` keys that receive the most, as (token index, Σ_i w_ij)."""
+    """Each key's total weight Σ_i w_ij in one head (`received`, (N,) float32, over `rows`
+    query rows) and the `top` keys that receive the most, as (token index, Σ_i w_ij)."""
 
     kind: ClassVar[str] = "document-received"
     values: ClassVar[str] = "received"
@@ -117,7 +118,7 @@ class KeysReceived:
     top: list[tuple[int, float]]
 
     def header(self) -> dict:
-        """Everything but ``received``."""
+        """Everything but `received`."""
         return {"kind": self.kind, "layer": self.layer, "head": self.head, "rows": self.rows,
                 "top": [{"index": i, "received": v} for i, v in self.top]}
 
@@ -126,7 +127,7 @@ class KeysReceived:
 
 
 def describe(doc) -> dict:
-    """What stays the same for every question about ``doc``: its tokens (``units``: the labels an
+    """What stays the same for every question about `doc`: its tokens (`units`: the labels an
     overview names them by), sizes and the methods it answers."""
     from qkv.explain.long.document import METHODS
     from qkv.explain.forward import model_name, num_layers
@@ -140,13 +141,13 @@ def describe(doc) -> dict:
 
 
 def overview(doc, *, token: str | None = None, method: str = "weight") -> DocumentOverview:
-    """``doc.explain(token=token, method=method)`` (the last token when ``token`` is None)."""
+    """`doc.explain(token=token, method=method)` (the last token when `token` is None)."""
     return DocumentOverview(doc.explain(token=token, method=method))
 
 
 def block_map(doc, *, layer: int, head: int, block: int = BLOCK) -> BlockMap:
-    """Every (block × block) tile's sum of one head's weights: ``block`` from the smallest that
-    makes at most :data:`MAX_TILES` a side to the widest a tile can be (:func:`check_block`)."""
+    """Every (block × block) tile's sum of one head's weights: `block` from the smallest that
+    makes at most `MAX_TILES` a side to the widest a tile can be (`check_block`)."""
     from qkv.explain.long.document import check_block
 
     n = len(doc)
@@ -168,8 +169,8 @@ def _span(name: str, start: int, stop: int | None, n: int) -> tuple[int, int]:
 
 def weight_rows(doc, *, layer: int, head: int, start: int, stop: int, key_start: int = 0,
                 key_stop: int | None = None) -> WeightRows:
-    """Query rows ``start ≤ i < stop`` (at most :data:`MAX_ROWS`) of one head, on keys
-    ``key_start ≤ j < key_stop`` (default: every key)."""
+    """Query rows `start ≤ i < stop` (at most `MAX_ROWS`) of one head, on keys
+    `key_start ≤ j < key_stop` (default: every key)."""
     n = len(doc)
     rows, keys = _span("rows", start, stop, n), _span("keys", key_start, key_stop, n)
     if rows[1] - rows[0] > MAX_ROWS:
@@ -180,8 +181,9 @@ def weight_rows(doc, *, layer: int, head: int, start: int, stop: int, key_start:
 
 
 def received(doc, *, layer: int, head: int, top: int = TOP) -> KeysReceived:
-    """Each key's Σ_i w_ij in one head, and the ``top`` keys (ranked as
-    :meth:`~qkv.explain.long.document.Document.top_received` ranks them, from the same sums)."""
+    """Each key's Σ_i w_ij in one head, and the `top` keys (ranked as
+    [`top_received`][qkv.explain.long.document.Document.top_received] ranks them, from the same
+    sums)."""
     got = doc.received(layer, head)  # (N,)
     values, index = got.topk(min(top, len(got)))
     return KeysReceived(layer, head, doc.layers[layer].query.shape[1], got,

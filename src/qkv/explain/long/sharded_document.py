@@ -1,14 +1,18 @@
-"""A long text explained across processes: a :class:`~qkv.explain.long.document.Document` per rank.
+"""A long text explained across processes: a [`Document`][qkv.explain.long.document.Document] per
+rank.
 
-A model given a :class:`~qkv.distributed.SequenceParallel` (``sp.apply(model)``) runs one
+A model given a [`SequenceParallel`][qkv.distributed.SequenceParallel] (`sp.apply(model)`) runs one
 forward over the text sharded across the ranks (ring attention, or Ulysses), with
-``trace_rows=LSE``: on every rank each layer records its shard's queries and keys (RoPE at the
+`trace_rows=LSE`: on every rank each layer records its shard's queries and keys (RoPE at the
 global positions) and its rows' *global* log-sum-exp, merged across the ranks by the ring. The
-keys (and the value norms, for ``norm``) are then gathered once per layer — O(L · h_kv · N · d)
+keys (and the value norms, for `norm`) are then gathered once per layer — O(L · h_kv · N · d)
 on every rank, what a one-process Document holds; the queries stay sharded. Every question of a
-:class:`Document` is then answered from those, blockwise, exactly as one process would::
+[`Document`][qkv.explain.long.document.Document] is then answered from those, blockwise, exactly as
+one process would:
 
-    w_ij = exp(q_i · k_j · scale − lse_i)      (i a row of this rank, j any key)
+```text
+w_ij = exp(q_i · k_j · scale − lse_i)      (i a row of this rank, j any key)
+```
 
 Which answers are local and which are collective:
 
@@ -21,18 +25,20 @@ Which answers are local and which are collective:
 
 A collective answer is a sum over every query row; each rank sums its own rows and one
 all-reduce (float64) adds them, so every rank gets the whole answer. Like any collective, every
-rank must ask it, with the same arguments, in the same order (``explain(token, method="rollout")``
+rank must ask it, with the same arguments, in the same order (`explain(token, method="rollout")`
 too: every rank the same token); a rank that does not comes back as a RuntimeError after the
 group's timeout, never a hang.
 
-Example (every rank, inside a process group)::
+Example (every rank, inside a process group):
 
-    model = qkv.load("lm")
-    qkv.distributed.SequenceParallel(layout="zigzag").apply(model)
-    doc = sharded_document(model, book)
-    doc.received(3, 0)                          # (N,) on every rank: a collective
-    mine = doc.rows                             # (t_r,) the global token indices this rank holds
-    doc.weights(3, 0, mine[:2])                 # (2, N) local
+```text
+model = qkv.load("lm")
+qkv.distributed.SequenceParallel(layout="zigzag").apply(model)
+doc = sharded_document(model, book)
+doc.received(3, 0)                          # (N,) on every rank: a collective
+mine = doc.rows                             # (t_r,) the global token indices this rank holds
+doc.weights(3, 0, mine[:2])                 # (2, N) local
+```
 """
 
 from __future__ import annotations
@@ -64,9 +70,11 @@ from qkv.modules.lse_trace import LSE
 class Shard:
     """Where this rank's rows sit in the text.
 
-    Fields:
-        group: the process group (None = the default group); rank, world: this rank, and P.
-        layout: ``"zigzag"`` or ``"contiguous"`` (:mod:`qkv.distributed.shard`).
+    Attributes:
+        group: the process group (None = the default group).
+        rank: this rank, and P.
+        world: see `rank`.
+        layout: `"zigzag"` or `"contiguous"` (`qkv.distributed.shard`).
         length: N, the tokens of the whole text.
         runs: (local slice, global [start, end)) of each run of rows this rank holds, in order.
     """
@@ -85,7 +93,7 @@ class Shard:
             torch.zeros(0, dtype=torch.long)
 
     def owner(self, token: int) -> int:
-        """The rank that holds token ``token``."""
+        """The rank that holds token `token`."""
         for r in range(self.world):
             if any(a <= token < b for a, b in layout_ranges(self.length, self.world, r, self.layout)):
                 return r
@@ -101,7 +109,7 @@ def _runs(length: int, world: int, rank: int, layout: str) -> tuple:
 
 
 def _sum_over_ranks(x: torch.Tensor, shard: Shard, what: str) -> torch.Tensor:
-    """Σ over the ranks of ``x`` (float64, every rank gets it); a timeout is a RuntimeError."""
+    """Σ over the ranks of `x` (float64, every rank gets it); a timeout is a RuntimeError."""
     x = x.to(torch.float64).contiguous()
     try:
         dist.all_reduce(x, group=shard.group)
@@ -113,12 +121,12 @@ def _sum_over_ranks(x: torch.Tensor, shard: Shard, what: str) -> torch.Tensor:
 
 
 class ShardedDocument(Document):
-    """One rank's :class:`~qkv.explain.long.document.Document` of a text run sequence-parallel.
+    """One rank's [`Document`][qkv.explain.long.document.Document] of a text run sequence-parallel.
 
-    Built by :func:`sharded_document`. As a Document, plus ``shard`` (:class:`Shard`). Each
-    :class:`~qkv.explain.long.document.LayerRecord` holds this rank's ``query`` (h, t_r, d) and
-    ``lse`` (h, t_r) and every token's ``key`` (h_kv, N, d) and ``value_norms`` (h, N). Token
-    indices (``rows``, ``token``) are global. See the module doc for which answers are collective.
+    Built by `sharded_document`. As a Document, plus `shard` (`Shard`). Each
+    [`LayerRecord`][qkv.explain.long.document.LayerRecord] holds this rank's `query` (h, t_r, d) and
+    `lse` (h, t_r) and every token's `key` (h_kv, N, d) and `value_norms` (h, N). Token
+    indices (`rows`, `token`) are global. See the module doc for which answers are collective.
     """
 
     def __init__(self, model, text: str, encoding, layers: list[LayerRecord], shard: Shard):
@@ -132,7 +140,7 @@ class ShardedDocument(Document):
 
     # -- the mask: over the global N × N scores, and over one run of rows ------------------------
     def block_mask(self, layer: int) -> BlockMask:
-        """Layer ``layer``'s mask over the whole text, (N × N).
+        """Layer `layer`'s mask over the whole text, (N × N).
 
         The attention is square (t = s = N), where both alignments are one: the description is
         read top-left, the form that still means the same on a run of rows (a bottom-right band
@@ -146,7 +154,7 @@ class ShardedDocument(Document):
         return self._masks[id(rec.mask)]
 
     def _run_mask(self, layer: int, start: int, rows: int, block: int) -> BlockMask:
-        """The mask of global rows start … start + rows − 1 against every key, in ``block`` tiles."""
+        """The mask of global rows start … start + rows − 1 against every key, in `block` tiles."""
         whole = self.block_mask(layer)
         return create_block_mask(whole.mask_mod, 1, self.layers[layer].query.shape[0], rows,
                                  self.shard.length, block, q_offset=start, device=whole.kinds.device)
@@ -157,7 +165,7 @@ class ShardedDocument(Document):
 
     # -- rows of this rank ---------------------------------------------------------------------
     def _own(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """(global rows, local rows) for token indices ``rows``; QkvError naming the rank that
+        """(global rows, local rows) for token indices `rows`; QkvError naming the rank that
         holds a row this rank does not."""
         n = self.shard.length
         index = row_index(rows, n)
@@ -172,7 +180,7 @@ class ShardedDocument(Document):
         return index, local
 
     def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
-        """(h, r, N): every head's weights of ``rows`` ((1, r, N): head ``head``'s) — the softmax of
+        """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s) — the softmax of
         the row's own scores against every key, as the one-process Document (the reference path)."""
         rec = self.layers[layer]
         index, local = self._own(rows)
@@ -237,7 +245,7 @@ class ShardedDocument(Document):
         return _sum_over_ranks(acc, self.shard, "block_map").to(compute_dtype(rec.query.dtype))
 
     def column(self, layer: int, key: int) -> torch.Tensor:
-        """(h, N): the weight every query row of every head puts on key ``key``; this rank's rows
+        """(h, N): the weight every query row of every head puts on key `key`; this rank's rows
         computed, every rank's gathered. A collective."""
         rec = self._check(layer)
         mine = column_weights(rec, self.block_mask(layer), key, self.shard.length, self.rows)  # (h, t_r)
@@ -246,7 +254,8 @@ class ShardedDocument(Document):
 
 # -- building one ----------------------------------------------------------------------------------
 def _strategy(model):
-    """The one :class:`~qkv.distributed.SequenceParallel` every self-attention of ``model`` has."""
+    """The one [`SequenceParallel`][qkv.distributed.SequenceParallel] every self-attention of `model`
+has."""
     # an attribute only qkv's own MultiHeadAttention has (SequenceParallel.apply sets it); a
     # transformers model's attention lacks it, and that is the answer here (not sequence-parallel)
     found = {getattr(layer.self_attn, "sequence_parallel", None) for layer in model.layers}
@@ -258,7 +267,7 @@ def _strategy(model):
 
 
 def estimate_bytes(model, n: int, world: int) -> int:
-    """What :func:`sharded_document` holds on one rank for ``n`` tokens over ``world`` ranks: the
+    """What `sharded_document` holds on one rank for `n` tokens over `world` ranks: the
     whole text's tokens (every rank tokenises it), its shard of the recorded forward, plus every
     layer's keys and value norms."""
     t = math.ceil(n / world) + 2  # shards differ by at most two tokens
@@ -271,18 +280,20 @@ def estimate_bytes(model, n: int, world: int) -> int:
 
 
 def sharded_document(model, text: str | bytes, *, memory_limit: int | None = None) -> ShardedDocument:
-    """This rank's :class:`ShardedDocument` of ``text`` (every rank of the model's group calls it
-    with the same text; the model has a :class:`~qkv.distributed.SequenceParallel` applied).
+    """This rank's `ShardedDocument` of `text` (every rank of the model's group calls it
+    with the same text; the model has a [`SequenceParallel`][qkv.distributed.SequenceParallel]
+    applied).
 
     Every rank tokenizes the whole text, keeps its shard (the strategy's layout) and runs the
-    forward at the global positions with ``trace_rows=LSE``; then each layer's keys and value
+    forward at the global positions with `trace_rows=LSE`; then each layer's keys and value
     norms are gathered (one all-gather each).
 
     Raises:
-        QkvError: as :func:`qkv.explain.long.document.document` (on every rank: every rank checks the
-            same text), a model without a sequence-parallel strategy or without ``position_ids``,
-            NaN in some rank's attention (named on every rank).
-        ValueError: from :mod:`qkv.distributed`, for ranks that disagree (shapes, arguments).
+        QkvError: as [`qkv.explain.long.document.document`][qkv.explain.long.document.document] (on
+            every rank: every rank checks the same text), a model without a sequence-parallel
+            strategy or without `position_ids`, NaN in some rank's attention (named on every rank).
+        ValueError: from [`qkv.distributed`][qkv.distributed], for ranks that disagree (shapes,
+            arguments).
         RuntimeError: a rank did not answer within the group's timeout.
     """
     sp = _strategy(model)
@@ -312,7 +323,7 @@ def sharded_document(model, text: str | bytes, *, memory_limit: int | None = Non
 
 
 def _gathered(rec: LayerRecord, sp) -> LayerRecord:
-    """``rec`` with every token's keys (h_kv, N, d) and value norms (h, N), its rows kept local."""
+    """`rec` with every token's keys (h_kv, N, d) and value norms (h, N), its rows kept local."""
     return dataclasses.replace(rec, key=unshard(rec.key, sp.group, sp.layout, dim=-2),
                                value_norms=unshard(rec.value_norms, sp.group, sp.layout, dim=-1))
 

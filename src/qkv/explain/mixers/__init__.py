@@ -3,16 +3,16 @@
 Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-2, LFM2's gated short
 convolution) have no softmax map, but
 each is linear in its values: o = M·v for one (t × t) matrix M per head, causal, signed, rows not
-normalised. ``read(module, hidden_states)`` runs the transformers layer once and returns a record
-(:class:`EffectiveAttention`) whose ``matrix(head)`` is that M and ``row(head, query)`` one row
+normalised. `read(module, hidden_states)` runs the transformers layer once and returns a record
+(`EffectiveAttention`) whose `matrix(head)` is that M and `row(head, query)` one row
 in O(t · state). Softmax variants (MLA, differential, sparse indexed attention, the gated output)
 return their own step-by-step records; a softmax layer's output gate (Qwen3-Next, Qwen3.5) is
-:mod:`qkv.explain.mixers.gate`, a step of that layer rather than a mixer of its own.
+`qkv.explain.mixers.gate`, a step of that layer rather than a mixer of its own.
 
-:data:`MIXERS` is the registry, keyed by the model protocol's ``MixerKind`` name; callers look a
-kind up there (:func:`mixer`) and never compare kind names themselves.
+`MIXERS` is the registry, keyed by the model protocol's `MixerKind` name; callers look a
+kind up there (`mixer`) and never compare kind names themselves.
 
-Example:
+Examples:
     >>> mixer("mamba2").effective
     True
 """
@@ -67,7 +67,7 @@ def register_mixer(entry: Mixer) -> Mixer:
 
 
 def mixer(kind: str) -> Mixer:
-    """The registered :class:`Mixer` of ``kind``; QkvError naming the known kinds otherwise."""
+    """The registered `Mixer` of `kind`; QkvError naming the known kinds otherwise."""
     try:
         return MIXERS[kind]
     except KeyError:

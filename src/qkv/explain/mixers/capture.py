@@ -1,14 +1,14 @@
 """What a transformers layer handed its kernel, read from the call itself.
 
 transformers' linear-attention and state-space layers (Gated DeltaNet, KDA, Mamba-2) compute
-their token mixing in one module-level function (``torch_chunk_gated_delta_rule``,
-``chunk_kimi_delta_attention``, ``mamba2_chunk_scan``) that the layer's ``forward`` looks up in
+their token mixing in one module-level function (`torch_chunk_gated_delta_rule`,
+`chunk_kimi_delta_attention`, `mamba2_chunk_scan`) that the layer's `forward` looks up in
 its modeling file. Recording that call gives the exact q, k, v, decays and gates the forward
 used — after its projections, short convolution and activations, whatever the architecture
 does before — so the explanations never rebuild "something similar" from the weights.
 
 The function is replaced in the modeling module for the duration of one call and restored in a
-``finally``: not safe while another thread runs the same architecture.
+`finally`: not safe while another thread runs the same architecture.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ class KernelCall:
 
 
 def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor, **kwargs) -> KernelCall:
-    """Run ``module(hidden_states, **kwargs)`` once and return its one call of the function ``kernel``.
+    """Run `module(hidden_states, **kwargs)` once and return its one call of the function `kernel`.
 
     Raises:
-        QkvError: the forward did not call it exactly once (see :func:`kernel_calls`).
+        QkvError: the forward did not call it exactly once (see `kernel_calls`).
     """
     calls = kernel_calls(module, kernel, hidden_states, **kwargs)
     if len(calls) != 1:
@@ -45,11 +45,13 @@ def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tenso
 
 def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor,
                  **kwargs) -> list[KernelCall]:
-    """Run ``module(hidden_states, **kwargs)`` once and return its calls of the function ``kernel``, in order.
+    """Run `module(hidden_states, **kwargs)` once and return its calls of the function `kernel`, in
+    order.
 
     Args:
-        module: a transformers mixer (its class defined in a ``modeling_*.py`` file).
-        kernel: the name of the module-level function its forward calls (e.g. ``"mamba2_chunk_scan"``).
+        module: a transformers mixer (its class defined in a `modeling_*.py` file).
+        kernel: the name of the module-level function its forward calls (e.g.
+            `"mamba2_chunk_scan"`).
         hidden_states: (b, t, hidden) the layer's input, after its norm.
 
     Returns:

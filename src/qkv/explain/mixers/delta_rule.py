@@ -1,6 +1,6 @@
 """The gated delta rule as a matrix: o = M·v for Gated DeltaNet and KDA, exactly.
 
-The recurrence (transformers' ``torch_recurrent_gated_delta_rule``, the state S (d, c) per head):
+The recurrence (transformers' `torch_recurrent_gated_delta_rule`, the state S (d, c) per head):
 
     S_t = S_{t−1} · D_t · (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,      o_t = S_t q_t
 
@@ -11,11 +11,11 @@ Unrolled, o_i = Σ_j M[i, j] v_j with
     M[i, j] = β_j · k_jᵀ · A_{j+1} ⋯ A_i · q_i,      A_r = D_r (I − β_r k_r k_rᵀ),   j ≤ i.
 
 Whole matrix (the UT form of the chunked kernels, one chunk): with G = cumsum g,
-L = decayed q·k (:func:`~qkv.explain.mixers.linear.decayed_products`, diagonal kept) and
+L = decayed q·k (`decayed_products`, diagonal kept) and
 T = I + diag(β)·(decayed k·k, strictly below), the new values U solve T·U = diag(β)·V and
 o = L·U, so M = L·T⁻¹·diag(β) — one triangular solve, O(t²·c + t³).
 
-One row (:meth:`DeltaRule.row`): u = q_i, then for j = i, i−1, …, 0: M[i, j] = β_j k_jᵀu and
+One row (`DeltaRule.row`): u = q_i, then for j = i, i−1, …, 0: M[i, j] = β_j k_jᵀu and
 u ← A_j u — the recurrence run backwards on one vector, O(t + c) memory; done a chunk of tokens
 at a time (one small triangular solve per chunk) so a 64k-token row is ~1,000 solves, not
 64,000 Python steps.
@@ -59,7 +59,7 @@ class DeltaRule:
         return self.value[:, head]
 
     def matrix(self, head: int) -> torch.Tensor:
-        """(t, t) M with o = M·v for ``head``: signed, rows need not sum to 1, zero above the diagonal."""
+        """(t, t) M with o = M·v for `head`: signed, rows need not sum to 1, zero above the diagonal."""
         q, k, beta = self.query[:, head], self.key[:, head], self.beta[:, head]  # (t, c), (t, c), (t,)
         G = self.log_decay[:, head].cumsum(0)  # (t,) or (t, c)
         L = decayed_products(q, k, G)
@@ -67,16 +67,17 @@ class DeltaRule:
         return torch.linalg.solve_triangular(T, L, upper=False, left=False, unitriangular=True) * beta
 
     def row(self, head: int, query: int, *, chunk: int | None = None) -> torch.Tensor:
-        """(t,) row ``query`` of :meth:`matrix` by the backward sweep: O(t·c·chunk), no (t, t) matrix.
+        """(t,) row `query` of `matrix` by the backward sweep: O(t·c·chunk), no (t, t) matrix.
 
-        ``chunk``: tokens per step of the sweep; by default 64 for one decay per head and 16 for one
+        `chunk`: tokens per step of the sweep; by default 64 for one decay per head and 16 for one
         per key channel, whose chunk costs chunk²·c exponentials (measured at 64k tokens, c = 128,
         one thread of a loaded machine: 12.6 s in chunks of 16, 16.6 s of 8, 32.9 s of 64).
 
-        The sweep u ← A_j u runs ``chunk`` tokens at a time (see the module docstring): within a
+        The sweep u ← A_j u runs `chunk` tokens at a time (see the module docstring): within a
         chunk [s, e], w_j = k_jᵀ u^(j) solve (I + Aᵀ) w = b with A the chunk's β-scaled decayed
-        k·k (strictly lower, as in :meth:`matrix`) and b_j = k_jᵀ exp(G_e − G_j) u^(e); then
-        M[query, j] = β_j w_j and u^(s−1) = exp(G_e − G_{s−1}) u^(e) − Σ_r exp(G_r − G_{s−1}) β_r w_r k_r.
+        k·k (strictly lower, as in `matrix`) and b_j = k_jᵀ exp(G_e − G_j) u^(e); then
+        M[query, j] = β_j w_j and u^(s−1) = exp(G_e − G_{s−1}) u^(e) − Σ_r exp(G_r − G_{s−1}) β_r
+        w_r k_r.
         """
         check_query(query, self.value.shape[0])
         if chunk is None:
@@ -115,10 +116,10 @@ def l2_normalise(x: torch.Tensor) -> torch.Tensor:
 
 
 def from_call(kind: str, call: KernelCall, dtype: torch.dtype = torch.float64) -> DeltaRule:
-    """The :class:`DeltaRule` of a recorded ``*_delta_rule`` / ``*_kimi_delta_attention`` call.
+    """The `DeltaRule` of a recorded `*_delta_rule` / `*_kimi_delta_attention` call.
 
     Both kernels take query, key (b, t, hk, c), value (b, t, h, d), g (b, t, h) or (b, t, h, c)
-    and beta (b, t, h); key heads serve h // hk consecutive value heads. ``dtype``: what the
+    and beta (b, t, h); key heads serve h // hk consecutive value heads. `dtype`: what the
     normalisation and every later step compute in (float64; the tests' float32 twin).
     """
     a = call.arguments

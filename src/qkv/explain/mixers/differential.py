@@ -1,6 +1,6 @@
 """Differential attention (diffllama): two softmax maps, λ, and their difference as the map.
 
-transformers' ``DiffLlamaAttention`` runs one softmax per attention head (H of them) and pairs
+transformers' `DiffLlamaAttention` runs one softmax per attention head (H of them) and pairs
 head p with head p + H/2 (p < H/2): differential head p outputs, before its group norm,
 
     o_p = (A_p − λ·A_{p+H/2}) · [v_a | v_b]          λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init
@@ -51,10 +51,10 @@ class Differential:
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings) -> Differential:
-    """Run a ``DiffLlamaAttention`` layer on one text, causally, and return both maps and λ.
+    """Run a `DiffLlamaAttention` layer on one text, causally, and return both maps and λ.
 
     Args:
-        module: the layer's ``self_attn``, its config's ``_attn_implementation`` "eager".
+        module: the layer's `self_attn`, its config's `_attn_implementation` "eager".
         hidden_states: (1, t, hidden) its input, after the layer's norm.
         position_embeddings: (cos, sin) of positions 0 … t−1, as the model hands its layers.
     """

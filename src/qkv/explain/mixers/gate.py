@@ -1,6 +1,6 @@
 """A gated attention output (qwen3_next, qwen3_5 full-attention layers): the gate as a step.
 
-transformers' ``Qwen3NextAttention`` projects every query twice as wide: one half is the query,
+transformers' `Qwen3NextAttention` projects every query twice as wide: one half is the query,
 the other a gate, and the heads' outputs are multiplied by sigmoid(gate) before W_O:
 
     head h at token i:   z_ih = Σ_j A_h[i, j] v_jh            (the softmax head, as any other)
@@ -9,7 +9,7 @@ the other a gate, and the heads' outputs are multiplied by sigmoid(gate) before 
 
 So a head's contribution to the residual stream is its gated output through its slice of W_O: a
 head with confident weights and a closed gate contributes little. The weights and z are the
-layer's own attention call; the gate goes through the module's ``q_proj`` (the half it discards
+layer's own attention call; the gate goes through the module's `q_proj` (the half it discards
 for the query), and the tests check that the heads' contributions sum to the layer's output.
 Letters: t tokens, h heads, d head width, m hidden width.
 """
@@ -42,11 +42,11 @@ class GatedOutput:
         return self.weights.shape[0]
 
     def openness(self, head: int) -> torch.Tensor:
-        """(t,) the mean gate of ``head`` at each token: 0 closed, 1 open."""
+        """(t,) the mean gate of `head` at each token: 0 closed, 1 open."""
         return self.gate[:, head].mean(-1)
 
     def contribution(self, head: int, *, gated: bool = True) -> torch.Tensor:
-        """(t, m) what ``head`` adds to the residual stream: (gate ⊙ z)·W_O,hᵀ (``gated=False``: z·W_O,hᵀ)."""
+        """(t, m) what `head` adds to the residual stream: (gate ⊙ z)·W_O,hᵀ (`gated=False`: z·W_O,hᵀ)."""
         d = self.head_output.shape[-1]
         z = self.head_output[:, head] * (self.gate[:, head] if gated else 1.0)  # (t, d)
         return z @ self.w_o[:, head * d: (head + 1) * d].T
@@ -58,10 +58,10 @@ class GatedOutput:
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings,
          dtype: torch.dtype = torch.float64) -> GatedOutput:
-    """Run a gated-output attention layer (``Qwen3NextAttention``, ``Qwen3_5Attention``) on one text.
+    """Run a gated-output attention layer (`Qwen3NextAttention`, `Qwen3_5Attention`) on one text.
 
     Args:
-        module: the layer's ``self_attn``, its config's ``_attn_implementation`` "eager".
+        module: the layer's `self_attn`, its config's `_attn_implementation` "eager".
         hidden_states: (1, t, hidden) its input, after the layer's norm.
         position_embeddings: (cos, sin) of positions 0 … t−1, as the model hands its layers.
         dtype: what the record holds (the layer runs in its own).

@@ -1,6 +1,6 @@
 """Gated DeltaNet (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid): its layer read as a delta rule.
 
-The math is :mod:`qkv.explain.mixers.delta_rule`; this file says which kernel call of the
+The math is `qkv.explain.mixers.delta_rule`; this file says which kernel call of the
 transformers layer holds its q, k, v, g and β (after the projections and the short convolution).
 """
 
@@ -18,10 +18,10 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> DeltaRule:
     """Run a Gated DeltaNet layer on one text and return what its delta rule mixed.
 
     Args:
-        module: e.g. ``Qwen3NextGatedDeltaNet`` (the layer's ``linear_attn``).
+        module: e.g. `Qwen3NextGatedDeltaNet` (the layer's `linear_attn`).
         hidden_states: (1, t, hidden) its input, after the layer's norm.
 
     Returns:
-        :class:`DeltaRule` with ``matrix(head)`` and ``row(head, query)``.
+        `DeltaRule` with `matrix(head)` and `row(head, query)`.
     """
     return from_call("gated_deltanet", kernel_call(module, KERNEL, hidden_states))

@@ -1,6 +1,6 @@
 """Kimi Delta Attention (kimi_linear): the gated delta rule with one decay per key channel.
 
-The math is :mod:`qkv.explain.mixers.delta_rule` (``log_decay`` (t, h, c) here); this file says
+The math is `qkv.explain.mixers.delta_rule` (`log_decay` (t, h, c) here); this file says
 which kernel call of the transformers layer holds its q, k, v, g and β.
 """
 
@@ -15,10 +15,10 @@ KERNEL = "chunk_kimi_delta_attention"
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> DeltaRule:
-    """Run a ``KimiLinearDeltaAttention`` layer on one text and return what its delta rule mixed.
+    """Run a `KimiLinearDeltaAttention` layer on one text and return what its delta rule mixed.
 
     Args:
-        module: the layer's ``self_attn`` where its type is ``KimiLinearDeltaAttention``.
+        module: the layer's `self_attn` where its type is `KimiLinearDeltaAttention`.
         hidden_states: (1, t, hidden) its input, after the layer's norm.
     """
     return from_call("kda", kernel_call(module, KERNEL, hidden_states))

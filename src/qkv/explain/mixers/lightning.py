@@ -1,14 +1,14 @@
 """Lightning attention (minimax) as a matrix: linear attention with a fixed decay per head.
 
-transformers' ``MiniMaxLightningAttention`` computes, blockwise, per head with slope s:
+transformers' `MiniMaxLightningAttention` computes, blockwise, per head with slope s:
 
     o_i = Σ_{j ≤ i} exp(−s·(i − j)) · (q_i · k_j) · v_j
 
 (q, k, v = act(x·W_qkv) split per head; no softmax, no scaling), so M[i, j] =
-exp(−s(i−j))·q_i·k_j — :func:`~qkv.explain.mixers.linear.decayed_products` with G_i = −s·i.
+exp(−s(i−j))·q_i·k_j — `decayed_products` with G_i = −s·i.
 The layer computes this inline in its forward (no kernel function to record), so q, k, v are
-read through the module's own ``qkv_proj`` and ``act_fn``, and its output before the norm from
-the input of its ``norm`` (a hook held for the one call), which the tests compare with M·v.
+read through the module's own `qkv_proj` and `act_fn`, and its output before the norm from
+the input of its `norm` (a hook held for the one call), which the tests compare with M·v.
 """
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ class Lightning:
         return decayed_products(self.query[:, head], self.key[:, head], self._log_decay(head))
 
     def row(self, head: int, query: int) -> torch.Tensor:
-        """(t,) row ``query`` of :meth:`matrix` in O(t·d)."""
+        """(t,) row `query` of `matrix` in O(t·d)."""
         check_query(query, self.value.shape[0])
         return decayed_row(self.query[query, head], self.key[:, head], self._log_decay(head), query)
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor, dtype: torch.dtype = torch.float64) -> Lightning:
-    """Run a ``MiniMaxLightningAttention`` layer on one text and return what it mixed.
+    """Run a `MiniMaxLightningAttention` layer on one text and return what it mixed.
 
     Args:
-        module: the layer's ``self_attn`` where its type is ``MiniMaxLightningAttention``.
+        module: the layer's `self_attn` where its type is `MiniMaxLightningAttention`.
         hidden_states: (1, t, hidden) its input, after the layer's norm.
         dtype: what the record holds and its matrices compute in (the layer runs in its own).
     """

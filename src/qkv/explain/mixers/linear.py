@@ -21,7 +21,7 @@ _BLOCK_NUMBERS = 1 << 24
 
 def decayed_products(a: torch.Tensor, b: torch.Tensor, log_decay: torch.Tensor, *,
                      strict: bool = False) -> torch.Tensor:
-    """L[i, j] = Σ_c a_ic b_jc exp(G_ic − G_jc) on and below the diagonal (below only if ``strict``).
+    """L[i, j] = Σ_c a_ic b_jc exp(G_ic − G_jc) on and below the diagonal (below only if `strict`).
 
     Args:
         a: (t, c) queries. b: (t, c) keys.
@@ -31,7 +31,7 @@ def decayed_products(a: torch.Tensor, b: torch.Tensor, log_decay: torch.Tensor, 
     Returns:
         (t, t), zero above the diagonal.
 
-    Example:
+    Examples:
         >>> a = b = torch.ones(3, 1, dtype=torch.float64)
         >>> decayed_products(a, b, torch.tensor([0.0, -1.0, -2.0], dtype=torch.float64))[2]
         tensor([0.1353, 0.3679, 1.0000], dtype=torch.float64)
@@ -52,7 +52,7 @@ def decayed_products(a: torch.Tensor, b: torch.Tensor, log_decay: torch.Tensor, 
 
 
 def decayed_row(a_i: torch.Tensor, b: torch.Tensor, log_decay: torch.Tensor, i: int) -> torch.Tensor:
-    """Row ``i`` of :func:`decayed_products` in O(t·c): (t,), zero after i.
+    """Row `i` of `decayed_products` in O(t·c): (t,), zero after i.
 
     Args:
         a_i: (c,) the query of row i. b: (t, c) keys. log_decay: G, (t,) or (t, c).

@@ -1,7 +1,7 @@
 """Mamba-2's SSD as a matrix (mamba2, bamba, nemotron_h, falcon_h1, granitemoehybrid, zamba2).
 
 Per head, with Δ_t = clamp(softplus(dt_t + dt_bias)), the scalar A < 0, B_t, C_t (n,) shared by
-the heads of a group, and the skip D (transformers' ``mamba2_chunk_scan``):
+the heads of a group, and the skip D (transformers' `mamba2_chunk_scan`):
 
     h_t = exp(Δ_t A)·h_{t−1} + Δ_t x_t B_tᵀ,     y_t = h_t C_t + D x_t
 
@@ -9,7 +9,7 @@ so y = M·x with
 
     M[t, j] = (C_t · B_j) · exp(Σ_{j<r≤t} Δ_r A) · Δ_j  +  D·[t = j]
 
-— :func:`~qkv.explain.mixers.linear.decayed_products` of C and B with G = cumsum(Δ·A), each
+— `decayed_products` of C and B with G = cumsum(Δ·A), each
 column scaled by its Δ_j. A row costs O(t·n).
 """
 
@@ -52,12 +52,12 @@ class StateSpace:
         return (self.delta[:, head] * self.A[head]).cumsum(0)  # (t,) G_t = Σ_{r≤t} Δ_r A
 
     def matrix(self, head: int) -> torch.Tensor:
-        """(t, t) M with y = M·x for ``head``: causal, signed, the D skip on its diagonal."""
+        """(t, t) M with y = M·x for `head`: causal, signed, the D skip on its diagonal."""
         M = decayed_products(self.C[:, head], self.B[:, head], self._log_decay(head)) * self.delta[:, head]
         return M + torch.diag(self.D[head].expand(M.shape[0]))
 
     def row(self, head: int, query: int) -> torch.Tensor:
-        """(t,) row ``query`` of :meth:`matrix` in O(t·n)."""
+        """(t,) row `query` of `matrix` in O(t·n)."""
         check_query(query, self.x.shape[0])
         row = decayed_row(self.C[query, head], self.B[:, head], self._log_decay(head), query) * self.delta[:, head]
         row[query] += self.D[head]
@@ -65,7 +65,7 @@ class StateSpace:
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> StateSpace:
-    """Run a Mamba-2 mixer (``Mamba2Mixer``, ``BambaMixer``, ``NemotronHMamba2Mixer``, …) on one text.
+    """Run a Mamba-2 mixer (`Mamba2Mixer`, `BambaMixer`, `NemotronHMamba2Mixer`, …) on one text.
 
     Args:
         module: the mixer, in eval mode (training runs a fused kernel instead).
@@ -75,7 +75,7 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> StateSpace:
 
 
 def from_call(call: KernelCall, dtype: torch.dtype = torch.float64) -> StateSpace:
-    """The :class:`StateSpace` of a recorded ``mamba2_chunk_scan`` call, computed in ``dtype``.
+    """The `StateSpace` of a recorded `mamba2_chunk_scan` call, computed in `dtype`.
 
     The scan takes hidden_states (b, t, h, p), dt (b, t, h) before its bias and softplus, A (h,),
     B and C (b, t, g, n) shared by h // g consecutive heads, D (h,).

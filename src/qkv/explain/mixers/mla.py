@@ -10,7 +10,7 @@
 The content part is linear in the key's latent: q_nope · k_nope_j = (W_kb,hᵀ q_nope) · c_kv_j, so it
 splits over c_kv's r_kv channels (the "absorbed" query), terms that sum to it exactly.
 
-What the layer computed is read from its own attention call (``eager_attention_forward``: the
+What the layer computed is read from its own attention call (`eager_attention_forward`: the
 query and key it was handed, RoPE applied, its scaling and weights); the steps before RoPE go
 through the module's own submodules, and the tests check they rebuild that call's q and k.
 Letters: t tokens, h heads, dn/dr the content/RoPE widths, r_q/r_kv the latent widths.
@@ -31,7 +31,7 @@ KERNEL = "eager_attention_forward"  # the layer must run with attn_implementatio
 
 @dataclass(frozen=True)
 class MlaScore:
-    """Why head ``head``'s query ``query`` scores key ``key``: terms that sum to the layer's score."""
+    """Why head `head`'s query `query` scores key `key`: terms that sum to the layer's score."""
 
     head: int
     query: int
@@ -92,7 +92,7 @@ class Mla:
         return self.content(head) + self.position(head)
 
     def score(self, head: int, query: int, key: int) -> MlaScore:
-        """The score of (query, key) in ``head`` as its terms; ``key`` may not follow ``query``."""
+        """The score of (query, key) in `head` as its terms; `key` may not follow `query`."""
         t = self.c_kv.shape[0]
         check_query(query, t)
         if not 0 <= key <= query:
@@ -107,10 +107,10 @@ class Mla:
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor,
          position_embeddings) -> Mla:
-    """Run an MLA layer (``DeepseekV3Attention``, ``DeepseekV2Attention``) on one text, causally.
+    """Run an MLA layer (`DeepseekV3Attention`, `DeepseekV2Attention`) on one text, causally.
 
     Args:
-        module: the layer's ``self_attn``, its config's ``_attn_implementation`` "eager".
+        module: the layer's `self_attn`, its config's `_attn_implementation` "eager".
         hidden_states: (1, t, hidden) its input, after the layer's norm.
         position_embeddings: what the model hands the layer: (cos, sin) for v3, the complex
             frequencies for v2 (the model's rotary embedding of the positions 0 … t−1).

@@ -1,16 +1,16 @@
 """A gated short convolution (lfm2, lfm2_moe) as a matrix per channel.
 
-transformers' ``Lfm2ShortConv`` projects x to three streams B, C, x̃ (per channel c) and computes
+transformers' `Lfm2ShortConv` projects x to three streams B, C, x̃ (per channel c) and computes
 
     y_t = C_t ⊙ ( Σ_{k<K} w_k ⊙ (B ⊙ x̃)_{t−K+1+k}  + bias )
 
 a depthwise causal convolution of width K between two input-dependent gates. Each channel is
-its own mixer, linear in its values x̃ (up to the bias term C_t·bias, kept apart as ``offset``):
+its own mixer, linear in its values x̃ (up to the bias term C_t·bias, kept apart as `offset`):
 
     M_c[t, j] = C_tc · w_c[K−1−(t−j)] · B_jc        for 0 ≤ t − j < K, else 0
 
 — a causal band K tokens wide. The convolution's input and output are the layer's own
-``causal_conv1d_fn`` call; B, C, x̃ go through its ``in_proj`` (the tests check B ⊙ x̃ is that
+`causal_conv1d_fn` call; B, C, x̃ go through its `in_proj` (the tests check B ⊙ x̃ is that
 call's input). Letters: t tokens, D channels, K the kernel width.
 """
 
@@ -44,11 +44,11 @@ class ShortConv:
         return self.x.shape[1]
 
     def values(self, head: int) -> torch.Tensor:
-        """(t, 1) channel ``head``'s values."""
+        """(t, 1) channel `head`'s values."""
         return self.x[:, head: head + 1]
 
     def matrix(self, head: int) -> torch.Tensor:
-        """(t, t) the banded M of channel ``head``: y = M·x + offset."""
+        """(t, t) the banded M of channel `head`: y = M·x + offset."""
         t, K = self.x.shape[0], self.weight.shape[1]
         lag = torch.arange(t)[:, None] - torch.arange(t)[None, :]  # (t, t) t − j
         inside = (lag >= 0) & (lag < K)
@@ -56,7 +56,7 @@ class ShortConv:
         return self.C[:, head, None] * taps * self.B[None, :, head]
 
     def row(self, head: int, query: int) -> torch.Tensor:
-        """(t,) row ``query``: at most K non-zero weights."""
+        """(t,) row `query`: at most K non-zero weights."""
         check_query(query, self.x.shape[0])
         K = self.weight.shape[1]
         out = torch.zeros(self.x.shape[0], dtype=self.x.dtype)
@@ -67,7 +67,7 @@ class ShortConv:
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> ShortConv:
-    """Run an ``Lfm2ShortConv`` layer (the layer's ``conv``) on one text and return what it mixed.
+    """Run an `Lfm2ShortConv` layer (the layer's `conv`) on one text and return what it mixed.
 
     Args:
         module: the short-convolution mixer.

@@ -42,7 +42,7 @@ class SparseRow:
     weights: torch.Tensor     # (h, query+1) the attention weights (0 on the keys left out)
 
     def missed_by(self, key: int) -> float:
-        """How far ``key``'s index score fell below the cut (0.0 for a selected key, and for a key
+        """How far `key`'s index score fell below the cut (0.0 for a selected key, and for a key
         left out at a tie with the cut: relu makes exact ties at 0 common, and transformers' top-k
         then chooses among them by position, not score)."""
         if key in self.selected or self.cutoff is None:
@@ -74,7 +74,7 @@ class SparseIndexed:
         return self.terms.sum(0).masked_fill(above, float("-inf"))
 
     def row(self, query: int) -> SparseRow:
-        """What the indexer did for ``query``."""
+        """What the indexer did for `query`."""
         check_query(query, self.selected.shape[0])
         scores = self.scores[query, : query + 1]
         chosen = self.selected[query, : query + 1].nonzero().flatten()
@@ -85,10 +85,10 @@ class SparseIndexed:
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings) -> SparseIndexed:
-    """Run a sparse-attention layer (``DeepseekV32Attention``, ``GlmMoeDsaAttention``) on one text.
+    """Run a sparse-attention layer (`DeepseekV32Attention`, `GlmMoeDsaAttention`) on one text.
 
     Args:
-        module: the layer's ``self_attn`` (with its ``indexer``), ``_attn_implementation`` "eager".
+        module: the layer's `self_attn` (with its `indexer`), `_attn_implementation` "eager".
         hidden_states: (1, t, hidden) its input, after the layer's norm.
         position_embeddings: (cos, sin) of positions 0 … t−1, as the model hands its layers.
     """

@@ -2,28 +2,30 @@
 strongest, at O(N) memory in the corpus length.
 
 The corpus is tokenised once and read in windows of W tokens (the tokenizer's prefix, e.g.
-``<bos>``, put first in each, so every window starts as a text does); each window is one recorded
-forward (:func:`qkv.explain.probes.retrieval.record`: q, k and the log-sum-exp of every layer) and then
+`<bos>`, put first in each, so every window starts as a text does); each window is one recorded
+forward (`qkv.explain.probes.retrieval.record`: q, k and the log-sum-exp of every layer) and then
 forgotten — only per-head sums and each head's top contexts are kept. For a head with weights
-w_ij inside a window (i, j window positions; R rows)::
+w_ij inside a window (i, j window positions; R rows):
 
-    induction       mean over the rows i whose token occurred before (last at p < i − 1) of
-                    w_{i, p+1} — attention to the token after the earlier occurrence
-    previous-token  mean over rows i ≥ 1 of w_{i, i−1}
-    entropy         mean over rows of −Σ_j w_ij log2 w_ij (bits)
-    sink, distance  :func:`qkv.explain.long.document_heads.head_spans` of each window (the share on
-                    the first token(s), the mean i − j), weighted by its rows
-    retrieval       :func:`qkv.explain.probes.retrieval.retrieval_probe`'s score, with the corpus's
-                    tokens as the haystack (a needle is not found in a corpus; it is put there)
+```text
+induction       mean over the rows i whose token occurred before (last at p < i − 1) of
+                w_{i, p+1} — attention to the token after the earlier occurrence
+previous-token  mean over rows i ≥ 1 of w_{i, i−1}
+entropy         mean over rows of −Σ_j w_ij log2 w_ij (bits)
+sink, distance  :func:`qkv.explain.long.document_heads.head_spans` of each window (the share on
+                the first token(s), the mean i − j), weighted by its rows
+retrieval       :func:`qkv.explain.probes.retrieval.retrieval_probe`'s score, with the corpus's
+                tokens as the haystack (a needle is not found in a corpus; it is put there)
+```
 
 A head's **top contexts** are the rows where its largest weight on a key past the sink (the
-window's first ``first`` tokens) is largest: the query, the key it looks at, that weight, and the
+window's first `first` tokens) is largest: the query, the key it looks at, that weight, and the
 text around both (from the tokenizer's offsets).
 
-Cost: per window and layer the weights of every row, ``rows_per_chunk`` rows at a time —
+Cost: per window and layer the weights of every row, `rows_per_chunk` rows at a time —
 O(L · N · W · d) time, O(h · rows_per_chunk · W) memory; nothing grows with N but the token ids.
 
-Example:
+Examples:
     >>> import qkv
     >>> a = atlas(qkv.load("lm"), "baka bela dima fona gisa " * 30, retrieval_samples=2)
     >>> sorted(a.metrics), a.metrics["entropy"].shape
@@ -54,8 +56,8 @@ ROWS_PER_CHUNK = 128
 
 @dataclass(frozen=True)
 class Context:
-    """One row where a head's pattern is strong: corpus positions ``query`` and ``key``, the
-    weight between them, and the text around each (``before`` ends at the query token)."""
+    """One row where a head's pattern is strong: corpus positions `query` and `key`, the
+    weight between them, and the text around each (`before` ends at the query token)."""
 
     query: int
     key: int
@@ -69,7 +71,7 @@ class Context:
 
     @classmethod
     def from_dict(cls, d, where: str = "context") -> Context:
-        """The context a ``to_dict()`` describes, checked (its ``distance`` must be query − key)."""
+        """The context a `to_dict()` describes, checked (its `distance` must be query − key)."""
         query, key = saved.whole(d, "query", where), saved.whole(d, "key", where)
         if saved.get(d, "distance", where) != query - key:
             raise QkvError(f"{where}: distance must be query − key = {query - key}, got "
@@ -81,13 +83,18 @@ class Context:
 
 @dataclass(frozen=True)
 class Atlas:
-    """Every head's metrics over a corpus — what :func:`atlas` returns.
+    """Every head's metrics over a corpus — what `atlas` returns.
 
     Fields:
-        model; tokens: N; window: W; windows: how many; first: the sink's tokens;
-        metrics: {name: (L, h) float64} for each of :data:`METRICS`;
-        retrieval_chance: the retrieval probe's chance; contexts: [layer][head] → the head's top
-        :class:`Context` s, strongest first.
+        model.
+        tokens: N.
+        window: W.
+        windows: how many.
+        first: the sink's tokens;
+        metrics: {name: (L, h) float64} for each of `METRICS`;
+        retrieval_chance: the retrieval probe's chance.
+        contexts: [layer][head] → the head's top
+        `Context`s, strongest first.
     """
 
     kind: ClassVar[str] = "atlas"  # its row in qkv.explain.kinds.KINDS
@@ -113,9 +120,10 @@ class Atlas:
 
     @classmethod
     def from_dict(cls, d) -> Atlas:
-        """The atlas a ``to_dict()`` describes (``qkv atlas --json`` read back), every field
-        checked first: a :class:`~qkv.errors.QkvError` naming the first one wrong and its value.
+        """The atlas a `to_dict()` describes (`qkv atlas --json` read back), every field
+        checked first: a `QkvError` naming the first one wrong and its value.
 
+        Examples:
             >>> a = Atlas.from_dict({"kind": "atlas", "model": "m", "tokens": 9, "window": 9,
             ...     "windows": 1, "first": 1, "metrics": list(METRICS), "retrieval_chance": 0.1,
             ...     "heads": [{"layer": 0, "head": 0, "contexts": [], **dict.fromkeys(METRICS, 0.5)}]})
@@ -173,7 +181,7 @@ def _induction_keys(ids: torch.Tensor) -> torch.Tensor:
 
 
 class _Sums:
-    """Per-head running sums and each head's top contexts (a min-heap of ``k``)."""
+    """Per-head running sums and each head's top contexts (a min-heap of `k`)."""
 
     def __init__(self, L: int, H: int, k: int):
         z = lambda: torch.zeros(L, H, dtype=torch.float64)  # noqa: E731
@@ -192,8 +200,8 @@ class _Sums:
 
 def _read_window(model, ids: torch.Tensor, offset: int, prefix: int, first: int, sums: _Sums,
                  chunk: int) -> None:
-    """Add one window's rows to ``sums``; ``offset``: the corpus position of its first text
-    token (window position ``prefix``)."""
+    """Add one window's rows to `sums`; `offset`: the corpus position of its first text
+    token (window position `prefix`)."""
     _, doc = record(model, ids, 1)
     spans = head_spans(doc, first=first)
     sums.sink += spans.sink * spans.rows
@@ -237,13 +245,14 @@ def _snippet(text: str, offsets, lo: int, hi: int) -> str:
 def atlas(model, text: str, *, window: int | None = None, first: int = 1, contexts: int = 3,
           retrieval_samples: int = 8, rows_per_chunk: int = ROWS_PER_CHUNK,
           progress: Callable[[str, int, int], None] | None = None) -> Atlas:
-    """Every head's metrics over ``text`` and its top ``contexts`` (see the module docstring).
+    """Every head's metrics over `text` and its top `contexts` (see the module docstring).
 
     Args:
-        window: tokens a window, prefix included (default :data:`DEFAULT_WINDOW` or the model's
-            limit); first: how many first tokens of a window count as the sink.
+        window: tokens a window, prefix included (default `DEFAULT_WINDOW` or the model's
+            limit).
+        first: how many first tokens of a window count as the sink.
         retrieval_samples: inputs of the retrieval probe (its default length).
-        progress: called as ``progress("windows", done, total)``.
+        progress: called as `progress("windows", done, total)`.
 
     Raises:
         ArgumentError: not a decoder; an empty text; window, first or contexts out of bounds.

@@ -1,12 +1,13 @@
 """What a probe is: its sequences, its score, what it needs of a model, and how the causal tools
-use it — one :class:`Probe` record.
+use it — one `Probe` record.
 
 A probe's file defines its record and the functions the record names; the table of probes is
-:data:`qkv.explain.probes.registry.PROBES` (:func:`~qkv.explain.probes.registry.register_probe`
-adds one). :func:`qkv.explain.probe`, :func:`~qkv.explain.causal.head_effects.head_effects`,
-:func:`~qkv.explain.causal.faithfulness.faithfulness`, the CLI and the viewer read the record;
-nothing compares a probe's name.
+`qkv.explain.probes.registry.PROBES` (`register_probe`
+adds one). `qkv.explain.probe`, [`head_effects`][qkv.explain.causal.head_effects.head_effects],
+[`faithfulness`][qkv.explain.causal.faithfulness.faithfulness], the CLI and the viewer read the
+record; nothing compares a probe's name.
 
+Examples:
     >>> from qkv.models.protocol import DECODER, ENCODER
     >>> Needs(("next_token",), "measures next-token loss").missing(ENCODER), Needs().missing(DECODER)
     (('next_token',), ())
@@ -36,16 +37,16 @@ LACKING = {
 
 @dataclass(frozen=True)
 class Task:
-    """A probe's sequences and where its metric is read — what :attr:`Effects.task` returns.
+    """A probe's sequences and where its metric is read — what `Effects.task` returns.
 
-    Fields:
+    Attributes:
         ids: n sequences (1, t) each; those of one length batch together.
         scored: (t − 1,) bool — which next-token predictions the loss averages (position i
-            predicts token i + 1); None for a probe that reads ``pronouns`` rows instead.
+            predicts token i + 1); None for a probe that reads `pronouns` rows instead.
         pronouns: per sequence the token positions whose final vector the metric compares
             (coref: the pronoun's tokens).
         length: the sequences' random span n, where the probe has one (the repeated span of
-            ``induction``, the number of x y pairs of ``previous-token``, a needle input's tokens).
+            `induction`, the number of x y pairs of `previous-token`, a needle input's tokens).
     """
 
     ids: list[torch.Tensor]
@@ -55,10 +56,11 @@ class Task:
 
 
 def scored_from(t: int, first: int, last: int | None = None) -> torch.Tensor:
-    """(t − 1,) bool: the predictions ``first`` … ``last − 1`` (default: every one from ``first``).
+    """(t − 1,) bool: the predictions `first` … `last − 1` (default: every one from `first`).
 
-        >>> scored_from(6, 3).tolist()
-        [False, False, False, True, True]
+        Examples:
+            >>> scored_from(6, 3).tolist()
+            [False, False, False, True, True]
     """
     scored = torch.zeros(t - 1, dtype=torch.bool)
     scored[first:t - 1 if last is None else last] = True
@@ -66,7 +68,7 @@ def scored_from(t: int, first: int, last: int | None = None) -> torch.Tensor:
 
 
 def method_shares(model, method: str, ids: list[torch.Tensor]) -> torch.Tensor:
-    """(L, S, h|1, t, t): ``method``'s rows on each of the S equally long sequences ``ids`` (1, t),
+    """(L, S, h|1, t, t): `method`'s rows on each of the S equally long sequences `ids` (1, t),
     as shares of their totals (the weights as they are); h|1: a per-layer method's one row."""
     per_seq = []
     for seq in ids:  # (1, t)
@@ -77,9 +79,9 @@ def method_shares(model, method: str, ids: list[torch.Tensor]) -> torch.Tensor:
 
 
 def unit_shares(model, encoding, units, unit: int, method: str, target_text: str | None):
-    """(L × (h|1, r, s) rows of ``unit``'s r tokens by ``method`` — shares of their totals unless
+    """(L × (h|1, r, s) rows of `unit`'s r tokens by `method` — shares of their totals unless
     the method's scores are the raw weights — and the method record), one text's encoding; a
-    layer the method leaves out (``Scores.unscored``: a hybrid's linear / SSM layer) holds no
+    layer the method leaves out (`Scores.unscored`: a hybrid's linear / SSM layer) holds no
     heads, (0, r, s)."""
     m = contributions.check_method(model, method, target_text)
     ids = torch.tensor([encoding.ids], dtype=torch.long)  # (1, t)
@@ -89,9 +91,10 @@ def unit_shares(model, encoding, units, unit: int, method: str, target_text: str
 
 
 def ranked(scores: torch.Tensor, *ties: torch.Tensor) -> list[tuple[int, int, float]]:
-    """(layer, head, score) of every cell of ``scores`` (L, h), highest first; ties broken by
-    each of ``ties`` (L, h), higher first, then by layer and head.
+    """(layer, head, score) of every cell of `scores` (L, h), highest first; ties broken by
+    each of `ties` (L, h), higher first, then by layer and head.
 
+    Examples:
         >>> ranked(torch.tensor([[0.5, 0.25], [0.5, 1.0]]))
         [(1, 1, 1.0), (0, 0, 0.5), (1, 0, 0.5), (0, 1, 0.25)]
     """
@@ -102,20 +105,20 @@ def ranked(scores: torch.Tensor, *ties: torch.Tensor) -> list[tuple[int, int, fl
 
 @dataclass(frozen=True)
 class Needs:
-    """The model capabilities (fields of :class:`~qkv.models.protocol.Capabilities`) that must be
-    true for a probe to apply, and why, in words (``"measures next-token loss"``)."""
+    """The model capabilities (fields of [`Capabilities`][qkv.models.protocol.Capabilities]) that
+    must be true for a probe to apply, and why, in words (`"measures next-token loss"`)."""
 
     capabilities: tuple[str, ...] = ()
     why: str = ""
 
     def missing(self, caps: Capabilities) -> tuple[str, ...]:
-        """The needed capabilities ``caps`` lacks."""
+        """The needed capabilities `caps` lacks."""
         return tuple(c for c in self.capabilities if not getattr(caps, c))
 
     def check(self, model, role: str, probe: str, others: list[str], *, named: bool = True) -> None:
-        """ArgumentError naming ``role`` when ``model`` lacks a needed capability: what the probe
-        does that needs it, what the model is, and the ``others`` that apply instead; ``named``:
-        the message starts with the role's name (``probe induction …``), else with the probe's."""
+        """ArgumentError naming `role` when `model` lacks a needed capability: what the probe
+        does that needs it, what the model is, and the `others` that apply instead; `named`:
+        the message starts with the role's name (`probe induction …`), else with the probe's."""
         missing = self.missing(capabilities_of(model))
         if missing:
             instead = f": use {', '.join(others)}" if others else ""
@@ -126,22 +129,22 @@ class Needs:
 
 @dataclass(frozen=True)
 class Effects:
-    """How :func:`~qkv.explain.causal.head_effects.head_effects` measures what each head does to
-    the probe's task, and how :func:`~qkv.explain.causal.faithfulness.faithfulness` scores the
-    contribution methods on the same sequences.
+    """How [`head_effects`][qkv.explain.causal.head_effects.head_effects] measures what each head
+    does to the probe's task, and how [`faithfulness`][qkv.explain.causal.faithfulness.faithfulness]
+    scores the contribution methods on the same sequences.
 
-    Fields:
-        task: ``task(model, *, sequences, length, seed)`` → :class:`Task` (sizes already checked
-            by :func:`qkv.explain.probes.induction.check_sizes`); ArgumentError naming
-            ``effects_probe`` when the model cannot take it.
-        metric: what the effect measures, in words (``HeadEffects.metric``).
-        needs: what the metric needs of the model (a loss: ``next_token``).
-        scores: ``scores(model, method, task)`` → (L, h) for a per-head method, (L, 1) for a
-            per-layer one: the method's score of each head on ``task``'s sequences; None:
+    Attributes:
+        task: `task(model, *, sequences, length, seed)` → `Task` (sizes already checked
+            by `qkv.explain.probes.induction.check_sizes`); ArgumentError naming
+            `effects_probe` when the model cannot take it.
+        metric: what the effect measures, in words (`HeadEffects.metric`).
+        needs: what the metric needs of the model (a loss: `next_token`).
+        scores: `scores(model, method, task)` → (L, h) for a per-head method, (L, 1) for a
+            per-layer one: the method's score of each head on `task`'s sequences; None:
             faithfulness does not compare methods on this probe.
         compared: whether faithfulness compares the contribution methods on it; False where
-            ``scores`` is the probe's own score whatever the method (retrieval's copy-paste
-            count: every method would tie), shown beside the effects by ``qkv heads --ablate``.
+            `scores` is the probe's own score whatever the method (retrieval's copy-paste
+            count: every method would tie), shown beside the effects by `qkv heads --ablate`.
     """
 
     task: Callable[..., Task]
@@ -155,13 +158,13 @@ class Effects:
 class Probe:
     """A probe: which heads do a known job, on which sequences.
 
-    Fields:
-        name: what :func:`qkv.explain.probe`, ``head_effects`` and ``--probe`` call it.
+    Attributes:
+        name: what `qkv.explain.probe`, `head_effects` and `--probe` call it.
         sequences: what it runs on, in words (the CLI's help lists it).
-        run: ``run(model, *, method, progress)`` → a result with ``ranked()`` (layer, head,
-            score, …) best first — the attention probe (:func:`qkv.explain.probe`).
+        run: `run(model, *, method, progress)` → a result with `ranked()` (layer, head,
+            score, …) best first — the attention probe (`qkv.explain.probe`).
         needs: what the attention probe needs of the model.
-        methods: whether a contribution method may score it (``method=``); False: it reads the
+        methods: whether a contribution method may score it (`method=`); False: it reads the
             attention weights themselves, and any method but the weights is refused.
         default_for: the models it is the default probe of (by their capabilities), or None.
         effects: how the causal tools use it, or None (no ablation metric).

@@ -1,11 +1,11 @@
-"""The coreference probe (``coref``): how often each head's largest weight from a pronoun lands
-on its referent, over labelled sentences shipped with qkv (``qkv/data/coref.jsonl``) — and, for
-:func:`~qkv.explain.causal.head_effects.head_effects`, how far removing a head turns the
+"""The coreference probe (`coref`): how often each head's largest weight from a pronoun lands
+on its referent, over labelled sentences shipped with qkv (`qkv/data/coref.jsonl`) — and, for
+[`head_effects`][qkv.explain.causal.head_effects.head_effects], how far removing a head turns the
 pronoun's final vector.
 
 Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
-(see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
-``method=`` scores by a contribution method's share instead of the weight (each row as shares
+(see `qkv.explain.select`), so a referent split into pieces still counts as one word.
+`method=` scores by a contribution method's share instead of the weight (each row as shares
 of its total; a per-layer method scores layers).
 """
 
@@ -42,18 +42,20 @@ class ProbeItem:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Per-head accuracy over the probe set — what :func:`probe` returns.
+    """Per-head accuracy over the probe set — what `probe` returns.
 
-    Fields:
-        model: the model's name; name: the probe's (``"coref"``).
+    Attributes:
+        model: the model's name.
+        name: the probe's (`"coref"`).
         items: the sentences, in file order.
         hits: (n, layers, heads) bool — head's largest weight from the pronoun on the referent.
         candidates: (n,) how many words each argmax chose among (chance = 1/candidates).
         chosen: (n, layers, heads) the word each head picked, as text.
-        method, per: what the heads were scored by; with a per-layer method ``heads`` is 1 and
+        method: what the heads were scored by; with a per-layer method `heads` is 1 and
             the rows are layers.
+        per: see `method`.
         parked: (n,) the share of the pronoun's row on [CLS]/[SEP]/punctuation, mean over the
-            heads (layers), by ``method``; ``parked_weight`` the same for the raw weights.
+            heads (layers), by `method`; `parked_weight` the same for the raw weights.
     """
 
     kind: ClassVar[str] = "probe"  # its row in qkv.explain.kinds.KINDS
@@ -99,8 +101,8 @@ class ProbeResult:
         return (layer, head), float(even[layer, head]), float(odd[layer, head])
 
     def to_dict(self) -> dict:
-        """Every head's score; ``qkv heads --probe coref --json`` prints its ``"heads"`` list
-        (``weight`` repeats ``accuracy``, the figure heads are ranked by)."""
+        """Every head's score; `qkv heads --probe coref --json` prints its `"heads"` list
+        (`weight` repeats `accuracy`, the figure heads are ranked by)."""
         n = len(self.items)
         (layer, head), even, odd = self.held_out()
         per_head = self.per == "head"
@@ -118,7 +120,7 @@ class ProbeResult:
 
 
 def load_probe(name: str) -> list[ProbeItem]:
-    """The probe set shipped with qkv (``qkv/data/<name>.jsonl``)."""
+    """The probe set shipped with qkv (`qkv/data/<name>.jsonl`)."""
     if name not in SENTENCE_PROBES:
         raise ArgumentError("probe", "unknown probe {value!r}; known probes: {known}", value=name,
                             known=", ".join(SENTENCE_PROBES))
@@ -138,8 +140,8 @@ def _parked(per_layer: list[torch.Tensor], units: Units) -> float:
 
 
 def coref_item(model, item: ProbeItem, *, role: str = "probe"):
-    """(encoding, units, pronoun unit, referent unit) of one coref sentence for ``model``;
-    ArgumentError naming ``role`` when its tokenizer cannot hold the labelled words or the
+    """(encoding, units, pronoun unit, referent unit) of one coref sentence for `model`;
+    ArgumentError naming `role` when its tokenizer cannot hold the labelled words or the
     model has fewer positions than the sentence has tokens (the user gave no text to shorten)."""
     limit = model.tokenizer.max_length
     if limit is not None:
@@ -185,12 +187,12 @@ def coref_probe(model, *, method: str = contributions.DEFAULT,
                 progress: Callable[[str, int, int], None] | None = None) -> ProbeResult:
     """Each head's accuracy at putting its largest weight (from the pronoun, over the words of
     the sentence other than the pronoun itself) on the labelled referent, over the shipped coref
-    sentences; ``method``: score by a contribution method's largest share instead (a per-layer
-    method scores each layer). ``progress("sentences", done, total)`` after each sentence.
+    sentences; `method`: score by a contribution method's largest share instead (a per-layer
+    method scores each layer). `progress("sentences", done, total)` after each sentence.
 
     Raises:
-        ArgumentError: an unknown ``method`` or one that does not apply; a tokenizer that does
-            not split the sentences into the labelled words (:func:`coref_item`).
+        ArgumentError: an unknown `method` or one that does not apply; a tokenizer that does
+            not split the sentences into the labelled words (`coref_item`).
     """
     m = contributions.check_method(model, method)
     items = load_probe("coref")
@@ -208,7 +210,7 @@ def coref_probe(model, *, method: str = contributions.DEFAULT,
 
 
 def coref_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
-    """The coref sentences (fixed: ``sequences``, ``length`` and ``seed`` do not apply) and each
+    """The coref sentences (fixed: `sequences`, `length` and `seed` do not apply) and each
     one's pronoun tokens, whose final vector the metric compares with the clean run's."""
     ids, pronouns = [], []
     for item in load_probe("coref"):

@@ -1,14 +1,14 @@
 """Head finding: which (layer, head) sends the most weight from one word to another
-(:func:`heads`). The probes — which heads do a known job — are each a record in
-:mod:`qkv.explain.probes.registry`, run by :func:`qkv.explain.probe`; the coreference probe is
-:mod:`qkv.explain.probes.coref` (its names are importable from here too).
+([`heads`][qkv.explain.probes.find_heads.heads]). The probes — which heads do a known job — are each
+a record in `qkv.explain.probes.registry`, run by `qkv.explain.probe`; the coreference probe is
+`qkv.explain.probes.coref` (its names are importable from here too).
 
 Words, not tokens: weights into a word are summed over its tokens, weights from a word averaged
-(see :mod:`qkv.explain.select`), so a referent split into pieces still counts as one word.
+(see `qkv.explain.select`), so a referent split into pieces still counts as one word.
 
-``method=`` ranks by a contribution method instead of the weights (see
-:mod:`qkv.explain.contributions`): each row as shares of its total; a per-layer method ranks
-layers (``head`` None).
+`method=` ranks by a contribution method instead of the weights (see
+[`qkv.explain.contributions`][qkv.explain.contributions]): each row as shares of its total; a
+per-layer method ranks layers (`head` None).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from qkv.models.protocol import capabilities_of
 
 @dataclass(frozen=True)
 class HeadWeight:
-    """The weight (or a method's share) one head sends from the ``source`` word to the
-    ``target`` word; ``head`` is None for a per-layer method's row."""
+    """The weight (or a method's share) one head sends from the `source` word to the
+    `target` word; `head` is None for a per-layer method's row."""
 
     layer: int
     head: int | None
@@ -44,14 +44,20 @@ class HeadWeight:
 
 @dataclass(frozen=True)
 class HeadRanking:
-    """Every (layer, head) by the weight it sends from one word to another — what :func:`heads`
+    """Every (layer, head) by the weight it sends from one word to another — what `heads`
     returns.
 
-    Fields:
-        model, text: what was run; units: its words; source, target: indices into ``units``.
-        heads: one :class:`HeadWeight` per head, largest weight first (ties by layer, head).
-        notes: how an ambiguous ``source``/``target`` was resolved.
-        method, per: what ranks the heads (``"weight"``) and whether its rows are heads or layers.
+    Attributes:
+        model: what was run.
+        text: see `model`.
+        units: its words.
+        source: indices into `units`.
+        target: see `source`.
+        heads: one [`HeadWeight`][qkv.explain.probes.find_heads.HeadWeight] per head, largest weight
+            first (ties by layer, head).
+        notes: how an ambiguous `source`/`target` was resolved.
+        method: what ranks the heads (`"weight"`) and whether its rows are heads or layers.
+        per: see `method`.
     """
 
     kind: ClassVar[str] = "heads"  # its row in qkv.explain.kinds.KINDS
@@ -67,19 +73,19 @@ class HeadRanking:
     per: str = "head"
 
     def to_dict(self) -> dict:
-        """The ranking; ``qkv heads TEXT --from A --to B --json`` prints its ``"heads"`` list."""
+        """The ranking; `qkv heads TEXT --from A --to B --json` prints its `"heads"` list."""
         return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
                 "source": self.source, "target": self.target, "method": self.method,
                 "heads": [{"layer": h.layer, "head": h.head, "weight": h.weight} for h in self.heads]}
 
 
 def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) -> list[HeadWeight]:
-    """Every (layer, head) by the weight from unit ``source`` to unit ``target``, largest first.
+    """Every (layer, head) by the weight from unit `source` to unit `target`, largest first.
 
     Args:
-        per_layer: for each layer, the traced weights (h, r, s) for the r tokens of ``source``.
+        per_layer: for each layer, the traced weights (h, r, s) for the r tokens of `source`.
 
-    Example:
+    Examples:
         >>> from qkv.explain.select import token_units
         >>> from types import SimpleNamespace as E
         >>> u = token_units(E(tokens=["a", "b"], special=[0, 0]))
@@ -96,19 +102,19 @@ def rank_pair(per_layer: list[torch.Tensor], units, source: int, target: int) ->
 
 def heads(model, text: str, *, source: str | None = None, target: str, method: str = contributions.DEFAULT,
           target_text: str | None = None) -> HeadRanking:
-    """Rank every head of ``model`` by the weight from word ``source`` to word ``target``.
+    """Rank every head of `model` by the weight from word `source` to word `target`.
 
     Args:
-        source, target: a word (its last occurrence), ``"word@N"`` or an index over the words
-            (see :func:`qkv.explain.select.choose`); ``source`` None: the last word.
+        source, target: a word (its last occurrence), `"word@N"` or an index over the words
+            (see `qkv.explain.select.choose`); `source` None: the last word.
         method, target_text: rank by a contribution method's share instead of the weight
-            (see :func:`qkv.explain.explain`).
+            (see [`qkv.explain.explain`][qkv.explain.explain]).
 
     Raises:
         ArgumentError: a word that is not in the text, an index out of range.
         QkvError: an empty text.
 
-    Example:
+    Examples:
         >>> import qkv
         >>> r = heads(qkv.load("minilm"), "The dog found some pizza next to the baby and ate it",
         ...           source="it", target="pizza")

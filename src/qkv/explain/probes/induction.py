@@ -1,13 +1,15 @@
 """Induction and previous-token heads, scored the way TransformerLens does.
 
-Feed the model *repeated random tokens*: a prefix the tokenizer puts first (``<bos>``, if it
-has one), n random tokens r, then the same n tokens again::
+Feed the model *repeated random tokens*: a prefix the tokenizer puts first (`<bos>`, if it
+has one), n random tokens r, then the same n tokens again:
 
-    position:  0     1 … n        n+1 … 2n
-    token:     <bos> r₀ … rₙ₋₁    r₀  … rₙ₋₁
-                         ▲ └─ next ─┘   │
-                         └──────────────┘ query r_k (second copy) → key: the token after
-                                          r_k's first occurrence (position k + 2 with <bos>)
+```text
+position:  0     1 … n        n+1 … 2n
+token:     <bos> r₀ … rₙ₋₁    r₀  … rₙ₋₁
+                     ▲ └─ next ─┘   │
+                     └──────────────┘ query r_k (second copy) → key: the token after
+                                      r_k's first occurrence (position k + 2 with <bos>)
+```
 
 * **induction score** of a head: its mean attention from each token of the second copy to the
   token *after* that token's earlier occurrence — key = query − (n − 1) — averaged over the
@@ -24,7 +26,9 @@ the vocabulary has enough ordinary tokens, so no token occurs twice inside r and
 occurrence" is unique (with replacement, a small vocabulary would make the target ambiguous).
 Special tokens are never drawn.
 
-Example (the scores of a hand-built pattern; see :func:`induction_scores_of`):
+Example (the scores of a hand-built pattern; see `induction_scores_of`):
+
+Examples:
     >>> w = torch.zeros(1, 1, 7, 7)                     # <bos> a b c a b c, one head
     >>> for q in range(7): w[0, 0, q, max(q - 2, 0)] = 1.0   # key = query − (n − 1), n = 3
     >>> induction_scores_of(w, n=3).item()
@@ -57,14 +61,14 @@ def _second_copy_queries(t: int, n: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Pattern:
     """Where a head's weight is read on a probe's sequences (t tokens, random span n): from each
-    query row i of ``rows(t, n)`` to key i − ``back(n)``; a head's score is the mean of those
+    query row i of `rows(t, n)` to key i − `back(n)`; a head's score is the mean of those
     weights, its chance that of a head attending uniformly to every key it may see."""
 
     rows: Callable[[int, int], torch.Tensor]
     back: Callable[[int], int]
 
     def scores(self, weights: torch.Tensor, n: int) -> torch.Tensor:
-        """(h,) the mean over sequences and rows of ``weights`` (b, h, t, t) on the pattern."""
+        """(h,) the mean over sequences and rows of `weights` (b, h, t, t) on the pattern."""
         q = self.rows(weights.shape[-1], n)
         return weights[:, :, q, q - self.back(n)].double().mean(dim=(0, 2))  # (h,)
 
@@ -85,10 +89,10 @@ def induction_scores_of(weights: torch.Tensor, n: int) -> torch.Tensor:
     """(…, h) mean attention from the second copy to "the token after the earlier occurrence".
 
     Args:
-        weights: (b, h, t, t) attention weights on sequences ``prefix + r + r`` with ``len(r) = n``.
+        weights: (b, h, t, t) attention weights on sequences `prefix + r + r` with `len(r) = n`.
 
     Returns:
-        (h,) the mean over sequences and the n queries of ``weights[:, :, q, q - (n - 1)]``.
+        (h,) the mean over sequences and the n queries of `weights[:, :, q, q - (n - 1)]`.
     """
     b, h, t, s = weights.shape
     if t != s or t < 2 * n or n < 2:
@@ -107,14 +111,17 @@ def previous_token_scores_of(weights: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class HeadScores:
-    """Every head's score on one probe — what :func:`induction_probe` returns.
+    """Every head's score on one probe — what `induction_probe` returns.
 
-    Fields:
-        model: the model's name; probe: ``"induction"`` or ``"previous-token"``.
+    Attributes:
+        model: the model's name.
+        probe: `"induction"` or `"previous-token"`.
         scores: (layers, heads) float64 mean attention on the probe's target.
         chance: the score of uniform attention over the visible keys.
-        sequences, length: how many repeated random sequences, each prefix + 2 × ``length``.
-        prefix: the tokens put first (e.g. ``["<bos>"]``); causal: a decoder's mask was used.
+        sequences: how many repeated random sequences, each prefix + 2 × `length`.
+        length: see `sequences`.
+        prefix: the tokens put first (e.g. `["<bos>"]`).
+        causal: a decoder's mask was used.
     """
 
     kind: ClassVar[str] = "head-scores"  # its row in qkv.explain.kinds.KINDS
@@ -142,7 +149,7 @@ class HeadScores:
 
 
 def prefix_ids(model) -> list[int]:
-    """The special tokens the tokenizer puts before any text (``<bos>``, ``[CLS]``), if any."""
+    """The special tokens the tokenizer puts before any text (`<bos>`, `[CLS]`), if any."""
     tok = model.tokenizer
     word = tok.id_to_token(tok.ordinary_ids()[0])
     enc = tok.encode(word if word else "a")
@@ -172,7 +179,7 @@ def repeated_random_tokens(model, *, sequences: int, length: int, seed: int) -> 
 
 
 def alternating_pairs(model, *, sequences: int, length: int, seed: int) -> torch.Tensor:
-    """(sequences, prefix + 2·length) ids: prefix, then x y repeated ``length`` times (x ≠ y)."""
+    """(sequences, prefix + 2·length) ids: prefix, then x y repeated `length` times (x ≠ y)."""
     ordinary = model.tokenizer.ordinary_ids()
     prefix = prefix_ids(model)
     rng = random.Random(seed)
@@ -181,8 +188,8 @@ def alternating_pairs(model, *, sequences: int, length: int, seed: int) -> torch
 
 
 def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's attention weights (b, h, t, t) on ``ids``, from the model's own forward;
-    :class:`~qkv.explain.finite.NonFiniteError` naming the first layer and head that computes
+    """Every layer's attention weights (b, h, t, t) on `ids`, from the model's own forward;
+    `NonFiniteError` naming the first layer and head that computes
     NaN/inf (a broken model's scores would be NaN and rank nothing)."""
     check_softmax_everywhere(model, "a pattern probe")
     with torch.no_grad():
@@ -199,8 +206,8 @@ MAX_LENGTH = 4096  # tokens of one random span (a model's context is the other b
 
 
 def check_sizes(sequences, length) -> None:
-    """ArgumentError naming ``sequences`` unless it is a whole number in 1 … :data:`MAX_SEQUENCES`,
-    or ``length`` unless it is None or a whole number in 2 … :data:`MAX_LENGTH` — a one-token span
+    """ArgumentError naming `sequences` unless it is a whole number in 1 … `MAX_SEQUENCES`,
+    or `length` unless it is None or a whole number in 2 … `MAX_LENGTH` — a one-token span
     leaves nothing to measure: no repeated token r₁ … rₙ₋₁ to predict, no pair to read back."""
     def whole(x) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
@@ -215,7 +222,7 @@ def check_sizes(sequences, length) -> None:
 
 
 def default_length(model) -> int:
-    """The random span's default: :data:`DEFAULT_LENGTH`, or what fits the model twice after
+    """The random span's default: `DEFAULT_LENGTH`, or what fits the model twice after
     the prefix (at least 2)."""
     limit = limit_of(model)
     room = (limit - len(prefix_ids(model))) // 2 if limit is not None else DEFAULT_LENGTH
@@ -224,11 +231,11 @@ def default_length(model) -> int:
 
 def pattern_probe(model, name: str, pattern: Pattern, *, sequences: int = 20,
                   length: int | None = None, seed: int = 0) -> HeadScores:
-    """Score every head of ``model`` by ``pattern`` on repeated random tokens (prefix + r + r,
-    ``len(r) = length``; default :func:`default_length`); the result says it is probe ``name``.
+    """Score every head of `model` by `pattern` on repeated random tokens (prefix + r + r,
+    `len(r) = length`; default `default_length`); the result says it is probe `name`.
 
     Raises:
-        ArgumentError: sizes out of bounds (:func:`check_sizes`).
+        ArgumentError: sizes out of bounds (`check_sizes`).
         QkvError: a length the model cannot take.
     """
     length = default_length(model) if length is None else length
@@ -252,18 +259,18 @@ PATTERNS = {"induction": INDUCTION_PATTERN, "previous-token": PREVIOUS_TOKEN_PAT
 
 def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
                     length: int | None = None, seed: int = 0) -> HeadScores:
-    """Score every head of ``model`` on repeated random tokens (see the module docstring).
+    """Score every head of `model` on repeated random tokens (see the module docstring).
 
     Args:
-        probe: ``"induction"`` or ``"previous-token"``.
-        sequences, length: ``sequences`` random sequences, each prefix + r + r with ``len(r) = length``
+        probe: `"induction"` or `"previous-token"`.
+        sequences, length: `sequences` random sequences, each prefix + r + r with `len(r) = length`
             (default 25, or less when the model takes fewer than prefix + 50 tokens).
         seed: which random tokens.
 
     Raises:
         QkvError: an unknown probe, a length the model cannot take.
 
-    Example:
+    Examples:
         >>> import qkv                                               # doctest: +SKIP
         >>> r = induction_probe(qkv.load("src/qkv/data/lm"))          # doctest: +SKIP
         >>> r.ranked()[0][2] > 10 * r.chance                          # doctest: +SKIP
@@ -277,7 +284,7 @@ def induction_probe(model, probe: str = "induction", *, sequences: int = 20,
 
 # -- the probes' records: what head_effects ablates, and how faithfulness scores methods there --
 def check_fits(model, ids: torch.Tensor, n: int) -> None:
-    """ArgumentError naming ``length`` when the sequences ``ids`` (b, t) are longer than the model takes."""
+    """ArgumentError naming `length` when the sequences `ids` (b, t) are longer than the model takes."""
     t, limit = ids.shape[1], limit_of(model)
     if limit is not None and t > limit:
         raise ArgumentError("length", "{name} {value} makes {t}-token sequences; {model} takes at "
@@ -305,7 +312,7 @@ def pairs_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
 
 
 def scores_by(pattern: Pattern) -> Callable[[object, str, Task], torch.Tensor]:
-    """An :attr:`~qkv.explain.probes.base.Effects.scores` reading ``pattern`` off a method's shares
+    """An `scores` reading `pattern` off a method's shares
     on the task's sequences: (L, h) or (L, 1)."""
     def scores(model, method: str, task: Task) -> torch.Tensor:
         shares = method_shares(model, method, task.ids)  # (L, S, h|1, t, t)

@@ -1,18 +1,20 @@
 """Needle in a haystack over depth × length: where a decoder finds a needle and where it loses it.
 
 For every input length T and needle depth δ (0: the haystack's start, 1: its end) the inputs of
-:mod:`qkv.explain.retrieval` — a random-token needle, copied again at the end — are read once
-each (O(N) memory: the Document's record, never an N × N map) and give two numbers per cell::
+`qkv.explain.retrieval` — a random-token needle, copied again at the end — are read once
+each (O(N) memory: the Document's record, never an N × N map) and give two numbers per cell:
 
-    accuracy(δ, T)   the share of the needle's tokens n₁ … nₘ₋₁ the model predicts (argmax)
-    attention(δ, T)  the mean weight the retrieval heads' query rows put on the needle
+```text
+accuracy(δ, T)   the share of the needle's tokens n₁ … nₘ₋₁ the model predicts (argmax)
+attention(δ, T)  the mean weight the retrieval heads' query rows put on the needle
+```
 
-The retrieval heads are the ``top`` heads by :func:`~qkv.explain.probes.retrieval.retrieval_probe`'s
-score at the probe's short default length (or the caller's ``heads``). A sliding window shows as
+The retrieval heads are the `top` heads by `retrieval_probe`'s
+score at the probe's short default length (or the caller's `heads`). A sliding window shows as
 the cells whose needle lies further back than the window: their attention is 0 in every
 windowed layer, and the accuracy is what the layers' stacked windows can still reach.
 
-Example:
+Examples:
     >>> import qkv
     >>> m = needle_map(qkv.load("lm"), lengths=[32, 64], depths=[0.0, 1.0], top=1)
     >>> m.accuracy.shape, m.heads                                   # (depths, lengths)
@@ -40,13 +42,18 @@ MAX_CELLS = 400  # depths × lengths
 @dataclass(frozen=True)
 class NeedleMap:
     """Needle accuracy and the retrieval heads' attention on it, per depth and length — what
-    :func:`needle_map` returns.
+    `needle_map` returns.
 
     Fields:
-        model; lengths (n_len,), depths (n_depth,): the grid; samples: inputs per cell (seeds
-        ``seed … seed + samples − 1``); needle: m; heads: the retrieval heads read.
-        accuracy: (n_depth, n_len) float64; attention: (n_depth, n_len) float64, the mean over
-        ``heads`` of their query rows' weight on the needle; haystack: ``"random"`` or ``"text"``.
+        model; lengths (n_len,), depths (n_depth,): the grid.
+        samples: inputs per cell (seeds
+        `seed … seed + samples − 1`).
+        needle: m.
+        heads: the retrieval heads read.
+        accuracy: (n_depth, n_len) float64.
+        attention: (n_depth, n_len) float64, the mean over
+        `heads` of their query rows' weight on the needle.
+        haystack: `"random"` or `"text"`.
     """
 
     kind: ClassVar[str] = "needle-map"  # its row in qkv.explain.kinds.KINDS
@@ -70,9 +77,10 @@ class NeedleMap:
 
     @classmethod
     def from_dict(cls, d) -> NeedleMap:
-        """The map a ``to_dict()`` describes (``qkv needle --json`` read back), every field checked
-        first: a :class:`~qkv.errors.QkvError` naming the first one wrong and its value.
+        """The map a `to_dict()` describes (`qkv needle --json` read back), every field checked
+        first: a `QkvError` naming the first one wrong and its value.
 
+        Examples:
             >>> m = NeedleMap.from_dict({"kind": "needle-map", "model": "m", "lengths": [32, 64],
             ...     "depths": [0.5], "samples": 1, "needle": 8, "heads": [[1, 0]], "haystack": "random",
             ...     "seed": 0, "accuracy": [[1.0, 0.5]], "attention": [[0.25, 0.0]]})
@@ -134,15 +142,18 @@ def needle_map(model, *, lengths: Sequence[int], depths: Sequence[float] = DEFAU
                heads: Sequence[tuple[int, int]] | None = None, seed: int = 0,
                haystack: Sequence[int] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> NeedleMap:
-    """Needle accuracy and retrieval-head attention over ``depths`` × ``lengths`` (module doc).
+    """Needle accuracy and retrieval-head attention over `depths` × `lengths` (module doc).
 
     Args:
-        lengths: input lengths in tokens (each within the model's limit); depths: 0 … 1.
-        samples: inputs per cell; needle: m; seed: the first input's seed.
-        top, heads: the retrieval heads — ``heads`` as given, else the ``top`` best by
-            :func:`~qkv.explain.probes.retrieval.retrieval_probe` (at its default length).
+        lengths: input lengths in tokens (each within the model's limit).
+        depths: 0 … 1.
+        samples: inputs per cell.
+        needle: m.
+        seed: the first input's seed.
+        top, heads: the retrieval heads — `heads` as given, else the `top` best by
+            `retrieval_probe` (at its default length).
         haystack: token ids to fill the haystack with (a text's); None: random tokens.
-        progress: called as ``progress("needles", done, cells × samples)``.
+        progress: called as `progress("needles", done, cells × samples)`.
 
     Raises:
         ArgumentError: not a decoder; a length, depth, needle, sample count or head out of

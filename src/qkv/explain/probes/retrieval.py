@@ -3,10 +3,12 @@ Factuality"), measured on needle-in-a-haystack inputs at O(N) memory.
 
 An input is a haystack with a *needle* — m random tokens — at some depth, and the same needle
 again at the end as the query, teacher-forced (a model without instruction tuning is measured
-by whether it copies the rest of the needle once its first token is given)::
+by whether it copies the rest of the needle once its first token is given):
 
-    <bos>  h₀ … h_a   n₀ n₁ … nₘ₋₁   h_a+1 … h_H−1   n₀ n₁ … nₘ₋₁
-                      └─ needle ─┘                  └─ query: row q+k predicts n_k+1 ─┘
+```text
+<bos>  h₀ … h_a   n₀ n₁ … nₘ₋₁   h_a+1 … h_H−1   n₀ n₁ … nₘ₋₁
+                  └─ needle ─┘                  └─ query: row q+k predicts n_k+1 ─┘
+```
 
 At step k (query row q + k, k = 0 … m − 2) the model predicts the next needle token n_{k+1}.
 A head **copy-pastes** at that step when (Wu et al.'s definition):
@@ -24,10 +26,10 @@ it 0) and reported as the largest over layers. **Needle attention** of a head: t
 the query rows of the weight they put on the needle's m positions.
 
 Memory: one forward per input records q, k and the log-sum-exp of every layer
-(:mod:`qkv.explain.document`), then the m − 1 query rows' weights are recomputed from them —
-O(h · m · N) per layer, never an N × N map.
+([`qkv.explain.document`][qkv.explain.document]), then the m − 1 query rows' weights are recomputed
+from them — O(h · m · N) per layer, never an N × N map.
 
-Example:
+Examples:
     >>> import qkv
     >>> r = retrieval_probe(qkv.load("lm"), samples=2)
     >>> r.scores.shape, 0.0 <= r.chance < 1.0
@@ -63,8 +65,11 @@ class NeedleInput:
     """One needle-in-a-haystack input.
 
     Fields:
-        ids: (t,) the tokens; start: the needle's first position; needle: m, its length;
-        query: the query copy's first position (t − m); depth: where in the haystack the
+        ids: (t,) the tokens.
+        start: the needle's first position.
+        needle: m, its length;
+        query: the query copy's first position (t − m).
+        depth: where in the haystack the
         needle sits (0: first, 1: last).
     """
 
@@ -90,8 +95,8 @@ def _whole(x) -> bool:
 
 
 def check_needle(model, *, length: int, needle: int, depth: float) -> int:
-    """The haystack's length H = length − prefix − 2·needle; ArgumentError naming ``length``,
-    ``needle`` or ``depth`` when one is out of bounds or the model cannot take ``length``."""
+    """The haystack's length H = length − prefix − 2·needle; ArgumentError naming `length`,
+    `needle` or `depth` when one is out of bounds or the model cannot take `length`."""
     if not _whole(needle) or not 2 <= needle <= 256:
         raise ArgumentError("needle", "{name} must be a whole number of tokens in 2–256 (one "
                             "token leaves nothing to copy), got {value!r}", value=needle)
@@ -112,12 +117,13 @@ def check_needle(model, *, length: int, needle: int, depth: float) -> int:
 
 def needle_input(model, *, length: int, depth: float, needle: int = DEFAULT_NEEDLE, seed: int = 0,
                  haystack: Sequence[int] | None = None) -> NeedleInput:
-    """A needle input of ``length`` tokens (see the module docstring).
+    """A needle input of `length` tokens (see the module docstring).
 
-    The needle is ``needle`` distinct random ordinary tokens; the haystack is ``haystack`` (token
+    The needle is `needle` distinct random ordinary tokens; the haystack is `haystack` (token
     ids, e.g. a text's: read cyclically from a seeded offset) or, when None, random ordinary
     tokens other than the needle's, so the needle's tokens occur only in the needle and its copy.
 
+    Examples:
         >>> import qkv
         >>> x = needle_input(qkv.load("lm"), length=30, depth=0.5, needle=4)
         >>> x.ids.shape, x.start, x.query, bool((x.ids[x.start:x.start + 4] == x.ids[-4:]).all())
@@ -149,7 +155,7 @@ def needle_input(model, *, length: int, depth: float, needle: int = DEFAULT_NEED
 class NeedleReading:
     """What one needle input says about every head.
 
-    Fields:
+    Attributes:
         correct: (m − 1,) bool — the model predicted needle token n_{k+1} at step k.
         copied: (L, h, m − 1) bool — the head copy-pasted at step k (see the module docstring).
         needle_weight: (L, h) float64 — mean over the query rows of the weight on the needle.
@@ -163,9 +169,9 @@ class NeedleReading:
 
 
 def record(model, ids: torch.Tensor, keep: int) -> tuple[torch.Tensor, Document]:
-    """(the last ``keep`` rows' logits (keep, V), the :class:`Document` of ``ids`` (t,)): one
-    forward that keeps each layer's q, k and log-sum-exp (O(N)), as :func:`document` does for a
-    text."""
+    """(the last `keep` rows' logits (keep, V), the [`Document`][qkv.explain.long.document.Document]
+    of `ids` (t,)): one forward that keeps each layer's q, k and log-sum-exp (O(N)), as `document`
+    does for a text."""
     x = ids[None]  # (1, t)
     with torch.no_grad():
         out = model(x, torch.ones_like(x), trace_rows=LSE, logits_to_keep=keep)
@@ -177,7 +183,7 @@ def record(model, ids: torch.Tensor, keep: int) -> tuple[torch.Tensor, Document]
 
 
 def _visible(doc: Document, layer: int, rows: torch.Tensor) -> torch.Tensor:
-    """(r, N) bool: the keys layer ``layer``'s mask lets each of ``rows`` see."""
+    """(r, N) bool: the keys layer `layer`'s mask lets each of `rows` see."""
     mask, n = doc.layers[layer].mask, len(doc)
     mod = mask.mask_mod
     if mod is None:  # every key takes part
@@ -210,14 +216,19 @@ def read_needle(model, x: NeedleInput) -> NeedleReading:
 
 @dataclass(frozen=True)
 class RetrievalScores:
-    """Every head's retrieval score — what :func:`retrieval_probe` returns.
+    """Every head's retrieval score — what `retrieval_probe` returns.
 
     Fields:
-        model; probe (``"retrieval"``); scores: (L, h) float64, the share of needle tokens each
-        head copy-pasted; chance: the largest over layers of ``chance_per_layer`` (L,);
-        accuracy: the share of needle tokens the model predicted; needle_weight: (L, h) mean
-        attention of the query rows on the needle; samples, length, needle, depths, seed: the
-        inputs (sample s at depth ``depths[s]``); haystack: ``"random"`` or ``"text"``.
+        model; probe (`"retrieval"`).
+        scores: (L, h) float64, the share of needle tokens each
+        head copy-pasted.
+        chance: the largest over layers of `chance_per_layer` (L,);
+        accuracy: the share of needle tokens the model predicted.
+        needle_weight: (L, h) mean
+        attention of the query rows on the needle.
+        samples, length, needle, depths, seed: the
+        inputs (sample s at depth `depths[s]`).
+        haystack: `"random"` or `"text"`.
     """
 
     kind: ClassVar[str] = "retrieval-scores"  # its row in qkv.explain.kinds.KINDS
@@ -241,7 +252,7 @@ class RetrievalScores:
         return ranked(self.scores, self.needle_weight)
 
     def top(self, k: int) -> list[tuple[int, int]]:
-        """The ``k`` best (layer, head) by :meth:`ranked`."""
+        """The `k` best (layer, head) by `ranked`."""
         return [(l, h) for l, h, _ in self.ranked()[:k]]
 
     def to_dict(self) -> dict:
@@ -255,13 +266,13 @@ class RetrievalScores:
 
 
 def default_length(model) -> int:
-    """:data:`DEFAULT_LENGTH`, or the model's limit when it takes fewer tokens."""
+    """`DEFAULT_LENGTH`, or the model's limit when it takes fewer tokens."""
     limit = induction.limit_of(model)
     return DEFAULT_LENGTH if limit is None else min(DEFAULT_LENGTH, limit)
 
 
 def check_decoder(model, role: str = "model") -> None:
-    """ArgumentError unless ``model`` is a causal self-attention model with a next token."""
+    """ArgumentError unless `model` is a causal self-attention model with a next token."""
     caps = capabilities_of(model)
     if not (caps.self_attention and caps.causal and caps.next_token):
         raise ArgumentError(role, "retrieval needs a decoder that predicts the next token (a "
@@ -278,9 +289,10 @@ def check_samples(samples) -> None:
 def needle_inputs(model, *, samples: int = DEFAULT_SAMPLES, length: int | None = None,
                   needle: int = DEFAULT_NEEDLE, seed: int = 0,
                   haystack: Sequence[int] | None = None) -> list[NeedleInput]:
-    """The probe's ``samples`` inputs, sample s with its needle at depth (s + ½)/samples and
-    seed ``seed + s`` (the one definition :func:`retrieval_probe`, the ablations and
-    :func:`qkv.explain.causal.head_effects.head_effects` read)."""
+    """The probe's `samples` inputs, sample s with its needle at depth (s + ½)/samples and
+    seed `seed + s` (the one definition `retrieval_probe`, the ablations and
+    [`qkv.explain.causal.head_effects.head_effects`][qkv.explain.causal.head_effects.head_effects]
+    read)."""
     check_samples(samples)
     length = default_length(model) if length is None else length
     return [needle_input(model, length=length, depth=(s + 0.5) / samples, needle=needle,
@@ -295,12 +307,13 @@ def retrieval_probe(model, *, samples: int = DEFAULT_SAMPLES, length: int | None
 
     Args:
         samples: inputs, sample s with its needle at depth (s + ½)/samples of the haystack.
-        length: tokens per input (default :func:`default_length`); needle: m.
+        length: tokens per input (default `default_length`).
+        needle: m.
         haystack: token ids to fill the haystack with (a text's); None: random tokens.
-        progress: called as ``progress("needles", done, samples)``.
+        progress: called as `progress("needles", done, samples)`.
 
     Raises:
-        ArgumentError: not a decoder; sizes out of bounds (:func:`check_needle`).
+        ArgumentError: not a decoder; sizes out of bounds (`check_needle`).
     """
     check_decoder(model)
     inputs = needle_inputs(model, samples=samples, length=length, needle=needle, seed=seed,
@@ -326,13 +339,19 @@ def retrieval_probe(model, *, samples: int = DEFAULT_SAMPLES, length: int | None
 @dataclass(frozen=True)
 class RetrievalAblation:
     """Needle accuracy with the top-k retrieval heads ablated vs k random heads —
-    what :func:`retrieval_ablation` returns.
+    what `retrieval_ablation` returns.
 
     Fields:
-        model; k; heads: the top-k (layer, head) by the retrieval score; random: the k-head sets
-        drawn from the other heads (one per trial); clean: the model's accuracy on the needle
-        tokens; top_ablated: with ``heads`` zeroed; random_ablated: (trials,) with each random
-        set zeroed; samples, length, needle, seed: the inputs (:func:`needle_inputs`).
+        model; k.
+        heads: the top-k (layer, head) by the retrieval score.
+        random: the k-head sets
+        drawn from the other heads (one per trial).
+        clean: the model's accuracy on the needle
+        tokens.
+        top_ablated: with `heads` zeroed.
+        random_ablated: (trials,) with each random
+        set zeroed.
+        samples, length, needle, seed: the inputs (`needle_inputs`).
     """
 
     kind: ClassVar[str] = "retrieval-ablation"
@@ -360,8 +379,8 @@ class RetrievalAblation:
 
 
 def needle_accuracy(model, inputs: list[NeedleInput], heads: Sequence[tuple[int, int]] = ()) -> float:
-    """The share of needle tokens n₁ … nₘ₋₁ the model predicts (argmax) with ``heads`` zeroed
-    (:class:`~qkv.modules.intervention.Interventions`), over equally long ``inputs``."""
+    """The share of needle tokens n₁ … nₘ₋₁ the model predicts (argmax) with `heads` zeroed
+    (`Interventions`), over equally long `inputs`."""
     from qkv.modules.intervention import Interventions
 
     ids = torch.stack([x.ids for x in inputs])  # (b, t)
@@ -376,14 +395,15 @@ def needle_accuracy(model, inputs: list[NeedleInput], heads: Sequence[tuple[int,
 def retrieval_ablation(model, *, k: int = 2, trials: int = 4, samples: int = DEFAULT_SAMPLES,
                        length: int | None = None, needle: int = DEFAULT_NEEDLE, seed: int = 0,
                        scores: RetrievalScores | None = None) -> RetrievalAblation:
-    """Needle accuracy with the ``k`` best retrieval heads zeroed vs ``trials`` sets of ``k``
+    """Needle accuracy with the `k` best retrieval heads zeroed vs `trials` sets of `k`
     random other heads (Wu et al.'s Figure: masking retrieval heads breaks the needle test,
     masking random ones does not).
 
-    ``scores``: the ranking to take the top k from (default: :func:`retrieval_probe` on the
-    same inputs' settings). Raises ArgumentError: ``k`` not in 1 … heads − 1 (random sets are
-    drawn from the heads outside the top k), or as :func:`retrieval_probe`.
+    `scores`: the ranking to take the top k from (default: `retrieval_probe` on the
+    same inputs' settings). Raises ArgumentError: `k` not in 1 … heads − 1 (random sets are
+    drawn from the heads outside the top k), or as `retrieval_probe`.
 
+    Examples:
         >>> import qkv
         >>> a = retrieval_ablation(qkv.load("lm"), k=1, trials=2, samples=2)
         >>> len(a.heads), a.random_ablated.shape
@@ -415,7 +435,7 @@ def retrieval_ablation(model, *, k: int = 2, trials: int = 4, samples: int = DEF
 
 # -- the probe's record ------------------------------------------------------------------------------
 def needle_task(model, *, sequences: int, length: int | None, seed: int) -> Task:
-    """The retrieval probe's needle inputs (:func:`needle_inputs`, ``length`` = tokens per input);
+    """The retrieval probe's needle inputs (`needle_inputs`, `length` = tokens per input);
     scored: the query copy's predictions of the needle tokens n₁ … nₘ₋₁ (row q + k predicts
     n_{k+1}), predictable only by finding the needle earlier in the input."""
     inputs = needle_inputs(model, samples=sequences, length=length, seed=seed)

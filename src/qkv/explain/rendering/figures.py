@@ -1,15 +1,15 @@
-"""Figures of :mod:`qkv.explain` results: each function takes a result and returns a matplotlib
-figure; write it with :func:`qkv.explain.rendering.plots.save_atomic`.
+"""Figures of [`qkv.explain`][qkv.explain] results: each function takes a result and returns a
+matplotlib figure; write it with `qkv.explain.rendering.plots.save_atomic`.
 
-* :func:`overview_figure` — an :class:`~qkv.explain.Overview`: every head's row for the token
-* :func:`map_figure` — an :class:`~qkv.explain.AttentionMap`: one head's whole map
-* :func:`cross_figure`, :func:`cross_head_figure` — an encoder-decoder's cross-attention, target
+* `overview_figure` — an [`Overview`][qkv.explain.Overview]: every head's row for the token
+* `map_figure` — an [`AttentionMap`][qkv.explain.AttentionMap]: one head's whole map
+* `cross_figure`, `cross_head_figure` — an encoder-decoder's cross-attention, target
   rows, source columns, a gold alignment (when the model has one) boxed in red
-* :func:`needle_figure` — a :class:`~qkv.explain.probes.needle.NeedleMap`: accuracy and the
+* `needle_figure` — a `NeedleMap`: accuracy and the
   retrieval heads' attention, depth × length
 
 The drawing primitives (a headless figure, a heat map, a grid of rows) are in
-:mod:`qkv.explain.plots`.
+`qkv.explain.plots`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _draw_map(ax, ca: CrossAttention, layer: int, head: int, *, annotate: bool):
 
 
 def cross_figure(ca: CrossAttention):
-    """Every head of ``ca.layers`` as a small (t, s) map, one row of heads per layer."""
+    """Every head of `ca.layers` as a small (t, s) map, one row of heads per layer."""
     H = ca.num_heads
     t, s = ca.weights.shape[2:]
     cell = 0.32
@@ -100,7 +100,7 @@ def cross_head_figure(ca: CrossAttention, layer: int, head: int):
 
 
 def needle_figure(m):
-    """A :class:`~qkv.explain.probes.needle.NeedleMap` ``m`` as two heat maps side by side,
+    """A `NeedleMap` `m` as two heat maps side by side,
     depth (rows) × length (columns): accuracy, attention."""
     fig, axes = new_figure(1, 2, figsize=(max(7.0, 1.1 * len(m.lengths) + 5), 0.5 * len(m.depths) + 2.5))
     for ax, values, title in ((axes[0], m.accuracy, "needle accuracy"),

@@ -1,14 +1,14 @@
 """Heat maps (matplotlib): one head's map, or every head's row for one token.
 
-Figures are built as plain :class:`matplotlib.figure.Figure` objects with an Agg canvas
-(:func:`new_figure`), never through ``pyplot``: no display is needed, importing this module leaves
+Figures are built as plain `matplotlib.figure.Figure` objects with an Agg canvas
+(`new_figure`), never through `pyplot`: no display is needed, importing this module leaves
 matplotlib's global backend alone, and a figure is freed like any other object once dropped
-(pyplot would keep every figure alive until ``plt.close``).
+(pyplot would keep every figure alive until `plt.close`).
 
-Files are written atomically (:mod:`qkv.files`): the figure goes to a temporary file in the
-target's directory, then ``os.replace`` moves it into place, so an interrupted or failed write
+Files are written atomically (`qkv.files`): the figure goes to a temporary file in the
+target's directory, then `os.replace` moves it into place, so an interrupted or failed write
 never leaves a partial file behind. A path that cannot be written raises
-:class:`~qkv.errors.QkvError`.
+`QkvError`.
 """
 
 from __future__ import annotations
@@ -34,19 +34,19 @@ def _format(path: str) -> str:
 
 
 def check_writable(path: str) -> None:
-    """Fail early (before any model runs) when ``path`` cannot be written."""
+    """Fail early (before any model runs) when `path` cannot be written."""
     _format(path)
     check_output_path(path, flag="--png", example="map.png")
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,
                squeeze: bool = True):
-    """``(fig, axes)`` like ``plt.subplots``, without pyplot or its global backend.
+    """`(fig, axes)` like `plt.subplots`, without pyplot or its global backend.
 
-    ``axes`` is one Axes for a 1×1 grid, else an array of them (always a 2-d array with
-    ``squeeze=False``), exactly as :meth:`matplotlib.figure.Figure.subplots` returns them.
+    `axes` is one Axes for a 1×1 grid, else an array of them (always a 2-d array with
+    `squeeze=False`), exactly as `matplotlib.figure.Figure.subplots` returns them.
 
-    Example:
+    Examples:
         >>> fig, axes = new_figure(2, 3, figsize=(6, 4), squeeze=False)
         >>> axes.shape, fig.get_size_inches().tolist()
         ((2, 3), [6.0, 4.0])
@@ -57,7 +57,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] |
 
 
 def save_atomic(fig, path: str) -> None:
-    """Write ``fig`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    """Write `fig` to `path` via a temporary file in the same directory and `os.replace`."""
     check_writable(path)
     fmt = _format(path)
     try:
@@ -82,7 +82,7 @@ def _annotate(ax, values: torch.Tensor, limit: int = 24) -> None:
 def head_map(weights: torch.Tensor, labels: list[str], *, title: str):
     """One head's (t, t) attention map: rows are queries, columns keys.
 
-    Example:
+    Examples:
         >>> fig = head_map(torch.eye(2), ["a", "b"], title="demo")
         >>> len(fig.axes)        # the map and its colour bar
         2
@@ -108,7 +108,7 @@ def grid_map(rows: torch.Tensor, labels: list[str], *, heads: int, title: str,
     Args:
         rows: (n, U), rows in layer-major order (L0 H0, L0 H1, …).
         heads: heads per layer (for the layer separators and default labels).
-        names: a label per row (default ``L{r // heads} H{r % heads}``).
+        names: a label per row (default `L{r // heads} H{r % heads}`).
         highlight: per row, whether to mark its label (heads that point at the focus word).
     """
     w = rows.detach().double().cpu()

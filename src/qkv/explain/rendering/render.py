@@ -1,11 +1,11 @@
-"""Terminal output for ``qkv explain``, ``qkv heads`` and ``qkv softmax-demo`` (rich tables;
+"""Terminal output for `qkv explain`, `qkv heads` and `qkv softmax-demo` (rich tables;
 plain text in a pipe).
 
-Each ``render_*`` function prints one result of :mod:`qkv.explain` to a rich ``Console``; the
-helpers at the top (:func:`console`, :func:`vector`, :func:`weights_line`, :func:`head_name`) are
-shared with the cross-attention view (:mod:`qkv.explain.render_cross`). Every number shown is
+Each `render_*` function prints one result of [`qkv.explain`][qkv.explain] to a rich `Console`; the
+helpers at the top (`console`, `vector`, `weights_line`, `head_name`) are
+shared with the cross-attention view (`qkv.explain.render_cross`). Every number shown is
 read off the result — this module formats, it never computes attention. Notes that name
-arguments are spelled with ``names`` (the CLI passes its flags; see :mod:`qkv.explain.wording`).
+arguments are spelled with `names` (the CLI passes its flags; see `qkv.explain.wording`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def console(file=None) -> Console:
 
 
 def head_name(layer: int, head: int | None) -> str:
-    """``L3 H1`` — layers and heads count from 0; ``L3`` for a per-layer method's row."""
+    """`L3 H1` — layers and heads count from 0; `L3` for a per-layer method's row."""
     return f"L{layer}" if head is None else f"L{layer} H{head}"
 
 
@@ -57,9 +57,9 @@ def number(v: float, digits: int = 4) -> str:
 
 
 def vector(v: torch.Tensor, *, head: int = 3, tail: int = 1, digits: int = 4) -> str:
-    """``[0.1234, -0.5, 0.9, …, 0.3] (384)`` — long vectors abbreviated, with their dimension.
+    """`[0.1234, -0.5, 0.9, …, 0.3] (384)` — long vectors abbreviated, with their dimension.
 
-    Example:
+    Examples:
         >>> vector(torch.arange(10.0), digits=1)
         '[0.0, 1.0, 2.0, …, 9.0] (10)'
     """
@@ -73,12 +73,12 @@ def vector(v: torch.Tensor, *, head: int = 3, tail: int = 1, digits: int = 4) ->
 
 
 def weights_line(pairs: list[tuple[str, float]], digits: int = 3) -> str:
-    """``pizza 0.750 · ate 0.120`` for (label, weight) pairs."""
+    """`pizza 0.750 · ate 0.120` for (label, weight) pairs."""
     return " · ".join(f"{label} {number(w, digits)}" for label, w in pairs)
 
 
 def units_line(units: Units, chosen: int | None = None) -> Text:
-    """``0:[CLS] 1:the …`` with the chosen unit emphasised."""
+    """`0:[CLS] 1:the …` with the chosen unit emphasised."""
     out = Text()
     for i, label in enumerate(units.labels):
         if i:
@@ -191,7 +191,7 @@ def render_steps(out: Console, st: HeadSteps, *, names: Mapping[str, str] = ARGU
 
 # -- heads ---------------------------------------------------------------------------------------
 def render_pair(out: Console, ranking: HeadRanking, *, top: int) -> None:
-    """The ``top`` heads of the ranking (the rest are counted)."""
+    """The `top` heads of the ranking (the rest are counted)."""
     units, source, target, ranked = ranking.units, ranking.source, ranking.target, ranking.heads
     _header(out, ranking.model, units, source)
     m = get_method(ranking.method)
@@ -213,12 +213,12 @@ def render_pair(out: Console, ranking: HeadRanking, *, top: int) -> None:
 
 
 def _value(m: Method) -> str:
-    """What a ranked number is, in words: ``weight``, or e.g. ``alti share``."""
+    """What a ranked number is, in words: `weight`, or e.g. `alti share`."""
     return m.value if m.raw else f"{m.name} {m.value}"
 
 
 def render_probe(out: Console, result: ProbeResult, *, top: int) -> None:
-    """The ``top`` heads by accuracy, chance, and the held-out check of the best one."""
+    """The `top` heads by accuracy, chance, and the held-out check of the best one."""
     n = len(result.items)
     out.print(Text(f"model: {result.model} · coref probe: {n} sentences, each a pronoun and its labelled "
                    f"referent with decoy words between them"))

@@ -1,5 +1,5 @@
-"""Printing an :class:`~qkv.explain.probes.atlas.Atlas` (``qkv atlas``): one row per head with its
-metrics and its strongest context (``--json`` has every context)."""
+"""Printing an `Atlas` (`qkv atlas`): one row per head with its
+metrics and its strongest context (`--json` has every context)."""
 
 from __future__ import annotations
 

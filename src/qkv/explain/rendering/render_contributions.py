@@ -1,6 +1,6 @@
-"""Terminal output for ``qkv explain TEXT --compare``: every contribution method side by side.
+"""Terminal output for `qkv explain TEXT --compare`: every contribution method side by side.
 
-Formats a :class:`~qkv.explain.contributions.compare.Comparison`; computes nothing.
+Formats a `Comparison`; computes nothing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Terminal output for an encoder-decoder's cross-attention (``qkv explain TEXT --model
-translate``, or a transformers encoder-decoder directory): rich tables, plain text in a pipe. Every number is read off the results of
-:mod:`qkv.explain.cross`; this module formats, it never computes attention.
+"""Terminal output for an encoder-decoder's cross-attention (`qkv explain TEXT --model
+translate`, or a transformers encoder-decoder directory): rich tables, plain text in a pipe. Every number is read off the results of
+[`qkv.explain.cross`][qkv.explain.cross]; this module formats, it never computes attention.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from qkv.models.tokenizer import display_token
 
 
 def render_cross_overview(out: Console, ca: CrossAttention, *, model_arg: str = "translate") -> None:
-    """Each head's most-attended source token per target token, or with ``ca.token`` that
-    token's top source tokens per head. ``model_arg``: how to name the model in a command."""
+    """Each head's most-attended source token per target token, or with `ca.token` that
+    token's top source tokens per head. `model_arg`: how to name the model in a command."""
     L, H = ca.weights.shape[:2]
     out.print(Text(f"model: {ca.model} · decoder: {L} layers × {H} cross-attention heads"))
     out.print(Text("source: " + " ".join(f"{i}:{t}" for i, t in enumerate(ca.source))))

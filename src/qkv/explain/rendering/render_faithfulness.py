@@ -1,6 +1,6 @@
-"""Printing and drawing :class:`~qkv.explain.causal.head_effects.HeadEffects` and
-:class:`~qkv.explain.causal.faithfulness.Faithfulness` (``qkv heads --probe P --ablate``,
-``qkv faithfulness``): the effects beside the attention scores, the ρ table, and a scatter of
+"""Printing and drawing [`HeadEffects`][qkv.explain.causal.head_effects.HeadEffects] and
+[`Faithfulness`][qkv.explain.causal.faithfulness.Faithfulness] (`qkv heads --probe P --ablate`,
+`qkv faithfulness`): the effects beside the attention scores, the ρ table, and a scatter of
 effect against attention score per head."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from qkv.explain.rendering.render import head_name
 
 
 def render_effects(out: Console, effects: HeadEffects, scores=None, *, top: int) -> None:
-    """The ``top`` heads by ablation effect; ``scores`` (L, h): the probe's attention score."""
+    """The `top` heads by ablation effect; `scores` (L, h): the probe's attention score."""
     out.print(Text(f"model: {effects.model} · {effects.probe}: {effects.metric} "
                    f"({effects.sequences} sequences, {effects.mode} ablation)"))
     out.print(Text(f"clean: {effects.clean:.4f} · effect = metric with the head ablated − clean"))
@@ -52,7 +52,7 @@ def render_faithfulness(out: Console, f: Faithfulness) -> None:
 
 
 def effects_figure(f: Faithfulness, method: str = "weight"):
-    """A scatter: each head's ablation effect against ``method``'s probe score, labelled L H."""
+    """A scatter: each head's ablation effect against `method`'s probe score, labelled L H."""
     from qkv.explain.rendering.plots import new_figure
 
     fig, ax = new_figure(figsize=(5.2, 4.0))

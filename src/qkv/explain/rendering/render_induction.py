@@ -1,5 +1,5 @@
-"""Printing :class:`~qkv.explain.probes.induction.HeadScores` (``qkv heads --probe induction`` /
-``--probe previous-token``): what was measured, chance, and the heads ranked."""
+"""Printing `HeadScores` (`qkv heads --probe induction` /
+`--probe previous-token`): what was measured, chance, and the heads ranked."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ WHAT = {
 
 
 def render_head_scores(out: Console, result: HeadScores, *, top: int) -> None:
-    """The ``top`` heads by score, with the sequences used and chance level."""
+    """The `top` heads by score, with the sequences used and chance level."""
     first = " + ".join(result.prefix) + " + " if result.prefix else ""
     out.print(Text(f"model: {result.model} · {result.probe} probe: {result.sequences} sequences of "
                    f"{first}{result.length} random tokens + the same {result.length} again "

@@ -1,6 +1,6 @@
-"""Printing :class:`~qkv.explain.probes.retrieval.RetrievalScores` (``qkv heads --probe retrieval``):
+"""Printing `RetrievalScores` (`qkv heads --probe retrieval`):
 the inputs, the model's own copy accuracy, chance, and the heads ranked; and
-:class:`~qkv.explain.probes.needle.NeedleMap` (``qkv needle``) as depth × length tables."""
+`NeedleMap` (`qkv needle`) as depth × length tables."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from qkv.explain.probes.retrieval import RetrievalScores
 
 
 def render_retrieval(out: Console, result: RetrievalScores, *, top: int) -> None:
-    """The ``top`` heads by retrieval score, beside their attention on the needle."""
+    """The `top` heads by retrieval score, beside their attention on the needle."""
     out.print(Text(f"model: {result.model} · retrieval probe: {result.samples} inputs of "
                    f"{result.length} tokens, a {result.needle}-token needle in a {result.haystack} "
                    f"haystack at depths {result.depths[0]:.2f}–{result.depths[-1]:.2f}, copied "
