@@ -70,14 +70,15 @@ class Field:
     """One request field of a result kind: its name (the library's argument), type, default and
     bounds — what the viewer's API checks and the page is told (`/api/info`).
 
-    Types:
-        index: an integer, `0 ≤ value < 2**31` (the library checks it against the model:
-            `layer 9 is out of range …`).
-        bool: true or false.
-        token: an index, a word or `"word@N"` (at most `limit` characters); None: the
-            library's default (the last word). `key` (a score's key) is one too, required.
-        method: a name of `qkv.explain.contributions.METHODS` that applies to the model.
-        probe: a probe whose effects the library measures on the model; None: its default probe.
+    The types:
+
+    - `index`: an integer, `0 ≤ value < 2**31` (the library checks it against the model:
+      `layer 9 is out of range …`).
+    - `bool`: true or false.
+    - `token`: an index, a word or `"word@N"` (at most `limit` characters); None: the
+      library's default (the last word). `key` (a score's key) is one too, required.
+    - `method`: a name of `qkv.explain.contributions.METHODS` that applies to the model.
+    - `probe`: a probe whose effects the library measures on the model; None: its default probe.
 
     `default` is what an absent field means; a `required` field has none.
 

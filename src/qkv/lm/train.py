@@ -115,12 +115,13 @@ def loss_fn(model: LlamaModel, batch: LMBatch) -> tuple[torch.Tensor, torch.Tens
 class LMEval:
     """Validation numbers after a step.
 
-    Fields:
+    Attributes:
         loss: mean next-word loss.
-        copy_loss: on words predictable only by induction (the
-        second and later words of a copied span).
+        copy_loss: on words predictable only by induction (the second and later words of a
+            copied span).
         random_loss: on the others (best: ln 256 ≈ 5.55).
-        induction, previous_token: (layers × heads) lists of scores (see qkv.explain.induction).
+        induction: (layers × heads) lists of scores (see `qkv.explain.induction`).
+        previous_token: likewise, the previous-token scores.
     """
 
     loss: float

@@ -73,16 +73,17 @@ class LearnedPositionalEmbedding(nn.Module):
 class RopeScaling:
     """How a checkpoint stretches RoPE past the length it was trained on (HF's `rope_scaling`).
 
-    Kinds:
-        `"linear"`  (Chen et al., 2023, position interpolation): every frequency / `factor`.
-        `"dynamic"` (NTK-aware, "dynamic NTK"): once a call reaches position p ≥
-            `max_positions`, the base becomes base · (factor·(p+1)/max_positions − (factor−1))
-            ^(d/(d−2)); shorter calls use the plain frequencies. A function of the call, so
-            cached decoding rotates earlier keys with the frequencies of *their* call (as
-            `transformers` does).
-        `"llama3"`  (Llama 3.1): wavelengths longer than `original_max_positions /
-            low_freq_factor` are divided by `factor`, shorter than `… / high_freq_factor`
-            kept, and the band between interpolated smoothly.
+    The kinds:
+
+    - `"linear"` (Chen et al., 2023, position interpolation): every frequency / `factor`.
+    - `"dynamic"` (NTK-aware, "dynamic NTK"): once a call reaches position p ≥
+      `max_positions`, the base becomes base · (factor·(p+1)/max_positions − (factor−1))
+      ^(d/(d−2)); shorter calls use the plain frequencies. A function of the call, so
+      cached decoding rotates earlier keys with the frequencies of *their* call (as
+      `transformers` does).
+    - `"llama3"` (Llama 3.1): wavelengths longer than `original_max_positions /
+      low_freq_factor` are divided by `factor`, shorter than `… / high_freq_factor`
+      kept, and the band between interpolated smoothly.
     """
 
     kind: str

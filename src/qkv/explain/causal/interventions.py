@@ -226,10 +226,13 @@ class Patching:
 
     1: those heads carry everything the corruption took away; 0: nothing.
 
-    Fields:
-        model, heads.
+    Attributes:
+        model: the model's name.
+        heads: the (layer, head) pairs patched.
         metric: what m is in words.
-        clean, corrupted, patched: m on each run;
+        clean: m on the clean run.
+        corrupted: m on the corrupted run.
+        patched: m on the corrupted run with the heads patched.
         recovered: the fraction (None when clean and corrupted give the same m).
     """
 

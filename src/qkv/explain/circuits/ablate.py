@@ -41,10 +41,14 @@ from qkv.modules.intervention import Interventions
 class Removal:
     """One component taken out of the key's residual.
 
-    Fields: component; before (the attribution's forward score), predicted (before − its
-    column of `terms`), measured (the forward's score with it removed); exact: whether the
-    prediction is exact (the layer's attention reads its input with no norm in front);
-    scale_ratio: σ/σ' of the key's norm in front of the attention (1.0 when there is none).
+    Attributes:
+        component: the component removed.
+        before: the attribution's forward score.
+        predicted: `before` − its column of `terms`.
+        measured: the forward's score with it removed.
+        exact: whether the prediction is exact (the layer's attention reads its input with no
+            norm in front).
+        scale_ratio: σ/σ' of the key's norm in front of the attention (1.0 when there is none).
     """
 
     component: str

@@ -29,9 +29,11 @@ from qkv.explain.wording import ArgumentError, Message
 class Comparison:
     """The methods' rows for one unit — what `compare` returns.
 
-    Fields:
-        model, text, tokens.
-        units: shown.
+    Attributes:
+        model: the model's name.
+        text: the text as given.
+        tokens: its tokens.
+        units: the units shown.
         unit: the chosen one.
         layer: the layer read (None: every layer / the last rolled-out row).
         rows: method name → (U,) its row as shares (sums to 1).

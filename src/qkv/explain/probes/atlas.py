@@ -85,16 +85,15 @@ class Context:
 class Atlas:
     """Every head's metrics over a corpus — what `atlas` returns.
 
-    Fields:
-        model.
-        tokens: N.
-        window: W.
-        windows: how many.
-        first: the sink's tokens;
-        metrics: {name: (L, h) float64} for each of `METRICS`;
+    Attributes:
+        model: the model's name.
+        tokens: N, the corpus's length.
+        window: W, the window's length.
+        windows: how many windows.
+        first: the sink's tokens.
+        metrics: {name: (L, h) float64} for each of `METRICS`.
         retrieval_chance: the retrieval probe's chance.
-        contexts: [layer][head] → the head's top
-        `Context`s, strongest first.
+        contexts: [layer][head] → the head's top `Context`s, strongest first.
     """
 
     kind: ClassVar[str] = "atlas"  # its row in qkv.explain.kinds.KINDS

@@ -44,15 +44,16 @@ class NeedleMap:
     """Needle accuracy and the retrieval heads' attention on it, per depth and length — what
     `needle_map` returns.
 
-    Fields:
-        model; lengths (n_len,), depths (n_depth,): the grid.
-        samples: inputs per cell (seeds
-        `seed … seed + samples − 1`).
-        needle: m.
+    Attributes:
+        model: the model's name.
+        lengths: (n_len,) the grid's input lengths.
+        depths: (n_depth,) the grid's needle depths.
+        samples: inputs per cell (seeds `seed … seed + samples − 1`).
+        needle: m, the needle's length.
         heads: the retrieval heads read.
         accuracy: (n_depth, n_len) float64.
-        attention: (n_depth, n_len) float64, the mean over
-        `heads` of their query rows' weight on the needle.
+        attention: (n_depth, n_len) float64, the mean over `heads` of their query rows' weight
+            on the needle.
         haystack: `"random"` or `"text"`.
     """
 

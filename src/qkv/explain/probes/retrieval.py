@@ -64,13 +64,12 @@ MAX_SAMPLES = 1000
 class NeedleInput:
     """One needle-in-a-haystack input.
 
-    Fields:
+    Attributes:
         ids: (t,) the tokens.
         start: the needle's first position.
-        needle: m, its length;
+        needle: m, its length.
         query: the query copy's first position (t − m).
-        depth: where in the haystack the
-        needle sits (0: first, 1: last).
+        depth: where in the haystack the needle sits (0: first, 1: last).
     """
 
     ids: torch.Tensor
@@ -218,16 +217,18 @@ def read_needle(model, x: NeedleInput) -> NeedleReading:
 class RetrievalScores:
     """Every head's retrieval score — what `retrieval_probe` returns.
 
-    Fields:
-        model; probe (`"retrieval"`).
-        scores: (L, h) float64, the share of needle tokens each
-        head copy-pasted.
-        chance: the largest over layers of `chance_per_layer` (L,);
+    Attributes:
+        model: the model's name.
+        probe: `"retrieval"`.
+        scores: (L, h) float64, the share of needle tokens each head copy-pasted.
+        chance: the largest over layers of `chance_per_layer` (L,).
         accuracy: the share of needle tokens the model predicted.
-        needle_weight: (L, h) mean
-        attention of the query rows on the needle.
-        samples, length, needle, depths, seed: the
-        inputs (sample s at depth `depths[s]`).
+        needle_weight: (L, h) mean attention of the query rows on the needle.
+        samples: the inputs: how many (sample s at depth `depths[s]`).
+        length: the inputs' length in tokens.
+        needle: the needle's length m.
+        depths: each sample's depth.
+        seed: the first input's seed.
         haystack: `"random"` or `"text"`.
     """
 
@@ -341,17 +342,18 @@ class RetrievalAblation:
     """Needle accuracy with the top-k retrieval heads ablated vs k random heads —
     what `retrieval_ablation` returns.
 
-    Fields:
-        model; k.
+    Attributes:
+        model: the model's name.
+        k: how many heads are zeroed at once.
         heads: the top-k (layer, head) by the retrieval score.
-        random: the k-head sets
-        drawn from the other heads (one per trial).
-        clean: the model's accuracy on the needle
-        tokens.
-        top_ablated: with `heads` zeroed.
-        random_ablated: (trials,) with each random
-        set zeroed.
-        samples, length, needle, seed: the inputs (`needle_inputs`).
+        random: the k-head sets drawn from the other heads (one per trial).
+        clean: the model's accuracy on the needle tokens.
+        top_ablated: the accuracy with `heads` zeroed.
+        random_ablated: (trials,) the accuracy with each random set zeroed.
+        samples: the inputs (`needle_inputs`): how many.
+        length: the inputs' length in tokens.
+        needle: the needle's length m.
+        seed: the first input's seed.
     """
 
     kind: ClassVar[str] = "retrieval-ablation"
