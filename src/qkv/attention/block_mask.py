@@ -428,15 +428,15 @@ class BlockMask:
     """A mask cut into blocks: kinds per block, and what the attention needs to visit them.
 
     Attributes:
-        B: batch and heads the mask was built for (None = the same for every one).
-        H: see `B`.
-        t: query and key lengths.
-        s: see `t`.
+        B: the batch size the mask was built for (None = the same for every sequence).
+        H: the heads it was built for (None = the same for every head).
+        t: the query length.
+        s: the key length.
         block_size: the tile side.
         kinds: (B', H', nq, nk) int8: 0 empty, 1 partial, 2 full (B' ∈ {1, B}, H' ∈ {1, H}).
         mask_mod: the (bound) mask_mod.
-        q_offset: the global index of query 0 and key 0 (chunks of a longer sequence).
-        k_offset: see `q_offset`.
+        q_offset: the global index of query 0 (chunks of a longer sequence).
+        k_offset: the global index of key 0.
         runs: per query block row, `(c0, c1, full)`: consecutive non-empty key blocks
             c0 … c1−1 (non-empty for some batch row or head), `full` when all are full for all.
         partial: per query block row, the sorted key blocks that are non-empty but not full

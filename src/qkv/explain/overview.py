@@ -53,8 +53,8 @@ class HeadRow:
     """One head's attention from the chosen unit, over the units shown.
 
     Attributes:
-        layer: counting from 0; `head` is None for a per-layer method's row.
-        head: see `layer`.
+        layer: counting from 0.
+        head: counting from 0; None for a per-layer method's row.
         weights: (U,) the row of weights (or of a method's shares) over units (sums to 1, or
             is all 0 where a method found nothing).
         top: the `k` largest as (unit index, weight), largest first.
@@ -90,13 +90,13 @@ class Overview:
             ranked as `RANKING` says.
         focus: the highlighted unit (`to`, or the one most heads point to), or None.
         focus_reason: why `focus` was highlighted, or why nothing was.
-        num_layers: the model's size.
-        num_heads: see `num_layers`.
+        num_layers: the model's layers.
+        num_heads: its heads per layer.
         notes: how an ambiguous `token` was resolved (which occurrence, which word piece).
         method: the method the rows come from (`"weight"`: the attention weights) and
             whether it scores heads or layers (see
             [`qkv.explain.contributions`][qkv.explain.contributions]).
-        per: see `method`.
+        per: whether the rows are heads or layers (`"head"` or `"layer"`).
         scores: the method's raw scores for the token's rows (`Scores.scores`: (L, h, r, s)
             or (L, r, s)), or None.
         target: what `grad` differentiated, or None.

@@ -38,8 +38,8 @@ class LayerTrace:
     """The attention traces of one layer (rows as requested), and its residual stream.
 
     Attributes:
-        self_attn: the attentions' `MultiHeadTrace`s (cross: decoders only).
-        cross_attn: see `self_attn`.
+        self_attn: the self-attention's `MultiHeadTrace`.
+        cross_attn: the cross-attention's `MultiHeadTrace` (decoders only).
         residual: (b, t, E) what the self-attention sub-block hands on, every row: `x + attn`
             (pre-norm) or `norm1(x + attn)` (post-norm); None for a layer that never forms it
             (GPT-NeoX's parallel residual). Not detached (see `MultiHeadTrace.heads`).

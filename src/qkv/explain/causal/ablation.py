@@ -60,9 +60,9 @@ class NoProjection:
 
     Attributes:
         model: what was run.
-        text: see `model`.
-        tokens: see `model`.
         width: E, the model width (the scale is 1/√E).
+        text: the text as given.
+        tokens: its tokens.
         layers: one `LayerSelf` per layer (only `layer`'s when one was asked for).
     """
 

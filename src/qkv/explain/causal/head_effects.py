@@ -137,9 +137,9 @@ class HeadEffects:
 
     Attributes:
         model: what ran.
-        probe: see `model`.
-        mode: see `model`.
         metric: the metric in words.
+        probe: the probe whose task was measured.
+        mode: how the heads were ablated (`"zero"` or `"mean"`).
         clean: the metric on the clean run (0 for coref, by definition).
         effects: (L, h) float64 — metric with that head ablated − clean.
         layer_effects: (L,) float64 — the same with all of a layer's heads ablated together

@@ -64,7 +64,7 @@ class ScoreAttribution(OneHead):
         query_components: the C names of the rows and columns of `terms`
             (`embed.token`, `embed.position`, `embed.type` where the model adds them,
             `L{l}.H{h}`, `L{l}.ffn`, `bias`: `residual.names`).
-        key_components: see `query_components`.
+        key_components: the same names, for the key's side.
         terms: (C, C) float64, terms[a, b] = (q_a · k_b)/√d; `terms.sum()` = `score`.
         score: the head's scaled score s_ij from the forward (before any soft-cap).
         capped: c·tanh(score/c) with the model's soft-cap c, else None (terms are before it).

@@ -106,8 +106,8 @@ class Contributions:
 
     Attributes:
         model: what was run.
-        text: see `model`.
-        tokens: see `model`.
+        text: the text as given.
+        tokens: its tokens.
         token_index: the chosen token (with `words`, the word's first token; the rows of its
             tokens are averaged, see `token_indices`).
         token_indices: the tokens whose rows were averaged.

@@ -72,8 +72,8 @@ class Shard:
 
     Attributes:
         group: the process group (None = the default group).
-        rank: this rank, and P.
-        world: see `rank`.
+        rank: this rank.
+        world: P, the number of ranks.
         layout: `"zigzag"` or `"contiguous"` (`qkv.distributed.shard`).
         length: N, the tokens of the whole text.
         runs: (local slice, global [start, end)) of each run of rows this rank holds, in order.

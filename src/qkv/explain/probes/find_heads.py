@@ -49,15 +49,15 @@ class HeadRanking:
 
     Attributes:
         model: what was run.
-        text: see `model`.
         units: its words.
-        source: indices into `units`.
-        target: see `source`.
+        source: an index into `units`.
+        target: an index into `units`.
+        text: the text as given.
         heads: one [`HeadWeight`][qkv.explain.probes.find_heads.HeadWeight] per head, largest weight
             first (ties by layer, head).
         notes: how an ambiguous `source`/`target` was resolved.
-        method: what ranks the heads (`"weight"`) and whether its rows are heads or layers.
-        per: see `method`.
+        method: what ranks the heads (`"weight"`).
+        per: whether its rows are heads or layers (`"head"` or `"layer"`).
     """
 
     kind: ClassVar[str] = "heads"  # its row in qkv.explain.kinds.KINDS
