@@ -198,39 +198,10 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
         (torch.Size([3, 4]), 1.0, True)
     """
     att = layer_trace.attention
-    q_rows, kv_rows = head_slice(module, head)
     position = int(layer_trace.rows[row])
     x = layer_trace.query_input[0, row].double()  # (E,)
-    xs_k = layer_trace.key_input[0].double()  # (s, kdim)
-    xs_v = layer_trace.value_input[0].double()  # (s, vdim)
-
     # 1) project: the query of this token, a key and a value for every token
-    projection = module.projection_note
-    transform = []
-    if projection:  # projections qkv cannot read as matrices: start from what the kernel read
-        query, keys, values = (att.query[0, head, row].double(), att.key[0, head].double(),
-                               att.value[0, head].double())
-    else:
-        d = module.head_dim
-        # OLMo 2 normalises the whole projection, every head's features together: then every
-        # head is projected; otherwise (Qwen3's per-head norm, or none) this head's rows only
-        whole = module.q_norm is not None and norm_width(module.q_norm) != d
-        query = _project(x, module.q_proj, slice(None) if whole else q_rows)  # (d,) or (h·d,)
-        keys = _project(xs_k, module.k_proj, slice(None) if whole else kv_rows)  # (s, d) or (s, h_kv·d)
-        values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
-        if module.q_norm is not None:
-            # Qwen3: each head's query and key vectors are RMS-normalised before the rotation
-            query, keys = head_norm(module.q_norm, query, d), head_norm(module.k_norm, keys, d)
-            transform.append(f"normalised {'across the heads together' if whole else 'per head'} "
-                             f"(RMSNorm)")
-        if whole:
-            query, keys = query[q_rows], keys[:, kv_rows]  # (d,), (s, d)
-        step = layer_trace.position_step
-        if step is not None:
-            # RoPE rotates queries and keys by their positions before the dot product
-            query = step(query[None], torch.tensor([position], device=query.device))[0]
-            keys = step(keys, torch.arange(keys.shape[0], device=keys.device))
-            transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
+    query, keys, values, transform = _project_head(module, layer_trace, head=head, row=row)
     # 2) compare: one dot product per key, then the 1/√d scaling
     scores = keys @ query  # (s,)
     scaled = scores * att.scale  # (s,)
@@ -245,21 +216,68 @@ def head_steps(module, layer_trace, *, layer: int, head: int, row: int, tokens: 
     output = weights @ values  # (dv,)
 
     model_output = att.output[0, head, row]
-    diffs = {
-        "query": _max_diff(query, att.query[0, head, row]),
-        "keys": _max_diff(keys, att.key[0, head]),
-        "values": _max_diff(values, att.value[0, head]),
-        "scores": _max_diff(scores, att.scores[0, head, row]),
-        "weights": _max_diff(weights, att.weights[0, head, row]),
-        "output": _max_diff(output, model_output),
-    }
+    recomputed = {"query": query, "keys": keys, "values": values, "scores": scores,
+                  "weights": weights, "output": output}
     return HeadSteps(model=model, text=text, tokens=tokens, layer=layer, head=head,
                      token_index=position, head_dim=module.head_dim, scale=float(att.scale), x=x,
                      query=query, keys=keys, values=values, scores=scores, scaled=scaled,
                      mask=mask, weights=weights, output=output,
-                     model_output=model_output.double(), diffs=diffs,
-                     qk_transform=", then ".join(transform), projection=projection,
+                     model_output=model_output.double(),
+                     diffs=_stage_diffs(recomputed, att, head=head, row=row),
+                     qk_transform=", then ".join(transform), projection=module.projection_note,
                      softcap=softcap, sink=sink)
+
+
+def _project_head(module, layer_trace, *, head: int,
+                  row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """Step 1 of [`head_steps`][qkv.explain.steps.head_steps]: head `head`'s query for traced row
+    `row`, its keys and values for every position, in float64, and what transformed q and the k_j
+    after the projection, in words.
+
+    Returns:
+        query (d,), keys (s, d), values (s, dv), and the transforms (normalisation, RoPE) in order.
+    """
+    att = layer_trace.attention
+    if module.projection_note:  # projections qkv cannot read as matrices: what the kernel read
+        return (att.query[0, head, row].double(), att.key[0, head].double(),
+                att.value[0, head].double(), [])
+    q_rows, kv_rows = head_slice(module, head)
+    position = int(layer_trace.rows[row])
+    x = layer_trace.query_input[0, row].double()  # (E,)
+    xs_k = layer_trace.key_input[0].double()  # (s, kdim)
+    xs_v = layer_trace.value_input[0].double()  # (s, vdim)
+    d = module.head_dim
+    transform = []
+    # OLMo 2 normalises the whole projection, every head's features together: then every
+    # head is projected; otherwise (Qwen3's per-head norm, or none) this head's rows only
+    whole = module.q_norm is not None and norm_width(module.q_norm) != d
+    query = _project(x, module.q_proj, slice(None) if whole else q_rows)  # (d,) or (h·d,)
+    keys = _project(xs_k, module.k_proj, slice(None) if whole else kv_rows)  # (s, d) or (s, h_kv·d)
+    values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
+    if module.q_norm is not None:
+        # Qwen3: each head's query and key vectors are RMS-normalised before the rotation
+        query, keys = head_norm(module.q_norm, query, d), head_norm(module.k_norm, keys, d)
+        transform.append(f"normalised {'across the heads together' if whole else 'per head'} "
+                         f"(RMSNorm)")
+    if whole:
+        query, keys = query[q_rows], keys[:, kv_rows]  # (d,), (s, d)
+    step = layer_trace.position_step
+    if step is not None:
+        # RoPE rotates queries and keys by their positions before the dot product
+        query = step(query[None], torch.tensor([position], device=query.device))[0]  # (d,)
+        keys = step(keys, torch.arange(keys.shape[0], device=keys.device))  # (s, d)
+        transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
+    return query, keys, values, transform
+
+
+def _stage_diffs(recomputed: dict[str, torch.Tensor], att, *, head: int,
+                 row: int) -> dict[str, float]:
+    """Per stage, the max absolute difference between the float64 recomputation and the tensors
+    the forward recorded (`att`, an `AttentionTrace`) for head `head`, traced row `row`."""
+    recorded = {"query": att.query[0, head, row], "keys": att.key[0, head],
+                "values": att.value[0, head], "scores": att.scores[0, head, row],
+                "weights": att.weights[0, head, row], "output": att.output[0, head, row]}
+    return {stage: _max_diff(recomputed[stage], recorded[stage]) for stage in recorded}
 
 
 def explain_head(model, text: str, *, token: str | None = None, layer: int, head: int,
