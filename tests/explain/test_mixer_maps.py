@@ -79,12 +79,44 @@ def test_every_layer_has_a_causal_map(saved, name):
         m = explain.attention_map(model, TEXT, layer=L, head=0)
         assert m.weights.shape == (t, t)
         assert torch.equal(m.weights.triu(1), torch.zeros_like(m.weights)), f"{name} layer {L}: causal"
-        if any(k.softmax for k in kinds):
+        if any(k.softmax for k in kinds) and not m.to_dict().get("effective"):  # differential: signed
             assert torch.allclose(m.weights.sum(-1), torch.ones(t, dtype=m.weights.dtype), atol=1e-5)
         else:
             d = m.to_dict()
             assert d["effective"] and d["mixer"] == kinds[0].value and len(d["row_sums"]) == t
             assert m.error < 1e-4 * max(1.0, float(m.weights.abs().max()))  # checked in construction too
+
+
+def test_a_differential_layers_map_is_its_two_softmax_maps_difference(saved):
+    """DiffLlama's head pair p: M = A_p − λ·A_{p+H/2}, and M·[v_a | v_b] is the layer's own
+    combination before its group norm (read here off a plain forward, v from its v_proj)."""
+    _, model = saved("diffllama")
+    layer = 1
+    part = model.parts.layers[layer].mixers[0]
+    x = _mixer_input(model, layer, part)  # (1, t, E)
+    seen = []
+    handle = part.module.groupnorm.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([model.tokenizer.encode(TEXT).ids]))
+    finally:
+        handle.remove()
+    o = seen[0][0]  # (t, p, 2d) float32: A_p·v_a − λ·A_{p+H/2}·v_b
+    with torch.no_grad():
+        v32 = part.module.v_proj(x)[0]  # (t, 2d): 2 kv heads, so every pair reads kv head 0 | kv head 1
+    t, pairs = o.shape[0], o.shape[1]
+    for p in range(pairs):
+        m = explain.attention_map(model, TEXT, layer=layer, head=p)
+        d = m.to_dict()
+        assert d["effective"] and d["mixer"] == "differential" and d["heads"] == pairs == 2
+        assert d["lambda"] == m.lam and 0 < m.lam < 1
+        assert torch.equal(m.weights.triu(1), torch.zeros_like(m.weights))
+        # each softmax row sums to 1, so a row of the difference sums to 1 − λ
+        assert torch.allclose(m.row_sums, torch.full((t,), 1 - m.lam, dtype=torch.float64), atol=1e-6)
+        assert_within(o[:, p], m.weights @ v32.double(), m.weights.float() @ v32, factor=4.0,
+                      what=f"differential pair {p}: the layer's combination vs M·v")
+    with pytest.raises(explain.ArgumentError, match=r"^head 2 is out of range: [^\n]*$"):
+        explain.attention_map(model, TEXT, layer=layer, head=2)
 
 
 def _one_hot_run(module, kind: MixerKind, x: torch.Tensor, heads: int, dtype: torch.dtype):

@@ -3,8 +3,9 @@
 A hybrid model's linear-attention and state-space layers (Gated DeltaNet, KDA, lightning,
 Mamba-2, a gated short convolution) have no softmax rows, but each head's output is linear in
 its values: o = M·v with one (t × t) matrix M per head — causal, signed, rows need not sum to 1
-(`qkv.explain.mixers`). `attention_map` asks `effective_layer` and hands such a
-layer here; `mixer_map` returns M as an `EffectiveMap` (kind `map`, drawn by the
+(`qkv.explain.mixers`). So is differential attention's (DiffLlama): its softmax maps combine
+into one signed map per head pair, M = A₁ − λ·A₂ (its registry entry's `traced` reader).
+`attention_map` asks `effective_layer` and hands such a layer here; `mixer_map` returns M as an `EffectiveMap` (kind `map`, drawn by the
 same panel with a diverging scale and its row sums).
 
 Where the numbers come from: the model's own forward (`qkv.explain.forward.trace`) runs
@@ -31,6 +32,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.forward import check_index, check_model, check_text, model_name, trace
+from qkv.explain.mixers import MIXERS
 from qkv.explain.mixers import mixer as registered
 from qkv.explain.select import Units, group_columns, group_rows
 from qkv.explain.wording import ArgumentError, Message
@@ -47,7 +49,8 @@ class EffectiveMap:
     Fields beyond [`AttentionMap`][qkv.explain.maps.AttentionMap]'s: `mixer` the mixer's kind
     (`MixerKind` value), `mixer_index` its place among the layer's mixers, `heads` how many
     heads (value heads, or channels of a short convolution) it has, `error` max |M·v − o| over
-    every head against the module's own mixing output o (float64 M, the forward's float32 o).
+    every head against the module's own mixing output o (float64 M, the forward's float32 o),
+    `lam` differential attention's λ (M = A₁ − λ·A₂; None for the other kinds).
     """
 
     kind: ClassVar[str] = "map"  # drawn by the map's row of qkv.explain.kinds.KINDS
@@ -62,6 +65,7 @@ class EffectiveMap:
     mixer_index: int
     heads: int
     error: float
+    lam: float | None = None
 
     @property
     def row_sums(self) -> torch.Tensor:
@@ -72,7 +76,8 @@ class EffectiveMap:
         """What tells a reader this is no softmax map (`effective`: draw it on a diverging
         scale) and `row_sums[i]` to print beside row i; the viewer's answer carries them too."""
         return {"effective": True, "mixer": self.mixer, "mixer_index": self.mixer_index,
-                "heads": self.heads, "row_sums": self.row_sums.tolist(), "error": self.error}
+                "heads": self.heads, "row_sums": self.row_sums.tolist(), "error": self.error,
+                **({} if self.lam is None else {"lambda": self.lam})}
 
     def to_dict(self) -> dict:
         """`weights[i][j]` from unit i to unit j — signed — and `marks`."""
@@ -82,13 +87,20 @@ class EffectiveMap:
 
 
 def effective_layer(model, layer) -> bool:
-    """Whether layer `layer` of `model` has no mixer whose weights are softmax rows (a linear
-    or state-space layer, or a feed-forward-only one): `mixer_map` answers it. False for an
-    index that is no layer (the caller's checks name it)."""
+    """Whether layer `layer` of `model` has no mixer whose map is softmax rows (a linear,
+    state-space or differential-attention layer, or a feed-forward-only one): `mixer_map`
+    answers it. False for an index that is no layer (the caller's checks name it)."""
     parts = getattr(model, "parts", None)  # not a model: the caller's check_model names it
     if isinstance(layer, bool) or not isinstance(layer, int) or parts is None or not 0 <= layer < len(parts.layers):
         return False
-    return not any(m.kind.softmax for m in parts.layers[layer].mixers)
+    return all(_signed(m) for m in parts.layers[layer].mixers)
+
+
+def _signed(part: Mixer) -> bool:
+    """Whether `part`'s map is an effective M (o = M·v, signed), not softmax rows: a linear or
+    state-space kind, or a softmax variant whose registry entry combines its maps (`traced`)."""
+    entry = MIXERS.get(part.kind.value)  # plain softmax attention has no entry
+    return not part.kind.softmax or (entry is not None and entry.traced is not None)
 
 
 def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = None,
@@ -115,15 +127,18 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
     if head is None:
         raise ArgumentError("head", "{name} is required: which head's map (from 0)")
     index, part = _mixer(model, layer, mixer)
+    entry = registered(part.kind.value)
     seen: dict = {}
     handles = [part.module.register_forward_pre_hook(_keep_input(seen), with_kwargs=True),
                part.module.register_forward_hook(_keep_output(seen, "forward"))]
     try:
-        traced = trace(model, text, torch.tensor([0]), words=words)
+        # a `traced` reader re-runs the layer on qkv's attention, every row traced: so is the
+        # forward, for the re-run to be the same computation (a traced row is the reference path's)
+        traced = trace(model, text, slice(None) if entry.traced is not None else torch.tensor([0]), words=words)
     finally:
         for h in handles:
             h.remove()
-    record = _read(model, layer, part, seen)
+    record = _read(model, layer, part, entry, seen)
     if not 0 <= head < record.heads:
         raise ArgumentError("head", "{name} {value} is out of range: layer {layer}'s {kind} has "
                             "{n} heads (0–{last})", value=head, layer=layer, kind=part.kind.value,
@@ -133,7 +148,8 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
         M = group_rows(group_columns(M, traced.units), traced.units)  # (U, U)
     return EffectiveMap(model=model_name(model), text=text, units=traced.units, layer=layer,
                         head=head, weights=M, mixer=part.kind.value, mixer_index=index,
-                        heads=record.heads, error=_rebuilds(model, layer, part, record))
+                        heads=record.heads, error=_rebuilds(model, layer, part, record),
+                        lam=getattr(record, "lam", None))
 
 
 def softmax_rows(model, traced) -> list[torch.Tensor]:
@@ -188,7 +204,7 @@ def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
                             "mixes its tokens, so it has no attention map; choose a layer with a mixer",
                             value=layer, model=model_name(model))
     if index is None:
-        found = [i for i, m in enumerate(mixers) if not m.kind.softmax]
+        found = [i for i, m in enumerate(mixers) if _signed(m)]
         if not found:
             raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by softmax "
                                 "attention ({kinds}): attention_map draws its rows",
@@ -199,7 +215,7 @@ def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
         raise ArgumentError("mixer", "{name} {value} is out of range: layer {layer} has {n} mixers "
                             "({kinds})", value=index, layer=layer, n=len(mixers),
                             kinds=", ".join(m.kind.value for m in mixers))
-    if mixers[index].kind.softmax:
+    if not _signed(mixers[index]):
         raise ArgumentError("mixer", "{name} {value} of layer {layer} is {kind}, softmax rows: "
                             "attention_map draws them", value=index, layer=layer,
                             kind=mixers[index].kind.value)
@@ -209,6 +225,7 @@ def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
 def _keep_input(seen: dict):
     def hook(module, args, kwargs):
         seen.setdefault("input", args[0] if args else kwargs["hidden_states"])
+        seen.setdefault("call", {k: v for k, v in kwargs.items() if k != "hidden_states"})
     return hook
 
 
@@ -218,18 +235,18 @@ def _keep_output(seen: dict, key: str):
     return hook
 
 
-def _read(model, layer: int, part: Mixer, seen: dict):
+def _read(model, layer: int, part: Mixer, entry, seen: dict):
     """The registered reader's record of `part` on the forward's own input, checked to be that
     forward's computation: the module's output on the re-run is the forward's, bit for bit."""
     if "input" not in seen:
         raise QkvError(f"layer {layer} of {model_name(model)}: its {part.kind.value} mixer did not run "
                        f"in the forward")
-    entry = registered(part.kind.value)
-    if not entry.effective:
+    if not entry.effective and entry.traced is None:
         raise QkvError(f"layer {layer} of {model_name(model)}: {part.kind.value} has no effective map")
     handle = part.module.register_forward_hook(_keep_output(seen, "rerun"))
     try:
-        record = entry.read(part.module, seen["input"].detach())
+        x = seen["input"].detach()
+        record = entry.read(part.module, x) if entry.traced is None else entry.traced(part.module, x, **seen["call"])
     except QkvError as e:
         raise QkvError(f"layer {layer} of {model_name(model)} ({part.kind.value}, "
                        f"{type(part.module).__name__}): {e}") from None

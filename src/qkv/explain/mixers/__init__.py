@@ -53,6 +53,10 @@ class Mixer:
     read: Callable[..., Any]  # (module, hidden_states, …) → the kind's record
     effective: bool           # the record is an EffectiveAttention (o = M·v), not a softmax map
     summary: str
+    # a softmax variant whose map is a signed combination of its softmax maps, o = M·v (differential
+    # attention: A₁ − λ·A₂): (module, hidden_states, **the layer's call) → a record with `heads`,
+    # `values`, `matrix` and `output`, read from qkv's own attention (a model from qkv.load)
+    traced: Callable[..., Any] | None = None
 
 
 MIXERS: dict[str, Mixer] = {}
@@ -82,6 +86,7 @@ for _entry in (
     Mixer("short_conv", short_conv.read, True, "a causal band: C·(w ∗ B·x), one mixer per channel"),
     Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
     Mixer("sparse", sparse.read, False, "an indexer keeps the top-k keys of each query for the softmax"),
-    Mixer("differential", differential.read, False, "two softmax maps, the second × λ subtracted"),
+    Mixer("differential", differential.read, False, "two softmax maps, the second × λ subtracted",
+          traced=differential.read_traced),
 ):
     register_mixer(_entry)
