@@ -5,7 +5,7 @@ in float64; the rankings, ``qkv why`` and the viewer take hybrids.
 
 Tolerances (tests/tolerance.py): a short convolution's and lightning's one-hot runs compute in
 float64 from the same recorded arguments as M, one answer two ways: ``assert_agree`` against the
-same run in float32. transformers' delta-rule and Mamba-2 kernels compute in float32 whatever
+same run in float32. transformers' delta-rule, Mamba-2 and Mamba-1 (Jamba) kernels compute in float32 whatever
 they are given, so their one-hot run is compared with M by ``assert_within`` against the readers'
 closed form in float32 from the same call, factor 4 (as tests/explain/mixers/test_delta_rule.py
 derives: chunk-by-chunk solves and a carried state, the same roundings in another order).
@@ -25,9 +25,8 @@ import qkv  # noqa: E402
 import qkv.explain as explain  # noqa: E402
 from hybrids import HYBRIDS, save_hybrid  # noqa: E402
 from mixer_layers import one_hot_values  # noqa: E402
-from qkv.errors import QkvError  # noqa: E402
 from qkv.explain.mixer_maps import mixer_map  # noqa: E402
-from qkv.explain.mixers import delta_rule, mamba2, short_conv  # noqa: E402
+from qkv.explain.mixers import delta_rule, mamba1, mamba2, short_conv  # noqa: E402
 from qkv.explain.mixers.capture import kernel_call  # noqa: E402
 from qkv.models.protocol import MixerKind  # noqa: E402
 from tolerance import assert_agree, assert_within  # noqa: E402
@@ -70,10 +69,6 @@ def test_every_layer_has_a_causal_map(saved, name):
         kinds = [m.kind for m in layer.parts.mixers]
         if not kinds:  # Nemotron-H's MLP layers: one line naming what it is
             with pytest.raises(explain.ArgumentError, match=r"^layer \d of \S+ is a feed-forward-only layer[^\n]*$"):
-                explain.attention_map(model, TEXT, layer=L, head=0)
-            continue
-        if name == "jamba" and layer.self_attn is None:  # Mamba-1's scan: no reader yet, one line
-            with pytest.raises(QkvError, match=r"^layer \d of \S+ \(mamba2, JambaMambaMixer\): [^\n]+$"):
                 explain.attention_map(model, TEXT, layer=L, head=0)
             continue
         m = explain.attention_map(model, TEXT, layer=L, head=0)
@@ -136,6 +131,15 @@ def _one_hot_run(module, kind: MixerKind, x: torch.Tensor, heads: int, dtype: to
                                               beta=a["beta"], initial_state=None, output_final_state=False,
                                               use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"])
         return out[0], delta_rule.from_call(kind.value, call, torch.float32)
+    if kind is MixerKind.MAMBA2 and mamba1.is_mamba1(module):  # Jamba: the scan, one text per one-hot column j
+        call = kernel_call(module, mamba1.KERNEL, x)
+        a = {k: cast(v) for k, v in call.arguments.items()}
+        batch = lambda v: v.expand(t, *v.shape[1:]).contiguous()  # noqa: E731
+        eye = torch.eye(t, dtype=dtype)[:, None, :].expand(t, heads, t).contiguous()  # (t texts, d, t)
+        out = modeling.mamba_selective_scan(eye, batch(a["dt"]), a["A"], batch(a["B"]), batch(a["C"]), D=a["D"],
+                                            delta_bias=a["delta_bias"], delta_softplus=a["delta_softplus"])
+        ungated = modeling.mamba_selective_scan(**{**call.arguments, "z": None})
+        return out.permute(2, 1, 0), mamba1.from_call(call, torch.float32, ungated=ungated)  # (t, d, t)
     if kind is MixerKind.MAMBA2:
         call = kernel_call(module, mamba2.KERNEL, x)
         a = {k: cast(v) for k, v in call.arguments.items()}
@@ -164,7 +168,7 @@ def _one_hot_run(module, kind: MixerKind, x: torch.Tensor, heads: int, dtype: to
     return torch.stack(rows), None
 
 
-@pytest.mark.parametrize("name", sorted(n for n in HYBRIDS if n != "jamba"))
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
 def test_an_effective_map_is_the_layers_one_hot_run(saved, name):
     _, model = saved(name)
     for L, layer in enumerate(model.layers):

@@ -82,7 +82,7 @@ for _entry in (
     Mixer("gated_deltanet", gated_deltanet.read, True, "the gated delta rule, one decay per head"),
     Mixer("kda", kda.read, True, "the gated delta rule, one decay per key channel"),
     Mixer("lightning", lightning.read, True, "linear attention with a fixed decay per head"),
-    Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD: C·(Π exp ΔA)·B·Δ plus the D skip"),
+    Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD (Jamba's Mamba-1: per channel): C·(Π exp ΔA)·B·Δ plus the D skip"),
     Mixer("short_conv", short_conv.read, True, "a causal band: C·(w ∗ B·x), one mixer per channel"),
     Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
     Mixer("sparse", sparse.read, False, "an indexer keeps the top-k keys of each query for the softmax"),

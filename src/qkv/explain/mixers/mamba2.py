@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from qkv.errors import QkvError
 from qkv.explain.mixers.capture import KernelCall, kernel_call
+from qkv.explain.mixers import mamba1
 from qkv.explain.mixers.delta_rule import check_query
 from qkv.explain.mixers.linear import decayed_products, decayed_row
 
@@ -64,13 +65,18 @@ class StateSpace:
         return row
 
 
-def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> StateSpace:
+def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> StateSpace | mamba1.SelectiveScan:
     """Run a Mamba-2 mixer (`Mamba2Mixer`, `BambaMixer`, `NemotronHMamba2Mixer`, …) on one text.
+
+    The protocol's `mamba2` kind covers Jamba's Mamba-1 layers too; those, recognised by their
+    per-channel state (`mamba1.is_mamba1`), are read by `qkv.explain.mixers.mamba1`.
 
     Args:
         module: the mixer, in eval mode (training runs a fused kernel instead).
         hidden_states: (1, t, hidden) its input, after the layer's norm.
     """
+    if mamba1.is_mamba1(module):
+        return mamba1.read(module, hidden_states)
     return from_call(kernel_call(module, KERNEL, hidden_states))
 
 
