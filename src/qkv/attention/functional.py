@@ -295,7 +295,7 @@ def scaled_dot_product_attention(
             broadcastable to (..., h, t, s). Same meaning as torch's.
         dropout_p: dropout probability on the weights (pass 0.0 in evaluation).
         is_causal: query i may attend to keys up to its own position (see `causal_alignment`).
-        scale: multiplies q·kᵀ; default 1/√d.
+        scale: multiplies q·kᵀ; default 1/√d (0 is exact: NaN only where q·k is NaN or ±inf).
         enable_gqa: grouped-query / multi-query attention: h must be a multiple of h_kv.
         window: `(left, right)` sliding window: query i attends keys p_i−left … p_i+right
             (`None` on a side = unbounded). Combines with `is_causal` and `attn_mask`.
@@ -311,18 +311,16 @@ def scaled_dot_product_attention(
 
         key_padding_mask: (..., s) bool, True for real keys (`...` = the batch dims in front
             of the heads, e.g. (b, s)): padding as a description, not a (t, s) tensor.
-        mask: a prebuilt [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] (causal,
-            window, padding, packed sequences via `VarLen`) instead of the five mask arguments
-            above.
+        mask: a prebuilt [`AttentionMask`][qkv.attention.attention_mask.AttentionMask] instead
+            of the five mask arguments above (causal, window, padding, packed `VarLen`).
         bias: a float score bias (ALiBi) broadcastable to (..., h, t, s), added to the scaled
             scores; unlike a float `attn_mask` the trace keeps it apart from the mask.
-        backend: `"auto"` (`choose_backend`), or a registered name
-            (`"reference"`, `"fused"`, `"blockwise"`) that can do what the call asks.
+        backend: `"auto"` (`choose_backend`), or a registered name (`"reference"`, `"fused"`,
+            `"blockwise"`) that can do what the call asks.
         block_mask: a [`BlockMask`][qkv.attention.block_mask.BlockMask] from
-            [`qkv.create_block_mask`][qkv.create_block_mask] (any `mask_mod`;
-            [`qkv.masks`][qkv.masks] has the built-ins) for this call's (b, h, t, s), instead of the
-            mask arguments above; the blockwise backend then visits only its non-empty blocks (O(N)
-            memory).
+            [`qkv.create_block_mask`][qkv.create_block_mask] (any `mask_mod`; [`qkv.masks`][qkv.masks]
+            has the built-ins) for this call's (b, h, t, s), instead of the mask arguments above:
+            the blockwise backend visits only its non-empty blocks (O(N) memory).
         return_lse: also return the log-sum-exp of each row's masked, scaled scores.
         softcap: logit soft-capping (Gemma 2): scaled scores become `softcap·tanh(s/softcap)`
             before bias and mask, on an lse backend (torch's kernel has no cap).
@@ -331,9 +329,8 @@ def scaled_dot_product_attention(
             (`qkv.attention.sinks`), and the returned lse includes them.
 
     Returns:
-        (..., h, t, dv); with `return_lse` the pair `(output, lse)`, lse (..., h, t) float32
-        (float64 for float64 inputs), `−inf` for a row with no key. A query row with every
-        key masked out gives zeros, never NaN; a NaN in gives NaN out (the module doc says where).
+        (..., h, t, dv); with `return_lse` `(output, lse)`, lse (..., h, t) float32 (float64 for
+        float64 inputs), `−inf` for a row with no key, whose output is zeros, never NaN.
 
     Examples:
         >>> import torch, qkv
