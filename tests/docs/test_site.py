@@ -175,9 +175,11 @@ def test_the_site_works_offline_search_included(site, served, request):
             box = page.locator("input.md-search__input")
             results = page.locator(".md-search-result__item")
             try:
-                box.click(timeout=30_000)
+                # the search index is built in a worker from the whole site (the API pages are
+                # large): on a busy 2-core machine that takes tens of seconds, so wait long
+                box.click(timeout=120_000)
                 box.press_sequentially("attention mask")
-                results.first.wait_for(timeout=30_000)
+                results.first.wait_for(timeout=120_000)
                 if "attention" not in results.first.inner_text().lower():
                     problems.append(f"the first result is not about attention: {results.first.inner_text()!r}")
             except sync_api.TimeoutError as e:
