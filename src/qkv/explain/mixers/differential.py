@@ -24,7 +24,6 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.mixers.capture import kernel_calls
-from qkv.hf.trace import Recording, recording
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
 
@@ -99,6 +98,9 @@ def read_traced(module: torch.nn.Module, hidden_states: torch.Tensor, **call) ->
     if b != 1:
         raise QkvError(f"one text at a time: the batch holds {b}")
     call = {k: v for k, v in call.items() if k not in ("cache", "past_key_values")}
+    # imported here: qkv.hf registers with transformers (seconds), which every command would pay
+    from qkv.hf.trace import Recording, recording
+
     rec = Recording(keys={id(module): 0}, rows=slice(None))  # the second call is kept as (0, 1)
     seen: list[torch.Tensor] = []
     hook = module.groupnorm.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
