@@ -143,7 +143,8 @@ class QkvChecks:
         before = CALLS["n"]
         with torch.no_grad():
             want, got = eager.generate(**kw), ours.generate(**kw)
-        self.assertGreater(CALLS["n"], before, "qkv was not called")
+        if not os.environ.get("QKV_COMMON_TORCH_SDPA"):  # the peer run compares torch's sdpa
+            self.assertGreater(CALLS["n"], before, "qkv was not called")
         self.assertTrue(torch.equal(got, want), f"{{got.tolist()}} != {{want.tolist()}}")
 
     def test_qkv_static_cache_generate_matches_eager(self):
