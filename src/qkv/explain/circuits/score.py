@@ -41,7 +41,7 @@ from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import Forward, run
-from qkv.explain.finite import check_layers as check_finite
+from qkv.explain.finite import NonFiniteError, check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
@@ -49,6 +49,7 @@ from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.modules.multihead import norm_width
 from qkv.modules.stack import LayerRows
+from qkv.modules.writes import Writes
 
 # Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
 # (32 MB), whatever the document's length.
@@ -214,15 +215,22 @@ def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Te
     return kept[where][1:]
 
 
-def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int) -> Forward:
-    """The forward through layer `layer` only, `rows` traced in it and every layer before
-    (their heads and residuals are the components): nothing after the layer is computed, the
-    model's head included. A model that runs its own layer loop (transformers) runs whole."""
+def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
+             positions: torch.Tensor | None) -> Forward:
+    """The forward through layer `layer` only, `rows` traced in it; every layer before it runs
+    untraced and records its heads' outputs and residual at `positions` (None: every position)
+    — the components, nothing else (`Writes`). Nothing after the layer is computed, the model's
+    head included. A model that runs its own layer loop (transformers) runs whole, traced."""
     if not stops_at_layer(model, layer):
         return run(model, ids, rows)
-    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=True),
+    keep = Writes(torch.arange(ids.shape[1]) if positions is None else positions)
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep),
                 output_hidden_states=True)
-    check_finite(out.traces, model=model_name(model))  # NaN: named, up to the layer
+    try:  # the layer's input holds every row: a NaN made earlier is in it
+        check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
+    except NonFiniteError:
+        run(model, ids, rows)  # the whole trace names where the first one was made
+        raise
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
@@ -284,8 +292,10 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
+    j = None if key is None else _pick(model, text, encoding, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
-    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer)
+    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
+                   None if j is None else torch.tensor([i, j]))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
@@ -296,7 +306,6 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
         return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype)
-    j = _pick(model, text, encoding, key, "key")
     if not torch.isfinite(mask[j]):
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)

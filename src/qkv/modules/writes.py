@@ -1,0 +1,85 @@
+"""Asking a layer for what it wrote at some positions only: no attention trace, O(n) per layer.
+
+A decomposition of layer ℓ's input (`qkv.explain.circuits.residual.stream`) reads, of every
+earlier layer, each head's output and the residual `x + attn` — at the positions it splits (the
+query's and the key's), nothing else: not the earlier layers' weights, keys or values.
+`trace_rows=Writes(positions)` asks a layer for exactly that:
+
+```text
+layer ℓ' < ℓ:  attention runs untraced (the fast kernel, as a plain forward)
+               records heads (b, n, h·d) and residual (b, n, E) at the n positions
+```
+
+so tracing a row of layer ℓ of a 2k-token, 22-layer GQA model keeps 2 × (h·d + E) numbers per
+earlier layer instead of its keys and values repeated per query head and every row's heads and
+residual. It rides on `LayerRows(ℓ, rows, earlier=Writes(positions))`.
+
+The records are `AtPositions`: indexed by the *absolute* positions, as a full (b, t, ·) tensor
+would be (`rec.heads[0, positions]`), so a reader needs not know which kind it holds.
+
+Examples:
+    >>> import torch
+    >>> from qkv.modules import MultiHeadAttention
+    >>> mha = MultiHeadAttention(16, 4)
+    >>> rec = mha(torch.randn(1, 300, 16), is_causal=True,
+    ...           trace_rows=Writes(torch.tensor([7, 250]))).trace
+    >>> tuple(rec.heads.values.shape), tuple(rec.heads[0, torch.tensor([250])].shape)
+    ((1, 2, 16), (1, 16))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Writes:
+    """`trace_rows=Writes(positions)`: record only what the layer wrote at `positions` (n,)."""
+
+    positions: torch.Tensor
+
+    def __post_init__(self):
+        object.__setattr__(self, "positions", torch.unique(torch.as_tensor(self.positions).long()))
+
+    def keep(self, x: torch.Tensor) -> "AtPositions":
+        """x (b, t, ·) → its rows at the positions, read back by absolute position."""
+        positions = self.positions.to(x.device)
+        return AtPositions(positions, x.index_select(1, positions))
+
+
+@dataclass(frozen=True)
+class AtPositions:
+    """Some rows of a (b, t, ·) tensor: `values` (b, n, ·) at `positions` (n,), sorted.
+
+    `rec[b, positions]` reads them by absolute position, as the whole tensor would; a position
+    not kept is a ValueError naming it.
+    """
+
+    positions: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    def __getitem__(self, index) -> torch.Tensor:
+        batch, positions = index
+        positions = torch.as_tensor(positions, device=self.positions.device).long()
+        local = torch.searchsorted(self.positions, positions).clamp_max(max(len(self.positions) - 1, 0))
+        if len(self.positions) == 0 or not torch.equal(self.positions[local], positions):
+            raise ValueError(f"positions {positions.tolist()} are not all among those kept "
+                             f"({self.positions.tolist()})")
+        return self.values[batch, local]
+
+
+@dataclass(frozen=True)
+class WritesTrace:
+    """What a `Writes` request records of one attention call: `heads`, every head's output
+    at the positions (b, n, h·d), exactly `out_proj`'s input there."""
+
+    heads: AtPositions
+
+
+__all__ = ["AtPositions", "Writes", "WritesTrace"]
