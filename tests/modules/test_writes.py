@@ -93,10 +93,11 @@ def test_the_gqa_attribution_sums_to_the_score(gqa):
     assert abs(float(row.terms[2].sum()) - a.score) <= max(a.bound, row.bound)
 
 
-def test_a_nan_made_in_an_earlier_layer_is_named_there(gqa):
+@pytest.mark.parametrize("layer", [1, 3])
+def test_a_nan_is_named_where_it_was_made(gqa, layer):
     broken = LlamaModel(gqa.config, tokenizer=gqa.tokenizer, name="broken").double().eval()
     broken.load_state_dict(gqa.state_dict())
     with torch.no_grad():
-        broken.layers[1].self_attn.v_proj.weight[0, 0] = float("nan")
-    with pytest.raises(NonFiniteError, match="layer 1, head 0: its value"):
+        broken.layers[layer].self_attn.v_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=f"layer {layer}, head 0: its value"):
         score_attribution(broken, TEXT, layer=3, head=0, token=9, key=2)

@@ -23,6 +23,7 @@ Examples:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,12 @@ def affine(norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     return own.get("weight"), own.get("bias")
 
 
+# The form (γ or 1 + γ, centred or not, 1/σ fitted or computed) that rebuilt each norm's output
+# last time: tried first next time, the others only where it does not rebuild (the weights
+# changed, another input) — one check per call instead of up to eight.
+_FORMS: "weakref.WeakKeyDictionary[nn.Module, tuple[int, bool, bool]]" = weakref.WeakKeyDictionary()
+
+
 def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
     """`norm` as an affine map at the rows of `x` (n, E) (the vectors it read in the
     forward), checked against `norm(x)`; QkvError naming the norm where neither a LayerNorm's
@@ -81,20 +88,26 @@ def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
     with torch.no_grad():
         want = norm(x)
     y = want.double() - beta  # (n, E)
-    for gamma, centres in ((g, c) for g in gammas for c in (True, False)):
+    forms = [(g, c, fitted) for g in range(len(gammas)) for c in (True, False) for fitted in (True, False)]
+    forms.sort(key=lambda form: form != _FORMS.get(norm))  # the last one that rebuilt first
+    for g, centres, fitted in forms:
+        gamma = gammas[g]
         centred = x64 - x64.mean(-1, keepdim=True) if centres else x64
         spread = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (n, 1): σ or rms
-        # the scale the forward computed, read off its output where it has one (an RMSNorm of
-        # transformers normalises in float32 whatever the model's dtype): 1/σ fitted per row
-        z = centred * gamma  # (n, E)
-        zz = z.pow(2).sum(-1, keepdim=True)
-        fitted = torch.where(zz > 0, (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300),
-                             1 / spread)  # (n, 1): 1/σ
-        for inverse in (fitted, 1 / spread):
-            lin = Linearised(gamma * inverse, beta, centres)
-            got = lin.apply(x64) + beta
-            if rebuilds(got, want):
-                return lin
+        if fitted:
+            # the scale the forward computed, read off its output where it has one (an RMSNorm of
+            # transformers normalises in float32 whatever the model's dtype): 1/σ fitted per row
+            z = centred * gamma  # (n, E)
+            zz = z.pow(2).sum(-1, keepdim=True)
+            inverse = torch.where(zz > 0, (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300),
+                                  1 / spread)  # (n, 1): 1/σ
+        else:
+            inverse = 1 / spread
+        lin = Linearised(gamma * inverse, beta, centres)
+        got = lin.apply(x64) + beta
+        if rebuilds(got, want):
+            _FORMS[norm] = (g, centres, fitted)
+            return lin
     raise QkvError(f"{type(norm).__name__} is neither LayerNorm nor RMSNorm with its own weight, "
                    f"bias and eps (they do not rebuild its output); qkv cannot freeze it into an "
                    f"affine map")

@@ -41,7 +41,7 @@ from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import Forward, run
-from qkv.explain.finite import NonFiniteError, check_layers as check_finite
+from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
@@ -159,18 +159,16 @@ def check_model(model, layer: int) -> None:
                        f"reads ({attn.projection_note}); its scores cannot be split")
 
 
-def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Tensor:
+def side(model, fwd, st: Stream, layer: int, head: int, which: str,
+         read: torch.Tensor | None = None) -> torch.Tensor:
     """(C, n, d) float64: each component of the layer's input at `st.positions` as its part
-    of head `head`'s query (`which="q"`) or key (`"k"`) there."""
+    of head `head`'s query (`which="q"`) or key (`"k"`) there; `read`: `attention_input`'s
+    parts when the caller has them (one norm frozen for both sides)."""
     lay = model.layers[layer]
     attn = lay.self_attn
     trace = fwd.traces[layer].self_attn
-    parts = st.parts  # (C, n, E)
+    parts = attention_input(model, fwd, st, layer) if read is None else read  # (C, n, E)
     dtype = fwd.hidden_states[layer].dtype
-    if lay.norm_first:  # pre-norm: the attention reads norm1(x), frozen at this forward's scale
-        lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
-        parts = lin.apply(parts)
-        parts[-1] += lin.shift
     q_rows, kv_rows = head_slice(attn, head)
     proj, norm, rows = ((attn.q_proj, attn.q_norm, q_rows) if which == "q"
                         else (attn.k_proj, attn.k_norm, kv_rows))
@@ -193,6 +191,18 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
         C, n, _ = out.shape
         out = step(out.reshape(C * n, d), st.positions.repeat(C)).view(C, n, d)
     return out
+
+
+def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
+    """(C, n, E) float64: the components of what the layer's attention reads at `st.positions`:
+    the stream's parts, through norm1 frozen at this forward's scale for a pre-norm layer."""
+    lay = model.layers[layer]
+    if not lay.norm_first:
+        return st.parts
+    lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
+    parts = lin.apply(st.parts)
+    parts[-1] += lin.shift
+    return parts
 
 
 # A projection's rows in float64, kept per module while its weights stay the same (the weight's
@@ -226,11 +236,12 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     keep = Writes(torch.arange(ids.shape[1]) if positions is None else positions)
     out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep),
                 output_hidden_states=True)
-    try:  # the layer's input holds every row: a NaN made earlier is in it
+    att = out.traces[layer].self_attn.attention
+    # a NaN made earlier is in the layer's input (every row); one made by its projections, in
+    # the row's weights (q, k) or output (v): only then is the whole trace run, to name where
+    if not all(bool(torch.isfinite(x).all()) for x in (out.hidden_states[layer], att.weights, att.output)):
+        run(model, ids, rows)  # raises NonFiniteError at the first one
         check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
-    except NonFiniteError:
-        run(model, ids, rows)  # the whole trace names where the first one was made
-        raise
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
@@ -310,8 +321,9 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)
     both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
-    q = side(model, fwd, both, layer, head, "q")[:, 0]  # (C, d)
-    k = side(model, fwd, both, layer, head, "k")[:, 1]  # (C, d)
+    read = attention_input(model, fwd, both, layer)  # (C, 2, E)
+    q = side(model, fwd, both, layer, head, "q", read)[:, 0]  # (C, d)
+    k = side(model, fwd, both, layer, head, "k", read)[:, 1]  # (C, d)
     dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
     dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
     terms = (q @ k.T) * scale  # (C, C)
