@@ -26,7 +26,7 @@ from qkv.modules.feedforward import FeedForward, GatedFeedForward
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
-from qkv.modules.writes import AtPositions, Writes
+from qkv.modules.writes import AtPositions, Weights, Writes
 
 NORMS: dict[str, Callable[..., nn.Module]] = {
     "layer": nn.LayerNorm,  # (x − mean) / std · γ + β  (Vaswani, BERT, GPT-2)
@@ -176,7 +176,8 @@ class TransformerLayer(nn.Module):
             is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
             intervention=intervention))
         residual = x  # (b, t, E): what the self-attention sub-block hands on
-        recorded = trace_rows.keep(x) if isinstance(trace_rows, Writes) else residual
+        recorded = trace_rows.keep(x) if isinstance(trace_rows, Writes) else \
+            None if isinstance(trace_rows, Weights) else residual
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:

@@ -14,7 +14,13 @@ so tracing a row of layer ℓ of a 2k-token, 22-layer GQA model keeps 2 × (h·d
 earlier layer instead of its keys and values repeated per query head and every row's heads and
 residual. It rides on `LayerRows(ℓ, rows, earlier=Writes(positions))`.
 
-The records are `AtPositions`: indexed by the *absolute* positions, as a full (b, t, ·) tensor
+`trace_rows=Weights(rows)` asks a layer for its traced rows' attention weights alone (h, r, s):
+the rows run the reference path exactly as `trace_rows=rows` runs them (the same numbers), but
+the trace's keys and values (repeated per query head), the inputs, every row's heads and the
+residual are dropped as soon as the layer is done — what a ranking of every head by its weights
+(`qkv heads`) reads, O(h · r · s) per layer.
+
+The records of `Writes` are `AtPositions`: indexed by the *absolute* positions, as a full (b, t, ·) tensor
 would be (`rec.heads[0, positions]`), so a reader needs not know which kind it holds.
 
 Examples:
@@ -82,4 +88,19 @@ class WritesTrace:
     heads: AtPositions
 
 
-__all__ = ["AtPositions", "Writes", "WritesTrace"]
+@dataclass(frozen=True)
+class Weights:
+    """`trace_rows=Weights(rows)`: record only the attention weights of the query `rows` (r,)."""
+
+    rows: torch.Tensor
+
+
+@dataclass(frozen=True)
+class WeightsTrace:
+    """What a `Weights` request records of one attention call: `weights` (b, h, r, s), the
+    traced rows' softmax weights as the reference path computed them in the forward."""
+
+    weights: torch.Tensor
+
+
+__all__ = ["AtPositions", "Weights", "WeightsTrace", "Writes", "WritesTrace"]
