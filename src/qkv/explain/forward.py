@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -94,9 +95,17 @@ def check_model(model) -> None:
     """ArgumentError unless `model` is a self-attention model from `qkv.load` (the typed
     protocol [`SelfAttentionModel`][qkv.models.protocol.SelfAttentionModel]: layers, a tokenizer, a
     name …)."""
+    if model in _CHECKED:
+        return
     if not isinstance(model, SelfAttentionModel):
         raise ArgumentError("model", "{name} must be a model from qkv.load (with layers and a "
                             "tokenizer), got {value}", value=type(model).__name__)
+    _CHECKED.add(model)
+
+
+# Models that passed `check_model`: a runtime protocol check reads every attribute the protocol
+# names (~50 µs), and one explanation asks it several times.
+_CHECKED: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def check_index(name: str, value) -> None:
