@@ -233,7 +233,7 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     head included. A model that runs its own layer loop (transformers) runs whole, traced."""
     if not stops_at_layer(model, layer):
         return run(model, ids, rows)
-    keep = Writes(torch.arange(ids.shape[1]) if positions is None else positions)
+    keep = Writes(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
     out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep),
                 output_hidden_states=True)
     att = out.traces[layer].self_attn.attention
@@ -306,7 +306,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     j = None if key is None else _pick(model, text, encoding, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
-                   None if j is None else torch.tensor([i, j]))
+                   None if j is None else torch.tensor([i, j], device=ids.device))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
