@@ -18,8 +18,9 @@ memory O(N).
 
 ``--cpu-min`` (issue 42, goal ≤ 2× a forward on every shipped model): the one-score rows only,
 each as the minimum of ``--calls`` calls' CPU time (``time.process_time``, one torch thread),
-forward and attribution interleaved in rounds of 5 — a minimum is what a loaded machine
-distorts least (wall-time medians swing 2–25× there).
+forward and attribution in rounds of 5 — a minimum is what a loaded machine distorts least
+(wall-time medians swing 2–25× there) — and the number of ATen operations each runs (no load
+distorts it: the fixed per-call work of a small model is mostly their count).
 """
 
 from __future__ import annotations
@@ -78,6 +79,33 @@ def cpu_min(fn, calls: int) -> float:
     return best
 
 
+class OpCount:
+    """Counts the ATen operations run inside it (a load-independent measure of per-call work)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.ops += 1
+                return func(*args, **(kwargs or {}))
+
+        self.ops, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def ops_of(fn) -> int:
+    with OpCount() as count:
+        fn()
+    return count.ops
+
+
 def cpu_minima(calls: int) -> None:
     """One attribution against one forward on each shipped model: CPU-time minima."""
     print(f"one score attribution against one forward (CPU-time minima of {calls} calls each)")
@@ -91,8 +119,9 @@ def cpu_minima(calls: int) -> None:
             rounds = max(1, calls // 5)
             f = min(cpu_min(forward, 5) for _ in range(rounds))
             a = min(cpu_min(attribution, 5) for _ in range(rounds))
+            nf, na = ops_of(forward), ops_of(attribution)
         print(f"  {name:7s} {ids.shape[1]:3d} tokens: forward {f * 1e3:7.2f} ms, attribution "
-              f"{a * 1e3:7.2f} ms → {a / f:.2f}×", flush=True)
+              f"{a * 1e3:7.2f} ms → {a / f:.2f}×; torch ops {nf} and {na} → {na / nf:.2f}×", flush=True)
 
 
 def rss_mb() -> float:
