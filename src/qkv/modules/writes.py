@@ -72,12 +72,13 @@ class AtPositions:
 
     def __getitem__(self, index) -> torch.Tensor:
         batch, positions = index
-        positions = torch.as_tensor(positions, device=self.positions.device).long()
-        local = torch.searchsorted(self.positions, positions).clamp_max(max(len(self.positions) - 1, 0))
-        if len(self.positions) == 0 or not torch.equal(self.positions[local], positions):
-            raise ValueError(f"positions {positions.tolist()} are not all among those kept "
+        wanted = torch.as_tensor(positions).tolist()  # a handful: looked up in Python, one sync
+        kept = {p: n for n, p in enumerate(self.positions.tolist())}
+        missing = [p for p in wanted if p not in kept]
+        if missing:
+            raise ValueError(f"positions {missing} are not all among those kept "
                              f"({self.positions.tolist()})")
-        return self.values[batch, local]
+        return self.values[batch, [kept[p] for p in wanted]]
 
 
 @dataclass(frozen=True)
