@@ -68,10 +68,10 @@ def test_a_position_not_kept_is_named():
 
 
 def _earlier_numbers(fwd, layer: int) -> int:
-    """Numbers held by the records of the layers before `layer`."""
+    """Numbers held by the records of the layers before `layer`, and by what entered them."""
     n = 0
-    for trace in fwd.traces[:layer]:
-        n += trace.self_attn.heads.values.numel() + trace.residual.values.numel()
+    for trace, entering in zip(fwd.traces[:layer], fwd.hidden_states[:layer]):
+        n += trace.self_attn.heads.values.numel() + trace.residual.values.numel() + entering.values.numel()
     return n
 
 
@@ -83,7 +83,7 @@ def test_an_attribution_keeps_two_positions_of_each_earlier_layer(gqa, length):
     with torch.no_grad():
         fwd = score._forward(gqa, ids, torch.tensor([length - 1]), 3, torch.tensor([length - 1, 1]))
     E, hd = 64, 64  # residual width, heads' width (8 × 8)
-    assert _earlier_numbers(fwd, 3) == 3 * 2 * (E + hd)
+    assert _earlier_numbers(fwd, 3) == 3 * 2 * (E + hd + E)
 
 
 def test_the_gqa_attribution_sums_to_the_score(gqa):

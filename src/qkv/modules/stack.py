@@ -76,7 +76,8 @@ class StackOutput:
             (b, 0, E) when `trace_rows` was a `LayerRows` (the forward stopped there).
         hidden_states: None unless asked for; then `num_layers + 1` tensors (b, t, E):
             `hidden_states[ℓ]` is exactly what enters layer ℓ, and the last one is the last
-            layer's output *before* the final norm.
+            layer's output *before* the final norm. Under `LayerRows(ℓ, …, earlier=Writes(p))`
+            those entering the layers before ℓ are `AtPositions` of the positions p.
         traces: None unless `trace_rows`; then one `LayerTrace` per layer (up to
             the stop, None but there, for a `LayerRows`).
     """
@@ -159,6 +160,8 @@ class TransformerStack(nn.Module):
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
                         trace_rows=rows, positions=positions,
                         **({} if edit is None else {"intervention": edit}))
+            if stop is not None and i < stop and isinstance(trace_rows.earlier, Writes):
+                hidden[i] = trace_rows.earlier.keep(hidden[i])  # its positions' rows: all it reads
             x = out.hidden
             hidden.append(x)
             traces.append(out.trace)
