@@ -10,9 +10,10 @@ layer ℓ' < ℓ:  attention runs untraced (the fast kernel, as a plain forward)
                records heads (b, n, h·d) and residual (b, n, E) at the n positions
 ```
 
-so tracing a row of layer ℓ of a 2k-token, 22-layer GQA model keeps 2 × (h·d + E) numbers per
-earlier layer instead of its keys and values repeated per query head and every row's heads and
-residual. It rides on `LayerRows(ℓ, rows, earlier=Writes(positions))`.
+so tracing a row of layer ℓ of a 2k-token, 22-layer GQA model keeps n × (h·d + 2E) numbers per
+earlier layer (with what entered it: the stack keeps `hidden_states` before ℓ at the positions
+too) instead of its keys and values repeated per query head and every row's heads, residual and
+input. It rides on `LayerRows(ℓ, rows, earlier=Writes(positions))`.
 
 `trace_rows=Weights(rows)` asks a layer for its traced rows' attention weights alone (h, r, s):
 the rows run the reference path exactly as `trace_rows=rows` runs them (the same numbers), but
