@@ -5,6 +5,7 @@ Set-up (nothing here downloads weights; the checkpoints are random, built by tra
 
     python benchmarks/scale.py make --shape tinyllama --out /tmp/qkv-scale/tinyllama   # 1.1B, bf16, ~2.2 GB
     python benchmarks/scale.py make --shape gpt2 --out /tmp/qkv-scale/gpt2             # GPT-2 small, fp32
+    python benchmarks/scale.py make --shape llama200m --out /tmp/qkv-scale/llama200m   # 0.24B GQA, fp32
     python benchmarks/scale.py run --model /tmp/qkv-scale/tinyllama --length 2048
 
 Every cell runs in a fresh interpreter (``cell``): load the model (memory-mapped), fault every
@@ -64,8 +65,14 @@ def make(shape: str, out: str) -> None:
                                        num_key_value_heads=8, intermediate_size=8192, vocab_size=32000,
                                        max_position_embeddings=32768, rope_theta=500000.0)
         model = transformers.LlamaForCausalLM(cfg)
+    elif shape == "llama200m":  # TinyLlama's head layout (64-dim heads, 8 query heads per kv head)
+        # at a quarter of its width: the GQA memory of `why` measured where a 2k forward is seconds
+        cfg = transformers.LlamaConfig(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                                       num_key_value_heads=2, intermediate_size=2816, vocab_size=32000,
+                                       max_position_embeddings=32768)
+        model = transformers.LlamaForCausalLM(cfg)
     else:
-        raise SystemExit(f"unknown shape {shape!r}: gpt2, tinyllama, llama1b")
+        raise SystemExit(f"unknown shape {shape!r}: gpt2, tinyllama, llama1b, llama200m")
     model.save_pretrained(out, safe_serialization=True)
     import qkv
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from qkv.explain.select import Units, units_for
 from qkv.explain.wording import ArgumentError, too_long
 from qkv.models.protocol import SelfAttentionModel
 from qkv.modules.stack import LayerRows
+from qkv.modules.writes import Weights
 from qkv.modules.transformer import TransformerLayer
 
 # A block of query rows is computed at a time: about this many (rows × keys) numbers per head,
@@ -93,9 +95,17 @@ def check_model(model) -> None:
     """ArgumentError unless `model` is a self-attention model from `qkv.load` (the typed
     protocol [`SelfAttentionModel`][qkv.models.protocol.SelfAttentionModel]: layers, a tokenizer, a
     name …)."""
+    if model in _CHECKED:
+        return
     if not isinstance(model, SelfAttentionModel):
         raise ArgumentError("model", "{name} must be a model from qkv.load (with layers and a "
                             "tokenizer), got {value}", value=type(model).__name__)
+    _CHECKED.add(model)
+
+
+# Models that passed `check_model`: a runtime protocol check reads every attribute the protocol
+# names (~50 µs), and one explanation asks it several times.
+_CHECKED: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def check_index(name: str, value) -> None:
@@ -264,6 +274,28 @@ def trace_layer(model, text: str, layer: int | None, *, words: bool = False,
     layers = range(len(out.traces)) if layer is None else [layer]
     return [LayerLse(text=text, encoding=encoding, units=units, layer=i,
                      record=out.traces[i].self_attn) for i in layers]
+
+
+def row_weights(model, ids: torch.Tensor, rows: torch.Tensor) -> list[torch.Tensor] | None:
+    """Every layer's weights (h, r, s) for the query `rows`, from one forward that keeps nothing
+    else (`Weights`: each layer's row trace is the one `trace_rows=rows` computes, its keys,
+    values, inputs and residual dropped when the layer is done; the model's head never runs).
+
+    None where that forward does not apply (a layer qkv's stack does not run:
+    `stops_at_layer`) or where a weight is not finite — the caller's whole trace then runs,
+    and names the first NaN.
+
+    Args:
+        ids: (1, t) token ids.
+        rows: (r,) query positions.
+    """
+    last = num_layers(model) - 1
+    if not all(stops_at_layer(model, layer) for layer in range(last + 1)):
+        return None
+    with torch.no_grad():
+        out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(last, Weights(rows), earlier=True))
+    weights = [trace.self_attn.weights[0] for trace in out.traces]  # L × (h, r, s)
+    return weights if all(bool(torch.isfinite(w).all()) for w in weights) else None
 
 
 def device_of(model) -> torch.device:

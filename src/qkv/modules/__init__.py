@@ -2,6 +2,8 @@
 
 * `multihead.py`   — [`MultiHeadAttention`][qkv.modules.MultiHeadAttention] (self, cross, GQA, MQA)
 * `lse_trace.py`   — `trace_rows=LSE`: every row's log-sum-exp with q, k, v (`LseTrace`)
+* `writes.py`      — `trace_rows=Writes(positions)`: what a layer wrote at some positions only;
+  `Weights(rows)`: some rows' weights only
 * `kv_cache.py`    — [`KVCache`][qkv.modules.KVCache] for incremental decoding
 * `positional.py`  — sinusoidal, learned, rotary (RoPE), ALiBi
 * `feedforward.py` — [`FeedForward`][qkv.modules.FeedForward],
@@ -23,11 +25,12 @@ from qkv.modules.positional import (
 )
 from qkv.modules.stack import LayerRows, StackOutput, TransformerStack
 from qkv.modules.transformer import LayerOutput, LayerTrace, TransformerLayer
+from qkv.modules.writes import AtPositions, Weights, WeightsTrace, Writes, WritesTrace
 
 __all__ = [
-    "ALiBi", "AttentionEdit", "AttentionOutput", "FeedForward", "GatedFeedForward", "Interventions",
+    "ALiBi", "AtPositions", "AttentionEdit", "AttentionOutput", "FeedForward", "GatedFeedForward", "Interventions",
     "KVCache", "LayerOutput", "LayerRows", "LayerTrace", "LearnedPositionalEmbedding", "LSE", "LseTrace",
     "MultiHeadAttention", "MultiHeadTrace",
     "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "TransformerLayer",
-    "TransformerStack",
+    "TransformerStack", "Weights", "WeightsTrace", "Writes", "WritesTrace",
 ]

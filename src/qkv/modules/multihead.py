@@ -24,6 +24,7 @@ from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.lse_trace import LseRequest, LseTrace
 from qkv.modules.positional import ALiBi, RotaryEmbedding
+from qkv.modules.writes import Weights, WeightsTrace, Writes, WritesTrace
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class AttentionOutput:
         weights: None unless `need_weights`; then (b, t, s) averaged over heads, or
             (b, h, t, s) with `average_attn_weights=False`.
         trace: None unless `trace_rows`; then a `MultiHeadTrace` of those rows (an
-            `LseTrace` with `trace_rows=LSE`).
+            `LseTrace` with `trace_rows=LSE`, a `WritesTrace` / `WeightsTrace` with
+            `trace_rows=Writes(…)` / `Weights(…)`).
     """
 
     output: torch.Tensor
@@ -271,8 +273,10 @@ description (nothing materialised)."""
 
         # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
         needs_local = need_weights or kv_cache is not None or key is not query
-        heads, trace, weights = self._attend(q, k, v, description, trace_rows, need_weights,
-                                             needs_local, intervention)  # heads: (b, h, t, d)
+        writes = trace_rows if isinstance(trace_rows, Writes) else None  # no rows traced: untraced
+        rows = None if writes else trace_rows.rows if isinstance(trace_rows, Weights) else trace_rows
+        heads, trace, weights = self._attend(q, k, v, description, rows, need_weights, needs_local,
+                                             intervention)  # heads: (b, h, t, d)
         # 4) concatenate the heads and mix them
         concat = heads.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (b, t, h·d)
         out = self.out_proj(concat)
@@ -280,6 +284,10 @@ description (nothing materialised)."""
         if need_weights:
             weights = weights.to(query.dtype)  # (b, h, t, s)
             weights = weights.mean(dim=1) if average_attn_weights else weights
+        if writes is not None:
+            return AttentionOutput(out, weights, WritesTrace(writes.keep(concat)))
+        if isinstance(trace_rows, Weights):
+            return AttentionOutput(out, weights, WeightsTrace(trace.weights))
         if trace_rows is None or isinstance(trace_rows, LseRequest):
             return AttentionOutput(out, weights, trace)
         return AttentionOutput(out, weights, self._record(query, key, value, trace_rows, trace, concat, s))

@@ -31,6 +31,7 @@ from qkv.attention.trace import LseRequest
 from qkv.modules.intervention import Interventions
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.transformer import LayerTrace, TransformerLayer
+from qkv.modules.writes import Writes
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,10 @@ class LayerRows:
         layer: the layer whose attention is recorded (from 0); the layers after it do not run.
         rows: what that layer records — query positions, `slice(None)`, or
             `LSE` (q, k, v and every row's lse: O(t) per head).
-        earlier: record the same `rows` in every layer before it too (what a decomposition
-            of layer `layer`'s input reads: each earlier layer's heads and residual).
+        earlier: True: record the same `rows` in every layer before it too; a
+            [`Writes`][qkv.modules.writes.Writes]: record there only each head's output and
+            the residual at its positions (what a decomposition of layer `layer`'s input reads),
+            the attention running untraced.
 
     It rides on `trace_rows` because every model already threads that argument from its
     forward to the stack. The stack's output then holds `traces[layer]` (the others None, or
@@ -53,7 +56,15 @@ class LayerRows:
 
     layer: int
     rows: torch.Tensor | slice | LseRequest
-    earlier: bool = False
+    earlier: bool | Writes = False
+
+    def at(self, layer: int):
+        """What layer `layer` (≤ `self.layer`) is asked to record: `rows`, `earlier`'s, or None."""
+        if layer == self.layer:
+            return self.rows
+        if isinstance(self.earlier, Writes):
+            return self.earlier
+        return self.rows if self.earlier else None
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,8 @@ class StackOutput:
             (b, 0, E) when `trace_rows` was a `LayerRows` (the forward stopped there).
         hidden_states: None unless asked for; then `num_layers + 1` tensors (b, t, E):
             `hidden_states[ℓ]` is exactly what enters layer ℓ, and the last one is the last
-            layer's output *before* the final norm.
+            layer's output *before* the final norm. Under `LayerRows(ℓ, …, earlier=Writes(p))`
+            those entering the layers before ℓ are `AtPositions` of the positions p.
         traces: None unless `trace_rows`; then one `LayerTrace` per layer (up to
             the stop, None but there, for a `LayerRows`).
     """
@@ -142,13 +154,14 @@ class TransformerStack(nn.Module):
             edit = None
             if interventions is not None:
                 x, edit = interventions.input(i, x), interventions.attention(i)
-            rows = trace_rows if stop is None else \
-                trace_rows.rows if i == stop or trace_rows.earlier else None
+            rows = trace_rows if stop is None else trace_rows.at(i)
             out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
                         kv_cache=kv_caches[i] if kv_caches is not None else None,
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
                         trace_rows=rows, positions=positions,
                         **({} if edit is None else {"intervention": edit}))
+            if stop is not None and i < stop and isinstance(trace_rows.earlier, Writes):
+                hidden[i] = trace_rows.earlier.keep(hidden[i])  # its positions' rows: all it reads
             x = out.hidden
             hidden.append(x)
             traces.append(out.trace)

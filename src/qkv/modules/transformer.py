@@ -26,6 +26,7 @@ from qkv.modules.feedforward import FeedForward, GatedFeedForward
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.multihead import AttentionOutput, MultiHeadAttention, MultiHeadTrace
+from qkv.modules.writes import AtPositions, Weights, Writes
 
 NORMS: dict[str, Callable[..., nn.Module]] = {
     "layer": nn.LayerNorm,  # (x − mean) / std · γ + β  (Vaswani, BERT, GPT-2)
@@ -38,11 +39,13 @@ class LayerTrace:
     """The attention traces of one layer (rows as requested), and its residual stream.
 
     Attributes:
-        self_attn: the self-attention's `MultiHeadTrace`.
+        self_attn: the self-attention's `MultiHeadTrace` (a `WritesTrace` for a `Writes`
+            request: the heads' outputs at its positions only).
         cross_attn: the cross-attention's `MultiHeadTrace` (decoders only).
         residual: (b, t, E) what the self-attention sub-block hands on, every row: `x + attn`
             (pre-norm) or `norm1(x + attn)` (post-norm); None for a layer that never forms it
-            (GPT-NeoX's parallel residual). Not detached (see `MultiHeadTrace.heads`).
+            (GPT-NeoX's parallel residual). Not detached (see `MultiHeadTrace.heads`). For a
+            `Writes` request, an `AtPositions` holding its positions' rows only.
         ffn_sum: (b, t, E) what a post-norm layer's last norm read, `residual + ff(residual)`,
             where the forward records it (a transformers post-norm layer, whose feed-forward
             qkv does not run); None otherwise.
@@ -50,7 +53,7 @@ class LayerTrace:
 
     self_attn: MultiHeadTrace
     cross_attn: MultiHeadTrace | None = None
-    residual: torch.Tensor | None = None
+    residual: torch.Tensor | AtPositions | None = None
     ffn_sum: torch.Tensor | None = None
 
 
@@ -173,6 +176,8 @@ class TransformerLayer(nn.Module):
             is_causal=is_causal, kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
             intervention=intervention))
         residual = x  # (b, t, E): what the self-attention sub-block hands on
+        recorded = trace_rows.keep(x) if isinstance(trace_rows, Writes) else \
+            None if isinstance(trace_rows, Weights) else residual
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
@@ -183,5 +188,5 @@ class TransformerLayer(nn.Module):
                 kv_cache=memory_kv_cache, trace_rows=trace_rows))
         # 3) feed-forward
         x, _ = self._residual(x, self.norm3, self.feed_forward)
-        trace = LayerTrace(self_trace, cross_trace, residual) if trace_rows is not None else None
+        trace = LayerTrace(self_trace, cross_trace, recorded) if trace_rows is not None else None
         return LayerOutput(x, trace)

@@ -23,6 +23,7 @@ Examples:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -66,35 +67,63 @@ def affine(norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     return own.get("weight"), own.get("bias")
 
 
+# γ, 1 + γ and β in float64 per norm while its parameters stay the same (their version counters
+# move on any in-place change): they do not depend on the text.
+_CONSTANTS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _constants(norm: nn.Module, x64: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """(the candidate γs (E,): as the module stores it, or 1 + γ — Gemma's RMSNorm keeps the
+    offset from 1 —; β (E,)), float64, on x64's device."""
+    weight, bias = affine(norm)
+    version = tuple(None if p is None else (p._version, p.data_ptr(), p.dtype, p.device)
+                    for p in (weight, bias)) + (x64.shape[-1], x64.device)
+    kept = _CONSTANTS.get(norm)
+    if kept is None or kept[0] != version:
+        E = x64.shape[-1]
+        w = weight.detach().to(x64) if weight is not None else None
+        gammas = (x64.new_ones(E),) if w is None else (w, 1 + w)
+        beta = bias.detach().to(x64) if bias is not None else x64.new_zeros(E)
+        kept = _CONSTANTS[norm] = (version, gammas, beta)
+    return kept[1], kept[2]
+
+
+# The form (γ or 1 + γ, centred or not, 1/σ fitted or computed) that rebuilt each norm's output
+# last time: tried first next time, the others only where it does not rebuild (the weights
+# changed, another input) — one check per call instead of up to eight.
+_FORMS: "weakref.WeakKeyDictionary[nn.Module, tuple[int, bool, bool]]" = weakref.WeakKeyDictionary()
+
+
 def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
     """`norm` as an affine map at the rows of `x` (n, E) (the vectors it read in the
     forward), checked against `norm(x)`; QkvError naming the norm where neither a LayerNorm's
     nor an RMSNorm's formula with its γ, β and ε rebuilds its output."""
     x64 = x.double()
-    E = x.shape[-1]
-    weight, bias = affine(norm)
-    weight = weight.detach().double() if weight is not None else None
-    # γ as the module stores it, or 1 + γ (Gemma's RMSNorm keeps the offset from 1)
-    gammas = (x64.new_ones(E),) if weight is None else (weight, 1 + weight)
-    beta = bias.detach().double() if bias is not None else x64.new_zeros(E)
+    gammas, beta = _constants(norm, x64)
     eps = _eps(norm, x.dtype)
     with torch.no_grad():
         want = norm(x)
     y = want.double() - beta  # (n, E)
-    for gamma, centres in ((g, c) for g in gammas for c in (True, False)):
+    forms = [(g, c, fitted) for g in range(len(gammas)) for c in (True, False) for fitted in (True, False)]
+    forms.sort(key=lambda form: form != _FORMS.get(norm))  # the last one that rebuilt first
+    for g, centres, fitted in forms:
+        gamma = gammas[g]
         centred = x64 - x64.mean(-1, keepdim=True) if centres else x64
         spread = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (n, 1): σ or rms
-        # the scale the forward computed, read off its output where it has one (an RMSNorm of
-        # transformers normalises in float32 whatever the model's dtype): 1/σ fitted per row
-        z = centred * gamma  # (n, E)
-        zz = z.pow(2).sum(-1, keepdim=True)
-        fitted = torch.where(zz > 0, (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300),
-                             1 / spread)  # (n, 1): 1/σ
-        for inverse in (fitted, 1 / spread):
-            lin = Linearised(gamma * inverse, beta, centres)
-            got = lin.apply(x64) + beta
-            if rebuilds(got, want):
-                return lin
+        if fitted:
+            # the scale the forward computed, read off its output where it has one (an RMSNorm of
+            # transformers normalises in float32 whatever the model's dtype): 1/σ fitted per row
+            z = centred * gamma  # (n, E)
+            zz = z.pow(2).sum(-1, keepdim=True)
+            inverse = torch.where(zz > 0, (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300),
+                                  1 / spread)  # (n, 1): 1/σ
+        else:
+            inverse = 1 / spread
+        lin = Linearised(gamma * inverse, beta, centres)
+        got = lin.apply(x64) + beta
+        if rebuilds(got, want):
+            _FORMS[norm] = (g, centres, fitted)
+            return lin
     raise QkvError(f"{type(norm).__name__} is neither LayerNorm nor RMSNorm with its own weight, "
                    f"bias and eps (they do not rebuild its output); qkv cannot freeze it into an "
                    f"affine map")

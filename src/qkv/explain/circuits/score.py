@@ -49,6 +49,7 @@ from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.modules.multihead import norm_width
 from qkv.modules.stack import LayerRows
+from qkv.modules.writes import Writes
 
 # Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
 # (32 MB), whatever the document's length.
@@ -158,18 +159,16 @@ def check_model(model, layer: int) -> None:
                        f"reads ({attn.projection_note}); its scores cannot be split")
 
 
-def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Tensor:
+def side(model, fwd, st: Stream, layer: int, head: int, which: str,
+         read: torch.Tensor | None = None) -> torch.Tensor:
     """(C, n, d) float64: each component of the layer's input at `st.positions` as its part
-    of head `head`'s query (`which="q"`) or key (`"k"`) there."""
+    of head `head`'s query (`which="q"`) or key (`"k"`) there; `read`: `attention_input`'s
+    parts when the caller has them (one norm frozen for both sides)."""
     lay = model.layers[layer]
     attn = lay.self_attn
     trace = fwd.traces[layer].self_attn
-    parts = st.parts  # (C, n, E)
+    parts = attention_input(model, fwd, st, layer) if read is None else read  # (C, n, E)
     dtype = fwd.hidden_states[layer].dtype
-    if lay.norm_first:  # pre-norm: the attention reads norm1(x), frozen at this forward's scale
-        lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
-        parts = lin.apply(parts)
-        parts[-1] += lin.shift
     q_rows, kv_rows = head_slice(attn, head)
     proj, norm, rows = ((attn.q_proj, attn.q_norm, q_rows) if which == "q"
                         else (attn.k_proj, attn.k_norm, kv_rows))
@@ -194,6 +193,18 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
     return out
 
 
+def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
+    """(C, n, E) float64: the components of what the layer's attention reads at `st.positions`:
+    the stream's parts, through norm1 frozen at this forward's scale for a pre-norm layer."""
+    lay = model.layers[layer]
+    if not lay.norm_first:
+        return st.parts
+    lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
+    parts = lin.apply(st.parts)
+    parts[-1] += lin.shift
+    return parts
+
+
 # A projection's rows in float64, kept per module while its weights stay the same (the weight's
 # version counter moves on any in-place change): they do not depend on the text, and each
 # attribution would otherwise convert them again.
@@ -214,15 +225,23 @@ def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Te
     return kept[where][1:]
 
 
-def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int) -> Forward:
-    """The forward through layer `layer` only, `rows` traced in it and every layer before
-    (their heads and residuals are the components): nothing after the layer is computed, the
-    model's head included. A model that runs its own layer loop (transformers) runs whole."""
+def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
+             positions: torch.Tensor | None) -> Forward:
+    """The forward through layer `layer` only, `rows` traced in it; every layer before it runs
+    untraced and records its heads' outputs and residual at `positions` (None: every position)
+    — the components, nothing else (`Writes`). Nothing after the layer is computed, the model's
+    head included. A model that runs its own layer loop (transformers) runs whole, traced."""
     if not stops_at_layer(model, layer):
         return run(model, ids, rows)
-    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=True),
+    keep = Writes(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep),
                 output_hidden_states=True)
-    check_finite(out.traces, model=model_name(model))  # NaN: named, up to the layer
+    att = out.traces[layer].self_attn.attention
+    # a NaN made earlier is in the layer's input (every row); one made by its projections, in
+    # the row's weights (q, k) or output (v): only then is the whole trace run, to name where
+    if not all(bool(torch.isfinite(x).all()) for x in (out.hidden_states[layer], att.weights, att.output)):
+        run(model, ids, rows)  # raises NonFiniteError at the first one
+        check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
@@ -284,8 +303,10 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
+    j = None if key is None else _pick(model, text, encoding, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
-    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer)
+    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
+                   None if j is None else torch.tensor([i, j], device=ids.device))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
@@ -296,13 +317,13 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
         return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype)
-    j = _pick(model, text, encoding, key, "key")
     if not torch.isfinite(mask[j]):
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)
     both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
-    q = side(model, fwd, both, layer, head, "q")[:, 0]  # (C, d)
-    k = side(model, fwd, both, layer, head, "k")[:, 1]  # (C, d)
+    read = attention_input(model, fwd, both, layer)  # (C, 2, E)
+    q = side(model, fwd, both, layer, head, "q", read)[:, 0]  # (C, d)
+    k = side(model, fwd, both, layer, head, "k", read)[:, 1]  # (C, d)
     dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
     dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
     terms = (q @ k.T) * scale  # (C, C)

@@ -127,7 +127,14 @@ def heads(model, text: str, *, source: str | None = None, target: str, method: s
     units = word_units(encoding, text)
     src = choose(source, units, role="source")
     tgt = choose(target, units, role="target")
-    per_layer, m = unit_shares(model, encoding, units, src.unit, method, target_text)
+    m = contributions.check_method(model, method, target_text)
+    rows = torch.tensor(units.groups[src.unit], device=forward.device_of(model))
+    ids = torch.tensor([encoding.ids], dtype=torch.long, device=rows.device)  # (1, t)
+    # the weights alone: each layer's rows traced as the method's forward traces them, nothing
+    # else kept (O(h · r · t) per layer, not its keys, values and residual)
+    per_layer = forward.row_weights(model, ids, rows) if m.name == "weight" else None
+    if per_layer is None:
+        per_layer, m = unit_shares(model, encoding, units, src.unit, method, target_text)
     ranked = rank_pair(per_layer, units, src.unit, tgt.unit)
     if m.per == "layer":
         ranked = [replace(h, head=None) for h in ranked]
