@@ -60,6 +60,8 @@ from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
 
 BIAS = "bias"
+#: The softmax kinds whose scores `score_attribution` splits.
+SPLIT_KINDS = (MixerKind.SOFTMAX, MixerKind.MLA, MixerKind.SPARSE)
 #: What qkv's own layers that form no x + attn do instead (GPT-NeoX).
 def head_name(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
@@ -106,10 +108,11 @@ def out_weight(attn) -> torch.Tensor:
     return w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0)
 
 
-def check(model) -> None:
-    """QkvError naming what `stream` cannot read in `model`."""
+def check(model, upto: int | None = None) -> None:
+    """QkvError naming what `stream` cannot read in `model` (in its layers before `upto`, the
+    ones the input of layer `upto` is made of; None: every layer)."""
     check_layers(model, "circuits", hybrid=True)
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.layers[:upto]):
         attn = layer.self_attn
         if attn is None:  # a hybrid's own mixer (one component) or a feed-forward-only layer
             if model.parts.layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
@@ -131,16 +134,17 @@ def check(model) -> None:
                            f"component")
 
 
-def check_query_layer(model, layer: int) -> None:
-    """ArgumentError naming the kind of a softmax-kind layer whose scores are not plain q·k of
-    linear projections (MLA: content + RoPE parts of latents; sparse: an indexer's keys;
-    differential: two maps), so no component split is made for it yet — one line, before any
-    projection is read."""
+def check_query_layer(model, layer: int) -> MixerKind | None:
+    """The kind of the layer's softmax-kind mixer (softmax; MLA: content + RoPE parts of latents;
+    sparse: MLA over an indexer's keys), None for a layer without one; ArgumentError naming a
+    kind whose scores are not split by component (differential: two maps) — one line, before
+    any projection is read."""
     kinds = [m.kind for m in model.parts.layers[layer].mixers if m.kind.softmax]
-    if kinds and kinds[0] is not MixerKind.SOFTMAX:
-        raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "
-                            "are not split by component yet (its step by step: qkv.explain.mixers."
-                            "mixer({kind!r}).read)", value=layer, model=model.name, kind=kinds[0].value)
+    if not kinds or kinds[0] in SPLIT_KINDS:
+        return kinds[0] if kinds else None
+    raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "
+                        "are not split by component yet (its step by step: qkv.explain.mixers."
+                        "mixer({kind!r}).read)", value=layer, model=model.name, kind=kinds[0].value)
 
 
 def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
@@ -176,7 +180,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     """The input of layer `layer` (0 … L; L: the last layer's output, before any final norm)
     at `positions`, split by component, from `fwd` (a
     `Forward` with the residuals and heads recorded)."""
-    check(model)
+    check(model, layer)
     positions = torch.as_tensor(positions).long()
     first = fwd.hidden_states[0][0, positions]  # (n, E)
     embedding, parts, bias = embed.split(model, fwd.ids[0], first, positions)  # (P, n, E), (n, E)

@@ -31,6 +31,7 @@ Examples:
 from __future__ import annotations
 
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -38,21 +39,42 @@ import torch
 
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
+from qkv.explain.circuits import latent
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import Forward, run
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
+from qkv.explain.mixers import gate, mla, sparse
 from qkv.explain.select import choose_in
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import MixerKind
 from qkv.modules.multihead import norm_width
 from qkv.modules.stack import LayerRows
 
 # Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
 # (32 MB), whatever the document's length.
 CHUNK_NUMBERS = 1 << 22
+
+
+@dataclass(frozen=True)
+class LatentSplit:
+    """An MLA head's score as its two parts, each split like `ScoreAttribution.terms`
+    (`content + position` = `terms`).
+
+    Attributes:
+        content: (C, C) float64, scale · q_nope,a · k_nope,b: what the tokens' latents say.
+        position: (C, C) float64, scale · R_i q_rope,a · R_j k_rope,b: the RoPE part.
+    """
+
+    content: torch.Tensor
+    position: torch.Tensor
+
+    def to_dict(self) -> dict:
+        return {"content": float(self.content.sum()), "position": float(self.position.sum()),
+                "content_terms": numbers(self.content), "position_terms": numbers(self.position)}
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,10 @@ class ScoreAttribution(OneHead):
         bound: how far `terms.sum()` may be from `score`: the rounding of the forward's
             q and k (measured: `q_error`, `k_error`, each checked to be rounding) carried
             through the dot product, plus the dot product's own rounding in the model's dtype.
+        latent: an MLA head's content and RoPE parts (`LatentSplit`), else None.
+        gated: the head's output is gated after its weights (Qwen3-Next, Qwen3.5): the gate
+            does not touch the score, so the terms are the score's all the same.
+        indexed: the layer's indexer chose the keys (sparse attention): this key was one of them.
     """
 
     kind: ClassVar[str] = "score-attribution"  # its row in qkv.explain.kinds.KINDS
@@ -86,6 +112,9 @@ class ScoreAttribution(OneHead):
     k_error: float
     capped: float | None = None
     score_bias: float = 0.0
+    latent: LatentSplit | None = None
+    gated: bool = False
+    indexed: bool = False
 
     def top(self, n: int = 10) -> list[tuple[str, str, float]]:
         """The n largest terms by size: (query component, key component, term)."""
@@ -113,6 +142,8 @@ class ScoreAttribution(OneHead):
                 "terms_sum": float(self.terms.sum()), "score": self.score, "bound": self.bound,
                 "q_error": self.q_error, "k_error": self.k_error, "capped": self.capped,
                 "score_bias": self.score_bias,
+                "latent": None if self.latent is None else self.latent.to_dict(),
+                "gated": self.gated, "indexed": self.indexed,
                 "top": [{"query": a, "key": b, "term": t} for a, b, t in self.top()]}
 
 
@@ -161,15 +192,10 @@ def check_model(model, layer: int) -> None:
 def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Tensor:
     """(C, n, d) float64: each component of the layer's input at `st.positions` as its part
     of head `head`'s query (`which="q"`) or key (`"k"`) there."""
-    lay = model.layers[layer]
-    attn = lay.self_attn
+    attn = model.layers[layer].self_attn
     trace = fwd.traces[layer].self_attn
-    parts = st.parts  # (C, n, E)
+    parts = normed(model, fwd, st, layer)  # (C, n, E)
     dtype = fwd.hidden_states[layer].dtype
-    if lay.norm_first:  # pre-norm: the attention reads norm1(x), frozen at this forward's scale
-        lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
-        parts = lin.apply(parts)
-        parts[-1] += lin.shift
     q_rows, kv_rows = head_slice(attn, head)
     proj, norm, rows = ((attn.q_proj, attn.q_norm, q_rows) if which == "q"
                         else (attn.k_proj, attn.k_norm, kv_rows))
@@ -192,6 +218,18 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str) -> torch.Ten
         C, n, _ = out.shape
         out = step(out.reshape(C * n, d), st.positions.repeat(C)).view(C, n, d)
     return out
+
+
+def normed(model, fwd, st: Stream, layer: int) -> torch.Tensor:
+    """(C, n, E) the components of the layer's input as its attention reads them: through a
+    pre-norm layer's norm1 frozen at this forward's scale (its β in `bias`), else as they are."""
+    lay = model.layers[layer]
+    if not lay.norm_first:
+        return st.parts
+    lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
+    parts = lin.apply(st.parts)
+    parts[-1] += lin.shift
+    return parts
 
 
 # A projection's rows in float64, kept per module while its weights stay the same (the weight's
@@ -265,13 +303,16 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         model: a model from [`qkv.load`][qkv.load] whose heads' weights are read
             (`capabilities.head_weights`) and whose residual stream splits (pre- or
             post-norm layers that form x + attn; a parallel residual, a norm on the attention's
-            branch or a scaled branch is refused by name).
+            branch or a scaled branch is refused by name). MLA layers (and the sparse layers'
+            MLA attention) split through their latents (`latent.py`): `latent` holds the
+            content and RoPE parts.
         token, key: an index, a word or `"word@N"` (as [`qkv.explain.explain`][qkv.explain.explain]
             takes them); `token=None`: the last word.
 
     Raises:
         ArgumentError: a token or key not in the text, a layer/head out of range, a key the
-            head never scores (masked: after the token in a causal model).
+            head never scores (masked: after the token in a causal model; a sparse layer's key
+            its indexer left out, with the margin it missed the cut by).
         QkvError: a model whose parts are not linear maps qkv reads (named).
     """
     for role, value in (("layer", layer), ("head", head)):
@@ -279,33 +320,50 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
             raise ArgumentError(role, "{name} is required: score_attribution splits the score of "
                                 "one head (give {layer} and {head} as ints), got None")
     check_layer_head(model, layer, head)
-    check_query_layer(model, layer)  # MLA, sparse, differential: named by kind
-    check(model)  # the stream first: a parallel residual is named before its projections
-    check_model(model, layer)
+    kind = check_query_layer(model, layer)  # differential: named by kind
+    check(model, layer)  # the stream first: a parallel residual is named before its projections
+    latent_kind = kind in (MixerKind.MLA, MixerKind.SPARSE)
+    if not latent_kind:
+        check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
-    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer)
+    module = model.layers[layer].self_attn.module if latent_kind else None
+    with latent.handed(module) if latent_kind else nullcontext({}) as given:
+        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer)
+    sides = _sides(model, fwd, layer, head, module, given.get("position_embeddings"))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
     tokens = list(encoding.tokens)
+    gated = _gated(model, layer)
     if key is None:
         query = stream(model, fwd, layer, torch.tensor([i], device=ids.device))
-        q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
+        q = sides(query, "q")[:, 0]  # (C, d)
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
-        return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype)
+        return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype, sides)
     j = _pick(model, text, encoding, key, "key")
     if not torch.isfinite(mask[j]):
+        if kind is MixerKind.SPARSE and j <= i:
+            raise ArgumentError("key", "{name} {value!r} (position {j}) was left out by layer {layer}'s "
+                                "indexer for the query at {i}: its weight is 0 (its index score "
+                                "missed the top-{k} cut by {miss:.4g})", value=key, j=j, i=i, layer=layer,
+                                k=int(torch.isfinite(mask).sum()), miss=_missed(module, fwd, layer, i, j, given))
         raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
                             "{i}: the head never scores it", value=key, j=j, i=i)
     both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
-    q = side(model, fwd, both, layer, head, "q")[:, 0]  # (C, d)
-    k = side(model, fwd, both, layer, head, "k")[:, 1]  # (C, d)
+    q = sides(both, "q")[:, 0]  # (C, d)
+    k = sides(both, "k")[:, 1]  # (C, d)
     dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
     dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
     terms = (q @ k.T) * scale  # (C, C)
+    split = None
+    if latent_kind:  # content: the first dn features (q_nope · k_nope), position: the rotated rest
+        dn = mla.latents(module).nope
+        content = (q[:, :dn] @ k[:, :dn].T) * scale  # (C, C)
+        split = LatentSplit(content=content, position=(q[:, dn:] @ k[:, dn:].T) * scale)
+        terms = split.content + split.position
     score = float(att.scores[0, head, 0, j]) * scale
     cap = att.softcap
     return ScoreAttribution(
@@ -314,10 +372,42 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
         q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
         capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
-        score_bias=float(mask[j]))
+        score_bias=float(mask[j]), latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
 
 
-def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) -> ScoreRow:
+def _sides(model, fwd, layer: int, head: int, module, position_embeddings):
+    """`sides(st, which)` → (C, n, d) float64: the components of `st` as head `head`'s query
+    (`which="q"`) or key (`"k"`) at `st.positions` — through W_Q, W_K (`side`) or, for an MLA
+    `module`, through its latents (`latent.side`: d = dn + dr, [nope | rotated rope])."""
+    if module is None:
+        return lambda st, which: side(model, fwd, st, layer, head, which)
+    x = fwd.traces[layer].self_attn.key_input  # (1, t, E) what the module read
+    rotations = dict(zip("qk", mla.rotations(module, x, position_embeddings)))  # (t, dr, dr) each
+    lat, dtype = mla.latents(module), fwd.hidden_states[layer].dtype
+    return lambda st, which: latent.side(lat, normed(model, fwd, st, layer), st.positions, head, which,
+                                         rotations[which], dtype)
+
+
+def _gated(model, layer: int) -> bool:
+    """Whether the layer's heads' outputs are gated after their weights (Qwen3-Next, 3.5)."""
+    attn = model.layers[layer].self_attn
+    return attn.out_proj is None and gate.gated(attn.module, attn.num_heads, attn.head_dim) \
+        if hasattr(attn, "module") else False
+
+
+def _missed(module, fwd, layer: int, i: int, j: int, given: dict) -> float:
+    """How far key `j`'s index score fell below the lowest selected one for query `i`
+    (`sparse.SparseRow.missed_by`), the selection the forward's own (its finite scores)."""
+    x = fwd.traces[layer].self_attn.key_input  # (1, t, E)
+    terms = sparse.index_terms(module, x, given.get("position_embeddings"))  # (g, t, t)
+    t = x.shape[1]
+    selected = torch.zeros(t, t, dtype=torch.bool)
+    selected[i] = torch.isfinite(fwd.traces[layer].self_attn.attention.additive()[0, 0, 0]).cpu()[:t]
+    weights = torch.zeros(1, t, t, dtype=torch.float64)  # only the selection of row i is read
+    return sparse.SparseIndexed(terms=terms, selected=selected, weights=weights, topk=0).row(i).missed_by(j)
+
+
+def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype, sides) -> ScoreRow:
     """Every key's score split over the key-side components, `keys` in chunks (O(N · C))."""
     att = fwd.traces[layer].self_attn.attention
     E = fwd.hidden_states[layer].shape[-1]
@@ -327,7 +417,7 @@ def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) ->
     for start in range(0, len(keys), step):
         chunk = keys[start:start + step]
         st = stream(model, fwd, layer, chunk)
-        k = side(model, fwd, st, layer, head, "k")  # (C, n, d)
+        k = sides(st, "k")  # (C, n, d)
         total = k.sum(0)  # (n, d)
         dk = _checked(model, total, att.key[0, head, chunk], "key")
         terms.append(torch.einsum("cnd,d->nc", k, q) * scale)  # (n, C)
@@ -338,4 +428,4 @@ def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) ->
                     bound=float(torch.cat(bounds).max()))
 
 
-__all__ = ["ScoreAttribution", "ScoreRow", "score_attribution", "side"]
+__all__ = ["LatentSplit", "ScoreAttribution", "ScoreRow", "normed", "score_attribution", "side"]
