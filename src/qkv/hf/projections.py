@@ -260,6 +260,9 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                 q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
             except RuntimeError:  # not of this width
                 continue
+            if q.shape[-1] == 2 * sizes.heads * d:  # each head's d query rows, then its d gate rows
+                wq = wq.rows((torch.arange(sizes.heads)[:, None] * 2 * d + torch.arange(d)).flatten())
+                q = wq(x)  # (b, t, h·d): Qwen3-Next / 3.5, the gate read by explain/mixers/gate.py
             if q_norm is not None:
                 q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
             q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)

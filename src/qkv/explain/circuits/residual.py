@@ -56,6 +56,7 @@ from qkv.errors import QkvError
 from qkv.explain.circuits import embed
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
+from qkv.explain.mixers import gate
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
 
@@ -109,18 +110,20 @@ def out_weight(attn) -> torch.Tensor:
 
 
 def check(model, upto: int | None = None) -> None:
-    """QkvError naming what `stream` cannot read in `model` (in its layers before `upto`, the
-    ones the input of layer `upto` is made of; None: every layer)."""
+    """QkvError naming what `stream` cannot read in `model`: in every layer (`upto` None), or
+    in the layers before `upto` — the ones the input of layer `upto` is made of — and, of layer
+    `upto` itself, whether its attention reads that input as x + attn's layers do."""
     check_layers(model, "circuits", hybrid=True)
-    for i, layer in enumerate(model.layers[:upto]):
+    for i, layer in enumerate(model.layers[: None if upto is None else upto + 1]):
         attn = layer.self_attn
+        writes = i != upto  # its heads' writes and its output are read (not the query layer's)
         if attn is None:  # a hybrid's own mixer (one component) or a feed-forward-only layer
             if model.parts.layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
                 raise QkvError(f"{model.name}: layer {i} ({mixer_name(model, i)}) does not form x + mix "
                                f"before its feed-forward ({layer.residual_note or 'its own forward'}); "
                                f"its residual stream cannot be split by component")
             continue
-        if attn.out_proj is None:
+        if writes and attn.out_proj is None and not _gated(layer):
             raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
                            f"writes into the residual stream cannot be read")
         if layer.norm_first and not layer.sequential_residual:
@@ -128,7 +131,7 @@ def check(model, upto: int | None = None) -> None:
             raise QkvError(f"{model.name}: layer {i} ({type(layer).__name__}) does not form "
                            f"x + attn before its feed-forward ({how}); its residual stream cannot "
                            f"be split by component")
-        if not layer.norm_first and layer.norm3 is None:
+        if writes and not layer.norm_first and layer.norm3 is None:
             raise QkvError(f"{model.name}: layer {i} is post-norm and no norm after its "
                            f"feed-forward was found; its residual stream cannot be split by "
                            f"component")
@@ -147,7 +150,25 @@ def check_query_layer(model, layer: int) -> MixerKind | None:
                         "mixer({kind!r}).read)", value=layer, model=model.name, kind=kinds[0].value)
 
 
-def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
+def _gated(layer) -> bool:
+    """Whether a pre-norm layer that forms x + attn gates its heads' outputs after the weights
+    (Qwen3-Next, 3.5: `mixers.gate`), so its heads' writes are read through the gate."""
+    attn = layer.self_attn
+    return layer.norm_first and layer.sequential_residual and hasattr(attn, "module") \
+        and gate.gated(attn.module, attn.num_heads, attn.head_dim)
+
+
+def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """((h, n, E) each head's write o^{l,h}_i W_O^h at the positions, (E,) the output bias);
+    a gated head's o is its gated output (`gate.head_writes`)."""
+    trace = fwd.traces[ell].self_attn
+    if attn.out_proj is None:  # `check` let only a gated layer through
+        writes, bias = gate.head_writes(attn.module, trace.key_input[0, positions], trace.heads[0, positions])
+        return writes, writes.new_zeros(writes.shape[-1]) if bias is None else bias
+    return _plain_heads(fwd, ell, attn, positions), out_bias(attn).double()
+
+
+def _plain_heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
     """(h, n, E) each head's write o^{l,h}_i W_O^h at the positions."""
     o = fwd.traces[ell].self_attn.heads[0, positions].double()  # (n, h·dv)
     o = o.view(o.shape[0], attn.num_heads, -1)  # (n, h, dv)
@@ -190,8 +211,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
         if attn is None:
             parts = torch.cat([parts, _own_mixer(model.parts.layers[ell], fwd, ell, positions)])
             continue
-        heads = _heads(fwd, ell, attn, positions)  # (h, n, E)
-        b_out = out_bias(attn).double()  # (E,)
+        heads, b_out = _heads(fwd, ell, attn, positions)  # (h, n, E), (E,)
         residual = fwd.traces[ell].residual[0, positions]  # (n, E) as the forward made it
         after = fwd.hidden_states[ell + 1][0, positions]  # (n, E)
         if lay.norm_first:  # x + attn + ffn, the ffn read off the recorded states

@@ -90,3 +90,16 @@ def gates(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         _, gate = module.q_proj(hidden_states).view(hidden_states.shape[0], -1, 2 * d).chunk(2, dim=-1)
     return torch.sigmoid(gate)
+
+
+def head_writes(module: torch.nn.Module, hidden_states: torch.Tensor,
+                head_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """((h, n, m) each head's gated write (gate ⊙ z)·W_O,hᵀ, o_proj's bias (m,) or None), float64,
+    at n rows: `hidden_states` (n, hidden) the layer's input there after its norm, `head_output`
+    (n, h·d) the heads' z (the attention call's output) there."""
+    g = gates(module, hidden_states).double()  # (n, h, d)
+    n, h, d = g.shape
+    z = head_output.double().view(n, h, d) * g  # (n, h, d)
+    w = module.o_proj.weight.detach().double().view(-1, h, d)  # (m, h, d)
+    bias = module.o_proj.bias
+    return torch.einsum("nhd,mhd->hnm", z, w), None if bias is None else bias.detach().double()
