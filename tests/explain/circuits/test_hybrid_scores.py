@@ -58,18 +58,23 @@ def forward_parts(model, layer: int, head: int, i: int, j: int, dn: int) -> tupl
     return scale * float(q[:dn] @ k[:dn]), scale * float(q[dn:] @ k[dn:])
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2"])
-def test_an_mla_score_splits_into_content_and_rope_parts(hybrid64, name):
+@pytest.mark.parametrize("name,pairs,upstream", [
+    ("deepseek_v3", ((0, 1, 2), (1, 3, 0), (3, 0, 5)), "L0.H3"),  # layer 0 dense; later: earlier MLA heads
+    ("deepseek_v2", ((0, 1, 2), (3, 0, 5)), "L0.H3"),              # RoPE as complex numbers, in float32
+    ("kimi_linear", ((1, 2, 4), (3, 1, 5)), "L0.kda"),             # MLA without RoPE beside KDA layers
+])
+def test_an_mla_score_splits_into_content_and_rope_parts(hybrid64, name, pairs, upstream):
+    """Each part against the forward's own (its traced q and k split at dn), within the score's
+    bound: the same q and k roundings bound both."""
     model = hybrid64(name)
-    for layer, head, key in ((0, 1, 2), (1, 3, 0), (3, 0, 5)):  # layer 0 dense; later: earlier MLA heads upstream
+    for layer, head, key in pairs:
         a = score_attribution(model, TEXT, layer=layer, head=head, token=5, key=key)
         check_sum(a)
-        assert "L0.H3" in a.key_components if layer else a.key_components[0] == "embed.token"
+        assert upstream in a.key_components if layer else a.key_components[0] == "embed.token"
         split = a.latent
         assert torch.equal(split.content + split.position, a.terms)
         dn = model.layers[layer].self_attn.module.qk_nope_head_dim
         content, position = forward_parts(model, layer, head, 5, key, dn)
-        # each part against the forward's own, within the score's bound (the same q, k roundings)
         assert abs(float(split.content.sum()) - content) <= a.bound
         assert abs(float(split.position.sum()) - position) <= a.bound
         assert a.to_dict()["latent"]["content"] == float(split.content.sum())
@@ -101,23 +106,31 @@ def test_a_sparse_layers_selected_key_splits_and_an_unselected_one_is_one_line(h
         score_attribution(model, TEXT, layer=0, head=1, token=5, key=left[0])
 
 
-def test_a_gated_heads_score_splits_and_says_it_is_gated(hybrid64):
-    """Qwen3.5's gate multiplies the head's output after the weights: the score is q·k as any
-    head's. Layer 1 reads layer 0's Gated DeltaNet branch as one component; layer 3 also layer
-    1's heads, each through its gate (their writes must rebuild layer 1's x + attn, checked by
-    the stream)."""
-    model = hybrid64("qwen3_5")
-    for layer, upstream in ((1, "L0.gated_deltanet"), (3, "L1.H3")):
+@pytest.mark.parametrize("name,gated,layers", [
+    ("qwen3_5", True, ((1, "L0.gated_deltanet"), (3, "L1.H3"))),
+    ("lfm2", False, ((1, "L0.short_conv"), (3, "L1.H3"))),
+    ("nemotron_h", False, ((1, "L0.mamba2"),)),
+])
+def test_a_hybrids_softmax_heads_split_through_the_layers_before(hybrid64, name, gated, layers):
+    """Layer 1 reads layer 0's Gated DeltaNet (short convolution, Mamba-2) branch as one
+    component; layer 3 also layer 1's heads. Qwen3.5's gate multiplies each head's output after
+    the weights: the score is q·k as any head's, the result says the head is gated, and layer 1's
+    heads are read through their gates (their writes must rebuild its x + attn: the stream checks
+    it). LFM2 normalises q and k per head (q_layernorm, k_layernorm), frozen like Qwen3's.
+    Nemotron-H's Mamba-2 layer is x + mix and nothing after it: its feed-forward part is 0."""
+    model = hybrid64(name)
+    for layer, upstream in layers:
         a = score_attribution(model, TEXT, layer=layer, head=1, token=5, key=2)
         check_sum(a)
-        assert a.gated and a.latent is None and upstream in a.key_components
-        assert a.to_dict()["gated"] is True
+        assert a.gated is gated and a.latent is None and upstream in a.key_components
+        assert a.to_dict()["gated"] is gated
+    if name == "nemotron_h":
+        assert not a.terms[:, a.key_components.index("L0.ffn")].any()
 
 
 @pytest.mark.parametrize("name,layer,says", [
-    ("nemotron_h", 1, r"layer 0 \(L0.mamba2\) does not form x \+ mix"),
+    ("zamba2", 1, r"layer 1 \(HFLayer\) does not form x \+ attn"),  # its shared attention block
     ("minimax", 1, r"layer 0 \(L0.lightning\) does not form x \+ mix"),
-    ("lfm2", 1, "layer 1's projections are not linear maps qkv reads"),
     ("olmo_hybrid", 3, r"x \+ norm\(attn\(x\)\)"),
 ])
 def test_what_is_not_split_yet_is_one_line_naming_the_part(hybrid64, name, layer, says):

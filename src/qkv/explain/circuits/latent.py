@@ -13,7 +13,8 @@ score = scale · q_nope · k_nope  +  scale · (R_i q_rope) · (R_j k_rope)
 ```
 
 n_q, n_kv (RMSNorms) are frozen at the scale the forward computed (`norms.linearise`) and R_p is
-the rotation the layer's own RoPE function applies at position p (`mla.rotations`), so each
+the rotation the layer's own RoPE function applies at position p (`mla.rotations`; the identity
+in Kimi's MLA layers, which have no RoPE), so each
 side is linear in x and splits over x's components as the softmax path's does (`score.side`).
 `side` returns the head's [nope | rotated rope] features per component — the layout the
 attention call got — so the forward's q and k check them as they check any head's.

@@ -66,7 +66,8 @@ class LatentSplit:
 
     Attributes:
         content: (C, C) float64, scale · q_nope,a · k_nope,b: what the tokens' latents say.
-        position: (C, C) float64, scale · R_i q_rope,a · R_j k_rope,b: the RoPE part.
+        position: (C, C) float64, scale · R_i q_rope,a · R_j k_rope,b: the RoPE part (a layer
+            without RoPE, Kimi's: R = 1, the part of the key all heads share).
     """
 
     content: torch.Tensor
@@ -345,13 +346,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype, sides)
     j = _pick(model, text, encoding, key, "key")
     if not torch.isfinite(mask[j]):
-        if kind is MixerKind.SPARSE and j <= i:
-            raise ArgumentError("key", "{name} {value!r} (position {j}) was left out by layer {layer}'s "
-                                "indexer for the query at {i}: its weight is 0 (its index score "
-                                "missed the top-{k} cut by {miss:.4g})", value=key, j=j, i=i, layer=layer,
-                                k=int(torch.isfinite(mask).sum()), miss=_missed(module, fwd, layer, i, j, given))
-        raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
-                            "{i}: the head never scores it", value=key, j=j, i=i)
+        _refuse_masked(key, i, j, layer, mask, module if kind is MixerKind.SPARSE else None, fwd, given)
     both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
     q = sides(both, "q")[:, 0]  # (C, d)
     k = sides(both, "k")[:, 1]  # (C, d)
@@ -360,9 +355,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     terms = (q @ k.T) * scale  # (C, C)
     split = None
     if latent_kind:  # content: the first dn features (q_nope · k_nope), position: the rotated rest
-        dn = mla.latents(module).nope
-        content = (q[:, :dn] @ k[:, :dn].T) * scale  # (C, C)
-        split = LatentSplit(content=content, position=(q[:, dn:] @ k[:, dn:].T) * scale)
+        split = _latent_split(mla.latents(module).nope, q, k, scale)
         terms = split.content + split.position
     score = float(att.scores[0, head, 0, j]) * scale
     cap = att.softcap
@@ -373,6 +366,24 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
         capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
         score_bias=float(mask[j]), latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
+
+
+def _refuse_masked(key, i: int, j: int, layer: int, mask: torch.Tensor, indexed, fwd, given: dict):
+    """ArgumentError for a key the head gives no weight: one a sparse layer's indexer (`indexed`,
+    the layer's module) left out, with the margin it missed the cut by; else masked."""
+    if indexed is not None and j <= i:
+        raise ArgumentError("key", "{name} {value!r} (position {j}) was left out by layer {layer}'s "
+                            "indexer for the query at {i}: its weight is 0 (its index score "
+                            "missed the top-{k} cut by {miss:.4g})", value=key, j=j, i=i, layer=layer,
+                            k=int(torch.isfinite(mask).sum()), miss=_missed(indexed, fwd, layer, i, j, given))
+    raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
+                        "{i}: the head never scores it", value=key, j=j, i=i)
+
+
+def _latent_split(dn: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> LatentSplit:
+    """q, k (C, dn + dr) by component, [nope | rotated rope] → the content and RoPE terms."""
+    return LatentSplit(content=(q[:, :dn] @ k[:, :dn].T) * scale,  # (C, C)
+                       position=(q[:, dn:] @ k[:, dn:].T) * scale)
 
 
 def _sides(model, fwd, layer: int, head: int, module, position_embeddings):

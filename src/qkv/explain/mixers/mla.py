@@ -83,10 +83,9 @@ def rotations(module: nn.Module, hidden_states: torch.Tensor, position_embedding
     position (q_rotated[p] = R_q[p] · q_rope[p]), read by running `module` once on
     `hidden_states` (1, t, hidden) and handing the function it called the unit vectors in the
     layer's dtype. The layer's call is told from an indexer's (which rotates (b, t, g, dr)
-    queries) by its (b, h, t, dr) query.
-
-    Raises:
-        QkvError: the module calls none of `ROPE_FUNCTIONS` on its (b, h, t, dr) query.
+    queries) by its (b, h, t, dr) query. A layer that calls none of `ROPE_FUNCTIONS` (Kimi's MLA
+    layers: no positions in the score) gets the identity: whoever uses R checks what it rebuilds
+    against the layer's own q and k (`score_attribution` does), so an unknown rotation is caught.
     """
     lat, t = latents(module), hidden_states.shape[1]
     modeling = sys.modules[type(module).__module__]
@@ -98,7 +97,8 @@ def rotations(module: nn.Module, hidden_states: torch.Tensor, position_embedding
         if calls:
             break
     else:
-        raise QkvError(f"{type(module).__name__} calls none of {', '.join(ROPE_FUNCTIONS)} on its query")
+        unit = torch.eye(lat.rope, dtype=torch.float64).expand(t, -1, -1)  # (t, dr, dr)
+        return unit, unit
     args = calls[0].arguments
     first, second = list(inspect.signature(getattr(modeling, name)).parameters)[:2]
     dtype = args[first].dtype
