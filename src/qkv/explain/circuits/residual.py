@@ -153,8 +153,8 @@ def check_query_layer(model, layer: int) -> MixerKind | None:
 def _gated(layer) -> bool:
     """Whether a pre-norm layer that forms x + attn gates its heads' outputs after the weights
     (Qwen3-Next, 3.5: `mixers.gate`), so its heads' writes are read through the gate."""
-    attn = layer.self_attn
-    return layer.norm_first and layer.sequential_residual and hasattr(attn, "module") \
+    attn = layer.self_attn  # a transformers layer's (qkv's own always has its out_proj)
+    return layer.norm_first and layer.sequential_residual \
         and gate.gated(attn.module, attn.num_heads, attn.head_dim)
 
 

@@ -15,6 +15,14 @@ s_ij = Σ_a Σ_b terms[a, b],     terms[a, b] = (q_a · k_b) / √d
 soft-capped model (Gemma 2) applies c·tanh(s/c) after: `terms` sum to the score *before* the
 cap (`capped` is the score after). A score bias (ALiBi) is no component: `score_bias`.
 
+An MLA head (DeepSeek V2/V3, Kimi; the attention of the sparse layers of V3.2 and GLM-DSA)
+makes q and k through latents (`latent.py`): the same split, each side through W_QA, its
+RMSNorm frozen, W_QB (and W_KVA, its norm, W_KB), with RoPE as the layer's own rotation matrix
+per position; its terms come as the content part (q_nope · k_nope) plus the position part
+(RoPE) too (`latent`). A sparse layer's indexer only chooses the keys: a chosen key's score
+splits as above, a key it left out has weight 0 and is refused in one line with its miss margin.
+A gated head (Qwen3-Next, 3.5) is gated after its weights: its score splits as any head's.
+
 `score_attribution` does this for one (query, key) pair; with `key=None` for the whole
 row: every key's split over the key-side components (query side summed), O(N · C) memory.
 
@@ -400,10 +408,10 @@ def _sides(model, fwd, layer: int, head: int, module, position_embeddings):
 
 
 def _gated(model, layer: int) -> bool:
-    """Whether the layer's heads' outputs are gated after their weights (Qwen3-Next, 3.5)."""
+    """Whether the layer's heads' outputs are gated after their weights (Qwen3-Next, 3.5): no
+    output projection reads its attention call's output (the adapter found none), the gate does."""
     attn = model.layers[layer].self_attn
-    return attn.out_proj is None and gate.gated(attn.module, attn.num_heads, attn.head_dim) \
-        if hasattr(attn, "module") else False
+    return attn.out_proj is None and gate.gated(attn.module, attn.num_heads, attn.head_dim)
 
 
 def _missed(module, fwd, layer: int, i: int, j: int, given: dict) -> float:
