@@ -23,6 +23,7 @@ from qkv.explain import ArgumentError, score_attribution  # noqa: E402
 from qkv.explain.contributions.base import run  # noqa: E402
 
 TEXT = "the cat sat on the mat . a red apple"
+DIRECT = "deepseek_v3 without a query latent"
 LOOSE = 1e-5
 
 
@@ -35,13 +36,31 @@ def hybrid64(tmp_path_factory):
     def get(name: str):
         if name not in cache:
             path = tmp_path_factory.mktemp(name)
-            save_hybrid(name, path)
+            if name == DIRECT:
+                save_direct_query(path)
+            else:
+                save_hybrid(name, path)
             model = qkv.load(path)
             if getattr(model.hf.config, "_experts_implementation", None) not in (None, "eager"):
                 model.hf.set_experts_implementation("eager")
             cache[name] = model.double()
         return cache[name]
     return get
+
+
+def save_direct_query(path) -> None:
+    """DeepSeek-V3 with no query latent (q_lora_rank None: one q_proj) and dense feed-forwards."""
+    import transformers
+    from hybrids import BASE, MLA, save_tokenizer
+
+    config = transformers.DeepseekV3Config(**(BASE | MLA | dict(q_lora_rank=None, first_k_dense_replace=4)))
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM._from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(path)
+    save_tokenizer(path)
 
 
 def check_sum(a) -> None:
@@ -61,6 +80,7 @@ def forward_parts(model, layer: int, head: int, i: int, j: int, dn: int) -> tupl
 @pytest.mark.parametrize("name,pairs,upstream", [
     ("deepseek_v3", ((0, 1, 2), (1, 3, 0), (3, 0, 5)), "L0.H3"),  # layer 0 dense; later: earlier MLA heads
     ("deepseek_v2", ((0, 1, 2), (3, 0, 5)), "L0.H3"),              # RoPE as complex numbers, in float32
+    (DIRECT, ((2, 2, 1),), "L1.H0"),                                # q = x·W_Q, no query latent
     ("kimi_linear", ((1, 2, 4), (3, 1, 5)), "L0.kda"),             # MLA without RoPE beside KDA layers
 ])
 def test_an_mla_score_splits_into_content_and_rope_parts(hybrid64, name, pairs, upstream):
