@@ -97,3 +97,26 @@ def test_json_is_the_library_result(capsys, tmp_path):
 def test_a_bad_key_is_one_line_naming_the_flag(capsys):
     code, out, err = run(capsys, *ARGS[:-6], "--to", "zzz", "--layer", "1", "--head", "0")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--to" in err
+
+
+def test_an_mla_layer_prints_its_content_and_rope_parts(capsys, tmp_path):
+    """A tiny random DeepSeek-V3 (tests/hf/hybrids.py): the table's header says the score's
+    content and RoPE parts, and --json is the library's result with its `latent` split."""
+    pytest.importorskip("transformers")
+    from hybrids import save_hybrid
+
+    save_hybrid("deepseek_v3", tmp_path)
+    capsys.readouterr()  # save_pretrained's progress bar
+    args = ("why", "the cat sat on the mat", "--model", str(tmp_path), "--token", "5", "--to", "2",
+            "--layer", "1", "--head", "0")
+    code, out, err = run(capsys, *args)
+    assert code == 0 and err == "", err
+    [line] = [line for line in out.splitlines() if line.startswith("latent attention:")]
+    assert re.fullmatch(r"latent attention: content q_nope·k_nope = [+-][0-9.]+ · position "
+                        r"RoPE\(q_rope\)·RoPE\(k_rope\) = [+-][0-9.]+", line), line
+    code, out, err = run(capsys, *args, "--json")
+    got = json.loads(out)
+    want = score_attribution(qkv.load(tmp_path), "the cat sat on the mat", layer=1, head=0, token=5,
+                             key=2).to_dict()
+    assert code == 0 and got["latent"] == want["latent"] and got["terms"] == want["terms"]
+    assert abs(got["latent"]["content"] + got["latent"]["position"] - got["score"]) <= got["bound"]

@@ -208,8 +208,7 @@ def test_why_splits_a_hybrids_softmax_score_and_refuses_a_linear_layer_by_kind(s
         explain.score_attribution(model, TEXT, layer=2, head=0, key="cat")
 
 
-@pytest.mark.parametrize("name, kind", [("deepseek_v2", "mla"), ("deepseek_v32", "sparse"),
-                                        ("diffllama", "differential")])
+@pytest.mark.parametrize("name, kind", [("diffllama", "differential")])  # MLA and sparse: tests/explain/circuits/test_hybrid_scores.py
 def test_why_names_a_layer_whose_scores_it_does_not_split(saved, name, kind):
     _, model = saved(name)
     with pytest.raises(explain.ArgumentError, match=rf"^layer 1 of \S+ mixes its tokens by {kind}: [^\n]*$"):

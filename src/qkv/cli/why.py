@@ -5,7 +5,10 @@
                                                                  [--html FILE]
 
 The head's scaled score, split into (query component × key component) terms — embeddings, each
-earlier head, each feed-forward, bias — that sum to it (`qkv.explain.score_attribution`).
+earlier head, each feed-forward, bias — that sum to it (`qkv.explain.score_attribution`). An MLA
+layer's score (DeepSeek V2/V3, the sparse layers of V3.2 and GLM-DSA) prints its content and RoPE
+parts on a line of their own; a gated head's (Qwen3-Next, 3.5) says the gate acts after it; a key
+a sparse layer's indexer left out is one line with the margin it missed the cut by.
 `--html`: the viewer's "why this weight" panel for it as one self-contained page
 (`qkv.view.export.result_page`), written whole or not at all.
 """
@@ -36,7 +39,7 @@ def add_why(p: argparse.ArgumentParser) -> None:
         "Split one head's pre-softmax score of a key into (query component × key component) "
         "terms — the embeddings, every earlier head, every feed-forward and a bias — exactly "
         "(norms frozen at the forward's scale, RoPE as its rotation); the terms sum to the "
-        "forward's score.")
+        "forward's score. An MLA head's score is also split into its content and RoPE parts.")
     p.epilog = f'example: qkv why "{EXAMPLE}" --token it --to pizza --layer 3 --head 1'
     p.add_argument("text", type=options.text(), help="the text to run the model on")
     options.add_model_argument(p, default="minilm", self_attention=True)

@@ -484,10 +484,13 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
         return dict(residual_note="no output of its mixer was seen")
     summed = seen.entered + seen.out  # (b, t, E) as the layer would add them
     readers = [made for m, (given, made) in seen.inner.items() if _same(given, summed)]
-    if not readers:
-        return dict(residual_note=_not_summed(seen, output))
     norm1 = next((m for m, (given, made) in seen.inner.items() if m is not attention
                   and _same(given, seen.entered) and _same(made, seen.x)), None)
+    if not readers and norm1 is not None and _same(output, summed):
+        # x + mix is the layer's output, nothing after it (Nemotron-H's layers): pre-norm, no feed-forward
+        return dict(norm1=norm1, norm_first=True, sequential_residual=True)
+    if not readers:
+        return dict(residual_note=_not_summed(seen, output))
     reads_x = _same(seen.x, seen.entered)
     branch = [made.reshape(summed.shape) for given, made in seen.inner.values()  # (b, t, E) each
               if isinstance(made, torch.Tensor) and made.numel() == summed.numel()

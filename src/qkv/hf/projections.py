@@ -132,8 +132,9 @@ LAYOUTS = (
     Layout("q, k, v", ("q", "k", "v"), _separate),
 )
 
-#: The per-head (or whole-projection) norms between the projections and the position step.
-NORMS = ("q_norm", "k_norm")
+#: The per-head (or whole-projection) norms between the projections and the position step, by the
+#: names models give them (LFM2: ``q_layernorm``, ``k_layernorm``).
+NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))
 #: q/k norms applied *after* the rotation (HunYuan: ``query_layernorm``, ``key_layernorm``)
 NORMS_AFTER = ("query_layernorm", "key_layernorm")
 
@@ -248,8 +249,8 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
     if not fits:
         return (f"{type(module).__name__} holds none of the projection layouts qkv reads "
                 f"({'; '.join(layout.name for layout in LAYOUTS)})")
-    norms = [getattr(module, n, None) for n in NORMS]
-    q_norm, k_norm = norms if all(isinstance(n, nn.Module) for n in norms) else (None, None)
+    pairs = ([getattr(module, n, None) for n in names] for names in NORMS)
+    q_norm, k_norm = next((p for p in pairs if all(isinstance(n, nn.Module) for n in p)), (None, None))
     d = sizes.head_dim
     with torch.no_grad():
         for layout in fits:
@@ -260,6 +261,9 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                 q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
             except RuntimeError:  # not of this width
                 continue
+            if q.shape[-1] == 2 * sizes.heads * d:  # each head's d query rows, then its d gate rows
+                wq = wq.rows((torch.arange(sizes.heads)[:, None] * 2 * d + torch.arange(d)).flatten())
+                q = wq(x)  # (b, t, h·d): Qwen3-Next / 3.5, the gate read by explain/mixers/gate.py
             if q_norm is not None:
                 q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
             q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)

@@ -6,6 +6,7 @@ One concept a file:
 * `residual.py`     a layer's input split by component: embed, each earlier head, each
                       feed-forward, bias — summing to the recorded hidden state
 * `score.py`        `score_attribution` — one score as (query × key components) terms
+* `latent.py`       an MLA head's query and key by component, through its latents and RoPE
 * `logit.py`        `logit_attribution` — a logit as each component's direct part
 * `composition.py`  `composition` — Q-, K-, V-composition of head pairs, from weights
 * `ablate.py`       `remove_component` — the causal check: a component taken out of a

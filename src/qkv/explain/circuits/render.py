@@ -25,6 +25,8 @@ def render_terms(console, a: ScoreAttribution, *, top: int = TOP) -> None:
     cap = "" if a.capped is None else f" (terms before the soft-cap; after it {a.capped:.4f})"
     console.print(f"score q·k/√d = {a.score:.4f}{cap} · Σ terms = {float(a.terms.sum()):.4f} "
                   f"(|diff| {abs(float(a.terms.sum()) - a.score):.2g} ≤ bound {a.bound:.2g})")
+    for line in notes(a):
+        console.print(line)
     table = Table(box=None, pad_edge=False)
     for name, justify in (("rank", "right"), ("query side", "left"), ("key side", "left"),
                           ("term", "right"), ("share", "right")):
@@ -36,6 +38,23 @@ def render_terms(console, a: ScoreAttribution, *, top: int = TOP) -> None:
     order = totals.abs().argsort(descending=True)[:5]
     console.print("key side, query summed: " + " · ".join(
         f"{a.key_components[int(i)]} {float(totals[i]):+.3f}" for i in order))
+
+
+def notes(a: ScoreAttribution) -> list[str]:
+    """The lines that say what kind of score it is: an MLA head's content and RoPE parts (each
+    a sum of its own terms), a gated output, a key an indexer chose."""
+    out = []
+    if a.latent is not None:
+        content, position = float(a.latent.content.sum()), float(a.latent.position.sum())
+        out.append(f"latent attention: content q_nope·k_nope = {content:+.4f} · position "
+                   f"RoPE(q_rope)·RoPE(k_rope) = {position:+.4f}")
+    if a.indexed:
+        out.append("sparse attention: the layer's indexer selected this key (the score is the "
+                   "attention's, over its selected keys)")
+    if a.gated:
+        out.append("gated output: the head's output is multiplied by its gate after the weights; "
+                   "the score and its terms are not")
+    return out
 
 
 def terms_figure(a: ScoreAttribution, *, most: int = 24):
@@ -55,4 +74,4 @@ def terms_figure(a: ScoreAttribution, *, most: int = 24):
     return fig
 
 
-__all__ = ["TOP", "render_terms", "terms_figure"]
+__all__ = ["TOP", "notes", "render_terms", "terms_figure"]

@@ -56,10 +56,13 @@ from qkv.errors import QkvError
 from qkv.explain.circuits import embed
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
+from qkv.explain.mixers import gate
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
 
 BIAS = "bias"
+#: The softmax kinds whose scores `score_attribution` splits.
+SPLIT_KINDS = (MixerKind.SOFTMAX, MixerKind.MLA, MixerKind.SPARSE)
 #: What qkv's own layers that form no x + attn do instead (GPT-NeoX).
 def head_name(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
@@ -106,18 +109,21 @@ def out_weight(attn) -> torch.Tensor:
     return w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0)
 
 
-def check(model) -> None:
-    """QkvError naming what `stream` cannot read in `model`."""
+def check(model, upto: int | None = None) -> None:
+    """QkvError naming what `stream` cannot read in `model`: in every layer (`upto` None), or
+    in the layers before `upto` — the ones the input of layer `upto` is made of — and, of layer
+    `upto` itself, whether its attention reads that input as x + attn's layers do."""
     check_layers(model, "circuits", hybrid=True)
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.layers[: None if upto is None else upto + 1]):
         attn = layer.self_attn
+        writes = i != upto  # its heads' writes and its output are read (not the query layer's)
         if attn is None:  # a hybrid's own mixer (one component) or a feed-forward-only layer
             if model.parts.layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
                 raise QkvError(f"{model.name}: layer {i} ({mixer_name(model, i)}) does not form x + mix "
                                f"before its feed-forward ({layer.residual_note or 'its own forward'}); "
                                f"its residual stream cannot be split by component")
             continue
-        if attn.out_proj is None:
+        if writes and attn.out_proj is None and not _gated(layer):
             raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
                            f"writes into the residual stream cannot be read")
         if layer.norm_first and not layer.sequential_residual:
@@ -125,25 +131,44 @@ def check(model) -> None:
             raise QkvError(f"{model.name}: layer {i} ({type(layer).__name__}) does not form "
                            f"x + attn before its feed-forward ({how}); its residual stream cannot "
                            f"be split by component")
-        if not layer.norm_first and layer.norm3 is None:
+        if writes and not layer.norm_first and layer.norm3 is None:
             raise QkvError(f"{model.name}: layer {i} is post-norm and no norm after its "
                            f"feed-forward was found; its residual stream cannot be split by "
                            f"component")
 
 
-def check_query_layer(model, layer: int) -> None:
-    """ArgumentError naming the kind of a softmax-kind layer whose scores are not plain q·k of
-    linear projections (MLA: content + RoPE parts of latents; sparse: an indexer's keys;
-    differential: two maps), so no component split is made for it yet — one line, before any
-    projection is read."""
+def check_query_layer(model, layer: int) -> MixerKind | None:
+    """The kind of the layer's softmax-kind mixer (softmax; MLA: content + RoPE parts of latents;
+    sparse: MLA over an indexer's keys), None for a layer without one; ArgumentError naming a
+    kind whose scores are not split by component (differential: two maps) — one line, before
+    any projection is read."""
     kinds = [m.kind for m in model.parts.layers[layer].mixers if m.kind.softmax]
-    if kinds and kinds[0] is not MixerKind.SOFTMAX:
-        raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "
-                            "are not split by component yet (its step by step: qkv.explain.mixers."
-                            "mixer({kind!r}).read)", value=layer, model=model.name, kind=kinds[0].value)
+    if not kinds or kinds[0] in SPLIT_KINDS:
+        return kinds[0] if kinds else None
+    raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "
+                        "are not split by component yet (its step by step: qkv.explain.mixers."
+                        "mixer({kind!r}).read)", value=layer, model=model.name, kind=kinds[0].value)
 
 
-def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
+def _gated(layer) -> bool:
+    """Whether a pre-norm layer that forms x + attn gates its heads' outputs after the weights
+    (Qwen3-Next, 3.5: `mixers.gate`), so its heads' writes are read through the gate."""
+    attn = layer.self_attn  # a transformers layer's (qkv's own always has its out_proj)
+    return layer.norm_first and layer.sequential_residual \
+        and gate.gated(attn.module, attn.num_heads, attn.head_dim)
+
+
+def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """((h, n, E) each head's write o^{l,h}_i W_O^h at the positions, (E,) the output bias);
+    a gated head's o is its gated output (`gate.head_writes`)."""
+    trace = fwd.traces[ell].self_attn
+    if attn.out_proj is None:  # `check` let only a gated layer through
+        writes, bias = gate.head_writes(attn.module, trace.key_input[0, positions], trace.heads[0, positions])
+        return writes, writes.new_zeros(writes.shape[-1]) if bias is None else bias
+    return _plain_heads(fwd, ell, attn, positions), out_bias(attn).double()
+
+
+def _plain_heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
     """(h, n, E) each head's write o^{l,h}_i W_O^h at the positions."""
     o = fwd.traces[ell].self_attn.heads[0, positions].double()  # (n, h·dv)
     o = o.view(o.shape[0], attn.num_heads, -1)  # (n, h, dv)
@@ -176,7 +201,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     """The input of layer `layer` (0 … L; L: the last layer's output, before any final norm)
     at `positions`, split by component, from `fwd` (a
     `Forward` with the residuals and heads recorded)."""
-    check(model)
+    check(model, layer)
     positions = torch.as_tensor(positions).long()
     first = fwd.hidden_states[0][0, positions]  # (n, E)
     embedding, parts, bias = embed.split(model, fwd.ids[0], first, positions)  # (P, n, E), (n, E)
@@ -186,8 +211,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
         if attn is None:
             parts = torch.cat([parts, _own_mixer(model.parts.layers[ell], fwd, ell, positions)])
             continue
-        heads = _heads(fwd, ell, attn, positions)  # (h, n, E)
-        b_out = out_bias(attn).double()  # (E,)
+        heads, b_out = _heads(fwd, ell, attn, positions)  # (h, n, E), (E,)
         residual = fwd.traces[ell].residual[0, positions]  # (n, E) as the forward made it
         after = fwd.hidden_states[ell + 1][0, positions]  # (n, E)
         if lay.norm_first:  # x + attn + ffn, the ffn read off the recorded states

@@ -15,6 +15,14 @@ s_ij = Σ_a Σ_b terms[a, b],     terms[a, b] = (q_a · k_b) / √d
 soft-capped model (Gemma 2) applies c·tanh(s/c) after: `terms` sum to the score *before* the
 cap (`capped` is the score after). A score bias (ALiBi) is no component: `score_bias`.
 
+An MLA head (DeepSeek V2/V3, Kimi; the attention of the sparse layers of V3.2 and GLM-DSA)
+makes q and k through latents (`latent.py`): the same split, each side through W_QA, its
+RMSNorm frozen, W_QB (and W_KVA, its norm, W_KB), with RoPE as the layer's own rotation matrix
+per position; its terms come as the content part (q_nope · k_nope) plus the position part
+(RoPE) too (`latent`). A sparse layer's indexer only chooses the keys: a chosen key's score
+splits as above, a key it left out has weight 0 and is refused in one line with its miss margin.
+A gated head (Qwen3-Next, 3.5) is gated after its weights: its score splits as any head's.
+
 `score_attribution` does this for one (query, key) pair; with `key=None` for the whole
 row: every key's split over the key-side components (query side summed), O(N · C) memory.
 
@@ -31,6 +39,7 @@ Examples:
 from __future__ import annotations
 
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -38,15 +47,18 @@ import torch
 
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
+from qkv.explain.circuits import latent
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import Forward, run
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
+from qkv.explain.mixers import gate, mla, sparse
 from qkv.explain.select import choose_in
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import MixerKind
 from qkv.modules.multihead import norm_width
 from qkv.modules.stack import LayerRows
 from qkv.modules.writes import Writes
@@ -54,6 +66,25 @@ from qkv.modules.writes import Writes
 # Key positions per chunk of a whole row: C components × chunk × E float64 numbers near 2**22
 # (32 MB), whatever the document's length.
 CHUNK_NUMBERS = 1 << 22
+
+
+@dataclass(frozen=True)
+class LatentSplit:
+    """An MLA head's score as its two parts, each split like `ScoreAttribution.terms`
+    (`content + position` = `terms`).
+
+    Attributes:
+        content: (C, C) float64, scale · q_nope,a · k_nope,b: what the tokens' latents say.
+        position: (C, C) float64, scale · R_i q_rope,a · R_j k_rope,b: the RoPE part (a layer
+            without RoPE, Kimi's: R = 1, the part of the key all heads share).
+    """
+
+    content: torch.Tensor
+    position: torch.Tensor
+
+    def to_dict(self) -> dict:
+        return {"content": float(self.content.sum()), "position": float(self.position.sum()),
+                "content_terms": numbers(self.content), "position_terms": numbers(self.position)}
 
 
 @dataclass(frozen=True)
@@ -73,6 +104,10 @@ class ScoreAttribution(OneHead):
         bound: how far `terms.sum()` may be from `score`: the rounding of the forward's
             q and k (measured: `q_error`, `k_error`, each checked to be rounding) carried
             through the dot product, plus the dot product's own rounding in the model's dtype.
+        latent: an MLA head's content and RoPE parts (`LatentSplit`), else None.
+        gated: the head's output is gated after its weights (Qwen3-Next, Qwen3.5): the gate
+            does not touch the score, so the terms are the score's all the same.
+        indexed: the layer's indexer chose the keys (sparse attention): this key was one of them.
     """
 
     kind: ClassVar[str] = "score-attribution"  # its row in qkv.explain.kinds.KINDS
@@ -87,6 +122,9 @@ class ScoreAttribution(OneHead):
     k_error: float
     capped: float | None = None
     score_bias: float = 0.0
+    latent: LatentSplit | None = None
+    gated: bool = False
+    indexed: bool = False
 
     def top(self, n: int = 10) -> list[tuple[str, str, float]]:
         """The n largest terms by size: (query component, key component, term)."""
@@ -114,6 +152,8 @@ class ScoreAttribution(OneHead):
                 "terms_sum": float(self.terms.sum()), "score": self.score, "bound": self.bound,
                 "q_error": self.q_error, "k_error": self.k_error, "capped": self.capped,
                 "score_bias": self.score_bias,
+                "latent": None if self.latent is None else self.latent.to_dict(),
+                "gated": self.gated, "indexed": self.indexed,
                 "top": [{"query": a, "key": b, "term": t} for a, b, t in self.top()]}
 
 
@@ -284,13 +324,16 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         model: a model from [`qkv.load`][qkv.load] whose heads' weights are read
             (`capabilities.head_weights`) and whose residual stream splits (pre- or
             post-norm layers that form x + attn; a parallel residual, a norm on the attention's
-            branch or a scaled branch is refused by name).
+            branch or a scaled branch is refused by name). MLA layers (and the sparse layers'
+            MLA attention) split through their latents (`latent.py`): `latent` holds the
+            content and RoPE parts.
         token, key: an index, a word or `"word@N"` (as [`qkv.explain.explain`][qkv.explain.explain]
             takes them); `token=None`: the last word.
 
     Raises:
         ArgumentError: a token or key not in the text, a layer/head out of range, a key the
-            head never scores (masked: after the token in a causal model).
+            head never scores (masked: after the token in a causal model; a sparse layer's key
+            its indexer left out, with the margin it missed the cut by).
         QkvError: a model whose parts are not linear maps qkv reads (named).
     """
     for role, value in (("layer", layer), ("head", head)):
@@ -298,35 +341,44 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
             raise ArgumentError(role, "{name} is required: score_attribution splits the score of "
                                 "one head (give {layer} and {head} as ints), got None")
     check_layer_head(model, layer, head)
-    check_query_layer(model, layer)  # MLA, sparse, differential: named by kind
-    check(model)  # the stream first: a parallel residual is named before its projections
-    check_model(model, layer)
+    kind = check_query_layer(model, layer)  # differential: named by kind
+    check(model, layer)  # the stream first: a parallel residual is named before its projections
+    latent_kind = kind in (MixerKind.MLA, MixerKind.SPARSE)
+    if not latent_kind:
+        check_model(model, layer)
     encoding = encode(model, text)
     i = _pick(model, text, encoding, token, "token")
     j = None if key is None else _pick(model, text, encoding, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
-    fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
-                   None if j is None else torch.tensor([i, j], device=ids.device))
+    module = model.layers[layer].self_attn.module if latent_kind else None
+    with latent.handed(module) if latent_kind else nullcontext({}) as given:
+        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
+                       None if j is None else torch.tensor([i, j], device=ids.device))
+    sides = _sides(model, fwd, layer, head, module, given.get("position_embeddings"))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
     mask = att.additive()[0, head, 0].double()  # (s,)
     tokens = list(encoding.tokens)
+    gated = _gated(model, layer)
     if key is None:
         query = stream(model, fwd, layer, torch.tensor([i], device=ids.device))
-        q = side(model, fwd, query, layer, head, "q")[:, 0]  # (C, d)
+        q = sides(query, "q")[:, 0]  # (C, d)
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
-        return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype)
+        return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype, sides)
     if not torch.isfinite(mask[j]):
-        raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
-                            "{i}: the head never scores it", value=key, j=j, i=i)
+        _refuse_masked(key, i, j, layer, mask, module if kind is MixerKind.SPARSE else None, fwd, given)
     both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
-    read = attention_input(model, fwd, both, layer)  # (C, 2, E)
-    q = side(model, fwd, both, layer, head, "q", read)[:, 0]  # (C, d)
-    k = side(model, fwd, both, layer, head, "k", read)[:, 1]  # (C, d)
+    read = attention_input(model, fwd, both, layer)  # (C, 2, E): one norm frozen for both sides
+    q = sides(both, "q", read)[:, 0]  # (C, d)
+    k = sides(both, "k", read)[:, 1]  # (C, d)
     dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
     dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
     terms = (q @ k.T) * scale  # (C, C)
+    split = None
+    if latent_kind:  # content: the first dn features (q_nope · k_nope), position: the rotated rest
+        split = _latent_split(mla.latents(module).nope, q, k, scale)
+        terms = split.content + split.position
     score = float(att.scores[0, head, 0, j]) * scale
     cap = att.softcap
     return ScoreAttribution(
@@ -335,10 +387,62 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
         q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
         capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
-        score_bias=float(mask[j]))
+        score_bias=float(mask[j]), latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
 
 
-def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) -> ScoreRow:
+def _refuse_masked(key, i: int, j: int, layer: int, mask: torch.Tensor, indexed, fwd, given: dict):
+    """ArgumentError for a key the head gives no weight: one a sparse layer's indexer (`indexed`,
+    the layer's module) left out, with the margin it missed the cut by; else masked."""
+    if indexed is not None and j <= i:
+        raise ArgumentError("key", "{name} {value!r} (position {j}) was left out by layer {layer}'s "
+                            "indexer for the query at {i}: its weight is 0 (its index score "
+                            "missed the top-{k} cut by {miss:.4g})", value=key, j=j, i=i, layer=layer,
+                            k=int(torch.isfinite(mask).sum()), miss=_missed(indexed, fwd, layer, i, j, given))
+    raise ArgumentError("key", "{name} {value!r} (position {j}) is masked for the query at "
+                        "{i}: the head never scores it", value=key, j=j, i=i)
+
+
+def _latent_split(dn: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> LatentSplit:
+    """q, k (C, dn + dr) by component, [nope | rotated rope] → the content and RoPE terms."""
+    return LatentSplit(content=(q[:, :dn] @ k[:, :dn].T) * scale,  # (C, C)
+                       position=(q[:, dn:] @ k[:, dn:].T) * scale)
+
+
+def _sides(model, fwd, layer: int, head: int, module, position_embeddings):
+    """`sides(st, which)` → (C, n, d) float64: the components of `st` as head `head`'s query
+    (`which="q"`) or key (`"k"`) at `st.positions` — through W_Q, W_K (`side`) or, for an MLA
+    `module`, through its latents (`latent.side`: d = dn + dr, [nope | rotated rope])."""
+    if module is None:
+        return lambda st, which, read=None: side(model, fwd, st, layer, head, which, read)
+    x = fwd.traces[layer].self_attn.key_input  # (1, t, E) what the module read
+    rotations = dict(zip("qk", mla.rotations(module, x, position_embeddings)))  # (t, dr, dr) each
+    lat, dtype = mla.latents(module), fwd.hidden_states[layer].dtype
+    def sides(st: Stream, which: str, read: torch.Tensor | None = None) -> torch.Tensor:
+        parts = attention_input(model, fwd, st, layer) if read is None else read  # (C, n, E)
+        return latent.side(lat, parts, st.positions, head, which, rotations[which], dtype)
+    return sides
+
+
+def _gated(model, layer: int) -> bool:
+    """Whether the layer's heads' outputs are gated after their weights (Qwen3-Next, 3.5): no
+    output projection reads its attention call's output (the adapter found none), the gate does."""
+    attn = model.layers[layer].self_attn
+    return attn.out_proj is None and gate.gated(attn.module, attn.num_heads, attn.head_dim)
+
+
+def _missed(module, fwd, layer: int, i: int, j: int, given: dict) -> float:
+    """How far key `j`'s index score fell below the lowest selected one for query `i`
+    (`sparse.SparseRow.missed_by`), the selection the forward's own (its finite scores)."""
+    x = fwd.traces[layer].self_attn.key_input  # (1, t, E)
+    terms = sparse.index_terms(module, x, given.get("position_embeddings"))  # (g, t, t)
+    t = x.shape[1]
+    selected = torch.zeros(t, t, dtype=torch.bool)
+    selected[i] = torch.isfinite(fwd.traces[layer].self_attn.attention.additive()[0, 0, 0]).cpu()[:t]
+    weights = torch.zeros(1, t, t, dtype=torch.float64)  # only the selection of row i is read
+    return sparse.SparseIndexed(terms=terms, selected=selected, weights=weights, topk=0).row(i).missed_by(j)
+
+
+def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype, sides) -> ScoreRow:
     """Every key's score split over the key-side components, `keys` in chunks (O(N · C))."""
     att = fwd.traces[layer].self_attn.attention
     E = fwd.hidden_states[layer].shape[-1]
@@ -348,7 +452,7 @@ def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) ->
     for start in range(0, len(keys), step):
         chunk = keys[start:start + step]
         st = stream(model, fwd, layer, chunk)
-        k = side(model, fwd, st, layer, head, "k")  # (C, n, d)
+        k = sides(st, "k")  # (C, n, d)
         total = k.sum(0)  # (n, d)
         dk = _checked(model, total, att.key[0, head, chunk], "key")
         terms.append(torch.einsum("cnd,d->nc", k, q) * scale)  # (n, C)
@@ -359,4 +463,4 @@ def _row(model, fwd, text, tokens, layer, head, i, keys, q, dq, scale, dtype) ->
                     bound=float(torch.cat(bounds).max()))
 
 
-__all__ = ["ScoreAttribution", "ScoreRow", "score_attribution", "side"]
+__all__ = ["LatentSplit", "ScoreAttribution", "ScoreRow", "attention_input", "score_attribution", "side"]

@@ -43,6 +43,32 @@ def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tenso
     return calls[0]
 
 
+def causal_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor,
+                position_embeddings) -> KernelCall:
+    """Run a softmax attention `module` on one text (b = 1) under a causal mask, with the
+    `position_embeddings` its model hands it, and return its one call of `kernel`.
+
+    Raises:
+        QkvError: a batch of more than one text, or not exactly one call (see `kernel_calls`).
+    """
+    return kernel_call(module, kernel, hidden_states, position_embeddings=position_embeddings,
+                       attention_mask=causal_mask(hidden_states))
+
+
+def causal_mask(hidden_states: torch.Tensor) -> torch.Tensor:
+    """(1, 1, t, t) the additive causal mask transformers hands an attention layer for one text
+    `hidden_states` (1, t, hidden): 0 on and below the diagonal, the dtype's lowest above.
+
+    Raises:
+        QkvError: a batch of more than one text.
+    """
+    b, t, _ = hidden_states.shape
+    if b != 1:
+        raise QkvError(f"one text at a time: the batch holds {b}")
+    low = torch.finfo(hidden_states.dtype).min
+    return torch.full((t, t), low, dtype=hidden_states.dtype, device=hidden_states.device).triu(1)[None, None]
+
+
 def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor,
                  **kwargs) -> list[KernelCall]:
     """Run `module(hidden_states, **kwargs)` once and return its calls of the function `kernel`, in

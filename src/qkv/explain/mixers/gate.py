@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qkv.errors import QkvError
-from qkv.explain.mixers.capture import kernel_call
+from qkv.explain.mixers.capture import causal_call
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
 
@@ -66,17 +65,41 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddin
         position_embeddings: (cos, sin) of positions 0 … t−1, as the model hands its layers.
         dtype: what the record holds (the layer runs in its own).
     """
-    b, t, _ = hidden_states.shape
-    if b != 1:
-        raise QkvError(f"one text at a time: the batch holds {b}")
-    mask = torch.full((t, t), torch.finfo(hidden_states.dtype).min, dtype=hidden_states.dtype).triu(1)
-    call = kernel_call(module, KERNEL, hidden_states, position_embeddings=position_embeddings,
-                       attention_mask=mask[None, None])
+    call = causal_call(module, KERNEL, hidden_states, position_embeddings)
     attn_output, weights = call.result  # (1, t, h, d), (1, h, t, t)
-    d = module.head_dim
-    with torch.no_grad():
-        _, gate = module.q_proj(hidden_states)[0].view(t, -1, 2 * d).chunk(2, dim=-1)  # (t, h, d) each
     bias = module.o_proj.bias
     return GatedOutput(weights=weights[0].to(dtype), head_output=attn_output[0].to(dtype),
-                       gate=torch.sigmoid(gate.to(dtype)), w_o=module.o_proj.weight.detach().to(dtype),
+                       gate=gates(module, hidden_states[0]).to(dtype),
+                       w_o=module.o_proj.weight.detach().to(dtype),
                        bias=None if bias is None else bias.detach().to(dtype))
+
+
+def gated(module: torch.nn.Module, heads: int, head_dim: int) -> bool:
+    """Whether `module` gates its heads' outputs as `Qwen3NextAttention` does: a `q_proj` twice
+    as wide as its h·d queries (each head's d query rows, then its d gate rows) and an `o_proj`
+    reading the h·d gated outputs."""
+    q, o = getattr(module, "q_proj", None), getattr(module, "o_proj", None)
+    return isinstance(q, torch.nn.Linear) and isinstance(o, torch.nn.Linear) \
+        and q.out_features == 2 * heads * head_dim and o.in_features == heads * head_dim
+
+
+def gates(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """(n, h, d) sigmoid(gate logits) at the n rows of `hidden_states` (n, hidden), the layer's
+    input after its norm: the half of `q_proj` the query discards, in the layer's dtype."""
+    d = module.head_dim
+    with torch.no_grad():
+        _, gate = module.q_proj(hidden_states).view(hidden_states.shape[0], -1, 2 * d).chunk(2, dim=-1)
+    return torch.sigmoid(gate)
+
+
+def head_writes(module: torch.nn.Module, hidden_states: torch.Tensor,
+                head_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """((h, n, m) each head's gated write (gate ⊙ z)·W_O,hᵀ, o_proj's bias (m,) or None), float64,
+    at n rows: `hidden_states` (n, hidden) the layer's input there after its norm, `head_output`
+    (n, h·d) the heads' z (the attention call's output) there."""
+    g = gates(module, hidden_states).double()  # (n, h, d)
+    n, h, d = g.shape
+    z = head_output.double().view(n, h, d) * g  # (n, h, d)
+    w = module.o_proj.weight.detach().double().view(-1, h, d)  # (m, h, d)
+    bias = module.o_proj.bias
+    return torch.einsum("nhd,mhd->hnm", z, w), None if bias is None else bias.detach().double()

@@ -18,12 +18,13 @@ returns only the indices. Letters: t tokens, g indexer heads, h attention heads.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain.mixers.capture import kernel_call, kernel_calls
+from qkv.explain.mixers.capture import causal_call, causal_mask, kernel_calls
 from qkv.explain.mixers.delta_rule import check_query
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
@@ -92,26 +93,38 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddin
         hidden_states: (1, t, hidden) its input, after the layer's norm.
         position_embeddings: (cos, sin) of positions 0 … t−1, as the model hands its layers.
     """
-    b, t, _ = hidden_states.shape
-    if b != 1:
-        raise QkvError(f"one text at a time: the batch holds {b}")
-    mask = torch.full((t, t), torch.finfo(hidden_states.dtype).min, dtype=hidden_states.dtype).triu(1)[None, None]
-    indexer = module.indexer
-    seen: list[tuple] = []
-    hook = indexer.register_forward_hook(lambda _m, args, kwargs, out: seen.append((args, kwargs, out)),
-                                         with_kwargs=True)
-    try:
-        call = kernel_call(module, KERNEL, hidden_states, position_embeddings=position_embeddings, attention_mask=mask)
-    finally:
-        hook.remove()
-    (args, kwargs, indices), = seen
-    names = ("hidden_states", "q_resid", "position_embeddings", "attention_mask", "position_ids")
-    given = {**dict(zip(names, args)), **kwargs}
+    t = hidden_states.shape[1]
+    with _indexer_call(module.indexer) as seen:
+        call = causal_call(module, KERNEL, hidden_states, position_embeddings)
+    (given, indices), = seen
     selected = torch.zeros(t, t, dtype=torch.bool)
     selected[torch.arange(t)[:, None], indices[0].long()] = True
     selected &= torch.ones(t, t, dtype=torch.bool).tril()
-    return SparseIndexed(terms=_index_terms(indexer, given), selected=selected,
+    return SparseIndexed(terms=_index_terms(module.indexer, given), selected=selected,
                          weights=call.result[1][0].double(), topk=indices.shape[-1])
+
+
+def index_terms(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings) -> torch.Tensor:
+    """(g, t, t) `SparseIndexed.terms` of a sparse-attention layer run once on one text, under
+    any attention implementation (qkv's included): the index scores alone, not the weights."""
+    with _indexer_call(module.indexer) as seen, torch.no_grad():
+        module(hidden_states, position_embeddings=position_embeddings, attention_mask=causal_mask(hidden_states))
+    (given, _), = seen
+    return _index_terms(module.indexer, given)
+
+
+@contextmanager
+def _indexer_call(indexer: torch.nn.Module):
+    """A list of (the indexer's arguments by name, its returned top-k indices (1, t, k)), one per
+    call inside the `with`."""
+    names = ("hidden_states", "q_resid", "position_embeddings", "attention_mask", "position_ids")
+    seen: list[tuple] = []
+    hook = indexer.register_forward_hook(
+        lambda _m, args, kwargs, out: seen.append(({**dict(zip(names, args)), **kwargs}, out)), with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        hook.remove()
 
 
 def _index_terms(indexer: torch.nn.Module, given: dict) -> torch.Tensor:

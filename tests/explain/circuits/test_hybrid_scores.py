@@ -1,0 +1,158 @@
+"""Score attribution on the layers of 2026's models (issue 39): an MLA head's score split through
+its latents into content + RoPE parts, a sparse layer's selected keys (and an unselected one
+refused with the indexer's miss margin), a gated softmax head — each sum of terms equal to the
+forward's own score within the result's derived ``bound``; what cannot be split yet, one line.
+
+Tolerance: each result's ``bound`` is derived from the forward's measured rounding of q and k
+(test_circuits.py's module doc). transformers runs RMSNorms and RoPE tables in float32 even in a
+float64 model, so the bound there is float32-sized: it must stay below 1e-5 relative (LOOSE), so
+a loose bound cannot hide a wrong split.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")  # the qkv[hf] extra
+import torch  # noqa: E402
+
+import qkv  # noqa: E402
+from hybrids import save_hybrid  # noqa: E402
+from qkv.errors import QkvError  # noqa: E402
+from qkv.explain import ArgumentError, score_attribution  # noqa: E402
+from qkv.explain.contributions.base import run  # noqa: E402
+
+TEXT = "the cat sat on the mat . a red apple"
+DIRECT = "deepseek_v3 without a query latent"
+LOOSE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def hybrid64(tmp_path_factory):
+    """name → the tiny random checkpoint of tests/hf/hybrids.py through qkv.load, in float64
+    (experts as a plain loop: the grouped kernel takes no float64)."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            path = tmp_path_factory.mktemp(name)
+            if name == DIRECT:
+                save_direct_query(path)
+            else:
+                save_hybrid(name, path)
+            model = qkv.load(path)
+            if getattr(model.hf.config, "_experts_implementation", None) not in (None, "eager"):
+                model.hf.set_experts_implementation("eager")
+            cache[name] = model.double()
+        return cache[name]
+    return get
+
+
+def save_direct_query(path) -> None:
+    """DeepSeek-V3 with no query latent (q_lora_rank None: one q_proj) and dense feed-forwards."""
+    import transformers
+    from hybrids import BASE, MLA, save_tokenizer
+
+    config = transformers.DeepseekV3Config(**(BASE | MLA | dict(q_lora_rank=None, first_k_dense_replace=4)))
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM._from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+
+
+def check_sum(a) -> None:
+    assert abs(float(a.terms.sum()) - a.score) <= a.bound, (float(a.terms.sum()), a.score, a.bound)
+    assert a.bound <= LOOSE * max(1.0, abs(a.score))
+
+
+def forward_parts(model, layer: int, head: int, i: int, j: int, dn: int) -> tuple[float, float]:
+    """The forward's own content and RoPE parts of the score: its traced q and k (as the
+    attention call got them: [q_nope | rotated q_rope]) split at dn."""
+    ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
+    att = run(model, ids, torch.tensor([i])).traces[layer].self_attn.attention
+    q, k, scale = att.query[0, head, 0].double(), att.key[0, head, j].double(), float(att.scale)
+    return scale * float(q[:dn] @ k[:dn]), scale * float(q[dn:] @ k[dn:])
+
+
+@pytest.mark.parametrize("name,pairs,upstream", [
+    ("deepseek_v3", ((0, 1, 2), (1, 3, 0), (3, 0, 5)), "L0.H3"),  # layer 0 dense; later: earlier MLA heads
+    ("deepseek_v2", ((0, 1, 2), (3, 0, 5)), "L0.H3"),              # RoPE as complex numbers, in float32
+    (DIRECT, ((2, 2, 1),), "L1.H0"),                                # q = x·W_Q, no query latent
+    ("kimi_linear", ((1, 2, 4), (3, 1, 5)), "L0.kda"),             # MLA without RoPE beside KDA layers
+])
+def test_an_mla_score_splits_into_content_and_rope_parts(hybrid64, name, pairs, upstream):
+    """Each part against the forward's own (its traced q and k split at dn), within the score's
+    bound: the same q and k roundings bound both."""
+    model = hybrid64(name)
+    for layer, head, key in pairs:
+        a = score_attribution(model, TEXT, layer=layer, head=head, token=5, key=key)
+        check_sum(a)
+        assert upstream in a.key_components if layer else a.key_components[0] == "embed.token"
+        split = a.latent
+        assert torch.equal(split.content + split.position, a.terms)
+        dn = model.layers[layer].self_attn.module.qk_nope_head_dim
+        content, position = forward_parts(model, layer, head, 5, key, dn)
+        assert abs(float(split.content.sum()) - content) <= a.bound
+        assert abs(float(split.position.sum()) - position) <= a.bound
+        assert a.to_dict()["latent"]["content"] == float(split.content.sum())
+
+
+def test_an_mla_row_matches_one_key_at_a_time(hybrid64):
+    model = hybrid64("deepseek_v3")
+    row = score_attribution(model, TEXT, layer=2, head=2, token=7)
+    assert row.keys.tolist() == list(range(8))
+    assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= LOOSE
+    one = score_attribution(model, TEXT, layer=2, head=2, token=7, key=3)
+    assert torch.allclose(row.terms[3], one.key_totals(), rtol=0, atol=2 * one.bound)
+
+
+def test_a_sparse_layers_selected_key_splits_and_an_unselected_one_is_one_line(hybrid64):
+    """The indexer keeps 4 keys per query (tests/hf/hybrids.py): of the 6 a query at 5 sees,
+    2 are left out — their weight is 0, refused with how far their index score missed the cut."""
+    model = hybrid64("glm_moe_dsa")
+    att = run(model, torch.tensor([model.tokenizer.encode(TEXT).ids]), torch.tensor([5])).traces[0].self_attn.attention
+    finite = torch.isfinite(att.additive()[0, 0, 0, :6])
+    chosen, left = finite.nonzero().flatten().tolist(), (~finite).nonzero().flatten().tolist()
+    assert len(chosen) == 4 and len(left) == 2
+    for key in chosen:
+        a = score_attribution(model, TEXT, layer=0, head=1, token=5, key=key)
+        check_sum(a)
+        assert a.indexed and a.latent is not None
+    with pytest.raises(ArgumentError, match=r"^key .* was left out by layer 0's indexer for the query at 5: "
+                                            r"its weight is 0 \(its index score missed the top-4 cut by [0-9.e-]+\)$"):
+        score_attribution(model, TEXT, layer=0, head=1, token=5, key=left[0])
+
+
+@pytest.mark.parametrize("name,gated,layers", [
+    ("qwen3_5", True, ((1, "L0.gated_deltanet"), (3, "L1.H3"))),
+    ("lfm2", False, ((1, "L0.short_conv"), (3, "L1.H3"))),
+    ("nemotron_h", False, ((1, "L0.mamba2"),)),
+])
+def test_a_hybrids_softmax_heads_split_through_the_layers_before(hybrid64, name, gated, layers):
+    """Layer 1 reads layer 0's Gated DeltaNet (short convolution, Mamba-2) branch as one
+    component; layer 3 also layer 1's heads. Qwen3.5's gate multiplies each head's output after
+    the weights: the score is q·k as any head's, the result says the head is gated, and layer 1's
+    heads are read through their gates (their writes must rebuild its x + attn: the stream checks
+    it). LFM2 normalises q and k per head (q_layernorm, k_layernorm), frozen like Qwen3's.
+    Nemotron-H's Mamba-2 layer is x + mix and nothing after it: its feed-forward part is 0."""
+    model = hybrid64(name)
+    for layer, upstream in layers:
+        a = score_attribution(model, TEXT, layer=layer, head=1, token=5, key=2)
+        check_sum(a)
+        assert a.gated is gated and a.latent is None and upstream in a.key_components
+        assert a.to_dict()["gated"] is gated
+    if name == "nemotron_h":
+        assert not a.terms[:, a.key_components.index("L0.ffn")].any()
+
+
+@pytest.mark.parametrize("name,layer,says", [
+    ("zamba2", 1, r"layer 1 \(HFLayer\) does not form x \+ attn"),  # its shared attention block
+    ("minimax", 1, r"layer 0 \(L0.lightning\) does not form x \+ mix"),
+    ("olmo_hybrid", 3, r"x \+ norm\(attn\(x\)\)"),
+])
+def test_what_is_not_split_yet_is_one_line_naming_the_part(hybrid64, name, layer, says):
+    with pytest.raises(QkvError, match=rf"^[^\n]*{says}[^\n]*$"):
+        score_attribution(hybrid64(name), TEXT, layer=layer, head=0, token=5, key=2)
