@@ -252,19 +252,10 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
     q_norm, k_norm = norms if all(isinstance(n, nn.Module) for n in norms) else (None, None)
     d = sizes.head_dim
     with torch.no_grad():
-        for layout in fits:
-            wq, wk, wv = layout.read(module, layout.names, sizes)
-            if wq is None or wk is None or wv is None:
-                continue
-            try:
-                q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
-            except RuntimeError:  # not of this width
-                continue
+        for layout, (wq, wk, wv), q, k in _projected(module, fits, sizes, x, kv_input, value):
             if q_norm is not None:
                 q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
-            q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)
-            if not close(v, value):
-                continue
+            q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
             own = own_rotation(module)
             tried = (*STYLES, *((OWN,) if own is not None else ()), None)
             for style in tried if cos_sin is not None else (None,):
@@ -296,6 +287,21 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             f" do not give the q, k and v its attention kernel read")
 
 
+def _projected(module, fits, sizes, x, kv_input, value):
+    """Each layout of `fits` that rebuilds the kernel's `value` (b, h_kv, s, dv): (layout, its
+    (W_Q, W_K, W_V), q = x·W_Q (b, t, h·d), k = memory·W_K (b, s, h_kv·d)), in `fits`' order."""
+    for layout in fits:
+        wq, wk, wv = layout.read(module, layout.names, sizes)
+        if wq is None or wk is None or wv is None:
+            continue
+        try:
+            q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
+        except RuntimeError:  # not of this width
+            continue
+        if close(_heads(v, sizes.kv_heads), value):
+            yield layout, (wq, wk, wv), q, k
+
+
 def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value) -> str | None:
     """Why a module that normalises q and k *after* the rotation (`NORMS_AFTER`, HunYuan)
     is not read — checked: projected, rotated in one of the styles, then normalised per head,
@@ -306,17 +312,8 @@ def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key,
         return None
     own = own_rotation(module)
     with torch.no_grad():
-        for layout in fits:
-            wq, wk, wv = layout.read(module, layout.names, sizes)
-            if wq is None or wk is None or wv is None:
-                continue
-            try:
-                q, k, v = (_heads(wq(x), sizes.heads), _heads(wk(kv_input), sizes.kv_heads),
-                           _heads(wv(kv_input), sizes.kv_heads))  # (b, h, t, d), (b, h_kv, s, d) ×2
-            except RuntimeError:  # not of this width
-                continue
-            if not close(v, value):
-                continue
+        for _, _, q, k in _projected(module, fits, sizes, x, kv_input, value):
+            q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
             for style in (*STYLES, *((OWN,) if own is not None else ())):
                 turn = Rotation(*cos_sin, style, own if style == OWN else None)
                 try:
