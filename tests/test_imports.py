@@ -42,6 +42,7 @@ SOURCE = Path(qkv.__file__).resolve().parent  # src/qkv
 
 # (module, attribute) of every name → implementation table that qkv fills as it imports.
 REGISTRIES = (("qkv.attention.backends", "BACKENDS"), ("qkv.models.registry", "FAMILIES"),
+              ("qkv.models.protocol", "MIXER_KINDS"), ("qkv.hf.mixers", "RECOGNISERS"),
               ("qkv.explain.contributions", "METHODS"))
 
 # A package's __main__ runs the program when imported (``python -m qkv``); it is a script, not a
