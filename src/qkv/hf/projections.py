@@ -133,7 +133,8 @@ LAYOUTS = (
 )
 
 #: The per-head (or whole-projection) norms between the projections and the position step.
-NORMS = ("q_norm", "k_norm")
+NORMS = (("q_norm", "k_norm"),  # Qwen3 (per head), OLMo 2 (the whole projection)
+         ("q_layernorm", "k_layernorm"))  # Persimmon: a LayerNorm per head
 #: q/k norms applied *after* the rotation (HunYuan: ``query_layernorm``, ``key_layernorm``)
 NORMS_AFTER = ("query_layernorm", "key_layernorm")
 
@@ -248,8 +249,7 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
     if not fits:
         return (f"{type(module).__name__} holds none of the projection layouts qkv reads "
                 f"({'; '.join(layout.name for layout in LAYOUTS)})")
-    norms = [getattr(module, n, None) for n in NORMS]
-    q_norm, k_norm = norms if all(isinstance(n, nn.Module) for n in norms) else (None, None)
+    q_norm, k_norm = _qk_norms(module)
     d = sizes.head_dim
     with torch.no_grad():
         for layout, (wq, wk, wv), q, k in _projected(module, fits, sizes, x, kv_input, value):
@@ -285,6 +285,15 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             f"{'its q/k norms, ' if q_norm is not None else ''}"
             f"{'the angles it is handed (as RoPE in any of ' + ', '.join(STYLES) + ' layouts, or none)' if cos_sin is not None else 'no position step'}"
             f" do not give the q, k and v its attention kernel read")
+
+
+def _qk_norms(module: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
+    """The module's (q norm, k norm) applied before the rotation, by `NORMS`' names, or (None, None)."""
+    for names in NORMS:
+        norms = tuple(getattr(module, n, None) for n in names)
+        if all(isinstance(n, nn.Module) for n in norms):
+            return norms
+    return None, None
 
 
 def _projected(module, fits, sizes, x, kv_input, value):
