@@ -84,10 +84,11 @@ def _weights(query, key, lse, mask: AttentionMask, bias, *, scale, softcap, grou
 def _weights_wanted(kwargs) -> bool:
     """Whether the caller records attention weights (`output_attentions=True`).
 
-    transformers passes the flag down to the attention call, and its output recorder collects
-    the weights the call returns (`_can_record_outputs`, index 1). GPT-2 (5.x) drops the flag
-    before its attention, so there — as under transformers' own sdpa — no weights come back;
-    qkv's explanations never ask for them this way (they record through `qkv.hf.trace`).
+    transformers passes the flag down to the attention call, and its output recorder (hooks on
+    the attention modules) collects the weights the call returns. GPT-2, OPT and StableLM (5.x)
+    consume the flag before their attention call, so there — as under transformers' own sdpa —
+    no weights come back; qkv's explanations never ask for them this way (they record through
+    `qkv.hf.trace`).
     Weights are (t × s) per head: computed only when asked for.
     """
     return bool(kwargs.get("output_attentions"))

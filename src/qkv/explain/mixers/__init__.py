@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import torch
 
 from qkv.errors import QkvError
-from qkv.models.protocol import MixerKind
 from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, short_conv, sparse
+from qkv.models.protocol import MixerKind
 
 
 class EffectiveAttention(Protocol):
