@@ -27,6 +27,7 @@ not from the design.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -41,6 +42,7 @@ SOURCE = Path(qkv.__file__).resolve().parent  # src/qkv
 
 # (module, attribute) of every name → implementation table that qkv fills as it imports.
 REGISTRIES = (("qkv.attention.backends", "BACKENDS"), ("qkv.models.registry", "FAMILIES"),
+              ("qkv.models.protocol", "MIXER_KINDS"), ("qkv.hf.mixers", "RECOGNISERS"),
               ("qkv.explain.contributions", "METHODS"))
 
 # A package's __main__ runs the program when imported (``python -m qkv``); it is a script, not a
@@ -380,3 +382,88 @@ def test_qkv_modules_import_each_other_without_cycles():
     cycles = [describe(shortest_cycle(graph, c), graph, modules) for c in strongly_connected(graph)]
     assert not cycles, (f"{len(cycles)} import cycle(s) among qkv modules (counting imports inside "
                         f"functions; file:line of each import):\n  " + "\n  ".join(cycles))
+
+
+# -- no module uses another package's private names ---------------------------------------------
+# torch.ops.<namespace>.<operator> is torch's public operator registry; ATen's names for operators
+# without a Python function begin with "_" by convention (attention/flash_cpu.py is the one wrapper
+# of the fused CPU kernel, which returns the lse that torch's public sdpa does not).
+OPERATOR_REGISTRY = "torch.ops."
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _package(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _is_module(name: str, modules: dict[str, Path]) -> bool:
+    if name.split(".")[0] == "qkv":
+        return name in modules
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent that is not a package
+        return False
+
+
+def private_uses(path: Path, module: str, modules: dict[str, Path]) -> list[str]:
+    """``file:line: name`` for each private name of another package that `path` imports
+    (``from x import _y``) or reads off an imported module (``x._y``, ``x.z._y``). A private name
+    is another package's when the module it comes from lies outside the importer's own package
+    (its folder): qkv's subpackages count as packages of their own."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own, found, bound = _package(module, path), [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = own.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            source = base if base.split(".")[0] != "qkv" else _package(base, modules.get(base, Path("x.py")))
+            for a in node.names:
+                if _private(a.name) and source != own:
+                    found.append(f"{path.name}:{node.lineno}: from {base} import {a.name}")
+                elif _is_module(f"{base}.{a.name}", modules):
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        chain, value = [], node.value
+        while isinstance(value, ast.Attribute):
+            chain.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id in bound:
+            owner = ".".join([bound[value.id], *reversed(chain)])
+            if not (owner + ".").startswith(OPERATOR_REGISTRY) and owner != own:
+                found.append(f"{path.name}:{node.lineno}: {owner}.{node.attr}")
+    return found
+
+
+def test_private_use_finder_finds_each_form(tmp_path):
+    root = tmp_path / "qkv"
+    (root / "a").mkdir(parents=True)
+    for f in ("__init__.py", "a/__init__.py", "a/b.py", "c.py"):
+        (root / f).write_text("")
+    (root / "a" / "x.py").write_text(
+        "import os\n"
+        "from qkv.a.b import _mine\n"            # the same package (qkv.a): allowed
+        "from qkv.c import _theirs\n"            # qkv.c lies in qkv, not qkv.a
+        "from ..c import _too\n"                 # the same, relative
+        "from qkv import c\n"
+        "import torch\n"
+        "x = (c._attr, os._exit, os.__name__, torch.ops.aten._op)\n")
+    modules = qkv_modules(root)
+    assert private_uses(root / "a" / "x.py", "qkv.a.x", modules) == [
+        "x.py:3: from qkv.c import _theirs", "x.py:4: from qkv.c import _too",
+        "x.py:7: qkv.c._attr", "x.py:7: os._exit"]
+
+
+def test_no_module_uses_another_packages_private_names():
+    modules = qkv_modules()
+    found = [use for name, path in modules.items() for use in private_uses(path, name, modules)]
+    assert not found, "private names of another package:\n  " + "\n  ".join(found)

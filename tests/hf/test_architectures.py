@@ -12,6 +12,12 @@ from archs import DECODERS, ENCODERS, SEQ2SEQ, build, twins  # noqa: E402
 from tolerance import assert_within  # noqa: E402
 
 
+# transformers (5.x) consumes output_attentions before these architectures' attention call
+# (GPT2Model.forward pops it; OPT's and StableLM's attention take it as a named argument), so
+# qkv's attention is not asked for weights there — as transformers' own sdpa is not: their
+# qkv twin returns none (qkv reads no private recorder state to guess)
+FLAG_CONSUMED = {"gpt2", "opt", "stablelm"}
+
 IDS = torch.tensor([[5, 17, 3, 44, 9, 81, 23, 6, 70, 12, 8, 31, 2],
                     [7, 7, 19, 60, 4, 33, 90, 15, 11, 52, 28, 3, 41]])  # 13 > every window
 
@@ -36,6 +42,10 @@ def check(truth, plain, got, fields):
 def test_decoder_matches_eager(name):
     models = twins(build(DECODERS, name))
     outs = [run(m, input_ids=IDS) for m in models]
+    if name in FLAG_CONSUMED:
+        assert outs[2].attentions == () and len(outs[0].attentions) > 0
+        check(*outs, ["logits"])
+        return
     check(*outs, ["logits", "attentions"])
 
 

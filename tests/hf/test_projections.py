@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 import qkv.explain as E  # noqa: E402
-from archs import DECODERS, ENCODERS, build  # noqa: E402
+from archs import COMMON, DECODERS, ENCODERS, build  # noqa: E402
 from qkv.explain.contributions import get_method  # noqa: E402
 from qkv.explain.contributions.base import out_bias, run  # noqa: E402
 from qkv.explain.contributions.norm import terms  # noqa: E402
@@ -69,10 +69,35 @@ def test_explain_head_recomputes_q_from_x(saved, name):
     assert st.projection == "" and model.capabilities.head_weights
     assert ("RoPE" in st.qk_transform) == (style is not None)
     assert ("normalised" in st.qk_transform) == (name in ("qwen3", "olmo2"))
+    assert_float32_rounding(name, st, fine)
+
+
+def assert_float32_rounding(name, st, fine) -> None:
+    """Each stage of the float32 model's recomputation is off its forward by that forward's
+    roundings: the float64 model's differences scaled by 2²⁹, plus 2 ulp."""
     ratio = unit_roundoff_ratio(torch.float32, torch.float64)  # 2²⁹
     for stage, diff in st.diffs.items():  # each stage against the float32 forward's own tensor
         tol = 4 * fine.diffs[stage] * ratio + 2 * ulp(getattr(st, stage), torch.float32)
         assert diff <= tol, f"{name} {stage}: float32 forward vs float64 recomputation {diff:.3g} > {tol:.3g}"
+
+
+def test_layernorm_qk_norms_by_their_other_names(tmp_path):
+    """Persimmon normalises each head's q and k by a torch LayerNorm (`q_layernorm`,
+    `k_layernorm`) before a partial rotation: read by NORMS' second pair of names, and run on the
+    float64 recomputation of a float32 model (its float32 weights taken to float64)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.PersimmonConfig(**(COMMON | dict(qk_layernorm=True)))
+    transformers.PersimmonForCausalLM(config).eval().save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, encoder=False)
+    model, st = steps(tmp_path, torch.float32)
+    _, fine = steps(tmp_path, torch.float64)
+    attn = model.layers[1].self_attn
+    assert (attn.parts.layout, attn.parts.rotation) == ("query_key_value", "half") and st.projection == ""
+    assert isinstance(attn.q_norm, torch.nn.LayerNorm)
+    assert "normalised per head" in st.qk_transform and "RoPE" in st.qk_transform
+    assert_float32_rounding("persimmon", st, fine)
 
 
 @pytest.mark.parametrize("name", ["llama", "olmo2"])

@@ -72,7 +72,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-class _Layout:
+class Layout:
     """q, k, v viewed as (B, h_kv, g, t, d) / (B, h_kv, s, d): B the flattened batch dims,
     g the query heads per key/value head (1 without GQA)."""
 
@@ -110,7 +110,7 @@ class _Layout:
         return x.reshape(*self.lead, self.h, self.t)  # (..., h, t)
 
 
-def _check_mask(bm: BlockMask, lay: _Layout) -> None:
+def check_block_mask(bm: BlockMask, lay: Layout) -> None:
     """The mask's batch is the inputs' batch dims flattened (b for (b, h, t, d) inputs)."""
     if not isinstance(bm, BlockMask):
         raise ValueError(f"block_mask must be a qkv BlockMask (qkv.create_block_mask), got "
@@ -126,7 +126,7 @@ class _RunMasks:
     it is built once and reused (a sliding window builds one or two per call).
     """
 
-    def __init__(self, bm: BlockMask, lay: _Layout, dtype: torch.dtype, device):
+    def __init__(self, bm: BlockMask, lay: Layout, dtype: torch.dtype, device):
         self.bm, self.lay, self.dtype, self.device = bm, lay, dtype, device
         self.invariant = getattr(bm.mask_mod, "shift_invariant", False) and bm.tiles is None
         self.cache: dict = {}
@@ -166,7 +166,7 @@ class _RunMasks:
 PIECE_BYTES = 1 << 21
 
 
-def _max_blocks(bm: BlockMask, lay: _Layout) -> int:
+def _max_blocks(bm: BlockMask, lay: Layout) -> int:
     per_block = lay.b * lay.h_kv * lay.g * bm.block_size * bm.block_size * 4
     return max(1, PIECE_BYTES // per_block)
 
@@ -194,8 +194,8 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The online-softmax forward: `(out (..., h, t, dv), lse (..., h, t))` (see the module doc).
     `softcap`: scaled scores become `softcap·tanh(s/softcap)` before the mask (Gemma 2)."""
-    lay = _Layout(query, key, enable_gqa)
-    _check_mask(block_mask, lay)
+    lay = Layout(query, key, enable_gqa)
+    check_block_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
     bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
     # no copies of q, k, v in float32 (extra memory is the output, lse and one block's scores)
@@ -235,7 +235,7 @@ def blockwise_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         acc = acc.div_(l.masked_fill(l == 0, 1.0))  # l = 0 only where acc = 0: the row stays 0
         out[:, :, :, r0:r1] = acc.view(lay.b, lay.h_kv, lay.g, r1 - r0, dv)
         lse[:, :, :, r0:r1] = (m_safe_old + l.log()).view(lay.b, lay.h_kv, lay.g, r1 - r0)
-    _nan_rows(query, lay, out, lse)
+    propagate_nan_rows(query, lay, out, lse)
     return lay.back_q(out).to(query.dtype), lay.back_rows(lse)
 
 
@@ -246,7 +246,7 @@ def any_nan(x: torch.Tensor) -> bool:
     return x.numel() > 0 and bool(x.amax().isnan())
 
 
-def _nan_rows(query: torch.Tensor, lay: _Layout, out: torch.Tensor, lse: torch.Tensor) -> None:
+def propagate_nan_rows(query: torch.Tensor, lay: Layout, out: torch.Tensor, lse: torch.Tensor) -> None:
     """NaN in → NaN out: a query row holding a NaN gives a NaN output row and lse, even where
     the mask leaves it no key (the policy every backend follows)."""
     if not any_nan(query):  # the common case, without a bool copy of the query
@@ -268,8 +268,8 @@ def blockwise_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     `dlse` (..., h, t), optional: the gradient reaching `lse` (∂lse/∂S = P adds
     `dlse · P` to dS), for callers that merge chunks by their log-sum-exp.
     """
-    lay = _Layout(query, key, enable_gqa)
-    _check_mask(block_mask, lay)
+    lay = Layout(query, key, enable_gqa)
+    check_block_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
     bs, t, s, BH = block_mask.block_size, lay.t, lay.s, lay.b * lay.h_kv
     q = lay.queries(query.to(c))  # (B, h_kv, g, t, d)

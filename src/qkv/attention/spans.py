@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from qkv.attention.block_mask import FULL, Band, BlockMask
-from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, compute_dtype, differentiable
+from qkv.attention.blockwise import check_block_mask, Layout, propagate_nan_rows, compute_dtype, differentiable
 from qkv.attention.flash_cpu import any_nan, flash_backward, flash_forward
 from qkv.attention.merge import merge_into, reduce_parts
 
@@ -320,7 +320,7 @@ class _Tensors:
     views of one call's units as the kernel's (X, units · g, rows, ·) (query head i of a call
     uses key head i // g)."""
 
-    def __init__(self, lay: _Layout, q, k, v):
+    def __init__(self, lay: Layout, q, k, v):
         self.lay, self.X, self.g = lay, lay.b * lay.h_kv, lay.g
         self.q, self.k, self.v = q, k, v
 
@@ -405,8 +405,8 @@ def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`(out (..., h, t, dv), lse (..., h, t))` — the same contract as
     `qkv.attention.blockwise.blockwise_forward` (no `softcap`; dv = d)."""
-    lay = _Layout(query, key, enable_gqa)
-    _check_mask(block_mask, lay)
+    lay = Layout(query, key, enable_gqa)
+    check_block_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
     X, g, t, s, d = lay.b * lay.h_kv, lay.g, lay.t, lay.s, lay.d
     q = _flat(lay.queries(query.to(c)), X, g, t, d)  # (X, g, t, d), in place where strides allow
@@ -449,7 +449,7 @@ def spans_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 merge_into(o_view, l_view, o, l, rows=slice(None))
             del o, l  # before the next call's
     shape5 = (lay.b, lay.h_kv, g, t)
-    _nan_rows(query, lay, out.view(*shape5, d), lse.view(shape5))
+    propagate_nan_rows(query, lay, out.view(*shape5, d), lse.view(shape5))
     return lay.back_q(out.view(*shape5, d)).to(query.dtype), lay.back_rows(lse.view(shape5))
 
 
@@ -463,8 +463,8 @@ def spans_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Memory beyond dq, dk, dv: one call's temporaries (`BACKWARD_CALL_BYTES` a thread, at most
     `MAX_CALL_BYTES`) and lse; q, k, v, out and dout are read in place (no copies of them);
     D = rowsum(dO ∘ O) is the kernel's, per row block."""
-    lay = _Layout(query, key, enable_gqa)
-    _check_mask(block_mask, lay)
+    lay = Layout(query, key, enable_gqa)
+    check_block_mask(block_mask, lay)
     c = compute_dtype(query.dtype)
     X, g, t, s, d = lay.b * lay.h_kv, lay.g, lay.t, lay.s, lay.d
     q = _flat(lay.queries(query.to(c)), X, g, t, d)  # (X, g, t, d), views where strides allow

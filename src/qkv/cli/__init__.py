@@ -66,7 +66,7 @@ def _version() -> str:
     return __version__
 
 
-def missing_command(prog: str, sub: argparse._SubParsersAction, args=None) -> int:
+def missing_command(prog: str, sub: argparse.Action, args=None) -> int:
     """`qkv` or `qkv train` alone: one error line naming the commands, not a usage block
     (as a command's `func`: `functools.partial(missing_command, prog, sub)`)."""
     print(f"qkv: error: {prog} needs a command: {', '.join(sub.choices)} (see {prog} --help)",

@@ -237,9 +237,8 @@ def name():
 
 def validates(action: argparse.Action) -> bool:
     """Whether `action`'s value goes through a check of this module (or needs none)."""
-    if action.nargs == 0 or isinstance(action, (argparse._SubParsersAction, argparse._HelpAction,
-                                                argparse._VersionAction)):
-        return True  # flags and sub-commands take no value
+    if action.nargs in (0, argparse.PARSER):
+        return True  # flags (--help and --version too) and sub-commands take no value
     if action.choices is not None:
         return True  # argparse refuses anything else
     return hasattr(action.type, MARK)
@@ -249,7 +248,7 @@ def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "qkv") -> l
     """`"qkv explain --top"` for every option of every command that skips this module."""
     out = []
     for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
+        if action.nargs == argparse.PARSER:  # sub-commands
             for command, sub in action.choices.items():
                 out += unchecked_options(sub, f"{prefix} {command}")
         elif not validates(action):
@@ -464,7 +463,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_commands(parser: Parser, commands: dict[str, tuple[str, str]], *, dest: str,
-                 metavar: str, title: str) -> argparse._SubParsersAction:
+                 metavar: str, title: str) -> argparse.Action:
     """Sub-commands of `parser` from a table, name → (`"module:function"` that adds the
     command's arguments to its parser, the one line `--help` lists it with). With
     `parser.lazy` a command's function runs (its module imported) only when the command is

@@ -84,19 +84,14 @@ def _weights(query, key, lse, mask: AttentionMask, bias, *, scale, softcap, grou
 def _weights_wanted(kwargs) -> bool:
     """Whether the caller records attention weights (`output_attentions=True`).
 
-    Most models pass the flag down; some (GPT-2) pop it and rely on transformers' output
-    recorder, whose collector (a private context variable, read defensively) then lists
-    `attentions`. Weights are (t × s) per head: computed only when asked for.
+    transformers passes the flag down to the attention call, and its output recorder (hooks on
+    the attention modules) collects the weights the call returns. GPT-2, OPT and StableLM (5.x)
+    consume the flag before their attention call, so there — as under transformers' own sdpa —
+    no weights come back; qkv's explanations never ask for them this way (they record through
+    `qkv.hf.trace`).
+    Weights are (t × s) per head: computed only when asked for.
     """
-    if kwargs.get("output_attentions"):
-        return True
-    try:
-        from transformers.utils.output_capturing import _active_collector
-        collected = _active_collector.get()
-    except (ImportError, AttributeError):
-        return False
-    return bool(collected) and any(k in collected for k in ("attentions", "cross_attentions",
-                                                             "encoder_attentions", "decoder_attentions"))
+    return bool(kwargs.get("output_attentions"))
 
 
 def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

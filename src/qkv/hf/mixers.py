@@ -18,9 +18,14 @@ come from their papers' reference code, which transformers keeps so checkpoints 
 `lightning`             a per-head decay `slope_rate` held as a buffer (MiniMax)
 `short_conv`            a depthwise causal `Conv1d` between linear maps, no state (LFM2)
 ========================  ===========================================================================
+
+A kind added later is recognised by a function of its own, `register_recogniser(kind,
+recognises)`, asked before the table above (a taken kind raises).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from torch import nn
 
@@ -44,9 +49,28 @@ def _convolves(module: nn.Module) -> bool:
     return any(isinstance(c, nn.Conv1d) and c.groups == c.in_channels > 1 for c in module.children())
 
 
+#: the names of kinds registered after the table of the module doc → whether a module is one (by
+#: what it holds)
+RECOGNISERS: dict[str, Callable[[nn.Module], bool]] = {}
+
+
+def register_recogniser(kind: MixerKind, recognises: Callable[[nn.Module], bool]) -> None:
+    """Make `stateful_kind` answer `kind` for the modules `recognises(module)` is true of (asked
+    of every module of a layer, outermost first: true of the mixer itself, not of what holds it).
+    A kind already recognised raises."""
+    if not isinstance(kind, MixerKind) or kind.softmax:
+        raise ValueError(f"a recogniser is for a non-softmax MixerKind, got {kind!r}")
+    if kind.value in RECOGNISERS:
+        raise ValueError(f"mixer kind {kind.value!r} already has a recogniser")
+    RECOGNISERS[kind.value] = recognises
+
+
 def stateful_kind(module: nn.Module) -> MixerKind | None:
     """The kind of a non-softmax token mixer, or None when `module` is not one (see the
     module doc); a module holding one (a decoder layer) is not one itself."""
+    for kind, recognises in RECOGNISERS.items():
+        if recognises(module):
+            return MixerKind(kind)
     own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
     if "slope_rate" in own:
         return MixerKind.LIGHTNING
@@ -75,4 +99,4 @@ def softmax_kind(config, *, calls: int, indexed: bool) -> MixerKind:
     return MixerKind.SOFTMAX
 
 
-__all__ = ["LATENT_KV", "softmax_kind", "stateful_kind"]
+__all__ = ["LATENT_KV", "RECOGNISERS", "register_recogniser", "softmax_kind", "stateful_kind"]

@@ -132,9 +132,9 @@ LAYOUTS = (
     Layout("q, k, v", ("q", "k", "v"), _separate),
 )
 
-#: The per-head (or whole-projection) norms between the projections and the position step, by the
-#: names models give them (LFM2: ``q_layernorm``, ``k_layernorm``).
-NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))
+#: The per-head (or whole-projection) norms between the projections and the position step.
+NORMS = (("q_norm", "k_norm"),  # Qwen3 (per head), OLMo 2 (the whole projection)
+         ("q_layernorm", "k_layernorm"))  # Persimmon: a LayerNorm per head
 #: q/k norms applied *after* the rotation (HunYuan: ``query_layernorm``, ``key_layernorm``)
 NORMS_AFTER = ("query_layernorm", "key_layernorm")
 
@@ -249,26 +249,13 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
     if not fits:
         return (f"{type(module).__name__} holds none of the projection layouts qkv reads "
                 f"({'; '.join(layout.name for layout in LAYOUTS)})")
-    pairs = ([getattr(module, n, None) for n in names] for names in NORMS)
-    q_norm, k_norm = next((p for p in pairs if all(isinstance(n, nn.Module) for n in p)), (None, None))
+    q_norm, k_norm = _qk_norms(module)
     d = sizes.head_dim
     with torch.no_grad():
-        for layout in fits:
-            wq, wk, wv = layout.read(module, layout.names, sizes)
-            if wq is None or wk is None or wv is None:
-                continue
-            try:
-                q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
-            except RuntimeError:  # not of this width
-                continue
-            if q.shape[-1] == 2 * sizes.heads * d:  # each head's d query rows, then its d gate rows
-                wq = wq.rows((torch.arange(sizes.heads)[:, None] * 2 * d + torch.arange(d)).flatten())
-                q = wq(x)  # (b, t, h·d): Qwen3-Next / 3.5, the gate read by explain/mixers/gate.py
+        for layout, (wq, wk, wv), q, k in _projected(module, fits, sizes, x, kv_input, value):
             if q_norm is not None:
                 q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
-            q, k, v = _heads(q, sizes.heads), _heads(k, sizes.kv_heads), _heads(v, sizes.kv_heads)
-            if not close(v, value):
-                continue
+            q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
             own = own_rotation(module)
             tried = (*STYLES, *((OWN,) if own is not None else ()), None)
             for style in tried if cos_sin is not None else (None,):
@@ -300,6 +287,35 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
             f" do not give the q, k and v its attention kernel read")
 
 
+def _qk_norms(module: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
+    """The module's (q norm, k norm) applied before the rotation, by `NORMS`' names, or (None, None)."""
+    for names in NORMS:
+        norms = tuple(getattr(module, n, None) for n in names)
+        if all(isinstance(n, nn.Module) for n in norms):
+            return norms
+    return None, None
+
+
+def _projected(module, fits, sizes, x, kv_input, value):
+    """Each layout of `fits` that rebuilds the kernel's `value` (b, h_kv, s, dv): (layout, its
+    (W_Q, W_K, W_V), q = x·W_Q (b, t, h·d), k = memory·W_K (b, s, h_kv·d)), in `fits`' order."""
+    for layout in fits:
+        wq, wk, wv = layout.read(module, layout.names, sizes)
+        if wq is None or wk is None or wv is None:
+            continue
+        try:
+            q, k, v = wq(x), wk(kv_input), wv(kv_input)  # (b, t, ·), (b, s, ·), (b, s, ·)
+        except RuntimeError:  # not of this width
+            continue
+        if not close(_heads(v, sizes.kv_heads), value):
+            continue
+        if q.shape[-1] == 2 * sizes.heads * sizes.head_dim:  # each head's d query rows, then d gate rows
+            d = sizes.head_dim
+            wq = wq.rows((torch.arange(sizes.heads)[:, None] * 2 * d + torch.arange(d)).flatten())
+            q = wq(x)  # (b, t, h·d): Qwen3-Next / 3.5, the gate read by explain/mixers/gate.py
+        yield layout, (wq, wk, wv), q, k
+
+
 def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value) -> str | None:
     """Why a module that normalises q and k *after* the rotation (`NORMS_AFTER`, HunYuan)
     is not read — checked: projected, rotated in one of the styles, then normalised per head,
@@ -310,17 +326,8 @@ def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key,
         return None
     own = own_rotation(module)
     with torch.no_grad():
-        for layout in fits:
-            wq, wk, wv = layout.read(module, layout.names, sizes)
-            if wq is None or wk is None or wv is None:
-                continue
-            try:
-                q, k, v = (_heads(wq(x), sizes.heads), _heads(wk(kv_input), sizes.kv_heads),
-                           _heads(wv(kv_input), sizes.kv_heads))  # (b, h, t, d), (b, h_kv, s, d) ×2
-            except RuntimeError:  # not of this width
-                continue
-            if not close(v, value):
-                continue
+        for _, _, q, k in _projected(module, fits, sizes, x, kv_input, value):
+            q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
             for style in (*STYLES, *((OWN,) if own is not None else ())):
                 turn = Rotation(*cos_sin, style, own if style == OWN else None)
                 try:

@@ -151,9 +151,11 @@ Gold = tuple[Sequence[str], Sequence[Sequence[int]]] | str | None
 
 
 # -- the parts an explanation reads, named ------------------------------------------------------
-class MixerKind(Enum):
+class MixerKind:
     """What mixes a layer's tokens (one typed field per mixer of
-    [`LayerParts`][qkv.models.protocol.LayerParts]).
+    [`LayerParts`][qkv.models.protocol.LayerParts]): one interned record per kind, compared by
+    identity (`kind is MixerKind.SOFTMAX`), looked up by name (`MixerKind("mamba2")`), added by
+    [`register_mixer_kind`][qkv.models.protocol.register_mixer_kind].
 
     `softmax`: softmax attention run by qkv's traced attention (q·kᵀ, the softmax, Σ w·v);
     `mla`: multi-head latent attention (DeepSeek V2/V3, Kimi): low-rank latent q and kv, a
@@ -166,28 +168,69 @@ class MixerKind(Enum):
     state-space model: Mamba-2's SSD; Jamba's Mamba-1 scan too), `short_conv` (LFM2: a gated
     causal depthwise convolution).
 
+    Attributes:
+        value: the kind's name (`MixerKind.MAMBA2.value == "mamba2"`).
+        softmax: whether its weights are softmax rows that qkv's attention computes (and traces).
+
     Examples:
         >>> MixerKind("gated_deltanet").softmax, MixerKind.MLA.softmax
         (False, True)
+        >>> MixerKind("gated_deltanet") is MixerKind.GATED_DELTANET
+        True
     """
 
-    SOFTMAX = "softmax"
-    GATED_DELTANET = "gated_deltanet"
-    KDA = "kda"
-    LIGHTNING = "lightning"
-    MAMBA2 = "mamba2"
-    SHORT_CONV = "short_conv"
-    MLA = "mla"
-    SPARSE = "sparse"
-    DIFFERENTIAL = "differential"
+    value: str
+    softmax: bool
+
+    def __new__(cls, value: str) -> "MixerKind":
+        try:
+            return MIXER_KINDS[value]
+        except (KeyError, TypeError):
+            raise ValueError(f"{value!r} is not a mixer kind; known: {', '.join(MIXER_KINDS)}") from None
 
     @property
-    def softmax(self) -> bool:
-        """Whether its weights are softmax rows that qkv's attention computes (and traces)."""
-        return self in _SOFTMAX_KINDS
+    def name(self) -> str:
+        """`"MAMBA2"`: the kind's name as a constant (`MixerKind.MAMBA2`)."""
+        return self.value.upper()
+
+    def __repr__(self) -> str:
+        return f"<MixerKind.{self.name}: {self.value!r}>"
+
+    def __reduce__(self):  # copies and pickles are the one interned kind
+        return MixerKind, (self.value,)
 
 
-_SOFTMAX_KINDS = frozenset({MixerKind.SOFTMAX, MixerKind.MLA, MixerKind.SPARSE, MixerKind.DIFFERENTIAL})
+#: every mixer kind by name, in the order registered (`register_mixer_kind` adds one)
+MIXER_KINDS: dict[str, MixerKind] = {}
+
+
+def register_mixer_kind(value: str, *, softmax: bool = False) -> MixerKind:
+    """A new [`MixerKind`][qkv.models.protocol.MixerKind] `value`; `softmax` when qkv's attention
+    computes its weights. A taken name raises (no silent replacement).
+
+    Examples:
+        >>> MixerKind.SHORT_CONV.value
+        'short_conv'
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a mixer kind is a non-empty name, got {value!r}")
+    if value in MIXER_KINDS:
+        raise ValueError(f"mixer kind {value!r} is already registered")
+    kind = object.__new__(MixerKind)
+    kind.value, kind.softmax = value, softmax
+    MIXER_KINDS[value] = kind
+    return kind
+
+
+MixerKind.SOFTMAX = register_mixer_kind("softmax", softmax=True)
+MixerKind.GATED_DELTANET = register_mixer_kind("gated_deltanet")
+MixerKind.KDA = register_mixer_kind("kda")
+MixerKind.LIGHTNING = register_mixer_kind("lightning")
+MixerKind.MAMBA2 = register_mixer_kind("mamba2")
+MixerKind.SHORT_CONV = register_mixer_kind("short_conv")
+MixerKind.MLA = register_mixer_kind("mla", softmax=True)
+MixerKind.SPARSE = register_mixer_kind("sparse", softmax=True)
+MixerKind.DIFFERENTIAL = register_mixer_kind("differential", softmax=True)
 
 
 class ResidualForm(Enum):

@@ -78,8 +78,17 @@ def head_norm(norm: nn.Module, x: torch.Tensor, head_dim: int) -> torch.Tensor:
     when the norm's width is d (Qwen3's, qkv's `q_norm`), over all of them otherwise (OLMo 2
     normalises the whole projection before splitting heads). Returns (..., n·d)."""
     if norm_width(norm) == x.shape[-1]:
+        return _in_dtype(norm, x)
+    return _in_dtype(norm, x.unflatten(-1, (-1, head_dim))).flatten(-2)  # (..., n, d) normalised per head
+
+
+def _in_dtype(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`norm(x)` with the norm's parameters in x's dtype: torch's LayerNorm (Persimmon's q/k
+    norms) refuses the float64 vectors `explain_head` recomputes a float32 model's q and k in."""
+    params = dict(norm.named_parameters())
+    if all(p.dtype == x.dtype for p in params.values()):
         return norm(x)
-    return norm(x.unflatten(-1, (-1, head_dim))).flatten(-2)  # (..., n, d) normalised per head
+    return torch.func.functional_call(norm, {n: p.to(x.dtype) for n, p in params.items()}, (x,))
 
 
 def norm_width(norm: nn.Module) -> int:

@@ -54,7 +54,7 @@ import weakref
 import torch
 
 from qkv.attention.block_mask import Band, BlockMask, Combined, Document
-from qkv.attention.blockwise import _check_mask, _Layout, _nan_rows, differentiable
+from qkv.attention.blockwise import check_block_mask, Layout, propagate_nan_rows, differentiable
 
 # Query rows per tile and keys per chunk of a tile's span. Measured (fp32, d = 64, H = 4, window
 # 512, N = 16k, one thread of a loaded 2-core AMD EPYC, rounds interleaved, ms): 32/1024 192,
@@ -253,13 +253,13 @@ def kernel_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`(out (..., h, t, d), lse (..., h, t))` by the C++ kernel — the contract of
     `qkv.attention.spans.spans_forward` (call `can_run` first)."""
-    lay = _Layout(query, key, enable_gqa)
-    _check_mask(block_mask, lay)
+    lay = Layout(query, key, enable_gqa)
+    check_block_mask(block_mask, lay)
     lo, hi = intervals(block_mask)
     q4, k4, v4 = (_blas_rows(x if x.ndim == 4 else x.unsqueeze(0)) for x in (query, key, value))  # (b, h, n, d)
     out, lse = load().interval_forward(q4, k4, v4, lo, hi, float(scale), BLOCK_Q, BLOCK_K)
     shape5 = (lay.b, lay.h_kv, lay.g, lay.t)
-    _nan_rows(query, lay, out.view(*shape5, lay.d), lse.view(shape5))
+    propagate_nan_rows(query, lay, out.view(*shape5, lay.d), lse.view(shape5))
     return out.view(query.shape), lse.view(query.shape[:-1])
 
 
@@ -274,8 +274,8 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     Memory beyond dq, dk, dv: two (BLOCK_Q, BACKWARD_BLOCK_K) tiles a thread; q, k, v, out and
     dout are read in place (any strides with the last dim contiguous), lse and dlse as (b, h, t)."""
-    lay = _Layout(query, key, enable_gqa)
-    _check_mask(block_mask, lay)
+    lay = Layout(query, key, enable_gqa)
+    check_block_mask(block_mask, lay)
     lo, hi = intervals(block_mask)
     q4, k4, v4, o4, do4 = (_blas_rows(x if x.ndim == 4 else x.unsqueeze(0))
                            for x in (query, key, value, out, dout))  # (b, h, n, d)

@@ -65,7 +65,7 @@ def tag() -> str:
     h.update(" ".join(FLAGS).encode())
     h.update(cpu_features().encode())
     h.update(torch.__version__.encode())
-    h.update(str(torch._C._GLIBCXX_USE_CXX11_ABI).encode())
+    h.update(str(torch.compiled_with_cxx11_abi()).encode())
     return h.hexdigest()[:12]
 
 
@@ -81,7 +81,7 @@ def compile_command(out: Path, cxx: str) -> list[str]:
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     libs = cpp_extension.library_paths()
     return [cxx, *FLAGS, f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
             *(f"-I{p}" for p in includes), str(SOURCE), "-o", str(out),
             *(f"-L{p}" for p in libs), "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
 

@@ -483,9 +483,9 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None,
         tell("forward", num_layers(model), num_layers(model))
         layers = []
         for layer, tr in zip(model.layers, out.traces):
-            layers.append(_record(layer.self_attn, tr.self_attn))
+            layers.append(layer_record(layer.self_attn, tr.self_attn))
             tell("recording", len(layers), num_layers(model))
-    _check_finite(model, layers)
+    check_finite_record(model, layers)
     return Document(model, text, encoding, layers)
 
 
@@ -500,7 +500,7 @@ def _layers_told(tell, L: int) -> Interventions:
     return Interventions(inputs={layer: entering(layer) for layer in range(L)})
 
 
-def _record(attn, trace) -> LayerRecord:
+def layer_record(attn, trace) -> LayerRecord:
     """One layer's [`LayerRecord`][qkv.explain.long.document.LayerRecord] from its `LseTrace` (batch
     1); the values are reduced to their norms after the output projection, one head at a time (O(N ·
     E) at once)."""
@@ -513,7 +513,7 @@ def _record(attn, trace) -> LayerRecord:
                        scale=trace.scale, value_norms=norms)
 
 
-def _check_finite(model, layers: list[LayerRecord]) -> None:
+def check_finite_record(model, layers: list[LayerRecord]) -> None:
     """QkvError naming the first layer and head whose log-sum-exp is NaN (a broken model)."""
     for i, rec in enumerate(layers):
         bad = torch.isnan(rec.lse).any(-1)  # (h,)

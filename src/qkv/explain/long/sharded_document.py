@@ -59,7 +59,7 @@ from qkv.attention.reference import reference_attention
 from qkv.distributed.group import gather_rows, group_info
 from qkv.distributed.shard import layout_ranges, shard, shard_positions, unshard
 from qkv.errors import QkvError
-from qkv.explain.long.document import (Document, LayerRecord, _gib, _record, TOKEN_BYTES, check_block,
+from qkv.explain.long.document import (Document, LayerRecord, _gib, layer_record, TOKEN_BYTES, check_block,
                                   column_weights, encoded, forward_bytes, memory_allowed,
                                   row_index)
 from qkv.explain.forward import model_name
@@ -315,7 +315,7 @@ def sharded_document(model, text: str | bytes, *, memory_limit: int | None = Non
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
     with torch.no_grad():
         out = model(ids, position_ids=positions, trace_rows=LSE, **kwargs)
-        layers = [_gathered(_record(layer.self_attn, tr.self_attn), sp)
+        layers = [_gathered(layer_record(layer.self_attn, tr.self_attn), sp)
                   for layer, tr in zip(model.layers, out.traces)]
     _check_finite(model, layers, sp.group)
     return ShardedDocument(model, text, encoding, layers,

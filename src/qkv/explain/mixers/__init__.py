@@ -27,6 +27,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, short_conv, sparse
+from qkv.models.protocol import MixerKind
 
 
 class EffectiveAttention(Protocol):
@@ -63,7 +64,9 @@ MIXERS: dict[str, Mixer] = {}
 
 
 def register_mixer(entry: Mixer) -> Mixer:
-    """Add a mixer kind; a taken name raises (no silent replacement)."""
+    """Add the explanation of a mixer kind (a [`MixerKind`][qkv.models.protocol.MixerKind] name,
+    registered first); a taken name raises (no silent replacement)."""
+    MixerKind(entry.kind)  # ValueError naming the known kinds
     if entry.kind in MIXERS:
         raise ValueError(f"mixer kind {entry.kind!r} is already registered")
     MIXERS[entry.kind] = entry

@@ -48,7 +48,7 @@ import torch
 from qkv.explain import forward
 from qkv.explain.probes import induction
 from qkv.explain.probes.base import Effects, Needs, Probe, Task, ranked, scored_from
-from qkv.explain.long.document import Document, _record, _check_finite
+from qkv.explain.long.document import Document, layer_record, check_finite_record
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import capabilities_of
 from qkv.modules.lse_trace import LSE
@@ -174,8 +174,8 @@ def record(model, ids: torch.Tensor, keep: int) -> tuple[torch.Tensor, Document]
     x = ids[None]  # (1, t)
     with torch.no_grad():
         out = model(x, torch.ones_like(x), trace_rows=LSE, logits_to_keep=keep)
-        layers = [_record(layer.self_attn, tr.self_attn) for layer, tr in zip(model.layers, out.traces)]
-    _check_finite(model, layers)
+        layers = [layer_record(layer.self_attn, tr.self_attn) for layer, tr in zip(model.layers, out.traces)]
+    check_finite_record(model, layers)
     tokens = [model.tokenizer.id_to_token(int(i)) for i in ids]
     encoding = SimpleNamespace(ids=ids.tolist(), tokens=tokens)  # what a Document reads of one
     return out.logits[0, -keep:], Document(model, "", encoding, layers)
