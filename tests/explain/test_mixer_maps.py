@@ -131,7 +131,7 @@ def _one_hot_run(module, kind: MixerKind, x: torch.Tensor, heads: int, dtype: to
                                               beta=a["beta"], initial_state=None, output_final_state=False,
                                               use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"])
         return out[0], delta_rule.from_call(kind.value, call, torch.float32)
-    if kind is MixerKind.MAMBA2 and mamba1.is_mamba1(module):  # Jamba: the scan, one text per one-hot column j
+    if kind is MixerKind.MAMBA1:  # Jamba: the scan, one text per one-hot column j
         call = kernel_call(module, mamba1.KERNEL, x)
         a = {k: cast(v) for k, v in call.arguments.items()}
         batch = lambda v: v.expand(t, *v.shape[1:]).contiguous()  # noqa: E731

@@ -163,8 +163,9 @@ class MixerKind(Enum):
     transformers' own code: `gated_deltanet` (Qwen3-Next / 3.5, OLMo hybrid: the delta rule
     with a decay), `kda` (Kimi Delta Attention: the delta rule with a per-channel decay),
     `lightning` (MiniMax: linear attention with a per-head decay), `mamba2` (a selective
-    state-space model: Mamba-2's SSD; Jamba's Mamba-1 scan too), `short_conv` (LFM2: a gated
-    causal depthwise convolution).
+    state-space model: Mamba-2's SSD, a scalar decay per head), `mamba1` (Mamba-1's selective
+    scan, a decay per channel and state: Jamba), `short_conv` (LFM2: a gated causal depthwise
+    convolution).
 
     Examples:
         >>> MixerKind("gated_deltanet").softmax, MixerKind.MLA.softmax
@@ -176,6 +177,7 @@ class MixerKind(Enum):
     KDA = "kda"
     LIGHTNING = "lightning"
     MAMBA2 = "mamba2"
+    MAMBA1 = "mamba1"
     SHORT_CONV = "short_conv"
     MLA = "mla"
     SPARSE = "sparse"
