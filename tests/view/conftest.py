@@ -82,6 +82,22 @@ def reader_document_served():
         yield s, doc
 
 
+@pytest.fixture(scope="module")
+def sparse_served(tmp_path_factory):
+    """(the viewer's app, the model) on a tiny random deepseek_v32 (sparse indexed attention)
+    saved by transformers (`tests/hf/hybrids.py`)."""
+    pytest.importorskip("transformers")  # the qkv[hf] extra
+    import qkv
+    from hybrids import save_hybrid
+    from qkv.view.api import Api, Models
+
+    path = tmp_path_factory.mktemp("deepseek_v32")
+    save_hybrid("deepseek_v32", path)
+    model = qkv.load(path)
+    with serving(Api(Models(["deepseek_v32"], loader=lambda name: model))) as s:
+        yield s, model
+
+
 @contextlib.contextmanager
 def serving(api):
     """``api``'s app on a free port of 127.0.0.1, uvicorn in a thread, until the block ends."""

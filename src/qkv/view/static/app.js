@@ -778,6 +778,12 @@
       empty: "click a cell of the heat map (row: the query, column: the key) to split its score",
       draw: whyPanel,
     },
+    // an indexed (sparse) layer: which keys its indexer let through for the query (kinds.py "indexed")
+    indexed: {
+      title: "Indexer", hint: "— sparse attention: the indexer scores every visible key, keeps the top k, and the " +
+        "head's softmax runs over those only; hover a key left out for how far it missed the cut",
+      draw: indexedPanel,
+    },
     probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
     "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
     head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
@@ -814,7 +820,9 @@
     for (const row of headPanels(which)) {
       const sec = panelSection(row), box = sec.lastElementChild;
       // a panel needs the text's own model view (a notebook's single result has none)
-      sec.hidden = !modelInfo().capabilities[row.needs] || (!D.overview && alone !== row.name);
+      // a per-layer kind (an indexer's) shows only where the selected layer has one
+      sec.hidden = !modelInfo().capabilities[row.needs] || (!D.overview && alone !== row.name) ||
+        (row.per_layer && alone !== row.name && !((modelInfo().layers || {})[row.name] || []).includes(S.layer));
       if (sec.hidden) continue;
       const limit = D.info.limits.map_tokens;
       if (row.whole_map && D.overview && D.overview.tokens.length > limit) {  // every row of a head: short texts only
@@ -845,6 +853,26 @@
       }
       if (clicked && row.panel === "cell") inView(sec);
     }
+  }
+  // "Indexer": an IndexedSelection's to_dict() — each visible key's index score, kept (✓, marked
+  // row) or left out (its miss margin: the row's tooltip, and shown when the row is clicked)
+  function indexedPanel(r) {
+    const rank = new Map(r.selected.map((j, n) => [j, n + 1]));
+    const cut = r.cutoff === null ? "every visible key is kept (no cut)" : `the cut (lowest kept score) ${fmt(r.cutoff)}`;
+    const margin = (j) => r.missed[j] === 0 ? "0 (a tie: top-k chose by position)" : fmt(r.missed[j]);
+    return [h("caption", {}, `layer ${r.layer}, query ${r.token} “${r.units[r.token]}”: top ${r.topk} of ${r.token + 1} ` +
+        `visible keys kept; ${cut}; head ${r.head}'s weights`),
+      h("thead", {}, h("tr", {}, ...["j", "key", "index score", "kept", "weight", "missed the cut by"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, r.units.slice(0, r.token + 1).map((u, j) => {
+        const kept = r.missed[j] === null;
+        const miss = h("td", { class: "num miss" }, "");
+        const row = h("tr", { "data-j": j, class: kept ? "kept" : "left-out",
+          title: kept ? `kept: rank ${rank.get(j)} of ${r.selected.length} by index score` : `left out: missed the cut by ${margin(j)}` },
+        h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.scores[j])),
+        h("td", {}, kept ? `✓ ${rank.get(j)}` : "·"), h("td", { class: "num" }, fmt(r.weights[j])), miss);
+        if (!kept) row.addEventListener("click", () => { miss.textContent = miss.textContent ? "" : margin(j); });
+        return row;
+      }))];
   }
   // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
   // bound, the library's largest terms (ScoreAttribution.top) and every term as a heat map.
