@@ -51,3 +51,30 @@ def test_a_layer_without_an_indexer_is_one_line(capsys):
     assert main(["show", "indexed", TEXT, "--layer", "1", "--head", "0"]) != 0
     err = capsys.readouterr().err
     assert err.startswith("qkv: error: ") and "layer 1 of all-MiniLM-L6-v2 has no indexer" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def gated_dir(tmp_path_factory):
+    from closed_gate import save_gated
+
+    path = tmp_path_factory.mktemp("qwen3_5_closed")
+    save_gated(path, close=True)
+    return path
+
+
+def test_explain_on_a_gated_layer_prints_the_gate_as_a_step(gated_dir, capsys):
+    from closed_gate import HEAD, LAYER
+
+    from qkv.explain.mixers.gate import gated_head
+
+    assert main(["explain", TEXT, "--model", str(gated_dir), "--layer", str(LAYER), "--head", str(HEAD)]) == 0
+    out = capsys.readouterr().out
+    want = gated_head(qkv.load(gated_dir), TEXT, layer=LAYER, head=HEAD)
+    assert out.index("4) output = Σ_j w_j v_j") < out.index(f"output gate · layer {LAYER}, head {HEAD}")
+    assert want.verdict() in out and "closed: this head contributes little here" in out
+    assert main(["show", "gate", TEXT, "--model", str(gated_dir), "--layer", str(LAYER), "--head", str(HEAD),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(want.to_dict()))
+    # a layer without a gate (MiniLM's) is refused in one line; explain on it prints no gate
+    assert main(["show", "gate", TEXT, "--layer", "1", "--head", "0"]) != 0
+    assert "has no output gate" in capsys.readouterr().err

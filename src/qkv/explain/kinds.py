@@ -26,7 +26,7 @@ Examples:
     >>> [f.name for f in KINDS["steps"].fields], KINDS["steps"].needs
     (['token', 'layer', 'head', 'words'], 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
-    ['cross', 'cross_steps', 'effects', 'indexed', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps', 'why']
+    ['cross', 'cross_steps', 'effects', 'gate', 'indexed', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps', 'why']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
     ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows', 'doc_spans']
 """
@@ -49,7 +49,7 @@ from qkv.errors import QkvError
 from qkv.explain.circuits import residual as circuits_residual, score as circuits_score
 from qkv.explain.forward import check_layer_head
 from qkv.explain.probes import find_heads, induction
-from qkv.explain.mixers import sparse
+from qkv.explain.mixers import gate, sparse
 from qkv.explain.wording import ArgumentError
 from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
 from qkv.explain.causal.head_effects import HeadEffects, head_effects
@@ -334,6 +334,11 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                sparse.indexed, (TOKEN, LAYER, HEAD),
                lambda r: {"token": r.token, "layer": r.layer, "head": r.head},
                result=sparse.IndexedSelection, panel="head", layers=sparse.indexed_layers),
+    # a gated attention output (Qwen3-Next / 3.5): what the gate lets through of a head, per token
+    ResultKind("gate", "self_attention", "qkv.explain.rendering.render_mixers:render_gate", "gate",
+               gate.gated_head, (TOKEN, LAYER, HEAD),
+               lambda r: {"token": r.token, "layer": r.layer, "head": r.head},
+               result=gate.GatedHead, panel="head", layers=gate.gated_layers),
     # Wu et al.'s retrieval heads on needle inputs (retrieval.py: qkv heads --probe retrieval)
     ResultKind("retrieval-scores", "self_attention", "qkv.explain.rendering.render_retrieval:render_retrieval"),
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation

@@ -1,6 +1,7 @@
 """Printing what a layer's own mixer steps add to a head's steps: an indexer's selection
-(`qkv.explain.mixers.sparse.IndexedSelection`) — `qkv explain --layer L --head H` prints it
-after the head's steps, `qkv show indexed` alone."""
+(`qkv.explain.mixers.sparse.IndexedSelection`) and an output gate
+(`qkv.explain.mixers.gate.GatedHead`) — `qkv explain --layer L --head H` prints them after the
+head's steps, `qkv show indexed|gate` alone."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qkv.explain.mixers.gate import GatedHead
 from qkv.explain.mixers.sparse import IndexedSelection
 
 
@@ -35,3 +37,25 @@ def render_indexed(out: Console, result: IndexedSelection) -> None:
     out.print(table)
     out.print(Text(f"the weights on the kept keys sum to {float(result.weights.sum()):.6f}; the keys left "
                    f"out get exactly 0 (masked before the softmax)"))
+
+
+def render_gate(out: Console, result: GatedHead) -> None:
+    """The gate as the head's last step: its value at the query, what reaches the residual
+    stream gated and ungated, the verdict, and the same for every token."""
+    i, g = result.token, result.gate
+    out.print(Text(f"output gate · layer {result.layer}, head {result.head}: y = sigmoid(gate) ⊙ output, "
+                   f"then W_O (the gate comes from the same projection as q, one value per channel)"))
+    shown = ", ".join(f"{float(v):.4f}" for v in g[:4]) + (", …" if len(g) > 4 else "")
+    out.print(Text(f"   gate at token {i} {result.units.labels[i]!r} = [{shown}] ({len(g)}), mean {float(g.mean()):.4g}"))
+    out.print(Text(f"   ‖(gate ⊙ output)·W_O,h‖ = {float(result.gated[i]):.4g}   vs ungated ‖output·W_O,h‖ = "
+                   f"{float(result.ungated[i]):.4g}   (the heads' gated outputs rebuild the layer's output "
+                   f"to {result.error:.1e})"))
+    out.print(Text(f"   {result.verdict()}"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("i", "token", "mean gate", "‖gated‖", "‖ungated‖", "let through"):
+        table.add_column(name, justify="left" if name == "token" else "right")
+    for j, label in enumerate(result.units.labels):
+        table.add_row(str(j), label + (" ◀" if j == i else ""), f"{float(result.openness[j]):.4g}",
+                      f"{float(result.gated[j]):.4g}", f"{float(result.ungated[j]):.4g}",
+                      f"{100 * float(result.kept[j]):.3g}%")
+    out.print(table)

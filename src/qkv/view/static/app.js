@@ -784,6 +784,12 @@
         "head's softmax runs over those only; hover a key left out for how far it missed the cut",
       draw: indexedPanel,
     },
+    // a gated attention output (kinds.py "gate"): how much of the head's output the gate lets through
+    gate: {
+      title: "Output gate", hint: "— Qwen3-Next / 3.5: each head's output is multiplied by sigmoid(gate) before W_O; " +
+        "a head with high weights and a closed gate contributes little",
+      draw: gatePanel,
+    },
     probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
     "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
     head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
@@ -873,6 +879,16 @@
         if (!kept) row.addEventListener("click", () => { miss.textContent = miss.textContent ? "" : margin(j); });
         return row;
       }))];
+  }
+  // "Output gate": a GatedHead's to_dict() — the library's verdict, then every token's gate and
+  // what the head writes gated and ungated (the query's row marked)
+  function gatePanel(r) {
+    return [h("caption", { id: "gate-verdict" }, `layer ${r.layer}, head ${r.head}: ${r.verdict}`),
+      h("thead", {}, h("tr", {}, ...["i", "token", "mean gate", "‖gated‖", "‖ungated‖", "let through"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, r.units.map((u, i) => h("tr", { "data-i": i, class: i === r.token ? "kept" : "" },
+        h("td", {}, String(i)), h("td", {}, u), h("td", { class: "num" }, fmt(r.openness[i])),
+        h("td", { class: "num" }, fmt(r.gated[i])), h("td", { class: "num" }, fmt(r.ungated[i])),
+        h("td", { class: "num" }, `${fmt(100 * r.kept[i], 3)}%`))))];
   }
   // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
   // bound, the library's largest terms (ScoreAttribution.top) and every term as a heat map.

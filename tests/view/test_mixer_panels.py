@@ -1,9 +1,10 @@
-"""The indexer panel (issue 39 item 5): on a sparse (indexed) attention layer — a tiny random
-deepseek_v32 saved by transformers — the head view shows the indexer's score of every visible
-key, the keys it kept marked on their rows, the head's weights, and a key left out's miss
-margin on hover (the row's tooltip) and on click; the numbers are the library's
-(`qkv.explain.mixers.sparse.indexed`) to the digits shown. A model without an indexer (MiniLM)
-shows no such panel."""
+"""The head view's mixer panels (issue 39 items 5, 6). The indexer panel: on a sparse (indexed)
+attention layer — a tiny random deepseek_v32 saved by transformers — the indexer's score of every
+visible key, the kept keys marked on their rows, the head's weights, and a left-out key's miss
+margin on hover (the row's tooltip) and on click. The output-gate panel: on a qwen3_5 whose head
+has a closed gate, the library's verdict ("closed: this head contributes little") and every
+token's gate. The numbers are the library's to the digits shown; a layer without the part shows
+no panel."""
 
 from __future__ import annotations
 
@@ -52,3 +53,28 @@ def test_a_model_without_an_indexer_has_no_indexer_panel(watched, served):
     page.goto(served.url + "?" + urlencode({"text": TEXT, "layer": 1, "head": 0}))
     page.wait_for_selector("#steps-table", timeout=60_000)
     assert page.locator("#indexed").is_hidden()
+
+
+def test_the_gate_panel_says_a_closed_head_contributes_little(watched, gated_served):
+    from closed_gate import HEAD, LAYER
+
+    from qkv.explain.mixers.gate import gated_head
+
+    served, model = gated_served
+    page = watched.page
+    page.goto(served.url + "?" + urlencode({"text": SPARSE_TEXT, "layer": LAYER, "head": HEAD, "token": 9}))
+    page.wait_for_selector("#gate-verdict", timeout=60_000)
+    want = gated_head(model, SPARSE_TEXT, layer=LAYER, head=HEAD, token=9)
+    assert page.locator("#gate-verdict").text_content() == f"layer {LAYER}, head {HEAD}: {want.verdict()}"
+    assert "closed: this head contributes little" in want.verdict()
+    rows = page.evaluate("() => [...document.querySelectorAll('#gate-table tbody tr')].map(r => [...r.cells].map(c => c.textContent))")
+    assert len(rows) == len(want.units.labels)
+    for i, cells in enumerate(rows):
+        assert_shown(cells[2], float(want.openness[i]), f"gate at {i}")
+        assert_shown(cells[4], float(want.ungated[i]), f"ungated write at {i}")
+    assert page.locator("#indexed").is_hidden()  # no indexer in this model
+    # a Gated DeltaNet layer has no output gate of this kind: the panel hides
+    page.goto(served.url + "?" + urlencode({"text": SPARSE_TEXT, "layer": 0, "head": 0, "token": 9}))
+    page.wait_for_selector("#heat", timeout=60_000)
+    page.wait_for_function("() => document.getElementById('gate') === null || document.getElementById('gate').hidden",
+                           timeout=60_000)
