@@ -123,9 +123,10 @@ def output_gate(attn) -> OutputGate | None:
     (transformers' `Qwen3NextAttention`, `Qwen3_5Attention` and their kin)."""
     module = getattr(attn, "module", None)  # qkv's own attention has no transformers module
     q, o = getattr(module, "q_proj", None), getattr(module, "o_proj", None)
+    if not (isinstance(q, torch.nn.Linear) and isinstance(o, torch.nn.Linear)):
+        return None
     h, d = attn.num_heads, attn.head_dim
-    if not (isinstance(q, torch.nn.Linear) and isinstance(o, torch.nn.Linear)
-            and q.out_features == 2 * h * d and o.in_features == h * d):
+    if q.out_features != 2 * h * d or o.in_features != h * d:
         return None
     return OutputGate(q_proj=q, heads=h, head_dim=d, weight=o.weight, bias=o.bias)
 
