@@ -70,3 +70,20 @@ def test_the_table_says_how_linear_layers_are_scored(qwen):
     render_head_scores(out, induction_probe(qwen, "previous-token", sequences=1, length=3), top=16)
     text = out.export_text()
     assert "|M[i,k]| / Σ_j |M[i,j]|" in text and "gated_deltanet |M|" in text and "L0 H" in text
+
+
+@pytest.mark.parametrize("name", ["diffllama", "nemotron_h", "falcon_h1"])
+def test_what_is_scored_and_what_is_not_is_said(name, tmp_path):
+    """A differential layer is scored on its signed map A₁ − λA₂; a feed-forward-only layer and a
+    Mamba-2 beside attention are named as not scored — nothing is left out silently."""
+    save_hybrid(name, tmp_path)
+    r = induction_probe(qkv.load(tmp_path), "induction", sequences=1, length=3)
+    layers = {layer for layer, _, _ in r.ranked()}
+    said = {layer for layer, _ in r.unscored}
+    if name == "diffllama":
+        assert r.effective == (0, 1, 2, 3) and layers == {0, 1, 2, 3} and not said
+    if name == "nemotron_h":  # layer 2: a feed-forward only
+        assert layers == {0, 1, 3} and said == {2} and r.effective == (0, 3)
+    if name == "falcon_h1":  # attention and Mamba-2 side by side in every layer
+        assert layers == {0, 1, 2, 3} and said == {0, 1, 2, 3}
+        assert all("mixer_map(…, layer=" in why for _, why in r.unscored)

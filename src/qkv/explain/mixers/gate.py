@@ -12,6 +12,13 @@ head with confident weights and a closed gate contributes little. The weights an
 layer's own attention call; the gate goes through the module's `q_proj` (the half it discards
 for the query), and the tests check that the heads' contributions sum to the layer's output.
 Letters: t tokens, h heads, d head width, m hidden width.
+
+On a loaded model (qkv's attention, no eager call to read): `output_gate(attn)` reads the gate
+off the module's own q_proj and o_proj — what the contributions (`norm`, `alti`) multiply each
+head's vectors by — and `gated_head(model, text, layer=, head=, token=)` the gate's effect on
+one head from the model's forward (`GatedHead`, the `gate` row of
+`qkv.explain.kinds.KINDS`: the head's last step in `qkv explain`, the viewer's "Output gate"
+panel).
 """
 
 from __future__ import annotations

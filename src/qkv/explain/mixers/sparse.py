@@ -13,6 +13,12 @@ The selection and the weights are the layer's (the indexer's returned indices an
 attention call); the index scores are recomputed in float64 through the indexer's submodules,
 with q and k rotated by the indexer's own RoPE call — the indexer computes them in float32 and
 returns only the indices. Letters: t tokens, g indexer heads, h attention heads.
+
+Two ways in: `read(module, hidden_states, position_embeddings)` runs one eager layer (the
+mixer tests); `indexed(model, text, layer=, head=, token=)` reads one query off a loaded model's
+own forward (qkv's attention) as an `IndexedSelection` — the `indexed` row of
+`qkv.explain.kinds.KINDS`, which `qkv explain --layer L --head H`, `qkv show indexed` and the
+viewer's "Indexer" panel show.
 """
 
 from __future__ import annotations

@@ -80,6 +80,14 @@ def _kinds(parts) -> str:
     return "/".join(m.kind.value for m in parts.mixers)
 
 
+def plain_softmax(model) -> bool:
+    """Whether every layer of `model` has softmax rows and nothing else mixes its tokens (no
+    effective layer, no mixer beside its attention): its traced weights are every map."""
+    layers = model.parts.layers
+    return not any(effective_layer(model, i) or any(not m.kind.softmax for m in p.mixers)
+                   for i, p in enumerate(layers))
+
+
 def layer_maps(model, ids: torch.Tensor) -> LayerMaps:
     """Every layer's map on `ids` (b, t) of a model with layers no softmax mixes (see the
     module doc). QkvError where a layer's reader refuses its module or its run is not the
@@ -112,9 +120,10 @@ def layer_maps(model, ids: torch.Tensor) -> LayerMaps:
                    next((m.kind.value for m in p.mixers if m.kind.softmax), "") for i, p in enumerate(layers))
     unscored = tuple((i, "feed-forward only: nothing mixes its tokens") for i, p in enumerate(layers) if not p.mixers)
     unscored += tuple((i, f"its {m.kind.value} mixer beside the attention (its heads are not in this table's "
-                          f"columns; attention_map(…, layer={i}) draws them)")
-                      for i, p in enumerate(layers) if i not in chosen for m in p.mixers if not m.kind.softmax)
+                          f"columns; mixer_map(…, layer={i}, mixer={k}) draws them)")
+                      for i, p in enumerate(layers) if i not in chosen
+                      for k, m in enumerate(p.mixers) if not m.kind.softmax)
     return LayerMaps(weights, mixers, tuple(sorted(chosen)), tuple(sorted(unscored)))
 
 
-__all__ = ["LayerMaps", "absolute_shares", "layer_maps"]
+__all__ = ["LayerMaps", "absolute_shares", "layer_maps", "plain_softmax"]

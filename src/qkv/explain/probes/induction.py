@@ -57,7 +57,7 @@ from qkv.explain import forward
 from qkv.explain.probes.base import Effects, Needs, Probe, Task, method_shares, ranked, scored_from
 from qkv.explain.wording import ArgumentError
 from qkv.explain.finite import check_layers
-from qkv.explain.probes.effective import LayerMaps, layer_maps
+from qkv.explain.probes.effective import LayerMaps, layer_maps, plain_softmax
 from qkv.models.protocol import capabilities_of
 
 
@@ -217,7 +217,7 @@ def maps_on(model, ids: torch.Tensor) -> LayerMaps:
     or on a hybrid's other layers the absolute shares of the exact effective map
     (`qkv.explain.probes.effective.layer_maps`); `NonFiniteError` naming the first layer and head
     that computes NaN/inf (a broken model's scores would be NaN and rank nothing)."""
-    if any(not any(m.kind.softmax for m in p.mixers) for p in model.parts.layers):
+    if not plain_softmax(model):
         return layer_maps(model, ids)
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=slice(None), output_hidden_states=True)
