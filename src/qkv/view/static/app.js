@@ -791,7 +791,10 @@
       draw: gatePanel,
     },
     probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
-    "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
+    "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}` +
+      ((a.effective || []).length ? `; layers ${a.effective.join(", ")} have no softmax weights: scored on their exact effective ` +
+        `map as shares of each row's absolute weight, |M[i,k]| / Σ_j |M[i,j]| (the weight itself on a softmax row)` : "") +
+      (a.unscored || []).map((u) => `; not scored: layer ${u.layer}, ${u.why}`).join(""), a.heads) },
     head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
       `minus the clean run's ${fmt(a.clean)} (${a.sequences} sequences)`, a.heads) },
   };
