@@ -78,3 +78,27 @@ def test_the_gate_panel_says_a_closed_head_contributes_little(watched, gated_ser
     page.wait_for_selector("#heat", timeout=60_000)
     page.wait_for_function("() => document.getElementById('gate') === null || document.getElementById('gate').hidden",
                            timeout=60_000)
+
+
+def test_the_heat_map_outlines_the_kept_keys_and_tells_a_miss_on_hover(watched, sparse_served):
+    served, model = sparse_served
+    page = watched.page
+    page.goto(served.url + "?" + urlencode({"text": SPARSE_TEXT, "layer": 1, "head": 2, "token": 9}))
+    page.wait_for_selector("#indexed-table tbody tr", timeout=60_000)
+    want = indexed(model, SPARSE_TEXT, layer=1, head=2, token=9)
+    n = len(want.units.labels)
+    # each kept cell of row 9 has the gold outline on its left edge (mid-height); a left-out one not
+    edges = page.evaluate("""([i, n, js]) => { const cv = document.getElementById('heat'), c = cv.width / n;
+      const gold = getComputedStyle(document.documentElement).getPropertyValue('--gold').trim();
+      return [gold, js.map((j) => { const px = cv.getContext('2d').getImageData(j * c + 1, i * c + c / 2, 1, 1).data;
+        return '#' + Array.from(px.slice(0, 3)).map((v) => v.toString(16).padStart(2, '0')).join(''); })]; }""",
+                          [9, n, list(range(n))])
+    gold, colours = edges
+    assert {j for j, colour in enumerate(colours) if colour == gold} == set(want.row.selected)
+    out = next(j for j, m in enumerate(want.missed()) if m)
+    box = page.locator("#heat").bounding_box()
+    cell = box["width"] / n
+    page.mouse.move(box["x"] + (out + 0.5) * cell, box["y"] + 9.5 * cell)
+    tip = page.locator("#tip").text_content()
+    assert "left out by the indexer: missed the cut by " in tip
+    assert_shown(tip.rsplit(" ", 1)[1], want.missed()[out], "margin (heat map hover)")

@@ -451,6 +451,17 @@
       ctx.strokeStyle = cssColor("--gold");
       M.gold.forEach((js, i) => js.forEach((j) => ctx.strokeRect(j * c + 1, i * c + 1, c - 2, c - 2)));
     }
+    if (M.indexed && c >= 4) { // an indexed layer: the keys its indexer kept for the selected row
+      ctx.strokeStyle = cssColor("--gold"); ctx.lineWidth = Math.max(1, c / 8);
+      const y = (M.indexed.token - (M.first || 0)) * ch;
+      for (const j of M.indexed.selected) ctx.strokeRect(j * c + 1, y + 1, c - 2, ch - 2);
+    }
+  }
+  // What the indexer did to cell (i, j) of the map (i: the indexed query's row), for its tooltip
+  function indexedNote(M, i, j) {
+    const x = M.indexed;
+    if (!x || i + (M.first || 0) !== x.token || j > x.token) return "";
+    return x.missed[j] === null ? " · kept by the indexer" : ` · left out by the indexer: missed the cut by ${fmt(x.missed[j])}`;
   }
   const heat = $("heat"), tip = $("tip");
   // The exact weight of cell (i, j), as text next to it (mouse or keyboard).
@@ -459,7 +470,7 @@
     D.cursor = { i, j };
     tip.hidden = false;
     tip.textContent = `${M.rows[i]} → ${M.cols[j]}: ${fmt(M.get(i, j))}` +
-      (M.gold && i < M.gold.length && M.gold[i].includes(j) ? " ✓ gold" : "");
+      (M.gold && i < M.gold.length && M.gold[i].includes(j) ? " ✓ gold" : "") + indexedNote(M, i, j);
     tip.dataset.row = i; tip.dataset.col = j;
     tip.style.left = ((j + 1) * cellSize(M) + 8) + "px"; tip.style.top = ((i + 1) * cellHeight(M) + 4) + "px";
   }
@@ -780,8 +791,8 @@
     },
     // an indexed (sparse) layer: which keys its indexer let through for the query (kinds.py "indexed")
     indexed: {
-      title: "Indexer", hint: "— sparse attention: the indexer scores every visible key, keeps the top k, and the " +
-        "head's softmax runs over those only; hover a key left out for how far it missed the cut",
+      title: "Indexer", hint: "— sparse attention: the indexer scores every visible key, keeps the top k (outlined on the heat map's row), and " +
+        "the head's softmax runs over those only; hover a key left out (here or on the map) for how far it missed the cut",
       draw: indexedPanel,
     },
     // a gated attention output (kinds.py "gate"): how much of the head's output the gate lets through
@@ -867,6 +878,10 @@
   // row) or left out (its miss margin: the row's tooltip, and shown when the row is clicked)
   function indexedPanel(r) {
     const rank = new Map(r.selected.map((j, n) => [j, n + 1]));
+    // the head view's map of this layer and head marks the kept keys on the query's row
+    if (D.map && D.map.layer === r.layer && D.map.head === r.head && !D.map.effective && !S.words) {
+      D.map.indexed = r; drawHeat(D.map);
+    }
     const cut = r.cutoff === null ? "every visible key is kept (no cut)" : `the cut (lowest kept score) ${fmt(r.cutoff)}`;
     const margin = (j) => r.missed[j] === 0 ? "0 (a tie: top-k chose by position)" : fmt(r.missed[j]);
     return [h("caption", {}, `layer ${r.layer}, query ${r.token} “${r.units[r.token]}”: top ${r.topk} of ${r.token + 1} ` +
