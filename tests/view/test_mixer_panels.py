@@ -102,3 +102,29 @@ def test_the_heat_map_outlines_the_kept_keys_and_tells_a_miss_on_hover(watched, 
     tip = page.locator("#tip").text_content()
     assert "left out by the indexer: missed the cut by " in tip
     assert_shown(tip.rsplit(" ", 1)[1], want.missed()[out], "margin (heat map hover)")
+
+
+def test_a_notebook_shows_each_panel_alone(watched, sparse_served, gated_served):
+    """`indexed(...)`, `gated_head(...)` and a hybrid's probe display as their panels, alone."""
+    from closed_gate import HEAD, LAYER
+    from view_checks import notebook_frame
+
+    from qkv.explain.mixers.gate import gated_head
+    from qkv.explain.probes.induction import induction_probe
+    from qkv.view import notebook
+
+    page = watched.page
+    r = indexed(sparse_served[1], SPARSE_TEXT, layer=1, head=2, token=9)
+    frame = notebook_frame(page, notebook.html(r))
+    frame.wait_for_selector("#indexed-table tbody tr", timeout=30_000)
+    kept = frame.eval_on_selector_all("#indexed-table tbody tr.kept", "rs => rs.map(r => +r.dataset.j)")
+    assert sorted(kept) == sorted(r.row.selected)
+    g = gated_head(gated_served[1], SPARSE_TEXT, layer=LAYER, head=HEAD)
+    frame = notebook_frame(page, notebook.html(g))
+    frame.wait_for_selector("#gate-verdict", timeout=30_000)
+    assert frame.locator("#gate-verdict").text_content() == f"layer {LAYER}, head {HEAD}: {g.verdict()}"
+    scores = induction_probe(gated_served[1], "induction", sequences=1, length=3)
+    frame = notebook_frame(page, notebook.html(scores))
+    frame.wait_for_selector("#alone-table tbody tr", timeout=30_000)
+    assert "|M[i,k]| / Σ_j |M[i,j]|" in frame.locator("#alone-title").text_content()
+    assert frame.eval_on_selector_all("#alone-table tbody tr", "rs => rs.length") == 16
