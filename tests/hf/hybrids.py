@@ -70,7 +70,7 @@ HYBRIDS = {  # model_type: (config class, model class, extra config, mixer kind 
     "jamba": ("JambaConfig", "JambaForCausalLM",
               dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                    expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8,
-                   mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False), [M, S, M, S]),  # Jamba's is Mamba-1's scan
+                   mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False), ["mamba1", S, "mamba1", S]),  # Jamba's is Mamba-1's scan
     "zamba2": ("Zamba2Config", "Zamba2ForCausalLM",
                dict(layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], mamba_d_state=8,
                     mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, n_mamba_heads=4, chunk_size=4,

@@ -82,6 +82,38 @@ def reader_document_served():
         yield s, doc
 
 
+@pytest.fixture(scope="module")
+def sparse_served(tmp_path_factory):
+    """(the viewer's app, the model) on a tiny random deepseek_v32 (sparse indexed attention)
+    saved by transformers (`tests/hf/hybrids.py`)."""
+    pytest.importorskip("transformers")  # the qkv[hf] extra
+    import qkv
+    from hybrids import save_hybrid
+    from qkv.view.api import Api, Models
+
+    path = tmp_path_factory.mktemp("deepseek_v32")
+    save_hybrid("deepseek_v32", path)
+    model = qkv.load(path)
+    with serving(Api(Models(["deepseek_v32"], loader=lambda name: model))) as s:
+        yield s, model
+
+
+@pytest.fixture(scope="module")
+def gated_served(tmp_path_factory):
+    """(the viewer's app, the model) on `tests/hf/closed_gate.py`'s qwen3_5: head 1 of layer 1
+    with its output gate closed."""
+    pytest.importorskip("transformers")  # the qkv[hf] extra
+    import qkv
+    from closed_gate import save_gated
+    from qkv.view.api import Api, Models
+
+    path = tmp_path_factory.mktemp("qwen3_5_closed")
+    save_gated(path, close=True)
+    model = qkv.load(path)
+    with serving(Api(Models(["qwen3_5"], loader=lambda name: model))) as s:
+        yield s, model
+
+
 @contextlib.contextmanager
 def serving(api):
     """``api``'s app on a free port of 127.0.0.1, uvicorn in a thread, until the block ends."""

@@ -207,7 +207,23 @@ def _explain_steps(model, args) -> int:
 
         return map_figure(attention_map(model, args.text, layer=args.layer, head=args.head,
                                         words=args.words))
-    return _show(args, st, model=model, figure=figure)
+    code = _show(args, st, model=model, figure=figure)
+    if not args.json:
+        _layer_steps(model, args, st.token_index)
+    return code
+
+
+def _layer_steps(model, args, token: int) -> None:
+    """After a head's steps, what the layer's own mixer adds to them (an indexer's selection, a
+    gated output): every row of the kinds table that answers this layer (its `layers`), printed
+    by its own `render` (`qkv show KIND` gives each alone, and its JSON)."""
+    from qkv.explain.kinds import KINDS
+
+    for row in KINDS.values():
+        if row.layers is not None and args.layer in row.layers(model):
+            result = row.run(model, args.text, token=token, layer=args.layer, head=args.head)
+            print()
+            show(argparse.Namespace(text=args.text, json=False), result, flags=FLAGS, model=model)
 
 
 def _explain_ablation(model, args) -> int:

@@ -26,7 +26,7 @@ Examples:
     >>> [f.name for f in KINDS["steps"].fields], KINDS["steps"].needs
     (['token', 'layer', 'head', 'words'], 'self_attention')
     >>> sorted({k.endpoint for k in KINDS.values() if k.endpoint and not k.document})
-    ['cross', 'cross_steps', 'effects', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps', 'why']
+    ['cross', 'cross_steps', 'effects', 'gate', 'indexed', 'map', 'maps', 'overview', 'probe', 'received', 'row_entropy', 'steps', 'why']
     >>> sorted(k.endpoint for k in KINDS.values() if k.document)
     ['doc_block_map', 'doc_overview', 'doc_received', 'doc_rows', 'doc_spans']
 """
@@ -49,6 +49,7 @@ from qkv.errors import QkvError
 from qkv.explain.circuits import residual as circuits_residual, score as circuits_score
 from qkv.explain.forward import check_layer_head
 from qkv.explain.probes import find_heads, induction
+from qkv.explain.mixers import gate, sparse
 from qkv.explain.wording import ArgumentError
 from qkv.explain.contributions import DEFAULT as DEFAULT_METHOD
 from qkv.explain.causal.head_effects import HeadEffects, head_effects
@@ -193,6 +194,10 @@ class ResultKind:
             selection's token), `"layer"` (one per layer), `"head"` (one per head: only a
             `from_map` row, answered from the maps the export keeps, costs no forward per
             head), or None (not exported; the page asks a server).
+        layers: model → the layers this kind answers (an indexer's, a gated output's), or None:
+            every layer. `/api/info` sends them per model, so the page shows the panel only
+            where the selected layer has one; `qkv explain --layer L --head H` prints every such
+            row that answers layer L after the head's steps.
     """
 
     name: str
@@ -213,6 +218,7 @@ class ResultKind:
     figure: Callable[[Any], Any] | None = None
     page: Callable[[Any], str] | None = None
     export: str | None = None
+    layers: Callable[[Any], list[int]] | None = None
 
     def __post_init__(self):
         if self.encoding not in ENCODINGS or self.panel not in (*PANELS, None):
@@ -231,7 +237,8 @@ class ResultKind:
         """What the page is told of the row (`/api/info`'s `kinds`)."""
         return {"name": self.name, "needs": self.needs, "endpoint": self.endpoint,
                 "fields": [f.to_dict() for f in self.fields], "text": self.text,
-                "whole_map": self.whole_map, "panel": self.panel, "encoding": self.encoding}
+                "whole_map": self.whole_map, "panel": self.panel, "encoding": self.encoding,
+                "per_layer": self.layers is not None}
 
 
 def _effects(model, text, *, probe=None):
@@ -321,6 +328,17 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
                result=cross.CrossHeadSteps, panel="main",
                figure=lambda r: _later("qkv.explain.rendering.figures:cross_head_figure")(
                    r.attention, r.steps.layer, r.steps.head)),
+    # sparse (indexed) attention: the indexer's scores, selection and cut for one query (DeepSeek
+    # V3.2, GLM-DSA); shown under the head view and by qkv explain --layer on an indexed layer
+    ResultKind("indexed", "self_attention", "qkv.explain.rendering.render_mixers:render_indexed", "indexed",
+               sparse.indexed, (TOKEN, LAYER, HEAD),
+               lambda r: {"token": r.token, "layer": r.layer, "head": r.head},
+               result=sparse.IndexedSelection, panel="head", layers=sparse.indexed_layers),
+    # a gated attention output (Qwen3-Next / 3.5): what the gate lets through of a head, per token
+    ResultKind("gate", "self_attention", "qkv.explain.rendering.render_mixers:render_gate", "gate",
+               gate.gated_head, (TOKEN, LAYER, HEAD),
+               lambda r: {"token": r.token, "layer": r.layer, "head": r.head},
+               result=gate.GatedHead, panel="head", layers=gate.gated_layers),
     # Wu et al.'s retrieval heads on needle inputs (retrieval.py: qkv heads --probe retrieval)
     ResultKind("retrieval-scores", "self_attention", "qkv.explain.rendering.render_retrieval:render_retrieval"),
     ResultKind("retrieval-ablation", "self_attention", ""),  # retrieval.retrieval_ablation

@@ -25,6 +25,7 @@ Examples:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -126,19 +127,13 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
         check_index(name, value)
     if head is None:
         raise ArgumentError("head", "{name} is required: which head's map (from 0)")
-    index, part = _mixer(model, layer, mixer)
+    index, part = layer_mixer(model, layer, mixer)
     entry = registered(part.kind.value)
-    seen: dict = {}
-    handles = [part.module.register_forward_pre_hook(_keep_input(seen), with_kwargs=True),
-               part.module.register_forward_hook(_keep_output(seen, "forward"))]
-    try:
+    with keeping({layer: part}) as seen:
         # a `traced` reader re-runs the layer on qkv's attention, every row traced: so is the
         # forward, for the re-run to be the same computation (a traced row is the reference path's)
         traced = trace(model, text, slice(None) if entry.traced is not None else torch.tensor([0]), words=words)
-    finally:
-        for h in handles:
-            h.remove()
-    record = _read(model, layer, part, entry, seen)
+    record, error = checked_record(model, layer, part, seen[layer])
     if not 0 <= head < record.heads:
         raise ArgumentError("head", "{name} {value} is out of range: layer {layer}'s {kind} has "
                             "{n} heads (0–{last})", value=head, layer=layer, kind=part.kind.value,
@@ -148,7 +143,7 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
         M = group_rows(group_columns(M, traced.units), traced.units)  # (U, U)
     return EffectiveMap(model=model_name(model), text=text, units=traced.units, layer=layer,
                         head=head, weights=M, mixer=part.kind.value, mixer_index=index,
-                        heads=record.heads, error=_rebuilds(model, layer, part, record),
+                        heads=record.heads, error=error,
                         lam=getattr(record, "lam", None))
 
 
@@ -191,7 +186,7 @@ def unscored_note(model, layers: tuple[int, ...]) -> Message | None:
                    "attention_map(…, layer=L))", named=named)
 
 
-def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
+def layer_mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
     """(its index, the mixer) of layer `layer` that `mixer_map` reads; ArgumentError
     naming the layer's kinds otherwise."""
     if layer is None or not 0 <= layer < len(model.layers):
@@ -220,6 +215,28 @@ def _mixer(model, layer: int, index: int | None) -> tuple[int, Mixer]:
                             "attention_map draws them", value=index, layer=layer,
                             kind=mixers[index].kind.value)
     return index, mixers[index]
+
+
+@contextmanager
+def keeping(parts: dict[int, Mixer]):
+    """{layer: what it kept}: within the `with`, what each mixer of `parts` ({layer: mixer}) is
+    handed and returns in the forward, for `checked_record` to read."""
+    seen: dict[int, dict] = {i: {} for i in parts}
+    handles = [h for i, part in parts.items()
+               for h in (part.module.register_forward_pre_hook(_keep_input(seen[i]), with_kwargs=True),
+                         part.module.register_forward_hook(_keep_output(seen[i], "forward")))]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def checked_record(model, layer: int, part: Mixer, seen: dict):
+    """(the registered reader's record of `part` on what `keeping` kept, max |M·v − o|): the
+    reader re-runs the module on the forward's own input, checked to be that forward's."""
+    record = _read(model, layer, part, registered(part.kind.value), seen)
+    return record, _rebuilds(model, layer, part, record)
 
 
 def _keep_input(seen: dict):
@@ -278,4 +295,5 @@ def _rebuilds(model, layer: int, part: Mixer, record) -> float:
     return worst
 
 
-__all__ = ["EffectiveMap", "check_softmax_everywhere", "effective_layer", "mixer_map", "softmax_rows", "unscored_note"]
+__all__ = ["EffectiveMap", "check_softmax_everywhere", "checked_record", "effective_layer", "keeping", "layer_mixer",
+           "mixer_map", "softmax_rows", "unscored_note"]

@@ -10,8 +10,9 @@ The others run transformers' own code and are recognised by the state they carry
 come from their papers' reference code, which transformers keeps so checkpoints load:
 
 ========================  ===========================================================================
-`mamba2`                a decay `A_log` and a skip `D` beside a causal convolution (Mamba,
-                          Mamba-2: Bamba, Jamba, Nemotron-H, Falcon-H1, Granite 4, Zamba2)
+`mamba2`                a per-head decay `A_log` (h,) and a skip `D` beside a causal convolution
+                          (Mamba-2: Bamba, Nemotron-H, Falcon-H1, Granite 4, Zamba2)
+`mamba1`                the same with `A_log` per channel and state (d, n): Mamba-1 (Jamba)
 `gated_deltanet`        `A_log` and a per-head `dt_bias`, no skip, beside a convolution
                           (Qwen3-Next / 3.5, OLMo hybrid)
 `kda`                   `A_log` with a per-channel `dt_bias` (a decay per key channel: Kimi)
@@ -80,8 +81,8 @@ def stateful_kind(module: nn.Module) -> MixerKind | None:
     if a_log is None:
         linears = sum(isinstance(c, nn.Linear) for c in module.children())
         return MixerKind.SHORT_CONV if linears >= 2 else None
-    if "D" in own:
-        return MixerKind.MAMBA2
+    if "D" in own:  # Mamba-1 keeps a decay per channel and state, Mamba-2 one per head
+        return MixerKind.MAMBA1 if a_log.dim() == 2 else MixerKind.MAMBA2
     if dt_bias is not None and dt_bias.numel() > a_log.numel():
         return MixerKind.KDA
     return MixerKind.GATED_DELTANET

@@ -165,8 +165,9 @@ class MixerKind:
     transformers' own code: `gated_deltanet` (Qwen3-Next / 3.5, OLMo hybrid: the delta rule
     with a decay), `kda` (Kimi Delta Attention: the delta rule with a per-channel decay),
     `lightning` (MiniMax: linear attention with a per-head decay), `mamba2` (a selective
-    state-space model: Mamba-2's SSD; Jamba's Mamba-1 scan too), `short_conv` (LFM2: a gated
-    causal depthwise convolution).
+    state-space model: Mamba-2's SSD, a scalar decay per head), `mamba1` (Mamba-1's selective
+    scan, a decay per channel and state: Jamba), `short_conv` (LFM2: a gated causal depthwise
+    convolution).
 
     Attributes:
         value: the kind's name (`MixerKind.MAMBA2.value == "mamba2"`).
@@ -227,6 +228,7 @@ MixerKind.GATED_DELTANET = register_mixer_kind("gated_deltanet")
 MixerKind.KDA = register_mixer_kind("kda")
 MixerKind.LIGHTNING = register_mixer_kind("lightning")
 MixerKind.MAMBA2 = register_mixer_kind("mamba2")
+MixerKind.MAMBA1 = register_mixer_kind("mamba1")
 MixerKind.SHORT_CONV = register_mixer_kind("short_conv")
 MixerKind.MLA = register_mixer_kind("mla", softmax=True)
 MixerKind.SPARSE = register_mixer_kind("sparse", softmax=True)

@@ -232,7 +232,10 @@ class Models:
         caps = model.capabilities
         return {"name": name, "capabilities": caps.to_dict(), "example": example_for(caps),
                 "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)],
-                "probes": probes_for(model) if caps.self_attention else []}
+                "probes": probes_for(model) if caps.self_attention else [],
+                # the layers each per-layer kind answers (an indexer's, a gated output's)
+                "layers": {row.name: row.layers(model) if getattr(caps, row.needs) else []
+                           for row in KINDS.values() if row.layers is not None}}
 
 
 # The text a page opens with when none is given: a sentence the model can read (the toy

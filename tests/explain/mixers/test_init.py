@@ -9,12 +9,12 @@ from qkv.explain.mixers import MIXERS, Mixer, mixer, register_mixer
 
 # The protocol's MixerKind names (models/protocol.py) that have an explanation here: all but
 # "softmax", qkv's own attention path.
-EXPLAINED = {"gated_deltanet", "kda", "lightning", "mamba2", "short_conv", "mla", "sparse", "differential"}
+EXPLAINED = {"gated_deltanet", "kda", "lightning", "mamba2", "mamba1", "short_conv", "mla", "sparse", "differential"}
 
 
 def test_every_explained_kind_is_registered_and_only_the_linear_ones_are_effective():
     assert set(MIXERS) == EXPLAINED
-    assert {k for k, m in MIXERS.items() if m.effective} == {"gated_deltanet", "kda", "lightning", "mamba2", "short_conv"}
+    assert {k for k, m in MIXERS.items() if m.effective} == {"gated_deltanet", "kda", "lightning", "mamba2", "mamba1", "short_conv"}
     assert all(callable(m.read) and m.summary for m in MIXERS.values())
 
 

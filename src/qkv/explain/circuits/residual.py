@@ -154,17 +154,16 @@ def _gated(layer) -> bool:
     """Whether a pre-norm layer that forms x + attn gates its heads' outputs after the weights
     (Qwen3-Next, 3.5: `mixers.gate`), so its heads' writes are read through the gate."""
     attn = layer.self_attn  # a transformers layer's (qkv's own always has its out_proj)
-    return layer.norm_first and layer.sequential_residual \
-        and gate.gated(attn.module, attn.num_heads, attn.head_dim)
+    return layer.norm_first and layer.sequential_residual and gate.output_gate(attn) is not None
 
 
 def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """((h, n, E) each head's write o^{l,h}_i W_O^h at the positions, (E,) the output bias);
-    a gated head's o is its gated output (`gate.head_writes`)."""
+    a gated head's o is its gated output (`gate.OutputGate.writes`)."""
     trace = fwd.traces[ell].self_attn
     if attn.out_proj is None:  # `check` let only a gated layer through
-        writes, bias = gate.head_writes(attn.module, trace.key_input[0, positions], trace.heads[0, positions])
-        return writes, writes.new_zeros(writes.shape[-1]) if bias is None else bias
+        g = gate.output_gate(attn)
+        return g.writes(trace.key_input[0, positions], trace.heads[0, positions]), g.out_bias().double()
     return _plain_heads(fwd, ell, attn, positions), out_bias(attn).double()
 
 

@@ -427,7 +427,7 @@ def _gated(model, layer: int) -> bool:
     """Whether the layer's heads' outputs are gated after their weights (Qwen3-Next, 3.5): no
     output projection reads its attention call's output (the adapter found none), the gate does."""
     attn = model.layers[layer].self_attn
-    return attn.out_proj is None and gate.gated(attn.module, attn.num_heads, attn.head_dim)
+    return attn.out_proj is None and gate.output_gate(attn) is not None
 
 
 def _missed(module, fwd, layer: int, i: int, j: int, given: dict) -> float:

@@ -12,7 +12,9 @@ affine):
                               T_i(x_j) = γ ⊙ (z_ij − mean(z_ij)) / σ_i
     post-norm, RMSNorm:       T_i(x_j) = γ ⊙ z_ij / rms_i
 
-so y_i = Σ_j T_i(x_j) + (the biases' terms). `layer_terms` **checks this reconstruction
+so y_i = Σ_j T_i(x_j) + (the biases' terms). Where the layer gates its heads' outputs
+(Qwen3-Next / 3.5), f^h depends on the query: f_i^h(h_j) = (sigmoid(gate_ih) ⊙ v_j) W_O^h
+(`base.head_vectors`), so a closed gate's head adds nothing to z_ij. `layer_terms` **checks this reconstruction
 against the forward's own y_i** (the output of `norm1`, or the residual sum `norm3` reads) and
 raises if it is off by more than 1e-5 (relative to the largest |y|). Then (the paper's eq. 9–10,
 L1 distances):
@@ -31,8 +33,9 @@ from torch import nn
 
 from qkv.explain.circuits.norms import affine
 from qkv.explain.contributions.base import (
-    Forward, Matrices, Method, check_layers, out_bias, run, value_vectors,
+    Forward, Matrices, Method, check_layers, output_bias, run, value_vectors,
 )
+from qkv.explain.mixers.gate import output_gate
 from qkv.explain.wording import ArgumentError
 
 FORMULA = ("C_ij ∝ max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = norm-affine(Σ_h A_ij f^h(h_j) "
@@ -83,11 +86,13 @@ def check_applies(model) -> None:
                                 kind=type(layer).__name__)
 
 
-def value_layout(layer, trace) -> torch.Tensor:
+def value_layout(layer, trace) -> torch.Tensor | None:
     """(s, h, E): f^h(h_j) per key, centred over E when the layer's norm1 is a post-norm
     LayerNorm (centring is linear: the mean of Σ_h A_ij f^h(h_j) is Σ_h A_ij mean(f^h(h_j)), so
     centring the values centres every T_i(x_j) at no cost per (i, j)). Contiguous: bmm would
     otherwise copy each of the s small matrices apart."""
+    if output_gate(layer.self_attn) is not None:
+        return None  # a gated layer's vectors depend on the query: layer_terms makes them per row
     f = value_vectors(layer.self_attn, trace)  # (h, s, E)
     if not layer.norm_first and _centres(layer.norm1):
         f = f - f.mean(-1, keepdim=True)
@@ -106,17 +111,26 @@ def layer_terms(layer, fwd: Forward, index: int, rows: slice = slice(None),
     is taken over the same (r, s, E) tensor before the norm's per-token scale multiplies it.)
     """
     tr = fwd.traces[index].self_attn
-    per_key = value_layout(layer, tr) if per_key is None else per_key  # (s, h, E)
     centred = not layer.norm_first and _centres(layer.norm1)
     a = tr.attention.weights[0][:, rows]  # (h, r, s)
     y = fwd.residual_out[index][0][rows]  # (r, E): what the forward computed
     first, r = rows.start or 0, a.shape[1]
-    # Σ_h A_ij f^h(h_j) for every (i, j): one (r × h)·(h × E) product per key j
-    z = torch.bmm(a.permute(2, 1, 0).contiguous(), per_key).transpose(0, 1)  # (r, s, E)
+    gate = output_gate(layer.self_attn)
+    if gate is None:
+        per_key = value_layout(layer, tr) if per_key is None else per_key  # (s, h, E)
+        # Σ_h A_ij f^h(h_j) for every (i, j): one (r × h)·(h × E) product per key j
+        z = torch.bmm(a.permute(2, 1, 0).contiguous(), per_key).transpose(0, 1)  # (r, s, E)
+    else:  # f_i^h(h_j) = (g_ih ⊙ v_j) W_O^h: the gate is the query's, so per (i, j, h)
+        v = tr.attention.value[0]  # (h, s, d)
+        g = gate.gates(tr.query_input[0][rows]).to(v.dtype)  # (r, h, d)
+        w = gate.out_weight().to(v.dtype)  # (h, d, E)
+        w = w - w.mean(-1, keepdim=True) if centred else w
+        u = torch.einsum("hrs,rhd,hsd->rshd", a, g, v)  # (r, s, h, d)
+        z = u.reshape(r, v.shape[1], -1) @ w.reshape(-1, w.shape[-1])  # (r, s, E)
     x = fwd.hidden_states[index][0][first:first + r]  # (r, E): the residual
     diag = z.diagonal(offset=first, dim1=0, dim2=1)  # (E, r): z[i, first + i]
     diag += (x - x.mean(-1, keepdim=True) if centred else x).T  # δ_ij x_j
-    b_out = out_bias(layer.self_attn).to(z.dtype)  # (E,)
+    b_out = output_bias(layer.self_attn).to(z.dtype)  # (E,)
     b_out = b_out - b_out.mean() if centred else b_out
     total = z.sum(1) + b_out  # (r, E): the block's output (centred for a LayerNorm)
     if layer.norm_first:
@@ -151,8 +165,9 @@ CHUNK = 1 << 20
 
 def layer_matrix(layer, fwd: Forward, index: int, rows: slice = slice(None)) -> torch.Tensor:
     """(r, t) rows `rows` (all: (t, t)) of layer `index`'s C^ℓ, a chunk of rows at a time."""
-    per_key = value_layout(layer, fwd.traces[index].self_attn)  # (s, h, E)
-    s, E = per_key.shape[0], per_key.shape[2]
+    tr = fwd.traces[index].self_attn
+    per_key = value_layout(layer, tr)  # (s, h, E); None for a gated layer
+    s, E = tr.attention.weights.shape[-1], fwd.hidden_states[index].shape[-1]
     first, stop, _ = rows.indices(fwd.hidden_states[index].shape[1])
     step = max(1, CHUNK // (s * E))
     return torch.cat([matrix(*layer_terms(layer, fwd, index, slice(i, min(i + step, stop)),

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from qkv.explain.mixers.gate import output_gate
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.wording import ArgumentError
 from qkv.modules import Interventions
@@ -270,6 +271,33 @@ def value_vectors(attn, trace) -> torch.Tensor:
     v = trace.attention.value[0]  # (h, s, d), b_V included
     w = out_weight(attn).to(v.dtype)  # (h, d, E)
     return v @ w  # (h, s, E)
+
+
+def head_vectors(attn, trace) -> torch.Tensor:
+    """(h, r, s, E) f_i^h(h_j): what head h sends from key j to the traced row i, from the
+    forward's own values — v^h_j W_O^h, the same for every row (r = 1), or where the layer gates
+    its heads' outputs (Qwen3-Next / 3.5: `qkv.explain.mixers.gate.output_gate`)
+    (sigmoid(gate_ih) ⊙ v^h_j) W_O^h, the gate read from row i's own layer input.
+
+    A head with high weights and a closed gate sends short vectors: its contribution is small.
+    """
+    gate = output_gate(attn)
+    if gate is None:
+        return value_vectors(attn, trace).unsqueeze(1)  # (h, 1, s, E)
+    v = trace.attention.value[0]  # (h, s, d), repeated per query head
+    g = gate.gates(trace.query_input[0]).to(v.dtype)  # (r, h, d)
+    return torch.einsum("hsd,rhd,hde->hrse", v, g, gate.out_weight().to(v.dtype))  # (h, r, s, E)
+
+
+def output_bias(attn) -> torch.Tensor:
+    """(E,) b_O of the projection reading the heads (`out_bias`, or a gated layer's)."""
+    gate = output_gate(attn)
+    return out_bias(attn) if gate is None else gate.out_bias()
+
+
+def has_output(attn) -> bool:
+    """Whether the projection reading `attn`'s heads is known: `out_proj`, or an output gate's."""
+    return attn.out_proj is not None or output_gate(attn) is not None
 
 
 def rolled_rows(mats: Matrices, rows: torch.Tensor, *, add_identity: bool = False) -> torch.Tensor:

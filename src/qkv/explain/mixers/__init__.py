@@ -1,6 +1,6 @@
 """Exact explanations of the token mixers of 2026's hybrid models, one file per mixer.
 
-Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-2, LFM2's gated short
+Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-1 and -2, LFM2's gated short
 convolution) have no softmax map, but
 each is linear in its values: o = M·v for one (t × t) matrix M per head, causal, signed, rows not
 normalised. `read(module, hidden_states)` runs the transformers layer once and returns a record
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from qkv.errors import QkvError
-from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba2, mla, short_conv, sparse
+from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba1, mamba2, mla, short_conv, sparse
 from qkv.models.protocol import MixerKind
 
 
@@ -85,7 +85,8 @@ for _entry in (
     Mixer("gated_deltanet", gated_deltanet.read, True, "the gated delta rule, one decay per head"),
     Mixer("kda", kda.read, True, "the gated delta rule, one decay per key channel"),
     Mixer("lightning", lightning.read, True, "linear attention with a fixed decay per head"),
-    Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD (Jamba's Mamba-1: per channel): C·(Π exp ΔA)·B·Δ plus the D skip"),
+    Mixer("mamba2", mamba2.read, True, "Mamba-2's SSD: C·(Π exp ΔA)·B·Δ plus the D skip, a decay per head"),
+    Mixer("mamba1", mamba1.read, True, "Mamba-1's selective scan (Jamba): the same per channel, a decay per state"),
     Mixer("short_conv", short_conv.read, True, "a causal band: C·(w ∗ B·x), one mixer per channel"),
     Mixer("mla", mla.read, False, "latent q and kv; a score = content part + RoPE part"),
     Mixer("sparse", sparse.read, False, "an indexer keeps the top-k keys of each query for the softmax"),

@@ -12,15 +12,28 @@ head with confident weights and a closed gate contributes little. The weights an
 layer's own attention call; the gate goes through the module's `q_proj` (the half it discards
 for the query), and the tests check that the heads' contributions sum to the layer's output.
 Letters: t tokens, h heads, d head width, m hidden width.
+
+On a loaded model (qkv's attention, no eager call to read): `output_gate(attn)` reads the gate
+off the module's own q_proj and o_proj — what the contributions (`norm`, `alti`) multiply each
+head's vectors by — and `gated_head(model, text, layer=, head=, token=)` the gate's effect on
+one head from the model's forward (`GatedHead`, the `gate` row of
+`qkv.explain.kinds.KINDS`: the head's last step in `qkv explain`, the viewer's "Output gate"
+panel).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from qkv.errors import QkvError
+from qkv.explain.forward import check_layer_head, check_model, check_text, device_of, encode, model_name, trace
 from qkv.explain.mixers.capture import causal_call
+from qkv.explain.select import Units, choose_in
+from qkv.explain.wording import ArgumentError
+from qkv.rounding import close
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
 
@@ -67,39 +80,162 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddin
     """
     call = causal_call(module, KERNEL, hidden_states, position_embeddings)
     attn_output, weights = call.result  # (1, t, h, d), (1, h, t, t)
-    bias = module.o_proj.bias
+    bias, d = module.o_proj.bias, module.head_dim
+    own = OutputGate(q_proj=module.q_proj, heads=module.q_proj.out_features // (2 * d), head_dim=d,
+                     weight=module.o_proj.weight, bias=bias)
     return GatedOutput(weights=weights[0].to(dtype), head_output=attn_output[0].to(dtype),
-                       gate=gates(module, hidden_states[0]).to(dtype),
+                       gate=own.gates(hidden_states[0]).to(dtype),
                        w_o=module.o_proj.weight.detach().to(dtype),
                        bias=None if bias is None else bias.detach().to(dtype))
 
 
-def gated(module: torch.nn.Module, heads: int, head_dim: int) -> bool:
-    """Whether `module` gates its heads' outputs as `Qwen3NextAttention` does: a `q_proj` twice
-    as wide as its h·d queries (each head's d query rows, then its d gate rows) and an `o_proj`
-    reading the h·d gated outputs."""
+# -- the gate of a loaded model's layer, as contributions and the head's panel read it ---------
+@dataclass(frozen=True)
+class OutputGate:
+    """A softmax layer's output gate, read from the module's own parts: `q_proj` makes each
+    head's query and gate side by side ((E) → (h, 2d): [q_h | gate_h]), and the output
+    projection reads the gated heads, so head h's contribution at token i is
+    (sigmoid(gate_ih) ⊙ z_ih) · W_O,hᵀ. Letters: r rows, h heads, d head width, E hidden width."""
+
+    q_proj: torch.nn.Linear
+    heads: int
+    head_dim: int
+    weight: torch.Tensor       # (E, h·d) W_O
+    bias: torch.Tensor | None  # (E,)
+
+    def gates(self, x: torch.Tensor) -> torch.Tensor:
+        """(r, h, d) sigmoid(gate) for the layer inputs `x` (r, E) (after the layer's norm)."""
+        with torch.no_grad():
+            both = self.q_proj(x.to(self.q_proj.weight.dtype)).view(x.shape[0], self.heads, 2 * self.head_dim)
+        return torch.sigmoid(both[..., self.head_dim:].to(x.dtype))
+
+    def out_weight(self) -> torch.Tensor:
+        """(h, d, E) W_O,h per head."""
+        E = self.weight.shape[0]
+        return self.weight.detach().view(E, self.heads, self.head_dim).permute(1, 2, 0)
+
+    def writes(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """(h, r, E) float64 each head's gated write (g ⊙ z)·W_O,hᵀ at r rows: `x` (r, E) the
+        layer's input there after its norm, `z` (r, h·d) the heads' outputs (the attention call's)."""
+        g = self.gates(x).double()  # (r, h, d)
+        r, h, d = g.shape
+        return torch.einsum("rhd,hde->hre", z.double().view(r, h, d) * g, self.out_weight().double())
+
+    def out_bias(self) -> torch.Tensor:
+        """(E,) b_O, zeros when the projection has none."""
+        return self.bias.detach() if self.bias is not None else self.weight.new_zeros(self.weight.shape[0])
+
+
+def output_gate(attn) -> OutputGate | None:
+    """The output gate of `attn` (an `HFAttention`: its transformers module and sizes), or None:
+    its `q_proj` is not twice the heads' width beside an `o_proj` reading h·d channels
+    (transformers' `Qwen3NextAttention`, `Qwen3_5Attention` and their kin)."""
+    module = getattr(attn, "module", None)  # qkv's own attention has no transformers module
     q, o = getattr(module, "q_proj", None), getattr(module, "o_proj", None)
-    return isinstance(q, torch.nn.Linear) and isinstance(o, torch.nn.Linear) \
-        and q.out_features == 2 * heads * head_dim and o.in_features == heads * head_dim
+    if not (isinstance(q, torch.nn.Linear) and isinstance(o, torch.nn.Linear)):
+        return None
+    h, d = attn.num_heads, attn.head_dim
+    if q.out_features != 2 * h * d or o.in_features != h * d:
+        return None
+    return OutputGate(q_proj=q, heads=h, head_dim=d, weight=o.weight, bias=o.bias)
 
 
-def gates(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """(n, h, d) sigmoid(gate logits) at the n rows of `hidden_states` (n, hidden), the layer's
-    input after its norm: the half of `q_proj` the query discards, in the layer's dtype."""
-    d = module.head_dim
-    with torch.no_grad():
-        _, gate = module.q_proj(hidden_states).view(hidden_states.shape[0], -1, 2 * d).chunk(2, dim=-1)
-    return torch.sigmoid(gate)
+@dataclass(frozen=True)
+class GatedHead:
+    """Head `head` of a gated-output layer on `text`, from the model's own forward: at every token
+    i the head's output z_i (the attention's Σ_j A_ij v_j), its gate sigmoid(gate_i), and what
+    the head then writes to the residual stream, (g_i ⊙ z_i)·W_O,hᵀ, beside what it would write
+    ungated, z_i·W_O,hᵀ.
+
+    Attributes:
+        units: the tokens. token: the query the head's steps show.
+        gate: (d,) the gate at `token`, per channel, in (0, 1).
+        openness: (t,) the mean gate at each token: 0 closed, 1 open.
+        gated, ungated: (t,) ‖(g_i ⊙ z_i) W_O,hᵀ‖ and ‖z_i W_O,hᵀ‖.
+        top_weight: the head's largest weight from `token` (a confident head may still be shut).
+        error: max |Σ_h (g ⊙ z_h) W_O,hᵀ + b − the layer's output| over the text: the
+            decomposition is the forward's (checked to rounding, `qkv.rounding.close`).
+    """
+
+    kind: ClassVar[str] = "gate"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    text: str
+    units: Units
+    layer: int
+    head: int
+    token: int
+    gate: torch.Tensor
+    openness: torch.Tensor
+    gated: torch.Tensor
+    ungated: torch.Tensor
+    top_weight: float
+    error: float
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """(t,) gated / ungated: the share of the head's write the gate lets through."""
+        return self.gated / self.ungated.clamp_min(torch.finfo(self.ungated.dtype).tiny)
+
+    def verdict(self) -> str:
+        """One sentence: how much of this head's output reaches the residual stream at `token`."""
+        kept = float(self.kept[self.token])
+        what = ("closed: this head contributes little here, whatever its weights" if kept < 0.1 else
+                "half shut: this head's contribution is damped" if kept < 0.5 else
+                "open: this head's output mostly passes")
+        return (f"at {self.units.labels[self.token]!r} the gate lets {100 * kept:.3g}% of head {self.head}'s "
+                f"output through (its largest weight {self.top_weight:.3g}) — {what}")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+                "layer": self.layer, "head": self.head, "token": self.token, "gate": self.gate.tolist(),
+                "openness": self.openness.tolist(), "gated": self.gated.tolist(),
+                "ungated": self.ungated.tolist(), "kept": self.kept.tolist(), "top_weight": self.top_weight,
+                "error": self.error, "verdict": self.verdict()}
 
 
-def head_writes(module: torch.nn.Module, hidden_states: torch.Tensor,
-                head_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """((h, n, m) each head's gated write (gate ⊙ z)·W_O,hᵀ, o_proj's bias (m,) or None), float64,
-    at n rows: `hidden_states` (n, hidden) the layer's input there after its norm, `head_output`
-    (n, h·d) the heads' z (the attention call's output) there."""
-    g = gates(module, hidden_states).double()  # (n, h, d)
-    n, h, d = g.shape
-    z = head_output.double().view(n, h, d) * g  # (n, h, d)
-    w = module.o_proj.weight.detach().double().view(-1, h, d)  # (m, h, d)
-    bias = module.o_proj.bias
-    return torch.einsum("nhd,mhd->hnm", z, w), None if bias is None else bias.detach().double()
+def gated_layers(model) -> list[int]:
+    """The layers of `model` whose attention gates its heads' outputs (`output_gate`)."""
+    return [i for i, layer in enumerate(model.layers)
+            if layer.self_attn is not None and output_gate(layer.self_attn) is not None]
+
+
+def gated_head(model, text: str, *, layer: int, head: int, token: str | int | None = None) -> GatedHead:
+    """What the output gate of layer `layer` does to head `head` on `text` (see `GatedHead`).
+
+    Raises:
+        ArgumentError: layer, head or token out of range; a layer without an output gate.
+        QkvError: the heads' gated outputs do not rebuild the layer's output (not this gate).
+    """
+    check_text(text)
+    check_model(model)
+    check_layer_head(model, layer, head)
+    attn = model.layers[layer].self_attn
+    gate = None if attn is None else output_gate(attn)
+    if gate is None:
+        kinds = "/".join(m.kind.value for m in model.parts.layers[layer].mixers) or "nothing"
+        raise ArgumentError("layer", "{name} {value} of {model} has no output gate (it mixes by {kinds}); "
+                            "Qwen3-Next / Qwen3.5 attention layers gate their heads", value=layer,
+                            model=model_name(model), kinds=kinds)
+    encoding = encode(model, text)
+    units, choice = choose_in(token, encoding, text, words=False, role="token")
+    seen: list[torch.Tensor] = []
+    hook = attn.module.register_forward_hook(lambda _m, _a, out: seen.append(out[0][0].detach()))
+    try:
+        traced = trace(model, text, torch.tensor([choice.unit], device=device_of(model)), encoding=encoding)
+    finally:
+        hook.remove()
+    tr = traced.traces[layer].self_attn
+    d, h = gate.head_dim, gate.heads
+    z = tr.heads[0].view(-1, h, d).double()  # (t, h, d) the heads' outputs before the gate
+    g = gate.gates(tr.key_input[0]).double()  # (t, h, d): every token's layer input (self-attention)
+    w = gate.out_weight().double()  # (h, d, E)
+    written = gate.writes(tr.key_input[0], tr.heads[0]).transpose(0, 1)  # (t, h, E)
+    error = float((written.sum(1) + gate.out_bias().double() - seen[0].double()).abs().max())
+    if not close(written.sum(1) + gate.out_bias().double(), seen[0]):
+        raise QkvError(f"layer {layer} of {model_name(model)}: the heads' gated outputs through W_O are "
+                       f"{error:.3g} off the layer's output; not a gate qkv reads")
+    return GatedHead(model=model_name(model), text=text, units=units, layer=layer, head=head,
+                     token=choice.unit, gate=g[choice.unit, head], openness=g[:, head].mean(-1),
+                     gated=written[:, head].norm(dim=-1), ungated=(z[:, head] @ w[head]).norm(dim=-1),
+                     top_weight=float(tr.attention.weights[0, head, 0].max()), error=error)

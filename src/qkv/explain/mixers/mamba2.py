@@ -68,8 +68,9 @@ class StateSpace:
 def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> StateSpace | mamba1.SelectiveScan:
     """Run a Mamba-2 mixer (`Mamba2Mixer`, `BambaMixer`, `NemotronHMamba2Mixer`, …) on one text.
 
-    The protocol's `mamba2` kind covers Jamba's Mamba-1 layers too; those, recognised by their
-    per-channel state (`mamba1.is_mamba1`), are read by `qkv.explain.mixers.mamba1`.
+    Jamba's Mamba-1 layers are their own kind (`mamba1`, registered to `mamba1.read`); one
+    handed here anyway, recognised by its per-channel state (`mamba1.is_mamba1`), is read by
+    `qkv.explain.mixers.mamba1`.
 
     Args:
         module: the mixer, in eval mode (training runs a fused kernel instead).

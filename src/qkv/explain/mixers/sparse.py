@@ -13,6 +13,12 @@ The selection and the weights are the layer's (the indexer's returned indices an
 attention call); the index scores are recomputed in float64 through the indexer's submodules,
 with q and k rotated by the indexer's own RoPE call — the indexer computes them in float32 and
 returns only the indices. Letters: t tokens, g indexer heads, h attention heads.
+
+Two ways in: `read(module, hidden_states, position_embeddings)` runs one eager layer (the
+mixer tests); `indexed(model, text, layer=, head=, token=)` reads one query off a loaded model's
+own forward (qkv's attention) as an `IndexedSelection` — the `indexed` row of
+`qkv.explain.kinds.KINDS`, which `qkv explain --layer L --head H`, `qkv show indexed` and the
+viewer's "Indexer" panel show.
 """
 
 from __future__ import annotations
@@ -20,12 +26,17 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from qkv.errors import QkvError
+from qkv.explain.forward import check_layer_head, check_model, check_text, device_of, encode, model_name, trace
 from qkv.explain.mixers.capture import causal_call, causal_mask, kernel_calls
 from qkv.explain.mixers.delta_rule import check_query
+from qkv.explain.select import Units, choose_in
+from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import MixerKind
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
 # The RoPE functions transformers' indexers call (half-split for deepseek_v32, interleaved for glm_moe_dsa).
@@ -77,12 +88,18 @@ class SparseIndexed:
     def row(self, query: int) -> SparseRow:
         """What the indexer did for `query`."""
         check_query(query, self.selected.shape[0])
-        scores = self.scores[query, : query + 1]
-        chosen = self.selected[query, : query + 1].nonzero().flatten()
-        chosen = chosen[scores[chosen].argsort(descending=True)].tolist()
-        cutoff = None if len(chosen) == query + 1 else float(scores[chosen].min())
-        return SparseRow(query=query, scores=scores, selected=chosen, cutoff=cutoff,
-                         weights=self.weights[:, query, : query + 1])
+        return sparse_row(query, self.scores[query, : query + 1], self.selected[query, : query + 1],
+                          self.weights[:, query, : query + 1])
+
+
+def sparse_row(query: int, scores: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> SparseRow:
+    """One query's `SparseRow` from its visible keys' `scores` (query+1,), the `selected` mask
+    (query+1,) and the heads' `weights` (h, query+1): the selection ordered by decreasing score,
+    the cut its lowest score (None when every visible key was kept)."""
+    chosen = selected.nonzero().flatten()
+    chosen = chosen[scores[chosen].argsort(descending=True)].tolist()
+    cutoff = None if len(chosen) == query + 1 else float(scores[chosen].min())
+    return SparseRow(query=query, scores=scores, selected=chosen, cutoff=cutoff, weights=weights)
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings) -> SparseIndexed:
@@ -116,11 +133,12 @@ def index_terms(module: torch.nn.Module, hidden_states: torch.Tensor, position_e
 @contextmanager
 def _indexer_call(indexer: torch.nn.Module):
     """A list of (the indexer's arguments by name, its returned top-k indices (1, t, k)), one per
-    call inside the `with`."""
+    call inside the `with`; the generation cache the model hands it is left out (a re-run must
+    not append its keys again)."""
     names = ("hidden_states", "q_resid", "position_embeddings", "attention_mask", "position_ids")
     seen: list[tuple] = []
     hook = indexer.register_forward_hook(
-        lambda _m, args, kwargs, out: seen.append(({**dict(zip(names, args)), **kwargs}, out)), with_kwargs=True)
+        lambda _m, args, kwargs, out: seen.append(({**dict(zip(names, args)), **kwargs, "cache": None}, out)), with_kwargs=True)
     try:
         yield seen
     finally:
@@ -149,3 +167,98 @@ def _index_terms(indexer: torch.nn.Module, given: dict) -> torch.Tensor:
     k = torch.cat([k_rot[0, :, 0], k_pass], dim=-1)  # (t, D)
     relu = torch.relu(torch.einsum("igd,jd->gij", q, k) * indexer.softmax_scale)  # (g, t, t)
     return (w.T[:, :, None] * relu).tril()
+
+
+# -- one query of a loaded model's indexed layer: what `qkv explain` and the viewer show -------
+@dataclass(frozen=True)
+class IndexedSelection:
+    """What the indexer of layer `layer` did for the query `token` of `text`, and the weights
+    head `head` then put on the keys it let through — read from the model's own forward.
+
+    Attributes:
+        units: the tokens (the index works on tokens, never words).
+        token: the query's position; its visible keys are 0 … token.
+        topk: how many keys the indexer keeps per query (the config's `index_topk`).
+        row: the indexer's scores of the visible keys, the selection (by decreasing score), the
+            cut and every head's weights (`SparseRow`).
+        head: the head whose weights `weights` are.
+        weights: (token+1,) the weights head `head` computed in the forward over the visible
+            keys: 0 on every key left out.
+    """
+
+    kind: ClassVar[str] = "indexed"  # its row in qkv.explain.kinds.KINDS
+
+    model: str
+    text: str
+    units: Units
+    layer: int
+    head: int
+    token: int
+    topk: int
+    row: SparseRow
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.row.weights[self.head]
+
+    def missed(self) -> list[float | None]:
+        """For each visible key: None when selected, else by how much its index score fell
+        below the cut (`SparseRow.missed_by`)."""
+        chosen = set(self.row.selected)
+        return [None if j in chosen else self.row.missed_by(j) for j in range(self.token + 1)]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "text": self.text, "units": self.units.labels,
+                "layer": self.layer, "head": self.head, "token": self.token, "topk": self.topk,
+                "scores": self.row.scores.tolist(), "selected": self.row.selected,
+                "cutoff": self.row.cutoff, "missed": self.missed(), "weights": self.weights.tolist()}
+
+
+def indexed_part(model, layer: int):
+    """The indexed (sparse) mixer of layer `layer` (`model.parts`), or None: the layer selects
+    no keys."""
+    parts = model.parts.layers[layer]
+    return next((m for m in parts.mixers if m.kind is MixerKind.SPARSE), None)
+
+
+def indexed_layers(model) -> list[int]:
+    """The layers of `model` with an indexer (`indexed_part`)."""
+    return [i for i in range(len(model.parts.layers)) if indexed_part(model, i) is not None]
+
+
+def indexed(model, text: str, *, layer: int, head: int = 0, token: str | int | None = None) -> IndexedSelection:
+    """The indexer's scores, selection and cut for the query `token` at layer `layer`, and head
+    `head`'s weights over the selected keys, from one forward of `model` on `text`.
+
+    The selection is the indexer's own output in that forward (its top-k indices, the keys
+    qkv's attention then let through) and the weights the forward's traced row; the scores are
+    recomputed in float64 from the indexer's inputs in that forward (`_index_terms`).
+
+    Raises:
+        ArgumentError: layer, head or token out of range; a layer without an indexer.
+    """
+    check_text(text)
+    check_model(model)
+    check_layer_head(model, layer, head)
+    part = indexed_part(model, layer)
+    if part is None:
+        kinds = "/".join(m.kind.value for m in model.parts.layers[layer].mixers) or "nothing"
+        raise ArgumentError("layer", "{name} {value} of {model} has no indexer (it mixes by {kinds}); "
+                            "indexed (sparse) attention selects keys in DeepSeek V3.2 / GLM-DSA layers",
+                            value=layer, model=model_name(model), kinds=kinds)
+    encoding = encode(model, text)
+    units, choice = choose_in(token, encoding, text, words=False, role="token")
+    with _indexer_call(part.module.indexer) as seen:
+        traced = trace(model, text, torch.tensor([choice.unit], device=device_of(model)), encoding=encoding)
+    (given, indices), = seen  # indices (1, t, topk): the indexer's own selection
+    i, t = choice.unit, len(encoding.ids)
+    selected = torch.zeros(t, dtype=torch.bool)
+    selected[indices[0, i].long().clamp(0, t - 1)] = True
+    selected = selected[: i + 1]  # a query shorter than top-k is handed keys past itself, masked
+    weights = traced.weights(layer)[:, 0, : i + 1].double()  # (h, i+1) the forward's own row
+    if (weights[:, ~selected] != 0).any():
+        raise QkvError(f"layer {layer} of {model_name(model)}: the forward's weights at token {i} fall "
+                       f"on keys its indexer left out; the selection read is not the one attended")
+    scores = _index_terms(part.module.indexer, given).sum(0)[i, : i + 1]  # (i+1,)
+    return IndexedSelection(model=model_name(model), text=text, units=units, layer=layer, head=head,
+                            token=i, topk=indices.shape[-1], row=sparse_row(i, scores, selected, weights))

@@ -92,7 +92,8 @@ def unit_shares(model, encoding, units, unit: int, method: str, target_text: str
 
 def ranked(scores: torch.Tensor, *ties: torch.Tensor) -> list[tuple[int, int, float]]:
     """(layer, head, score) of every cell of `scores` (L, h), highest first; ties broken by
-    each of `ties` (L, h), higher first, then by layer and head.
+    each of `ties` (L, h), higher first, then by layer and head. A NaN cell is no head (a
+    hybrid's layers have different numbers of heads) and is left out.
 
     Examples:
         >>> ranked(torch.tensor([[0.5, 0.25], [0.5, 1.0]]))
@@ -100,7 +101,8 @@ def ranked(scores: torch.Tensor, *ties: torch.Tensor) -> list[tuple[int, int, fl
     """
     L, H = scores.shape
     key = lambda c: (*(-float(t[c[0], c[1]]) for t in (scores, *ties)), c[0], c[1])  # noqa: E731
-    return [(l, h, float(scores[l, h])) for l, h in sorted(((l, h) for l in range(L) for h in range(H)), key=key)]
+    cells = ((l, h) for l in range(L) for h in range(H) if not torch.isnan(scores[l, h]))
+    return [(l, h, float(scores[l, h])) for l, h in sorted(cells, key=key)]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,14 @@ token:     <bos> r₀ … rₙ₋₁    r₀  … rₙ₋₁
 see (all earlier tokens and itself in a decoder: 1/(i+1) for query i; all t tokens in an
 encoder), averaged over the same queries.
 
+**On a hybrid** (linear-attention, state-space, differential layers beside softmax ones) every
+layer is scored: a layer no softmax mixes through its exact effective map M (o = M·v, see
+`qkv.explain.mixer_maps`), whose rows are signed and need not sum to 1. So that one ranking
+holds every layer, a row is read as *shares of its absolute weight*, |M[i, k]| / Σ_j |M[i, j]|
+— exactly the weight on a softmax row (non-negative, summing to 1), and on any row a number in
+[0, 1] whose uniform chance is the softmax's. The sign is dropped: a head that subtracts its
+target's value ranks as one that adds it (`qkv.explain.probes.effective.absolute_shares`).
+
 One difference from TransformerLens: the n random tokens are drawn *without* replacement when
 the vocabulary has enough ordinary tokens, so no token occurs twice inside r and "its earlier
 occurrence" is unique (with replacement, a small vocabulary would make the target ambiguous).
@@ -49,7 +57,7 @@ from qkv.explain import forward
 from qkv.explain.probes.base import Effects, Needs, Probe, Task, method_shares, ranked, scored_from
 from qkv.explain.wording import ArgumentError
 from qkv.explain.finite import check_layers
-from qkv.explain.mixer_maps import check_softmax_everywhere
+from qkv.explain.probes.effective import LayerMaps, layer_maps, plain_softmax
 from qkv.models.protocol import capabilities_of
 
 
@@ -116,12 +124,18 @@ class HeadScores:
     Attributes:
         model: the model's name.
         probe: `"induction"` or `"previous-token"`.
-        scores: (layers, heads) float64 mean attention on the probe's target.
+        scores: (layers, heads) float64 mean attention on the probe's target; NaN where a layer
+            has fewer heads than the widest (a hybrid's layers differ) or none (feed-forward only).
         chance: the score of uniform attention over the visible keys.
         sequences: how many repeated random sequences, each prefix + 2 × `length`.
         length: see `sequences`.
         prefix: the tokens put first (e.g. `["<bos>"]`).
         causal: a decoder's mask was used.
+        mixers: each layer's scored mixer kind (`MixerKind` value; "" for a layer with none).
+        effective: the layers scored on their effective maps' absolute shares (see the module
+            doc), not on softmax weights.
+        unscored: (layer, why) of what has no score: a feed-forward-only layer, a mixer run
+            beside a layer's attention (Falcon-H1's, Zamba2's Mamba-2).
     """
 
     kind: ClassVar[str] = "head-scores"  # its row in qkv.explain.kinds.KINDS
@@ -135,16 +149,22 @@ class HeadScores:
     prefix: tuple[str, ...]
     causal: bool
     seed: int
+    mixers: tuple[str, ...] = ()
+    effective: tuple[int, ...] = ()
+    unscored: tuple[tuple[int, str], ...] = ()
 
     def ranked(self) -> list[tuple[int, int, float]]:
-        """(layer, head, score), highest first (ties by layer, head)."""
+        """(layer, head, score) of every scored head, highest first (ties by layer, head)."""
         return ranked(self.scores)
 
     def to_dict(self) -> dict:
+        mixer = (lambda layer: self.mixers[layer]) if self.mixers else (lambda layer: "softmax")
         return {"kind": self.kind, "model": self.model, "probe": self.probe, "chance": self.chance,
                 "sequences": self.sequences, "length": self.length, "prefix": list(self.prefix),
-                "causal": self.causal, "seed": self.seed,
-                "heads": [{"layer": layer, "head": head, "score": score}
+                "causal": self.causal, "seed": self.seed, "effective": list(self.effective),
+                "unscored": [{"layer": layer, "why": why} for layer, why in self.unscored],
+                "heads": [{"layer": layer, "head": head, "score": score, "mixer": mixer(layer),
+                           "effective": layer in self.effective}
                           for layer, head, score in self.ranked()]}
 
 
@@ -187,15 +207,22 @@ def alternating_pairs(model, *, sequences: int, length: int, seed: int) -> torch
     return torch.tensor(rows, dtype=torch.long)
 
 
-def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's attention weights (b, h, t, t) on `ids`, from the model's own forward;
-    `NonFiniteError` naming the first layer and head that computes
-    NaN/inf (a broken model's scores would be NaN and rank nothing)."""
-    check_softmax_everywhere(model, "a pattern probe")
+def attention_on(model, ids: torch.Tensor) -> list[torch.Tensor | None]:
+    """Every layer's map (b, h, t, t) on `ids` (`maps_on`'s weights)."""
+    return maps_on(model, ids).weights
+
+
+def maps_on(model, ids: torch.Tensor) -> LayerMaps:
+    """Every layer's map (b, h, t, t) on `ids`, from the model's own forward: softmax weights,
+    or on a hybrid's other layers the absolute shares of the exact effective map
+    (`qkv.explain.probes.effective.layer_maps`); `NonFiniteError` naming the first layer and head
+    that computes NaN/inf (a broken model's scores would be NaN and rank nothing)."""
+    if not plain_softmax(model):
+        return layer_maps(model, ids)
     with torch.no_grad():
         out = model(ids, torch.ones_like(ids), trace_rows=slice(None), output_hidden_states=True)
     check_layers(out.traces, model=forward.model_name(model), output=out.hidden_states[-1])
-    return [trace.self_attn.attention.weights for trace in out.traces]
+    return LayerMaps.softmax(model, [trace.self_attn.attention.weights for trace in out.traces])
 
 
 DEFAULT_LENGTH = 25  # TransformerLens's tutorials use 50; 25 fits small models' context too
@@ -245,12 +272,14 @@ def pattern_probe(model, name: str, pattern: Pattern, *, sequences: int = 20,
     if limit is not None and ids.shape[1] > limit:
         raise QkvError(f"the probe's sequences are {ids.shape[1]} tokens; "
                        f"{forward.model_name(model)} takes at most {limit}")
-    scores = torch.stack([pattern.scores(w, length) for w in attention_on(model, ids)])  # (L, h)
+    maps = maps_on(model, ids)
+    scores = maps.stack([None if w is None else pattern.scores(w, length) for w in maps.weights])  # (L, h)
     causal = capabilities_of(model).causal
     prefix = tuple(model.tokenizer.id_to_token(i) for i in ids[0, :ids.shape[1] - 2 * length].tolist())
     return HeadScores(model=forward.model_name(model), probe=name, scores=scores,
                       chance=pattern.chance(ids.shape[1], length, causal), sequences=sequences,
-                      length=length, prefix=prefix, causal=causal, seed=seed)
+                      length=length, prefix=prefix, causal=causal, seed=seed, mixers=maps.mixers,
+                      effective=maps.effective, unscored=maps.unscored)
 
 
 #: this file's probes' patterns, by probe name

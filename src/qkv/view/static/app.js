@@ -451,6 +451,17 @@
       ctx.strokeStyle = cssColor("--gold");
       M.gold.forEach((js, i) => js.forEach((j) => ctx.strokeRect(j * c + 1, i * c + 1, c - 2, c - 2)));
     }
+    if (M.indexed && c >= 4) { // an indexed layer: the keys its indexer kept for the selected row
+      ctx.strokeStyle = cssColor("--gold"); ctx.lineWidth = Math.max(1, c / 8);
+      const y = (M.indexed.token - (M.first || 0)) * ch;
+      for (const j of M.indexed.selected) ctx.strokeRect(j * c + 1, y + 1, c - 2, ch - 2);
+    }
+  }
+  // What the indexer did to cell (i, j) of the map (i: the indexed query's row), for its tooltip
+  function indexedNote(M, i, j) {
+    const x = M.indexed;
+    if (!x || i + (M.first || 0) !== x.token || j > x.token) return "";
+    return x.missed[j] === null ? " · kept by the indexer" : ` · left out by the indexer: missed the cut by ${fmt(x.missed[j])}`;
   }
   const heat = $("heat"), tip = $("tip");
   // The exact weight of cell (i, j), as text next to it (mouse or keyboard).
@@ -459,7 +470,7 @@
     D.cursor = { i, j };
     tip.hidden = false;
     tip.textContent = `${M.rows[i]} → ${M.cols[j]}: ${fmt(M.get(i, j))}` +
-      (M.gold && i < M.gold.length && M.gold[i].includes(j) ? " ✓ gold" : "");
+      (M.gold && i < M.gold.length && M.gold[i].includes(j) ? " ✓ gold" : "") + indexedNote(M, i, j);
     tip.dataset.row = i; tip.dataset.col = j;
     tip.style.left = ((j + 1) * cellSize(M) + 8) + "px"; tip.style.top = ((i + 1) * cellHeight(M) + 4) + "px";
   }
@@ -778,8 +789,23 @@
       empty: "click a cell of the heat map (row: the query, column: the key) to split its score",
       draw: whyPanel,
     },
+    // an indexed (sparse) layer: which keys its indexer let through for the query (kinds.py "indexed")
+    indexed: {
+      title: "Indexer", hint: "— sparse attention: the indexer scores every visible key, keeps the top k (outlined on the heat map's row), and " +
+        "the head's softmax runs over those only; hover a key left out (here or on the map) for how far it missed the cut",
+      draw: indexedPanel,
+    },
+    // a gated attention output (kinds.py "gate"): how much of the head's output the gate lets through
+    gate: {
+      title: "Output gate", hint: "— Qwen3-Next / 3.5: each head's output is multiplied by sigmoid(gate) before W_O; " +
+        "a head with high weights and a closed gate contributes little",
+      draw: gatePanel,
+    },
     probe: { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sentences} sentences; chance ${fmt(a.chance)}`, a.heads) },
-    "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}`, a.heads) },
+    "head-scores": { alone: (a) => alonePanel(`${a.probe} probe on ${a.model}: ${a.sequences} sequences; chance ${fmt(a.chance)}` +
+      ((a.effective || []).length ? `; layers ${a.effective.join(", ")} have no softmax weights: scored on their exact effective ` +
+        `map as shares of each row's absolute weight, |M[i,k]| / Σ_j |M[i,j]| (the weight itself on a softmax row)` : "") +
+      (a.unscored || []).map((u) => `; not scored: layer ${u.layer}, ${u.why}`).join(""), a.heads) },
     head_effects: { alone: (a) => alonePanel(`ablation effects on ${a.probe}, ${a.model}: ${a.metric}, each head ${a.mode}-ablated, ` +
       `minus the clean run's ${fmt(a.clean)} (${a.sequences} sequences)`, a.heads) },
   };
@@ -814,7 +840,9 @@
     for (const row of headPanels(which)) {
       const sec = panelSection(row), box = sec.lastElementChild;
       // a panel needs the text's own model view (a notebook's single result has none)
-      sec.hidden = !modelInfo().capabilities[row.needs] || (!D.overview && alone !== row.name);
+      // a per-layer kind (an indexer's) shows only where the selected layer has one
+      sec.hidden = !modelInfo().capabilities[row.needs] || (!D.overview && alone !== row.name) ||
+        (row.per_layer && alone !== row.name && !((modelInfo().layers || {})[row.name] || []).includes(S.layer));
       if (sec.hidden) continue;
       const limit = D.info.limits.map_tokens;
       if (row.whole_map && D.overview && D.overview.tokens.length > limit) {  // every row of a head: short texts only
@@ -845,6 +873,40 @@
       }
       if (clicked && row.panel === "cell") inView(sec);
     }
+  }
+  // "Indexer": an IndexedSelection's to_dict() — each visible key's index score, kept (✓, marked
+  // row) or left out (its miss margin: the row's tooltip, and shown when the row is clicked)
+  function indexedPanel(r) {
+    const rank = new Map(r.selected.map((j, n) => [j, n + 1]));
+    // the head view's map of this layer and head marks the kept keys on the query's row
+    if (D.map && D.map.layer === r.layer && D.map.head === r.head && !D.map.effective && !S.words) {
+      D.map.indexed = r; drawHeat(D.map);
+    }
+    const cut = r.cutoff === null ? "every visible key is kept (no cut)" : `the cut (lowest kept score) ${fmt(r.cutoff)}`;
+    const margin = (j) => r.missed[j] === 0 ? "0 (a tie: top-k chose by position)" : fmt(r.missed[j]);
+    return [h("caption", {}, `layer ${r.layer}, query ${r.token} “${r.units[r.token]}”: top ${r.topk} of ${r.token + 1} ` +
+        `visible keys kept; ${cut}; head ${r.head}'s weights`),
+      h("thead", {}, h("tr", {}, ...["j", "key", "index score", "kept", "weight", "missed the cut by"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, r.units.slice(0, r.token + 1).map((u, j) => {
+        const kept = r.missed[j] === null;
+        const miss = h("td", { class: "num miss" }, "");
+        const row = h("tr", { "data-j": j, class: kept ? "kept" : "left-out",
+          title: kept ? `kept: rank ${rank.get(j)} of ${r.selected.length} by index score` : `left out: missed the cut by ${margin(j)}` },
+        h("td", {}, String(j)), h("td", {}, u), h("td", { class: "num" }, fmt(r.scores[j])),
+        h("td", {}, kept ? `✓ ${rank.get(j)}` : "·"), h("td", { class: "num" }, fmt(r.weights[j])), miss);
+        if (!kept) row.addEventListener("click", () => { miss.textContent = miss.textContent ? "" : margin(j); });
+        return row;
+      }))];
+  }
+  // "Output gate": a GatedHead's to_dict() — the library's verdict, then every token's gate and
+  // what the head writes gated and ungated (the query's row marked)
+  function gatePanel(r) {
+    return [h("caption", { id: "gate-verdict" }, `layer ${r.layer}, head ${r.head}: ${r.verdict}`),
+      h("thead", {}, h("tr", {}, ...["i", "token", "mean gate", "‖gated‖", "‖ungated‖", "let through"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, r.units.map((u, i) => h("tr", { "data-i": i, class: i === r.token ? "kept" : "" },
+        h("td", {}, String(i)), h("td", {}, u), h("td", { class: "num" }, fmt(r.openness[i])),
+        h("td", { class: "num" }, fmt(r.gated[i])), h("td", { class: "num" }, fmt(r.ungated[i])),
+        h("td", { class: "num" }, `${fmt(100 * r.kept[i], 3)}%`))))];
   }
   // "Why this weight": a ScoreAttribution's to_dict() — the score, the terms' sum and its derived
   // bound, the library's largest terms (ScoreAttribution.top) and every term as a heat map.
