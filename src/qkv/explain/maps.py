@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.explain.head_result import HeadResult
 from qkv.explain.cross import cross_pass
 from qkv.explain.forward import (
     check_layer_head, check_text, model_name, num_heads, num_layers, stops_at_layer, trace, trace_layer,
@@ -33,17 +34,12 @@ from qkv.explain.select import Units, group_columns, group_rows
 
 
 @dataclass(frozen=True)
-class AttentionMap:
+class AttentionMap(HeadResult):
     """Head `head` of layer `layer`: `weights` (U, U), rows from, columns to `units`
     (float32 for fp32, bf16 and fp16 models: the dtype the attention computed in)."""
 
     kind: ClassVar[str] = "map"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    units: Units
-    layer: int
-    head: int
     weights: torch.Tensor
 
     def to_dict(self) -> dict:

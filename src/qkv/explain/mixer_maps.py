@@ -32,17 +32,18 @@ from typing import ClassVar
 import torch
 
 from qkv.errors import QkvError
+from qkv.explain.head_result import HeadResult
 from qkv.explain.forward import check_index, check_model, check_text, model_name, trace
 from qkv.explain.mixers import MIXERS
 from qkv.explain.mixers import mixer as registered
-from qkv.explain.select import Units, group_columns, group_rows
+from qkv.explain.select import group_columns, group_rows
 from qkv.explain.wording import ArgumentError, Message
 from qkv.models.protocol import Mixer
 from qkv.rounding import close
 
 
 @dataclass(frozen=True)
-class EffectiveMap:
+class EffectiveMap(HeadResult):
     """Head `head` of a linear or state-space `mixer` of layer `layer`: `weights` (U, U)
     the exact M with o = M·v (signed, causal; a row's sum is not 1), rows from, columns to
     `units`.
@@ -56,11 +57,6 @@ class EffectiveMap:
 
     kind: ClassVar[str] = "map"  # drawn by the map's row of qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    units: Units
-    layer: int
-    head: int
     weights: torch.Tensor
     mixer: str
     mixer_index: int

@@ -29,9 +29,10 @@ from typing import ClassVar
 import torch
 
 from qkv.errors import QkvError
+from qkv.explain.head_result import HeadResult
 from qkv.explain.forward import check_layer_head, check_model, check_text, device_of, encode, model_name, trace
 from qkv.explain.mixers.capture import causal_call
-from qkv.explain.select import Units, choose_in
+from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError
 from qkv.rounding import close
 
@@ -141,7 +142,7 @@ def output_gate(attn) -> OutputGate | None:
 
 
 @dataclass(frozen=True)
-class GatedHead:
+class GatedHead(HeadResult):
     """Head `head` of a gated-output layer on `text`, from the model's own forward: at every token
     i the head's output z_i (the attention's Σ_j A_ij v_j), its gate sigmoid(gate_i), and what
     the head then writes to the residual stream, (g_i ⊙ z_i)·W_O,hᵀ, beside what it would write
@@ -159,11 +160,6 @@ class GatedHead:
 
     kind: ClassVar[str] = "gate"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    units: Units
-    layer: int
-    head: int
     token: int
     gate: torch.Tensor
     openness: torch.Tensor

@@ -31,10 +31,11 @@ from typing import ClassVar
 import torch
 
 from qkv.errors import QkvError
+from qkv.explain.head_result import HeadResult
 from qkv.explain.forward import check_layer_head, check_model, check_text, device_of, encode, model_name, trace
 from qkv.explain.mixers.capture import causal_call, causal_mask, kernel_calls
 from qkv.explain.mixers.delta_rule import check_query
-from qkv.explain.select import Units, choose_in
+from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
 
@@ -171,7 +172,7 @@ def _index_terms(indexer: torch.nn.Module, given: dict) -> torch.Tensor:
 
 # -- one query of a loaded model's indexed layer: what `qkv explain` and the viewer show -------
 @dataclass(frozen=True)
-class IndexedSelection:
+class IndexedSelection(HeadResult):
     """What the indexer of layer `layer` did for the query `token` of `text`, and the weights
     head `head` then put on the keys it let through — read from the model's own forward.
 
@@ -188,11 +189,6 @@ class IndexedSelection:
 
     kind: ClassVar[str] = "indexed"  # its row in qkv.explain.kinds.KINDS
 
-    model: str
-    text: str
-    units: Units
-    layer: int
-    head: int
     token: int
     topk: int
     row: SparseRow
