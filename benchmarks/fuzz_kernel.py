@@ -1,8 +1,8 @@
 """Random problems for qkv's C++ interval kernel against a float64 dense reference (issue 40).
 
-    .venv/bin/python benchmarks/fuzz_kernel.py [--cases 500] [--seed 0] [--case N]
+    .venv/bin/python benchmarks/fuzz_kernel.py [--cases 500] [--seed 0] [--only N,M,...]
 
-Each case draws, from its own seed (``--case N`` reruns case N alone):
+Each case draws, from its own seed (``--only N,M`` reruns cases N and M alone):
 
 * shapes: batch 1-2, key heads 1-3, query heads 1-3 per key head (grouped-query attention),
   head dims 1-72 (odd ones included), 40-330 query rows (below ``MIN_ROWS`` the spans path
@@ -130,6 +130,7 @@ class Case:
     with_dlse: bool
     ran_kernel: bool = False
     problems: list = field(default_factory=list)
+    margins: dict = field(default_factory=dict)  # name → error / limit (≤ 1 holds)
 
     def describe(self) -> str:
         odd = {k: v for k, v in self.layouts.items() if v != "contiguous"}
@@ -290,6 +291,7 @@ def check(case: Case, got, ref, plain, peer=None, terms=None) -> None:
         if terms and name in terms and r.numel() and float(r.abs().max()) == 0 == max_err(p, r):
             limit = factor * torch.finfo(case.dtype).eps * terms[name]
         err = max_err(g, r)
+        case.margins[name] = err / limit if limit > 0 else (0.0 if err == 0 else math.inf)
         if not err <= limit:
             case.problems.append(f"{name}: error {err:.3g} > {limit:.3g} (plain {max_err(p, r):.3g})")
 
@@ -298,14 +300,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--case", type=int, default=None, help="run this case alone")
+    ap.add_argument("--only", type=lambda x: [int(i) for i in x.split(",")], default=None,
+                    help="run these case indices alone (comma-separated), as drawn by --seed")
+    ap.add_argument("--case", type=int, default=None, help="run this case alone (as --only N)")
     args = ap.parse_args(argv)
+    only = args.only if args.case is None else [args.case]
     if kernels.load() is None:
         print("qkv's C++ kernel is not built here: nothing to fuzz (python -m qkv.attention.kernels.build)")
         return 1
     threads = torch.get_num_threads()
     t0, failed, forward, backward = time.perf_counter(), 0, 0, 0
-    for index in ([args.case] if args.case is not None else range(args.cases)):
+    for index in (only if only is not None else range(args.cases)):
         case = run_case(index, args.seed)
         forward += case.ran_kernel
         backward += case.ran_kernel  # the kernel's backward runs wherever its forward can
@@ -313,7 +318,7 @@ def main(argv=None) -> int:
             failed += 1
             print(f"FAIL {case.describe()}: {'; '.join(case.problems)}", flush=True)
     torch.set_num_threads(threads)
-    n = 1 if args.case is not None else args.cases
+    n = len(only) if only is not None else args.cases
     print(f"{n} cases (seed {args.seed}): {n - failed} held, {failed} failed; {forward} ran the "
           f"C++ kernel (the rest: the spans path), {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0
