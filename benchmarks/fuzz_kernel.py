@@ -19,7 +19,8 @@ Each case draws, from its own seed (``--only N,M`` reruns cases N and M alone):
 * the pass: the kernel's forward and backward called directly (out and dout in odd layouts,
   with or without a gradient reaching lse), or ``qkv.scaled_dot_product_attention`` with a
   block mask under autograd, reduced by ``sum(dim=2)`` (autograd hands an expanded dout) or by
-  a random weighting.
+  a random weighting (of out, or of out transposed to (b, t, h, d): a transposed dout; and of
+  lse where the case draws a gradient reaching it).
 
 The contract, per case: out, lse, dq, dk and dv within the derived tolerance of the float64
 answer — ``factor`` × the error that the plain float32 (or the case's dtype) reference path
@@ -284,13 +285,26 @@ def run_case(index: int, seed: int) -> Case:
         with kernels.use_kernel(kernel):
             out, lse = qkv.scaled_dot_product_attention(*leaves, block_mask=bm, scale=case.scale,
                                                         enable_gqa=gqa, return_lse=True)
+            dlse = None
             if case.reduce == "sum(dim=2)":  # d loss / d out = 2 · out.sum(dim=2), expanded along t
                 (out.sum(dim=2) ** 2).sum().backward()
                 dout = (2 * out.detach().double().sum(dim=2, keepdim=True)).expand(out.shape)
             else:
-                (out * dout64.to(out.dtype)).sum().backward()
-                dout = dout64.to(out.dtype).double()
-        return (out, lse, *(a.grad for a in leaves)), dout, None
+                # the dout layout "transposed": a weighting of out as (b, t, h, d), so autograd
+                # hands the backward a transposed dout (the drawn layout is unused here otherwise)
+                w = dout64.to(out.dtype)  # (b, h, t, d)
+                if case.layouts["dout"] == "transposed":
+                    loss = (out.transpose(1, 2) * w.transpose(1, 2).contiguous()).sum()
+                else:
+                    loss = (out * w).sum()
+                # a gradient reaching lse (where every row has a key, as for direct)
+                if case.with_dlse and not lse.isneginf().any():
+                    dlse = dlse64.to(lse.dtype)
+                    loss = loss + (lse * dlse).sum()
+                loss.backward()
+                dout = w.double()
+        return ((out, lse, *(a.grad for a in leaves)), dout,
+                None if dlse is None else dlse.double())
 
     kernel_direct = case.path == "direct" and case.ran_kernel
     with Quiet() as quiet:
