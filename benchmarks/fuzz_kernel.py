@@ -34,6 +34,30 @@ are not) — no NaN where the reference is finite,
 and nothing written to file descriptors 1 or 2 while the kernel runs (BLAS prints "Intel
 oneMKL ERROR" there when it refuses a leading dimension, then skips the product).
 
+Why the spans path's gradients get a second term (issue 40: seed 11's cases 68, 430, 927, 1743
+and 2671, fewer than 64 rows on bottom-right causal masks, were 1.0-5.1× a bound taken from the
+plain path alone). FlashAttention-2 — the kernel, and torch's flash kernel under the spans path —
+recomputes P_ij = exp(S_ij − lse_i) in the backward from an lse rounded to float32 at |lse_i|;
+the plain softmax subtracts the row's max in the very rounding it exponentiates, so where one
+key dominates a row it gets P = 1 exactly where FA2's P is off by an ulp of |lse|, the same for
+every key of the row. That is the algorithm, not a defect of the path: with the lse computed in
+float64 and rounded once, case 68's dv stayed 1.3× the old bound (1.44× with torch's). Each P_ij
+carries a relative error ρ_i ≤ eps · |lse_i| (½ ulp, ×2 for the exp and the scores' own
+rounding), and through dS_ij = P_ij (dP_ij − D_i + dlse_i), whose D_i = dO_i · O_i comes from
+the forward's P:
+
+    |ΔdS_ij| ≤ ρ_i P_ij (|dP_ij| + |D_i| + |dlse_i|) + P_ij Σ_k ρ_i P_ik |dP_ik|   (E_ij)
+    |Δdq_ic| ≤ scale Σ_j E_ij |k_jc|,   |Δdk_jc| ≤ scale Σ_i E_ij |q_ic|,
+    |Δdv_jc| ≤ Σ_i ρ_i P_ij |dO_ic|
+
+— first order in eps, every term at its worst sign: the sum of |terms| of each gradient (its
+condition number), not its result. A gradient that cancels (equal keys: Σ_j dS_ij k_j =
+k Σ_j dS_ij ≈ 0; equal values: dP_ij − D_i ≈ 0; a row of one key: P = 1) has a float64 result
+near 0 while these terms are not; a bound from |result| cannot hold there. ``FLASH_FACTOR`` (2)
+× that is added to the spans path's bound. Where the kernel ran, the spans path it replaces is
+FA2 too: its realised error is the yardstick and the term is not added (a kernel backward that
+read the spans forward's lse — seed 11's case 13 — was 4.9× that tighter bound).
+
 Prints one line per failing case and a summary: cases, how many ran the kernel's forward and
 backward, seconds. Exit status 1 when any case fails.
 """
@@ -190,29 +214,9 @@ def reference(q, k, v, bm, scale, dout, dlse, dtype):
 
 
 def flash_terms(q, k, v, bm, scale, dout, dlse, dtype) -> dict:
-    """The error FlashAttention-2's backward may add to the plain path's, per element of dq, dk,
-    dv (float64, shaped like them): the sum of |terms| of each gradient weighted by the relative
-    error of its P — the condition number of a sum that cancels, not its result.
-
-    FA2 (the kernel and torch's flash kernel under the spans path alike) recomputes
-    P_ij = exp(S_ij − lse_i) in the backward from an lse rounded to the compute dtype and from
-    scores S its own gemm rounds again; the plain path normalises the very S it exponentiated.
-    So each P_ij carries a relative error ρ_ij ≤ eps · (|lse_i| + scale · Σ_c |q_ic k_jc|): the
-    stored lse's rounding (½ ulp of |lse_i|, ×2 for margin) and one rounding of the dot product
-    by its condition number (forward and backward products need not round alike). Through
-    dS_ij = P_ij (dP_ij − D_i + dlse_i), whose D_i = dO_i · O_i comes from the forward's P:
-
-        |ΔdS_ij| ≤ ρ_ij P_ij (|dP_ij| + |D_i| + |dlse_i|) + P_ij Σ_k ρ_ik P_ik |dP_ik|   (E_ij)
-        |Δdq_ic| ≤ scale Σ_j E_ij |k_jc|,  |Δdk_jc| ≤ scale Σ_i E_ij |q_ic|,
-        |Δdv_jc| ≤ Σ_i ρ_ij P_ij |dO_ic|
-
-    — first order in eps, every term at its worst sign. Where the gradient cancels (equal keys:
-    Σ_j dS_ij k_j = k Σ_j dS_ij ≈ 0; equal values: dP_ij − D_i ≈ 0; a row of one key: P = 1)
-    the float64 result is ~0 while these terms are not: a bound from |result| (or from the plain
-    path, whose softmax backward cancels exactly where FA2's recomputed P does not sum to 1)
-    cannot hold there, and this one is what the algorithm guarantees. Seed 11's cases 68, 430,
-    927, 1743 and 2671 (bottom-right causal under 64 rows: equal keys or values, rows of few
-    keys) were 1.0-5.1× the bound without it (issue 40)."""
+    """What FlashAttention-2's backward may add to the plain path's error, per element of dq, dk
+    and dv (float64, shaped like them): the bound derived in this module's doc (the sum of
+    |terms| of each gradient weighted by the relative error ρ of its recomputed P)."""
     eps = torch.finfo(compute_dtype(dtype)).eps
     g = q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)  # (b, h, s, d)
