@@ -261,15 +261,15 @@ def backend_grads(q, k, v, dout, **kw):
 
 @pytest.mark.parametrize("case", ["window", "documents"])
 def test_the_blockwise_backend_trains_through_the_kernels_backward(case):
-    # the window: the kernel's forward and backward; documents: spans' forward, the kernel's backward
+    # both: the kernel's forward and backward (its backward reads its own forward's lse: issue 40)
     q, k, v, dout = tensors(1, 2, 700, 700, 32, seed=7, dtype=torch.float32) + (torch.randn(1, 2, 700, 32),)
     if case == "window":
         bm = qkv.create_block_mask(sliding_window(100, 0), None, None, 700, 700, block_size=64)
-        kw, forward = dict(window=(100, 0), is_causal=True), kernels.kernel_forward
+        kw = dict(window=(100, 0), is_causal=True)
     else:
         bm = qkv.create_block_mask(document(uneven_documents(700)), None, None, 700, 700, block_size=128)
-        kw, forward = dict(block_mask=bm), spans_forward
-    out, lse = forward(q, k, v, bm, scale=0.125)
+        kw = dict(block_mask=bm)
+    out, lse = kernels.kernel_forward(q, k, v, bm, scale=0.125)
     want = kernels.kernel_backward(q, k, v, out, dout, lse, bm, scale=0.125)
     assert all(torch.equal(a, b) for a, b in zip(backend_grads(q, k, v, dout, **kw), want))
     with kernels.use_kernel(False):  # the pure-torch spans path, forward and backward
@@ -277,6 +277,15 @@ def test_the_blockwise_backend_trains_through_the_kernels_backward(case):
     out, lse = spans_forward(q, k, v, bm, scale=0.125)
     want = spans_backward(q, k, v, out, dout, lse, bm, scale=0.125)
     assert all(torch.equal(a, b) for a, b in zip(pure, want))
+
+
+def test_a_forward_alone_over_documents_stays_on_the_spans_path():
+    # no gradient wanted: torch's kernel per span was as fast as the kernel's forward there
+    q, k, v = tensors(1, 2, 300, 300, 16, dtype=torch.float32)
+    bm = qkv.create_block_mask(document(uneven_documents(300)), None, None, 300, 300, block_size=64)
+    with torch.no_grad():
+        got = kernels.attention(q, k, v, bm, scale=0.25)
+    assert all(torch.equal(a, b) for a, b in zip(got, spans_forward(q, k, v, bm, scale=0.25)))
 
 
 def test_masks_that_are_not_one_interval_per_row_go_to_the_spans_path():

@@ -24,7 +24,8 @@ chooses what to materialise:
   span, merged by lse) where that can answer, else `qkv.attention.blockwise` (the readable
   pure-torch online softmax): for `softcap=`, a value head size ≠ the query's, or non-CPU
   tensors (`qkv.attention.spans.supports`).
-  Inside spans, a window's forward and an interval mask's backward run qkv's C++ kernel where
+  Inside spans, a window's forward and both passes of an interval mask under autograd (the
+  kernel's backward reads its own forward's lse) run qkv's C++ kernel where
   set-up built it (`qkv.attention.kernels.attention`; `kernels.use_kernel(False)` selects
   the pure-torch spans path).
 * `"auto"` — the dispatch rule, in `choose_backend` and nowhere else.

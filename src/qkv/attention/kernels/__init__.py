@@ -195,7 +195,8 @@ def _has_window(mod) -> bool:
     intersected): where the kernel was measured faster than the spans path (window 512, 16k,
     interleaved on a loaded 2-core AMD EPYC: 1.17× with one thread, 2.2× with two; 1.07× at 64k).
     Documents alone run as full blocks, where torch's kernel per span was as fast (documents of
-    2,048 at 16k: 0.95-1.08×, at 64k 0.94×), so they stay on the spans path."""
+    2,048 at 16k: 0.95-1.08×, at 64k 0.94×), so their forward alone stays on the spans path
+    (under autograd both passes are the kernel's: see `attention`)."""
     if isinstance(mod, Band):
         return mod.left is not None and mod.right is not None
     return isinstance(mod, Combined) and mod.op == "and" and any(_has_window(p) for p in mod.parts)
@@ -269,8 +270,10 @@ def kernel_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(dq, dk, dv)` shaped like query, key, value by the C++ kernel — the contract of
     `qkv.attention.spans.spans_backward` (call `can_run` first): FlashAttention-2's
-    backward from the saved `out` and `lse` of either forward, `dlse` (..., h, t) the
-    gradient reaching lse or None. A row with no key (lse −inf) gets dq 0 and adds nothing.
+    backward from the saved `out` and `lse` of `kernel_forward` (an lse from another forward
+    is the log-sum-exp of scores another gemm rounded: P = exp(S − lse) is then off by a few ulp
+    of |S| relative, see `attention`), `dlse` (..., h, t) the gradient reaching lse or None.
+    A row with no key (lse −inf) gets dq 0 and adds nothing.
 
     Memory beyond dq, dk, dv: two (BLOCK_Q, BACKWARD_BLOCK_K) tiles a thread; q, k, v, out and
     dout are read in place (any strides with the last dim contiguous), lse and dlse as (b, h, t)."""
@@ -298,13 +301,25 @@ def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               block_mask: BlockMask, *, scale: float,
               enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable attention by the spans path, the kernel taking each pass where it runs and
-    was measured faster: the forward for a window (`supports`), the backward for every
-    interval mask (`can_run`; documents of 2,048 at 16k, one thread: 1.1-1.2× the spans
-    backward). Elsewhere, or under `use_kernel(False)`, `qkv.attention.spans.spans_attention`."""
+    """Differentiable attention by the kernel where it runs and was measured faster, else by the
+    spans path (`qkv.attention.spans.spans_attention`; also under `use_kernel(False)`).
+
+    Under autograd both passes are the kernel's for every interval mask (`can_run`): its
+    backward was measured faster (documents of 2,048 at 16k, one thread: 1.1-1.2× the spans
+    backward), and it must read the lse of its own forward. The backward recomputes
+    P = exp(S − lse) with S from its own sgemm; an lse from torch's kernel (the spans forward)
+    is the log-sum-exp of scores rounded by another gemm, a few ulp of |S| apart, and
+    exp(S − lse) turns that into a relative error of P of a few ulp of |S| — at |S| ≈ 50, coherent
+    across rows whose queries are equal, dv was 3.5e-4 off where the plain float32 path is
+    7.9e-6 (issue 40, `benchmarks/fuzz_kernel.py --seed 11 --only 13`). A forward alone (no
+    gradient wanted) runs the kernel for a window (`supports`) and the spans path for documents,
+    where torch's kernel per span was as fast (`_has_window`)."""
     from qkv.attention import spans
     if not can_run(query, key, value, block_mask):
         return spans.spans_attention(query, key, value, block_mask, scale=scale, enable_gqa=enable_gqa)
-    forward = kernel_forward if _has_window(block_mask.mask_mod) else spans.spans_forward
-    return differentiable((forward, kernel_backward), query, key, value, block_mask,
+    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    if not wants_grad and not _has_window(block_mask.mask_mod):
+        return spans.spans_forward(query, key, value, block_mask, scale=float(scale),
+                                   enable_gqa=bool(enable_gqa))
+    return differentiable((kernel_forward, kernel_backward), query, key, value, block_mask,
                           scale=float(scale), enable_gqa=bool(enable_gqa))
