@@ -235,9 +235,10 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str,
 
 def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     """(C, n, E) float64: the components of what the layer's attention reads at `st.positions`:
-    the stream's parts, through norm1 frozen at this forward's scale for a pre-norm layer."""
+    the stream's parts, through norm1 frozen at this forward's scale for a pre-norm layer (a
+    layer whose attention reads x itself has no norm1: OLMo 2's, OLMo hybrid's)."""
     lay = model.layers[layer]
-    if not lay.norm_first:
+    if not lay.norm_first or lay.norm1 is None:
         return st.parts
     lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
     parts = lin.apply(st.parts)
