@@ -246,6 +246,21 @@ def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict) -> None:
         assert _close(m_in, x)
         if ff is not None:
             assert _close(y, f_in, x, m_out) and _close(n3(y + f_out), out, y, f_out)
+    elif lp.residual is ResidualForm.BRANCH_NORM:  # y = x + p₁(m(n₁(x))), out = y + p₃(f(n₃(y)))
+        p1, p3 = lp.norms.post_mixer, lp.norms.post_feed_forward
+        y = x + p1(m_out)
+        assert _close(m_in, x if n1 is None else n1(x))
+        if ff is not None:
+            f_branch = f_out if p3 is None else p3(f_out)
+            assert _close(y if n3 is None else n3(y), f_in) and _close(y + f_branch, out, y, f_branch)
+    elif lp.residual is ResidualForm.SCALED:  # y = α₁·r₁ + β₁·m(n₁(x)), out = α₃·r₃ + β₃·f(n₃(y))
+        s = lp.scales
+        assert _close(m_in, x if n1 is None else n1(x))
+        y = s.mixer_residual * (n1(x) if s.normed else x) + s.mixer * m_out
+        if ff is not None:
+            r3 = n3(y) if s.normed else y
+            assert _close(n3(y), f_in)
+            assert _close(s.feed_forward_residual * r3 + s.feed_forward * f_out, out, r3, f_out)
     else:  # parallel
         assert _close(n1(x), m_in) and _close(n3(x), f_in)
         assert _close(x + m_out + f_out, out, x, m_out, f_out)

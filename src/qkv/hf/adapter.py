@@ -600,58 +600,49 @@ def _scaled(seen: _Seen, mixer: nn.Module, output: torch.Tensor, block: nn.Modul
     layer's output. Each factor is the layer's (or its config's) own number where one matches
     the fit; both sums are checked to rebuild what the forward made."""
     inside = set(mixer.modules())
-    normed = not _same(seen.x, seen.entered)
-    r1 = seen.x if normed else seen.entered
-    if r1.shape != seen.out.shape:
-        return None
+    norm1 = next((m for m, (given, out) in seen.inner.items() if m is not mixer
+                  and _same(given, seen.entered) and _same(out, seen.x)), None)
+    residuals = [(seen.entered, False)] + ([(seen.x, True)] if norm1 is not None else [])
     for n3, (y, n3y) in seen.inner.items():
-        if n3 in inside or not _normalises(y, n3y) or y.shape != seen.out.shape:
-            continue
-        a1, b1 = _fit(y, r1, seen.out, block)
-        if a1 is None:
-            continue
-        ff = _reader(seen, n3, mixer)
-        made = None if ff is None else seen.inner[ff][1]
-        if not (isinstance(made, torch.Tensor) and made.shape == y.shape):
-            return None
-        a3, b3 = _fit(output, n3y if normed else y, made, block)
-        if a3 is None:
-            return None
-        norm1 = next((m for m, (given, out) in seen.inner.items() if m is not mixer
-                      and _same(given, seen.entered) and _same(out, seen.x)), None) if normed else None
-        if normed and norm1 is None:
-            return None  # the residual is no part's output qkv can freeze
-        return dict(norm1=norm1, ffn_norm=n3, feed_forward=ff, scales=ResidualScales(a1, b1, a3, b3, normed))
+        if n3 in inside or y.shape != seen.out.shape or _same(y, seen.entered) or not _normalises(y, n3y):
+            continue  # n₁ reads x itself (y = 1·x + 0·m)
+        for r1, normed in residuals:
+            a1, b1 = _fit(y, r1, seen.out, block)
+            if a1 is None:
+                continue
+            ff = _reader(seen, n3, mixer)
+            made = None if ff is None else seen.inner[ff][1]
+            if not (isinstance(made, torch.Tensor) and made.shape == y.shape):
+                return None
+            a3, b3 = _fit(output, n3y if normed else y, made, block)
+            if a3 is None:
+                return None
+            return dict(norm1=norm1, ffn_norm=n3, feed_forward=ff,
+                        scales=ResidualScales(a1, b1, a3, b3, normed))
     return None
 
 
 def _fit(want: torch.Tensor, r: torch.Tensor, branch: torch.Tensor, block: nn.Module | None
          ) -> tuple[float | None, float | None]:
     """(α, β) with want = α·r + β·branch (each (b, t, E)), by least squares, each replaced by
-    the layer's own float attribute or its config's it matches to 1e-5 (MiniMax's
-    `attn_alpha_factor`); (None, None) where they do not rebuild `want`."""
+    the nearest of 1 and the layer's own float attributes (MiniMax's `attn_alpha_factor`,
+    Granite's `residual_multiplier`); (None, None) where those do not rebuild `want` (a fit no
+    number of the layer's explains is no scaled residual)."""
     a, b, y = r.double().flatten(), branch.double().flatten(), want.double().flatten()
     gram = torch.stack([torch.stack([a @ a, a @ b]), torch.stack([b @ a, b @ b])])
     if float(torch.linalg.det(gram)) <= 1e-12 * float(gram.diagonal().prod()):
         return None, None
-    alpha, beta = (float(c) for c in torch.linalg.solve(gram, torch.stack([a @ y, b @ y])))
-    own = _floats(block)
-    alpha, beta = (min(own, key=lambda v: abs(v - c)) if own and min(abs(v - c) for v in own)
-                   <= 1e-5 * max(1.0, abs(c)) else c for c in (alpha, beta))
+    fitted = (float(c) for c in torch.linalg.solve(gram, torch.stack([a @ y, b @ y])))
+    own = [1.0, *_floats(block)]
+    alpha, beta = (min(own, key=lambda v: abs(v - c)) for c in fitted)
     if not rebuilds(alpha * a + beta * b, want.flatten()):
         return None, None
     return alpha, beta
 
 
 def _floats(block: nn.Module | None) -> list[float]:
-    """The float attributes of `block` and of its `config`, if it keeps one (the numbers a
-    scaled residual reads)."""
-    if block is None:
-        return []
-    found = list(vars(block).values())
-    config = getattr(block, "config", None)
-    if config is not None and hasattr(config, "to_dict"):
-        found += list(config.to_dict().values())
+    """The numbers `block` keeps as attributes (those a scaled residual reads)."""
+    found = [] if block is None else vars(block).values()
     return [float(v) for v in found if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 

@@ -24,6 +24,10 @@ from qkv.explain.contributions.base import run  # noqa: E402
 
 TEXT = "the cat sat on the mat . a red apple"
 DIRECT = "deepseek_v3 without a query latent"
+SCALED = "minimax with its residual factors"
+#: MiniMax's factors (its config's defaults are 1): y = α₁·n₁(x) + β₁·attn, out = α₃·n₃(y) + β₃·f
+FACTORS = dict(linear_attn_alpha_factor=0.5, linear_attn_beta_factor=1.5, full_attn_alpha_factor=2.0,
+               full_attn_beta_factor=0.75, mlp_alpha_factor=1.25, mlp_beta_factor=0.5)
 LOOSE = 1e-5
 
 
@@ -38,6 +42,8 @@ def hybrid64(tmp_path_factory):
             path = tmp_path_factory.mktemp(name)
             if name == DIRECT:
                 save_direct_query(path)
+            elif name == SCALED:
+                save_scaled(path)
             else:
                 save_hybrid(name, path)
             model = qkv.load(path)
@@ -61,6 +67,16 @@ def save_direct_query(path) -> None:
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(path)
     save_tokenizer(path)
+
+
+def save_scaled(path) -> None:
+    """tests/hf/hybrids.py's MiniMax with `FACTORS` in its config (the weights do not depend on
+    them)."""
+    import json
+
+    save_hybrid("minimax", path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | FACTORS))
 
 
 def check_sum(a) -> None:
@@ -148,11 +164,31 @@ def test_a_hybrids_softmax_heads_split_through_the_layers_before(hybrid64, name,
         assert not a.terms[:, a.key_components.index("L0.ffn")].any()
 
 
-@pytest.mark.parametrize("name,layer,says", [
-    ("zamba2", 1, r"layer 1 \(HFLayer\) does not form x \+ attn"),  # its shared attention block
-    ("minimax", 1, r"layer 0 \(L0.lightning\) does not form x \+ mix"),
-    ("olmo_hybrid", 3, r"x \+ norm\(attn\(x\)\)"),
+@pytest.mark.parametrize("name,layers", [
+    ("olmo_hybrid", ((1, "L0.gated_deltanet"), (3, "L1.H3"))),  # x + norm(attn(x)): a norm on the branch
+    (SCALED, ((1, "L0.lightning"), (3, "L1.H3"))),               # α₁·n₁(x) + β₁·attn, α₃·n₃(y) + β₃·f
 ])
-def test_what_is_not_split_yet_is_one_line_naming_the_part(hybrid64, name, layer, says):
-    with pytest.raises(QkvError, match=rf"^[^\n]*{says}[^\n]*$"):
-        score_attribution(hybrid64(name), TEXT, layer=layer, head=0, token=5, key=2)
+def test_a_branch_norm_or_scaled_hybrid_splits_through_its_branches(hybrid64, name, layers):
+    """OLMo hybrid's attention layers normalise the attention's (and the feed-forward's) output
+    before adding it: each head's write is carried through that norm frozen at the branch it
+    read. MiniMax takes its residual after the norm and scales both: each part goes through n₁
+    (n₃) frozen, times its factor (the config's own, read by the adapter)."""
+    model = hybrid64(name)
+    if name == SCALED:
+        scales = model.parts.layers[1].scales
+        assert (scales.mixer_residual, scales.mixer, scales.feed_forward_residual, scales.feed_forward) \
+            == (2.0, 0.75, 1.25, 0.5) and scales.normed
+        assert model.parts.layers[0].scales.mixer == 1.5
+    for layer, upstream in layers:
+        a = score_attribution(model, TEXT, layer=layer, head=1, token=5, key=2)
+        check_sum(a)
+        assert upstream in a.key_components
+
+
+def test_zamba2s_shared_block_is_one_line_naming_why(hybrid64):
+    """Zamba2's hybrid layer runs its shared attention over [x; the embeddings] (2E) and adds its
+    output only through a feed-forward, a linear map and Mamba-2's input: no head writes into the
+    stream, so its layers are named, in one line."""
+    with pytest.raises(QkvError, match=r"^[^\n]*layer 1 \(HFLayer\) does not form x \+ attn[^\n]*"
+                                       r"reads 64 numbers per token, not the layer's input's 32[^\n]*$"):
+        score_attribution(hybrid64("zamba2"), TEXT, layer=1, head=0, token=5, key=2)
