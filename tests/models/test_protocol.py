@@ -203,7 +203,7 @@ def check_parts(model, ids: torch.Tensor) -> None:
         for i, lp in enumerate(parts.layers):
             assert all(isinstance(m.kind, MixerKind) for m in lp.mixers)
             assert all((m.attention is not None) == m.kind.softmax for m in lp.mixers), i
-            check_layer(lp, hidden[i], hidden[i + 1], seen)
+            check_layer(lp, hidden[i], hidden[i + 1], seen, hidden[0])
         if model.capabilities.next_token:
             u = parts.unembedding
             assert u is not None
@@ -225,9 +225,12 @@ def check_embeddings(e, ids: torch.Tensor, first: torch.Tensor) -> None:
     assert _close(made, first)
 
 
-def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict) -> None:
+def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict, first: torch.Tensor) -> None:
     """The layer's residual equation (:class:`ResidualForm`) with its declared modules' own
-    inputs and outputs in this forward."""
+    inputs and outputs in this forward (`first`: what entered layer 0)."""
+    if lp.reads_embeddings:  # Zamba2: the softmax mixer reads n₁([x; e])
+        mixer = next(m for m in lp.mixers if m.kind.softmax)
+        assert _close(lp.norms.mixer(torch.cat([x, first], -1)), seen[id(mixer.module)][0])
     if lp.residual is ResidualForm.OTHER:
         assert lp.residual_note
         return

@@ -142,7 +142,7 @@ class HFLayer:
                  feed_forward: nn.Module | None = None, norm_first: bool = True,
                  sequential_residual: bool = False, residual_note: str = "",
                  post_norm: nn.Module | None = None, post_ffn_norm: nn.Module | None = None,
-                 scales: ResidualScales | None = None):
+                 scales: ResidualScales | None = None, reads_embeddings: bool = False):
         self.block, self.self_attn, self.mixers = block, self_attn, tuple(mixers)
         self.mixer_module = mixer_module if mixer_module is not None else \
             (self_attn.module if self_attn is not None else None)
@@ -152,6 +152,7 @@ class HFLayer:
         self.norm3, self.residual_note = norm3, residual_note
         self.ffn_norm, self.feed_forward = ffn_norm, feed_forward
         self.post_norm, self.post_ffn_norm, self.scales = post_norm, post_ffn_norm, scales
+        self.reads_embeddings = reads_embeddings
 
     @property
     def branched(self) -> bool:
@@ -177,8 +178,9 @@ class HFLayer:
             parallel = self.residual_note == ParallelResidualLayer.residual_note \
                 and self.feed_forward is not None
             form = ResidualForm.PARALLEL if parallel else ResidualForm.OTHER
-            norms = LayerNorms(self.norm1, self.ffn_norm) if parallel else LayerNorms()
-        return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note, self.scales)
+            norms = LayerNorms(self.norm1, self.ffn_norm) if parallel or self.reads_embeddings else LayerNorms()
+        return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note, self.scales,
+                          self.reads_embeddings)
 
 
 @dataclass
@@ -335,7 +337,8 @@ class HFModel(nn.Module):
                                 out_module if m.module is mixer_module else None)
                           for m in mixers(a, stateful))
             result.append(HFLayer(block, attn, mixers=found, mixer_module=mixer_module,
-                                  **_structure(seen, out_module, mixer_module, hidden[i + 1], block)))
+                                  **_structure(seen, out_module, mixer_module, hidden[i + 1], block,
+                                               hidden[0])))
         self._parts = ModelParts(_embeddings(self.hf, ids[0], hidden[0], result),
                                  tuple(layer.parts for layer in result),
                                  _unembedding(outer, head, hidden[-1], getattr(out, "logits", None),
@@ -498,13 +501,15 @@ class HFModel(nn.Module):
 
 
 def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
-               output: torch.Tensor, block: nn.Module | None = None) -> dict:
+               output: torch.Tensor, block: nn.Module | None = None,
+               embedded: torch.Tensor | None = None) -> dict:
     """A layer's residual structure from what one forward's hooks saw (`HFLayer`'s keywords;
     `output` (b, t, E) the layer's): it forms x + attn when some part reads exactly that sum;
     pre-norm when a part maps x to what the attention reads, or when the sum goes on unnormed
     (the layer's output is x + attn + f, f what a part made of the sum's reader's output: an
     identity norm before the attention, ModernBERT's first layer); post-norm when the attention
-    reads x itself and a norm reads x + attn; neither (`sequential_residual` False) otherwise."""
+    reads x itself and a norm reads x + attn; neither (`sequential_residual` False) otherwise
+    (`_other`; `embedded` (b, t, E): what entered layer 0)."""
     if attention is None:
         return dict(residual_note="no token mixer: the layer is a feed-forward only (its tokens "
                                   "do not mix)")
@@ -518,7 +523,7 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
         # x + mix is the layer's output, nothing after it (Nemotron-H's layers): pre-norm, no feed-forward
         return dict(norm1=norm1, norm_first=True, sequential_residual=True)
     if not readers:
-        return _other(seen, attention, output, block)
+        return _other(seen, attention, output, block, embedded)
     reads_x = _same(seen.x, seen.entered)
     branch = [made.reshape(summed.shape) for given, made in seen.inner.values()  # (b, t, E) each
               if isinstance(made, torch.Tensor) and made.numel() == summed.numel()
@@ -545,15 +550,20 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
             ff = None  # no one part is the feed-forward's branch (BERT's output sub-layer adds it)
         return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True,
                     feed_forward=ff)
-    return _other(seen, attention, output, block)
+    return _other(seen, attention, output, block, embedded)
 
 
-def _other(seen: _Seen, attention: nn.Module, output: torch.Tensor, block: nn.Module | None) -> dict:
+def _other(seen: _Seen, attention: nn.Module, output: torch.Tensor, block: nn.Module | None,
+           embedded: torch.Tensor | None) -> dict:
     """A layer that hands no x + attn on: what it does instead (`_not_summed`), with the parts
-    of the forms qkv reads (parallel, a norm on the branch, a scaled residual)."""
+    of the forms qkv reads (parallel, a norm on the branch, a scaled residual, a mixer reading
+    n₁([x; e]) with e what entered layer 0: Zamba2's shared block)."""
     wide, E = seen.x.shape[-1], seen.entered.shape[-1]
     if wide != E:
-        return dict(residual_note=f"its mixer reads {wide} numbers per token, not the layer's "
+        both = None if embedded is None else torch.cat([seen.entered, embedded], -1)  # (b, t, 2E)
+        norm1 = next((m for m, (given, made) in seen.inner.items() if m is not attention
+                      and _same(given, both) and _same(made, seen.x)), None)
+        return dict(norm1=norm1, reads_embeddings=norm1 is not None, residual_note=f"its mixer reads {wide} numbers per token, not the layer's "
                                   f"input's {E} (Zamba2's shared block: the input concatenated with "
                                   f"the embeddings), and its output reaches the residual stream only "
                                   f"through the parts after it (Zamba2: a feed-forward, a linear map "

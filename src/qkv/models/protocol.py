@@ -290,6 +290,9 @@ class LayerParts:
             its forward showed (why it is `other`).
         scales: a `scaled` layer's [`ResidualScales`][qkv.models.protocol.ResidualScales], else
             None.
+        reads_embeddings: its softmax mixer reads n₁([x; e]), x concatenated with what entered
+            layer 0 (Zamba2's shared block; n₁ `norms.mixer`), and its output reaches the
+            stream only through the layer's other parts: the layer writes as one component.
     """
 
     mixers: tuple[Mixer, ...]
@@ -298,6 +301,7 @@ class LayerParts:
     residual: ResidualForm
     residual_note: str = ""
     scales: ResidualScales | None = None
+    reads_embeddings: bool = False
 
     @property
     def attention(self) -> AttentionLayerLike | None:

@@ -185,10 +185,15 @@ def test_a_branch_norm_or_scaled_hybrid_splits_through_its_branches(hybrid64, na
         assert upstream in a.key_components
 
 
-def test_zamba2s_shared_block_is_one_line_naming_why(hybrid64):
-    """Zamba2's hybrid layer runs its shared attention over [x; the embeddings] (2E) and adds its
-    output only through a feed-forward, a linear map and Mamba-2's input: no head writes into the
-    stream, so its layers are named, in one line."""
-    with pytest.raises(QkvError, match=r"^[^\n]*layer 1 \(HFLayer\) does not form x \+ attn[^\n]*"
-                                       r"reads 64 numbers per token, not the layer's input's 32[^\n]*$"):
-        score_attribution(hybrid64("zamba2"), TEXT, layer=1, head=0, token=5, key=2)
+def test_zamba2s_shared_block_reads_the_stream_and_the_embeddings(hybrid64):
+    """Zamba2's hybrid layer runs its shared attention over n₁([x; e]) (2E: the stream and what
+    entered layer 0) and adds its output only through a feed-forward, a linear map and Mamba-2's
+    input: its score splits over [x's part; e's part] per component (the embedding's tables
+    have both), and upstream the whole layer writes as one component."""
+    model = hybrid64("zamba2")
+    assert model.parts.layers[1].reads_embeddings and not model.parts.layers[0].reads_embeddings
+    for layer, upstream in ((1, "L0.mamba2"), (3, "L1.softmax+mamba2")):
+        a = score_attribution(model, TEXT, layer=layer, head=1, token=5, key=2)
+        check_sum(a)
+        assert upstream in a.key_components
+    assert not any(name.startswith("L1.H") or name == "L1.ffn" for name in a.key_components)

@@ -43,7 +43,10 @@ scaled        y_l = α₁·n₁(x_l) + β₁·(Σ_h o^{l,h} W_O^h + b_O),   x_{l
 ```
 
 (y_l recorded in `LayerTrace.residual`; a hybrid mixer's branch is y_l − (its residual part),
-one component, as above).
+one component, as above). A layer whose attention reads n₁([x; e]), e what entered layer 0,
+and adds its output only through its other parts (Zamba2's hybrid layer: x + mamba(n(x +
+W·ff(attn(n₁([x; e])))))) writes as one component, x_{l+1} − x_l: no head's write enters the
+stream linearly.
 
 Every step is per token, so the stream is built for the positions asked only (a 16k-token
 document is split by positions in chunks). `stream` checks that the components sum to the
@@ -95,6 +98,9 @@ def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[
     out = list(embed.names(model) if embedding is None else embedding)
     for ell in range(layer):
         attn = model.layers[ell].self_attn
+        if model.parts.layers[ell].reads_embeddings:  # Zamba2's hybrid layer: one component
+            out.append(mixer_name(model, ell))
+            continue
         mixed = [head_name(ell, h) for h in range(attn.num_heads)] if attn is not None else \
             [mixer_name(model, ell)] if model.parts.layers[ell].mixers else []
         out += mixed + [ffn_name(ell)]
@@ -134,6 +140,8 @@ def check(model, upto: int | None = None) -> None:
         attn = layer.self_attn
         writes = i != upto  # its heads' writes and its output are read (not the query layer's)
         branched = model.parts.layers[i].residual in BRANCHED
+        if model.parts.layers[i].reads_embeddings:  # n₁([x; e]) read; its write one component
+            continue
         if branched:  # its attention reads n₁(x) (or x: norm1 None); its branches are carried
             if writes and attn is not None and attn.out_proj is None:
                 raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
@@ -268,6 +276,10 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     for ell in range(layer):
         lay = model.layers[ell]
         attn = lay.self_attn
+        if model.parts.layers[ell].reads_embeddings:  # the whole layer's write, out − x
+            after, before = fwd.hidden_states[ell + 1][0, positions], fwd.hidden_states[ell][0, positions]
+            parts = torch.cat([parts, (after.double() - before.double())[None]])
+            continue
         if model.parts.layers[ell].residual in BRANCHED:
             parts, bias = _branched(model, fwd, ell, positions, parts, bias)
             continue
