@@ -1,7 +1,8 @@
 """Score attribution on the layers of 2026's models (issue 39): an MLA head's score split through
 its latents into content + RoPE parts, a sparse layer's selected keys (and an unselected one
-refused with the indexer's miss margin), a gated softmax head — each sum of terms equal to the
-forward's own score within the result's derived ``bound``; what cannot be split yet, one line.
+refused with the indexer's miss margin), a gated softmax head, the residual forms of OLMo hybrid
+(a norm on the branch), MiniMax (scaled) and Zamba2 (a shared block reading [x; e]) — each sum
+of terms equal to the forward's own score within the result's derived ``bound``.
 
 Tolerance: each result's ``bound`` is derived from the forward's measured rounding of q and k
 (test_circuits.py's module doc). transformers runs RMSNorms and RoPE tables in float32 even in a
@@ -18,7 +19,6 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 from hybrids import save_hybrid  # noqa: E402
-from qkv.errors import QkvError  # noqa: E402
 from qkv.explain import ArgumentError, score_attribution  # noqa: E402
 from qkv.explain.contributions.base import run  # noqa: E402
 
@@ -197,3 +197,5 @@ def test_zamba2s_shared_block_reads_the_stream_and_the_embeddings(hybrid64):
         check_sum(a)
         assert upstream in a.key_components
     assert not any(name.startswith("L1.H") or name == "L1.ffn" for name in a.key_components)
+    row = score_attribution(model, TEXT, layer=3, head=1, token=5)  # every key at once
+    assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= LOOSE
