@@ -591,8 +591,9 @@ def _branch_norm(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict | 
     if norm1 is None and not _same(seen.x, seen.entered):
         return None
     n3 = next((m for m, (given, made) in seen.inner.items() if _same(given, y) and _normalises(given, made)), None)
+    inside = set(mixer.modules())
     ff = _reader(seen, n3, mixer) if n3 is not None else _outermost(
-        [m for m, (given, _) in seen.inner.items() if _same(given, y) and m not in set(mixer.modules())])
+        [m for m, (given, _) in seen.inner.items() if _same(given, y) and m not in inside])
     made = None if ff is None else seen.inner[ff][1]
     p3 = None if made is None else next(
         (m for m, (given, out) in seen.inner.items() if _same(given, made) and _normalises(given, out)
