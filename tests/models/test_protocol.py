@@ -203,7 +203,7 @@ def check_parts(model, ids: torch.Tensor) -> None:
         for i, lp in enumerate(parts.layers):
             assert all(isinstance(m.kind, MixerKind) for m in lp.mixers)
             assert all((m.attention is not None) == m.kind.softmax for m in lp.mixers), i
-            check_layer(lp, hidden[i], hidden[i + 1], seen)
+            check_layer(lp, hidden[i], hidden[i + 1], seen, hidden[0])
         if model.capabilities.next_token:
             u = parts.unembedding
             assert u is not None
@@ -225,9 +225,12 @@ def check_embeddings(e, ids: torch.Tensor, first: torch.Tensor) -> None:
     assert _close(made, first)
 
 
-def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict) -> None:
+def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict, first: torch.Tensor) -> None:
     """The layer's residual equation (:class:`ResidualForm`) with its declared modules' own
-    inputs and outputs in this forward."""
+    inputs and outputs in this forward (`first`: what entered layer 0)."""
+    if lp.reads_embeddings:  # Zamba2: the softmax mixer reads n₁([x; e])
+        mixer = next(m for m in lp.mixers if m.kind.softmax)
+        assert _close(lp.norms.mixer(torch.cat([x, first], -1)), seen[id(mixer.module)][0])
     if lp.residual is ResidualForm.OTHER:
         assert lp.residual_note
         return
@@ -246,6 +249,21 @@ def check_layer(lp, x: torch.Tensor, out: torch.Tensor, seen: dict) -> None:
         assert _close(m_in, x)
         if ff is not None:
             assert _close(y, f_in, x, m_out) and _close(n3(y + f_out), out, y, f_out)
+    elif lp.residual is ResidualForm.BRANCH_NORM:  # y = x + p₁(m(n₁(x))), out = y + p₃(f(n₃(y)))
+        p1, p3 = lp.norms.post_mixer, lp.norms.post_feed_forward
+        y = x + p1(m_out)
+        assert _close(m_in, x if n1 is None else n1(x))
+        if ff is not None:
+            f_branch = f_out if p3 is None else p3(f_out)
+            assert _close(y if n3 is None else n3(y), f_in) and _close(y + f_branch, out, y, f_branch)
+    elif lp.residual is ResidualForm.SCALED:  # y = α₁·r₁ + β₁·m(n₁(x)), out = α₃·r₃ + β₃·f(n₃(y))
+        s = lp.scales
+        assert _close(m_in, x if n1 is None else n1(x))
+        y = s.mixer_residual * (n1(x) if s.normed else x) + s.mixer * m_out
+        if ff is not None:
+            r3 = n3(y) if s.normed else y
+            assert _close(n3(y), f_in)
+            assert _close(s.feed_forward_residual * r3 + s.feed_forward * f_out, out, r3, f_out)
     else:  # parallel
         assert _close(n1(x), m_in) and _close(n3(x), f_in)
         assert _close(x + m_out + f_out, out, x, m_out, f_out)

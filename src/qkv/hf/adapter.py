@@ -55,7 +55,8 @@ from qkv.models.gpt_neox import ParallelResidualLayer
 from qkv.rounding import rebuilds
 from qkv.models.outputs import DecoderOutput, EncoderOutput
 from qkv.models.protocol import (
-    Capabilities, Embeddings, LayerNorms, LayerParts, Mixer, ModelParts, ResidualForm, Unembedding,
+    Capabilities, Embeddings, LayerNorms, LayerParts, Mixer, ModelParts, ResidualForm, ResidualScales,
+    Unembedding,
 )
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.transformer import LayerTrace
@@ -127,7 +128,10 @@ class HFLayer:
     `norm3` the norm whose output is the layer's, when one is: what it reads, y + ff(y), is
     kept per call in `LayerTrace.ffn_sum`); False otherwise, `residual_note` saying what the
     forward showed instead (a parallel residual, a norm on the attention's branch, a scaled
-    branch).
+    branch). A norm on the branches (`post_norm`, `post_ffn_norm`: OLMo 2, Gemma 2) or the
+    scales of a scaled layer (`scales`: MiniMax, Granite) make its form `branch_norm` or
+    `scaled` ([`ResidualForm`][qkv.models.protocol.ResidualForm]); x + branch is then kept per
+    call in `LayerTrace.residual` too.
     """
 
     cross_attn = None
@@ -136,7 +140,9 @@ class HFLayer:
                  mixer_module: nn.Module | None = None, norm1: nn.Module | None = None,
                  norm3: nn.Module | None = None, ffn_norm: nn.Module | None = None,
                  feed_forward: nn.Module | None = None, norm_first: bool = True,
-                 sequential_residual: bool = False, residual_note: str = ""):
+                 sequential_residual: bool = False, residual_note: str = "",
+                 post_norm: nn.Module | None = None, post_ffn_norm: nn.Module | None = None,
+                 scales: ResidualScales | None = None, reads_embeddings: bool = False):
         self.block, self.self_attn, self.mixers = block, self_attn, tuple(mixers)
         self.mixer_module = mixer_module if mixer_module is not None else \
             (self_attn.module if self_attn is not None else None)
@@ -145,6 +151,13 @@ class HFLayer:
         self.norm1, self.norm_first, self.sequential_residual = norm1, norm_first, sequential_residual
         self.norm3, self.residual_note = norm3, residual_note
         self.ffn_norm, self.feed_forward = ffn_norm, feed_forward
+        self.post_norm, self.post_ffn_norm, self.scales = post_norm, post_ffn_norm, scales
+        self.reads_embeddings = reads_embeddings
+
+    @property
+    def branched(self) -> bool:
+        """Whether the layer is `branch_norm` or `scaled`: x + branch formed, read by its parts."""
+        return self.scales is not None or self.post_norm is not None
 
     def modules(self):
         return self.block.modules()
@@ -155,12 +168,19 @@ class HFLayer:
         if self.sequential_residual:
             form = ResidualForm.PRE_NORM if self.norm_first else ResidualForm.POST_NORM
             norms = LayerNorms(self.norm1, self.ffn_norm if self.norm_first else self.norm3)
+        elif self.scales is not None:
+            form, norms = ResidualForm.SCALED, LayerNorms(self.norm1, self.ffn_norm)
+        elif self.post_norm is not None:
+            form = ResidualForm.BRANCH_NORM
+            norms = LayerNorms(self.norm1, self.ffn_norm, post_mixer=self.post_norm,
+                               post_feed_forward=self.post_ffn_norm)
         else:
             parallel = self.residual_note == ParallelResidualLayer.residual_note \
                 and self.feed_forward is not None
             form = ResidualForm.PARALLEL if parallel else ResidualForm.OTHER
-            norms = LayerNorms(self.norm1, self.ffn_norm) if parallel else LayerNorms()
-        return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note)
+            norms = LayerNorms(self.norm1, self.ffn_norm) if parallel or self.reads_embeddings else LayerNorms()
+        return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note, self.scales,
+                          self.reads_embeddings)
 
 
 @dataclass
@@ -169,7 +189,8 @@ class _Seen:
     (after any patch), `x` (b, t, E) the attention module's input, `cos_sin` the
     `position_embeddings` it was handed or None, `out` (b, t, E) what its output projection
     returned, `normed` (b, t, E) what a post-norm layer's `norm1` returned, `ffn_sum`
-    (b, t, E) what its `norm3` read; `inner`
+    (b, t, E) what its `norm3` read, `branch` (b, t, E) what a `branch_norm` layer's
+    `post_norm` returned or what a `scaled` layer's `ffn_norm` read (y); `inner`
     (discovery only): every module inside the block → (its input, its output)."""
 
     entered: torch.Tensor | None = None
@@ -178,6 +199,7 @@ class _Seen:
     out: torch.Tensor | None = None
     normed: torch.Tensor | None = None
     ffn_sum: torch.Tensor | None = None
+    branch: torch.Tensor | None = None
     inner: dict | None = None
 
 
@@ -315,7 +337,8 @@ class HFModel(nn.Module):
                                 out_module if m.module is mixer_module else None)
                           for m in mixers(a, stateful))
             result.append(HFLayer(block, attn, mixers=found, mixer_module=mixer_module,
-                                  **_structure(seen, out_module, mixer_module, hidden[i + 1])))
+                                  **_structure(seen, out_module, mixer_module, hidden[i + 1], block,
+                                               hidden[0])))
         self._parts = ModelParts(_embeddings(self.hf, ids[0], hidden[0], result),
                                  tuple(layer.parts for layer in result),
                                  _unembedding(outer, head, hidden[-1], getattr(out, "logits", None),
@@ -383,6 +406,8 @@ class HFModel(nn.Module):
         residual = None  # (b, t, E): x + attn (pre-norm) or norm1(x + attn) (post-norm)
         if layer.sequential_residual:
             residual = seen.entered + seen.out if layer.norm_first else seen.normed
+        elif layer.branched:  # y as the layer formed it: x + p₁(m) or α₁·r₁ + β₁·m
+            residual = seen.branch if layer.scales is not None else seen.entered + seen.branch
         if layer.self_attn is None:  # transformers' own mixer: nothing of qkv's attention to record
             return LayerTrace(None, residual=residual, ffn_sum=seen.ffn_sum)
         if isinstance(trace_rows, LseRequest):
@@ -461,6 +486,12 @@ class HFModel(nn.Module):
                     if layer.norm3 is not None:
                         handles.append(layer.norm3.register_forward_pre_hook(read(i, "ffn_sum"),
                                                                              with_kwargs=True))
+                if layer.scales is not None:
+                    handles.append(layer.ffn_norm.register_forward_pre_hook(read(i, "branch"),
+                                                                            with_kwargs=True))
+                elif layer.post_norm is not None:
+                    handles.append(layer.post_norm.register_forward_hook(keep(i, "branch"),
+                                                                         with_kwargs=True))
                 for m in list(layer.block.modules())[1:] if inner else ():
                     handles.append(m.register_forward_hook(any_module(i, m), with_kwargs=True))
             yield hidden, seen
@@ -470,13 +501,15 @@ class HFModel(nn.Module):
 
 
 def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
-               output: torch.Tensor) -> dict:
+               output: torch.Tensor, block: nn.Module | None = None,
+               embedded: torch.Tensor | None = None) -> dict:
     """A layer's residual structure from what one forward's hooks saw (`HFLayer`'s keywords;
     `output` (b, t, E) the layer's): it forms x + attn when some part reads exactly that sum;
     pre-norm when a part maps x to what the attention reads, or when the sum goes on unnormed
     (the layer's output is x + attn + f, f what a part made of the sum's reader's output: an
     identity norm before the attention, ModernBERT's first layer); post-norm when the attention
-    reads x itself and a norm reads x + attn; neither (`sequential_residual` False) otherwise."""
+    reads x itself and a norm reads x + attn; neither (`sequential_residual` False) otherwise
+    (`_other`; `embedded` (b, t, E): what entered layer 0)."""
     if attention is None:
         return dict(residual_note="no token mixer: the layer is a feed-forward only (its tokens "
                                   "do not mix)")
@@ -490,7 +523,7 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
         # x + mix is the layer's output, nothing after it (Nemotron-H's layers): pre-norm, no feed-forward
         return dict(norm1=norm1, norm_first=True, sequential_residual=True)
     if not readers:
-        return dict(residual_note=_not_summed(seen, output))
+        return _other(seen, attention, output, block, embedded)
     reads_x = _same(seen.x, seen.entered)
     branch = [made.reshape(summed.shape) for given, made in seen.inner.values()  # (b, t, E) each
               if isinstance(made, torch.Tensor) and made.numel() == summed.numel()
@@ -517,10 +550,111 @@ def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,
             ff = None  # no one part is the feed-forward's branch (BERT's output sub-layer adds it)
         return dict(norm1=norms[0], norm3=norm3, norm_first=False, sequential_residual=True,
                     feed_forward=ff)
+    return _other(seen, attention, output, block, embedded)
+
+
+def _other(seen: _Seen, attention: nn.Module, output: torch.Tensor, block: nn.Module | None,
+           embedded: torch.Tensor | None) -> dict:
+    """A layer that hands no x + attn on: what it does instead (`_not_summed`), with the parts
+    of the forms qkv reads (parallel, a norm on the branch, a scaled residual, a mixer reading
+    n₁([x; e]) with e what entered layer 0: Zamba2's shared block)."""
+    wide, E = seen.x.shape[-1], seen.entered.shape[-1]
+    if wide != E:
+        both = None if embedded is None else torch.cat([seen.entered, embedded], -1)  # (b, t, 2E)
+        norm1 = next((m for m, (given, made) in seen.inner.items() if m is not attention
+                      and _same(given, both) and _same(made, seen.x)), None)
+        return dict(norm1=norm1, reads_embeddings=norm1 is not None, residual_note=f"its mixer reads {wide} numbers per token, not the layer's "
+                                  f"input's {E} (Zamba2's shared block: the input concatenated with "
+                                  f"the embeddings), and its output reaches the residual stream only "
+                                  f"through the parts after it (Zamba2: a feed-forward, a linear map "
+                                  f"and Mamba-2's input), never as a sum of head writes")
     note = _not_summed(seen, output)
     if note == ParallelResidualLayer.residual_note:
         return dict(residual_note=note, **_parallel(seen, attention, output))
-    return dict(residual_note=note)
+    found = _branch_norm(seen, attention, output) or _scaled(seen, attention, output, block)
+    return dict(residual_note=note, **(found or {}))
+
+
+def _branch_norm(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict | None:
+    """A `branch_norm` layer's parts (y = x + p₁(m(n₁(x))), out = y + p₃(f(n₃(y)))): p₁ the
+    part that normalises the mixer's output, n₁ what made the mixer's input of x (None: it reads
+    x), the feed-forward f the outermost part outside the mixer reading y (or n₃(y)), p₃ the
+    part that normalises f's output — each checked to rebuild y and the layer's output."""
+    post = next((m for m, (given, made) in seen.inner.items() if _same(given, seen.out)
+                 and _normalises(given, made)), None)
+    if post is None:
+        return None
+    y = seen.entered + seen.inner[post][1]  # (b, t, E): as the layer adds them
+    norm1 = None if _same(seen.x, seen.entered) else next(
+        (m for m, (given, made) in seen.inner.items() if m is not mixer and _same(given, seen.entered)
+         and _same(made, seen.x)), None)
+    if norm1 is None and not _same(seen.x, seen.entered):
+        return None
+    n3 = next((m for m, (given, made) in seen.inner.items() if _same(given, y) and _normalises(given, made)), None)
+    inside = set(mixer.modules())
+    ff = _reader(seen, n3, mixer) if n3 is not None else _outermost(
+        [m for m, (given, _) in seen.inner.items() if _same(given, y) and m not in inside])
+    made = None if ff is None else seen.inner[ff][1]
+    p3 = None if made is None else next(
+        (m for m, (given, out) in seen.inner.items() if _same(given, made) and _normalises(given, out)
+         and rebuilds((y + out).double(), output)), None)
+    if p3 is None and not (isinstance(made, torch.Tensor) and made.shape == y.shape
+                           and rebuilds((y + made).double(), output)):
+        ff = None  # no one part is the feed-forward's branch
+    return dict(norm1=norm1, post_norm=post, ffn_norm=n3, feed_forward=ff, post_ffn_norm=p3)
+
+
+def _scaled(seen: _Seen, mixer: nn.Module, output: torch.Tensor, block: nn.Module | None) -> dict | None:
+    """A `scaled` layer's parts (y = α₁·r₁ + β₁·m(n₁(x)), out = α₃·r₃ + β₃·f(n₃(y))): y
+    what a norm n₃ reads, fitted as α₁·r₁ + β₁·m with r₁ = n₁(x) (the mixer's input, MiniMax)
+    or x (Granite); f the outermost part outside the mixer reading n₃(y); α₃, β₃ fitted on the
+    layer's output. Each factor is the layer's (or its config's) own number where one matches
+    the fit; both sums are checked to rebuild what the forward made."""
+    inside = set(mixer.modules())
+    norm1 = next((m for m, (given, out) in seen.inner.items() if m is not mixer
+                  and _same(given, seen.entered) and _same(out, seen.x)), None)
+    residuals = [(seen.entered, False)] + ([(seen.x, True)] if norm1 is not None else [])
+    for n3, (y, n3y) in seen.inner.items():
+        if n3 in inside or y.shape != seen.out.shape or _same(y, seen.entered) or not _normalises(y, n3y):
+            continue  # n₁ reads x itself (y = 1·x + 0·m)
+        for r1, normed in residuals:
+            a1, b1 = _fit(y, r1, seen.out, block)
+            if a1 is None:
+                continue
+            ff = _reader(seen, n3, mixer)
+            made = None if ff is None else seen.inner[ff][1]
+            if not (isinstance(made, torch.Tensor) and made.shape == y.shape):
+                return None
+            a3, b3 = _fit(output, n3y if normed else y, made, block)
+            if a3 is None:
+                return None
+            return dict(norm1=norm1, ffn_norm=n3, feed_forward=ff,
+                        scales=ResidualScales(a1, b1, a3, b3, normed))
+    return None
+
+
+def _fit(want: torch.Tensor, r: torch.Tensor, branch: torch.Tensor, block: nn.Module | None
+         ) -> tuple[float | None, float | None]:
+    """(α, β) with want = α·r + β·branch (each (b, t, E)), by least squares, each replaced by
+    the nearest of 1 and the layer's own float attributes (MiniMax's `attn_alpha_factor`,
+    Granite's `residual_multiplier`); (None, None) where those do not rebuild `want` (a fit no
+    number of the layer's explains is no scaled residual)."""
+    a, b, y = r.double().flatten(), branch.double().flatten(), want.double().flatten()
+    gram = torch.stack([torch.stack([a @ a, a @ b]), torch.stack([b @ a, b @ b])])
+    if float(torch.linalg.det(gram)) <= 1e-12 * float(gram.diagonal().prod()):
+        return None, None
+    fitted = (float(c) for c in torch.linalg.solve(gram, torch.stack([a @ y, b @ y])))
+    own = [1.0, *_floats(block)]
+    alpha, beta = (min(own, key=lambda v: abs(v - c)) for c in fitted)
+    if not rebuilds(alpha * a + beta * b, want.flatten()):
+        return None, None
+    return alpha, beta
+
+
+def _floats(block: nn.Module | None) -> list[float]:
+    """The numbers `block` keeps as attributes (those a scaled residual reads)."""
+    found = [] if block is None else vars(block).values()
+    return [float(v) for v in found if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def _parallel(seen: _Seen, mixer: nn.Module, output: torch.Tensor) -> dict:

@@ -243,7 +243,12 @@ class ResidualForm(Enum):
     pre_norm    y = x + m(n₁(x));  out = y + f(n₃(y))
     post_norm   y = n₁(x + m(x));  out = n₃(y + f(y))
     parallel    out = x + m(n₁(x)) + f(n₃(x))
-    other       none of these (a scaled branch, a norm on the branch, two mixers): the
+    branch_norm y = x + p₁(m(n₁(x)));  out = y + p₃(f(n₃(y)))      (OLMo 2, Gemma 2, OLMo
+                hybrid: p₁, p₃ `post_mixer`, `post_feed_forward`; n₁, n₃, p₃ None where absent)
+    scaled      y = α₁·r₁ + β₁·m(n₁(x));  out = α₃·r₃ + β₃·f(n₃(y))   ([`ResidualScales`]
+                [qkv.models.protocol.ResidualScales]: r₁ = n₁(x), r₃ = n₃(y) where `normed`
+                (MiniMax), else x and y (Granite's residual multiplier))
+    other       none of these (two mixers, a block shared with the embeddings): the
                 layer's ``residual_note`` says what
     ```
     """
@@ -251,7 +256,32 @@ class ResidualForm(Enum):
     PRE_NORM = "pre_norm"
     POST_NORM = "post_norm"
     PARALLEL = "parallel"
+    BRANCH_NORM = "branch_norm"
+    SCALED = "scaled"
     OTHER = "other"
+
+
+@dataclass(frozen=True)
+class ResidualScales:
+    """The factors of a `scaled` layer ([`ResidualForm`][qkv.models.protocol.ResidualForm]):
+    y = α₁·r₁ + β₁·m(n₁(x)), out = α₃·r₃ + β₃·f(n₃(y)), each read off the layer (its own float
+    attributes, MiniMax's `attn_alpha_factor` …, where one matches) and checked on the
+    discovery forward.
+
+    Attributes:
+        mixer_residual: α₁.
+        mixer: β₁.
+        feed_forward_residual: α₃.
+        feed_forward: β₃.
+        normed: the residual is taken after the norm (r₁ = n₁(x), r₃ = n₃(y): MiniMax), not
+            before it (r₁ = x, r₃ = y).
+    """
+
+    mixer_residual: float
+    mixer: float
+    feed_forward_residual: float
+    feed_forward: float
+    normed: bool
 
 
 @dataclass(frozen=True)
@@ -280,12 +310,15 @@ class Mixer:
 class LayerNorms:
     """A layer's norms by role ([`ResidualForm`][qkv.models.protocol.ResidualForm] says where each
     sits): `mixer` n₁ (read by the mixer in a pre-norm layer, reading x + m(x) in a post-norm one),
-    `feed_forward` n₃, `cross` the cross-attention's (decoders of encoder-decoders); None where
-    there is none."""
+    `feed_forward` n₃, `cross` the cross-attention's (decoders of encoder-decoders), `post_mixer`
+    p₁ and `post_feed_forward` p₃ the norms on a `branch_norm` layer's branches (OLMo 2, Gemma
+    2); None where there is none."""
 
     mixer: nn.Module | None = None
     feed_forward: nn.Module | None = None
     cross: nn.Module | None = None
+    post_mixer: nn.Module | None = None
+    post_feed_forward: nn.Module | None = None
 
 
 @dataclass(frozen=True)
@@ -298,8 +331,13 @@ class LayerParts:
             hybrid layers), none for a feed-forward-only layer (Nemotron-H's MLP layers).
         norms: its [`LayerNorms`][qkv.models.protocol.LayerNorms].
         feed_forward: the feed-forward (MLP, gated, mixture of experts) or None.
-        residual: its [`ResidualForm`][qkv.models.protocol.ResidualForm]; `residual_note` why it is
-            `other`.
+        residual: its [`ResidualForm`][qkv.models.protocol.ResidualForm]; `residual_note` what
+            its forward showed (why it is `other`).
+        scales: a `scaled` layer's [`ResidualScales`][qkv.models.protocol.ResidualScales], else
+            None.
+        reads_embeddings: its softmax mixer reads n₁([x; e]), x concatenated with what entered
+            layer 0 (Zamba2's shared block; n₁ `norms.mixer`), and its output reaches the
+            stream only through the layer's other parts: the layer writes as one component.
     """
 
     mixers: tuple[Mixer, ...]
@@ -307,6 +345,8 @@ class LayerParts:
     feed_forward: nn.Module | None
     residual: ResidualForm
     residual_note: str = ""
+    scales: ResidualScales | None = None
+    reads_embeddings: bool = False
 
     @property
     def attention(self) -> AttentionLayerLike | None:

@@ -43,7 +43,8 @@ class LayerTrace:
             request: the heads' outputs at its positions only).
         cross_attn: the cross-attention's `MultiHeadTrace` (decoders only).
         residual: (b, t, E) what the self-attention sub-block hands on, every row: `x + attn`
-            (pre-norm) or `norm1(x + attn)` (post-norm); None for a layer that never forms it
+            (pre-norm), `norm1(x + attn)` (post-norm), `x + p₁(attn)` (a norm on the branch)
+            or `α₁·r₁ + β₁·attn` (scaled: `ResidualForm`); None for a layer that never forms it
             (GPT-NeoX's parallel residual). Not detached (see `MultiHeadTrace.heads`). For a
             `Writes` request, an `AtPositions` holding its positions' rows only.
         ffn_sum: (b, t, E) what a post-norm layer's last norm read, `residual + ff(residual)`,

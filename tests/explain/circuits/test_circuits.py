@@ -307,16 +307,25 @@ def test_logit_attribution_names_the_position_rows(saved, via):
 @pytest.mark.parametrize("name,reason", [
     ("gptj", "x + attn(x) + ff(x): a parallel residual"),
     ("phi", "x + attn(x) + ff(x): a parallel residual"),
-    ("gpt_neox", "x + attn(x) + ff(x): a parallel residual"),
-    ("gemma2", "x + norm(attn(x)): the attention's output normalised before it is added"),
-    ("olmo2", "x + norm(attn(x)): the attention's output normalised before it is added"),
-    ("granite", "x + 0.5·attn: the attention's output scaled before it is added")])
+    ("gpt_neox", "x + attn(x) + ff(x): a parallel residual")])
 def test_a_layer_without_x_plus_attn_is_refused_by_name(hf64, name, reason):
-    """What each architecture does instead of x + attn, read off its forward (granite: the
-    residual_multiplier 0.5 of tests/hf/archs.py)."""
+    """What each architecture does instead of x + attn, read off its forward."""
     with pytest.raises(QkvError, match=rf"layer 0 \(HFLayer\) does not form x \+ attn .*"
                                        rf"{re.escape(reason)}"):
         score_attribution(hf64(name), HF_TEXT, layer=1, head=0, token="it", key="pizza")
+
+
+@pytest.mark.parametrize("name,form", [("gemma2", "branch_norm"), ("olmo2", "branch_norm"),
+                                       ("granite", "scaled")])
+def test_a_norm_on_the_branch_or_a_scaled_residual_splits(hf64, name, form):
+    """Gemma 2, OLMo 2: x + norm(attn(x)), each head's write carried through the frozen norm;
+    Granite: x + 0.5·attn (the residual_multiplier of tests/hf/archs.py), a factor on each
+    write. The terms sum to the forward's score (before Gemma 2's soft cap) within the bound."""
+    model = hf64(name)
+    assert model.parts.layers[0].residual.value == form
+    a = score_attribution(model, HF_TEXT, layer=1, head=0, token="it", key="pizza")
+    assert abs(float(a.terms.sum()) - a.score) <= a.bound <= 1e-5 * max(1.0, abs(a.score))
+    assert "L0.H1" in a.key_components
 
 
 def test_qkv_gpt_neox_parallel_residual_is_refused_by_name(saved):

@@ -1,7 +1,8 @@
 """Score attribution on the layers of 2026's models (issue 39): an MLA head's score split through
 its latents into content + RoPE parts, a sparse layer's selected keys (and an unselected one
-refused with the indexer's miss margin), a gated softmax head — each sum of terms equal to the
-forward's own score within the result's derived ``bound``; what cannot be split yet, one line.
+refused with the indexer's miss margin), a gated softmax head, the residual forms of OLMo hybrid
+(a norm on the branch), MiniMax (scaled) and Zamba2 (a shared block reading [x; e]) — each sum
+of terms equal to the forward's own score within the result's derived ``bound``.
 
 Tolerance: each result's ``bound`` is derived from the forward's measured rounding of q and k
 (test_circuits.py's module doc). transformers runs RMSNorms and RoPE tables in float32 even in a
@@ -18,12 +19,15 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 from hybrids import save_hybrid  # noqa: E402
-from qkv.errors import QkvError  # noqa: E402
 from qkv.explain import ArgumentError, score_attribution  # noqa: E402
 from qkv.explain.contributions.base import run  # noqa: E402
 
 TEXT = "the cat sat on the mat . a red apple"
 DIRECT = "deepseek_v3 without a query latent"
+SCALED = "minimax with its residual factors"
+#: MiniMax's factors (its config's defaults are 1): y = α₁·n₁(x) + β₁·attn, out = α₃·n₃(y) + β₃·f
+FACTORS = dict(linear_attn_alpha_factor=0.5, linear_attn_beta_factor=1.5, full_attn_alpha_factor=2.0,
+               full_attn_beta_factor=0.75, mlp_alpha_factor=1.25, mlp_beta_factor=0.5)
 LOOSE = 1e-5
 
 
@@ -38,6 +42,8 @@ def hybrid64(tmp_path_factory):
             path = tmp_path_factory.mktemp(name)
             if name == DIRECT:
                 save_direct_query(path)
+            elif name == SCALED:
+                save_scaled(path)
             else:
                 save_hybrid(name, path)
             model = qkv.load(path)
@@ -61,6 +67,16 @@ def save_direct_query(path) -> None:
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(path)
     save_tokenizer(path)
+
+
+def save_scaled(path) -> None:
+    """tests/hf/hybrids.py's MiniMax with `FACTORS` in its config (the weights do not depend on
+    them)."""
+    import json
+
+    save_hybrid("minimax", path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | FACTORS))
 
 
 def check_sum(a) -> None:
@@ -148,11 +164,38 @@ def test_a_hybrids_softmax_heads_split_through_the_layers_before(hybrid64, name,
         assert not a.terms[:, a.key_components.index("L0.ffn")].any()
 
 
-@pytest.mark.parametrize("name,layer,says", [
-    ("zamba2", 1, r"layer 1 \(HFLayer\) does not form x \+ attn"),  # its shared attention block
-    ("minimax", 1, r"layer 0 \(L0.lightning\) does not form x \+ mix"),
-    ("olmo_hybrid", 3, r"x \+ norm\(attn\(x\)\)"),
+@pytest.mark.parametrize("name,layers", [
+    ("olmo_hybrid", ((1, "L0.gated_deltanet"), (3, "L1.H3"))),  # x + norm(attn(x)): a norm on the branch
+    (SCALED, ((1, "L0.lightning"), (3, "L1.H3"))),               # α₁·n₁(x) + β₁·attn, α₃·n₃(y) + β₃·f
 ])
-def test_what_is_not_split_yet_is_one_line_naming_the_part(hybrid64, name, layer, says):
-    with pytest.raises(QkvError, match=rf"^[^\n]*{says}[^\n]*$"):
-        score_attribution(hybrid64(name), TEXT, layer=layer, head=0, token=5, key=2)
+def test_a_branch_norm_or_scaled_hybrid_splits_through_its_branches(hybrid64, name, layers):
+    """OLMo hybrid's attention layers normalise the attention's (and the feed-forward's) output
+    before adding it: each head's write is carried through that norm frozen at the branch it
+    read. MiniMax takes its residual after the norm and scales both: each part goes through n₁
+    (n₃) frozen, times its factor (the config's own, read by the adapter)."""
+    model = hybrid64(name)
+    if name == SCALED:
+        scales = model.parts.layers[1].scales
+        assert (scales.mixer_residual, scales.mixer, scales.feed_forward_residual, scales.feed_forward) \
+            == (2.0, 0.75, 1.25, 0.5) and scales.normed
+        assert model.parts.layers[0].scales.mixer == 1.5
+    for layer, upstream in layers:
+        a = score_attribution(model, TEXT, layer=layer, head=1, token=5, key=2)
+        check_sum(a)
+        assert upstream in a.key_components
+
+
+def test_zamba2s_shared_block_reads_the_stream_and_the_embeddings(hybrid64):
+    """Zamba2's hybrid layer runs its shared attention over n₁([x; e]) (2E: the stream and what
+    entered layer 0) and adds its output only through a feed-forward, a linear map and Mamba-2's
+    input: its score splits over [x's part; e's part] per component (the embedding's tables
+    have both), and upstream the whole layer writes as one component."""
+    model = hybrid64("zamba2")
+    assert model.parts.layers[1].reads_embeddings and not model.parts.layers[0].reads_embeddings
+    for layer, upstream in ((1, "L0.mamba2"), (3, "L1.softmax+mamba2")):
+        a = score_attribution(model, TEXT, layer=layer, head=1, token=5, key=2)
+        check_sum(a)
+        assert upstream in a.key_components
+    assert not any(name.startswith("L1.H") or name == "L1.ffn" for name in a.key_components)
+    row = score_attribution(model, TEXT, layer=3, head=1, token=5)  # every key at once
+    assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound <= LOOSE

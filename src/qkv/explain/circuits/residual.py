@@ -32,6 +32,22 @@ x_{l+1} = norm3(y_l + ff(y_l))       (y_l + ff(y_l): recorded in LayerTrace.ffn_
                                       transformers layer; qkv's own runs ff on y_l)
 ```
 
+A norm on a branch (OLMo 2, Gemma 2, OLMo hybrid: `ResidualForm.BRANCH_NORM`) is frozen the
+same way, at the branch it read (the heads' writes rebuilt), so each head's write is carried
+through it; a scaled layer (MiniMax, Granite: `ResidualForm.SCALED`) multiplies each part by
+its factor, through n₁ (n₃) frozen first where it takes its residual after the norm (MiniMax):
+
+```text
+branch_norm   x_{l+1} = x_l + p₁(Σ_h o^{l,h} W_O^h + b_O) + ffn_l,   ffn_l = x_{l+1} − y_l
+scaled        y_l = α₁·n₁(x_l) + β₁·(Σ_h o^{l,h} W_O^h + b_O),   x_{l+1} = α₃·n₃(y_l) + ffn_l
+```
+
+(y_l recorded in `LayerTrace.residual`; a hybrid mixer's branch is y_l − (its residual part),
+one component, as above). A layer whose attention reads n₁([x; e]), e what entered layer 0,
+and adds its output only through its other parts (Zamba2's hybrid layer: x + mamba(n(x +
+W·ff(attn(n₁([x; e])))))) writes as one component, x_{l+1} − x_l: no head's write enters the
+stream linearly.
+
 Every step is per token, so the stream is built for the positions asked only (a 16k-token
 document is split by positions in chunks). `stream` checks that the components sum to the
 recorded hidden state (to the forward's rounding) and raises otherwise.
@@ -58,12 +74,15 @@ from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
 from qkv.explain.mixers import gate
 from qkv.explain.wording import ArgumentError
-from qkv.models.protocol import MixerKind
+from qkv.models.protocol import MixerKind, ResidualForm
 
 BIAS = "bias"
 #: The softmax kinds whose scores `score_attribution` splits.
 SPLIT_KINDS = (MixerKind.SOFTMAX, MixerKind.MLA, MixerKind.SPARSE)
-#: What qkv's own layers that form no x + attn do instead (GPT-NeoX).
+#: The forms whose branches `stream` carries through a frozen norm or a factor.
+BRANCHED = (ResidualForm.BRANCH_NORM, ResidualForm.SCALED)
+
+
 def head_name(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
 
@@ -79,6 +98,9 @@ def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[
     out = list(embed.names(model) if embedding is None else embedding)
     for ell in range(layer):
         attn = model.layers[ell].self_attn
+        if model.parts.layers[ell].reads_embeddings:  # Zamba2's hybrid layer: one component
+            out.append(mixer_name(model, ell))
+            continue
         mixed = [head_name(ell, h) for h in range(attn.num_heads)] if attn is not None else \
             [mixer_name(model, ell)] if model.parts.layers[ell].mixers else []
         out += mixed + [ffn_name(ell)]
@@ -117,6 +139,14 @@ def check(model, upto: int | None = None) -> None:
     for i, layer in enumerate(model.layers[: None if upto is None else upto + 1]):
         attn = layer.self_attn
         writes = i != upto  # its heads' writes and its output are read (not the query layer's)
+        branched = model.parts.layers[i].residual in BRANCHED
+        if model.parts.layers[i].reads_embeddings:  # n₁([x; e]) read; its write one component
+            continue
+        if branched:  # its attention reads n₁(x) (or x: norm1 None); its branches are carried
+            if writes and attn is not None and attn.out_proj is None:
+                raise QkvError(f"{model.name}: layer {i}'s output projection was not found; the heads' "
+                               f"writes into the residual stream cannot be read")
+            continue
         if attn is None:  # a hybrid's own mixer (one component) or a feed-forward-only layer
             if model.parts.layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
                 raise QkvError(f"{model.name}: layer {i} ({mixer_name(model, i)}) does not form x + mix "
@@ -195,6 +225,44 @@ def _own_mixer(parts, fwd, ell: int, positions: torch.Tensor) -> torch.Tensor:
     return torch.stack([residual - before, after - residual])
 
 
+def _branched(model, fwd, ell: int, positions: torch.Tensor, parts: torch.Tensor,
+              bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parts (C + 2, n, E), bias (n, E)): the components `parts` (C, n, E) and `bias` of a
+    `branch_norm` or `scaled` layer's input carried to its output — its heads' writes (or its
+    mixer's branch) and its feed-forward's appended."""
+    lp, attn = model.parts.layers[ell], model.layers[ell].self_attn
+    dtype = fwd.hidden_states[ell].dtype
+    x = fwd.hidden_states[ell][0, positions]  # (n, E)
+    y = fwd.traces[ell].residual[0, positions].double()  # (n, E) as the forward formed it
+    after = fwd.hidden_states[ell + 1][0, positions].double()  # (n, E)
+    scales = lp.scales
+
+    def frozen(norm, at, parts, bias):  # norm frozen at `at` (n, E), carried on every part
+        lin = linearise(norm, at)
+        return lin.apply(parts), lin.apply(bias) + lin.shift
+
+    if scales is not None:
+        if scales.normed:  # MiniMax: the residual is n₁(x)
+            parts, bias = frozen(lp.norms.mixer, x, parts, bias)
+        parts, bias = scales.mixer_residual * parts, scales.mixer_residual * bias
+    if attn is None:  # the mixer's branch, one component: y − what the residual carries
+        parts = torch.cat([parts, (y - parts.sum(0) - bias)[None]])
+    else:
+        heads, b_out = _heads(fwd, ell, attn, positions)  # (h, n, E), (E,)
+        b_out = b_out.expand_as(bias)  # (n, E)
+        if scales is not None:
+            heads, b_out = scales.mixer * heads, scales.mixer * b_out
+        else:  # p₁ frozen at the branch it read: the heads' writes and b_O, rebuilt
+            heads, b_out = frozen(lp.norms.post_mixer, (heads.sum(0) + b_out).to(dtype), heads, b_out)
+        parts, bias = torch.cat([parts, heads]), bias + b_out
+    if scales is not None:
+        if scales.normed:  # the feed-forward's residual is n₃(y)
+            parts, bias = frozen(lp.norms.feed_forward, y.to(dtype), parts, bias)
+        parts, bias = scales.feed_forward_residual * parts, scales.feed_forward_residual * bias
+    ffn = after - parts.sum(0) - bias  # (n, E): β₃·f(n₃(y)), or p₃(f(n₃(y)))
+    return torch.cat([parts, ffn[None]]), bias
+
+
 @torch.no_grad()
 def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     """The input of layer `layer` (0 … L; L: the last layer's output, before any final norm)
@@ -207,6 +275,13 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     for ell in range(layer):
         lay = model.layers[ell]
         attn = lay.self_attn
+        if model.parts.layers[ell].reads_embeddings:  # the whole layer's write, out − x
+            after, before = fwd.hidden_states[ell + 1][0, positions], fwd.hidden_states[ell][0, positions]
+            parts = torch.cat([parts, (after.double() - before.double())[None]])
+            continue
+        if model.parts.layers[ell].residual in BRANCHED:
+            parts, bias = _branched(model, fwd, ell, positions, parts, bias)
+            continue
         if attn is None:
             parts = torch.cat([parts, _own_mixer(model.parts.layers[ell], fwd, ell, positions)])
             continue
@@ -237,5 +312,5 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     return Stream(layer, positions, names(model, layer, embedding), parts, err)
 
 
-__all__ = ["BIAS", "Stream", "check", "check_query_layer", "ffn_name", "head_name", "mixer_name", "names", "out_weight",
+__all__ = ["BIAS", "BRANCHED", "Stream", "check", "check_query_layer", "ffn_name", "head_name", "mixer_name", "names", "out_weight",
            "stream"]

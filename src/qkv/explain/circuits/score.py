@@ -47,7 +47,7 @@ import torch
 
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
-from qkv.explain.circuits import latent
+from qkv.explain.circuits import embed, latent
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
 from qkv.explain.contributions.base import Forward, run
@@ -235,12 +235,32 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str,
 
 def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     """(C, n, E) float64: the components of what the layer's attention reads at `st.positions`:
-    the stream's parts, through norm1 frozen at this forward's scale for a pre-norm layer."""
+    the stream's parts, through norm1 frozen at this forward's scale for a pre-norm layer (a
+    layer whose attention reads x itself has no norm1: OLMo 2's, OLMo hybrid's); (C, n, 2E) where
+    it reads n₁([x; e]), e what entered layer 0 (Zamba2): each component is [its part of x; its
+    part of e] (only the embedding's tables and `bias` have one), the norm frozen over both."""
     lay = model.layers[layer]
-    if not lay.norm_first:
+    if model.parts.layers[layer].reads_embeddings:
+        return _with_embeddings(model, fwd, st, layer)
+    if not lay.norm_first or lay.norm1 is None:
         return st.parts
     lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
     parts = lin.apply(st.parts)
+    parts[-1] += lin.shift
+    return parts
+
+
+def _with_embeddings(model, fwd, st: Stream, layer: int) -> torch.Tensor:
+    """(C, n, 2E) n₁([x; e])'s components: [x's part; e's part] per component, n₁ frozen at
+    the [x; e] the forward normalised."""
+    first = fwd.hidden_states[0][0, st.positions]  # (n, E): e, what entered layer 0
+    _, emb, emb_bias = embed.split(model, fwd.ids[0], first, st.positions)  # (P, n, E), (n, E)
+    e = torch.zeros_like(st.parts)  # (C, n, E): the embedding's components first, bias last
+    e[: len(emb)], e[-1] = emb, emb_bias
+    parts = torch.cat([st.parts, e], -1)  # (C, n, 2E)
+    x = torch.cat([fwd.hidden_states[layer][0, st.positions], first], -1)  # (n, 2E)
+    lin = linearise(model.layers[layer].norm1, x)
+    parts = lin.apply(parts)
     parts[-1] += lin.shift
     return parts
 
