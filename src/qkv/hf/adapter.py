@@ -447,57 +447,66 @@ class HFModel(nn.Module):
                 hidden[i + 1] = _first(output)
             return hook
 
-        def attention_in(i):
-            def hook(module, args, kwargs):
-                seen[i].x = args[0] if args else kwargs["hidden_states"]
-                cos_sin = kwargs.get("position_embeddings")
-                seen[i].cos_sin = tuple(cos_sin) if isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2 else None
-            return hook
-
-        def keep(i, field):
-            def hook(module, args, kwargs, output):
-                setattr(seen[i], field, _first(output))
-            return hook
-
-        def read(i, field):
-            def hook(module, args, kwargs):
-                setattr(seen[i], field, args[0] if args else next(iter(kwargs.values()), None))
-            return hook
-
-        def any_module(i, m):
-            def hook(module, args, kwargs, output):
-                given = args[0] if args else next(iter(kwargs.values()), None)
-                seen[i].inner[m] = (given, _first(output))
-            return hook
-
         handles = []
+
+        def pre(module, hook):
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+        def post(module, hook):
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
         try:
             for i, layer in enumerate(layers):
-                handles.append(layer.block.register_forward_pre_hook(before(i), with_kwargs=True))
-                handles.append(layer.block.register_forward_hook(after(i), with_kwargs=True))
+                pre(layer.block, before(i))
+                post(layer.block, after(i))
                 if layer.mixer_module is not None:
-                    handles.append(layer.mixer_module.register_forward_pre_hook(attention_in(i),
-                                                                                with_kwargs=True))
-                out = layer.out_module
-                if out is not None:
-                    handles.append(out.register_forward_hook(keep(i, "out"), with_kwargs=True))
+                    pre(layer.mixer_module, _attention_in(seen[i]))
+                if layer.out_module is not None:
+                    post(layer.out_module, _keep(seen[i], "out"))
                 if not layer.norm_first and layer.sequential_residual:
-                    handles.append(layer.norm1.register_forward_hook(keep(i, "normed"), with_kwargs=True))
+                    post(layer.norm1, _keep(seen[i], "normed"))
                     if layer.norm3 is not None:
-                        handles.append(layer.norm3.register_forward_pre_hook(read(i, "ffn_sum"),
-                                                                             with_kwargs=True))
+                        pre(layer.norm3, _read(seen[i], "ffn_sum"))
                 if layer.scales is not None:
-                    handles.append(layer.ffn_norm.register_forward_pre_hook(read(i, "branch"),
-                                                                            with_kwargs=True))
+                    pre(layer.ffn_norm, _read(seen[i], "branch"))
                 elif layer.post_norm is not None:
-                    handles.append(layer.post_norm.register_forward_hook(keep(i, "branch"),
-                                                                         with_kwargs=True))
+                    post(layer.post_norm, _keep(seen[i], "branch"))
                 for m in list(layer.block.modules())[1:] if inner else ():
-                    handles.append(m.register_forward_hook(any_module(i, m), with_kwargs=True))
+                    post(m, _any_module(seen[i], m))
             yield hidden, seen
         finally:
             for h in handles:
                 h.remove()
+
+
+def _given(args: tuple, kwargs: dict):
+    """A hooked module's first input, positional or by keyword."""
+    return args[0] if args else next(iter(kwargs.values()), None)
+
+
+def _attention_in(seen: _Seen):
+    def hook(module, args, kwargs):
+        seen.x = args[0] if args else kwargs["hidden_states"]
+        cos_sin = kwargs.get("position_embeddings")
+        seen.cos_sin = tuple(cos_sin) if isinstance(cos_sin, (tuple, list)) and len(cos_sin) == 2 else None
+    return hook
+
+
+def _keep(seen: _Seen, field: str):
+    def hook(module, args, kwargs, output):
+        setattr(seen, field, _first(output))
+    return hook
+
+
+def _read(seen: _Seen, field: str):
+    def hook(module, args, kwargs):
+        setattr(seen, field, _given(args, kwargs))
+    return hook
+
+
+def _any_module(seen: _Seen, m: nn.Module):
+    def hook(module, args, kwargs, output):
+        seen.inner[m] = (_given(args, kwargs), _first(output))
+    return hook
 
 
 def _structure(seen: _Seen, out_module: nn.Module | None, attention: nn.Module,

@@ -20,7 +20,12 @@ side is linear in x and splits over x's components as the softmax path's does (`
 attention call got — so the forward's q and k check them as they check any head's.
 
 Examples:
-    >>> # score_attribution(deepseek, text, layer=1, head=0, ...).latent.content.sum()  # doctest: +SKIP
+    On a DeepSeek-V3 checkpoint (`tests/hf/hybrids.py` builds a tiny one):
+
+    ```python
+    r = qkv.explain.score_attribution(model, text, layer=1, head=0, token=5, key=2)
+    r.latent.content, r.latent.position  # the score's content and RoPE parts
+    ```
 """
 
 from __future__ import annotations
