@@ -96,7 +96,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from scale import peak_rss, reset_peak, text_of  # noqa: E402
+from scale import WORDS, peak_rss, reset_peak  # noqa: E402
 
 TOOLS = ("qkv", "tl", "nnsight", "eager")
 TASKS = ("pattern", "stream", "layer", "steps", "why")
@@ -142,6 +142,20 @@ def make(shape: str, out: str, tiny: bool) -> None:
     shutil.copy(os.path.join(os.path.dirname(qkv.__file__), "data", "lm", "tokenizer.json"), out)
     print(f"{out}: {shape}{' (tiny)' if tiny else ''}, "
           f"{sum(p.numel() for p in m.parameters()) / 1e6:.0f}M parameters")
+
+
+def text_of(tokenizer, n: int) -> str:
+    """A text of at most ``n`` tokens (``scale.text_of``'s words; probed past the model's limit,
+    so ``n`` may be the model's whole context)."""
+    words = [WORDS[(i * 7 + i // 16) % len(WORDS)] for i in range(n)]
+    lo, hi = 1, n
+    while lo < hi:  # the most words whose encoding holds ≤ n tokens
+        mid = (lo + hi + 1) // 2
+        if len(tokenizer.encode(" ".join(words[:mid]), max_length=4 * n + 8).ids) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
 
 
 def config_of(path: str) -> dict:
@@ -604,7 +618,9 @@ def checkpoint_bytes(path: str) -> int:
 RATE = 55e9  # linear layers, FLOP/s, one fp32 thread (calibrated: GPT-2 forwards at 512/2048)
 MATERIALISED = 22e-9  # s per (head, query, key) element of an eager attention that keeps its pattern
 BLOCKWISE = 2.8e-9  # s per element of qkv's blockwise attention (causal half, q·k and w·v, exp)
+SDPA = 8e-9  # s per (head, query, key) element of transformers' sdpa forward (the reference)
 START = 8.0  # s: interpreter, imports, tokenising, outside the timed task
+INTERPRETER = 0.7 * GIB  # resident before the weights: python, torch, transformers (and the peer)
 
 
 def estimate(cfg: dict, size: int, tool: str, task: str, n: int, L: int) -> tuple[float, int]:
@@ -628,9 +644,24 @@ def estimate(cfg: dict, size: int, tool: str, task: str, n: int, L: int) -> tupl
         return cpu, peak + 40 * n * width * 4
     cpu = linear / RATE + attn * MATERIALISED
     kept = sum(full) * heads * n * n * 4 if tool in ("eager", "nnsight") else 3 * heads * n * n * 4
-    if tool == "tl" and task == "why":
-        kept += 2 * layers * heads * n * width * 4  # every hook of every layer
+    if tool == "tl" and task == "why":  # every hook of every layer (GPT-2 at 2048: 9.7 GB measured)
+        kept = 2 * layers * heads * n * n * 4 + 60 * layers * n * width * 4
     return cpu, kept + logits + 40 * n * width * 4
+
+
+def reference_estimate(cfg: dict, size: int, n: int, args) -> float:
+    """Wall seconds of the (untimed) float64 reference: eager float64 ≈ 4 × an eager float32
+    forward; sampled rows ≈ transformers' sdpa forward up to the layer, at ``SDPA`` s per
+    element (measured: GPT-2 shape, 2 layers, 32k tokens, 209 s wall on 2 loaded threads)."""
+    if eager_reference(cfg, n, args):
+        return 4 * estimate(cfg, size, "eager", "pattern", n, args.layer)[0]
+    heads = cfg.get("num_attention_heads") or cfg["n_head"]
+    layers = cfg.get("num_hidden_layers") or cfg["n_layer"]
+    width = cfg.get("hidden_size") or cfg["n_embd"]
+    full = [t == "full_attention" for t in cfg.get("layer_types") or ["full_attention"] * layers]
+    per_layer = (size / 4 - cfg["vocab_size"] * width - cfg.get("n_positions", 0) * width) / layers
+    linear = 2 * per_layer * (args.layer + 1) * n / RATE
+    return (linear + sum(full[:args.layer]) * heads * n * n * SDPA) / args.ref_threads + START
 
 
 def plan(args, cfg: dict, size: int) -> None:
@@ -641,15 +672,15 @@ def plan(args, cfg: dict, size: int) -> None:
           f"cap {args.mem_cap:g} GiB):")
     for n in map(int, args.lengths.split(",")):
         ref = "eager float64" if eager_reference(cfg, n, args) else "sampled rows"
-        rcpu, _ = estimate(cfg, size, "eager", "pattern", n, args.layer)
-        rcpu = rcpu * (4 if ref.startswith("eager") else 0.6) / (1 if ref.startswith("eager") else args.ref_threads)
-        print(f"  N={n:6d} reference ({ref}): ~{rcpu:7.0f} s")
+        rcpu = reference_estimate(cfg, size, n, args) if n <= args.rows_ref_max else 0.0
+        print(f"  N={n:6d} reference ({ref}): ~{rcpu:7.0f} s" if n <= args.rows_ref_max
+              else f"  N={n:6d} no reference (past --rows-ref-max): no error column")
         total += rcpu + START
         for task, tool in cells(args, cfg):
             if not_written(tool, task, family(cfg)):
                 continue
             cpu, peak = estimate(cfg, size, tool, task, n, args.layer)
-            fails = peak + size > args.mem_cap * GIB
+            fails = peak + size + INTERPRETER > args.mem_cap * GIB
             shown = "expect out of memory (fails at its first large allocation)" if fails else f"~{cpu:7.0f} s"
             print(f"  N={n:6d} {task:8s} {tool:8s} {shown:>10s}   peak ~{peak / GIB:7.2f} GiB above the weights")
             total += START + (size / 1e9 if fails else cpu)
@@ -698,6 +729,8 @@ def main() -> None:
             c.add_argument("--mem-cap", type=float, default=16.0, help="GiB a cell may hold (default 16)")
             c.add_argument("--eager-ref-max", type=int, default=2048,
                            help="the longest N with a float64 eager reference (GPT-2); past it: sampled rows")
+            c.add_argument("--rows-ref-max", type=int, default=32768,
+                           help="the longest N given a reference (the error column); past it none")
             c.add_argument("--ref-threads", type=int, default=os.cpu_count() or 1,
                            help="threads of the (untimed) reference")
             c.add_argument("--plan", action="store_true", help="print each cell's estimate; run nothing")
@@ -745,6 +778,8 @@ def main() -> None:
         tag = os.path.basename(os.path.normpath(args.model))
         ref_file = f"/tmp/qkv-peers-ref-{tag}-{n}.pt"
         kind = "eager" if eager_reference(cfg, n, args) else "rows"
+        if n > args.rows_ref_max:
+            kind = None
         for old in (ref_file, f"{ref_file}.qkv.why", f"{ref_file}.tl.why"):
             if os.path.exists(old):
                 os.remove(old)
@@ -752,7 +787,8 @@ def main() -> None:
                "--layer", str(args.layer), "--head", str(args.head), "--ref", ref_file, "--kind", kind,
                "--threads", str(args.ref_threads)]
         start = time.perf_counter()
-        _, why = capped(cmd, int(args.mem_cap * GIB), checkpoint_bytes(args.model), args.timeout, n)
+        _, why = capped(cmd, int(args.mem_cap * GIB), checkpoint_bytes(args.model), args.timeout, n) \
+            if kind else (None, "past --rows-ref-max")
         print(f"  N={n}: float64 reference ({'eager, every row' if kind == 'eager' else 'sampled rows'}) "
               + (f"failed: {why}; errors left out" if why else f"{time.perf_counter() - start:.0f} s"), flush=True)
         for task, tool in cells(args, cfg):
