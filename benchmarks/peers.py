@@ -659,9 +659,13 @@ def estimate(cfg: dict, size: int, tool: str, task: str, n: int, L: int) -> tupl
     logits = 0 if own else n * vocab * 4
     if tool == "qkv" and own:
         cpu = linear / RATE + attn * BLOCKWISE + (n * n * d * 4 / RATE if task in ("pattern", "stream") else 0)
-        # pattern: 2.9 × the (t, t) answer measured at 32k (GPT-2 shape, 2 layers: +11.4 GiB)
-        peak = {"pattern": 3 * n * n * 4, "layer": heads * n * n * 4, "stream": STREAM_ROWS * n * 8}.get(task, 0)
-        return cpu, peak + 40 * n * width * 4
+        # pattern: 2.9 × the (t, t) answer (measured at 32k, GPT-2 shape, 2 layers: +11.4 GiB);
+        # stream: document()'s record, 12 vectors of the width per layer and token (GPT-2 at
+        # 8192: +3.6 GB); steps, why: ~40 vectors of the width per token (GPT-2 at 2048: +0.2 GB)
+        answer = {"pattern": 2.9 * n * n * 4, "layer": heads * n * n * 4}
+        if task in answer:
+            return cpu, int(answer[task] + 8 * n * width * 4)
+        return cpu, (12 * layers if task == "stream" else 40) * n * width * 4
     cpu = linear / RATE + attn * MATERIALISED
     kept = sum(full) * heads * n * n * 4 if tool in ("eager", "nnsight") else 3 * heads * n * n * 4
     if tool == "tl" and task == "why":  # every hook of every layer (GPT-2 at 2048: 9.7 GB measured)
