@@ -14,6 +14,13 @@ forwards of *its* sequences, for scale (it has no goal: it runs every method too
     python benchmarks/faithfulness.py                   # 1 thread
     python benchmarks/faithfulness.py --rounds 3 --seconds 0 --no-faithfulness
     python benchmarks/faithfulness.py --model minilm --rounds 9 --no-faithfulness
+    python benchmarks/faithfulness.py --unbatched --no-faithfulness --cpu   # batched vs unbatched
+
+``--unbatched`` adds a line per case: ``head_effects`` batched (one copy per head in a forward)
+against the same function with one ablated copy per forward (``MAX_BATCH = 1``: each head's
+ablation its own forward over the probe's sequences) — the speed-up of batching over heads.
+``--cpu`` times by the process's CPU time instead of wall time (a loaded machine's wall time
+measures the others' load).
 """
 
 from __future__ import annotations
@@ -44,10 +51,26 @@ def plain_forwards(model, task_, count: int) -> None:
                 model(ids, torch.ones_like(ids))
 
 
+CLOCK = time.perf_counter
+
+
 def timed(fn) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     fn()
-    return time.perf_counter() - start
+    return CLOCK() - start
+
+
+def unbatched(fn):
+    """``fn`` run with one ablated copy per forward (head_effects' ``MAX_BATCH`` = 1)."""
+    from qkv.explain.causal import head_effects as module
+
+    def run():
+        kept, module.MAX_BATCH = module.MAX_BATCH, 1
+        try:
+            fn()
+        finally:
+            module.MAX_BATCH = kept
+    return run
 
 
 def paired(fa, fb, *, rounds: int, seconds: float) -> tuple[list[float], list[float]]:
@@ -78,10 +101,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mode", default="zero", choices=("zero", "mean"))
     parser.add_argument("--no-faithfulness", action="store_true")
+    parser.add_argument("--unbatched", action="store_true",
+                        help="also time head_effects with one ablated copy per forward")
+    parser.add_argument("--cpu", action="store_true", help="CPU time of the process, not wall time")
     parser.add_argument("--model", choices=sorted({m for m, _ in CASES}), default=None,
                         help="only this model's cases")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu else time.perf_counter
 
     import qkv
     from qkv.explain.causal.faithfulness import faithfulness
@@ -90,7 +118,7 @@ def main() -> None:
     print(f"threads {args.threads}, {args.rounds} rounds, {args.mode} ablation; goal: "
           f"head_effects ≤ 2.0× (layers × heads) plain forwards")
     print(f"{'model':8} {'probe':15} {'what':13} {'L×h':>4} {'rounds':>6} {'time s':>9} "
-          f"{'plain s':>9} {'ratio':>6} {'ratio IQR':>12}")
+          f"{'plain s':>9} {'ratio':>6} {'ratio IQR':>12}   (vs unbatched: plain s = unbatched)")
 
     def line(name, probe, what, heads, a, b):
         lo, mid, hi = quartiles([x / y for x, y in zip(a, b)])
@@ -107,6 +135,10 @@ def main() -> None:
                       lambda: plain_forwards(model, task_, heads),
                       rounds=args.rounds, seconds=args.seconds)
         line(name, probe, "head_effects", heads, a, b)
+        if args.unbatched:
+            batched = lambda: head_effects(model, probe, mode=args.mode, sequences=SEQUENCES)  # noqa: E731
+            a, b = paired(batched, unbatched(batched), rounds=args.rounds, seconds=args.seconds)
+            line(name, probe, "vs unbatched", heads, a, b)
         if not args.no_faithfulness:
             own = task(model, probe, sequences=FAITHFULNESS_SEQUENCES, length=None, seed=0)
             a, b = paired(lambda: faithfulness(model, probe, mode=args.mode,

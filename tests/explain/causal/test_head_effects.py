@@ -75,6 +75,31 @@ def test_batched_effects_equal_one_head_at_a_time(lm, probe, mode):
     assert_agree(got, ref, low, what=f"{probe} effects, batched vs one at a time")
 
 
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A random 2-layer Llama with grouped queries (4 heads, 2 key/value heads), loaded by qkv."""
+    import qkv
+    from hf_decoders import make_checkpoint
+
+    path, _ = make_checkpoint(tmp_path_factory.mktemp("llama"), "LlamaConfig", "LlamaForCausalLM",
+                              hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return qkv.load(path)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_batched_effects_equal_one_head_at_a_time_with_grouped_queries(tiny_llama, mode):
+    """A head ablated in one copy of the batch leaves its key/value group's other heads, and the
+    other copies, as they are."""
+    from tolerance import assert_agree, twin
+
+    got = head_effects(twin(tiny_llama, torch.float64), "induction", mode=mode, sequences=2).effects
+    ref = one_at_a_time(twin(tiny_llama, torch.float64), "induction", mode, 2)
+    low = one_at_a_time(twin(tiny_llama, torch.float32), "induction", mode, 2).float()
+    assert got.shape == (2, 4) and bool((ref != 0).any())
+    assert_agree(got, ref, low, what=f"tiny llama (GQA) {mode} effects, batched vs one at a time")
+
+
 def test_induction_heads_matter_on_the_shipped_lm(lm):
     e = head_effects(lm, "induction", sequences=10)
     # layer 1 holds the induction heads (tutorial): removing one raises the repeated-half loss
