@@ -56,6 +56,7 @@ from qkv.attention.received import BLOCK, attention_block_sums, attention_receiv
 from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import contributions
+from qkv.explain.mixer_maps import check_softmax_everywhere
 from qkv.explain.contributions.base import Scores, out_weight
 from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_layers
 from qkv.explain.overview import Overview, overview_of
@@ -455,6 +456,7 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None,
     untraced forward; memory O(L · (h + 2 h_kv) · N · d).
     """
     tell = progress if progress is not None else (lambda stage, done, total: None)
+    check_softmax_everywhere(model, "document()")  # a hybrid's linear layers keep no lse to record
     have = memory_allowed(memory_limit)
     tell("tokenising", 0, 1)
     text, encoding = encoded(model, text, have=have)
