@@ -108,11 +108,12 @@ class AttentionTrace:
         return out
 
     def detach(self) -> "AttentionTrace":
-        """The same record with every tensor detached from autograd."""
+        """The same record with every tensor detached from autograd (one that autograd does not
+        track — all of them under `torch.no_grad` — is already detached: kept as it is)."""
         return AttentionTrace(
             **{
                 f.name: getattr(self, f.name).detach()
-                if isinstance(getattr(self, f.name), torch.Tensor)
+                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).requires_grad
                 else getattr(self, f.name)
                 for f in fields(self)
             }
