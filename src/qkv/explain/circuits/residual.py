@@ -48,6 +48,7 @@ Examples:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -93,14 +94,21 @@ def mixer_name(model, layer: int) -> str:
 @dataclass(frozen=True)
 class Stream:
     """Layer `layer`'s input at `positions` (n,), split: `parts` (C, n, E) float64 with
-    one row per name of `names` (`bias` last); `parts.sum(0)` is the recorded hidden state
-    to within `error` (max abs)."""
+    one row per name of `names` (`bias` last); `parts.sum(0)` is `recorded` (n, E), the
+    hidden state the forward recorded, to within `error` (max abs)."""
 
     layer: int
     positions: torch.Tensor
     names: tuple[str, ...]
     parts: torch.Tensor
-    error: float
+    recorded: torch.Tensor
+
+    @property
+    def error(self) -> float:
+        """max |Σ parts − recorded| (read when asked: `stream` checked it is rounding)."""
+        if not self.parts.numel():
+            return 0.0
+        return float((self.parts.sum(0) - self.recorded.double()).abs().max())
 
 
 def out_weight(attn) -> torch.Tensor:
@@ -112,7 +120,20 @@ def out_weight(attn) -> torch.Tensor:
 def check(model, upto: int | None = None) -> None:
     """QkvError naming what `stream` cannot read in `model`: in every layer (`upto` None), or
     in the layers before `upto` — the ones the input of layer `upto` is made of — and, of layer
-    `upto` itself, whether its attention reads that input as x + attn's layers do."""
+    `upto` itself, whether its attention reads that input as x + attn's layers do (remembered
+    per model and `upto` once passed: it reads the layers' kinds, not their weights)."""
+    passed = _PASSED.get(model)
+    if passed is not None and upto in passed:
+        return
+    _check(model, upto)
+    _PASSED.setdefault(model, set()).add(upto)
+
+
+# The `upto`s each model passed `check` for (an attribution checks before it splits, then `stream`).
+_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _check(model, upto: int | None) -> None:
     check_layers(model, "circuits", hybrid=True)
     for i, layer in enumerate(model.layers[: None if upto is None else upto + 1]):
         attn = layer.self_attn
@@ -171,8 +192,31 @@ def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> tuple[torch.Tensor, 
 def _plain_heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
     """(h, n, E) each head's write o^{l,h}_i W_O^h at the positions."""
     o = fwd.traces[ell].self_attn.heads[0, positions].double()  # (n, h·dv)
-    o = o.view(o.shape[0], attn.num_heads, -1)  # (n, h, dv)
-    return torch.einsum("nhd,hde->hne", o, out_weight(attn).double())  # (h, n, E)
+    o = o.view(o.shape[0], attn.num_heads, -1).transpose(0, 1)  # (h, n, dv)
+    w, _ = linear64(attn.out_proj)  # (E, h·dv) float64, converted once
+    return o @ w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0)  # (h, n, E)
+
+
+# A projection's rows in float64, kept per module while its weights stay the same (the weight's
+# version counter moves on any in-place change): they do not depend on the text, and each
+# attribution would otherwise convert them again.
+_CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def linear64(proj: torch.nn.Module, take: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W[take] (·, E), b[take] (·,) or None) of the linear map `proj` in float64, once per
+    weights version."""
+    weight, bias = proj.weight, getattr(proj, "bias", None)
+    version = (weight._version, weight.data_ptr(), weight.dtype,
+               None if bias is None else (bias._version, bias.data_ptr()))
+    kept = _CONVERTED.setdefault(proj, {})
+    where = (take.start, take.stop, take.step)
+    if where not in kept or kept[where][0] != version:  # new, or the weights changed since
+        kept[where] = (version, weight[take].detach().double(),
+                       None if bias is None else bias[take].detach().double())
+    return kept[where][1:]
+
+
 
 
 def _ffn_sum(lay, trace, residual: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -234,8 +278,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     if not rebuilds(total, want):
         raise QkvError(f"{model.name}: the components of layer {layer}'s input do not sum to the "
                        f"forward's (max diff {float((total - want.double()).abs().max()):.3g})")
-    err = float((total - want.double()).abs().max()) if total.numel() else 0.0
-    return Stream(layer, positions, names(model, layer, embedding), parts, err)
+    return Stream(layer, positions, names(model, layer, embedding), parts, want)
 
 
 __all__ = ["BIAS", "Stream", "check", "check_query_layer", "ffn_name", "head_name", "mixer_name", "names", "out_weight",

@@ -39,7 +39,6 @@ Examples:
 from __future__ import annotations
 
 import math
-import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
@@ -50,7 +49,7 @@ from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits import latent
 from qkv.explain.circuits.norms import linearise, rebuilds
-from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
+from qkv.explain.circuits.residual import Stream, check, check_query_layer, linear64, names, stream
 from qkv.explain.contributions.base import Forward, run
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
@@ -219,7 +218,7 @@ def _projected(model, fwd, parts: torch.Tensor, layer: int, head: int, which: st
                         else (attn.k_proj, attn.k_norm, kv_rows))
     whole = norm is not None and norm_width(norm) != attn.head_dim  # OLMo 2: one norm over every head
     take = slice(None) if whole else rows
-    w, b = _float64(proj, take)  # (d or h·d, E), (d or h·d,) or None
+    w, b = linear64(proj, take)  # (d or h·d, E), (d or h·d,) or None
     C, n, E = parts.shape
     out = (parts.reshape(C * n, E) @ w.T).view(C, n, -1)  # (C, n, ·): one 2-D product
     if b is not None:
@@ -265,36 +264,16 @@ def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     return parts
 
 
-# A projection's rows in float64, kept per module while its weights stay the same (the weight's
-# version counter moves on any in-place change): they do not depend on the text, and each
-# attribution would otherwise convert them again.
-_CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(W[take] (·, E), b[take] (·,) or None) of the linear map `proj` in float64, once per
-    weights version."""
-    weight, bias = proj.weight, proj.bias
-    version = (weight._version, weight.data_ptr(), weight.dtype,
-               None if bias is None else (bias._version, bias.data_ptr()))
-    kept = _CONVERTED.setdefault(proj, {})
-    where = (take.start, take.stop, take.step)
-    if where not in kept or kept[where][0] != version:  # new, or the weights changed since
-        kept[where] = (version, weight[take].detach().double(),
-                       None if bias is None else bias[take].detach().double())
-    return kept[where][1:]
-
-
 def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
              positions: torch.Tensor | None) -> Forward:
     """The forward through layer `layer` only, `rows` traced in it; every layer before it runs
     untraced and records its heads' outputs and residual at `positions` (None: every position)
-    — the components, nothing else (`Writes`). Nothing after the layer is computed, the model's
-    head included. A model that runs its own layer loop (transformers) runs whole, traced."""
+    — the components, nothing else (`Writes`). Nothing after the layer's attention is computed:
+    not its feed-forward (`attention_only`), nor any later layer or the model's head. A model that runs its own layer loop (transformers) runs whole, traced."""
     if not stops_at_layer(model, layer):
         return run(model, ids, rows)
     keep = Writes(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
-    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep),
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep, attention_only=True),
                 output_hidden_states=True)
     att = out.traces[layer].self_attn.attention
     # a NaN made earlier is in the layer's input (every row); one made by its projections, in
