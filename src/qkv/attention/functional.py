@@ -453,12 +453,17 @@ def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, gr
                 extras) -> AttentionTrace:
     """The reference trace of some query rows, with the mask drawn for those rows only."""
     t, s = query.shape[-2], key.shape[-2]
-    index = torch.arange(t, device=query.device)[rows] if isinstance(rows, slice) else \
-        torch.as_tensor(rows, device=query.device)
-    if index.ndim != 1 or index.is_floating_point() or index.dtype == torch.bool or (
-            index.numel() and (int(index.min()) < -t or int(index.max()) >= t)):
-        raise ValueError(f"rows must be query positions in [-{t}, {t}), got {rows!r}")
-    index = index % t if t else index
+    if isinstance(rows, slice):
+        index = torch.arange(t, device=query.device)[rows]  # in range by construction
+    else:
+        index = torch.as_tensor(rows, device=query.device)
+        # a few positions, checked in Python after one read (not a min, a max and a remainder)
+        listed = index.tolist() if index.ndim == 1 and not index.is_floating_point() \
+            and index.dtype != torch.bool else None
+        if listed is None or (listed and (min(listed) < -t or max(listed) >= t)):
+            raise ValueError(f"rows must be query positions in [-{t}, {t}), got {rows!r}")
+        if listed and min(listed) < 0:
+            index = index % t
 
     def row_part(x):  # a (..., t|1, s) tensor on the chosen rows
         return x if x is None or x.shape[-2] == 1 else x.index_select(-2, index)

@@ -31,6 +31,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
+from qkv.explain.circuits.parts import parts_of
 from qkv.models.protocol import Embeddings
 
 EMBED, TOKEN, POSITION, TYPE = "embed", "embed.token", "embed.position", "embed.type"
@@ -42,7 +43,7 @@ TABLES = {"token": TOKEN, "position": POSITION, "type": TYPE}
 def tables(model) -> Embeddings | None:
     """The model's embedding tables as its protocol names them (`model.parts.embeddings`),
     or None where it names none that rebuild layer 0's input."""
-    return model.parts.embeddings
+    return parts_of(model).embeddings
 
 
 def names(model) -> tuple[str, ...]:

@@ -55,6 +55,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.circuits import embed
+from qkv.explain.circuits.parts import parts_of
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
 from qkv.explain.mixers import gate
@@ -163,7 +164,7 @@ def check_query_layer(model, layer: int) -> MixerKind | None:
     sparse: MLA over an indexer's keys), None for a layer without one; ArgumentError naming a
     kind whose scores are not split by component (differential: two maps) — one line, before
     any projection is read."""
-    kinds = [m.kind for m in model.parts.layers[layer].mixers if m.kind.softmax]
+    kinds = [m.kind for m in parts_of(model).layers[layer].mixers if m.kind.softmax]
     if not kinds or kinds[0] in SPLIT_KINDS:
         return kinds[0] if kinds else None
     raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "

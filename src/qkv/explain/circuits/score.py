@@ -366,9 +366,9 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     j = None if key is None else _pick(model, text, encoding, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     module = model.layers[layer].self_attn.module if latent_kind else None
+    pair = None if j is None else torch.tensor([i, j], device=ids.device)  # (2,) query, key
     with latent.handed(module) if latent_kind else nullcontext({}) as given:
-        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
-                       None if j is None else torch.tensor([i, j], device=ids.device))
+        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer, pair)
     sides = _sides(model, fwd, layer, head, module, given.get("position_embeddings"))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
@@ -381,9 +381,10 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
         return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype, sides)
-    if not torch.isfinite(mask[j]):
+    score_bias = float(mask[j])
+    if not math.isfinite(score_bias):
         _refuse_masked(key, i, j, layer, mask, module if kind is MixerKind.SPARSE else None, fwd, given)
-    both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
+    both = stream(model, fwd, layer, pair)  # the query's and the key's input
     read = attention_input(model, fwd, both, layer)  # (C, 2, E): one norm frozen for both sides
     if module is None:  # both sides projected, each at its own position, and rotated at once
         qk = _pair(model, fwd, both, layer, head, read)  # (C, 2, d)
@@ -407,7 +408,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         key_index=j, query_components=both.names, key_components=both.names, terms=terms,
         score=score, bound=_pair_bound(sums, dqk, scale, dtype), q_error=q_error, k_error=k_error,
         capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
-        score_bias=float(mask[j]), latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
+        score_bias=score_bias, latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
 
 
 def _refuse_masked(key, i: int, j: int, layer: int, mask: torch.Tensor, indexed, fwd, given: dict):
