@@ -195,7 +195,7 @@ def _plain_heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
     o = fwd.traces[ell].self_attn.heads[0, positions].double()  # (n, h·dv)
     o = o.view(o.shape[0], attn.num_heads, -1).transpose(0, 1)  # (h, n, dv)
     w, _ = linear64(attn.out_proj)  # (E, h·dv) float64, converted once
-    return o @ w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0)  # (h, n, E)
+    return torch.bmm(o, w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0))  # (h, n, E)
 
 
 # A projection's rows in float64, kept per module while its weights stay the same (the weight's
