@@ -99,15 +99,18 @@ def _spread(centred: torch.Tensor, eps: float) -> torch.Tensor:
     return (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
 
-def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
+def linearise(norm: nn.Module, x: torch.Tensor, output: torch.Tensor | None = None) -> Linearised:
     """`norm` as an affine map at the rows of `x` (n, E) (the vectors it read in the
-    forward), checked against `norm(x)`; QkvError naming the norm where neither a LayerNorm's
-    nor an RMSNorm's formula with its γ, β and ε rebuilds its output."""
+    forward), checked against its output there: `output` (n, E) as the forward recorded it, else
+    `norm(x)` computed; QkvError naming the norm where neither a LayerNorm's nor an RMSNorm's
+    formula with its γ, β and ε rebuilds that output."""
     x64 = x.double()
     gammas, beta = _constants(norm, x64)
     eps = _eps(norm, x.dtype)
-    with torch.no_grad():
-        want = norm(x)
+    if output is None:
+        with torch.no_grad():
+            output = norm(x)
+    want = output
     shifted = affine(norm)[1] is not None  # without a β, β = 0: neither subtracted nor added
     y = want.double() - beta if shifted else want.double()  # (n, E)
     forms = [(g, c, fitted) for g in range(len(gammas)) for c in (True, False) for fitted in (True, False)]

@@ -258,10 +258,27 @@ def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     lay = model.layers[layer]
     if not lay.norm_first:
         return st.parts
-    lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
+    x = fwd.hidden_states[layer][0, st.positions]  # (n, E)
+    seen = _read(fwd, layer, st.positions)
+    try:  # frozen against what the attention read: norm1's output as the forward computed it
+        lin = linearise(lay.norm1, x, seen)
+    except QkvError:
+        if seen is None:
+            raise
+        lin = linearise(lay.norm1, x)  # the attention read something else: norm1's own output
     parts = lin.apply(st.parts)
     parts[-1] += lin.shift
     return parts
+
+
+def _read(fwd, layer: int, positions: torch.Tensor) -> torch.Tensor | None:
+    """(n, E) what layer `layer`'s attention read at `positions` (its trace's key input, kept
+    for every position), None where the trace does not hold it whole."""
+    read = getattr(fwd.traces[layer].self_attn, "key_input", None)  # (1, t, E)
+    hidden = fwd.hidden_states[layer]  # (1, t, E)
+    if read is None or tuple(read.shape) != tuple(hidden.shape):
+        return None
+    return read[0, positions]
 
 
 def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
