@@ -430,17 +430,27 @@ def attention_trace(
                                   window, causal_alignment, key_padding_mask, mask, bias, block_mask)
     if backend not in ("reference", "auto"):
         raise ValueError(f"attention_trace computes with the 'reference' backend, got backend={backend!r}")
+    return checked_trace(query, key, value, mask=description, bias=bias, scale=scale,
+                         dropout_p=float(dropout_p), enable_gqa=enable_gqa, rows=rows,
+                         softcap=softcap, sinks=sinks)
+
+
+def checked_trace(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                  mask: AttentionMask, bias: torch.Tensor | None, scale: float, dropout_p: float,
+                  enable_gqa: bool, rows=None, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> AttentionTrace:
+    """`attention_trace` on arguments already checked — by `attention_trace` itself, or by the
+    `scaled_dot_product_attention` call that ran on the same ones (`traced_attention`'s traced
+    rows: the inputs are not checked twice) — with one `mask` description and `scale` a float."""
     groups = gqa_groups(query, key, enable_gqa)
     extras = dict(softcap=check_softcap(softcap), sinks=sinks)
     if sinks is not None:
         check_sinks(sinks, tuple(query.shape))
     if rows is not None:
-        return _trace_rows(query, key, value, description, bias, rows, scale, float(dropout_p), groups,
-                           extras)
-    dense = description.materialize(query.shape[-2], key.shape[-2], rank=query.ndim,
-                                    device=query.device)
+        return _trace_rows(query, key, value, mask, bias, rows, scale, dropout_p, groups, extras)
+    dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
     return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
-                               scale=scale, dropout_p=float(dropout_p), bias=bias, **extras)
+                               scale=scale, dropout_p=dropout_p, bias=bias, **extras)
 
 
 # A short text's rows read their mask off the whole (t, s) mask: drawing it costs less than
