@@ -122,15 +122,17 @@ def check(model, upto: int | None = None) -> None:
     """QkvError naming what `stream` cannot read in `model`: in every layer (`upto` None), or
     in the layers before `upto` — the ones the input of layer `upto` is made of — and, of layer
     `upto` itself, whether its attention reads that input as x + attn's layers do (remembered
-    per model and `upto` once passed: it reads the layers' kinds, not their weights)."""
+    per model, its layers and `upto` once passed: it reads the layers' kinds, not their weights)."""
+    key = (upto, tuple(map(id, model.layers)))
     passed = _PASSED.get(model)
-    if passed is not None and upto in passed:
+    if passed is not None and key in passed:
         return
     _check(model, upto)
-    _PASSED.setdefault(model, set()).add(upto)
+    _PASSED.setdefault(model, set()).add(key)
 
 
-# The `upto`s each model passed `check` for (an attribution checks before it splits, then `stream`).
+# The (`upto`, its layers) each model passed `check` for (an attribution checks before it splits,
+# then `stream` does).
 _PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
