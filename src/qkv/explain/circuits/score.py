@@ -402,16 +402,11 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     if not math.isfinite(score_bias):
         _refuse_masked(key, i, j, layer, mask, module if kind is MixerKind.SPARSE else None, fwd, given)
     both = stream(model, fwd, layer, pair)  # the query's and the key's input
-    read = attention_input(model, fwd, both, layer)  # (C, 2, E): one norm frozen for both sides
-    if module is None:  # both sides projected, each at its own position, and rotated at once
-        qk = _pair(model, fwd, both, layer, head, read)  # (C, 2, d)
-    else:
-        qk = torch.stack([sides(both, "q", read)[:, 0], sides(both, "k", read)[:, 1]], 1)  # (C, 2, d)
+    qk = _query_and_key(model, fwd, both, layer, head, module, sides)  # (C, 2, d)
     q, k = qk[:, 0], qk[:, 1]  # (C, d) each
-    sums = qk.sum(0)  # (2, d): the query and the key the components rebuild
-    # one check that both are the forward's, to its rounding: dqk (2, d) = [dq, dk]
+    sums = qk.sum(0)  # (2, d): the query and the key the components rebuild, checked as one
     dqk = _checked(model, sums, torch.stack([att.query[0, head, 0], att.key[0, head, j]]),
-                   "query and key")
+                   "query and key")  # (2, d): [dq, dk], the forward's rounding
     q_error, k_error = dqk.abs().amax(-1).tolist()
     terms = (q @ k.T) * scale  # (C, C)
     split = None
@@ -426,6 +421,15 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         score=score, bound=_pair_bound(sums, dqk, scale, dtype), q_error=q_error, k_error=k_error,
         capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
         score_bias=score_bias, latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
+
+
+def _query_and_key(model, fwd, both: Stream, layer: int, head: int, module, sides) -> torch.Tensor:
+    """(C, 2, d): the query's components at `both.positions[0]` and the key's at
+    `both.positions[1]`, from the layer's input read once (one norm frozen for both sides)."""
+    read = attention_input(model, fwd, both, layer)  # (C, 2, E)
+    if module is None:  # both sides projected, each at its own position, and rotated at once
+        return _pair(model, fwd, both, layer, head, read)
+    return torch.stack([sides(both, "q", read)[:, 0], sides(both, "k", read)[:, 1]], 1)  # MLA: latents
 
 
 def _refuse_masked(key, i: int, j: int, layer: int, mask: torch.Tensor, indexed, fwd, given: dict):
