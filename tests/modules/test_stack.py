@@ -179,3 +179,28 @@ def test_layer_rows_traces_one_layer_and_stops_after_it():
         assert torch.equal(both.hidden_states[layer + 1], full.hidden_states[layer + 1])
     with pytest.raises(ValueError, match=r"^LayerRows.layer must be a layer of the stack \(0…2\), got 3"):
         stack(x, trace_rows=LayerRows(3, torch.tensor([6])))
+
+
+def test_layer_rows_attention_only_stops_after_the_layers_attention():
+    """LayerRows(ℓ, rows, attention_only=True): layer ℓ's trace is the same as without it, its
+    feed-forward never runs, and hidden_states end with what entered layer ℓ."""
+    from qkv.modules import LayerRows
+
+    stack = _stack()
+    x = torch.randn(1, 7, E, dtype=next(stack.parameters()).dtype)
+    whole = stack(x, mask=AttentionMask(causal=True), trace_rows=LayerRows(1, torch.tensor([6])),
+                  output_hidden_states=True)
+
+    class Refuses(nn.Module):
+        def forward(self, *args, **kwargs):
+            raise AssertionError("the stop layer's feed-forward ran")
+
+    stack.layers[1].feed_forward = Refuses()
+    out = stack(x, mask=AttentionMask(causal=True), output_hidden_states=True,
+                trace_rows=LayerRows(1, torch.tensor([6]), attention_only=True))
+    assert out.last_hidden_state.shape == (1, 0, E) and len(out.hidden_states) == 2
+    assert torch.equal(out.hidden_states[1], whole.hidden_states[1])
+    for name in ("query", "key", "scores", "weights", "output"):  # the very same computation
+        assert torch.equal(getattr(out.traces[1].self_attn.attention, name),
+                           getattr(whole.traces[1].self_attn.attention, name))
+    assert torch.equal(out.traces[1].residual, whole.traces[1].residual)

@@ -430,17 +430,27 @@ def attention_trace(
                                   window, causal_alignment, key_padding_mask, mask, bias, block_mask)
     if backend not in ("reference", "auto"):
         raise ValueError(f"attention_trace computes with the 'reference' backend, got backend={backend!r}")
+    return checked_trace(query, key, value, mask=description, bias=bias, scale=scale,
+                         dropout_p=float(dropout_p), enable_gqa=enable_gqa, rows=rows,
+                         softcap=softcap, sinks=sinks)
+
+
+def checked_trace(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                  mask: AttentionMask, bias: torch.Tensor | None, scale: float, dropout_p: float,
+                  enable_gqa: bool, rows=None, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> AttentionTrace:
+    """`attention_trace` on arguments already checked — by `attention_trace` itself, or by the
+    `scaled_dot_product_attention` call that ran on the same ones (`traced_attention`'s traced
+    rows: the inputs are not checked twice) — with one `mask` description and `scale` a float."""
     groups = gqa_groups(query, key, enable_gqa)
     extras = dict(softcap=check_softcap(softcap), sinks=sinks)
     if sinks is not None:
         check_sinks(sinks, tuple(query.shape))
     if rows is not None:
-        return _trace_rows(query, key, value, description, bias, rows, scale, float(dropout_p), groups,
-                           extras)
-    dense = description.materialize(query.shape[-2], key.shape[-2], rank=query.ndim,
-                                    device=query.device)
+        return _trace_rows(query, key, value, mask, bias, rows, scale, dropout_p, groups, extras)
+    dense = mask.materialize(query.shape[-2], key.shape[-2], rank=query.ndim, device=query.device)
     return reference_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), dense,
-                               scale=scale, dropout_p=float(dropout_p), bias=bias, **extras)
+                               scale=scale, dropout_p=dropout_p, bias=bias, **extras)
 
 
 # A short text's rows read their mask off the whole (t, s) mask: drawing it costs less than
@@ -453,12 +463,17 @@ def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, gr
                 extras) -> AttentionTrace:
     """The reference trace of some query rows, with the mask drawn for those rows only."""
     t, s = query.shape[-2], key.shape[-2]
-    index = torch.arange(t, device=query.device)[rows] if isinstance(rows, slice) else \
-        torch.as_tensor(rows, device=query.device)
-    if index.ndim != 1 or index.is_floating_point() or index.dtype == torch.bool or (
-            index.numel() and (int(index.min()) < -t or int(index.max()) >= t)):
-        raise ValueError(f"rows must be query positions in [-{t}, {t}), got {rows!r}")
-    index = index % t if t else index
+    if isinstance(rows, slice):
+        index = torch.arange(t, device=query.device)[rows]  # in range by construction
+    else:
+        index = torch.as_tensor(rows, device=query.device)
+        # a few positions, checked in Python after one read (not a min, a max and a remainder)
+        listed = index.tolist() if index.ndim == 1 and not index.is_floating_point() \
+            and index.dtype != torch.bool else None
+        if listed is None or (listed and (min(listed) < -t or max(listed) >= t)):
+            raise ValueError(f"rows must be query positions in [-{t}, {t}), got {rows!r}")
+        if listed and min(listed) < 0:
+            index = index % t
 
     def row_part(x):  # a (..., t|1, s) tensor on the chosen rows
         return x if x is None or x.shape[-2] == 1 else x.index_select(-2, index)

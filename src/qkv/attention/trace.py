@@ -108,15 +108,13 @@ class AttentionTrace:
         return out
 
     def detach(self) -> "AttentionTrace":
-        """The same record with every tensor detached from autograd."""
-        return AttentionTrace(
-            **{
-                f.name: getattr(self, f.name).detach()
-                if isinstance(getattr(self, f.name), torch.Tensor)
-                else getattr(self, f.name)
-                for f in fields(self)
-            }
-        )
+        """The same record with every tensor detached from autograd; the record itself where
+        autograd tracks none of them (all under `torch.no_grad`: nothing to detach)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in values.values()):
+            return self
+        return AttentionTrace(**{name: x.detach() if isinstance(x, torch.Tensor) else x
+                                 for name, x in values.items()})
 
 
 class LseRequest:

@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 
 from qkv.attention.attention_mask import AttentionMask
-from qkv.attention.functional import attention_trace, scaled_dot_product_attention
+from qkv.attention.functional import attention_trace, checked_trace, resolve_scale, scaled_dot_product_attention
 from qkv.attention.trace import AttentionTrace, LseRequest, LseTrace
 from qkv.errors import QkvError
 
@@ -129,7 +129,11 @@ def traced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             # trace only the rows asked for: O(r·s) numbers, not O(t·s), for a long text; the
             # traced rows of the output are the trace's own, so an explanation equals the forward
             index = row_positions(query.shape[-2], rows, query.device)
-            trace = attention_trace(query, key, value, rows=index, **extras)
+            # the call above checked these arguments: the trace reads them as they are
+            described = mask if mask is not None else AttentionMask()
+            trace = checked_trace(query, key, value, rows=index, mask=described, bias=bias,
+                                  scale=resolve_scale(scale, query.shape[-1]), dropout_p=dropout_p,
+                                  enable_gqa=enable_gqa, softcap=softcap, sinks=sinks)
             out = out.index_copy(-2, index, trace.output.to(out.dtype))  # (b, h, t, dv)
             trace = trace.detach()
     if edit is not None:

@@ -46,6 +46,10 @@ class LayerRows:
             [`Writes`][qkv.modules.writes.Writes]: record there only each head's output and
             the residual at its positions (what a decomposition of layer `layer`'s input reads),
             the attention running untraced.
+        attention_only: layer `layer` stops after its self-attention (where its layer class
+            forms x + attn, `TransformerLayer`'s own forward): a reader of its trace alone
+            (a score attribution) pays for no feed-forward there; `hidden_states` then end
+            with what entered it (`hidden_states[layer + 1]` is not computed).
 
     It rides on `trace_rows` because every model already threads that argument from its
     forward to the stack. The stack's output then holds `traces[layer]` (the others None, or
@@ -57,6 +61,7 @@ class LayerRows:
     layer: int
     rows: torch.Tensor | slice | LseRequest
     earlier: bool | Writes = False
+    attention_only: bool = False
 
     def at(self, layer: int):
         """What layer `layer` (≤ `self.layer`) is asked to record: `rows`, `earlier`'s, or None."""
@@ -155,13 +160,19 @@ class TransformerStack(nn.Module):
             if interventions is not None:
                 x, edit = interventions.input(i, x), interventions.attention(i)
             rows = trace_rows if stop is None else trace_rows.at(i)
+            short = i == stop and trace_rows.attention_only and getattr(layer, "sequential_residual", False)
             out = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
                         kv_cache=kv_caches[i] if kv_caches is not None else None,
                         memory_kv_cache=memory_kv_caches[i] if memory_kv_caches is not None else None,
                         trace_rows=rows, positions=positions,
-                        **({} if edit is None else {"intervention": edit}))
+                        **({} if edit is None else {"intervention": edit}),
+                        **({"attention_only": True} if short else {}))
             if stop is not None and i < stop and isinstance(trace_rows.earlier, Writes):
                 hidden[i] = trace_rows.earlier.keep(hidden[i])  # its positions' rows: all it reads
+            if short:  # its trace is all that was asked: no output of the layer was computed
+                traces.append(out.trace)
+                x = x[:, :0]  # (b, 0, E)
+                break
             x = out.hidden
             hidden.append(x)
             traces.append(out.trace)
@@ -169,7 +180,7 @@ class TransformerStack(nn.Module):
                 x = x[:, :0]  # (b, 0, E)
                 break
         return StackOutput(
-            last_hidden_state=self.norm(x) if self.norm is not None else x,
+            last_hidden_state=self.norm(x) if self.norm is not None and stop is None else x,  # (b, 0, E) after a stop
             hidden_states=tuple(hidden) if output_hidden_states else None,
             traces=traces if trace_rows is not None else None,
         )

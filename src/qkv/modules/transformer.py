@@ -157,7 +157,8 @@ class TransformerLayer(nn.Module):
                 kv_cache: KVCache | None = None, memory_kv_cache: KVCache | None = None,
                 trace_rows: torch.Tensor | slice | None = None,
                 positions: torch.Tensor | None = None,
-                intervention: AttentionEdit | None = None) -> LayerOutput:
+                intervention: AttentionEdit | None = None,
+                attention_only: bool = False) -> LayerOutput:
         """x: (b, t, E) → a `LayerOutput` (hidden (b, t, E); a trace with `trace_rows`).
 
         Masks: `mask` (an [`AttentionMask`][qkv.attention.AttentionMask], as the stack passes it) or
@@ -167,7 +168,9 @@ class TransformerLayer(nn.Module):
         self-attention's rotary embedding. `memory_kv_cache` (decoding) holds
         the cross-attention's keys and values of `memory`: the first call projects `memory`
         into it, later calls reuse it instead of projecting `memory` again. `intervention`
-        (an `AttentionEdit`) goes to the self-attention.
+        (an `AttentionEdit`) goes to the self-attention. `attention_only`: stop after the
+        self-attention sub-block (what a reader of its trace alone needs): `hidden` is then
+        its residual (x + attn, or norm1 of it), the feed-forward and any cross-attention not run.
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the layer has cross-attention")
@@ -179,6 +182,8 @@ class TransformerLayer(nn.Module):
         residual = x  # (b, t, E): what the self-attention sub-block hands on
         recorded = trace_rows.keep(x) if isinstance(trace_rows, Writes) else \
             None if isinstance(trace_rows, Weights) else residual
+        if attention_only:
+            return LayerOutput(x, LayerTrace(self_trace, None, recorded) if trace_rows is not None else None)
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:

@@ -36,7 +36,7 @@ Examples:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,14 +46,38 @@ class Writes:
     """`trace_rows=Writes(positions)`: record only what the layer wrote at `positions` (n,)."""
 
     positions: torch.Tensor
+    # the row of each kept position and the row indices of each request read so far, shared by
+    # every record this request makes (a reader asks each layer's for the same positions)
+    _lookup: "_Lookup" = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "positions", torch.unique(torch.as_tensor(self.positions).long()))
+        object.__setattr__(self, "_lookup", _Lookup(self.positions.tolist()))
 
     def keep(self, x: torch.Tensor) -> "AtPositions":
         """x (b, t, ·) → its rows at the positions, read back by absolute position."""
         positions = self.positions.to(x.device)
-        return AtPositions(positions, x.index_select(1, positions))
+        return AtPositions(positions, x.index_select(1, positions), self._lookup)
+
+
+class _Lookup:
+    """Absolute positions → rows of the kept values: `rows(wanted)` the (r,) row indices of
+    the positions `wanted` (a tuple), None where all are kept in that order already; made
+    once per request."""
+
+    def __init__(self, kept: list[int]):
+        self.kept = kept
+        self.row = {p: n for n, p in enumerate(kept)}
+        self.asked: dict[tuple[int, ...], torch.Tensor | None] = {}
+
+    def rows(self, wanted: tuple[int, ...], device) -> torch.Tensor | None:
+        if wanted not in self.asked:
+            missing = [p for p in wanted if p not in self.row]
+            if missing:
+                raise ValueError(f"positions {missing} are not all among those kept ({self.kept})")
+            self.asked[wanted] = None if list(wanted) == self.kept else \
+                torch.tensor([self.row[p] for p in wanted], device=device)
+        return self.asked[wanted]
 
 
 @dataclass(frozen=True)
@@ -66,6 +90,7 @@ class AtPositions:
 
     positions: torch.Tensor
     values: torch.Tensor
+    lookup: _Lookup | None = field(default=None, repr=False, compare=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -73,13 +98,11 @@ class AtPositions:
 
     def __getitem__(self, index) -> torch.Tensor:
         batch, positions = index
-        wanted = torch.as_tensor(positions).tolist()  # a handful: looked up in Python, one sync
-        kept = {p: n for n, p in enumerate(self.positions.tolist())}
-        missing = [p for p in wanted if p not in kept]
-        if missing:
-            raise ValueError(f"positions {missing} are not all among those kept "
-                             f"({self.positions.tolist()})")
-        return self.values[batch, [kept[p] for p in wanted]]
+        lookup = self.lookup if self.lookup is not None else _Lookup(self.positions.tolist())
+        wanted = tuple(torch.as_tensor(positions).tolist())  # a handful: looked up in Python, one sync
+        rows = lookup.rows(wanted, self.values.device)
+        picked = self.values[batch]  # an index drops the batch dim, a slice keeps it
+        return picked if rows is None else picked.index_select(1 - self.values.dim() + picked.dim(), rows)
 
 
 @dataclass(frozen=True)

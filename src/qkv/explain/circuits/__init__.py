@@ -3,6 +3,7 @@
 One concept a file:
 
 * `norms.py`        a LayerNorm / RMSNorm frozen at the scale a forward computed (affine)
+* `parts.py`        a model's parts (`model.parts`), read once per model
 * `residual.py`     a layer's input split by component: embed, each earlier head, each
                       feed-forward, bias — summing to the recorded hidden state
 * `score.py`        `score_attribution` — one score as (query × key components) terms

@@ -31,6 +31,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.circuits.norms import linearise, rebuilds
+from qkv.explain.circuits.parts import parts_of
 from qkv.models.protocol import Embeddings
 
 EMBED, TOKEN, POSITION, TYPE = "embed", "embed.token", "embed.position", "embed.type"
@@ -42,7 +43,7 @@ TABLES = {"token": TOKEN, "position": POSITION, "type": TYPE}
 def tables(model) -> Embeddings | None:
     """The model's embedding tables as its protocol names them (`model.parts.embeddings`),
     or None where it names none that rebuild layer 0's input."""
-    return model.parts.embeddings
+    return parts_of(model).embeddings
 
 
 def names(model) -> tuple[str, ...]:
@@ -57,7 +58,8 @@ def _rows(found: Embeddings, ids: torch.Tensor, positions: torch.Tensor, dtype) 
     """(P, n, E) each table's rows for the tokens at `positions` (n,) of the text `ids` (t,),
     times the embedding's scale."""
     rows = found.rows(ids)
-    return torch.stack([r[positions].to(dtype) * found.scale for r in rows.values()])  # (P, n, E)
+    scaled = (lambda r: r) if found.scale == 1 else (lambda r: r * found.scale)  # × 1: exact, skipped
+    return torch.stack([scaled(r[positions].to(dtype)) for r in rows.values()])  # (P, n, E)
 
 
 @torch.no_grad()
@@ -69,21 +71,22 @@ def split(model, ids: torch.Tensor, first: torch.Tensor, positions: torch.Tensor
     are not found or do not rebuild it."""
     found = tables(model)
     bias = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
-    whole = (EMBED,), first.double()[None], bias
+    whole = lambda: ((EMBED,), first.double()[None], bias)  # noqa: E731
     if found is None:
-        return whole
+        return whole()
     rows = _rows(found, ids, positions, first.dtype)  # (P, n, E') in the model's dtype
     if rows.shape[1:] != first.shape:  # E' ≠ E: the rows are projected (ELECTRA)
-        return whole
-    parts = rows.double()
+        return whole()
+    parts, total = rows.double(), None  # total: the sum of the parts, bias included
     if found.norm is not None:  # BERT: the sum normalised, frozen at the forward's scale
         try:
             lin = linearise(found.norm, rows.sum(0))
         except QkvError:  # not a LayerNorm / RMSNorm qkv can freeze: the embedding stays whole
-            return whole
+            return whole()
         parts, bias = lin.apply(parts), bias + lin.shift
-    if not rebuilds(parts.sum(0) + bias, first):
-        return whole
+        total = parts.sum(0) + bias
+    if not rebuilds(parts.sum(0) if total is None else total, first):  # no norm: the bias is 0
+        return whole()
     return tuple(TABLES[n] for n in found.tables), parts, bias
 
 

@@ -94,33 +94,42 @@ def _constants(norm: nn.Module, x64: torch.Tensor) -> tuple[tuple[torch.Tensor, 
 _FORMS: "weakref.WeakKeyDictionary[nn.Module, tuple[int, bool, bool]]" = weakref.WeakKeyDictionary()
 
 
-def linearise(norm: nn.Module, x: torch.Tensor) -> Linearised:
+def _spread(centred: torch.Tensor, eps: float) -> torch.Tensor:
+    """(n, 1) σ (of centred rows) or rms: √(mean(x²) + ε)."""
+    return (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+def linearise(norm: nn.Module, x: torch.Tensor, output: torch.Tensor | None = None) -> Linearised:
     """`norm` as an affine map at the rows of `x` (n, E) (the vectors it read in the
-    forward), checked against `norm(x)`; QkvError naming the norm where neither a LayerNorm's
-    nor an RMSNorm's formula with its γ, β and ε rebuilds its output."""
+    forward), checked against its output there: `output` (n, E) as the forward recorded it, else
+    `norm(x)` computed; QkvError naming the norm where neither a LayerNorm's nor an RMSNorm's
+    formula with its γ, β and ε rebuilds that output."""
     x64 = x.double()
     gammas, beta = _constants(norm, x64)
     eps = _eps(norm, x.dtype)
-    with torch.no_grad():
-        want = norm(x)
-    y = want.double() - beta  # (n, E)
+    if output is None:
+        with torch.no_grad():
+            output = norm(x)
+    want = output
+    shifted = affine(norm)[1] is not None  # without a β, β = 0: neither subtracted nor added
+    y = want.double() - beta if shifted else want.double()  # (n, E)
     forms = [(g, c, fitted) for g in range(len(gammas)) for c in (True, False) for fitted in (True, False)]
     forms.sort(key=lambda form: form != _FORMS.get(norm))  # the last one that rebuilt first
     for g, centres, fitted in forms:
         gamma = gammas[g]
         centred = x64 - x64.mean(-1, keepdim=True) if centres else x64
-        spread = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (n, 1): σ or rms
         if fitted:
             # the scale the forward computed, read off its output where it has one (an RMSNorm of
             # transformers normalises in float32 whatever the model's dtype): 1/σ fitted per row
             z = centred * gamma  # (n, E)
             zz = z.pow(2).sum(-1, keepdim=True)
-            inverse = torch.where(zz > 0, (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300),
-                                  1 / spread)  # (n, 1): 1/σ
+            inverse = (z * y).sum(-1, keepdim=True) / zz.clamp_min(1e-300)  # (n, 1): 1/σ
+            if not bool((zz > 0).all()):  # a row the norm zeroed has no fit: 1/σ computed there
+                inverse = torch.where(zz > 0, inverse, 1 / _spread(centred, eps))
         else:
-            inverse = 1 / spread
+            inverse = 1 / _spread(centred, eps)
         lin = Linearised(gamma * inverse, beta, centres)
-        got = lin.apply(x64) + beta
+        got = lin.apply(x64) + beta if shifted else lin.apply(x64)
         if rebuilds(got, want):
             _FORMS[norm] = (g, centres, fitted)
             return lin

@@ -64,12 +64,14 @@ Examples:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from qkv.errors import QkvError
 from qkv.explain.circuits import embed
+from qkv.explain.circuits.parts import parts_of
 from qkv.explain.circuits.norms import linearise, rebuilds
 from qkv.explain.contributions.base import check_layers, out_bias
 from qkv.explain.mixers import gate
@@ -98,31 +100,38 @@ def names(model, layer: int, embedding: tuple[str, ...] | None = None) -> tuple[
     out = list(embed.names(model) if embedding is None else embedding)
     for ell in range(layer):
         attn = model.layers[ell].self_attn
-        if model.parts.layers[ell].reads_embeddings:  # Zamba2's hybrid layer: one component
+        if parts_of(model).layers[ell].reads_embeddings:  # Zamba2's hybrid layer: one component
             out.append(mixer_name(model, ell))
             continue
         mixed = [head_name(ell, h) for h in range(attn.num_heads)] if attn is not None else \
-            [mixer_name(model, ell)] if model.parts.layers[ell].mixers else []
+            [mixer_name(model, ell)] if parts_of(model).layers[ell].mixers else []
         out += mixed + [ffn_name(ell)]
     return (*out, BIAS)
 
 
 def mixer_name(model, layer: int) -> str:
     """`L{l}.{kind}`: the branch of a layer whose mixer qkv's attention does not run."""
-    return f"L{layer}." + "+".join(m.kind.value for m in model.parts.layers[layer].mixers)
+    return f"L{layer}." + "+".join(m.kind.value for m in parts_of(model).layers[layer].mixers)
 
 
 @dataclass(frozen=True)
 class Stream:
     """Layer `layer`'s input at `positions` (n,), split: `parts` (C, n, E) float64 with
-    one row per name of `names` (`bias` last); `parts.sum(0)` is the recorded hidden state
-    to within `error` (max abs)."""
+    one row per name of `names` (`bias` last); `parts.sum(0)` is `recorded` (n, E), the
+    hidden state the forward recorded, to within `error` (max abs)."""
 
     layer: int
     positions: torch.Tensor
     names: tuple[str, ...]
     parts: torch.Tensor
-    error: float
+    recorded: torch.Tensor
+
+    @property
+    def error(self) -> float:
+        """max |Σ parts − recorded| (read when asked: `stream` checked it is rounding)."""
+        if not self.parts.numel():
+            return 0.0
+        return float((self.parts.sum(0) - self.recorded.double()).abs().max())
 
 
 def out_weight(attn) -> torch.Tensor:
@@ -134,13 +143,28 @@ def out_weight(attn) -> torch.Tensor:
 def check(model, upto: int | None = None) -> None:
     """QkvError naming what `stream` cannot read in `model`: in every layer (`upto` None), or
     in the layers before `upto` — the ones the input of layer `upto` is made of — and, of layer
-    `upto` itself, whether its attention reads that input as x + attn's layers do."""
+    `upto` itself, whether its attention reads that input as x + attn's layers do (remembered
+    per model, its layers and `upto` once passed: it reads the layers' kinds, not their weights)."""
+    key = (upto, tuple(map(id, model.layers)))
+    passed = _PASSED.get(model)
+    if passed is not None and key in passed:
+        return
+    _check(model, upto)
+    _PASSED.setdefault(model, set()).add(key)
+
+
+# The (`upto`, its layers) each model passed `check` for (an attribution checks before it splits,
+# then `stream` does).
+_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _check(model, upto: int | None) -> None:
     check_layers(model, "circuits", hybrid=True)
     for i, layer in enumerate(model.layers[: None if upto is None else upto + 1]):
         attn = layer.self_attn
         writes = i != upto  # its heads' writes and its output are read (not the query layer's)
-        branched = model.parts.layers[i].residual in BRANCHED
-        if model.parts.layers[i].reads_embeddings:  # n₁([x; e]) read; its write one component
+        branched = parts_of(model).layers[i].residual in BRANCHED
+        if parts_of(model).layers[i].reads_embeddings:  # n₁([x; e]) read; its write one component
             continue
         if branched:  # its attention reads n₁(x) (or x: norm1 None); its branches are carried
             if writes and attn is not None and attn.out_proj is None:
@@ -148,7 +172,7 @@ def check(model, upto: int | None = None) -> None:
                                f"writes into the residual stream cannot be read")
             continue
         if attn is None:  # a hybrid's own mixer (one component) or a feed-forward-only layer
-            if model.parts.layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
+            if parts_of(model).layers[i].mixers and not (layer.norm_first and layer.sequential_residual):
                 raise QkvError(f"{model.name}: layer {i} ({mixer_name(model, i)}) does not form x + mix "
                                f"before its feed-forward ({layer.residual_note or 'its own forward'}); "
                                f"its residual stream cannot be split by component")
@@ -172,7 +196,7 @@ def check_query_layer(model, layer: int) -> MixerKind | None:
     sparse: MLA over an indexer's keys), None for a layer without one; ArgumentError naming a
     kind whose scores are not split by component (differential: two maps) — one line, before
     any projection is read."""
-    kinds = [m.kind for m in model.parts.layers[layer].mixers if m.kind.softmax]
+    kinds = [m.kind for m in parts_of(model).layers[layer].mixers if m.kind.softmax]
     if not kinds or kinds[0] in SPLIT_KINDS:
         return kinds[0] if kinds else None
     raise ArgumentError("layer", "{name} {value} of {model} mixes its tokens by {kind}: its scores "
@@ -200,8 +224,31 @@ def _heads(fwd, ell: int, attn, positions: torch.Tensor) -> tuple[torch.Tensor, 
 def _plain_heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
     """(h, n, E) each head's write o^{l,h}_i W_O^h at the positions."""
     o = fwd.traces[ell].self_attn.heads[0, positions].double()  # (n, h·dv)
-    o = o.view(o.shape[0], attn.num_heads, -1)  # (n, h, dv)
-    return torch.einsum("nhd,hde->hne", o, out_weight(attn).double())  # (h, n, E)
+    o = o.view(o.shape[0], attn.num_heads, -1).transpose(0, 1)  # (h, n, dv)
+    w, _ = linear64(attn.out_proj)  # (E, h·dv) float64, converted once
+    return torch.bmm(o, w.view(w.shape[0], attn.num_heads, -1).permute(1, 2, 0))  # (h, n, E)
+
+
+# A projection's rows in float64, kept per module while its weights stay the same (the weight's
+# version counter moves on any in-place change): they do not depend on the text, and each
+# attribution would otherwise convert them again.
+_CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def linear64(proj: torch.nn.Module, take: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W[take] (·, E), b[take] (·,) or None) of the linear map `proj` in float64, once per
+    weights version."""
+    weight, bias = proj.weight, getattr(proj, "bias", None)
+    version = (weight._version, weight.data_ptr(), weight.dtype,
+               None if bias is None else (bias._version, bias.data_ptr()))
+    kept = _CONVERTED.setdefault(proj, {})
+    where = (take.start, take.stop, take.step)
+    if where not in kept or kept[where][0] != version:  # new, or the weights changed since
+        kept[where] = (version, weight[take].detach().double(),
+                       None if bias is None else bias[take].detach().double())
+    return kept[where][1:]
+
+
 
 
 def _ffn_sum(lay, trace, residual: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -230,7 +277,7 @@ def _branched(model, fwd, ell: int, positions: torch.Tensor, parts: torch.Tensor
     """(parts (C + 2, n, E), bias (n, E)): the components `parts` (C, n, E) and `bias` of a
     `branch_norm` or `scaled` layer's input carried to its output — its heads' writes (or its
     mixer's branch) and its feed-forward's appended."""
-    lp, attn = model.parts.layers[ell], model.layers[ell].self_attn
+    lp, attn = parts_of(model).layers[ell], model.layers[ell].self_attn
     dtype = fwd.hidden_states[ell].dtype
     x = fwd.hidden_states[ell][0, positions]  # (n, E)
     y = fwd.traces[ell].residual[0, positions].double()  # (n, E) as the forward formed it
@@ -275,15 +322,15 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     for ell in range(layer):
         lay = model.layers[ell]
         attn = lay.self_attn
-        if model.parts.layers[ell].reads_embeddings:  # the whole layer's write, out − x
+        if parts_of(model).layers[ell].reads_embeddings:  # the whole layer's write, out − x
             after, before = fwd.hidden_states[ell + 1][0, positions], fwd.hidden_states[ell][0, positions]
             parts = torch.cat([parts, (after.double() - before.double())[None]])
             continue
-        if model.parts.layers[ell].residual in BRANCHED:
+        if parts_of(model).layers[ell].residual in BRANCHED:
             parts, bias = _branched(model, fwd, ell, positions, parts, bias)
             continue
         if attn is None:
-            parts = torch.cat([parts, _own_mixer(model.parts.layers[ell], fwd, ell, positions)])
+            parts = torch.cat([parts, _own_mixer(parts_of(model).layers[ell], fwd, ell, positions)])
             continue
         heads, b_out = _heads(fwd, ell, attn, positions)  # (h, n, E), (E,)
         residual = fwd.traces[ell].residual[0, positions]  # (n, E) as the forward made it
@@ -308,8 +355,7 @@ def stream(model, fwd, layer: int, positions: torch.Tensor) -> Stream:
     if not rebuilds(total, want):
         raise QkvError(f"{model.name}: the components of layer {layer}'s input do not sum to the "
                        f"forward's (max diff {float((total - want.double()).abs().max()):.3g})")
-    err = float((total - want.double()).abs().max()) if total.numel() else 0.0
-    return Stream(layer, positions, names(model, layer, embedding), parts, err)
+    return Stream(layer, positions, names(model, layer, embedding), parts, want)
 
 
 __all__ = ["BIAS", "BRANCHED", "Stream", "check", "check_query_layer", "ffn_name", "head_name", "mixer_name", "names", "out_weight",

@@ -38,7 +38,7 @@ Examples:
 
 from __future__ import annotations
 
-import weakref
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
@@ -48,8 +48,9 @@ import torch
 from qkv.attention.softcap import soft_cap
 from qkv.errors import QkvError
 from qkv.explain.circuits import embed, latent
+from qkv.explain.circuits.parts import parts_of
 from qkv.explain.circuits.norms import linearise, rebuilds
-from qkv.explain.circuits.residual import Stream, check, check_query_layer, names, stream
+from qkv.explain.circuits.residual import Stream, check, check_query_layer, linear64, names, stream
 from qkv.explain.contributions.base import Forward, run
 from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
@@ -204,33 +205,52 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str,
     """(C, n, d) float64: each component of the layer's input at `st.positions` as its part
     of head `head`'s query (`which="q"`) or key (`"k"`) there; `read`: `attention_input`'s
     parts when the caller has them (one norm frozen for both sides)."""
-    lay = model.layers[layer]
-    attn = lay.self_attn
-    trace = fwd.traces[layer].self_attn
     parts = attention_input(model, fwd, st, layer) if read is None else read  # (C, n, E)
+    return _rotated(fwd, layer, _projected(model, fwd, parts, layer, head, which), st.positions)
+
+
+def _projected(model, fwd, parts: torch.Tensor, layer: int, head: int, which: str) -> torch.Tensor:
+    """(C, n, d) float64: `parts` (C, n, E) through head `head`'s W_Q (`which="q"`) or W_K,
+    its bias (on `bias`, the last component) and its q/k norm frozen — before any rotation."""
+    attn = model.layers[layer].self_attn
     dtype = fwd.hidden_states[layer].dtype
     q_rows, kv_rows = head_slice(attn, head)
     proj, norm, rows = ((attn.q_proj, attn.q_norm, q_rows) if which == "q"
                         else (attn.k_proj, attn.k_norm, kv_rows))
-    d = attn.head_dim
-    whole = norm is not None and norm_width(norm) != d  # OLMo 2: one norm over every head
+    whole = norm is not None and norm_width(norm) != attn.head_dim  # OLMo 2: one norm over every head
     take = slice(None) if whole else rows
-    w, b = _float64(proj, take)  # (d or h·d, E), (d or h·d,) or None
-    out = parts @ w.T  # (C, n, ·)
+    w, b = linear64(proj, take)  # (d or h·d, E), (d or h·d,) or None
+    C, n, E = parts.shape
+    out = (parts.reshape(C * n, E) @ w.T).view(C, n, -1)  # (C, n, ·): one 2-D product
     if b is not None:
         out[-1] += b
     if norm is not None:  # Qwen3 / OLMo 2: the query's (key's) own norm, frozen the same way
         total = out.sum(0).to(dtype)  # (n, ·)
-        lin = linearise(norm, total if whole else total)
+        lin = linearise(norm, total)
         out = lin.apply(out)
         out[-1] += lin.shift
         if whole:
             out = out[..., rows]  # (C, n, d)
-    step = trace.position_step
-    if step is not None:  # RoPE: the rotation of each position, applied to every component
-        C, n, _ = out.shape
-        out = step(out.reshape(C * n, d), st.positions.repeat(C)).view(C, n, d)
     return out
+
+
+def _rotated(fwd, layer: int, out: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(C, n, d): `out` (C, n, d) with each position's RoPE rotation applied to every component
+    (one call of the trace's position step for all of them); `out` itself without RoPE."""
+    step = fwd.traces[layer].self_attn.position_step
+    if step is None:
+        return out
+    C, n, d = out.shape
+    return step(out.reshape(C * n, d), positions.repeat(C)).view(C, n, d)
+
+
+def _pair(model, fwd, both: Stream, layer: int, head: int, read: torch.Tensor) -> torch.Tensor:
+    """(C, 2, d): the query's components (at `both.positions[0]`) and the key's (at
+    `both.positions[1]`) of head `head`, each projected at its own position only and the two
+    rotated in one call."""
+    q = _projected(model, fwd, read[:, :1], layer, head, "q")  # (C, 1, d)
+    k = _projected(model, fwd, read[:, 1:], layer, head, "k")  # (C, 1, d)
+    return _rotated(fwd, layer, torch.cat([q, k], 1), both.positions)  # (C, 2, d)
 
 
 def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
@@ -240,11 +260,18 @@ def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     it reads n₁([x; e]), e what entered layer 0 (Zamba2): each component is [its part of x; its
     part of e] (only the embedding's tables and `bias` have one), the norm frozen over both."""
     lay = model.layers[layer]
-    if model.parts.layers[layer].reads_embeddings:
+    if parts_of(model).layers[layer].reads_embeddings:
         return _with_embeddings(model, fwd, st, layer)
     if not lay.norm_first or lay.norm1 is None:
         return st.parts
-    lin = linearise(lay.norm1, fwd.hidden_states[layer][0, st.positions])
+    x = fwd.hidden_states[layer][0, st.positions]  # (n, E)
+    seen = _read(fwd, layer, st.positions)
+    try:  # frozen against what the attention read: norm1's output as the forward computed it
+        lin = linearise(lay.norm1, x, seen)
+    except QkvError:
+        if seen is None:
+            raise
+        lin = linearise(lay.norm1, x)  # the attention read something else: norm1's own output
     parts = lin.apply(st.parts)
     parts[-1] += lin.shift
     return parts
@@ -265,41 +292,34 @@ def _with_embeddings(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     return parts
 
 
-# A projection's rows in float64, kept per module while its weights stay the same (the weight's
-# version counter moves on any in-place change): they do not depend on the text, and each
-# attribution would otherwise convert them again.
-_CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def _float64(proj: torch.nn.Module, take: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(W[take] (·, E), b[take] (·,) or None) of the linear map `proj` in float64, once per
-    weights version."""
-    weight, bias = proj.weight, proj.bias
-    version = (weight._version, weight.data_ptr(), weight.dtype,
-               None if bias is None else (bias._version, bias.data_ptr()))
-    kept = _CONVERTED.setdefault(proj, {})
-    where = (take.start, take.stop, take.step)
-    if where not in kept or kept[where][0] != version:  # new, or the weights changed since
-        kept[where] = (version, weight[take].detach().double(),
-                       None if bias is None else bias[take].detach().double())
-    return kept[where][1:]
+def _read(fwd, layer: int, positions: torch.Tensor) -> torch.Tensor | None:
+    """(n, E) what layer `layer`'s attention read at `positions` (its trace's key input, kept
+    for every position), None where the trace does not hold it whole."""
+    read = getattr(fwd.traces[layer].self_attn, "key_input", None)  # (1, t, E)
+    hidden = fwd.hidden_states[layer]  # (1, t, E)
+    if read is None or tuple(read.shape) != tuple(hidden.shape):
+        return None
+    return read[0, positions]
 
 
 def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
              positions: torch.Tensor | None) -> Forward:
     """The forward through layer `layer` only, `rows` traced in it; every layer before it runs
     untraced and records its heads' outputs and residual at `positions` (None: every position)
-    — the components, nothing else (`Writes`). Nothing after the layer is computed, the model's
-    head included. A model that runs its own layer loop (transformers) runs whole, traced."""
+    — the components, nothing else (`Writes`). Nothing after the layer's attention is computed:
+    not its feed-forward (`attention_only`), nor any later layer or the model's head. A model that runs its own layer loop (transformers) runs whole, traced."""
     if not stops_at_layer(model, layer):
         return run(model, ids, rows)
     keep = Writes(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
-    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep),
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(layer, rows, earlier=keep, attention_only=True),
                 output_hidden_states=True)
     att = out.traces[layer].self_attn.attention
     # a NaN made earlier is in the layer's input (every row); one made by its projections, in
     # the row's weights (q, k) or output (v): only then is the whole trace run, to name where
-    if not all(bool(torch.isfinite(x).all()) for x in (out.hidden_states[layer], att.weights, att.output)):
+    # NaN and ±inf survive a sum: three sums and one sync (a finite sum that overflowed only
+    # costs the whole trace's run, which then finds nothing)
+    if not math.isfinite(float(sum(x.sum(dtype=torch.float32) for x in
+                                   (out.hidden_states[layer], att.weights, att.output)))):
         run(model, ids, rows)  # raises NonFiniteError at the first one
         check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
@@ -312,17 +332,30 @@ def _pick(model, text: str, encoding, spec, role: str) -> int:
 
 def _bound(q: torch.Tensor, k: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, scale: float,
            dtype: torch.dtype) -> torch.Tensor:
+    """`_bound_of` for q, k, dq, dk (..., d): (...,)."""
+    aq, ak, adq, adk = q.abs(), k.abs(), dq.abs(), dk.abs()
+    return _bound_of((adq * ak).sum(-1), (aq * adk).sum(-1), (adq * adk).sum(-1), (aq * ak).sum(-1),
+                     q.shape[-1], scale, dtype)
+
+
+def _pair_bound(sums: torch.Tensor, dqk: torch.Tensor, scale: float, dtype: torch.dtype) -> float:
+    """`_bound_of` for one (query, key): sums (2, d) = [q, k], dqk (2, d) = [dq, dk]; the four
+    dot products of |q|, |k|, |dq|, |dk| as one (4, 4) product."""
+    x = torch.cat([sums, dqk]).abs()  # (4, d): |q|, |k|, |dq|, |dk|
+    p = (x @ x.T).tolist()  # p[a][b] = Σ |x_a| |x_b|
+    return _bound_of(p[2][1], p[0][3], p[2][3], p[0][1], sums.shape[-1], scale, dtype)
+
+
+def _bound_of(dq_k, q_dk, dq_dk, q_k, d: int, scale: float, dtype: torch.dtype):
     """|Σ terms − score| ≤ scale · (|dq|·|k| + |q|·|dk| + |dq|·|dk| + γ_d |q|·|k|): the forward's
     q and k differ from the sums of the parts by dq, dk (its rounding, measured), and its dot
-    product of d terms rounds by at most γ_d = d·u/(1 − d·u) of Σ|q||k| (Higham, Thm 3.1).
-    q, k, dq, dk: (..., d)."""
-    d = q.shape[-1]
+    product of d terms rounds by at most γ_d = d·u/(1 − d·u) of Σ|q||k| (Higham, Thm 3.1); plus
+    64 float64 ulps of |q|·|k| for the terms' own sum. The four products as numbers or
+    tensors of one shape."""
     u = torch.finfo(dtype).eps / 2
     gamma = d * u / (1 - d * u)
-    aq, ak, adq, adk = q.abs(), k.abs(), dq.abs(), dk.abs()
-    return scale * ((adq * ak).sum(-1) + (aq * adk).sum(-1) + (adq * adk).sum(-1)
-                    + gamma * (aq * ak).sum(-1)) + 64 * torch.finfo(torch.float64).eps * \
-        scale * (aq * ak).sum(-1)
+    return scale * (dq_k + q_dk + dq_dk + gamma * q_k) + 64 * torch.finfo(torch.float64).eps * \
+        scale * q_k
 
 
 def _checked(model, got: torch.Tensor, want: torch.Tensor, what: str) -> torch.Tensor:
@@ -371,9 +404,9 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     j = None if key is None else _pick(model, text, encoding, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     module = model.layers[layer].self_attn.module if latent_kind else None
+    pair = None if j is None else torch.tensor([i, j], device=ids.device)  # (2,) query, key
     with latent.handed(module) if latent_kind else nullcontext({}) as given:
-        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer,
-                       None if j is None else torch.tensor([i, j], device=ids.device))
+        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer, pair)
     sides = _sides(model, fwd, layer, head, module, given.get("position_embeddings"))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
@@ -386,14 +419,16 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
         return _row(model, fwd, text, tokens, layer, head, i, keys, q.sum(0), dq, scale, dtype, sides)
-    if not torch.isfinite(mask[j]):
+    score_bias = float(mask[j])
+    if not math.isfinite(score_bias):
         _refuse_masked(key, i, j, layer, mask, module if kind is MixerKind.SPARSE else None, fwd, given)
-    both = stream(model, fwd, layer, torch.tensor([i, j], device=ids.device))  # the query's and the key's input
-    read = attention_input(model, fwd, both, layer)  # (C, 2, E): one norm frozen for both sides
-    q = sides(both, "q", read)[:, 0]  # (C, d)
-    k = sides(both, "k", read)[:, 1]  # (C, d)
-    dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
-    dk = _checked(model, k.sum(0), att.key[0, head, j], "key")
+    both = stream(model, fwd, layer, pair)  # the query's and the key's input
+    qk = _query_and_key(model, fwd, both, layer, head, module, sides)  # (C, 2, d)
+    q, k = qk[:, 0], qk[:, 1]  # (C, d) each
+    sums = qk.sum(0)  # (2, d): the query and the key the components rebuild, checked as one
+    dqk = _checked(model, sums, torch.stack([att.query[0, head, 0], att.key[0, head, j]]),
+                   "query and key")  # (2, d): [dq, dk], the forward's rounding
+    q_error, k_error = dqk.abs().amax(-1).tolist()
     terms = (q @ k.T) * scale  # (C, C)
     split = None
     if latent_kind:  # content: the first dn features (q_nope · k_nope), position: the rotated rest
@@ -404,10 +439,18 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     return ScoreAttribution(
         model=model_name(model), text=text, tokens=tokens, layer=layer, head=head, token_index=i,
         key_index=j, query_components=both.names, key_components=both.names, terms=terms,
-        score=score, bound=float(_bound(q.sum(0), k.sum(0), dq, dk, scale, dtype)),
-        q_error=float(dq.abs().max()), k_error=float(dk.abs().max()),
+        score=score, bound=_pair_bound(sums, dqk, scale, dtype), q_error=q_error, k_error=k_error,
         capped=None if cap is None else float(soft_cap(torch.tensor(score, device=ids.device), cap)),
-        score_bias=float(mask[j]), latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
+        score_bias=score_bias, latent=split, gated=gated, indexed=kind is MixerKind.SPARSE)
+
+
+def _query_and_key(model, fwd, both: Stream, layer: int, head: int, module, sides) -> torch.Tensor:
+    """(C, 2, d): the query's components at `both.positions[0]` and the key's at
+    `both.positions[1]`, from the layer's input read once (one norm frozen for both sides)."""
+    read = attention_input(model, fwd, both, layer)  # (C, 2, E)
+    if module is None:  # both sides projected, each at its own position, and rotated at once
+        return _pair(model, fwd, both, layer, head, read)
+    return torch.stack([sides(both, "q", read)[:, 0], sides(both, "k", read)[:, 1]], 1)  # MLA: latents
 
 
 def _refuse_masked(key, i: int, j: int, layer: int, mask: torch.Tensor, indexed, fwd, given: dict):
