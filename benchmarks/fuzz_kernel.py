@@ -82,9 +82,8 @@ sys.path.insert(0, str(REPO / "tests"))
 import qkv  # noqa: E402
 from qkv.attention import kernels, spans  # noqa: E402
 from qkv.attention.blockwise import compute_dtype  # noqa: E402
-from qkv.attention.reference import reference_attention  # noqa: E402
 from qkv.masks import and_masks, causal, document, sliding_window  # noqa: E402
-from tolerance import FUSED_FACTOR, bound, max_err  # noqa: E402
+from tolerance import FUSED_FACTOR, attention_reference, bound, max_err  # noqa: E402
 
 # flash_terms bounds each term at its worst; FLASH_FACTOR × that: the got and the float64 answer
 # each off by it on opposite sides, as tests/tolerance.py's factor 2
@@ -200,19 +199,6 @@ class Quiet:
         self.file.close()
 
 
-def reference(q, k, v, bm, scale, dout, dlse, dtype):
-    """(out, lse, dq, dk, dv) by autograd through the dense reference path in ``dtype``."""
-    x = [a.detach().to(dtype).requires_grad_() for a in (q, k, v)]
-    g = q.shape[1] // k.shape[1]
-    trace = reference_attention(x[0], x[1].repeat_interleave(g, 1), x[2].repeat_interleave(g, 1),
-                                bm.materialize(), scale=scale)
-    loss = (trace.output * dout.to(dtype)).sum()
-    if dlse is not None:
-        loss = loss + (trace.lse * dlse.to(dtype)).sum()
-    grads = torch.autograd.grad(loss, x, allow_unused=True)
-    return (trace.output.detach(), trace.lse.detach(), *grads)
-
-
 def flash_terms(q, k, v, bm, scale, dout, dlse, dtype) -> dict:
     """What FlashAttention-2's backward may add to the plain path's error, per element of dq, dk
     and dv (float64, shaped like them): the bound derived in this module's doc (the sum of
@@ -317,8 +303,8 @@ def run_case(index: int, seed: int) -> Case:
     if quiet.text.strip():
         case.problems.append(f"wrote to fd 1/2: {quiet.text.strip().splitlines()[0][:120]}")
     # the references read the very numbers the kernel read (a layout may repeat or shift them)
-    ref = reference(*(a.double() for a in x), bm, case.scale, loss_dout, loss_dlse, torch.float64)
-    plain = reference(*(a.float() for a in x), bm, case.scale, loss_dout, loss_dlse, torch.float32)
+    ref = attention_reference(*(a.double() for a in x), bm, loss_dout, loss_dlse, scale=case.scale, dtype=torch.float64)
+    plain = attention_reference(*(a.float() for a in x), bm, loss_dout, loss_dlse, scale=case.scale, dtype=torch.float32)
     # and where the kernel ran, the spans path it replaces: FlashAttention-2's recomputation of P
     # from lse rounds where the plain softmax is exact (a row of one key: P = 1, dq = 0)
     peer = None

@@ -237,7 +237,7 @@ def tl_steps_rope(m, text, ids, L, H):
     names = [f"blocks.{L}.attn.hook_{x}" for x in ("rot_q", "rot_k", "v", "attn_scores", "pattern")]
     _, cache = m.run_with_cache(ids, names_filter=names)
     i, g = ids.shape[1] - 1, cache[names[0]].shape[2] // cache[names[1]].shape[2]
-    q, k, v = cache[names[0]][0, :, H], cache[names[1]][0, :, H // g], cache[names[2]][0, :, H // g]
+    q, k, v = cache[names[0]][0, :, H], cache[names[1]][0, :, H // g], cache[names[2]][0, :, H // g]  # noqa: F841 (the steps a user reads; scores and weights are compared)
     scores = cache[names[3]][0, H, i]
     weights = cache[names[4]][0, H, i]
     return {"weights": weights, "scores": scores, "output": weights @ v}  # z: after a gate, if any

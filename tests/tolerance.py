@@ -120,3 +120,21 @@ def softmax_sum_tolerance(s: int, dtype: torch.dtype) -> float:
     """
     return (s + 1) * torch.finfo(dtype).eps
 
+
+
+def attention_reference(q, k, v, bm, dout, dlse, *, scale: float, dtype: torch.dtype):
+    """(out, lse, dq, dk, dv): `ref` or `plain` for attention and its gradients — autograd
+    through qkv's readable reference attention in ``dtype`` (k, v heads repeated for grouped
+    queries, ``bm`` drawn whole), the loss Σ out ∘ dout (+ Σ lse ∘ dlse). Shapes: q (b, h, t, d),
+    k, v (b, h_kv, s, d), dout like the output, dlse (b, h, t) or None."""
+    from qkv.attention.reference import reference_attention
+
+    x = [a.detach().to(dtype).requires_grad_() for a in (q, k, v)]
+    g = q.shape[1] // k.shape[1]
+    trace = reference_attention(x[0], x[1].repeat_interleave(g, 1), x[2].repeat_interleave(g, 1),
+                                bm.materialize(), scale=scale)
+    loss = (trace.output * dout.to(dtype)).sum()
+    if dlse is not None:
+        loss = loss + (trace.lse * dlse.to(dtype)).sum()
+    grads = torch.autograd.grad(loss, x, allow_unused=True)
+    return (trace.output.detach(), trace.lse.detach(), *grads)

@@ -19,11 +19,10 @@ import torch
 import qkv
 from qkv.attention import kernels
 from qkv.attention.blockwise import blockwise_attention
-from qkv.attention.reference import reference_attention
 from qkv.attention.spans import spans_attention, spans_backward, spans_forward
 from qkv.masks import and_masks, causal, document, sliding_window
 from memory import backward_extra
-from tolerance import FUSED_FACTOR, assert_within
+from tolerance import FUSED_FACTOR, assert_within, attention_reference
 
 pytestmark = pytest.mark.skipif(
     kernels.load() is None,
@@ -96,16 +95,8 @@ def test_widened_spans_and_keyless_tiles_write_every_output_row(mod, t, s):
 
 
 def reference_grads(q, k, v, bm, dout, dlse, *, scale, dtype):
-    """(dq, dk, dv) by autograd through the reference attention in ``dtype`` (k, v heads repeated
-    for grouped queries); the loss Σ out ∘ dout (+ Σ lse ∘ dlse)."""
-    x = [a.detach().to(dtype).requires_grad_() for a in (q, k, v)]
-    g = q.shape[1] // k.shape[1]
-    trace = reference_attention(x[0], x[1].repeat_interleave(g, 1), x[2].repeat_interleave(g, 1),
-                                bm.materialize(), scale=scale)
-    loss = (trace.output * dout.to(dtype)).sum()
-    if dlse is not None:
-        loss = loss + (trace.lse * dlse.to(dtype)).sum()
-    return torch.autograd.grad(loss, x)
+    """(dq, dk, dv) of `tolerance.attention_reference` in ``dtype``."""
+    return attention_reference(q, k, v, bm, dout, dlse, scale=scale, dtype=dtype)[2:]
 
 
 def uneven_ids(b, n):  # (b, n): each batch row its own documents
