@@ -351,12 +351,19 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]], modules: dict[s
     return " → ".join(cycle) + "\n      " + "\n      ".join(steps)
 
 
-def test_imports_of_finds_every_kind_of_import(tmp_path):
-    """The parser itself, on a made-up package: nested, relative, and package-or-module targets."""
+def _made_up_package(tmp_path: Path) -> Path:
+    """A package qkv with a subpackage a (a/b.py) and a module c.py, all empty: the parsers' tests
+    write the module under test into it."""
     root = tmp_path / "qkv"
     (root / "a").mkdir(parents=True)
     for f in ("__init__.py", "a/__init__.py", "a/b.py", "c.py"):
         (root / f).write_text("")
+    return root
+
+
+def test_imports_of_finds_every_kind_of_import(tmp_path):
+    """The parser itself, on a made-up package: nested, relative, and package-or-module targets."""
+    root = _made_up_package(tmp_path)
     (root / "a" / "x.py").write_text(
         "import os\n"
         "from qkv.a import b, helper\n"           # module qkv.a.b; qkv.a for a plain name
@@ -445,10 +452,7 @@ def private_uses(path: Path, module: str, modules: dict[str, Path]) -> list[str]
 
 
 def test_private_use_finder_finds_each_form(tmp_path):
-    root = tmp_path / "qkv"
-    (root / "a").mkdir(parents=True)
-    for f in ("__init__.py", "a/__init__.py", "a/b.py", "c.py"):
-        (root / f).write_text("")
+    root = _made_up_package(tmp_path)
     (root / "a" / "x.py").write_text(
         "import os\n"
         "from qkv.a.b import _mine\n"            # the same package (qkv.a): allowed
