@@ -128,5 +128,11 @@ def test_the_delta_rule_on_random_inputs_is_transformers_recurrence_on_one_hot_v
     rule, low = (from_call("kda", KernelCall(args, (out, None)), dtype) for dtype in (torch.float64, torch.float32))
     assert_within(out[0, :, 0].float(), rule.matrix(0), low.matrix(0), factor=FACTOR, what="one-hot recurrence vs M")
     i = t - 1
+    # the row's sweep and the matrix are two computations: their difference is bounded by the sum
+    # of their errors, each measured one precision down (float32) against the float64 matrix
+    ref = rule.matrix(0)[i]
     lows = (low.row(0, i, chunk=3), low.matrix(0)[i])
-    assert_agree(rule.row(0, i, chunk=3), rule.matrix(0)[i], max(lows, key=lambda x: max_err(x, rule.matrix(0)[i])))
+    errors = [max_err(x, ref) for x in lows]
+    worst = max(errors)
+    assert_agree(rule.row(0, i, chunk=3), ref, lows[errors.index(worst)],
+                 factor=4.0 * sum(errors) / worst if worst > 0 else 4.0)
