@@ -72,6 +72,16 @@ def test_matrix_is_the_one_hot_run(name, t):
                       what=f"{name} head {h}: one-hot run vs M")
 
 
+def _assert_row_is_matrix_row(row, ref, lows, what: str = "result"):
+    """The row's sweep and the matrix are two computations: their difference is bounded by the sum
+    of their errors, each measured one precision down (the float32 runs in `lows`: the row's, the
+    matrix's) against the float64 matrix `ref` (tolerance.py's `assert_agree`)."""
+    errors = [max_err(x, ref) for x in lows]
+    worst = max(errors)
+    assert_agree(row, ref, lows[errors.index(worst)], factor=4.0 * sum(errors) / worst if worst > 0 else 4.0,
+                 what=what)
+
+
 @pytest.mark.parametrize("name", list(LAYERS))
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_row_by_the_backward_sweep_is_the_matrix_row(name, chunk):
@@ -81,10 +91,8 @@ def test_row_by_the_backward_sweep_is_the_matrix_row(name, chunk):
         M = rule.matrix(h)
         M_low = low.matrix(h)
         for i in (0, 1, 16, 64, t - 1):
-            # the two ways' float32 runs: the one further from the float64 row bounds both (tolerance.py)
-            lows = (low.row(h, i, chunk=chunk), M_low[i])
-            assert_agree(rule.row(h, i, chunk=chunk), M[i], max(lows, key=lambda x: max_err(x, M[i])),
-                         what=f"{name} head {h} row {i} in chunks of {chunk}")
+            _assert_row_is_matrix_row(rule.row(h, i, chunk=chunk), M[i], (low.row(h, i, chunk=chunk), M_low[i]),
+                                      what=f"{name} head {h} row {i} in chunks of {chunk}")
 
 
 def test_without_decay_or_writes_a_row_is_zero_and_with_beta_one_the_last_write_wins():
@@ -128,11 +136,4 @@ def test_the_delta_rule_on_random_inputs_is_transformers_recurrence_on_one_hot_v
     rule, low = (from_call("kda", KernelCall(args, (out, None)), dtype) for dtype in (torch.float64, torch.float32))
     assert_within(out[0, :, 0].float(), rule.matrix(0), low.matrix(0), factor=FACTOR, what="one-hot recurrence vs M")
     i = t - 1
-    # the row's sweep and the matrix are two computations: their difference is bounded by the sum
-    # of their errors, each measured one precision down (float32) against the float64 matrix
-    ref = rule.matrix(0)[i]
-    lows = (low.row(0, i, chunk=3), low.matrix(0)[i])
-    errors = [max_err(x, ref) for x in lows]
-    worst = max(errors)
-    assert_agree(rule.row(0, i, chunk=3), ref, lows[errors.index(worst)],
-                 factor=4.0 * sum(errors) / worst if worst > 0 else 4.0)
+    _assert_row_is_matrix_row(rule.row(0, i, chunk=3), rule.matrix(0)[i], (low.row(0, i, chunk=3), low.matrix(0)[i]))
