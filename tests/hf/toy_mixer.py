@@ -20,6 +20,7 @@ from torch import nn
 from qkv.errors import QkvError
 from qkv.explain.mixers import Mixer
 from qkv.explain.mixers.capture import kernel_call
+from qkv.explain.mixers.linear import EffectiveAttention
 
 KIND = "ema"
 KERNEL = "ema_scan"
@@ -58,7 +59,7 @@ def recognises(module: nn.Module) -> bool:
 
 
 @dataclass(frozen=True)
-class EMA:
+class EMA(EffectiveAttention):
     """One text through an EMA mixer, in float64 (letters: t tokens, h heads, d channels)."""
 
     kind = KIND

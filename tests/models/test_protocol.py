@@ -19,8 +19,7 @@ import qkv.explain
 from qkv.models import FAMILIES
 from qkv.models.protocol import (
     AttentionLayerLike, Capabilities, CrossAttentionModel, CrossLayerLike, CrossPass, MixerKind,
-    ModelParts,
-    ResidualForm, SelfAttentionModel, TokenizerLike,
+    ModelParts, OutputGated, ResidualForm, SelfAttentionModel, TokenizerLike,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -204,6 +203,7 @@ def check_parts(model, ids: torch.Tensor) -> None:
             assert all(isinstance(m.kind, MixerKind) for m in lp.mixers)
             assert all((m.attention is not None) == m.kind.softmax for m in lp.mixers), i
             check_layer(lp, hidden[i], hidden[i + 1], seen, hidden[0])
+        check_gates(model, ids)
         if model.capabilities.next_token:
             u = parts.unembedding
             assert u is not None
@@ -213,6 +213,41 @@ def check_parts(model, ids: torch.Tensor) -> None:
             if u.softcap is not None:
                 got = u.softcap * torch.tanh(got / u.softcap)
             assert _close(got, out.logits)
+
+
+def gated(model) -> dict[int, tuple]:
+    """{layer: (its softmax Mixer, the OutputGate its attention declares)} for every layer whose
+    attention declares one."""
+    out = {}
+    for i, lp in enumerate(model.parts.layers):
+        for m in lp.mixers:
+            if isinstance(m.attention, OutputGated) and m.attention.output_gate is not None:
+                out[i] = (m, m.attention.output_gate)
+    return out
+
+
+def check_gates(model, ids: torch.Tensor) -> None:
+    """Every declared output gate is what the forward applied: its W_O is a module of the
+    layer's attention, and it read z ⊙ sigmoid(gate) — z the heads' outputs the attention
+    traced, the gate made by the declared projection from the layer's normed input."""
+    gates = gated(model)
+    if not gates:
+        return
+    fed: dict[int, torch.Tensor] = {}
+    hooks = [gate.o_proj.register_forward_pre_hook(lambda _m, args, i=i: fed.setdefault(i, args[0]))
+             for i, (_, gate) in gates.items()]
+    try:
+        out = model(ids, torch.ones_like(ids), trace_rows=slice(None))
+    finally:
+        for h in hooks:
+            h.remove()
+    for i, (m, gate) in gates.items():
+        assert any(c is gate.o_proj for c in m.module.modules()), i  # the layer's own W_O
+        tr = out.traces[i].self_attn
+        h, d = gate.heads, gate.head_dim
+        z = tr.heads[0].view(-1, h, d).double()  # (t, h, d) before the gate
+        g = gate.gates(tr.key_input[0].double())  # (t, h, d)
+        assert _close(z * g, fed[i][0].view(-1, h, d), z), i
 
 
 def check_embeddings(e, ids: torch.Tensor, first: torch.Tensor) -> None:
@@ -303,3 +338,5 @@ def test_hybrid_architectures_declare_their_parts(tmp_path, name):
     save_hybrid(name, tmp_path)
     model = qkv.load(tmp_path)
     check_parts(model, torch.tensor([model.tokenizer.encode(TEXT).ids]))
+    # Qwen3-Next / 3.5 gate their attention's heads; check_parts checked each gate numerically
+    assert bool(gated(model)) == name.startswith(("qwen3_5", "qwen3_next")), name

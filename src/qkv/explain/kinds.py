@@ -135,6 +135,8 @@ def _later(where: str) -> Callable:
         import importlib
 
         module, _, name = where.partition(":")
+        # the table names its renderers as "module:function" strings so that importing it stays
+        # cheap: resolving one is an attribute of a module by name, not a model read
         return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
     call.__qualname__ = call.__name__ = where
@@ -366,7 +368,8 @@ KINDS: dict[str, ResultKind] = {k.name: k for k in (
 
 def kind_of(result) -> ResultKind:
     """The row of `result` (by its `kind`); ValueError for something that is not a result."""
-    # any object may be handed here (an attribute it may lack): a result declares its kind
+    # any object may be handed here, and the results share no base class (each declares its
+    # `kind` as a class attribute): a non-result lacks it, and that is the ValueError below
     name = getattr(result, "kind", None)
     if name not in KINDS:
         raise ValueError(f"result must be a qkv.explain result (with a kind), got "

@@ -86,9 +86,13 @@ class EffectiveMap(HeadResult):
 def effective_layer(model, layer) -> bool:
     """Whether layer `layer` of `model` has no mixer whose map is softmax rows (a linear,
     state-space or differential-attention layer, or a feed-forward-only one): `mixer_map`
-    answers it. False for an index that is no layer (the caller's checks name it)."""
-    parts = getattr(model, "parts", None)  # not a model: the caller's check_model names it
-    if isinstance(layer, bool) or not isinstance(layer, int) or parts is None or not 0 <= layer < len(parts.layers):
+    answers it. False for an index that is no layer (the caller's checks name it).
+
+    Raises:
+        ArgumentError: `model` is no self-attention model from `qkv.load`."""
+    check_model(model)
+    parts = model.parts
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(parts.layers):
         return False
     return all(_signed(m) for m in parts.layers[layer].mixers)
 
@@ -140,7 +144,7 @@ def mixer_map(model, text: str, *, layer: int, head: int, mixer: int | None = No
     return EffectiveMap(model=model_name(model), text=text, units=traced.units, layer=layer,
                         head=head, weights=M, mixer=part.kind.value, mixer_index=index,
                         heads=record.heads, error=error,
-                        lam=getattr(record, "lam", None))
+                        lam=record.map_lambda())
 
 
 def softmax_rows(model, traced) -> list[torch.Tensor]:
@@ -273,15 +277,12 @@ def _read(model, layer: int, part: Mixer, entry, seen: dict):
 
 
 def _rebuilds(model, layer: int, part: Mixer, record) -> float:
-    """max |M·v (+ offset) − o| over every head, o the module's mixing output; QkvError unless
-    within rounding (`qkv.rounding.close`) of the float32 output."""
-    # a short convolution's bias term C·bias reaches no value: kept apart as the record's offset
-    offset = getattr(record, "offset", None)  # (t, D) or None: only ShortConv has one
+    """max |M·v (+ what no value carries) − o| over every head, o the module's mixing output
+    (`EffectiveAttention.rebuilt`); QkvError unless within rounding (`qkv.rounding.close`) of
+    the float32 output."""
     worst = 0.0
     for h in range(record.heads):
-        got = record.matrix(h) @ record.values(h)  # (t, d)
-        if offset is not None:
-            got = got + offset[:, h: h + 1]
+        got = record.rebuilt(h)  # (t, d)
         want = record.output[:, h]  # (t, d)
         if not close(got, want.float()):
             raise QkvError(f"layer {layer} of {model_name(model)}: head {h}'s {part.kind.value} map M·v "

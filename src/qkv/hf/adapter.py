@@ -50,13 +50,13 @@ from qkv.attention.traced import row_positions
 from qkv.errors import QkvError
 from qkv.hf.projections import Parts, Rotation, Sizes, as_projection, read
 from qkv.hf.trace import Recording, recording
-from qkv.hf.mixers import softmax_kind, stateful_kind
+from qkv.hf.mixers import output_gate, softmax_kind, stateful_kind
 from qkv.models.gpt_neox import ParallelResidualLayer
 from qkv.rounding import rebuilds
 from qkv.models.outputs import DecoderOutput, EncoderOutput
 from qkv.models.protocol import (
-    Capabilities, Embeddings, LayerNorms, LayerParts, Mixer, ModelParts, ResidualForm, ResidualScales,
-    Unembedding,
+    Capabilities, Embeddings, LayerNorms, LayerParts, Mixer, ModelParts, OutputGated, ResidualForm,
+    ResidualScales, Unembedding,
 )
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.transformer import LayerTrace
@@ -74,7 +74,7 @@ class _Weight:
         self.weight = weight
 
 
-class HFAttention:
+class HFAttention(OutputGated):
     """One layer's self-attention, as explanations see it (sizes read off the forward).
 
     Fields: num_heads h, num_kv_heads h_kv, head_dim d, value_dim dv, embed_dim E; module (the
@@ -83,7 +83,8 @@ class HFAttention:
     None; q_proj, k_proj, v_proj (`Projection`s: every
     head's W_Q (h·d, E), W_K, W_V (h_kv·d, E) and biases) and q_norm, k_norm (the module's own,
     or None) from `parts`; projection_note "" when they were read, else why not (then q_proj
-    is any weight of the module: its dtype, for sizes).
+    is any weight of the module: its dtype, for sizes); output_gate the module's
+    [`OutputGate`][qkv.models.protocol.OutputGate] (Qwen3-Next / 3.5) or None.
     """
 
     q_norm = k_norm = None
@@ -94,6 +95,7 @@ class HFAttention:
         self.out_proj = None if out_module is None else as_projection(out_module)
         self.num_heads, self.num_kv_heads = heads, kv_heads
         self.head_dim, self.value_dim, self.embed_dim = head_dim, value_dim, embed_dim
+        self.output_gate = output_gate(module, heads=heads, head_dim=head_dim)
         self.parts = parts if isinstance(parts, Parts) else None
         if self.parts is None:
             self.projection_note = PROJECTION_NOTE + parts

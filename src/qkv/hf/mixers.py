@@ -20,6 +20,10 @@ come from their papers' reference code, which transformers keeps so checkpoints 
 `short_conv`            a depthwise causal `Conv1d` between linear maps, no state (LFM2)
 ========================  ===========================================================================
 
+A softmax layer's output gate (a `q_proj` making each head's query and gate side by side:
+Qwen3-Next / 3.5) is found here too (`output_gate`), once, as the adapter builds the layer's
+attention (`HFAttention.output_gate`).
+
 A kind added later is recognised by a function of its own, `register_recogniser(kind,
 recognises)`, asked before the table above (a taken kind raises).
 """
@@ -30,7 +34,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from qkv.models.protocol import MixerKind
+from qkv.models.protocol import MixerKind, OutputGate
 
 #: config fields that give a latent (low-rank) kv projection: multi-head latent attention
 LATENT_KV = ("kv_lora_rank",)
@@ -100,4 +104,18 @@ def softmax_kind(config, *, calls: int, indexed: bool) -> MixerKind:
     return MixerKind.SOFTMAX
 
 
-__all__ = ["LATENT_KV", "RECOGNISERS", "register_recogniser", "softmax_kind", "stateful_kind"]
+def output_gate(module: nn.Module, *, heads: int, head_dim: int) -> OutputGate | None:
+    """The [`OutputGate`][qkv.models.protocol.OutputGate] of a softmax attention `module` with
+    `heads` heads of width `head_dim`, or None: its `q_proj` is not a Linear twice the heads'
+    width beside an `o_proj` Linear reading h·d channels (transformers' `Qwen3NextAttention`,
+    `Qwen3_5Attention` and their kin make query and gate in one projection)."""
+    children = dict(module.named_children())
+    q, o = children.get("q_proj"), children.get("o_proj")
+    if not (isinstance(q, nn.Linear) and isinstance(o, nn.Linear)):
+        return None
+    if q.out_features != 2 * heads * head_dim or o.in_features != heads * head_dim:
+        return None
+    return OutputGate(q_proj=q, o_proj=o, heads=heads, head_dim=head_dim)
+
+
+__all__ = ["LATENT_KV", "RECOGNISERS", "output_gate", "register_recogniser", "softmax_kind", "stateful_kind"]

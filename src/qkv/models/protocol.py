@@ -100,6 +100,21 @@ class Capabilities:
         """Plain JSON (what the viewer's page receives per model)."""
         return asdict(self)
 
+    def lacks(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The capabilities among `names` (field names) this model does not have, in order;
+        ValueError for a name that is no capability.
+
+        Examples:
+            >>> ENCODER.lacks(("self_attention", "next_token"))
+            ('next_token',)
+        """
+        have = asdict(self)
+        unknown = [n for n in names if n not in have]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} is no capability; the capabilities are "
+                             f"{', '.join(have)}")
+        return tuple(n for n in names if not have[n])
+
 
 # The three shapes qkv's own models come in.
 ENCODER = Capabilities(self_attention=True, causal=False, encoder=True)  # BERT, RoBERTa, DistilBERT
@@ -304,6 +319,75 @@ class Mixer:
     module: nn.Module
     attention: AttentionLayerLike | None = None
     output: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """A softmax layer's output gate (transformers' `Qwen3NextAttention`, `Qwen3_5Attention`):
+    `q_proj` makes each head's query and gate side by side ((E) → (h, 2d): [q_h | gate_h]), and
+    the output projection W_O reads the gated heads, so head h's contribution at token i is
+    (sigmoid(gate_ih) ⊙ z_ih) · W_O,hᵀ, z_ih the head's Σ_j A_ij v_j. Found once by the model
+    side (`qkv.hf.mixers.output_gate`), declared as its attention's `output_gate`
+    ([`OutputGated`][qkv.models.protocol.OutputGated]). Letters: r rows, h heads, d head width,
+    E hidden width.
+
+    Attributes:
+        q_proj: the query-and-gate projection (E → h·2d).
+        o_proj: the output projection W_O (h·d → E) that reads the gated heads.
+        heads: h. head_dim: d.
+    """
+
+    q_proj: nn.Linear
+    o_proj: nn.Linear
+    heads: int
+    head_dim: int
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """(E, h·d) W_O."""
+        return self.o_proj.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """(E,) W_O's bias, or None."""
+        return self.o_proj.bias
+
+    def gates(self, x: torch.Tensor) -> torch.Tensor:
+        """(r, h, d) sigmoid(gate) for the layer inputs `x` (r, E) (after the layer's norm)."""
+        import torch
+
+        with torch.no_grad():
+            both = self.q_proj(x.to(self.q_proj.weight.dtype)).view(x.shape[0], self.heads, 2 * self.head_dim)
+        return torch.sigmoid(both[..., self.head_dim:].to(x.dtype))
+
+    def out_weight(self) -> torch.Tensor:
+        """(h, d, E) W_O,h per head."""
+        E = self.weight.shape[0]
+        return self.weight.detach().view(E, self.heads, self.head_dim).permute(1, 2, 0)
+
+    def writes(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """(h, r, E) float64 each head's gated write (g ⊙ z)·W_O,hᵀ at r rows: `x` (r, E) the
+        layer's input there after its norm, `z` (r, h·d) the heads' outputs (the attention call's)."""
+        import torch
+
+        g = self.gates(x).double()  # (r, h, d)
+        r, h, d = g.shape
+        return torch.einsum("rhd,hde->hre", z.double().view(r, h, d) * g, self.out_weight().double())
+
+    def out_bias(self) -> torch.Tensor:
+        """(E,) b_O, zeros when the projection has none."""
+        return self.bias.detach() if self.bias is not None else self.weight.new_zeros(self.weight.shape[0])
+
+
+class OutputGated:
+    """An attention layer (`layers[L].self_attn`) that declares whether it gates its heads'
+    outputs before W_O: `output_gate` its [`OutputGate`][qkv.models.protocol.OutputGate], or None
+    where it has none. A transformers layer's attention (`qkv.hf.adapter.HFAttention`) is one;
+    qkv's own `MultiHeadAttention` never gates its heads, and is not one
+    (`qkv.explain.mixers.gate.output_gate` then says None).
+    """
+
+    output_gate: OutputGate | None = None
 
 
 @dataclass(frozen=True)

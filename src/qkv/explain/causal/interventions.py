@@ -281,6 +281,7 @@ def patch(model, clean, corrupted, *, heads, metric: Callable | None = None) -> 
         if metric is None:
             metric, what = _default_metric(model, y_clean)
         else:
+            # the caller's callable, not a model: a lambda or a function has a name, a partial none
             what = getattr(metric, "__name__", "the given metric")
         y_corrupt = output_of(model, run(model, b))
         edits = edits_for(pairs, lambda layer: clean_heads[layer])

@@ -64,6 +64,7 @@ from qkv.explain.long.document import (Document, LayerRecord, _gib, layer_record
                                   row_index)
 from qkv.explain.forward import model_name
 from qkv.modules.lse_trace import LSE
+from qkv.modules.multihead import MultiHeadAttention
 
 
 @dataclass(frozen=True)
@@ -256,9 +257,10 @@ class ShardedDocument(Document):
 def _strategy(model):
     """The one [`SequenceParallel`][qkv.distributed.SequenceParallel] every self-attention of `model`
 has."""
-    # an attribute only qkv's own MultiHeadAttention has (SequenceParallel.apply sets it); a
-    # transformers model's attention lacks it, and that is the answer here (not sequence-parallel)
-    found = {getattr(layer.self_attn, "sequence_parallel", None) for layer in model.layers}
+    # only qkv's own MultiHeadAttention runs sequence-parallel (SequenceParallel.apply sets its
+    # field); any other attention (a transformers model's) does not
+    found = {layer.self_attn.sequence_parallel if isinstance(layer.self_attn, MultiHeadAttention) else None
+             for layer in model.layers}
     if None in found or len(found) != 1:
         raise QkvError(f"{model_name(model)} does not run sequence-parallel in every layer: call "
                        f"qkv.distributed.SequenceParallel(...).apply(model) first (or use "

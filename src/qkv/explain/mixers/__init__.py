@@ -1,11 +1,11 @@
 """Exact explanations of the token mixers of 2026's hybrid models, one file per mixer.
 
 Linear and state-space layers (Gated DeltaNet, KDA, lightning, Mamba-1 and -2, LFM2's gated short
-convolution) have no softmax map, but
-each is linear in its values: o = M·v for one (t × t) matrix M per head, causal, signed, rows not
-normalised. `read(module, hidden_states)` runs the transformers layer once and returns a record
-(`EffectiveAttention`) whose `matrix(head)` is that M and `row(head, query)` one row
-in O(t · state). Softmax variants (MLA, differential, sparse indexed attention, the gated output)
+convolution) have no softmax map, but each is linear in its values: o = M·v for one (t × t)
+matrix M per head, causal, signed, rows not normalised. `read(module, hidden_states)` runs the
+transformers layer once and returns a record (an `EffectiveAttention`,
+`qkv.explain.mixers.linear`) whose `matrix(head)` is that M and `row(head, query)` one row in
+O(t · state). Softmax variants (MLA, differential, sparse indexed attention, the gated output)
 return their own step-by-step records; a softmax layer's output gate (Qwen3-Next, Qwen3.5) is
 `qkv.explain.mixers.gate`, a step of that layer rather than a mixer of its own.
 
@@ -21,29 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import Any
 
 from qkv.errors import QkvError
 from qkv.explain.mixers import differential, gated_deltanet, kda, lightning, mamba1, mamba2, mla, short_conv, sparse
+from qkv.explain.mixers.linear import EffectiveAttention  # noqa: F401  (what every effective record derives from)
 from qkv.models.protocol import MixerKind
-
-
-class EffectiveAttention(Protocol):
-    """What a linear or state-space mixer's record answers (letters: t tokens, d value channels)."""
-
-    kind: str
-    output: torch.Tensor  # (t, h, d) the layer's own mixing output, before its gate / norm / projection
-
-    @property
-    def heads(self) -> int: ...
-
-    def values(self, head: int) -> torch.Tensor: ...  # (t, d) the v that M mixes
-
-    def matrix(self, head: int) -> torch.Tensor: ...  # (t, t) M: o = M·v
-
-    def row(self, head: int, query: int) -> torch.Tensor: ...  # (t,) M[query], O(t · state)
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ used — after its projections, short convolution and activations, whatever the 
 does before — so the explanations never rebuild "something similar" from the weights.
 
 The function is replaced in the modeling module for the duration of one call and restored in a
-`finally`: not safe while another thread runs the same architecture.
+`finally` (`qkv.hf.kernels.replaced`): not safe while another thread runs the same architecture.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +25,12 @@ from qkv.errors import QkvError
 
 @dataclass(frozen=True)
 class KernelCall:
-    """One call of a layer's kernel: its arguments by name and what it returned."""
+    """One call of a layer's kernel: its arguments by name, what it returned, and the function
+    called (the modeling file's own, to run again on other arguments; None: not recorded)."""
 
     arguments: dict[str, Any]
     result: Any
+    function: Callable | None = None
 
 
 def kernel_call(module: torch.nn.Module, kernel: str, hidden_states: torch.Tensor, **kwargs) -> KernelCall:
@@ -86,9 +88,11 @@ def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tens
     Raises:
         QkvError: the modeling file has no such function.
     """
-    modeling = sys.modules[type(module).__module__]
-    # the layer's own modeling file (transformers'), not a model part: the kernel it calls by name
-    original = getattr(modeling, kernel, None)
+    # imported here: importing qkv.hf registers qkv with transformers (seconds), which only a
+    # transformers layer's reader needs
+    from qkv.hf.kernels import modeling_function, replaced
+
+    original = modeling_function(module, kernel)
     if original is None:
         raise QkvError(f"{type(module).__name__}'s modeling file has no function {kernel!r}")
     names = list(inspect.signature(original).parameters)
@@ -96,13 +100,9 @@ def kernel_calls(module: torch.nn.Module, kernel: str, hidden_states: torch.Tens
 
     def recording(*args, **kw):
         result = original(*args, **kw)
-        calls.append(KernelCall({**dict(zip(names, args)), **kw}, result))
+        calls.append(KernelCall({**dict(zip(names, args)), **kw}, result, original))
         return result
 
-    setattr(modeling, kernel, recording)
-    try:
-        with torch.no_grad():
-            module(hidden_states, **kwargs)
-    finally:
-        setattr(modeling, kernel, original)
+    with replaced(module, kernel, recording), torch.no_grad():
+        module(hidden_states, **kwargs)
     return calls

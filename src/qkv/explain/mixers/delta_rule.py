@@ -30,13 +30,13 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.mixers.capture import KernelCall
-from qkv.explain.mixers.linear import decayed_products
+from qkv.explain.mixers.linear import EffectiveAttention, decayed_products
 
 L2_EPS = 1e-6  # under the square root, as transformers' l2norm and FLA's kernels add it
 
 
 @dataclass(frozen=True)
-class DeltaRule:
+class DeltaRule(EffectiveAttention):
     """One text through a delta-rule layer, per value head, in float64.
 
     Letters: t tokens, h value heads, c key channels, d value channels.

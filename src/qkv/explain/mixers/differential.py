@@ -24,12 +24,13 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.mixers.capture import kernel_calls
+from qkv.explain.mixers.linear import EffectiveAttention
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
 
 
 @dataclass(frozen=True)
-class Differential:
+class Differential(EffectiveAttention):
     """One text through a differential-attention layer, in float64."""
 
     kind = "differential"
@@ -50,6 +51,10 @@ class Differential:
     def matrix(self, head: int) -> torch.Tensor:
         """(t, t) W = A_first − λ·A_second: o = W·[v_a | v_b]; rows sum to 1 − λ."""
         return self.first[head] - self.lam * self.second[head]
+
+    def map_lambda(self) -> float:
+        """λ: M = A_first − λ·A_second."""
+        return self.lam
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings) -> Differential:

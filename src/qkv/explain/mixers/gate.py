@@ -14,8 +14,8 @@ for the query), and the tests check that the heads' contributions sum to the lay
 Letters: t tokens, h heads, d head width, m hidden width.
 
 On a loaded model (qkv's attention, no eager call to read): `output_gate(attn)` reads the gate
-off the module's own q_proj and o_proj — what the contributions (`norm`, `alti`) multiply each
-head's vectors by — and `gated_head(model, text, layer=, head=, token=)` the gate's effect on
+the layer's attention declares (an `OutputGate`: its q_proj and W_O, found by the model side) —
+what the contributions (`norm`, `alti`) multiply each head's vectors by — and `gated_head(model, text, layer=, head=, token=)` the gate's effect on
 one head from the model's forward (`GatedHead`, the `gate` row of
 `qkv.explain.kinds.KINDS`: the head's last step in `qkv explain`, the viewer's "Output gate"
 panel).
@@ -34,6 +34,7 @@ from qkv.explain.forward import check_layer_head, check_model, check_text, devic
 from qkv.explain.mixers.capture import causal_call
 from qkv.explain.select import choose_in
 from qkv.explain.wording import ArgumentError
+from qkv.models.protocol import OutputGate, OutputGated
 from qkv.rounding import close
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
@@ -82,8 +83,8 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddin
     call = causal_call(module, KERNEL, hidden_states, position_embeddings)
     attn_output, weights = call.result  # (1, t, h, d), (1, h, t, t)
     bias, d = module.o_proj.bias, module.head_dim
-    own = OutputGate(q_proj=module.q_proj, heads=module.q_proj.out_features // (2 * d), head_dim=d,
-                     weight=module.o_proj.weight, bias=bias)
+    own = OutputGate(q_proj=module.q_proj, o_proj=module.o_proj,
+                     heads=module.q_proj.out_features // (2 * d), head_dim=d)
     return GatedOutput(weights=weights[0].to(dtype), head_output=attn_output[0].to(dtype),
                        gate=own.gates(hidden_states[0]).to(dtype),
                        w_o=module.o_proj.weight.detach().to(dtype),
@@ -91,54 +92,11 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddin
 
 
 # -- the gate of a loaded model's layer, as contributions and the head's panel read it ---------
-@dataclass(frozen=True)
-class OutputGate:
-    """A softmax layer's output gate, read from the module's own parts: `q_proj` makes each
-    head's query and gate side by side ((E) → (h, 2d): [q_h | gate_h]), and the output
-    projection reads the gated heads, so head h's contribution at token i is
-    (sigmoid(gate_ih) ⊙ z_ih) · W_O,hᵀ. Letters: r rows, h heads, d head width, E hidden width."""
-
-    q_proj: torch.nn.Linear
-    heads: int
-    head_dim: int
-    weight: torch.Tensor       # (E, h·d) W_O
-    bias: torch.Tensor | None  # (E,)
-
-    def gates(self, x: torch.Tensor) -> torch.Tensor:
-        """(r, h, d) sigmoid(gate) for the layer inputs `x` (r, E) (after the layer's norm)."""
-        with torch.no_grad():
-            both = self.q_proj(x.to(self.q_proj.weight.dtype)).view(x.shape[0], self.heads, 2 * self.head_dim)
-        return torch.sigmoid(both[..., self.head_dim:].to(x.dtype))
-
-    def out_weight(self) -> torch.Tensor:
-        """(h, d, E) W_O,h per head."""
-        E = self.weight.shape[0]
-        return self.weight.detach().view(E, self.heads, self.head_dim).permute(1, 2, 0)
-
-    def writes(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """(h, r, E) float64 each head's gated write (g ⊙ z)·W_O,hᵀ at r rows: `x` (r, E) the
-        layer's input there after its norm, `z` (r, h·d) the heads' outputs (the attention call's)."""
-        g = self.gates(x).double()  # (r, h, d)
-        r, h, d = g.shape
-        return torch.einsum("rhd,hde->hre", z.double().view(r, h, d) * g, self.out_weight().double())
-
-    def out_bias(self) -> torch.Tensor:
-        """(E,) b_O, zeros when the projection has none."""
-        return self.bias.detach() if self.bias is not None else self.weight.new_zeros(self.weight.shape[0])
-
-
 def output_gate(attn) -> OutputGate | None:
-    """The output gate of `attn` (an `HFAttention`: its transformers module and sizes), or None:
-    its `q_proj` is not twice the heads' width beside an `o_proj` reading h·d channels
-    (transformers' `Qwen3NextAttention`, `Qwen3_5Attention` and their kin)."""
-    module = getattr(attn, "module", None)  # qkv's own attention has no transformers module
-    q, o = getattr(module, "q_proj", None), getattr(module, "o_proj", None)
-    if not (isinstance(q, torch.nn.Linear) and isinstance(o, torch.nn.Linear)):
-        return None
-    h, d = attn.num_heads, attn.head_dim
-    if q.out_features != 2 * h * d or o.in_features != h * d:
-        return None
-    return OutputGate(q_proj=q, heads=h, head_dim=d, weight=o.weight, bias=o.bias)
+    """The output gate a layer's attention `attn` declares (an
+    [`OutputGated`][qkv.models.protocol.OutputGated]: a transformers layer's, found by the model
+    side as it built the layer), or None: no gate, or qkv's own attention, which has none."""
+    return attn.output_gate if isinstance(attn, OutputGated) else None
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.explain.mixers.delta_rule import check_query
-from qkv.explain.mixers.linear import decayed_products, decayed_row
+from qkv.explain.mixers.linear import EffectiveAttention, decayed_products, decayed_row
 
 
 @dataclass(frozen=True)
-class Lightning:
+class Lightning(EffectiveAttention):
     """One text through a lightning-attention layer, per head, in float64. Letters: t, h, d."""
 
     kind = "lightning"

@@ -15,6 +15,37 @@ from __future__ import annotations
 
 import torch
 
+class EffectiveAttention:
+    """What a mixer's record answers when its map is an effective M, o = M·v (a linear or
+    state-space mixer's, differential attention's); every such record derives from it
+    (letters: t tokens, d value channels).
+
+    A record has `kind` (its mixer kind's name), `output` (t, h, d) the layer's own mixing
+    output (before its gate / norm / projection), `heads`, `values(head)` (t, d) the v that M
+    mixes, `matrix(head)` (t, t) M, and for the linear and state-space kinds `row(head, query)`
+    (t,) M[query] in O(t · state). What the base gives, each record overriding where it differs:
+    `rebuilt(head)` and `map_lambda()`.
+    """
+
+    kind: str
+    output: torch.Tensor
+
+    def matrix(self, head: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def values(self, head: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def rebuilt(self, head: int) -> torch.Tensor:
+        """(t, d) head `head`'s output as its map rebuilds it: M·v, plus whatever the layer adds
+        that no value carries (a short convolution's bias through its output gate)."""
+        return self.matrix(head) @ self.values(head)
+
+    def map_lambda(self) -> float | None:
+        """λ where M = A₁ − λ·A₂ combines two softmax maps (differential attention), else None."""
+        return None
+
+
 # Rows of a per-channel product taken at once: the (rows, t, c) decay tensor stays ≤ 2²⁴ numbers.
 _BLOCK_NUMBERS = 1 << 24
 

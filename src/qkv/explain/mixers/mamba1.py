@@ -18,7 +18,6 @@ recorded arguments with z left out). Letters: t tokens, d inner channels, n stat
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -27,13 +26,14 @@ import torch.nn.functional as F
 from qkv.errors import QkvError
 from qkv.explain.mixers.capture import KernelCall, kernel_call
 from qkv.explain.mixers.delta_rule import check_query
-from qkv.explain.mixers.linear import decayed_products, decayed_row
+from qkv.explain.mixers.linear import EffectiveAttention, decayed_products, decayed_row
+from qkv.models.protocol import MixerKind
 
 KERNEL = "mamba_selective_scan"
 
 
 @dataclass(frozen=True)
-class SelectiveScan:
+class SelectiveScan(EffectiveAttention):
     """One text through a Mamba-1 mixer, per inner channel (its "heads"), in float64."""
 
     kind = "mamba2"        # the protocol's MixerKind of every Mamba layer (hf/mixers.py)
@@ -70,9 +70,11 @@ class SelectiveScan:
 
 
 def is_mamba1(module: torch.nn.Module) -> bool:
-    """Whether `module` keeps Mamba-1's per-channel state: its `A_log` is (d, n), not Mamba-2's (h,)."""
-    A_log = getattr(module, "A_log", None)
-    return torch.is_tensor(A_log) and A_log.dim() == 2
+    """Whether `module` is a Mamba-1 mixer (its `A_log` per channel and state, (d, n), not
+    Mamba-2's (h,)): the kind the model side recognises it as (`qkv.hf.mixers.stateful_kind`)."""
+    from qkv.hf.mixers import stateful_kind  # imported here: qkv.hf registers with transformers
+
+    return stateful_kind(module) is MixerKind.MAMBA1
 
 
 def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> SelectiveScan:
@@ -86,10 +88,9 @@ def read(module: torch.nn.Module, hidden_states: torch.Tensor) -> SelectiveScan:
         QkvError: a batch of more than one text; the scan's gate is not the last step of its call.
     """
     call = kernel_call(module, KERNEL, hidden_states)
-    scan = getattr(sys.modules[type(module).__module__], KERNEL)  # the original, restored by kernel_call
     a = call.arguments
     with torch.no_grad():
-        ungated = scan(**{**a, "z": None, "return_last_state": False})  # (1, d, t)
+        ungated = call.function(**{**a, "z": None, "return_last_state": False})  # (1, d, t)
     gated = call.result[0] if isinstance(call.result, tuple) else call.result
     z = a.get("z")
     if z is not None and not torch.equal(ungated * F.silu(z), gated):

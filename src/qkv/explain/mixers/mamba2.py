@@ -24,13 +24,13 @@ from qkv.errors import QkvError
 from qkv.explain.mixers.capture import KernelCall, kernel_call
 from qkv.explain.mixers import mamba1
 from qkv.explain.mixers.delta_rule import check_query
-from qkv.explain.mixers.linear import decayed_products, decayed_row
+from qkv.explain.mixers.linear import EffectiveAttention, decayed_products, decayed_row
 
 KERNEL = "mamba2_chunk_scan"
 
 
 @dataclass(frozen=True)
-class StateSpace:
+class StateSpace(EffectiveAttention):
     """One text through a Mamba-2 mixer, per head, in float64. Letters: t, h heads, p head dim, n state."""
 
     kind = "mamba2"

@@ -21,7 +21,6 @@ Letters: t tokens, h heads, dn/dr the content/RoPE widths, r_q/r_kv the latent w
 from __future__ import annotations
 
 import inspect
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +31,6 @@ from qkv.explain.mixers.capture import causal_call, causal_mask, kernel_calls
 from qkv.explain.mixers.delta_rule import check_query
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
-# The RoPE functions transformers' MLA layers call: half-split or interleaved (deepseek_v3 and
-# the sparse layers' attention), complex (deepseek_v2)
-ROPE_FUNCTIONS = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
 
 
 @dataclass(frozen=True)
@@ -83,14 +79,15 @@ def rotations(module: nn.Module, hidden_states: torch.Tensor, position_embedding
     position (q_rotated[p] = R_q[p] · q_rope[p]), read by running `module` once on
     `hidden_states` (1, t, hidden) and handing the function it called the unit vectors in the
     layer's dtype. The layer's call is told from an indexer's (which rotates (b, t, g, dr)
-    queries) by its (b, h, t, dr) query. A layer that calls none of `ROPE_FUNCTIONS` (Kimi's MLA
+    queries) by its (b, h, t, dr) query. A layer that calls none of
+    `qkv.hf.kernels.ROPE_FUNCTIONS` (Kimi's MLA
     layers: no positions in the score) gets the identity: whoever uses R checks what it rebuilds
     against the layer's own q and k (`score_attribution` does), so an unknown rotation is caught.
     """
+    from qkv.hf.kernels import rope_functions  # imported here: qkv.hf registers with transformers
+
     lat, t = latents(module), hidden_states.shape[1]
-    modeling = sys.modules[type(module).__module__]
-    # which RoPE function the layer's modeling file (transformers') defines, not a model part
-    for name in (n for n in ROPE_FUNCTIONS if hasattr(modeling, n)):
+    for name in rope_functions(module):
         calls = [c for c in kernel_calls(module, name, hidden_states, position_embeddings=position_embeddings,
                                          attention_mask=causal_mask(hidden_states))
                  if c.arguments.get("unsqueeze_dim", 1) == 1 and _shape(c, 0) == (1, lat.heads, t, lat.rope)]
@@ -99,12 +96,12 @@ def rotations(module: nn.Module, hidden_states: torch.Tensor, position_embedding
     else:
         unit = torch.eye(lat.rope, dtype=torch.float64).expand(t, -1, -1)  # (t, dr, dr)
         return unit, unit
-    args = calls[0].arguments
-    first, second = list(inspect.signature(getattr(modeling, name)).parameters)[:2]
+    args, rope = calls[0].arguments, calls[0].function
+    first, second = list(inspect.signature(rope).parameters)[:2]
     dtype = args[first].dtype
     unit = torch.eye(lat.rope, dtype=dtype)[:, None, None, :].expand(-1, 1, t, -1)  # (dr, 1, t, dr): e_i at every p
     with torch.no_grad():
-        q, k = getattr(modeling, name)(**{**args, first: unit, second: unit})  # (dr, 1, t, dr): R[p] e_i
+        q, k = rope(**{**args, first: unit, second: unit})  # (dr, 1, t, dr): R[p] e_i
     return q[:, 0].permute(1, 2, 0).double(), k[:, 0].permute(1, 2, 0).double()  # (t, dr, dr): [p, out, in]
 
 

@@ -23,12 +23,13 @@ import torch
 from qkv.errors import QkvError
 from qkv.explain.mixers.capture import kernel_call
 from qkv.explain.mixers.delta_rule import check_query
+from qkv.explain.mixers.linear import EffectiveAttention
 
 KERNEL = "causal_conv1d_fn"
 
 
 @dataclass(frozen=True)
-class ShortConv:
+class ShortConv(EffectiveAttention):
     """One text through a gated short convolution, per channel, in float64."""
 
     kind = "short_conv"
@@ -46,6 +47,10 @@ class ShortConv:
     def values(self, head: int) -> torch.Tensor:
         """(t, 1) channel `head`'s values."""
         return self.x[:, head: head + 1]
+
+    def rebuilt(self, head: int) -> torch.Tensor:
+        """(t, 1) channel `head`'s output as M·x + offset (the bias term C·bias reaches no value)."""
+        return self.matrix(head) @ self.values(head) + self.offset[:, head: head + 1]
 
     def matrix(self, head: int) -> torch.Tensor:
         """(t, t) the banded M of channel `head`: y = M·x + offset."""

@@ -23,7 +23,6 @@ viewer's "Indexer" panel show.
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
@@ -40,8 +39,6 @@ from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
 
 KERNEL = "eager_attention_forward"  # the layer must run with attn_implementation="eager"
-# The RoPE functions transformers' indexers call (half-split for deepseek_v32, interleaved for glm_moe_dsa).
-ROPE_FUNCTIONS = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
 
 
 @dataclass(frozen=True)
@@ -148,12 +145,12 @@ def _indexer_call(indexer: torch.nn.Module):
 
 def _index_terms(indexer: torch.nn.Module, given: dict) -> torch.Tensor:
     """(g, t, t) the indexer's per-head terms in float64; q, k rotated by its own RoPE call."""
+    from qkv.hf.kernels import ROPE_FUNCTIONS, rope_functions  # imported here: qkv.hf registers with transformers
+
     x, q_resid = given["hidden_states"], given["q_resid"]
     _, t, _ = x.shape
     g, D, dr = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
-    modeling = sys.modules[type(indexer).__module__]
-    # which RoPE function the indexer's modeling file (transformers') defines, not a model part
-    for name in (n for n in ROPE_FUNCTIONS if hasattr(modeling, n)):
+    for name in rope_functions(indexer):
         calls = kernel_calls(indexer, name, x, **{k: v for k, v in given.items() if k != "hidden_states"})
         if calls:
             q_rot, k_rot = (r.double() for r in calls[0].result)  # (1, t, g, dr), (1, t, 1, dr)

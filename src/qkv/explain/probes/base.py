@@ -115,7 +115,7 @@ class Needs:
 
     def missing(self, caps: Capabilities) -> tuple[str, ...]:
         """The needed capabilities `caps` lacks."""
-        return tuple(c for c in self.capabilities if not getattr(caps, c))
+        return caps.lacks(self.capabilities)
 
     def check(self, model, role: str, probe: str, others: list[str], *, named: bool = True) -> None:
         """ArgumentError naming `role` when `model` lacks a needed capability: what the probe
