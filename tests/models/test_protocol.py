@@ -18,7 +18,7 @@ import qkv
 import qkv.explain
 from qkv.models import FAMILIES
 from qkv.models.protocol import (
-    AttentionLayerLike, Capabilities, CrossAttentionModel, CrossLayerLike, CrossPass, MixerKind,
+    DECODER, ENCODER, AttentionLayerLike, Capabilities, CrossAttentionModel, CrossLayerLike, CrossPass, MixerKind,
     ModelParts, OutputGated, ResidualForm, SelfAttentionModel, TokenizerLike,
 )
 
@@ -95,6 +95,13 @@ def directory(tmp_path_factory):
 
 
 KINDS = sorted(NATIVE) + ["minilm", "lm", "transformers", "translate", "seq2seq"]
+
+
+def test_capabilities_say_which_they_lack_by_name():
+    assert ENCODER.lacks(("self_attention", "next_token", "causal")) == ("next_token", "causal")
+    assert DECODER.lacks(()) == () and DECODER.lacks(("next_token",)) == ()
+    with pytest.raises(ValueError, match="'nope' is no capability; the capabilities are self_attention"):
+        DECODER.lacks(("causal", "nope"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
