@@ -68,6 +68,14 @@ def test_kind_is_read_from_behaviour(make, want):
     assert float((got - want_y).abs().max()) < 1e-4  # the ε left out: ≤ ε/mean(·²) relative
 
 
+def test_a_bfloat16_norm_is_probed_in_float64():
+    """Its parameters taken to float64 for the probe: bfloat16's rounding does not blur centred
+    and uncentred, γ and 1 + γ."""
+    torch.manual_seed(0)
+    assert norm_kind(_layer_norm(7).to(torch.bfloat16)) == NormKind(centres=True, offset=False, bias=True)
+    assert norm_kind(Scaled(7).to(torch.bfloat16)) == NormKind(centres=False, offset=True, bias=False)
+
+
 def test_a_non_norm_is_refused_by_name():
     with pytest.raises(ValueError, match="Linear does not normalise"):
         norm_kind(nn.Linear(4, 4), width=4)

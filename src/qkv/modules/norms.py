@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from qkv.modules.multihead import norm_width
+from qkv.modules.multihead import head_norm, norm_width
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,8 @@ _KINDS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionar
 
 def norm_kind(norm: nn.Module, width: int | None = None) -> NormKind:
     """The kind of `norm`, from its output on a probe of 8 rows with different means and spreads
-    (`width` features; default its weight's width or `normalized_shape`); ValueError naming it
-    where it does not behave as a norm.
+    (`width` features; default its weight's width or `normalized_shape`), in float64 with the
+    norm's parameters taken to it; ValueError naming it where it does not behave as a norm.
 
     Examples:
         >>> import torch
@@ -138,9 +138,9 @@ def norm_kind(norm: nn.Module, width: int | None = None) -> NormKind:
     rows = torch.randn(8, width, generator=g, dtype=torch.float64)  # (8, width)
     rows = rows * torch.linspace(0.5, 3.0, 8, dtype=torch.float64)[:, None] \
         + torch.linspace(-2.0, 2.0, 8, dtype=torch.float64)[:, None]
-    probe = rows.to(dtype=like.dtype if like.is_floating_point() else torch.float32, device=like.device)
+    probe = rows.to(like.device)  # float64, the parameters taken to it: a bfloat16 norm's kind too
     with torch.no_grad():
-        found = fit(probe, norm(probe))
+        found = fit(probe, head_norm(norm, probe, width))
     if found is None:
         raise ValueError(f"{type(norm).__name__} does not normalise a probe of width {width} "
                          f"as a LayerNorm or RMSNorm does")
