@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qkv.explain.circuits.norms import linearise
 from qkv.explain.contributions.base import (
     Forward, Matrices, Method, check_layers, output_bias, run, value_vectors,
 )
@@ -54,15 +55,11 @@ def _centres(norm: nn.Module) -> bool:
 
 def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale (r, E), shift (E,)) with norm(v) = v_c · scale + shift per token, where `total`
-    (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm)."""
-    E = total.shape[-1]
-    weight, bias = norm_kind(norm).affine(norm)  # γ as applied (Gemma's 1 + γ), β
-    weight = weight.to(total.dtype) if weight is not None else total.new_ones(E)
-    bias = bias.to(total.dtype) if bias is not None else total.new_zeros(E)
-    eps = norm.eps if norm.eps is not None else torch.finfo(total.dtype).eps
-    # LayerNorm's variance of a centred vector and RMSNorm's mean square are one formula
-    spread = (total.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (r, 1)
-    return weight / spread, bias
+    (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm) — the
+    norm frozen at it (`qkv.explain.circuits.norms.linearise`: γ or 1 + γ, β and 1/σ as the
+    norm applies them to `total`)."""
+    lin = linearise(norm, total)
+    return lin.scale.to(total.dtype), lin.shift.to(total.dtype)
 
 
 def check_applies(model) -> None:
