@@ -57,11 +57,13 @@ def test_kind_is_read_from_behaviour(make, want):
     norm = make()
     kind = norm_kind(norm)
     assert kind == want
-    # the kind's affine rebuilds the norm: (x − [mean]) / √(mean(·²) + ε) · γ + β, ε ≤ 1e-5
+    # the kind, with the norm's own parameters, rebuilds it: (x − [mean]) / √(mean(·²) + ε) · γ + β, ε ≤ 1e-5
     x = torch.randn(5, 7, dtype=torch.float64) + torch.arange(5.0, dtype=torch.float64)[:, None]
     with torch.no_grad():
         want_y = norm.double()(x)
-        gamma, beta = kind.affine(norm)
+        own = dict(norm.named_parameters())
+        gamma = None if "weight" not in own else own["weight"] + 1 if kind.offset else own["weight"]
+        beta = own.get("bias") if kind.bias else None
     c = x - x.mean(-1, keepdim=True) if kind.centres else x
     got = c / (c.pow(2).mean(-1, keepdim=True)).sqrt() * (1 if gamma is None else gamma.detach())
     got = got + (0 if beta is None else beta.detach())

@@ -102,15 +102,6 @@ class NormKind:
         """"LayerNorm" (centred) or "RMSNorm"."""
         return "LayerNorm" if self.centres else "RMSNorm"
 
-    def affine(self, norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(γ (E,) as the norm applies it — its weight, or 1 + its weight —, β (E,)) from its
-        parameters `weight` and `bias`; None for one it does not apply."""
-        own = dict(norm.named_parameters(recurse=False))
-        weight, bias = own.get("weight"), own.get("bias")
-        if weight is not None and self.offset:
-            weight = 1 + weight
-        return weight, bias if self.bias else None
-
 
 # Each norm's kind while its parameters stay the same (their version counters move on any
 # in-place change): one probe per norm, not per call.
