@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import qkv  # noqa: E402
 import qkv.explain as E  # noqa: E402
-from archs import COMMON, DECODERS, ENCODERS, build  # noqa: E402
+from archs import COMMON, DECODERS, ENCODERS, GQA, build  # noqa: E402
 from qkv.explain.contributions import get_method  # noqa: E402
 from qkv.explain.contributions.base import out_bias, run  # noqa: E402
 from qkv.explain.contributions.norm import terms  # noqa: E402
@@ -96,7 +96,7 @@ def test_layernorm_qk_norms_by_their_other_names(tmp_path):
     attn = model.layers[1].self_attn
     assert (attn.parts.layout, attn.parts.rotation) == ("query_key_value", "half") and st.projection == ""
     assert isinstance(attn.q_norm, torch.nn.LayerNorm)
-    assert "normalised per head" in st.qk_transform and "RoPE" in st.qk_transform
+    assert "normalised per head (LayerNorm), then rotated by RoPE" in st.qk_transform  # not "RMSNorm"
     assert_float32_rounding("persimmon", st, fine)
 
 
@@ -257,22 +257,24 @@ def test_unseen_rope_gqa_decoders_get_the_full_step_by_step(tmp_path, model_type
         assert diff <= 64 * torch.finfo(torch.float32).eps * max(1.0, float(steps.model_output.abs().max())), stage
 
 
-def test_norms_after_the_rotation_are_named(tmp_path):
-    """HunYuan rotates q and k, then normalises them (query_layernorm, key_layernorm): checked
-    against the kernel's q and k and named, where Qwen3's order (norm, then RoPE) would not fit."""
+def test_norms_after_the_rotation_get_the_full_step_by_step(tmp_path):
+    """HunYuan rotates q and k, then normalises them (query_layernorm, key_layernorm): the order
+    is read off the forward (Qwen3's, norm then RoPE, does not rebuild it) and the step-by-step
+    applies the steps in it — every stage the float32 forward's to its own rounding."""
     import transformers
 
-    from hybrids import BASE, save_tokenizer
-
-    config = transformers.HunYuanDenseV1Config(**(BASE | dict(head_dim=8)))
     torch.manual_seed(0)
+    config = transformers.HunYuanDenseV1Config(**(COMMON | GQA | dict(head_dim=8)))
     model = transformers.HunYuanDenseV1ForCausalLM._from_config(config, attn_implementation="eager")
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # norms' weights too: not ones
     model.save_pretrained(tmp_path)
-    save_tokenizer(tmp_path)
-    note = qkv.load(tmp_path).layers[0].self_attn.projection_note
-    assert note.endswith("because HunYuanDenseV1Attention normalises q and k after the rotation "
-                         "(query_layernorm and key_layernorm), a step order the step-by-step does "
-                         "not show (it normalises before the position step)")
+    save_tokenizer(tmp_path, encoder=False)
+    model, st = steps(tmp_path, torch.float32)
+    _, fine = steps(tmp_path, torch.float64)
+    attn = model.layers[1].self_attn
+    assert st.projection == "" and attn.norm_after_rotation and attn.parts.rotation == "half"
+    assert st.qk_transform.startswith("rotated by RoPE") and st.qk_transform.endswith(
+        "then normalised per head (RMSNorm)")
+    assert_float32_rounding("hunyuan_v1_dense", st, fine)

@@ -40,6 +40,7 @@ from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.wording import Message
 from qkv.modules.multihead import head_norm, norm_width
+from qkv.modules.norms import norm_kind
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ class HeadSteps(OneHead):
         word, word_tokens: with `words=True`, the word chosen and its token positions (the
             arithmetic is for the last); None and () otherwise.
         notes: how an ambiguous `token` was resolved (which occurrence, which word piece).
-        qk_transform: what happens to q and the k_j after the projection (Qwen3's per-head
-            RMSNorm, RoPE's rotation), in words; "" when nothing does.
+        qk_transform: what happens to q and the k_j after the projection, in the model's order
+            (Qwen3's per-head RMSNorm then RoPE's rotation; HunYuan's rotation then norm), in
+            words; "" when nothing does.
         projection: "" when q, k_j and v_j were recomputed as x·W + b; otherwise why they could
             not be (a model whose projections qkv cannot read as matrices): then they are the
             ones the forward's kernel read, and the arithmetic from the scores on is recomputed.
@@ -247,27 +249,35 @@ def _project_head(module, layer_trace, *, head: int,
     xs_k = layer_trace.key_input[0].double()  # (s, kdim)
     xs_v = layer_trace.value_input[0].double()  # (s, vdim)
     d = module.head_dim
-    transform = []
     # OLMo 2 normalises the whole projection, every head's features together: then every
     # head is projected; otherwise (Qwen3's per-head norm, or none) this head's rows only
     whole = module.q_norm is not None and norm_width(module.q_norm) != d
-    query = _project(x, module.q_proj, slice(None) if whole else q_rows)  # (d,) or (h·d,)
+    query = _project(x, module.q_proj, slice(None) if whole else q_rows)[None]  # (1, d) or (1, h·d)
     keys = _project(xs_k, module.k_proj, slice(None) if whole else kv_rows)  # (s, d) or (s, h_kv·d)
     values = _project(xs_v, module.v_proj, kv_rows)  # (s, dv)
-    if module.q_norm is not None:
-        # Qwen3: each head's query and key vectors are RMS-normalised before the rotation
-        query, keys = head_norm(module.q_norm, query, d), head_norm(module.k_norm, keys, d)
-        transform.append(f"normalised {'across the heads together' if whole else 'per head'} "
-                         f"(RMSNorm)")
+    positions = (torch.tensor([position], device=x.device), torch.arange(keys.shape[0], device=x.device))
+    transform = []
+    # the model's own order: Qwen3 normalises q and the k_j, then rotates them; HunYuan rotates first
+    for stage in ("rotation", "norm") if module.norm_after_rotation else ("norm", "rotation"):
+        if stage == "norm" and module.q_norm is not None:
+            query, keys = head_norm(module.q_norm, query, d), head_norm(module.k_norm, keys, d)
+            transform.append(f"normalised {'across the heads together' if whole else 'per head'} "
+                             f"({norm_kind(module.q_norm).name})")  # what it does, whatever its class
+        elif stage == "rotation" and layer_trace.position_step is not None:
+            # RoPE rotates queries and keys by their positions before the dot product
+            query, keys = (_rotated(layer_trace.position_step, v, at, d)
+                           for v, at in zip((query, keys), positions))
+            transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
     if whole:
-        query, keys = query[q_rows], keys[:, kv_rows]  # (d,), (s, d)
-    step = layer_trace.position_step
-    if step is not None:
-        # RoPE rotates queries and keys by their positions before the dot product
-        query = step(query[None], torch.tensor([position], device=query.device))[0]  # (d,)
-        keys = step(keys, torch.arange(keys.shape[0], device=keys.device))  # (s, d)
-        transform.append(f"rotated by RoPE (q by its position {position}, each k_j by j)")
-    return query, keys, values, transform
+        query, keys = query[:, q_rows], keys[:, kv_rows]  # (1, d), (s, d)
+    return query[0], keys, values, transform
+
+
+def _rotated(step, v: torch.Tensor, positions: torch.Tensor, d: int) -> torch.Tensor:
+    """v (n, m·d) at positions (n,) — m heads side by side (m = 1: one head) — with each head
+    turned by the position step."""
+    n, m = v.shape[0], v.shape[-1] // d
+    return step(v.reshape(n * m, d), positions.repeat_interleave(m)).view(n, m * d)
 
 
 def _stage_diffs(recomputed: dict[str, torch.Tensor], att, *, head: int,

@@ -59,6 +59,7 @@ from qkv.models.protocol import (
     ResidualScales, Unembedding,
 )
 from qkv.modules.multihead import MultiHeadTrace
+from qkv.modules.norms import fit
 from qkv.modules.transformer import LayerTrace
 
 #: Why explain_head starts from q, k and v on a module whose projections cannot be read (the
@@ -88,6 +89,7 @@ class HFAttention(OutputGated):
     """
 
     q_norm = k_norm = None
+    norm_after_rotation = False  # True: q_norm, k_norm act after the rotation (HunYuan), as read
 
     def __init__(self, module: nn.Module, *, heads: int, kv_heads: int, head_dim: int,
                  value_dim: int, embed_dim: int, out_module: nn.Module | None, parts: Parts | str):
@@ -104,6 +106,7 @@ class HFAttention(OutputGated):
             self.projection_note = ""
             self.q_proj, self.k_proj, self.v_proj = parts.q_proj, parts.k_proj, parts.v_proj
             self.q_norm, self.k_norm = parts.q_norm, parts.k_norm
+            self.norm_after_rotation = parts.norm_after_rotation
 
     def position_step(self, cos_sin) -> Rotation | None:
         """The `Rotation` the `position_embeddings` handed to the
@@ -705,47 +708,9 @@ def _outermost(found: list[nn.Module]) -> nn.Module | None:
 
 
 def _normalises(given, made) -> bool:
-    """Whether a part made `made` (…, E) of `given` (…, E) as a norm does: each row scaled
-    to unit RMS (RMSNorm) or centred first (LayerNorm) — times a factor per row a little under 1
-    (the norm's ε), one weight per channel and a bias per channel or none — fitted by
-    alternating least squares and checked to float32's rounding. By behaviour, so any norm
-    class is one (Gemma's 1 + γ, a LayerNorm without bias)."""
-    if not (isinstance(given, torch.Tensor) and isinstance(made, torch.Tensor)) \
-            or given.shape != made.shape or given.ndim < 2 or given.shape[-1] < 2 \
-            or torch.equal(given, made):  # an identity (dropout in eval) normalises nothing
-        return False
-    x = given.double().reshape(-1, given.shape[-1])  # (n, E)
-    y = made.double().reshape(-1, made.shape[-1])
-    if not bool(torch.isfinite(x).all() and torch.isfinite(y).all()):
-        return False
-    # float32's rounding at least: transformers normalises in float32 whatever the model's dtype
-    eps = max(torch.finfo(made.dtype).eps, torch.finfo(torch.float32).eps)
-    tol = 64 * eps * max(float(y.abs().max()), 1.0)
-    for z in (x, x - x.mean(-1, keepdim=True)):
-        z = z / z.pow(2).mean(-1, keepdim=True).add(1e-300).sqrt()  # (n, E) unit RMS rows
-        for with_bias in (False, True):
-            if with_bias and len(z) < 3:
-                continue
-            r = torch.ones(len(z), 1, dtype=z.dtype)  # (n, 1) the ε's shrinking of each row
-            for _ in range(25):  # converges in a few steps: r is within ε of 1
-                zr = z * r
-                if with_bias:
-                    zc, yc = zr - zr.mean(0), y - y.mean(0)
-                    w = (zc * yc).sum(0) / (zc * zc).sum(0).clamp_min(1e-300)  # (E,)
-                    b = y.mean(0) - w * zr.mean(0)
-                else:
-                    w = (zr * y).sum(0) / (zr * zr).sum(0).clamp_min(1e-300)
-                    b = torch.zeros_like(w)
-                wz = z * w
-                r = (((y - b) * wz).sum(1) / (wz * wz).sum(1).clamp_min(1e-300))[:, None]
-                r = r / r.max().clamp_min(1e-300)  # r·w is one product: the largest row's r is 1
-            w = (z * r * (y - b)).sum(0) / (z * r).pow(2).sum(0).clamp_min(1e-300)  # w for that r
-            # ε only shrinks a row a little (r ≤ 1); a free row factor would make any per-row
-            # rescaling a "norm"
-            if float(w.abs().max()) > 0 and 0.5 <= float(r.min()) \
-                    and float((y - (z * r * w + b)).abs().max()) <= tol:
-                return True
-    return False
+    """Whether a part made `made` of `given` as a norm does (`qkv.modules.norms.fit`: by
+    behaviour, so any norm class is one)."""
+    return fit(given, made) is not None
 
 
 def _first(output):

@@ -14,8 +14,9 @@ query_key_value                 per head [q_h | k_h | v_h] GPT-NeoX
 q, k, v                         three Linear maps         T5 (self- and cross-attention)
 ```
 
-and the per-head norms (children `q_norm` and `k_norm`: Qwen3 per head, OLMo 2 over the whole
-projection — `qkv.modules.multihead.head_norm` tells them apart by their width). The
+and the per-head norms (`NORMS`: Qwen3 per head, OLMo 2 over the whole projection —
+`qkv.modules.multihead.head_norm` tells them apart by their width —, Persimmon's LayerNorms,
+HunYuan's after the rotation: the order is the one that rebuilds the forward). The
 position step is the model's own: the `(cos, sin)` transformers hands the attention module as
 `position_embeddings`, applied to the first features of each head (`Rotation`; GPT-NeoX
 and Phi rotate part of each head) in the layout the forward shows (`STYLES`). ALiBi and learned
@@ -132,11 +133,11 @@ LAYOUTS = (
     Layout("q, k, v", ("q", "k", "v"), _separate),
 )
 
-#: The per-head (or whole-projection) norms between the projections and the position step.
+#: The per-head (or whole-projection) q/k norms, before or after the position step (the order
+#: is read off the forward, not off the name: `Parts.norm_after_rotation`).
 NORMS = (("q_norm", "k_norm"),  # Qwen3 (per head), OLMo 2 (the whole projection)
-         ("q_layernorm", "k_layernorm"))  # Persimmon: a LayerNorm per head
-#: q/k norms applied *after* the rotation (HunYuan: ``query_layernorm``, ``key_layernorm``)
-NORMS_AFTER = ("query_layernorm", "key_layernorm")
+         ("q_layernorm", "k_layernorm"),  # Persimmon: a LayerNorm per head
+         ("query_layernorm", "key_layernorm"))  # HunYuan: per head, after the rotation
 
 
 #: How a model lays its RoPE angles over a head's features (the position step's styles, tried in
@@ -214,7 +215,9 @@ class Parts:
     projections (full width: every head), the q/k norms (or None) and the style in which the
     forward's position step rotates q and k (`STYLES`; None: NoPE layers, or models whose
     positions are in x or in a score bias); `q_scale`: the constant a module multiplies its
-    queries by before the kernel (OPT: 1/√d, the kernel then told 1), already in `q_proj`."""
+    queries by before the kernel (OPT: 1/√d, the kernel then told 1), already in `q_proj`;
+    `norm_after_rotation`: the order of the two steps — the q/k norms then the position step
+    (False: Qwen3, OLMo 2, Persimmon) or the rotation then the norms (True: HunYuan)."""
 
     layout: str
     q_proj: Projection
@@ -225,6 +228,7 @@ class Parts:
     rotation: str | None
     q_scale: float = 1.0
     rotate: Callable | None = None  # rotation OWN: the architecture's own function
+    norm_after_rotation: bool = False
 
 
 def _heads(y: torch.Tensor, n: int) -> torch.Tensor:
@@ -250,25 +254,23 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
         return (f"{type(module).__name__} holds none of the projection layouts qkv reads "
                 f"({'; '.join(layout.name for layout in LAYOUTS)})")
     q_norm, k_norm = _qk_norms(module)
-    d = sizes.head_dim
+    orders = (False, True) if q_norm is not None else (False,)  # norm_after_rotation
+    own = own_rotation(module)
+    tried = (*STYLES, *((OWN,) if own is not None else ()), None) if cos_sin is not None else (None,)
     with torch.no_grad():
         for layout, (wq, wk, wv), q, k in _projected(module, fits, sizes, x, kv_input, value):
-            if q_norm is not None:
-                q, k = head_norm(q_norm, q, d), head_norm(k_norm, k, d)
-            q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
-            own = own_rotation(module)
-            tried = (*STYLES, *((OWN,) if own is not None else ()), None)
-            for style in tried if cos_sin is not None else (None,):
+            for after, style in ((after, style) for after in orders for style in tried):
                 turn = None if style is None else Rotation(*cos_sin, style, own if style == OWN else None)
                 try:
-                    rq, rk = (q, k) if turn is None else (turn.heads(q), turn.heads(k))
+                    rq, rk = _transformed(q, k, q_norm, k_norm, turn, after, sizes)
                 except (RuntimeError, TypeError, ValueError):  # the angles do not fit this style
                     continue
                 if not close(rk, key):
                     continue
+                found = dict(rotation=style, rotate=turn.apply if turn is not None else None,
+                             norm_after_rotation=after)
                 if close(rq, query):
-                    return Parts(layout.name, wq, wk, wv, q_norm, k_norm, style,
-                                 rotate=turn.apply if turn is not None else None)
+                    return Parts(layout.name, wq, wk, wv, q_norm, k_norm, **found)
                 # OPT multiplies q by the scale itself and calls the kernel with 1: still a linear
                 # map, W_Q and b_Q times that constant (found by least squares, then checked)
                 if rq.shape != query.shape:  # q_proj makes more than q (Qwen3-Next's gate)
@@ -276,19 +278,36 @@ def read(module: nn.Module, sizes: Sizes, x: torch.Tensor,
                 c = float((rq * query).sum() / (rq * rq).sum().clamp_min(torch.finfo(rq.dtype).tiny))
                 if q_norm is None and close(rq * c, query):
                     scaled = Projection(wq.weight * c, None if wq.bias is None else wq.bias * c)
-                    return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, style, q_scale=c,
-                                 rotate=turn.apply if turn is not None else None)
-    after = _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value)
-    if after is not None:
-        return after
+                    return Parts(layout.name, scaled, wk, wv, q_norm, k_norm, q_scale=c, **found)
     return (f"{type(module).__name__}'s {' / '.join(layout.name for layout in fits)} with "
-            f"{'its q/k norms, ' if q_norm is not None else ''}"
+            f"{'its q/k norms (before or after the rotation), ' if q_norm is not None else ''}"
             f"{'the angles it is handed (as RoPE in any of ' + ', '.join(STYLES) + ' layouts, or none)' if cos_sin is not None else 'no position step'}"
             f" do not give the q, k and v its attention kernel read")
 
 
+def _transformed(q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None, k_norm: nn.Module | None,
+                 turn: Rotation | None, after: bool, sizes: Sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (b, t, h·d), k (b, s, h_kv·d) as projected → (b, h, t, d), (b, h_kv, s, d): normalised
+    (`head_norm`: per head or over the whole projection) and rotated by `turn`, the norms first
+    or (`after`) last."""
+    d = sizes.head_dim
+
+    def normed(y: torch.Tensor, norm: nn.Module | None, n: int) -> torch.Tensor:  # (b, n, t, d)
+        flat = y.transpose(1, 2).flatten(-2)  # (b, t, n·d)
+        return y if norm is None else _heads(head_norm(norm, flat, d), n)
+
+    q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
+    if not after:
+        q, k = normed(q, q_norm, sizes.heads), normed(k, k_norm, sizes.kv_heads)
+    if turn is not None:
+        q, k = turn.heads(q), turn.heads(k)
+    if after:
+        q, k = normed(q, q_norm, sizes.heads), normed(k, k_norm, sizes.kv_heads)
+    return q, k
+
+
 def _qk_norms(module: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
-    """The module's (q norm, k norm) applied before the rotation, by `NORMS`' names, or (None, None)."""
+    """The module's (q norm, k norm), by `NORMS`' names, or (None, None)."""
     for names in NORMS:
         norms = tuple(getattr(module, n, None) for n in names)
         if all(isinstance(n, nn.Module) for n in norms):
@@ -316,30 +335,5 @@ def _projected(module, fits, sizes, x, kv_input, value):
         yield layout, (wq, wk, wv), q, k
 
 
-def _norms_after_rotation(module, fits, sizes, x, kv_input, cos_sin, query, key, value) -> str | None:
-    """Why a module that normalises q and k *after* the rotation (`NORMS_AFTER`, HunYuan)
-    is not read — checked: projected, rotated in one of the styles, then normalised per head,
-    its q and k are the kernel's — or None where that is not what it does. The step-by-step
-    normalises before the position step (Qwen3's order), so such a module starts from q and k."""
-    norms = [getattr(module, n, None) for n in NORMS_AFTER]
-    if cos_sin is None or not all(isinstance(n, nn.Module) for n in norms):
-        return None
-    own = own_rotation(module)
-    with torch.no_grad():
-        for _, _, q, k in _projected(module, fits, sizes, x, kv_input, value):
-            q, k = _heads(q, sizes.heads), _heads(k, sizes.kv_heads)  # (b, h, t, d), (b, h_kv, s, d)
-            for style in (*STYLES, *((OWN,) if own is not None else ())):
-                turn = Rotation(*cos_sin, style, own if style == OWN else None)
-                try:
-                    rq, rk = norms[0](turn.heads(q)), norms[1](turn.heads(k))
-                except (RuntimeError, TypeError, ValueError):
-                    continue
-                if close(rq, query) and close(rk, key):
-                    return (f"{type(module).__name__} normalises q and k after the rotation "
-                            f"({' and '.join(NORMS_AFTER)}), a step order the step-by-step does "
-                            f"not show (it normalises before the position step)")
-    return None
-
-
-__all__ = ["LAYOUTS", "Layout", "NORMS", "NORMS_AFTER", "OWN", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
+__all__ = ["LAYOUTS", "Layout", "NORMS", "OWN", "Parts", "Projection", "Rotation", "STYLES", "Sizes",
            "as_projection", "own_rotation", "read"]

@@ -157,6 +157,7 @@ class MultiHeadAttention(nn.Module):
 
     sequence_parallel = None  # a qkv.distributed.SequenceParallel, or None: attend locally
     projection_note = ""  # q_proj, k_proj, v_proj are the projections (explain_head reads them)
+    norm_after_rotation = False  # q_norm, k_norm act before the rotation (explain_head's order)
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, bias: bool = True,

@@ -84,3 +84,31 @@ def test_parallel_residual_layers_are_refused():
                                             r"\(Parallel\) do not form x \+ attn before the feed-forward"):
         check_method(fake, "alti")
     check_method(fake, "norm")  # the others read any self-attention layer
+
+
+class OffsetScale(nn.Module):
+    """Gemma's RMSNorm under a name that says nothing: x / rms(x) · (1 + γ), γ stored."""
+
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(0.3 * torch.randn(width))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+
+def test_a_norm_is_known_by_what_it_does_not_its_name(rms_post, ids):
+    """Post-norm layers whose norms scale by 1 + γ under a class name with neither "rms" nor
+    "LayerNorm" in it: read as RMSNorms with γ offset (`qkv.modules.norms.norm_kind`), and the
+    terms rebuild the forward's output."""
+    torch.manual_seed(4)
+    m = type(rms_post)().eval()  # conftest's post-norm stack, fresh
+    for layer in m.layers:
+        layer.norm1, layer.norm3 = OffsetScale(32), OffsetScale(32)
+    fwd = base.run(m, ids, slice(None))
+    with torch.no_grad():
+        for i, layer in enumerate(m.layers):
+            terms, bias, y = alti.layer_terms(layer, fwd, i)  # raises past the tolerance itself
+            assert float((terms.sum(1) + bias - y).abs().max()) <= \
+                alti.RECONSTRUCTION_TOLERANCE * max(1.0, float(y.abs().max()))

@@ -31,12 +31,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkv.explain.circuits.norms import affine
+from qkv.explain.circuits.norms import linearise
 from qkv.explain.contributions.base import (
     Forward, Matrices, Method, check_layers, output_bias, run, value_vectors,
 )
 from qkv.explain.mixers.gate import output_gate
 from qkv.explain.wording import ArgumentError
+from qkv.modules.norms import norm_kind
 
 FORMULA = ("C_ij ∝ max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), T_i(x_j) = norm-affine(Σ_h A_ij f^h(h_j) "
            "+ δ_ij x_j); R^ℓ = C^ℓ R^{ℓ−1}")
@@ -47,25 +48,18 @@ RECONSTRUCTION_TOLERANCE = 1e-5
 
 
 def _centres(norm: nn.Module) -> bool:
-    """Whether `norm` subtracts the mean (LayerNorm) or not (RMSNorm)."""
-    if isinstance(norm, nn.LayerNorm):
-        return True
-    if isinstance(norm, nn.RMSNorm) or "rms" in type(norm).__name__.lower():  # torch's or a family's
-        return False
-    raise TypeError(f"ALTI knows LayerNorm and RMSNorm, not {type(norm).__name__}")
+    """Whether `norm` subtracts the mean (LayerNorm) or not (RMSNorm), by what it does
+    (`qkv.modules.norms.norm_kind`)."""
+    return norm_kind(norm).centres
 
 
 def _norm_affine(norm: nn.Module, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale (r, E), shift (E,)) with norm(v) = v_c · scale + shift per token, where `total`
-    (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm)."""
-    E = total.shape[-1]
-    weight, bias = affine(norm)
-    weight = weight if weight is not None else total.new_ones(E)
-    bias = bias if bias is not None else total.new_zeros(E)
-    eps = norm.eps if norm.eps is not None else torch.finfo(total.dtype).eps
-    # LayerNorm's variance of a centred vector and RMSNorm's mean square are one formula
-    spread = (total.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # (r, 1)
-    return weight / spread, bias
+    (r, E) is v_c: the norm's input, already centred when the norm centres (LayerNorm) — the
+    norm frozen at it (`qkv.explain.circuits.norms.linearise`: γ or 1 + γ, β and 1/σ as the
+    norm applies them to `total`)."""
+    lin = linearise(norm, total)
+    return lin.scale.to(total.dtype), lin.shift.to(total.dtype)
 
 
 def check_applies(model) -> None:
