@@ -49,16 +49,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from qkv.attention.attention_mask import AttentionMask
 from qkv.attention.block_mask import BlockMask, block_mask_for
 from qkv.attention import received as _received
 from qkv.attention.received import BLOCK, attention_block_sums, attention_received
-from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import contributions
 from qkv.explain.mixer_maps import check_softmax_everywhere
 from qkv.explain.contributions.base import Scores, out_weight
-from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_layers
+from qkv.explain.forward import block_weights, check_layer_head, check_top, encode, model_name, num_layers
 from qkv.explain.overview import Overview, overview_of
 from qkv.explain.select import choose, choose_in
 from qkv.explain.wording import ArgumentError, too_long
@@ -170,27 +168,14 @@ class Document:
                                   **self._kw(layer))[0]
 
     def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
-        """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s).
-
-        A row is the softmax of its own scores (the reference path that `trace_rows` runs, on
-        the recorded q and k): O(r · N), and as exact as the traced forward — exp(s − lse) would
-        add the rounding of lse, ~|lse| · eps relative, 4 × the softmax's on MiniLM's layer 0.
-        """
+        """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s), by
+        [`block_weights`][qkv.explain.forward.block_weights] on the recorded q and k (the
+        reference path that `trace_rows` runs, a block of rows at a time)."""
         rec = self.layers[layer]
         index = row_index(rows, rec.query.shape[1])
-        plain = not isinstance(rec.mask, AttentionMask) or (rec.mask.block is None
-                                                             and rec.mask.dense is None)
-        if head is not None and plain:
-            # the same for every head: one head's rows alone, h times less memory (512 rows of
-            # a 131,072-token text were 4 heads × 256 MiB of scores and as many weights)
-            kv = head // (rec.query.shape[0] // rec.key.shape[0])
-            k = rec.key[None, kv:kv + 1]  # (1, 1, s, d)
-            trace = attention_trace(rec.query[None, head:head + 1], k, k, mask=rec.mask,
-                                    scale=rec.scale, rows=index)
-            return trace.weights[0]  # (1, r, N)
-        trace = attention_trace(rec.query[None], rec.key[None], rec.key[None], mask=rec.mask,
-                                scale=rec.scale, enable_gqa=rec.enable_gqa, rows=index)
-        return trace.weights[0] if head is None else trace.weights[0, head:head + 1]  # (h or 1, r, N)
+        heads = list(range(rec.query.shape[0])) if head is None else [head]
+        return block_weights(rec.query[None], rec.key[None], heads, index, mask=rec.mask,
+                             scale=rec.scale)  # (h or 1, r, N)
 
     def received(self, layer: int, head: int) -> torch.Tensor:
         """(N,): Σ_i w_ij, the total weight each key receives from every query row (exact).
