@@ -51,6 +51,9 @@ REQUESTS = (HEAD, LAYER, EVERY)
 REFERENCE_TENSORS = 5
 #: what a whole trace keeps per head and layer, (t, s) each: the same five
 TRACE_TENSORS = REFERENCE_TENSORS
+#: the bool (t, s) masks the finite check of the maps holds at once (isfinite's two comparisons
+#: and their conjunction)
+FINITE_MASKS = 3
 #: how far over the measured peak the estimate may be (tests/explain/test_cost.py): the forward is
 #: counted whole however early it stops, and every copy the answer may be made in is counted
 COVER = 3
@@ -160,14 +163,15 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
     layers = range(L) if request == EVERY else [layer if layer is not None else L - 1]
     size = max(4, _element_size(model))  # the attention computes in float32 (float64 for fp64)
     one = t * t * size
-    copies = 1 + (request == EVERY) + 2 * words  # the maps; every layer's stacked; into words
-    result = maps * one + maps * t * t  # and the finite check's bool mask
+    # the maps and one temporary of their size (every layer's stacked from a list; the finite
+    # check's |w|), two more grouped into words; the finite check's three bool masks
+    copies = 2 + 2 * words
+    masks = FINITE_MASKS * maps * t * t
     if all(stops_at_layer(model, i) for i in layers):
         path, work = "lse", min(t * t, BLOCK_NUMBERS) * size * REFERENCE_TENSORS
     else:
         path, work = "trace", L * h * one * TRACE_TENSORS
-    need = forward_bytes(model, t) + work + copies * maps * one + (result - maps * one) \
-        + FIRST_CALL_BYTES
+    need = forward_bytes(model, t) + work + copies * maps * one + masks + FIRST_CALL_BYTES
     return Cost(request=request, tokens=t, maps=maps, path=path, bytes=need, result_bytes=maps * one)
 
 
@@ -233,7 +237,7 @@ def check_fits(model, cost: Cost, have: int | None) -> None:
     if have is None or cost.bytes <= have:
         return
     raise QkvError(f"{cost.request} of {model_name(model)} over {cost.tokens} tokens would take about "
-                   f"{gib(cost.bytes)} ({cost.maps} maps of {cost.tokens} × {cost.tokens}, "
+                   f"{gib(cost.bytes)} ({cost.maps} map{'s' * (cost.maps != 1)} of {cost.tokens} × {cost.tokens}, "
                    f"{'a whole trace' if cost.path == 'trace' else 'q, k, lse and a block of rows'}) "
                    f"but {gib(have)} is available; read a long text with "
                    f"qkv.explain.long.document.document() (O(N) memory)")
