@@ -19,7 +19,7 @@ a document                      document forward + t · TOKEN_BYTES + first call
 layer's q, k, v, lse and input, one layer's work); `c` the copies the answer is made in (the map,
 the stack of every layer's, the grouping into words, the finite check's mask); `block` the
 reference path's working set for one block of rows (`REFERENCE_TENSORS` tensors of at most
-`BLOCK_NUMBERS` numbers: [`block_weights`][qkv.explain.forward.block_weights]).
+`BLOCK_NUMBERS` numbers: `qkv.explain.forward.block_weights`).
 tests/explain/test_cost.py measures the peak (VmHWM of a fresh process) at two lengths and holds
 the estimate between it and `COVER` times it.
 

@@ -218,7 +218,7 @@ class LayerLse:
 
     def weights(self, heads: list[int], rows: torch.Tensor | None = None) -> torch.Tensor:
         """(len(heads), r, s): the weights of query `rows` (None: all) in each of `heads`
-        ([`block_weights`][qkv.explain.forward.block_weights]: the reference path, a block of
+        (`block_weights`: the reference path, a block of
         rows at a time — so the (r, s) result is the only large tensor). Kept in the dtype the
         attention computed in (float32 for fp32, bf16 and fp16 models).
         """

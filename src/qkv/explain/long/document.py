@@ -171,7 +171,7 @@ class Document:
 
     def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
         """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s), by
-        [`block_weights`][qkv.explain.forward.block_weights] on the recorded q and k (the
+        `qkv.explain.forward.block_weights` on the recorded q and k (the
         reference path that `trace_rows` runs, a block of rows at a time)."""
         rec = self.layers[layer]
         index = row_index(rows, rec.query.shape[1])
