@@ -21,7 +21,8 @@ the stack of every layer's, the grouping into words, the finite check's mask); `
 reference path's working set for one block of rows (`REFERENCE_TENSORS` tensors of at most
 `BLOCK_NUMBERS` numbers: `qkv.explain.forward.block_weights`).
 tests/explain/test_cost.py measures the peak (VmHWM of a fresh process) at two lengths and holds
-the estimate between it and `COVER` times it.
+the estimate at or above it, and above it by at most the parts it counts that need not be live at
+the peak (the forward, a block, the maps' one temporary copy).
 
 Examples:
     >>> import qkv
@@ -54,10 +55,6 @@ TRACE_TENSORS = REFERENCE_TENSORS
 #: the bool (t, s) masks the finite check of the maps holds at once (isfinite's two comparisons
 #: and their conjunction)
 FINITE_MASKS = 3
-#: how far over the measured peak the estimate may be (tests/explain/test_cost.py): the forward is
-#: counted whole however early it stops, and every copy the answer may be made in is counted
-COVER = 3
-
 #: what the text side holds per token once tokenised: the tokenizer's Encoding (ids, offsets,
 #: token strings, masks), the Python lists read from it, the page's label of the token and its
 #: JSON (measured with ``qkv view --file``'s work on reader, 25k–100k tokens: ~0.7 KB; rounded up)
@@ -201,10 +198,13 @@ def memory_allowed(memory_limit) -> int | None:
     return int(memory_limit)
 
 
-def available_bytes() -> int | None:
-    """The memory this process may still take: MemAvailable from /proc/meminfo (Linux), or less
-    where an address-space limit (`ulimit -v`, RLIMIT_AS) leaves less above what it maps now;
+def available_bytes(device: torch.device | None = None) -> int | None:
+    """The memory a request on `device` may still take: on a CUDA device its free memory
+    (`torch.cuda.mem_get_info`); on the CPU MemAvailable from /proc/meminfo (Linux), or less where
+    an address-space limit (`ulimit -v`, RLIMIT_AS) leaves less above what this process maps now;
     None where neither can be read."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     have = _status("/proc/meminfo", "MemAvailable:")
     limit, _ = resource.getrlimit(resource.RLIMIT_AS)
     mapped = _status("/proc/self/status", "VmSize:")
@@ -243,7 +243,7 @@ def check_fits(model, cost: Cost, have: int | None) -> None:
                    f"qkv.explain.long.document.document() (O(N) memory)")
 
 
-__all__ = ["COVER", "Cost", "EVERY", "FIRST_CALL_BYTES", "HEAD", "LAYER", "REQUESTS", "TOKEN_BYTES",
+__all__ = ["Cost", "EVERY", "FIRST_CALL_BYTES", "HEAD", "LAYER", "REQUESTS", "TOKEN_BYTES",
            "TOKENIZING_BYTES", "WHOLE_MAPS_BYTES", "available_bytes", "check_fits", "document_cost",
            "estimate_bytes", "forward_bytes", "map_cost", "memory_allowed", "tokenizing_bytes",
            "whole_maps_fit", "whole_maps_units"]

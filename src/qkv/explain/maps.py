@@ -25,7 +25,7 @@ from qkv.explain.cost import EVERY, HEAD, LAYER, available_bytes, check_fits, ma
 from qkv.explain.head_result import HeadResult
 from qkv.explain.cross import cross_pass
 from qkv.explain.forward import (
-    check_layer_head, check_text, encode, model_name, num_heads, num_layers, stops_at_layer, trace, trace_layer,
+    check_layer_head, check_text, device_of, encode, model_name, num_heads, num_layers, stops_at_layer, trace, trace_layer,
 )
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.mixer_maps import effective_layer, mixer_map, softmax_rows
@@ -80,7 +80,8 @@ def _check_cost(model, text: str, request: str, layer: int | None, words: bool) 
     available ([`map_cost`][qkv.explain.cost.map_cost], checked before the forward runs); a
     text longer than the model takes is named first (`encode`)."""
     t = len(encode(model, text).ids)
-    check_fits(model, map_cost(model, t, request, layer=layer, words=words), available_bytes())
+    check_fits(model, map_cost(model, t, request, layer=layer, words=words),
+               available_bytes(device_of(model)))  # the maps are made where the model runs
 
 
 def _layer_weights(model, text: str, layer: int, heads: list[int], words: bool):
