@@ -57,7 +57,7 @@ def test_the_estimate_covers_the_peak(model, tmp_path, request_, repeats):
     and over it by at most what it counts that need not be live at the peak — the forward (over
     before the rows are computed), a block's working set, the maps' one temporary copy (the stack
     of every layer's, or the finite check's |w|: not both at once). Measured (loaded machine):
-    every 254: 68 MB peak, 78 estimated; every 512: 248, 264; head 512: 20, 60."""
+    every 254: 68 MB peak, 78 estimated; every 512: 248, 266; head 512: 20, 62."""
     script = tmp_path / "peak.py"
     script.write_text(PEAK)
     out = subprocess.run([sys.executable, str(script), request_, SENTENCE * repeats], check=True,

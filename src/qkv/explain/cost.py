@@ -10,8 +10,9 @@ request                         path     bytes at the peak
 one head's map   (1 map)        lse      forward + maps · t · s · c + block + first call
 one layer's maps (h maps)       lse      (the forward stops after the layer: q, k, lse kept)
 every layer's    (L · h maps)   lse
-any of them, a model whose      trace    forward + L · h · t · s · TRACE_TENSORS + maps · t · s · c
-layers qkv does not run                    + first call (every layer's whole trace is kept)
+any of them, a model whose      trace    forward + L · h · t · s · TRACE_TENSORS + the last call's
+layers qkv does not run                    temporaries + maps · t · s · c + first call (every
+                                           layer's whole trace is kept)
 a document                      document forward + t · TOKEN_BYTES + first call (never t · s)
 ```
 
@@ -19,7 +20,9 @@ a document                      document forward + t · TOKEN_BYTES + first call
 layer's q, k, v, lse and input, one layer's work); `c` the copies the answer is made in (the map,
 the stack of every layer's, the grouping into words, the finite check's mask); `block` the
 reference path's working set for one block of rows (`REFERENCE_TENSORS` tensors of at most
-`BLOCK_NUMBERS` numbers: `qkv.explain.forward.block_weights`).
+`BLOCK_NUMBERS` numbers: `qkv.explain.forward.block_weights`). Measured (loaded machine, VmHWM):
+MiniLM's every layer's maps 68 MB at 254 tokens (78 estimated), 248 MB at 512 (266); a tiny
+transformers Llama on the trace path (2 layers, 4 heads), one head's map 41–45 MB at 480 tokens (50).
 tests/explain/test_cost.py measures the peak (VmHWM of a fresh process) at two lengths and holds
 the estimate at or above it, and above it by at most the parts it counts that need not be live at
 the peak (the forward, a block, the maps' one temporary copy).
@@ -47,11 +50,15 @@ from qkv.explain.wording import ArgumentError
 #: the requests a map entry point makes: one head's map, one layer's heads, every layer's heads
 HEAD, LAYER, EVERY = "one head's map", "one layer's maps", "every layer's maps"
 REQUESTS = (HEAD, LAYER, EVERY)
-#: the (rows × keys) tensors the reference path holds for a block of rows: scores, scaled, mask,
-#: masked, weights (`qkv.attention.trace.AttentionTrace`)
-REFERENCE_TENSORS = 5
-#: what a whole trace keeps per head and layer, (t, s) each: the same five
-TRACE_TENSORS = REFERENCE_TENSORS
+#: the (t, s) tensors a trace keeps per head: scores, scaled, masked, weights
+#: (`qkv.attention.trace.AttentionTrace`; its mask is one per layer)
+TRACE_TENSORS = 4
+#: the reference path's temporaries while one call runs, (t, s) per head: logsumexp's
+#: exponentials, the softmax before its empty rows are zeroed
+WORKING_TENSORS = 2
+#: a block of rows' working set, (rows × keys) numbers each: what its trace keeps, its
+#: temporaries and its mask's rows
+REFERENCE_TENSORS = TRACE_TENSORS + WORKING_TENSORS + 1
 #: the bool (t, s) masks the finite check of the maps holds at once (isfinite's two comparisons
 #: and their conjunction)
 FINITE_MASKS = 3
@@ -167,7 +174,11 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
     if all(stops_at_layer(model, i) for i in layers):
         path, work = "lse", min(t * t, BLOCK_NUMBERS) * size * REFERENCE_TENSORS
     else:
-        path, work = "trace", L * h * one * TRACE_TENSORS
+        # every layer's trace and mask; the last call's temporaries; the finite check of one
+        # layer's weights (|w| and its masks: qkv.explain.finite)
+        path = "trace"
+        work = L * h * one * TRACE_TENSORS + L * one + h * one * (WORKING_TENSORS + 1) \
+            + FINITE_MASKS * h * t * t
     need = forward_bytes(model, t) + work + copies * maps * one + masks + FIRST_CALL_BYTES
     return Cost(request=request, tokens=t, maps=maps, path=path, bytes=need, result_bytes=maps * one)
 
@@ -244,6 +255,6 @@ def check_fits(model, cost: Cost, have: int | None) -> None:
 
 
 __all__ = ["Cost", "EVERY", "FIRST_CALL_BYTES", "HEAD", "LAYER", "REQUESTS", "TOKEN_BYTES",
-           "TOKENIZING_BYTES", "WHOLE_MAPS_BYTES", "available_bytes", "check_fits", "document_cost",
+           "TOKENIZING_BYTES", "TRACE_TENSORS", "WORKING_TENSORS", "WHOLE_MAPS_BYTES", "available_bytes", "check_fits", "document_cost",
            "estimate_bytes", "forward_bytes", "map_cost", "memory_allowed", "tokenizing_bytes",
            "whole_maps_fit", "whole_maps_units"]
