@@ -15,7 +15,7 @@ from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import forward
 from qkv.explain.cost import (
-    EVERY, FIRST_CALL_BYTES, HEAD, REFERENCE_TENSORS, check_fits, forward_bytes, map_cost, whole_maps_fit,
+    EVERY, FIRST_CALL_BYTES, HEAD, check_fits, forward_bytes, map_cost, whole_maps_fit,
     whole_maps_units,
 )
 from qkv.explain.forward import trace_layer
@@ -57,7 +57,7 @@ def test_the_estimate_covers_the_peak(model, tmp_path, request_, repeats):
     and over it by at most what it counts that need not be live at the peak — the forward (over
     before the rows are computed), a block's working set, the maps' one temporary copy (the stack
     of every layer's, or the finite check's |w|: not both at once). Measured (loaded machine):
-    every 254: 68 MB peak, 78 estimated; every 512: 248, 266; head 512: 20, 62."""
+    every 254: 68–76 MB peak, 98 estimated; every 512: 248–288 (from run to run), 347; head 512: 20, 62."""
     script = tmp_path / "peak.py"
     script.write_text(PEAK)
     out = subprocess.run([sys.executable, str(script), request_, SENTENCE * repeats], check=True,
@@ -68,8 +68,7 @@ def test_the_estimate_covers_the_peak(model, tmp_path, request_, repeats):
     assert t == 6 * repeats + 2
     estimate = got["estimate"] - FIRST_CALL_BYTES  # the process above has paid the first call
     cost = map_cost(model, t, EVERY if request_ == "every" else HEAD, layer=2)
-    idle = forward_bytes(model, t) + min(t * t, forward.BLOCK_NUMBERS) * 4 * REFERENCE_TENSORS \
-        + cost.result_bytes
+    idle = forward_bytes(model, t) + cost.block_bytes + cost.result_bytes
     assert got["peak"] <= estimate <= got["peak"] + idle, got
 
 
@@ -127,7 +126,7 @@ def test_both_callers_of_the_row_blocks_give_the_reference_paths_rows(model, mon
     """LayerLse.weights (a map) and Document.row_weights (a long text) both go through
     block_weights; with blocks of 3 rows (and a shorter last one) each is as close to the float64
     reference on the same recorded q and k as the whole float32 trace is (the rule of
-    tests/tolerance.py), and the two callers agree bit for bit."""
+    tests/tolerance.py), and the two callers agree bit for bit on every head's rows."""
     text = SENTENCE * 3  # 20 tokens: 6 blocks of 3, one of 2
     (rec,) = trace_layer(model, text, 2)
     q, k, mask, scale = rec.record.query, rec.record.key, rec.record.mask, rec.record.scale  # (1, h, t, d), (1, h_kv, s, d)
@@ -138,4 +137,5 @@ def test_both_callers_of_the_row_blocks_give_the_reference_paths_rows(model, mon
     assert_within(short, ref, plain, what="LayerLse.weights")
     doc = document(model, text)
     assert torch.equal(doc.row_weights(2, range(len(doc))), short)
-    assert torch.equal(doc.weights(2, 5, [19, 0, 7]), short[5, [19, 0, 7]])
+    rows = [19, 0, 7]  # one head alone: its own call, as close to the reference
+    assert_within(doc.weights(2, 5, rows), ref[5, rows], plain[5, rows], what="Document.weights")

@@ -21,7 +21,7 @@ layer's q, k, v, lse and input, one layer's work); `c` the copies the answer is 
 the stack of every layer's, the grouping into words, the finite check's mask); `block` the
 reference path's working set for one block of rows (`REFERENCE_TENSORS` tensors of at most
 `BLOCK_NUMBERS` numbers: `qkv.explain.forward.block_weights`). Measured (loaded machine, VmHWM):
-MiniLM's every layer's maps 68 MB at 254 tokens (78 estimated), 248 MB at 512 (266); a tiny
+MiniLM's every layer's maps 68–76 MB at 254 tokens (98 estimated), 248–288 MB at 512 (347); a tiny
 transformers Llama on the trace path (2 layers, 4 heads), one head's map 41–45 MB at 480 tokens (50).
 tests/explain/test_cost.py measures the peak (VmHWM of a fresh process) at two lengths and holds
 the estimate at or above it, and above it by at most the parts it counts that need not be live at
@@ -89,6 +89,7 @@ class Cost:
             layer's whole trace) or `"document"` (the record alone, O(t)).
         bytes: the estimate of the peak, in bytes.
         result_bytes: what the answer's maps hold, in bytes (what a viewer sends a page).
+        block_bytes: the working set of one block of rows (`"lse"`; 0 otherwise).
     """
 
     request: str
@@ -97,6 +98,7 @@ class Cost:
     path: str
     bytes: int
     result_bytes: int
+    block_bytes: int
 
 
 def _attention_layers(model) -> list:
@@ -149,7 +151,7 @@ def document_cost(model, n: int) -> Cost:
     """A document's [`Cost`][qkv.explain.cost.Cost] for `n` tokens
     ([`estimate_bytes`][qkv.explain.cost.estimate_bytes])."""
     return Cost(request="a document", tokens=n, maps=0, path="document",
-                bytes=estimate_bytes(model, n), result_bytes=0)
+                bytes=estimate_bytes(model, n), result_bytes=0, block_bytes=0)
 
 
 def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bool = False) -> Cost:
@@ -171,8 +173,11 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
     # check's |w|), two more grouped into words; the finite check's three bool masks
     copies = 2 + 2 * words
     masks = FINITE_MASKS * maps * t * t
+    block = 0
     if all(stops_at_layer(model, i) for i in layers):
-        path, work = "lse", min(t * t, BLOCK_NUMBERS) * size * REFERENCE_TENSORS
+        # one head alone, or every head in one call (`block_weights`): at most BLOCK_NUMBERS a block
+        path, block = "lse", min(min(maps, h) * t * t, BLOCK_NUMBERS) * size * REFERENCE_TENSORS
+        work = block
     else:
         # every layer's trace and mask; the last call's temporaries; the finite check of one
         # layer's weights (|w| and its masks: qkv.explain.finite)
@@ -180,7 +185,8 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
         work = L * h * one * TRACE_TENSORS + L * one + h * one * (WORKING_TENSORS + 1) \
             + FINITE_MASKS * h * t * t
     need = forward_bytes(model, t) + work + copies * maps * one + masks + FIRST_CALL_BYTES
-    return Cost(request=request, tokens=t, maps=maps, path=path, bytes=need, result_bytes=maps * one)
+    return Cost(request=request, tokens=t, maps=maps, path=path, bytes=need, result_bytes=maps * one,
+                block_bytes=block)
 
 
 def whole_maps_fit(model, t: int) -> bool:
