@@ -11,6 +11,11 @@ way; without it, every layer's from one forward. With `words=True` the map is re
 
 A model whose layers qkv does not run itself (a transformers model behind qkv's attention) is
 traced whole, every row of every layer, as before.
+
+Before the forward, each entry point asks the cost model
+([`map_cost`][qkv.explain.cost.map_cost]) what the request would hold at its peak, and refuses in
+one line what exceeds the memory available, pointing to
+[`document`][qkv.explain.long.document.document] (O(N) memory) for a long text.
 """
 
 from __future__ import annotations
