@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.attention.attention_mask import AttentionMask
 from qkv.attention.functional import attention_trace
 from qkv.attention.trace import LSE, LseTrace
 from qkv.errors import QkvError
@@ -216,31 +217,48 @@ class LayerLse:
     record: LseTrace
 
     def weights(self, heads: list[int], rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(len(heads), r, s): the weights of query `rows` (None: all) in each of `heads`.
-
-        Each row is the softmax of its own scores by the reference path (what `trace_rows`
-        runs), one head and a block of rows at a time — so the (r, s) result is the only large
-        tensor. Kept in the dtype the attention computed in (float32 for fp32, bf16 and fp16
-        models).
+        """(len(heads), r, s): the weights of query `rows` (None: all) in each of `heads`
+        (`block_weights`: the reference path, a block of
+        rows at a time — so the (r, s) result is the only large tensor). Kept in the dtype the
+        attention computed in (float32 for fp32, bf16 and fp16 models).
         """
         rec = self.record
-        h, t, s = rec.query.shape[1], rec.query.shape[2], rec.key.shape[2]
-        rows = torch.arange(t, device=rec.query.device) if rows is None else rows
-        groups = h // rec.key.shape[1]
-        step = max(1, BLOCK_NUMBERS // max(1, s))
-        out = None
-        for n, head in enumerate(heads):
-            q = rec.query[:, head:head + 1]  # (1, 1, t, d)
-            k = rec.key[:, head // groups:head // groups + 1]  # (1, 1, s, d)
-            for start in range(0, len(rows), step):
-                block = rows[start:start + step]
-                w = attention_trace(q, k, k, mask=rec.mask, scale=rec.scale, rows=block).weights
-                if out is None:
-                    out = torch.empty(len(heads), len(rows), s, dtype=w.dtype, device=w.device)
-                out[n, start:start + len(block)] = w[0, 0]  # (r_block, s)
+        rows = torch.arange(rec.query.shape[2], device=rec.query.device) if rows is None else rows
+        return block_weights(rec.query, rec.key, heads, rows, mask=rec.mask, scale=rec.scale)
+
+
+def block_weights(query: torch.Tensor, key: torch.Tensor, heads: list[int], rows: torch.Tensor, *,
+                  mask, scale: float | None) -> torch.Tensor:
+    """(len(heads), r, s): the weights of query `rows` in each of `heads`, from a kept query
+    (1, h, t, d), key (1, h_kv, s, d), mask description and scale — what
+    [`LayerLse.weights`][qkv.explain.forward.LayerLse.weights] and a document's rows
+    ([`Document.weights`][qkv.explain.long.document.Document.weights]) both ask.
+
+    Each row is the softmax of its own scores by the reference path (what `trace_rows` runs),
+    `BLOCK_NUMBERS` (rows × keys) numbers per head at a time: one head alone where the mask is the
+    same for every head (h times less memory), every head in one call otherwise (a few rows of
+    every head: one call, not h; a block or dense mask may differ between heads). exp(s − lse)
+    from a recorded lse would add the rounding of lse, ~|lse| · eps relative (4 × the softmax's
+    on MiniLM's layer 0), so the row is recomputed whole.
+    """
+    s = key.shape[2]
+    plain = not isinstance(mask, AttentionMask) or (mask.block is None and mask.dense is None)
+    alone = len(heads) == 1 and plain
+    if alone:
+        kv = heads[0] // (query.shape[1] // key.shape[1])
+        query, key = query[:, heads[0]:heads[0] + 1], key[:, kv:kv + 1]  # (1, 1, t, d), (1, 1, s, d)
+    step = max(1, BLOCK_NUMBERS // max(1, query.shape[1] * s))
+    out = None
+    for start in range(0, len(rows), step):
+        block = rows[start:start + step]
+        w = attention_trace(query, key, key, mask=mask, scale=scale, rows=block,
+                            enable_gqa=key.shape[1] != query.shape[1]).weights[0]  # (1 | h, r_block, s)
         if out is None:
-            out = torch.empty(len(heads), len(rows), s, device=rec.query.device)
-        return out
+            out = torch.empty(len(heads), len(rows), s, dtype=w.dtype, device=w.device)
+        out[:, start:start + len(block)] = w if alone else w[heads]
+    if out is None:
+        out = torch.empty(len(heads), len(rows), s, device=query.device)
+    return out
 
 
 def stops_at_layer(model, layer: int) -> bool:

@@ -11,6 +11,11 @@ way; without it, every layer's from one forward. With `words=True` the map is re
 
 A model whose layers qkv does not run itself (a transformers model behind qkv's attention) is
 traced whole, every row of every layer, as before.
+
+Before the forward, each entry point asks the cost model
+([`map_cost`][qkv.explain.cost.map_cost]) what the request would hold at its peak, and refuses in
+one line what exceeds the memory available, pointing to
+[`document`][qkv.explain.long.document.document] (O(N) memory) for a long text.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.explain.cost import EVERY, HEAD, LAYER, available_bytes, check_fits, map_cost
 from qkv.explain.head_result import HeadResult
 from qkv.explain.cross import cross_pass
 from qkv.explain.forward import (
-    check_layer_head, check_text, model_name, num_heads, num_layers, stops_at_layer, trace, trace_layer,
+    check_layer_head, check_text, device_of, encode, model_name, num_heads, num_layers, stops_at_layer, trace, trace_layer,
 )
 from qkv.explain.finite import NonFiniteError
 from qkv.explain.mixer_maps import effective_layer, mixer_map, softmax_rows
@@ -53,7 +59,10 @@ def attention_map(model, text: str, *, layer: int, head: int, words: bool = Fals
     """The (U, U) attention map of one head on `text`, as the forward computed it.
 
     Raises:
-        ArgumentError: `layer`/`head` out of range. QkvError: an empty text.
+        ArgumentError: `layer`/`head` out of range. QkvError: an empty text; a text whose map
+            would take more memory than is available
+            ([`map_cost`][qkv.explain.cost.map_cost]; the message names the length, the estimate
+            and the memory, and points to [`document`][qkv.explain.long.document.document]).
 
     Examples:
         >>> import qkv
@@ -65,9 +74,19 @@ def attention_map(model, text: str, *, layer: int, head: int, words: bool = Fals
     if effective_layer(model, layer):  # linear / state-space: the exact o = M·v (qkv.explain.mixer_maps)
         return mixer_map(model, text, layer=layer, head=head, words=words)
     check_layer_head(model, layer, head)
+    _check_cost(model, text, HEAD, layer, words)
     units, w = _layer_weights(model, text, layer, [head], words)  # (1, t, s)
     return AttentionMap(model=model_name(model), text=text, units=units, layer=layer,
                         head=head, weights=w[0])
+
+
+def _check_cost(model, text: str, request: str, layer: int | None, words: bool) -> None:
+    """QkvError, one line, when `request`'s maps of `text` would take more memory than is
+    available ([`map_cost`][qkv.explain.cost.map_cost], checked before the forward runs); a
+    text longer than the model takes is named first (`encode`)."""
+    t = len(encode(model, text).ids)
+    check_fits(model, map_cost(model, t, request, layer=layer, words=words),
+               available_bytes(device_of(model)))  # the maps are made where the model runs
 
 
 def _layer_weights(model, text: str, layer: int, heads: list[int], words: bool):
@@ -154,6 +173,9 @@ def attention_maps(model, text: str, *, layer: int | None = None, words: bool = 
         ArgumentError: `target` given to a model without cross-attention, empty, or longer
             than the model's positions; `words=True` or `layer` with an encoder-decoder;
             `layer` out of range.
+        QkvError: a text whose maps would take more memory than is available
+            ([`map_cost`][qkv.explain.cost.map_cost]; one line naming the length, the estimate and
+            the memory, pointing to [`document`][qkv.explain.long.document.document]).
 
     Examples:
         >>> import qkv
@@ -176,6 +198,7 @@ def attention_maps(model, text: str, *, layer: int | None = None, words: bool = 
                             "teacher-force); {model} has no cross-attention: leave {name} out",
                             model=model_name(model))
     check_layer_head(model, layer, None)
+    _check_cost(model, text, EVERY if layer is None else LAYER, layer, words)
     heads = list(range(num_heads(model)))  # layer 0 of a hybrid may mix by a linear layer
     if layer is not None:
         units, w = _layer_weights(model, text, layer, heads, words)

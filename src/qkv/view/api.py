@@ -74,6 +74,7 @@ from typing import Any, Callable, Sequence
 
 from qkv.errors import QkvError
 from qkv.explain import ArgumentError, attention_map, attention_maps
+from qkv.explain.cost import whole_maps_fit, whole_maps_units
 from qkv.explain.mixer_maps import effective_layer
 from qkv.explain.long import document_results
 from qkv.explain.finite import NonFiniteError
@@ -85,7 +86,6 @@ from qkv.view import answers
 
 MAX_TEXT_CHARS = 20000  # a 2,048-token decoder input is ~10,000 characters; the model's own limit applies too
 MAX_TOKEN_CHARS = 100
-MAX_WHOLE_MAPS_UNITS = 48  # ``maps`` (every head at once) only for short texts; longer ones go per head
 # ``map`` keeps every head's (t, t) map of a text (one forward): 6 × 12 × 512² float32 = 75 MB
 # for MiniLM. Longer texts (a 2,048-token decoder: 2.4 GB for GPT-2 small) get no map; the head
 # view then draws the selected token's row, which the overview already holds (O(L · H · t)).
@@ -233,6 +233,8 @@ class Models:
         return {"name": name, "capabilities": caps.to_dict(), "example": example_for(caps),
                 "methods": [m for m in METHODS if caps.self_attention and _applies(model, m)],
                 "probes": probes_for(model) if caps.self_attention else [],
+                # ``maps`` (every head at once) up to this many units; longer texts go per head
+                "whole_maps_units": whole_maps_units(model) if caps.self_attention else 0,
                 # the layers each per-layer kind answers (an indexer's, a gated output's)
                 "layers": {row.name: row.layers(model) if getattr(caps, row.needs) else []
                            for row in KINDS.values() if row.layers is not None}}
@@ -255,8 +257,7 @@ def page_info(models: list[dict], *, default_text: str | None = None,
     `KINDS` with their fields — every default the page uses."""
     return {"models": models, "default_model": models[0]["name"], "default_text": default_text,
             "methods": METHODS, **METHOD_INFO,
-            "limits": {"text_chars": MAX_TEXT_CHARS, "whole_maps_units": MAX_WHOLE_MAPS_UNITS,
-                       "map_tokens": map_tokens},
+            "limits": {"text_chars": MAX_TEXT_CHARS, "map_tokens": map_tokens},
             "kinds": {k.name: k.to_dict() for k in KINDS.values() if k.endpoint},
             "document": document}
 
@@ -443,9 +444,9 @@ class Api:
         if not row.from_map:
             with self.models.lock:
                 n = len(model.tokenizer.encode(text).ids)
-            if n > MAX_WHOLE_MAPS_UNITS:
+            if not whole_maps_fit(model, n):
                 raise ApiError("text", f"text is {n} tokens; whole maps of every head are sent for at "
-                               f"most {MAX_WHOLE_MAPS_UNITS} (ask for one head's map instead)")
+                               f"most {whole_maps_units(model)} (ask for one head's map instead)")
             return answers.answer(self._all_maps(model, text, args["words"]))
         if effective_layer(model, args["layer"]):  # a linear / SSM layer: its exact M, one head
             if row.run is not None:

@@ -9,8 +9,8 @@ export asks the library for every head of a token at once
 answer its request gets; tests/view/test_export.py compares them), so a sentence costs two forwards
 per token, not one per head. What is included:
 
-* self-attention: the overview of the chosen token; for a short text (at most
-  `MAX_WHOLE_MAPS_UNITS` units) also every token's overview, every head's
+* self-attention: the overview of the chosen token; for a short text (one whose every map fits
+  the page: [`whole_maps_fit`][qkv.explain.cost.whole_maps_fit]) also every token's overview, every head's
   map, the step panel of every head for the chosen token and of the chosen head for every token,
   the model's probe's best heads, and each row of the kinds table with an `export` rule
   (`exported_rows`) run as its rule says — once for the text, once per layer or once per head
@@ -35,13 +35,14 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from qkv.explain.cost import whole_maps_fit
 from qkv.explain.cross import cross_attention_heads
 from qkv.explain.kinds import KINDS, METHOD, kind_of
 from qkv.explain.probes import find_heads
 from qkv.explain.steps import explain_heads
 from qkv.files import atomic_write_text
 from qkv.view.answers import answer as answer_of, of_result
-from qkv.view.api import MAX_WHOLE_MAPS_UNITS, Api, Models, page_info
+from qkv.view.api import Api, Models, page_info
 from qkv.view.page import standalone
 
 DEFAULT_METHOD = METHOD.default
@@ -169,7 +170,7 @@ def _self_attention(answers: _Answers, token, layer: int, head: int, words: bool
         layer = next((l for l in mixed if l >= layer), mixed[0])
         every, probe = [(l, h) for l, h in every if l not in unscored], False
     state = {"token": t, "layer": layer, "head": head, "words": words, "method": DEFAULT_METHOD}
-    if len(first["tokens"]) > MAX_WHOLE_MAPS_UNITS:  # 2
+    if not whole_maps_fit(answers.loaded, len(first["tokens"])):  # 2
         answers.ask("map", layer=layer, head=head, words=words)
         answers.ask("steps", token=t, layer=layer, head=head, words=words)
         return state

@@ -43,22 +43,22 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from qkv.attention.attention_mask import AttentionMask
 from qkv.attention.block_mask import BlockMask, block_mask_for
 from qkv.attention import received as _received
 from qkv.attention.received import BLOCK, attention_block_sums, attention_received
-from qkv.attention.functional import attention_trace
 from qkv.errors import QkvError
 from qkv.explain import contributions
 from qkv.explain.mixer_maps import check_softmax_everywhere
 from qkv.explain.contributions.base import Scores, out_weight
-from qkv.explain.forward import check_layer_head, check_top, encode, model_name, num_layers
+from qkv.explain.cost import (  # the cost model; named here too, where a document's callers look
+    FIRST_CALL_BYTES, TOKEN_BYTES, available_bytes, document_cost, estimate_bytes, forward_bytes, gib as _gib, memory_allowed,
+    tokenizing_bytes)
+from qkv.explain.forward import block_weights, check_layer_head, check_top, encode, model_name, num_layers
 from qkv.explain.overview import Overview, overview_of
 from qkv.explain.select import choose, choose_in
 from qkv.explain.wording import ArgumentError, too_long
@@ -170,27 +170,14 @@ class Document:
                                   **self._kw(layer))[0]
 
     def _all_heads(self, layer: int, rows, head: int | None = None) -> torch.Tensor:
-        """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s).
-
-        A row is the softmax of its own scores (the reference path that `trace_rows` runs, on
-        the recorded q and k): O(r · N), and as exact as the traced forward — exp(s − lse) would
-        add the rounding of lse, ~|lse| · eps relative, 4 × the softmax's on MiniLM's layer 0.
-        """
+        """(h, r, N): every head's weights of `rows` ((1, r, N): head `head`'s), by
+        `qkv.explain.forward.block_weights` on the recorded q and k (the
+        reference path that `trace_rows` runs, a block of rows at a time)."""
         rec = self.layers[layer]
         index = row_index(rows, rec.query.shape[1])
-        plain = not isinstance(rec.mask, AttentionMask) or (rec.mask.block is None
-                                                             and rec.mask.dense is None)
-        if head is not None and plain:
-            # the same for every head: one head's rows alone, h times less memory (512 rows of
-            # a 131,072-token text were 4 heads × 256 MiB of scores and as many weights)
-            kv = head // (rec.query.shape[0] // rec.key.shape[0])
-            k = rec.key[None, kv:kv + 1]  # (1, 1, s, d)
-            trace = attention_trace(rec.query[None, head:head + 1], k, k, mask=rec.mask,
-                                    scale=rec.scale, rows=index)
-            return trace.weights[0]  # (1, r, N)
-        trace = attention_trace(rec.query[None], rec.key[None], rec.key[None], mask=rec.mask,
-                                scale=rec.scale, enable_gqa=rec.enable_gqa, rows=index)
-        return trace.weights[0] if head is None else trace.weights[0, head:head + 1]  # (h or 1, r, N)
+        heads = list(range(rec.query.shape[0])) if head is None else [head]
+        return block_weights(rec.query[None], rec.key[None], heads, index, mask=rec.mask,
+                             scale=rec.scale)  # (h or 1, r, N)
 
     def received(self, layer: int, head: int) -> torch.Tensor:
         """(N,): Σ_i w_ij, the total weight each key receives from every query row (exact).
@@ -331,90 +318,11 @@ def _shown(rows) -> str:
 
 
 # -- building one ----------------------------------------------------------------------------------
-#: what the text side holds per token once tokenised: the tokenizer's Encoding (ids, offsets,
-#: token strings, masks), the Python lists read from it, the page's label of the token and its
-#: JSON (measured with ``qkv view --file``'s work on reader, 25k–100k tokens: ~0.7 KB; rounded up)
-TOKEN_BYTES = 1024
-#: the peak while the tokenizer runs, per byte of UTF-8 text (measured: ~350 on reader, 2 bytes a
-#: token; a 10 MB text took 1.6 GB): checked before tokenising, when N is not known yet
-TOKENIZING_BYTES = 400
-
-
-def tokenizing_bytes(text: str) -> int:
-    """The most memory tokenising `text` takes, in bytes (`TOKENIZING_BYTES` a byte)."""
-    return TOKENIZING_BYTES * len(text.encode("utf-8", "surrogatepass"))
-
-
-def forward_bytes(model, n: int) -> int:
-    """What the recorded forward over `n` tokens holds, in bytes: the record of every layer
-    (queries, keys, values until the forward ends, lse, value norms), what enters every layer
-    (the stack keeps each), and one layer's working set — fitted to the peak RSS of `qkv view
-    --file` on reader (25k–100k tokens, docs/reliability.md): 16 vectors of the model's width
-    (norms, projections, rotated copies, attention output, residuals) and 6 of its widest linear
-    layer (the gated feed-forward's gate, up, activation and product, with their copies)."""
-    total, widest = 0, 0
-    for layer in model.layers:
-        attn = layer.self_attn
-        size = attn.q_proj.weight.element_size()
-        q = attn.num_heads * attn.head_dim
-        kv = attn.num_kv_heads * attn.head_dim
-        total += n * ((q + 2 * kv) * size + 2 * attn.num_heads * 4)  # q, k, v; lse, value norms
-        for mod in layer.modules():
-            if isinstance(mod, torch.nn.Linear):
-                widest = max(widest, mod.out_features * size)
-    attn = model.layers[0].self_attn
-    width = attn.embed_dim * attn.q_proj.weight.element_size()
-    kept = (len(model.layers) + 1) * width  # what enters each layer, and the last output
-    return total + n * (kept + 16 * width + 6 * widest)
-
-
-#: what a process's first forward allocates whatever the length (torch's thread pools, the
-#: kernels' workspaces): ~40 MiB measured on reader's first document
-FIRST_CALL_BYTES = 64 * 2**20
-
-
-def estimate_bytes(model, n: int) -> int:
-    """How much memory [`document`][qkv.explain.long.document.document] holds at its peak for `n`
-    tokens, in bytes: the tokens (`TOKEN_BYTES` each), the recorded forward
-    ([`forward_bytes`][qkv.explain.long.document.forward_bytes]) and `FIRST_CALL_BYTES`. Measured
-    peaks (reader, `qkv view --file`'s work): 12k tokens 330 MiB, 48k 1,168 MiB, 96k 1,607 MiB
-    against 376, 1,314 and 2,566 estimated."""
-    return n * TOKEN_BYTES + forward_bytes(model, n) + FIRST_CALL_BYTES
-
-
-def memory_allowed(memory_limit) -> int | None:
-    """The bytes a document may take: `memory_limit` (a positive, finite number of bytes), or
-    the memory available now when it is None; ArgumentError naming `memory_limit` otherwise."""
-    if memory_limit is None:
-        return available_bytes()
-    if isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real) \
-            or not math.isfinite(memory_limit) or memory_limit <= 0:
-        raise ArgumentError("memory_limit", "{name} must be a positive, finite number of bytes (None: "
-                            "the memory available now), got {value!r}", value=memory_limit)
-    return int(memory_limit)
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 def encoded(model, text: str | bytes, *, have: int | None = None):
     """(text, the tokenizer's Encoding): bytes decoded as UTF-8; QkvError for anything but a
     text, an empty one, more tokens than the model takes, or — before the tokenizer runs — a
     text whose tokenising alone needs more than `have` bytes
-    ([`tokenizing_bytes`][qkv.explain.long.document.tokenizing_bytes])."""
+    ([`tokenizing_bytes`][qkv.explain.cost.tokenizing_bytes])."""
     text = clean_text(text) if isinstance(text, (bytes, bytearray)) else text
     if not isinstance(text, str):
         raise QkvError(f"text must be a str or UTF-8 bytes, got {type(text).__name__}")
@@ -440,9 +348,9 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None,
         text: the text (`str`, or UTF-8 `bytes` as read from a file).
         memory_limit: the most bytes the whole run may hold at once, tokens included (default:
             the memory available now); checked before the tokenizer runs
-            ([`tokenizing_bytes`][qkv.explain.long.document.tokenizing_bytes]) and again, with N
+            ([`tokenizing_bytes`][qkv.explain.cost.tokenizing_bytes]) and again, with N
             known, before the forward
-            ([`estimate_bytes`][qkv.explain.long.document.estimate_bytes]).
+            ([`estimate_bytes`][qkv.explain.cost.estimate_bytes]).
         progress: called as `progress(stage, done, total)` while it works — `"tokenising"`
             (0 of 1, then 1 of 1), `"forward"` (layer ℓ entered: ℓ of L) and `"recording"`
             (ℓ of L layers kept) — e.g. to draw bars (`qkv view --file` does on a terminal).
@@ -462,7 +370,7 @@ def document(model, text: str | bytes, *, memory_limit: int | None = None,
     text, encoding = encoded(model, text, have=have)
     tell("tokenising", 1, 1)
     n = len(encoding.ids)
-    need = estimate_bytes(model, n)
+    need = document_cost(model, n).bytes
     if have is not None and need > have:
         raise QkvError(f"a document of {n} tokens needs about {_gib(need)} for "
                        f"{model_name(model)}'s {num_layers(model)} layers (its tokens; queries, keys "
@@ -525,6 +433,6 @@ def check_finite_record(model, layers: list[LayerRecord]) -> None:
                            f"(the model computes NaN on this text)")
 
 
-__all__ = ["Document", "LayerRecord", "METHODS", "available_bytes", "check_block", "document",
+__all__ = ["Document", "FIRST_CALL_BYTES", "LayerRecord", "METHODS", "TOKEN_BYTES", "available_bytes", "check_block", "document",
            "encoded", "estimate_bytes", "forward_bytes", "memory_allowed", "row_index",
            "tokenizing_bytes"]

@@ -87,7 +87,7 @@
           D.overview = await ask("overview", { token: S.token, words: S.words, method: S.method });
           S.token = D.overview.unit_index;
           D.maps = null;
-          if (D.overview.units.length <= D.info.limits.whole_maps_units) {
+          if (D.overview.units.length <= (modelInfo().whole_maps_units || 0)) {  // the library's cost model
             try { D.maps = await ask("maps", { words: S.words }); } catch (e) { D.maps = null; }
           }
           loadProbe();
