@@ -61,7 +61,7 @@ from qkv.models.protocol import (
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.stack import LayerRows
 from qkv.modules.transformer import LayerTrace
-from qkv.modules.writes import Weights, Writes
+from qkv.modules.writes import AtPositions, Weights, Writes, WritesTrace
 
 #: Why explain_head starts from q, k and v on a module whose projections cannot be read (the
 #: reason from :func:`qkv.hf.projections.read` follows it, in its result and its render).
@@ -183,6 +183,16 @@ class HFLayer:
             norms = LayerNorms(self.norm1, self.ffn_norm) if parallel or self.reads_embeddings else LayerNorms()
         return LayerParts(self.mixers, norms, self.feed_forward, form, self.residual_note, self.scales,
                           self.reads_embeddings)
+
+
+@dataclass(frozen=True)
+class HFWritesTrace(WritesTrace):
+    """What a `Writes` request keeps of a transformers layer's attention: `heads` (b, n, h·dv)
+    at the positions, and `key_input` (b, n, E) what the attention module read there — a gated
+    head's gate is a map of it (Qwen3-Next, Qwen3.5: `qkv.explain.mixers.gate`), so its writes
+    are read from both, as from a row trace's `heads` and `key_input`."""
+
+    key_input: AtPositions | None = None
 
 
 @dataclass
@@ -483,7 +493,10 @@ class HFModel(nn.Module):
             residual = ffn_sum = None
         if layer.self_attn is None:  # transformers' own mixer: nothing of qkv's attention to record
             return LayerTrace(None, residual=residual, ffn_sum=ffn_sum)
-        if isinstance(asked, (LseRequest, Weights, Writes)):
+        if isinstance(asked, Writes):
+            read = asked.keep(seen.x)  # (b, n, E) at the positions
+            return LayerTrace(HFWritesTrace(rec.traces[i].heads, read), residual=residual, ffn_sum=ffn_sum)
+        if isinstance(asked, (LseRequest, Weights)):
             return LayerTrace(rec.traces[i], residual=residual, ffn_sum=ffn_sum)
         x = seen.x  # (b, t, E)
         rows = row_positions(x.shape[1], asked, x.device)
