@@ -14,7 +14,7 @@ decoder's or encoder's self-attention; any hashable for other calls, e.g. `("cro
   one traced attention qkv's own layers call too;
 - the heads' outputs concatenated, (b, t, h·dv): exactly what the module's output projection
   reads (it reshapes the returned (b, t, h, dv) and projects it), in the autograd graph (kept
-  for a request of rows only);
+  for a request of rows, or of nothing);
 - for `Weights(rows)`, the traced rows' weights alone (a `WeightsTrace`); for `Writes(positions)`,
   the heads' outputs at the positions alone (a `WritesTrace`), the attention untraced — the
   requests qkv's own layers honour (`qkv.modules.writes`), asked of each call by its key
@@ -80,7 +80,7 @@ class Recording:
         keys: `id(module)` → its key (a layer index …); None: discover (every call is listed
             in `calls`, nothing else is done).
         rows: query positions to trace, `slice(None)`, `LSE`, `Weights`, `Writes`, or
-            None (record nothing): what every call records.
+            None (record nothing but the heads' outputs): what every call records.
         requests: key → that call's own request (any of `rows`' kinds), in place of `rows`;
             None: every call records `rows`.
         edits: key → `AttentionEdit` for that call.
@@ -147,6 +147,6 @@ def traced_attention(rec: Recording, key_: Hashable, query: torch.Tensor, key: t
         rec.traces[key_] = WeightsTrace(call.trace.weights)
     elif call.trace is not None:
         rec.traces[key_] = call.trace
-    if rows is not None and not isinstance(asked, (Weights, LseRequest)):
-        rec.heads[key_] = heads  # a row trace's: what MultiHeadTrace.heads holds
+    if not isinstance(asked, (Weights, Writes, LseRequest)):
+        rec.heads[key_] = heads  # a row trace's MultiHeadTrace.heads; with nothing traced, all it keeps
     return heads.view(b, t, h, dv)  # (b, t, h, dv) as transformers expects: a view of ``heads``
