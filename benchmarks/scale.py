@@ -6,6 +6,7 @@ Set-up (nothing here downloads weights; the checkpoints are random, built by tra
     python benchmarks/scale.py make --shape tinyllama --out /tmp/qkv-scale/tinyllama   # 1.1B, bf16, ~2.2 GB
     python benchmarks/scale.py make --shape gpt2 --out /tmp/qkv-scale/gpt2             # GPT-2 small, fp32
     python benchmarks/scale.py make --shape llama200m --out /tmp/qkv-scale/llama200m   # 0.24B GQA, fp32
+    python benchmarks/scale.py make --shape llama3b --out /tmp/qkv-scale/llama3b       # 3.2B, bf16, ~6.4 GB
     python benchmarks/scale.py run --model /tmp/qkv-scale/tinyllama --length 2048
 
 Every cell runs in a fresh interpreter (``cell``): load the model (memory-mapped), fault every
@@ -65,6 +66,14 @@ def make(shape: str, out: str) -> None:
                                        num_key_value_heads=8, intermediate_size=8192, vocab_size=32000,
                                        max_position_embeddings=32768, rope_theta=500000.0)
         model = transformers.LlamaForCausalLM(cfg)
+    elif shape == "llama3b":  # Llama-3.2-3B's shape (vocab cut to 32000, as llama1b's), bf16
+        cfg = transformers.LlamaConfig(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
+                                       num_key_value_heads=8, intermediate_size=8192, vocab_size=32000,
+                                       max_position_embeddings=32768, rope_theta=500000.0,
+                                       tie_word_embeddings=True, torch_dtype="bfloat16")
+        torch.set_default_dtype(torch.bfloat16)  # initialised in bf16: no 13 GB fp32 copy
+        model = transformers.LlamaForCausalLM(cfg)
+        torch.set_default_dtype(torch.float32)
     elif shape == "llama200m":  # TinyLlama's head layout (64-dim heads, 8 query heads per kv head)
         # at a quarter of its width: the GQA memory of `why` measured where a 2k forward is seconds
         cfg = transformers.LlamaConfig(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
@@ -72,7 +81,7 @@ def make(shape: str, out: str) -> None:
                                        max_position_embeddings=32768)
         model = transformers.LlamaForCausalLM(cfg)
     else:
-        raise SystemExit(f"unknown shape {shape!r}: gpt2, tinyllama, llama1b, llama200m")
+        raise SystemExit(f"unknown shape {shape!r}: gpt2, tinyllama, llama1b, llama3b, llama200m")
     model.save_pretrained(out, safe_serialization=True)
     import qkv
 

@@ -7,7 +7,8 @@ requested query rows are kept (`trace_rows`), so explaining one token holds
 `O(layers · heads · s)` attention numbers, not `O(layers · heads · t · s)`.
 
 `trace_layer` answers a question about one layer's whole map: the forward stops after that
-layer (`LayerRows`) and keeps its q, k and every row's lse (O(t) per
+layer (`LayerRows`, honoured by qkv's own stack and by a transformers model's adapter alike:
+`stops_at_layer`) and keeps its q, k and every row's lse (O(t) per
 head); `LayerLse.weights` then gives any head's rows, exactly as the reference path computes
 them, a block of rows at a time — one head's map holds O(t · s) numbers, nothing else does.
 
@@ -261,14 +262,43 @@ def block_weights(query: torch.Tensor, key: torch.Tensor, heads: list[int], rows
     return out
 
 
-def stops_at_layer(model, layer: int) -> bool:
-    """Whether `model`'s forward can stop after `layer` and keep only its lse there: qkv's own
-    layers (a [`TransformerStack`][qkv.modules.TransformerStack], which reads `LayerRows`) with no
-    score bias (an lse record keeps q and k, not a bias). A transformers model behind qkv's
-    attention runs its own layer loop, so it is traced whole instead."""
+@dataclass(frozen=True)
+class Stop:
+    """`stops_at_layer`'s answer: true where a forward can stop after the layer; else `reason`
+    says why not (one clause, about the model).
+
+    Example:
+        >>> bool(Stop()), bool(Stop("its layers run in its own loop")), Stop("x").reason
+        (True, False, 'x')
+    """
+
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return not self.reason
+
+
+def stops_at_layer(model, layer: int) -> Stop:
+    """Whether `model`'s forward can stop after `layer` keeping only what a
+    [`LayerRows`][qkv.modules.stack.LayerRows] asks (that layer's rows, `LSE` or `Weights`, the
+    earlier layers' `Writes`) — the one rule `trace(…, last_layer=)`, `trace_layer`,
+    `row_weights` and a score attribution ask. True for qkv's own layers (a
+    [`TransformerStack`][qkv.modules.TransformerStack]) with no score bias (an lse record keeps
+    q and k, not a bias) and for a transformers model (`qkv.hf.adapter.HFModel`: a hook ends its
+    layer loop) where [`HFModel.stop_note`][qkv.hf.adapter.HFModel.stop_note] finds nothing in
+    the way. Where it is False, the answer's `reason` says why and the caller traces whole.
+    """
+    note = getattr(model, "stop_note", None)  # a transformers model (qkv.hf.adapter.HFModel)
+    if note is not None:
+        return Stop(note(layer))
     lay = model.layers[layer]
-    return isinstance(lay, TransformerLayer) and lay.self_attn.alibi is None \
-        and lay.self_attn.sequence_parallel is None  # a TransformerLayer's is a MultiHeadAttention
+    if not isinstance(lay, TransformerLayer):
+        return Stop(f"layer {layer} is run by the model's own loop, not qkv's TransformerStack")
+    if lay.self_attn.alibi is not None:  # a TransformerLayer's is a MultiHeadAttention
+        return Stop(f"layer {layer}'s attention adds ALiBi's score bias, which an lse record does not keep")
+    if lay.self_attn.sequence_parallel is not None:
+        return Stop(f"layer {layer}'s attention runs sequence-parallel")
+    return Stop()
 
 
 def trace_layer(model, text: str, layer: int | None, *, words: bool = False,

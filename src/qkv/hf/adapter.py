@@ -40,7 +40,7 @@ them; ALTI on a layer whose x + attn no child reads (parallel residual, norms on
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -60,7 +60,9 @@ from qkv.models.protocol import (
 )
 from qkv.modules.multihead import MultiHeadTrace
 from qkv.modules.norms import fit
+from qkv.modules.stack import LayerRows
 from qkv.modules.transformer import LayerTrace
+from qkv.modules.writes import AtPositions, Weights, Writes, WritesTrace
 
 #: Why explain_head starts from q, k and v on a module whose projections cannot be read (the
 #: reason from :func:`qkv.hf.projections.read` follows it, in its result and its render).
@@ -188,6 +190,16 @@ class HFLayer:
                           self.reads_embeddings)
 
 
+@dataclass(frozen=True)
+class HFWritesTrace(WritesTrace):
+    """What a `Writes` request keeps of a transformers layer's attention: `heads` (b, n, h·dv)
+    at the positions, and `key_input` (b, n, E) what the attention module read there — a gated
+    head's gate is a map of it (Qwen3-Next, Qwen3.5: `qkv.explain.mixers.gate`), so its writes
+    are read from both, as from a row trace's `heads` and `key_input`."""
+
+    key_input: AtPositions | None = None
+
+
 @dataclass
 class _Seen:
     """What one forward's hooks kept for one layer: `entered` (b, t, E) the layer's input
@@ -196,7 +208,8 @@ class _Seen:
     returned, `normed` (b, t, E) what a post-norm layer's `norm1` returned, `ffn_sum`
     (b, t, E) what its `norm3` read, `branch` (b, t, E) what a `branch_norm` layer's
     `post_norm` returned or what a `scaled` layer's `ffn_norm` read (y); `inner`
-    (discovery only): every module inside the block → (its input, its output)."""
+    (discovery only): every module inside the block → (its input, its output); `order`: for
+    each time the layer was entered, how many layers were entered before."""
 
     entered: torch.Tensor | None = None
     x: torch.Tensor | None = None
@@ -206,6 +219,7 @@ class _Seen:
     ffn_sum: torch.Tensor | None = None
     branch: torch.Tensor | None = None
     inner: dict | None = None
+    order: list[int] = field(default_factory=list)  # when it was entered: the nth layer entered, each time
 
 
 class HFModel(nn.Module):
@@ -255,7 +269,7 @@ class HFModel(nn.Module):
         per_module: dict[int, list] = {}
         for c in rec.calls:
             per_module.setdefault(id(c.module), []).append(c)
-        layers, self._keys = [], {}
+        layers, self._keys, self._extras = [], {}, [()] * len(blocks)
         for i, block in enumerate(blocks):
             inside = {id(m) for m in block.modules()}
             found = [cs for key, cs in per_module.items() if key in inside]
@@ -266,6 +280,7 @@ class HFModel(nn.Module):
             if found:
                 c = found[0][0]
                 self._keys[id(c.module)] = i
+                self._extras[i] = tuple(dict.fromkeys(e for x in found[0] for e in x.extras))
                 out_module = None
                 for m in block.modules():
                     if any(x.shape == c.output.shape and torch.equal(x, c.output) for x in seen.get(id(m), ())):
@@ -324,6 +339,8 @@ class HFModel(nn.Module):
         with torch.no_grad(), self._hooks(None, unread, inner=True) as (hidden, layers_seen), \
                 _outer(self.hf, unread, head) as outer, recording(rec):
             out = self.hf(input_ids=ids)
+        # a forward stops after layer L by a hook on it: only where the layers run once each, in order
+        self._in_order = all(seen.order == [i] for i, seen in enumerate(layers_seen))
         result = []
         for i, ((block, a, stateful), seen) in enumerate(zip(layers, layers_seen)):
             attn = None
@@ -371,16 +388,44 @@ class HFModel(nn.Module):
         n = getattr(self.config, "max_position_embeddings", None)
         return n if isinstance(n, int) else None
 
+    def stop_note(self, layer: int) -> str:
+        """Why a forward cannot stop after `layer` keeping only what a
+        [`LayerRows`][qkv.modules.stack.LayerRows] asks of it ("" where it can — what
+        [`stops_at_layer`][qkv.explain.forward.stops_at_layer] answers for this model): the
+        layer mixes by transformers' own code (no attention of qkv's to record), the layers do
+        not run once each and in order (a hook on layer `layer` would not end the loop after
+        it), or its scores carry what a record of q, k and the lse does not keep (a score bias,
+        soft-capped or sink logits; each seen on the discovery forward)."""
+        if self._layers[layer].self_attn is None:
+            kinds = ", ".join(m.kind.value for m in self._parts.layers[layer].mixers) or "nothing"
+            return f"layer {layer} mixes its tokens by {kinds} (transformers' own code), not by qkv's attention"
+        if not self._in_order:
+            return "its layers do not run once each, in order, in one forward"
+        if self._extras[layer]:
+            return (f"layer {layer}'s attention scores carry {' and '.join(self._extras[layer])}, "
+                    f"which a record of q, k and the lse does not keep")
+        return ""
+
     # -- the forward -----------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                trace_rows: torch.Tensor | slice | LseRequest | None = None,
+                trace_rows: torch.Tensor | slice | LseRequest | LayerRows | None = None,
                 output_hidden_states: bool = False, interventions=None,
                 logits_to_keep: int | None = None):
         """The transformers forward, recorded: a `DecoderOutput` (models with next-token
         logits) or an `EncoderOutput`, with qkv's conventions — `hidden_states[L]`
         enters layer L and the last is the last layer's output before any final norm; `traces`
         one `LayerTrace` per layer (`self_attn`: a `MultiHeadTrace` of the rows asked
-        for, or an `LseTrace` with `trace_rows=LSE`)."""
+        for, or an `LseTrace` with `trace_rows=LSE`).
+
+        `trace_rows=LayerRows(ℓ, rows, earlier=…, attention_only=…)` is read as
+        [`TransformerStack`][qkv.modules.stack.TransformerStack] reads it: layer ℓ records `rows`
+        (positions, `LSE`, `Weights`), each earlier layer `earlier`'s request (the same, a
+        `Writes`: its heads and residual at the positions, or nothing), and transformers' layer
+        loop ends after layer ℓ (after its attention's residual with `attention_only`, where the
+        layer forms x + attn) — a hook on it raises a private signal this forward catches. The
+        later layers and the model's head never run: `traces` and `hidden_states` end there and
+        the logits (or `last_hidden_state`) have no positions.
+        """
         if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
             raise ValueError(f"input_ids must be an integer tensor (batch, tokens), got "
                              f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
@@ -389,55 +434,102 @@ class HFModel(nn.Module):
             raise QkvError(f"token ids must be in [0, {V}), got {int(input_ids.min())}..{int(input_ids.max())}")
         if interventions is not None:
             interventions.check(L)
+        stop = self._stop(trace_rows)
+        asked = [trace_rows if stop is None else trace_rows.at(i) if i <= stop else None for i in range(L)]
         edits = {} if interventions is None else \
             {i: e for i in range(L) if (e := interventions.attention(i)) is not None}
-        rec = Recording(keys=self._keys, rows=trace_rows, edits=edits)
+        rec = Recording(keys=self._keys, rows=trace_rows if stop is None else None, edits=edits,
+                        requests=None if stop is None else dict(enumerate(asked)))
         kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep is not None and self._logits else {}
-        with self._hooks(interventions, self._layers) as (hidden, seen), recording(rec):
-            out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        ends = None if stop is None else (stop, trace_rows.attention_only)
+        try:
+            with self._hooks(interventions, self._layers, stop=ends) as (hidden, seen), recording(rec):
+                out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        except _Stopped:  # every hook is removed and the recording reset by the `with`s' exits
+            out = None
+        if stop is not None:
+            short = trace_rows.attention_only and self._layers[stop].sequential_residual
+            hidden = hidden[:stop + 1 if short else stop + 2]
+            if isinstance(trace_rows.earlier, Writes):  # their positions' rows: all a reader reads
+                hidden[:stop] = [trace_rows.earlier.keep(x) for x in hidden[:stop]]
         traces = None
         if trace_rows is not None:
-            traces = [self._trace(rec, i, seen[i], trace_rows) for i in range(L)]
+            traces = [self._trace(rec, i, seen[i], asked[i]) for i in range(L if stop is None else stop + 1)]
         states = tuple(hidden) if output_hidden_states else None
+        if stop is not None:  # nothing after the layer was computed: no positions
+            x = hidden[stop]  # (b, t, E)
+            if self._logits:
+                return DecoderOutput(logits=x.new_empty(x.shape[0], 0, V), hidden_states=states, traces=traces)
+            return EncoderOutput(last_hidden_state=x[:, :0], hidden_states=states, traces=traces)
         if self._logits:
             return DecoderOutput(logits=out.logits, hidden_states=states, traces=traces)
         return EncoderOutput(last_hidden_state=hidden[-1], hidden_states=states, traces=traces)
 
-    def _trace(self, rec: Recording, i: int, seen: _Seen, trace_rows) -> LayerTrace:
-        """Layer `i`'s `LayerTrace`: the attention's record (x = the module's input, its
-        position step, the traced rows, the heads' outputs) and, where the layer forms it, the
-        residual x + attn."""
+    def _stop(self, trace_rows) -> int | None:
+        """The layer a `LayerRows` stops after (checked), else None."""
+        if not isinstance(trace_rows, LayerRows):
+            return None
+        n = len(self._layers)
+        if isinstance(trace_rows.layer, bool) or not isinstance(trace_rows.layer, int) \
+                or not 0 <= trace_rows.layer < n:
+            raise ValueError(f"LayerRows.layer must be a layer of {self.name} (0…{n - 1}), got "
+                             f"{trace_rows.layer!r}")
+        if not self._in_order:
+            raise QkvError(f"{self.name}: a forward cannot stop after layer {trace_rows.layer}: "
+                           f"{self.stop_note(trace_rows.layer)}")
+        return trace_rows.layer
+
+    def _trace(self, rec: Recording, i: int, seen: _Seen, asked) -> LayerTrace | None:
+        """Layer `i`'s `LayerTrace` for what it was `asked` (None: no trace): the attention's
+        record (x = the module's input, its position step, the traced rows, the heads'
+        outputs; or the `LSE`, `Weights`, `Writes` record) and, where the layer forms it, the
+        residual x + attn (at a `Writes`' positions; none for `Weights`)."""
+        if asked is None:
+            return None
         layer = self._layers[i]
-        residual = None  # (b, t, E): x + attn (pre-norm) or norm1(x + attn) (post-norm)
+        residual, ffn_sum = None, seen.ffn_sum  # (b, t, E): x + attn (pre-norm) or norm1(x + attn) (post-norm)
         if layer.sequential_residual:
             residual = seen.entered + seen.out if layer.norm_first else seen.normed
         elif layer.branched:  # y as the layer formed it: x + p₁(m) or α₁·r₁ + β₁·m
             residual = seen.branch if layer.scales is not None else seen.entered + seen.branch
+        if isinstance(asked, Writes):
+            residual, ffn_sum = (None if r is None else asked.keep(r) for r in (residual, ffn_sum))
+        elif isinstance(asked, Weights):  # the weights alone
+            residual = ffn_sum = None
         if layer.self_attn is None:  # transformers' own mixer: nothing of qkv's attention to record
-            return LayerTrace(None, residual=residual, ffn_sum=seen.ffn_sum)
-        if isinstance(trace_rows, LseRequest):
-            return LayerTrace(rec.traces[i], residual=residual, ffn_sum=seen.ffn_sum)
+            return LayerTrace(None, residual=residual, ffn_sum=ffn_sum)
+        if isinstance(asked, Writes):
+            read = asked.keep(seen.x)  # (b, n, E) at the positions
+            return LayerTrace(HFWritesTrace(rec.traces[i].heads, read), residual=residual, ffn_sum=ffn_sum)
+        if isinstance(asked, (LseRequest, Weights)):
+            return LayerTrace(rec.traces[i], residual=residual, ffn_sum=ffn_sum)
         x = seen.x  # (b, t, E)
-        rows = row_positions(x.shape[1], trace_rows, x.device)
+        rows = row_positions(x.shape[1], asked, x.device)
         step = layer.self_attn.position_step(seen.cos_sin)
         return LayerTrace(MultiHeadTrace(rows=rows, query_input=x[:, rows], key_input=x, value_input=x,
                                          attention=rec.traces[i], heads=rec.heads[i],
                                          position_step=step), residual=residual,
-                          ffn_sum=seen.ffn_sum)
+                          ffn_sum=ffn_sum)
 
     @contextmanager
-    def _hooks(self, interventions, layers: list[HFLayer], *, inner: bool = False):
+    def _hooks(self, interventions, layers: list[HFLayer], *, inner: bool = False,
+               stop: tuple[int, bool] | None = None):
         """For one forward: `hidden` (L + 1 tensors: what the embeddings and each layer
         computed) and `seen` (a `_Seen` per layer: what entered it, after any
         `inputs` patch; what entered its attention module and left its output projection (and
-        a post-norm `norm1`); with `inner`, every inner module's input and output). Every
-        hook is removed when the `with` ends."""
+        a post-norm `norm1`); with `inner`, every inner module's input and output). `stop`
+        (layer ℓ, attention only): once layer ℓ has run (its x + attn, or norm1 of it, formed,
+        where it forms one and only that is asked), a hook raises `_Stopped`. Every hook is
+        removed when the `with` ends, however it ends."""
         L = len(layers)
         hidden, seen = [None] * (L + 1), [_Seen(inner={} if inner else None) for _ in range(L)]
+        entered = [0]  # how many layers were entered so far (`_Seen.order`)
 
         def before(i):
             def hook(module, args, kwargs):
                 x = args[0] if args else kwargs["hidden_states"]
+                seen[i].order.append(entered[0])
+                entered[0] += 1
                 if i == 0:
                     hidden[0] = x
                 new = interventions.input(i, x) if interventions is not None else x
@@ -477,10 +569,23 @@ class HFModel(nn.Module):
                     post(layer.post_norm, _keep(seen[i], "branch"))
                 for m in list(layer.block.modules())[1:] if inner else ():
                     post(m, _any_module(seen[i], m))
+            if stop is not None:  # after the hooks that keep what it read
+                layer, short = layers[stop[0]], stop[1] and layers[stop[0]].sequential_residual
+                ends = layer.block if not short else layer.out_module if layer.norm_first else layer.norm1
+                post(ends, _stop_here)
             yield hidden, seen
         finally:
             for h in handles:
                 h.remove()
+
+
+class _Stopped(Exception):
+    """Raised by a hook once the layer a `LayerRows` stops after has run; `HFModel.forward`
+    catches it (private: nothing else sees it)."""
+
+
+def _stop_here(module, args, kwargs, output):
+    raise _Stopped
 
 
 def _given(args: tuple, kwargs: dict):

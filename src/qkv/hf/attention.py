@@ -81,6 +81,12 @@ def _weights(query, key, lse, mask: AttentionMask, bias, *, scale, softcap, grou
                              softcap=softcap, bias=bias)
 
 
+def _extras(bias, softcap, sinks) -> tuple[str, ...]:
+    """What a call's scores carry beyond q·k, the mask and the scale, in words (`Call.extras`)."""
+    return tuple(name for name, given in (("a score bias", bias), ("soft-capped logits", softcap),
+                                          ("sink logits", sinks)) if given is not None)
+
+
 def _weights_wanted(kwargs) -> bool:
     """Whether the caller records attention weights (`output_attentions=True`).
 
@@ -122,7 +128,8 @@ def qkv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
             out = out.transpose(1, 2).reshape(query.shape[0], query.shape[2], -1)  # (b, t, h·dv)
             rec.calls.append(recorder.Call(module, query.shape[1], key.shape[1], query.shape[-1],
                                            value.shape[-1], query.shape[2], key.shape[2], out,
-                                           indexed=indices is not None))
+                                           indexed=indices is not None,
+                                           extras=_extras(bias, softcap, s_aux)))
             return out.view(*out.shape[:2], query.shape[1], value.shape[-1]), None
         if id(module) in rec.keys:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
