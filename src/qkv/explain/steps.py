@@ -356,7 +356,8 @@ def explain_heads(model, text: str, *, token: str | None = None,
 def _trace_row(model, text: str, rows: torch.Tensor, layers: list[int], *, words: bool,
                encoding) -> Traced:
     """The forward `explain_heads` reads: `rows` traced in every layer up to the last of
-    `layers`, the layers after it not run.
+    `layers`, which stops after its attention (`attention_only`: its feed-forward, the largest
+    transient of a layer, never runs; `hidden_states` end with what entered it).
 
     The earlier layers trace the row too, so one head's numbers are the same whichever heads
     are asked with it (a traced row runs the reference path, whose rounding its later layers
@@ -369,11 +370,12 @@ def _trace_row(model, text: str, rows: torch.Tensor, layers: list[int], *, words
     A non-finite number is named by the whole trace, run again.
     """
     last = max(layers)
-    if set(layers) != {last} or not stops_at_layer(model, last):
+    if not stops_at_layer(model, last):
         return trace(model, text, rows, words=words, encoding=encoding, last_layer=last)
+    earlier = Weights(rows) if set(layers) == {last} else True
     try:
-        return trace(model, text, LayerRows(last, rows, earlier=Weights(rows)), words=words,
-                     encoding=encoding)
+        return trace(model, text, LayerRows(last, rows, earlier=earlier, attention_only=True),
+                     words=words, encoding=encoding)
     except NonFiniteError:
         trace(model, text, rows, words=words, encoding=encoding, last_layer=last)  # names where it starts
         raise
