@@ -156,3 +156,12 @@ def test_a_layer_that_kept_only_its_weights_is_named_at_or_before():
     out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(3, Weights(rows), earlier=True))
     with pytest.raises(NonFiniteError, match="NaN at layer 1 or before, head 1: its attention weights"):
         check_layers(out.traces, model="m")
+
+
+def test_finite_numbers_whose_sum_overflows_are_finite():
+    """A tensor is cleared by its sum first: one that overflows is checked entry by entry."""
+    from qkv.explain.finite import _finite
+
+    assert _finite(torch.full((4,), 3e38))  # float32: the sum is inf, every entry finite
+    assert not _finite(torch.tensor([1.0, float("inf"), -float("inf")]))  # the sum is NaN
+    assert not _finite(torch.tensor([float("nan"), 0.0]))
