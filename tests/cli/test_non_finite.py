@@ -141,3 +141,27 @@ def test_cross_attention_names_the_decoder_layer_and_head():
     finally:
         with torch.no_grad():
             model.decoder.layers[1].cross_attn.q_proj.weight[0, 0] = saved
+
+
+def test_a_layer_that_kept_only_its_weights_is_named_at_or_before():
+    """`trace_rows=Weights` keeps a row's weights alone: a NaN reaching them is named at that
+    layer "or before" (where it started was not recorded)."""
+    from qkv.modules import LayerRows, Weights
+
+    model = qkv.load("minilm")
+    with torch.no_grad():
+        model.layers[1].self_attn.q_proj.weight[40] = float("nan")  # head 1's rows
+    ids = torch.tensor([model.tokenizer.encode(TEXT).ids])
+    rows = torch.tensor([ids.shape[1] - 1])
+    out = model(ids, torch.ones_like(ids), trace_rows=LayerRows(3, Weights(rows), earlier=True))
+    with pytest.raises(NonFiniteError, match="NaN at layer 1 or before, head 1: its attention weights"):
+        check_layers(out.traces, model="m")
+
+
+def test_finite_numbers_whose_sum_overflows_are_finite():
+    """A tensor is cleared by its sum first: one that overflows is checked entry by entry."""
+    from qkv.explain.finite import _finite
+
+    assert _finite(torch.full((4,), 3e38))  # float32: the sum is inf, every entry finite
+    assert not _finite(torch.tensor([1.0, float("inf"), -float("inf")]))  # the sum is NaN
+    assert not _finite(torch.tensor([float("nan"), 0.0]))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from qkv.errors import QkvError
+from qkv.modules.writes import WeightsTrace
 
 
 class NonFiniteError(QkvError):
@@ -33,7 +34,12 @@ def describe(t: torch.Tensor) -> str:
 
 
 def _finite(t: torch.Tensor | None) -> bool:
-    return t is None or not t.is_floating_point() or bool(torch.isfinite(t).all())
+    # A sum holding NaN or ±infinity is not finite, so a finite sum clears `t` without
+    # `isfinite(t)`'s temporaries (a float and two bools of t's size); only a sum that is not
+    # finite — a non-finite entry, or finite ones overflowing — needs the entrywise check.
+    if t is None or not t.is_floating_point():
+        return True
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 PROJECTIONS = (("query", "query projection (q_proj)"), ("key", "key projection (k_proj)"),
@@ -53,6 +59,10 @@ def check_layers(layer_traces, *, model: str = "the model", part: str = "",
     4. the layer's output: the heads' concatenation through `out_proj` (the residual the
        attention hands on) or, that being finite, the feed-forward.
 
+    A layer that recorded its rows' weights alone (`trace_rows=Weights`, a `WeightsTrace`) is
+    checked by them: a NaN there is named at that layer "or before" (where it started is not
+    recorded; the whole trace names it).
+
     Args:
         layer_traces: the traces of one layer stack (`StackOutput.traces`).
         model: the model's name, for the message.
@@ -65,6 +75,10 @@ def check_layers(layer_traces, *, model: str = "the model", part: str = "",
             continue
         for kind, mh in (("self_attn", trace.self_attn), ("cross_attn", trace.cross_attn)):
             if mh is None:
+                continue
+            if isinstance(mh, WeightsTrace):  # its rows' weights alone (`trace_rows=Weights`)
+                _check_weights(mh.weights, model=model, at=f"{part}layer {layer}")
+                previous = (layer, trace, mh)
                 continue
             inputs = (mh.query_input,) if kind == "cross_attn" else (
                 mh.query_input, mh.key_input, mh.value_input)  # cross: keys are the encoder's
@@ -93,6 +107,18 @@ def _check_heads(attention, *, model: str, at: str, what: str) -> None:
             f"{model} computes {describe(x)} at {at}, head {head}: its {name} not finite although "
             f"its input is; the model's weights hold NaN or infinity (e.g. trained with a NaN "
             f"loss), so there is nothing true to explain")
+
+
+def _check_weights(weights: torch.Tensor, *, model: str, at: str) -> None:
+    """A layer that kept only its rows' weights (b, h, r, s): where a non-finite number in them
+    started (its input, a projection) was not recorded, so the message says at or before."""
+    if _finite(weights):
+        return
+    head = int((~torch.isfinite(weights)).flatten(2).any(-1).any(0).nonzero()[0])
+    raise NonFiniteError(
+        f"{model} computes {describe(weights)} at {at} or before, head {head}: its attention "
+        f"weights are not finite (only the weights were recorded there); the model's weights "
+        f"hold NaN or infinity (e.g. trained with a NaN loss), so there is nothing true to explain")
 
 
 def _input_message(model: str, part: str, previous, t: torch.Tensor, final: bool = False) -> str:

@@ -35,12 +35,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from qkv.attention.softcap import soft_cap
-from qkv.explain.forward import check_layer_head, check_text, device_of, encode, model_name, trace
+from qkv.explain.finite import NonFiniteError
+from qkv.explain.forward import (
+    Traced, check_layer_head, check_text, device_of, encode, model_name, stops_at_layer, trace,
+)
 from qkv.explain.jsonable import numbers
 from qkv.explain.select import choose_in
 from qkv.explain.wording import Message
 from qkv.modules.multihead import head_norm, norm_width
 from qkv.modules.norms import norm_kind
+from qkv.modules.stack import LayerRows
+from qkv.modules.writes import Weights
 
 
 @dataclass(frozen=True)
@@ -343,12 +348,8 @@ def explain_heads(model, text: str, *, token: str | None = None,
     units, choice = choose_in(token, encoding, text, words=words, role="token")
     group = units.groups[choice.unit]
     position = group[-1]
-    traced = trace(model, text, torch.tensor([position], device=device_of(model)), words=words,
-                   encoding=encoding,
-                   # the layers after it: not run; the earlier ones traced too, so one head's
-                   # numbers are the same whichever heads are asked with it (a traced row runs
-                   # the reference path, whose rounding its later layers then read)
-                   last_layer=max(layer for layer, _ in heads))
+    traced = _trace_row(model, text, torch.tensor([position], device=device_of(model)),
+                        [layer for layer, _ in heads], words=words, encoding=encoding)
     out = []
     for layer, head in heads:
         layer_trace = traced.traces[layer].self_attn
@@ -360,3 +361,31 @@ def explain_heads(model, text: str, *, token: str | None = None,
                            word_tokens=tuple(group) if words else (),
                            notes=(choice.note,) if choice.note else ()))
     return out
+
+
+def _trace_row(model, text: str, rows: torch.Tensor, layers: list[int], *, words: bool,
+               encoding) -> Traced:
+    """The forward `explain_heads` reads: `rows` traced in every layer up to the last of
+    `layers`, which stops after its attention (`attention_only`: its feed-forward, the largest
+    transient of a layer, never runs; `hidden_states` end with what entered it).
+
+    The earlier layers trace the row too, so one head's numbers are the same whichever heads
+    are asked with it (a traced row runs the reference path, whose rounding its later layers
+    then read). When only the last layer's record is read (`explain_head`), the earlier layers
+    keep the row's weights alone (`Weights`: the same reference path, the same numbers), not
+    their inputs, keys, values, heads and residual — O(t · E) numbers a layer (GPT-2 shape,
+    layer 6, 512 tokens: 125 → 63 MiB above the weights). This needs `LayerRows.at` to hand
+    `earlier`'s `Weights` to those layers as it hands a `Writes`; where it does not, they get
+    `rows` (a `Weights` is truthy) and keep their whole record: the same numbers, the old peak.
+    A non-finite number is named by the whole trace, run again.
+    """
+    last = max(layers)
+    if not stops_at_layer(model, last):
+        return trace(model, text, rows, words=words, encoding=encoding, last_layer=last)
+    earlier = Weights(rows) if set(layers) == {last} else True
+    try:
+        return trace(model, text, LayerRows(last, rows, earlier=earlier, attention_only=True),
+                     words=words, encoding=encoding)
+    except NonFiniteError:
+        trace(model, text, rows, words=words, encoding=encoding, last_layer=last)  # names where it starts
+        raise
