@@ -481,7 +481,7 @@ def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, gr
     keep = None
     structure = description.with_(dense=None)
     if not structure.empty and structure.block is None and t * s <= DENSE_ROWS:
-        keep = row_part(structure.materialize(t, s, rank=query.ndim, device=query.device))
+        keep = structure.materialize(t, s, rank=query.ndim, device=query.device, rows=index)  # the rows' only
     elif not structure.empty:
         batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
         heads = query.shape[-3] if query.ndim >= 3 else 1

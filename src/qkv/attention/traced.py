@@ -81,6 +81,21 @@ def row_positions(t: int, rows, device) -> torch.Tensor:
                          f"got {rows!r} ({e})") from None
 
 
+def trace_of_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                  mask: AttentionMask, bias: torch.Tensor | None = None,
+                  scale: float | None = None, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None, dropout_p: float = 0.0,
+                  enable_gqa: bool = False, rows: torch.Tensor | slice) -> AttentionTrace:
+    """The (detached) trace of query rows `rows` alone, the kernel run for no row: the trace
+    `traced_attention(..., rows=rows)` gives (the same reference path on the same arguments),
+    for a reader of the trace and nothing else. Arguments as `traced_attention`'s, checked the
+    same way."""
+    index = row_positions(query.shape[-2], rows, query.device)
+    return attention_trace(query, key, value, mask=mask, bias=bias, scale=scale,
+                           dropout_p=dropout_p, enable_gqa=enable_gqa, rows=index,
+                           softcap=softcap, sinks=sinks).detach()
+
+
 def traced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                      mask: AttentionMask, bias: torch.Tensor | None = None,
                      scale: float | None = None, softcap: float | None = None,

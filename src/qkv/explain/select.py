@@ -256,14 +256,15 @@ def choose(spec: str | int | None, units: Units, *, role: str = "token") -> Choi
 
 
 def choose_in(spec: str | int | None, encoding, text: str, *, words: bool,
-              role: str = "token") -> tuple[Units, Choice]:
+              role: str = "token", units: Units | None = None) -> tuple[Units, Choice]:
     """The units to show and the one `spec` picks.
 
     In token mode a word the tokenizer split ("pizzeria" → pi ##zz ##eria) matches no single
     token; it is then found among the words and its **last** token is used, with a note
-    suggesting `words=True` (`--words`).
+    suggesting `words=True` (`--words`). `units`: `units_for(encoding, text, words)` where the
+    caller already built them (two picks in one text build them once).
     """
-    units = units_for(encoding, text, words)
+    units = units_for(encoding, text, words) if units is None else units
     spec = None if spec is None else _spec(spec, role)
     if words or spec is None or spec.strip().lstrip("-").isdigit():
         return units, choose(spec, units, role=role)

@@ -19,7 +19,7 @@ from torch import nn
 
 from qkv.attention import AttentionTrace
 from qkv.attention.attention_mask import AttentionMask, combine
-from qkv.attention.traced import row_positions, traced_attention
+from qkv.attention.traced import row_positions, trace_of_rows, traced_attention
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.lse_trace import LseRequest, LseTrace
@@ -240,7 +240,8 @@ description (nothing materialised)."""
                 average_attn_weights: bool = True,
                 trace_rows: torch.Tensor | slice | None = None,
                 positions: torch.Tensor | None = None,
-                intervention: AttentionEdit | None = None) -> AttentionOutput:
+                intervention: AttentionEdit | None = None,
+                trace_only: bool = False) -> AttentionOutput:
         """Attend from `query` (b, t, E) to `key` (b, s, kdim) / `value` (b, s, vdim).
 
         `key`/`value` default to `query` (self-attention). With `kv_cache` the new keys
@@ -261,9 +262,14 @@ description (nothing materialised)."""
         `out_proj`. The trace records the attention as computed (edited values included); a
         replaced head's new output reaches `output` only.
 
+        `trace_only`: the trace of `trace_rows` (query positions or a slice) and nothing else —
+        no row runs the kernel, no head output is mixed by `out_proj` (`output` is (b, 0, E),
+        the trace's `heads` None); for a reader of the trace alone (the layer a score
+        attribution stops at). Its trace holds the numbers the full call's would.
+
         Returns:
-            An `AttentionOutput`: `output` (b, t, E) always; `weights` when
-            `need_weights`; `trace` when `trace_rows` (query positions, or
+            An `AttentionOutput`: `output` (b, t, E) always ((b, 0, E) with `trace_only`);
+            `weights` when `need_weights`; `trace` when `trace_rows` (query positions, or
             `slice(None)` for all) is given.
         """
         key = query if key is None else key
@@ -280,6 +286,11 @@ description (nothing materialised)."""
         s = k.shape[-2]
         description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
 
+        if trace_only:  # the rows' trace alone (qkv.attention.traced.trace_of_rows)
+            self._check_trace_only(trace_rows, need_weights, intervention)
+            trace = self._trace_rows(q, k, v, description, trace_rows)
+            return AttentionOutput(query[:, :0], None, self._record(query, key, value, trace_rows,
+                                                                     trace, None, s))
         # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
         needs_local = need_weights or kv_cache is not None or key is not query
         writes = trace_rows if isinstance(trace_rows, Writes) else None  # no rows traced: untraced
@@ -325,6 +336,23 @@ description (nothing materialised)."""
             k = self.rotary(k, offset=offset, positions=positions)
         return q, k, v
 
+    def _check_trace_only(self, trace_rows, need_weights: bool, intervention) -> None:
+        """ValueError where `trace_only` cannot hold what the call asks."""
+        if trace_rows is None or isinstance(trace_rows, (Writes, Weights, LseRequest)):
+            raise ValueError(f"trace_only=True traces query rows: give trace_rows as positions "
+                             f"or a slice, got {type(trace_rows).__name__}")
+        if need_weights or intervention is not None or self.sequence_parallel is not None:
+            raise ValueError("trace_only=True computes the traced rows alone: not with "
+                             "need_weights, an intervention or sequence parallelism")
+
+    def _trace_rows(self, q, k, v, description: AttentionMask, trace_rows) -> AttentionTrace:
+        """The trace of `trace_rows` alone, as `_attend` would record it (no kernel run)."""
+        t, s = q.shape[-2], k.shape[-2]
+        bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
+        return trace_of_rows(q, k, v, mask=description, bias=bias,
+                             dropout_p=self.dropout if self.training else 0.0,
+                             enable_gqa=self.num_kv_heads != self.num_heads, rows=trace_rows)
+
     def _attend(self, q, k, v, description: AttentionMask, trace_rows, need_weights: bool,
                 needs_local: bool, intervention):
         """(heads (b, h, t, d), the trace or None, weights (b, h, t, s) or None): this module's
@@ -342,9 +370,11 @@ description (nothing materialised)."""
                                 need_weights=need_weights, edit=intervention)
         return call.output, call.trace, call.weights
 
-    def _record(self, query, key, value, trace_rows, trace, concat: torch.Tensor, s: int) -> MultiHeadTrace:
-        """The traced rows' record: their inputs, the attention trace, the heads (b, t, h·d)
-        and the position step; key/value inputs only when they are the whole key length `s`."""
+    def _record(self, query, key, value, trace_rows, trace, concat: torch.Tensor | None,
+                s: int) -> MultiHeadTrace:
+        """The traced rows' record: their inputs, the attention trace, the heads (b, t, h·d;
+        None where none were computed) and the position step; key/value inputs only when they
+        are the whole key length `s`."""
         rows, new = row_positions(query.shape[1], trace_rows, query.device), key.shape[1]
         return MultiHeadTrace(rows=rows, query_input=query[:, rows],
                               key_input=key if new == s else key.new_empty(0),

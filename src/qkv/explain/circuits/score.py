@@ -56,7 +56,7 @@ from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.mixers import gate, mla, sparse
-from qkv.explain.select import choose_in
+from qkv.explain.select import Units, choose_in, units_for
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
@@ -325,8 +325,9 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
-def _pick(model, text: str, encoding, spec, role: str) -> int:
-    units, choice = choose_in(spec, encoding, text, words=False, role=role)
+def _pick(text: str, encoding, units: Units, spec, role: str) -> int:
+    """The token `spec` names among `units` (the text's tokens, built once for both picks)."""
+    _, choice = choose_in(spec, encoding, text, words=False, role=role, units=units)
     return units.groups[choice.unit][-1]
 
 
@@ -400,8 +401,9 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     if not latent_kind:
         check_model(model, layer)
     encoding = encode(model, text)
-    i = _pick(model, text, encoding, token, "token")
-    j = None if key is None else _pick(model, text, encoding, key, "key")
+    units = units_for(encoding, text, words=False)
+    i = _pick(text, encoding, units, token, "token")
+    j = None if key is None else _pick(text, encoding, units, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     module = model.layers[layer].self_attn.module if latent_kind else None
     pair = None if j is None else torch.tensor([i, j], device=ids.device)  # (2,) query, key
