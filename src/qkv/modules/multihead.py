@@ -67,6 +67,9 @@ class ModuleRotation:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (n, d) at positions (n,) → rotated (n, d)."""
+        if isinstance(self.rotary, RotaryEmbedding):  # its angles' rows, as the forward's
+            cos, sin = self.rotary.at(positions, dtype=x.dtype)  # (n, d)
+            return self.rotary.rotate(x, cos, sin)
         first = int(positions[0]) if positions.numel() else 0
         if torch.equal(positions, torch.arange(first, first + len(positions), device=positions.device)):
             return self.rotary(x[None, None], offset=first)[0, 0]  # as the forward: an offset
