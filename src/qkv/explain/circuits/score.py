@@ -295,9 +295,9 @@ def _with_embeddings(model, fwd, st: Stream, layer: int) -> torch.Tensor:
 def _read(fwd, layer: int, positions: torch.Tensor) -> torch.Tensor | None:
     """(n, E) what layer `layer`'s attention read at `positions` (its trace's key input, kept
     for every position), None where the trace does not hold it whole."""
-    read = getattr(fwd.traces[layer].self_attn, "key_input", None)  # (1, t, E)
+    read = fwd.traces[layer].self_attn.key_input  # (1, t, E), or empty: a MultiHeadTrace's field
     hidden = fwd.hidden_states[layer]  # (1, t, E)
-    if read is None or tuple(read.shape) != tuple(hidden.shape):
+    if tuple(read.shape) != tuple(hidden.shape):
         return None
     return read[0, positions]
 
