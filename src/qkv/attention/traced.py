@@ -69,9 +69,18 @@ class TracedCall:
     weights: torch.Tensor | None = None
 
 
+_POSITIONS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 def row_positions(t: int, rows, device) -> torch.Tensor:
     """(r,) the query positions `rows` picks out of `t` (positions or a slice); ValueError
     naming it otherwise."""
+    if isinstance(rows, torch.Tensor) and rows.ndim == 1 and rows.dtype in _POSITIONS:
+        # a few positions, checked in Python after one read (not an arange indexed)
+        listed = rows.tolist()
+        if all(-t <= r < t for r in listed):
+            index = rows.to(device=device, dtype=torch.long)
+            return index % t if listed and min(listed) < 0 else index
     try:
         if isinstance(rows, (str, bytes)):  # torch would index with its characters
             raise TypeError("a string is not a position")
