@@ -318,8 +318,8 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     # the row's weights (q, k) or output (v): only then is the whole trace run, to name where
     # NaN and ±inf survive a sum: three sums and one sync (a finite sum that overflowed only
     # costs the whole trace's run, which then finds nothing)
-    if not math.isfinite(float(sum(x.sum(dtype=torch.float32) for x in
-                                   (out.hidden_states[layer], att.weights, att.output)))):
+    x, weights, output = (t.sum(dtype=torch.float32) for t in (out.hidden_states[layer], att.weights, att.output))
+    if not math.isfinite(float(x + weights + output)):
         run(model, ids, rows)  # raises NonFiniteError at the first one
         check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
