@@ -406,17 +406,18 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     j = None if key is None else _pick(text, encoding, units, key, "key")
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     module = model.layers[layer].self_attn.module if latent_kind else None
-    pair = None if j is None else torch.tensor([i, j], device=ids.device)  # (2,) query, key
+    asked = torch.tensor([i] if j is None else [i, j], device=ids.device)  # (1,) or (2,): query, key
+    pair, query_row = None if j is None else asked, asked[:1]
     with latent.handed(module) if latent_kind else nullcontext({}) as given:
-        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer, pair)
+        fwd = _forward(model, ids, query_row, layer, pair)
     sides = _sides(model, fwd, layer, head, module, given.get("position_embeddings"))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
-    mask = att.additive()[0, head, 0].double()  # (s,)
+    mask = att.additive()[0, head, 0]  # (s,): 0, a score bias, or −inf where masked
     tokens = list(encoding.tokens)
     gated = _gated(model, layer)
     if key is None:
-        query = stream(model, fwd, layer, torch.tensor([i], device=ids.device))
+        query = stream(model, fwd, layer, query_row)
         q = sides(query, "q")[:, 0]  # (C, d)
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
