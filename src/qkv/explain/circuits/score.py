@@ -223,12 +223,12 @@ def _projected(model, fwd, parts: torch.Tensor, layer: int, head: int, which: st
     C, n, E = parts.shape
     out = (parts.reshape(C * n, E) @ w.T).view(C, n, -1)  # (C, n, ·): one 2-D product
     if b is not None:
-        out[-1] += b
+        out[-1].add_(b)  # in place, not copied back onto itself
     if norm is not None:  # Qwen3 / OLMo 2: the query's (key's) own norm, frozen the same way
         total = out.sum(0).to(dtype)  # (n, ·)
         lin = linearise(norm, total)
         out = lin.apply(out)
-        out[-1] += lin.shift
+        out[-1].add_(lin.shift)
         if whole:
             out = out[..., rows]  # (C, n, d)
     return out
@@ -273,7 +273,7 @@ def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
             raise
         lin = linearise(lay.norm1, x)  # the attention read something else: norm1's own output
     parts = lin.apply(st.parts)
-    parts[-1] += lin.shift
+    parts[-1].add_(lin.shift)  # the bias row, in place
     return parts
 
 
@@ -288,7 +288,7 @@ def _with_embeddings(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     x = torch.cat([fwd.hidden_states[layer][0, st.positions], first], -1)  # (n, 2E)
     lin = linearise(model.layers[layer].norm1, x)
     parts = lin.apply(parts)
-    parts[-1] += lin.shift
+    parts[-1].add_(lin.shift)
     return parts
 
 
