@@ -265,10 +265,8 @@ description (nothing materialised)."""
         `out_proj`. The trace records the attention as computed (edited values included); a
         replaced head's new output reaches `output` only.
 
-        `trace_only`: the trace of `trace_rows` (query positions or a slice) and nothing else —
-        no row runs the kernel, no head output is mixed by `out_proj` (`output` is (b, 0, E),
-        the trace's `heads` None); for a reader of the trace alone (the layer a score
-        attribution stops at). Its trace holds the numbers the full call's would.
+        `trace_only`: the trace of `trace_rows` (positions or a slice) alone, the full call's
+        numbers; no kernel, no `out_proj` (`output` (b, 0, E), `heads` None): a score attribution's.
 
         Returns:
             An `AttentionOutput`: `output` (b, t, E) always ((b, 0, E) with `trace_only`);
@@ -290,10 +288,8 @@ description (nothing materialised)."""
         description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
 
         if trace_only:  # the rows' trace alone (qkv.attention.traced.trace_of_rows)
-            self._check_trace_only(trace_rows, need_weights, intervention)
-            trace = self._trace_rows(q, k, v, description, trace_rows)
-            return AttentionOutput(query[:, :0], None, self._record(query, key, value, trace_rows,
-                                                                     trace, None, s))
+            return self._trace_only(query, key, value, (q, k, v), description, trace_rows,
+                                    need_weights, intervention)
         # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
         needs_local = need_weights or kv_cache is not None or key is not query
         writes = trace_rows if isinstance(trace_rows, Writes) else None  # no rows traced: untraced
@@ -338,6 +334,15 @@ description (nothing materialised)."""
             q = self.rotary(q, offset=offset, positions=positions)
             k = self.rotary(k, offset=offset, positions=positions)
         return q, k, v
+
+    def _trace_only(self, query, key, value, qkv: tuple, description: AttentionMask, trace_rows,
+                    need_weights: bool, intervention) -> AttentionOutput:
+        """`forward(trace_only=True)` once q, k, v (`qkv`) are made: the rows' trace, recorded."""
+        self._check_trace_only(trace_rows, need_weights, intervention)
+        trace = self._trace_rows(*qkv, description, trace_rows)
+        s = qkv[1].shape[-2]
+        record = self._record(query, key, value, trace_rows, trace, None, s)
+        return AttentionOutput(query[:, :0], None, record)  # (b, 0, E): no output computed
 
     def _check_trace_only(self, trace_rows, need_weights: bool, intervention) -> None:
         """ValueError where `trace_only` cannot hold what the call asks."""

@@ -187,7 +187,8 @@ class RotaryEmbedding(nn.Module):
             self._table = (key, n, {})
         n, kept = self._table[1:]
         if dtype not in kept:  # one per dtype read (the forward's, the attribution's float64)
-            angles = torch.arange(n, device=device).float()[:, None] * self.frequencies(0).to(device)  # (L, d/2)
+            pos = torch.arange(n, device=device).float()[:, None]  # (L, 1)
+            angles = pos * self.frequencies(0).to(device)  # (L, d/2)
             emb = torch.cat([angles, angles], dim=-1)  # (L, d)
             kept[dtype] = (emb.cos().to(dtype), emb.sin().to(dtype))
         return kept[dtype]

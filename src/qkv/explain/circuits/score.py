@@ -56,7 +56,7 @@ from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.mixers import gate, mla, sparse
-from qkv.explain.select import Units, choose_in, units_for
+from qkv.explain.select import choose_in, units_for
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
@@ -318,17 +318,24 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     # the row's weights (q, k) or output (v): only then is the whole trace run, to name where
     # NaN and ±inf survive a sum: three sums and one sync (a finite sum that overflowed only
     # costs the whole trace's run, which then finds nothing)
-    x, weights, output = (t.sum(dtype=torch.float32) for t in (out.hidden_states[layer], att.weights, att.output))
+    x, weights, output = (t.sum(dtype=torch.float32)
+                          for t in (out.hidden_states[layer], att.weights, att.output))
     if not math.isfinite(float(x + weights + output)):
         run(model, ids, rows)  # raises NonFiniteError at the first one
         check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
-def _pick(text: str, encoding, units: Units, spec, role: str) -> int:
-    """The token `spec` names among `units` (the text's tokens, built once for both picks)."""
-    _, choice = choose_in(spec, encoding, text, words=False, role=role, units=units)
-    return units.groups[choice.unit][-1]
+def _picks(text: str, encoding, token, key) -> tuple[int, int | None]:
+    """The positions `token` and `key` name (None: `key` None), the text's tokens' units built
+    once for both picks."""
+    units = units_for(encoding, text, words=False)
+
+    def pick(spec, role: str) -> int:
+        _, choice = choose_in(spec, encoding, text, words=False, role=role, units=units)
+        return units.groups[choice.unit][-1]
+
+    return pick(token, "token"), None if key is None else pick(key, "key")
 
 
 def _bound(q: torch.Tensor, k: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, scale: float,
@@ -401,9 +408,7 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     if not latent_kind:
         check_model(model, layer)
     encoding = encode(model, text)
-    units = units_for(encoding, text, words=False)
-    i = _pick(text, encoding, units, token, "token")
-    j = None if key is None else _pick(text, encoding, units, key, "key")
+    i, j = _picks(text, encoding, token, key)
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     module = model.layers[layer].self_attn.module if latent_kind else None
     asked = torch.tensor([i] if j is None else [i, j], device=ids.device)  # (1,) or (2,): query, key
