@@ -69,7 +69,8 @@ class TracedCall:
     weights: torch.Tensor | None = None
 
 
-_POSITIONS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+# index dtypes read as positions (torch reads a uint8 index as a mask: left to its indexing)
+_POSITIONS = (torch.int64, torch.int32, torch.int16, torch.int8)
 
 
 def row_positions(t: int, rows, device) -> torch.Tensor:

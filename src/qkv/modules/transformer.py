@@ -64,7 +64,7 @@ class LayerOutput:
     """What one layer returns, whatever was asked for.
 
     Attributes:
-        hidden: (b, t, E) the layer's output.
+        hidden: (b, t, E) the layer's output; (b, 0, E) for `attention_only` (none computed).
         trace: None unless `trace_rows`; then the layer's `LayerTrace`.
     """
 
