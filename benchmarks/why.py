@@ -16,6 +16,9 @@ memory O(N).
     python benchmarks/why.py                       # --length 16384 --repeats 5
     python benchmarks/why.py --cpu-min             # issue 42: CPU-time minima, one thread
 
+``--phases``: each one-score attribution split by phase (the forward through the asked layer,
+the stream, the query and key, tokenising, the checks), CPU-time minima and ATen operations.
+
 ``--cpu-min`` (issue 42, goal ≤ 2× a forward on every shipped model): the one-score rows only,
 each as the minimum of ``--calls`` calls' CPU time (``time.process_time``, one torch thread),
 forward and attribution in rounds of 5 — a minimum is what a loaded machine distorts least
@@ -124,6 +127,66 @@ def cpu_minima(calls: int) -> None:
               f"{a * 1e3:7.2f} ms → {a / f:.2f}×; torch ops {nf} and {na} → {na / nf:.2f}×", flush=True)
 
 
+# score_attribution's phases, as `--phases` times and counts them: the names `qkv.explain.circuits.
+# score` calls, each wrapped where it is looked up (the rest — argument checks, picking the token
+# and key, the terms and the bound — is the total less these)
+PHASES = ("_forward", "stream", "_query_and_key", "encode", "_checked", "_pair_bound")
+
+
+def phases(calls: int) -> None:
+    """Each shipped model's attribution by phase: the least CPU time of each over `calls` calls,
+    and the ATen operations it runs."""
+    import qkv.explain.circuits.score as score
+
+    spent: dict[str, float] = {}
+    counting: list[OpCount | None] = [None]
+
+    def timed_phase(name, fn):
+        def phase(*args, **kwargs):
+            if counting[0] is not None:  # count this phase's operations apart from the rest
+                counting[0].mode.__exit__(None, None, None)
+                with OpCount() as inner:
+                    out = fn(*args, **kwargs)
+                counting[0].mode.__enter__()
+                counts[name] = counts.get(name, 0) + inner.ops
+                return out
+            start = time.process_time()
+            out = fn(*args, **kwargs)
+            spent[name] = spent.get(name, 0.0) + time.process_time() - start
+            return out
+        return phase
+
+    originals = {name: getattr(score, name) for name in PHASES}
+    for name, fn in originals.items():
+        setattr(score, name, timed_phase(name, fn))
+    try:
+        for model_name, text, where in ONE_SCORE:
+            model = qkv.load(model_name)
+            best, total, counts = {name: float("inf") for name in PHASES}, float("inf"), {}
+            with torch.no_grad():
+                score_attribution(model, text, **where)  # warm
+                for _ in range(calls):
+                    spent.clear()
+                    start = time.process_time()
+                    score_attribution(model, text, **where)
+                    total = min(total, time.process_time() - start)
+                    for name in PHASES:
+                        best[name] = min(best[name], spent.get(name, 0.0))
+                with OpCount() as whole:
+                    counting[0] = whole
+                    score_attribution(model, text, **where)
+                counting[0] = None
+            rest_ops = whole.ops
+            print(f"  {model_name}: attribution {total * 1e3:.2f} ms (least of {calls}), "
+                  f"{whole.ops + sum(counts.values())} ops")
+            for name in PHASES:
+                print(f"    {name:15s} {best[name] * 1e3:6.3f} ms  {counts.get(name, 0):4d} ops")
+            print(f"    {'the rest':15s} {(total - sum(best.values())) * 1e3:6.3f} ms  {rest_ops:4d} ops")
+    finally:
+        for name, fn in originals.items():
+            setattr(score, name, fn)
+
+
 def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -136,11 +199,16 @@ def main() -> None:
     p.add_argument("--cpu-min", action="store_true",
                    help="only the one-score rows, as CPU-time minima (issue 42)")
     p.add_argument("--calls", type=int, default=20, help="calls per minimum with --cpu-min")
+    p.add_argument("--phases", action="store_true",
+                   help="each one-score attribution by phase: CPU-time minima and ATen operations")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if args.cpu_min:
         cpu_minima(args.calls)
+        return
+    if args.phases:
+        phases(args.calls)
         return
     print("one score attribution against one forward (median of paired rounds)")
     for name, text, where in ONE_SCORE:

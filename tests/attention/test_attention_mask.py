@@ -536,3 +536,20 @@ BAD_MASK_CALLS = list(_bad_mask_calls())
 def test_bad_masks_raise_value_errors_naming_them(fn, kwargs, message):
     with pytest.raises(ValueError, match=message):
         fn(**kwargs)
+
+
+@pytest.mark.parametrize("mask", [AttentionMask(causal=True), AttentionMask(causal=True, window=(2, None)),
+                                  AttentionMask(causal=True, alignment="bottom_right"),
+                                  AttentionMask(key_padding=torch.tensor([[True] * 5 + [False] * 2] * 2),
+                                                causal=True)])
+def test_materialize_rows_are_the_whole_masks_rows(mask):
+    """materialize(rows=...) draws the rows asked for only: exactly those rows of the whole mask."""
+    t, s, rows = 5, 7, torch.tensor([4, 0, 2])
+    whole = mask.materialize(t, s)
+    picked = mask.materialize(t, s, rows=rows)
+    assert torch.equal(picked, whole if whole.shape[-2] == 1 else whole.index_select(-2, rows))
+
+
+def test_materialize_rows_refuses_a_dense_mask():
+    with pytest.raises(ValueError, match="rows="):
+        AttentionMask(dense=torch.ones(3, 3, dtype=torch.bool)).materialize(3, 3, rows=torch.tensor([1]))

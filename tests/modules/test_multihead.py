@@ -381,3 +381,21 @@ def test_a_mask_description_with_torch_style_arguments_is_refused():
         mha(x, mask=AttentionMask(), key_padding_mask=torch.ones(1, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="mask must be a qkv.attention.AttentionMask, got Tensor"):
         mha(x, mask=torch.ones(4, 4, dtype=torch.bool))
+
+
+def test_trace_only_is_the_full_calls_trace_without_the_rest():
+    """trace_only=True: the traced rows' numbers are the full call's, no kernel, out_proj or
+    heads computed (output (b, 0, E)); a request it cannot hold is refused by name."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rotary=RotaryEmbedding(4)).double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    rows = torch.tensor([6, 2])
+    whole = mha(x, is_causal=True, trace_rows=rows)
+    mha.out_proj = None  # would fail if called
+    only = mha(x, is_causal=True, trace_rows=rows, trace_only=True)
+    assert only.output.shape == (2, 0, 16) and only.trace.heads is None
+    for name in ("query", "key", "value", "scores", "weights", "output", "lse"):
+        assert torch.equal(getattr(only.trace.attention, name), getattr(whole.trace.attention, name))
+    assert torch.equal(only.trace.rows, whole.trace.rows)
+    with pytest.raises(ValueError, match="trace_only"):
+        mha(x, is_causal=True, trace_only=True)

@@ -208,3 +208,25 @@ def test_alibi_bias_is_minus_slope_times_distance_bottom_right():
 
 def test_docstring_examples_run():
     assert doctest.testmod(qkv.modules.positional, extraglobs={"torch": torch}).failed == 0
+
+
+def test_rotary_table_is_what_each_call_computes_and_follows_its_frequencies():
+    """The kept cos/sin table gives the numbers a fresh computation gives (bit for bit), per
+    dtype; a move, a dtype change or an edit of the frequencies is not served stale angles."""
+    rope = RotaryEmbedding(8)
+    fresh = lambda t, offset=0: RotaryEmbedding(8).cos_sin(t, offset=offset, device="cpu")  # noqa: E731
+    for t, offset in ((5, 0), (9, 3), (100, 7), (5, 0)):  # the table grows past 64, then serves
+        for got, want in zip(rope.cos_sin(t, offset=offset, device="cpu"), fresh(t, offset)):
+            assert torch.equal(got, want)
+    positions = torch.tensor([7, 2, 7, 2, 0])
+    cos, sin = rope.at(positions, dtype=torch.float64)
+    want = RotaryEmbedding(8).cos_sin(5, positions=positions[None], dtype=torch.float64)
+    assert torch.equal(cos, want[0][0, 0]) and torch.equal(sin, want[1][0, 0])
+    with torch.no_grad():
+        rope.inv_freq.mul_(2.0)  # an edit in place: new angles
+    doubled = RotaryEmbedding(8)
+    with torch.no_grad():
+        doubled.inv_freq.mul_(2.0)
+    assert torch.equal(rope.cos_sin(5, device="cpu")[0], doubled.cos_sin(5, device="cpu")[0])
+    rope.double()  # a new buffer
+    assert torch.equal(rope.cos_sin(5, device="cpu")[1], doubled.cos_sin(5, device="cpu")[1])

@@ -183,7 +183,8 @@ def test_layer_rows_traces_one_layer_and_stops_after_it():
 
 def test_layer_rows_attention_only_stops_after_the_layers_attention():
     """LayerRows(ℓ, rows, attention_only=True): layer ℓ's trace is the same as without it, its
-    feed-forward never runs, and hidden_states end with what entered layer ℓ."""
+    out_proj and feed-forward never run (no residual formed), and hidden_states end with what
+    entered layer ℓ."""
     from qkv.modules import LayerRows
 
     stack = _stack()
@@ -196,6 +197,7 @@ def test_layer_rows_attention_only_stops_after_the_layers_attention():
             raise AssertionError("the stop layer's feed-forward ran")
 
     stack.layers[1].feed_forward = Refuses()
+    stack.layers[1].self_attn.out_proj = Refuses()
     out = stack(x, mask=AttentionMask(causal=True), output_hidden_states=True,
                 trace_rows=LayerRows(1, torch.tensor([6]), attention_only=True))
     assert out.last_hidden_state.shape == (1, 0, E) and len(out.hidden_states) == 2
@@ -203,4 +205,4 @@ def test_layer_rows_attention_only_stops_after_the_layers_attention():
     for name in ("query", "key", "scores", "weights", "output"):  # the very same computation
         assert torch.equal(getattr(out.traces[1].self_attn.attention, name),
                            getattr(whole.traces[1].self_attn.attention, name))
-    assert torch.equal(out.traces[1].residual, whole.traces[1].residual)
+    assert out.traces[1].residual is None and out.traces[1].self_attn.heads is None

@@ -81,14 +81,16 @@ def structural_mask(
     return None if mod is None else evaluate(mod, t, s, device=device)
 
 
-def evaluate(mod: MaskMod, t: int, s: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+def evaluate(mod: MaskMod, t: int, s: int, *, device: torch.device | str | None = None,
+             rows: torch.Tensor | None = None) -> torch.Tensor:
     """A mask_mod on every (query i, key j) of a (t × s) score matrix: bool (B', t, s) when it
     holds per-batch data (B' = its `batch`), (t, s) otherwise — or narrower where the mask_mod
     does not depend on the query (key padding alone: (B', 1, s)). O(t · s): the reference path's
-    and the tests' view; the blockwise backend classifies blocks instead."""
+    and the tests' view; the blockwise backend classifies blocks instead. `rows` (r,): those
+    query positions (in [0, t)) only, (B', r, s) or (r, s): the same rows of the whole mask."""
     mod = mod.bind(t, s)
     b = torch.arange(mod.batch, device=device).view(-1, 1, 1) if mod.batch is not None else 0
-    q_idx = torch.arange(t, device=device).view(t, 1)  # (t, 1)
+    q_idx = torch.arange(t, device=device).view(t, 1) if rows is None else rows.view(-1, 1)  # (t | r, 1)
     kv_idx = torch.arange(s, device=device).view(1, s)  # (1, s)
     return mod(b, 0, q_idx, kv_idx)  # (B', t | 1, s) or (t, s)
 
@@ -321,20 +323,26 @@ class AttentionMask:
         return kp.unsqueeze(-3) if rank >= 3 else kp  # (..., 1, 1, s): every head
 
     def materialize(self, t: int, s: int, *, rank: int = 4,
-                    device: torch.device | str | None = None) -> torch.Tensor | None:
+                    device: torch.device | str | None = None,
+                    rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """The whole description as one tensor mask broadcastable to (..., t, s), or None:
         [`mask_mod`][qkv.attention.attention_mask.AttentionMask.mask_mod] evaluated on every (i, j),
         combined with `dense`.
 
         Bool unless `dense` is float (then float, −inf where excluded). `rank` is the rank
-        of the scores (4 for (b, h, t, s)), used to place `key_padding`'s dims.
+        of the scores (4 for (b, h, t, s)), used to place `key_padding`'s dims. `rows` (r,):
+        the structure drawn for those query positions only, (..., r | 1, s) — for a description
+        without `dense` or `block` (a traced row's mask; the others are whole tensors already).
         """
         device = device if device is not None else _device_of(self)
+        if rows is not None and (self.dense is not None or self.block is not None):
+            raise ValueError("AttentionMask.materialize(rows=...) draws the structure alone: "
+                             "a dense or block mask is picked by rows from the whole one")
         if self.block is not None:  # built for this call's (B, H): its own tiles, already placed
             return combine(self.dense, self.block.materialize(rank=rank, device=device))
         if self.mask_mod is None:
             return combine(self.dense)
-        keep = evaluate(self.mask_mod, t, s, device=device)  # (B', t | 1, s) or (t, s)
+        keep = evaluate(self.mask_mod, t, s, device=device, rows=rows)  # (B', t | r | 1, s) or (t | r, s)
         if self.key_padding is not None:  # B' → key padding's batch dims, in front of the heads
             keep = keep.reshape(*self.key_padding.shape[:-1], *keep.shape[-2:])  # (..., t | 1, s)
             keep = keep.unsqueeze(-3) if rank >= 3 else keep  # (..., 1, t | 1, s)

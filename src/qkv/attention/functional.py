@@ -479,9 +479,9 @@ def _trace_rows(query, key, value, description, bias, rows, scale, dropout_p, gr
         return x if x is None or x.shape[-2] == 1 else x.index_select(-2, index)
 
     keep = None
-    structure = description.with_(dense=None)
+    structure = description if description.dense is None else description.with_(dense=None)
     if not structure.empty and structure.block is None and t * s <= DENSE_ROWS:
-        keep = row_part(structure.materialize(t, s, rank=query.ndim, device=query.device))
+        keep = structure.materialize(t, s, rank=query.ndim, device=query.device, rows=index)  # the rows' only
     elif not structure.empty:
         batch = math.prod(query.shape[:-3]) if query.ndim >= 3 else 1
         heads = query.shape[-3] if query.ndim >= 3 else 1

@@ -69,9 +69,19 @@ class TracedCall:
     weights: torch.Tensor | None = None
 
 
+# index dtypes read as positions (torch reads a uint8 index as a mask: left to its indexing)
+_POSITIONS = (torch.int64, torch.int32, torch.int16, torch.int8)
+
+
 def row_positions(t: int, rows, device) -> torch.Tensor:
     """(r,) the query positions `rows` picks out of `t` (positions or a slice); ValueError
     naming it otherwise."""
+    if isinstance(rows, torch.Tensor) and rows.ndim == 1 and rows.dtype in _POSITIONS:
+        # a few positions, checked in Python after one read (not an arange indexed)
+        listed = rows.tolist()
+        if all(-t <= r < t for r in listed):
+            index = rows.to(device=device, dtype=torch.long)
+            return index % t if listed and min(listed) < 0 else index
     try:
         if isinstance(rows, (str, bytes)):  # torch would index with its characters
             raise TypeError("a string is not a position")
@@ -79,6 +89,21 @@ def row_positions(t: int, rows, device) -> torch.Tensor:
     except (IndexError, TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"trace_rows must pick query positions among the {t} (0…{t - 1}), "
                          f"got {rows!r} ({e})") from None
+
+
+def trace_of_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                  mask: AttentionMask, bias: torch.Tensor | None = None,
+                  scale: float | None = None, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None, dropout_p: float = 0.0,
+                  enable_gqa: bool = False, rows: torch.Tensor | slice) -> AttentionTrace:
+    """The (detached) trace of query rows `rows` alone, the kernel run for no row: the trace
+    `traced_attention(..., rows=rows)` gives (the same reference path on the same arguments),
+    for a reader of the trace and nothing else. Arguments as `traced_attention`'s, checked the
+    same way."""
+    index = row_positions(query.shape[-2], rows, query.device)
+    return attention_trace(query, key, value, mask=mask, bias=bias, scale=scale,
+                           dropout_p=dropout_p, enable_gqa=enable_gqa, rows=index,
+                           softcap=softcap, sinks=sinks).detach()
 
 
 def traced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,

@@ -15,11 +15,16 @@ Special tokens ([CLS], [SEP]) are never merged: each stays a unit of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from qkv.explain.wording import ArgumentError, Message
 from qkv.models.tokenizer import display_text, display_token
+
+# A token's label depends on its string alone: kept per vocabulary entry seen (each pick of a
+# token among a text's would otherwise decode every token again: ~8 µs each).
+_token_label = lru_cache(maxsize=1 << 16)(display_token)
 
 # How many labels an error message lists before it elides the rest.
 _LIST_LIMIT = 40
@@ -72,7 +77,7 @@ def token_units(encoding) -> Units:
         (['[CLS]', 'hi', '[SEP]'], [(0,), (1,), (2,)])
     """
     tokens = list(encoding.tokens)
-    return Units(labels=[display_token(t) for t in tokens], groups=[(i,) for i in range(len(tokens))],
+    return Units(labels=[_token_label(t) for t in tokens], groups=[(i,) for i in range(len(tokens))],
                  special=[bool(s) for s in encoding.special], words=False, num_tokens=len(tokens))
 
 
@@ -95,7 +100,7 @@ def word_units(encoding, text: str) -> Units:
     last_word = object()  # a sentinel no word id equals
     for i, (token, word, spec) in enumerate(zip(encoding.tokens, encoding.word_ids, encoding.special)):
         if spec or word is None:
-            labels.append(display_token(token))
+            labels.append(_token_label(token))
             groups.append([i])
             special.append(True)
             last_word = object()
@@ -111,7 +116,7 @@ def word_units(encoding, text: str) -> Units:
         if not special[u]:
             start, end = encoding.offsets[group[0]][0], encoding.offsets[group[-1]][1]
             piece = text[start:end]
-            labels[u] = display_text(piece) if piece else display_token(encoding.tokens[group[0]])
+            labels[u] = display_text(piece) if piece else _token_label(encoding.tokens[group[0]])
     return Units(labels=labels, groups=[tuple(g) for g in groups], special=special, words=True,
                  num_tokens=len(encoding.tokens))
 
@@ -256,14 +261,15 @@ def choose(spec: str | int | None, units: Units, *, role: str = "token") -> Choi
 
 
 def choose_in(spec: str | int | None, encoding, text: str, *, words: bool,
-              role: str = "token") -> tuple[Units, Choice]:
+              role: str = "token", units: Units | None = None) -> tuple[Units, Choice]:
     """The units to show and the one `spec` picks.
 
     In token mode a word the tokenizer split ("pizzeria" → pi ##zz ##eria) matches no single
     token; it is then found among the words and its **last** token is used, with a note
-    suggesting `words=True` (`--words`).
+    suggesting `words=True` (`--words`). `units`: `units_for(encoding, text, words)` where the
+    caller already built them (two picks in one text build them once).
     """
-    units = units_for(encoding, text, words)
+    units = units_for(encoding, text, words) if units is None else units
     spec = None if spec is None else _spec(spec, role)
     if words or spec is None or spec.strip().lstrip("-").isdigit():
         return units, choose(spec, units, role=role)

@@ -19,7 +19,7 @@ from torch import nn
 
 from qkv.attention import AttentionTrace
 from qkv.attention.attention_mask import AttentionMask, combine
-from qkv.attention.traced import row_positions, traced_attention
+from qkv.attention.traced import row_positions, trace_of_rows, traced_attention
 from qkv.modules.intervention import AttentionEdit
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.lse_trace import LseRequest, LseTrace
@@ -67,6 +67,9 @@ class ModuleRotation:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (n, d) at positions (n,) → rotated (n, d)."""
+        if isinstance(self.rotary, RotaryEmbedding):  # its angles' rows, as the forward's
+            cos, sin = self.rotary.at(positions, dtype=x.dtype)  # (n, d)
+            return self.rotary.rotate(x, cos, sin)
         first = int(positions[0]) if positions.numel() else 0
         if torch.equal(positions, torch.arange(first, first + len(positions), device=positions.device)):
             return self.rotary(x[None, None], offset=first)[0, 0]  # as the forward: an offset
@@ -241,7 +244,8 @@ description (nothing materialised)."""
                 average_attn_weights: bool = True,
                 trace_rows: torch.Tensor | slice | None = None,
                 positions: torch.Tensor | None = None,
-                intervention: AttentionEdit | None = None) -> AttentionOutput:
+                intervention: AttentionEdit | None = None,
+                trace_only: bool = False) -> AttentionOutput:
         """Attend from `query` (b, t, E) to `key` (b, s, kdim) / `value` (b, s, vdim).
 
         `key`/`value` default to `query` (self-attention). With `kv_cache` the new keys
@@ -262,9 +266,12 @@ description (nothing materialised)."""
         `out_proj`. The trace records the attention as computed (edited values included); a
         replaced head's new output reaches `output` only.
 
+        `trace_only`: the trace of `trace_rows` (positions or a slice) alone, the full call's
+        numbers; no kernel, no `out_proj` (`output` (b, 0, E), `heads` None): a score attribution's.
+
         Returns:
-            An `AttentionOutput`: `output` (b, t, E) always; `weights` when
-            `need_weights`; `trace` when `trace_rows` (query positions, or
+            An `AttentionOutput`: `output` (b, t, E) always ((b, 0, E) with `trace_only`);
+            `weights` when `need_weights`; `trace` when `trace_rows` (query positions, or
             `slice(None)` for all) is given.
         """
         key = query if key is None else key
@@ -281,6 +288,9 @@ description (nothing materialised)."""
         s = k.shape[-2]
         description = self._describe(mask, attn_mask, key_padding_mask, b, t, s, is_causal, offset)
 
+        if trace_only:  # the rows' trace alone (qkv.attention.traced.trace_of_rows)
+            return self._trace_only(query, key, value, (q, k, v), description, trace_rows,
+                                    need_weights, intervention)
         # 3) attend: the fast kernel, the reference path for the rows traced (qkv.attention.traced)
         needs_local = need_weights or kv_cache is not None or key is not query
         writes = trace_rows if isinstance(trace_rows, Writes) else None  # no rows traced: untraced
@@ -326,6 +336,32 @@ description (nothing materialised)."""
             k = self.rotary(k, offset=offset, positions=positions)
         return q, k, v
 
+    def _trace_only(self, query, key, value, qkv: tuple, description: AttentionMask, trace_rows,
+                    need_weights: bool, intervention) -> AttentionOutput:
+        """`forward(trace_only=True)` once q, k, v (`qkv`) are made: the rows' trace, recorded."""
+        self._check_trace_only(trace_rows, need_weights, intervention)
+        trace = self._trace_rows(*qkv, description, trace_rows)
+        s = qkv[1].shape[-2]
+        record = self._record(query, key, value, trace_rows, trace, None, s)
+        return AttentionOutput(query[:, :0], None, record)  # (b, 0, E): no output computed
+
+    def _check_trace_only(self, trace_rows, need_weights: bool, intervention) -> None:
+        """ValueError where `trace_only` cannot hold what the call asks."""
+        if trace_rows is None or isinstance(trace_rows, (Writes, Weights, LseRequest)):
+            raise ValueError(f"trace_only=True traces query rows: give trace_rows as positions "
+                             f"or a slice, got {type(trace_rows).__name__}")
+        if need_weights or intervention is not None or self.sequence_parallel is not None:
+            raise ValueError("trace_only=True computes the traced rows alone: not with "
+                             "need_weights, an intervention or sequence parallelism")
+
+    def _trace_rows(self, q, k, v, description: AttentionMask, trace_rows) -> AttentionTrace:
+        """The trace of `trace_rows` alone, as `_attend` would record it (no kernel run)."""
+        t, s = q.shape[-2], k.shape[-2]
+        bias = self.alibi.bias(t, s, device=q.device) if self.alibi is not None else None  # (h, t, s)
+        return trace_of_rows(q, k, v, mask=description, bias=bias,
+                             dropout_p=self.dropout if self.training else 0.0,
+                             enable_gqa=self.num_kv_heads != self.num_heads, rows=trace_rows)
+
     def _attend(self, q, k, v, description: AttentionMask, trace_rows, need_weights: bool,
                 needs_local: bool, intervention):
         """(heads (b, h, t, d), the trace or None, weights (b, h, t, s) or None): this module's
@@ -343,9 +379,11 @@ description (nothing materialised)."""
                                 need_weights=need_weights, edit=intervention)
         return call.output, call.trace, call.weights
 
-    def _record(self, query, key, value, trace_rows, trace, concat: torch.Tensor, s: int) -> MultiHeadTrace:
-        """The traced rows' record: their inputs, the attention trace, the heads (b, t, h·d)
-        and the position step; key/value inputs only when they are the whole key length `s`."""
+    def _record(self, query, key, value, trace_rows, trace, concat: torch.Tensor | None,
+                s: int) -> MultiHeadTrace:
+        """The traced rows' record: their inputs, the attention trace, the heads (b, t, h·d;
+        None where none were computed) and the position step; key/value inputs only when they
+        are the whole key length `s`."""
         rows, new = row_positions(query.shape[1], trace_rows, query.device), key.shape[1]
         return MultiHeadTrace(rows=rows, query_input=query[:, rows],
                               key_input=key if new == s else key.new_empty(0),

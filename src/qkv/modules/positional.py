@@ -124,6 +124,12 @@ def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     return torch.where(between, (1 - smooth) * scaled / s.factor + smooth * scaled, scaled)
 
 
+# The most positions a rotary module keeps a cos/sin table for (2 × 4 KiB a position at d = 128
+# in float32, per layer): a short text's forward reads its angles instead of computing them; a
+# longer call computes its own (its attention, not its angles, is then what it spends on).
+TABLE_POSITIONS = 1024
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al., 2021): rotate pairs of query/key features by a position-dependent angle.
 
@@ -154,6 +160,50 @@ class RotaryEmbedding(nn.Module):
         elif scaling is not None and scaling.kind == "llama3":
             inv_freq = _llama3(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
+        # (key, length, {dtype: (cos, sin)}): the angles' table, see `table`
+        self._table: tuple[tuple, int, dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the frequencies depend on how far a call reaches (dynamic NTK)."""
+        return self.scaling is not None and self.scaling.kind == "dynamic"
+
+    def table(self, length: int, *, device=None,
+              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos and sin (L, d) of positions 0 … L − 1, L ≥ `length`, rounded to `dtype` — computed
+        once and kept while the frequencies, device and dtype are unchanged (a text-independent
+        part of every forward); None where they are not kept (dynamic NTK, whose frequencies
+        depend on the call, or `length` over `TABLE_POSITIONS`). Each row is what `cos_sin`
+        computes for that position alone (cos and sin of the same float32 angles, elementwise)."""
+        if self.dynamic or length > TABLE_POSITIONS:
+            return None
+        device = self.inv_freq.device if device is None else torch.device(device)
+        freq = self.inv_freq
+        # a move, a dtype change or an in-place edit of the frequencies gives a new key; an
+        # inference tensor cannot be saved for a later backward: kept apart
+        key = (device, freq.device, freq.data_ptr(), freq._version, torch.is_inference_mode_enabled())
+        if self._table is None or self._table[0] != key or self._table[1] < length:
+            n = min(TABLE_POSITIONS, max(64, 1 << max(0, length - 1).bit_length()))
+            self._table = (key, n, {})
+        n, kept = self._table[1:]
+        if dtype not in kept:  # one per dtype read (the forward's, the attribution's float64)
+            pos = torch.arange(n, device=device).float()[:, None]  # (L, 1)
+            angles = pos * self.frequencies(0).to(device)  # (L, d/2)
+            emb = torch.cat([angles, angles], dim=-1)  # (L, d)
+            kept[dtype] = (emb.cos().to(dtype), emb.sin().to(dtype))
+        return kept[dtype]
+
+    def at(self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at `positions` (n,), (n, d): the table's rows where it is kept (reads the
+        largest position: one sync), else computed as `cos_sin` computes them."""
+        if positions.numel():
+            kept = self.table(int(positions.max()) + 1, device=positions.device, dtype=dtype)
+            if kept is not None:
+                return kept[0][positions], kept[1][positions]
+        cos, sin = self.cos_sin(len(positions), positions=positions[None], device=positions.device,
+                                dtype=dtype)  # (1, 1, n, d)
+        return cos[0, 0], sin[0, 0]
 
     def frequencies(self, length: int) -> torch.Tensor:
         """(d/2,) float32 frequencies for a call whose positions end below `length`."""
@@ -170,14 +220,16 @@ class RotaryEmbedding(nn.Module):
         """cos and sin of every token's angles, (t, d) or (b, 1, t, d) with `positions`,
         computed in float32 and rounded to `dtype`."""
         if positions is None:
+            kept = self.table(offset + t, device=device, dtype=dtype)
+            if kept is not None:  # the kept table's rows (the same numbers)
+                return kept[0][offset:offset + t], kept[1][offset:offset + t]  # (t, d)
             pos = torch.arange(offset, offset + t, device=device)  # (t,)
         else:
             if positions.shape[-1] != t:
                 raise ValueError(f"positions {tuple(positions.shape)} must end in the {t} tokens of x")
             pos = positions[:, None, :] if positions.ndim == 2 else positions  # (b, 1, t)
-        dynamic = self.scaling is not None and self.scaling.kind == "dynamic"
         # only dynamic NTK depends on how far the call reaches (a sync: read the largest position)
-        length = (int(pos.max()) + 1 if pos.numel() else 0) if dynamic else 0
+        length = (int(pos.max()) + 1 if pos.numel() else 0) if self.dynamic else 0
         angles = pos.float()[..., None] * self.frequencies(length).to(device)  # (…, t, d/2)
         emb = torch.cat([angles, angles], dim=-1)  # (…, t, d)
         return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -46,10 +46,11 @@ class LayerRows:
             [`Writes`][qkv.modules.writes.Writes]: record there only each head's output and
             the residual at its positions (what a decomposition of layer `layer`'s input reads),
             the attention running untraced.
-        attention_only: layer `layer` stops after its self-attention (where its layer class
-            forms x + attn, `TransformerLayer`'s own forward): a reader of its trace alone
-            (a score attribution) pays for no feed-forward there; `hidden_states` then end
-            with what entered it (`hidden_states[layer + 1]` is not computed).
+        attention_only: layer `layer` runs its self-attention for the trace of `rows` (query
+            positions) alone (where its layer class is `TransformerLayer`'s own forward): a
+            reader of that trace (a score attribution) pays for no kernel, `out_proj`, residual
+            or feed-forward there; `hidden_states` then end with what entered it
+            (`hidden_states[layer + 1]` is not computed) and its `LayerTrace.residual` is None.
 
     It rides on `trace_rows` because every model already threads that argument from its
     forward to the stack. The stack's output then holds `traces[layer]` (the others None, or

@@ -45,7 +45,8 @@ class LayerTrace:
         residual: (b, t, E) what the self-attention sub-block hands on, every row: `x + attn`
             (pre-norm), `norm1(x + attn)` (post-norm), `x + p₁(attn)` (a norm on the branch)
             or `α₁·r₁ + β₁·attn` (scaled: `ResidualForm`); None for a layer that never forms it
-            (GPT-NeoX's parallel residual). Not detached (see `MultiHeadTrace.heads`). For a
+            (GPT-NeoX's parallel residual) or run for its attention's trace alone
+            (`attention_only`). Not detached (see `MultiHeadTrace.heads`). For a
             `Writes` request, an `AtPositions` holding its positions' rows only.
         ffn_sum: (b, t, E) what a post-norm layer's last norm read, `residual + ff(residual)`,
             where the forward records it (a transformers post-norm layer, whose feed-forward
@@ -63,7 +64,7 @@ class LayerOutput:
     """What one layer returns, whatever was asked for.
 
     Attributes:
-        hidden: (b, t, E) the layer's output.
+        hidden: (b, t, E) the layer's output; (b, 0, E) for `attention_only` (none computed).
         trace: None unless `trace_rows`; then the layer's `LayerTrace`.
     """
 
@@ -139,10 +140,13 @@ class TransformerLayer(nn.Module):
         parallel residual) does not say so."""
         return type(self).forward is TransformerLayer.forward
 
+    def _branch_input(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """(b, t, E) what a residual branch reads: norm(x) pre-norm, x itself post-norm."""
+        return norm(x) if self.norm_first else x
+
     def _residual(self, x: torch.Tensor, norm: nn.Module, block) -> tuple[torch.Tensor, object]:
         """Run `block` as a residual branch, pre- or post-norm; pass back its trace, if any."""
-        h = norm(x) if self.norm_first else x
-        y = block(h)
+        y = block(self._branch_input(x, norm))
         trace = None
         if isinstance(y, AttentionOutput):
             y, trace = y.output, y.trace
@@ -168,12 +172,18 @@ class TransformerLayer(nn.Module):
         self-attention's rotary embedding. `memory_kv_cache` (decoding) holds
         the cross-attention's keys and values of `memory`: the first call projects `memory`
         into it, later calls reuse it instead of projecting `memory` again. `intervention`
-        (an `AttentionEdit`) goes to the self-attention. `attention_only`: stop after the
-        self-attention sub-block (what a reader of its trace alone needs): `hidden` is then
-        its residual (x + attn, or norm1 of it), the feed-forward and any cross-attention not run.
+        (an `AttentionEdit`) goes to the self-attention. `attention_only`: run the
+        self-attention for the trace of `trace_rows` (query positions) alone — what a reader of
+        that trace needs (a score attribution): its kernel, `out_proj`, the residual, any
+        cross-attention and the feed-forward are not run; `hidden` is then (b, 0, E).
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError("memory must be given exactly when the layer has cross-attention")
+        if attention_only:
+            return self._attention_trace(x, mask=mask, attn_mask=attn_mask,
+                                         key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                         kv_cache=kv_cache, trace_rows=trace_rows, positions=positions,
+                                         intervention=intervention)
         # 1) self-attention
         x, self_trace = self._residual(x, self.norm1, lambda h: self.self_attn(
             h, mask=mask, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
@@ -182,8 +192,6 @@ class TransformerLayer(nn.Module):
         residual = x  # (b, t, E): what the self-attention sub-block hands on
         recorded = trace_rows.keep(x) if isinstance(trace_rows, Writes) else \
             None if isinstance(trace_rows, Weights) else residual
-        if attention_only:
-            return LayerOutput(x, LayerTrace(self_trace, None, recorded) if trace_rows is not None else None)
         # 2) cross-attention: queries from here, keys and values from the encoder
         cross_trace = None
         if self.cross_attn is not None:
@@ -196,3 +204,13 @@ class TransformerLayer(nn.Module):
         x, _ = self._residual(x, self.norm3, self.feed_forward)
         trace = LayerTrace(self_trace, cross_trace, recorded) if trace_rows is not None else None
         return LayerOutput(x, trace)
+
+    def _attention_trace(self, x: torch.Tensor, *, trace_rows, **attend) -> LayerOutput:
+        """`forward(attention_only=True)`: the self-attention's trace of `trace_rows`, nothing
+        else computed (no residual formed: `LayerTrace.residual` None), hidden (b, 0, E)."""
+        if trace_rows is None:
+            raise ValueError("attention_only=True runs the self-attention for its trace: give "
+                             "trace_rows (query positions)")
+        out = self.self_attn(self._branch_input(x, self.norm1), trace_rows=trace_rows,
+                             trace_only=True, **attend)
+        return LayerOutput(x[:, :0], LayerTrace(out.trace))  # (b, 0, E): no output computed

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -235,10 +236,18 @@ def _plain_heads(fwd, ell: int, attn, positions: torch.Tensor) -> torch.Tensor:
 _CONVERTED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def linear64(proj: torch.nn.Module, take: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+class LinearMap(Protocol):
+    """What `linear64` reads of a projection: `nn.Linear`'s `weight` (out, in) and `bias` (out,)
+    or None — qkv's own projections, and the transformers adapter's `Projection` views."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def linear64(proj: LinearMap, take: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(W[take] (·, E), b[take] (·,) or None) of the linear map `proj` in float64, once per
     weights version."""
-    weight, bias = proj.weight, getattr(proj, "bias", None)
+    weight, bias = proj.weight, proj.bias
     version = (weight._version, weight.data_ptr(), weight.dtype,
                None if bias is None else (bias._version, bias.data_ptr()))
     kept = _CONVERTED.setdefault(proj, {})

@@ -56,7 +56,7 @@ from qkv.explain.finite import check_layers as check_finite
 from qkv.explain.forward import check_layer_head, device_of, encode, model_name, stops_at_layer
 from qkv.explain.jsonable import numbers
 from qkv.explain.mixers import gate, mla, sparse
-from qkv.explain.select import choose_in
+from qkv.explain.select import choose_in, units_for
 from qkv.explain.steps import OneHead, head_slice
 from qkv.explain.wording import ArgumentError
 from qkv.models.protocol import MixerKind
@@ -223,12 +223,12 @@ def _projected(model, fwd, parts: torch.Tensor, layer: int, head: int, which: st
     C, n, E = parts.shape
     out = (parts.reshape(C * n, E) @ w.T).view(C, n, -1)  # (C, n, ·): one 2-D product
     if b is not None:
-        out[-1] += b
+        out[-1].add_(b)  # in place, not copied back onto itself
     if norm is not None:  # Qwen3 / OLMo 2: the query's (key's) own norm, frozen the same way
         total = out.sum(0).to(dtype)  # (n, ·)
         lin = linearise(norm, total)
         out = lin.apply(out)
-        out[-1] += lin.shift
+        out[-1].add_(lin.shift)
         if whole:
             out = out[..., rows]  # (C, n, d)
     return out
@@ -273,7 +273,7 @@ def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
             raise
         lin = linearise(lay.norm1, x)  # the attention read something else: norm1's own output
     parts = lin.apply(st.parts)
-    parts[-1] += lin.shift
+    parts[-1].add_(lin.shift)  # the bias row, in place
     return parts
 
 
@@ -288,16 +288,16 @@ def _with_embeddings(model, fwd, st: Stream, layer: int) -> torch.Tensor:
     x = torch.cat([fwd.hidden_states[layer][0, st.positions], first], -1)  # (n, 2E)
     lin = linearise(model.layers[layer].norm1, x)
     parts = lin.apply(parts)
-    parts[-1] += lin.shift
+    parts[-1].add_(lin.shift)
     return parts
 
 
 def _read(fwd, layer: int, positions: torch.Tensor) -> torch.Tensor | None:
     """(n, E) what layer `layer`'s attention read at `positions` (its trace's key input, kept
     for every position), None where the trace does not hold it whole."""
-    read = getattr(fwd.traces[layer].self_attn, "key_input", None)  # (1, t, E)
+    read = fwd.traces[layer].self_attn.key_input  # (1, t, E), or empty: a MultiHeadTrace's field
     hidden = fwd.hidden_states[layer]  # (1, t, E)
-    if read is None or tuple(read.shape) != tuple(hidden.shape):
+    if tuple(read.shape) != tuple(hidden.shape):
         return None
     return read[0, positions]
 
@@ -318,16 +318,24 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     # the row's weights (q, k) or output (v): only then is the whole trace run, to name where
     # NaN and ±inf survive a sum: three sums and one sync (a finite sum that overflowed only
     # costs the whole trace's run, which then finds nothing)
-    if not math.isfinite(float(sum(x.sum(dtype=torch.float32) for x in
-                                   (out.hidden_states[layer], att.weights, att.output)))):
+    x, weights, output = (t.sum(dtype=torch.float32)
+                          for t in (out.hidden_states[layer], att.weights, att.output))
+    if not math.isfinite(float(x + weights + output)):
         run(model, ids, rows)  # raises NonFiniteError at the first one
         check_finite([None] * layer + [out.traces[layer]], model=model_name(model))
     return Forward(ids=ids, output=out, hidden_states=tuple(out.hidden_states), traces=list(out.traces))
 
 
-def _pick(model, text: str, encoding, spec, role: str) -> int:
-    units, choice = choose_in(spec, encoding, text, words=False, role=role)
-    return units.groups[choice.unit][-1]
+def _picks(text: str, encoding, token, key) -> tuple[int, int | None]:
+    """The positions `token` and `key` name (None: `key` None), the text's tokens' units built
+    once for both picks."""
+    units = units_for(encoding, text, words=False)
+
+    def pick(spec, role: str) -> int:
+        _, choice = choose_in(spec, encoding, text, words=False, role=role, units=units)
+        return units.groups[choice.unit][-1]
+
+    return pick(token, "token"), None if key is None else pick(key, "key")
 
 
 def _bound(q: torch.Tensor, k: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, scale: float,
@@ -400,21 +408,21 @@ def score_attribution(model, text: str, *, layer: int, head: int, token=None, ke
     if not latent_kind:
         check_model(model, layer)
     encoding = encode(model, text)
-    i = _pick(model, text, encoding, token, "token")
-    j = None if key is None else _pick(model, text, encoding, key, "key")
+    i, j = _picks(text, encoding, token, key)
     ids = torch.tensor([encoding.ids], dtype=torch.long, device=device_of(model))  # (1, t)
     module = model.layers[layer].self_attn.module if latent_kind else None
-    pair = None if j is None else torch.tensor([i, j], device=ids.device)  # (2,) query, key
+    asked = torch.tensor([i] if j is None else [i, j], device=ids.device)  # (1,) or (2,): query, key
+    pair, query_row = None if j is None else asked, asked[:1]
     with latent.handed(module) if latent_kind else nullcontext({}) as given:
-        fwd = _forward(model, ids, torch.tensor([i], device=ids.device), layer, pair)
+        fwd = _forward(model, ids, query_row, layer, pair)
     sides = _sides(model, fwd, layer, head, module, given.get("position_embeddings"))
     att = fwd.traces[layer].self_attn.attention
     dtype, scale = att.query.dtype, float(att.scale)
-    mask = att.additive()[0, head, 0].double()  # (s,)
+    mask = att.additive()[0, head, 0]  # (s,): 0, a score bias, or −inf where masked
     tokens = list(encoding.tokens)
     gated = _gated(model, layer)
     if key is None:
-        query = stream(model, fwd, layer, torch.tensor([i], device=ids.device))
+        query = stream(model, fwd, layer, query_row)
         q = sides(query, "q")[:, 0]  # (C, d)
         dq = _checked(model, q.sum(0), att.query[0, head, 0], "query")
         keys = torch.nonzero(torch.isfinite(mask)).flatten()  # (s,)
