@@ -257,10 +257,8 @@ def test_unseen_rope_gqa_decoders_get_the_full_step_by_step(tmp_path, model_type
         assert diff <= 64 * torch.finfo(torch.float32).eps * max(1.0, float(steps.model_output.abs().max())), stage
 
 
-def test_norms_after_the_rotation_get_the_full_step_by_step(tmp_path):
-    """HunYuan rotates q and k, then normalises them (query_layernorm, key_layernorm): the order
-    is read off the forward (Qwen3's, norm then RoPE, does not rebuild it) and the step-by-step
-    applies the steps in it — every stage the float32 forward's to its own rounding."""
+def _hunyuan(path) -> None:
+    """A random HunYuan checkpoint saved at `path` (every weight perturbed: norms' not ones)."""
     import transformers
 
     torch.manual_seed(0)
@@ -269,8 +267,15 @@ def test_norms_after_the_rotation_get_the_full_step_by_step(tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # norms' weights too: not ones
-    model.save_pretrained(tmp_path)
-    save_tokenizer(tmp_path, encoder=False)
+    model.save_pretrained(path)
+    save_tokenizer(path, encoder=False)
+
+
+def test_norms_after_the_rotation_get_the_full_step_by_step(tmp_path):
+    """HunYuan rotates q and k, then normalises them (query_layernorm, key_layernorm): the order
+    is read off the forward (Qwen3's, norm then RoPE, does not rebuild it) and the step-by-step
+    applies the steps in it — every stage the float32 forward's to its own rounding."""
+    _hunyuan(tmp_path)
     model, st = steps(tmp_path, torch.float32)
     _, fine = steps(tmp_path, torch.float64)
     attn = model.layers[1].self_attn
@@ -278,3 +283,16 @@ def test_norms_after_the_rotation_get_the_full_step_by_step(tmp_path):
     assert st.qk_transform.startswith("rotated by RoPE") and st.qk_transform.endswith(
         "then normalised per head (RMSNorm)")
     assert_float32_rounding("hunyuan_v1_dense", st, fine)
+
+
+def test_norms_after_the_rotation_split_a_score(tmp_path):
+    """`qkv why` on HunYuan: each component is projected, rotated, then carried through the
+    q/k norm frozen at the forward's scale — the terms sum to the forward's own score within the
+    result's derived bound, itself below 1e-5 relative (as test_hybrid_scores' LOOSE: a wrong
+    order — the norm frozen before the rotation — is off by 0.13, and refused)."""
+    _hunyuan(tmp_path)
+    model = qkv.load(tmp_path, via="hf", dtype=torch.float64)
+    a = E.score_attribution(model, TEXT, layer=1, head=1, token="it", key=0)
+    assert abs(float(a.terms.sum()) - a.score) <= a.bound <= 1e-5 * max(1.0, abs(a.score))
+    row = E.score_attribution(model, TEXT, layer=1, head=1, token="it")
+    assert float((row.terms.sum(1) - row.scores).abs().max()) <= row.bound

@@ -9,8 +9,10 @@ in the dtype the attention computed in (float32 for fp32/bf16/fp16 models).
 way; without it, every layer's from one forward. With `words=True` the map is regrouped into words
 (into a word summed, from a word averaged; see `qkv.explain.select`).
 
-A model whose layers qkv does not run itself (a transformers model behind qkv's attention) is
-traced whole, every row of every layer, as before.
+A transformers model behind qkv's attention stops after the layer too (its layer loop is cut by
+a hook); where it cannot — the layer mixes by transformers' own code, or its scores carry a bias,
+a soft cap or sinks that an lse record does not keep — it is traced whole, every row of every
+layer, and `stops_at_layer` says why.
 
 Before the forward, each entry point asks the cost model
 ([`map_cost`][qkv.explain.cost.map_cost]) what the request would hold at its peak, and refuses in

@@ -31,7 +31,7 @@ from qkv.attention.trace import LseRequest
 from qkv.modules.intervention import Interventions
 from qkv.modules.kv_cache import KVCache
 from qkv.modules.transformer import LayerTrace, TransformerLayer
-from qkv.modules.writes import Writes
+from qkv.modules.writes import Weights, Writes
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class LayerRows:
         earlier: True: record the same `rows` in every layer before it too; a
             [`Writes`][qkv.modules.writes.Writes]: record there only each head's output and
             the residual at its positions (what a decomposition of layer `layer`'s input reads),
-            the attention running untraced.
+            the attention running untraced; a [`Weights`][qkv.modules.writes.Weights]: record
+            there only the weights of its rows (what a NaN check of the layers before reads).
         attention_only: layer `layer` runs its self-attention for the trace of `rows` (query
             positions) alone (where its layer class is `TransformerLayer`'s own forward): a
             reader of that trace (a score attribution) pays for no kernel, `out_proj`, residual
@@ -61,14 +62,14 @@ class LayerRows:
 
     layer: int
     rows: torch.Tensor | slice | LseRequest
-    earlier: bool | Writes = False
+    earlier: bool | Writes | Weights = False
     attention_only: bool = False
 
     def at(self, layer: int):
         """What layer `layer` (≤ `self.layer`) is asked to record: `rows`, `earlier`'s, or None."""
         if layer == self.layer:
             return self.rows
-        if isinstance(self.earlier, Writes):
+        if isinstance(self.earlier, (Writes, Weights)):  # a request of its own for every earlier layer
             return self.earlier
         return self.rows if self.earlier else None
 

@@ -206,17 +206,21 @@ def side(model, fwd, st: Stream, layer: int, head: int, which: str,
     of head `head`'s query (`which="q"`) or key (`"k"`) there; `read`: `attention_input`'s
     parts when the caller has them (one norm frozen for both sides)."""
     parts = attention_input(model, fwd, st, layer) if read is None else read  # (C, n, E)
-    return _rotated(fwd, layer, _projected(model, fwd, parts, layer, head, which), st.positions)
+    out = _rotated(fwd, layer, _projected(model, fwd, parts, layer, head, which), st.positions)
+    return _normed_after(model, fwd, out, layer, which)  # (C, n, d)
 
 
 def _projected(model, fwd, parts: torch.Tensor, layer: int, head: int, which: str) -> torch.Tensor:
     """(C, n, d) float64: `parts` (C, n, E) through head `head`'s W_Q (`which="q"`) or W_K,
-    its bias (on `bias`, the last component) and its q/k norm frozen — before any rotation."""
+    its bias (on `bias`, the last component) and, where it acts before the rotation, its q/k
+    norm frozen (one acting after it: `_normed_after`) — before any rotation."""
     attn = model.layers[layer].self_attn
     dtype = fwd.hidden_states[layer].dtype
     q_rows, kv_rows = head_slice(attn, head)
     proj, norm, rows = ((attn.q_proj, attn.q_norm, q_rows) if which == "q"
                         else (attn.k_proj, attn.k_norm, kv_rows))
+    if attn.norm_after_rotation:
+        norm = None
     whole = norm is not None and norm_width(norm) != attn.head_dim  # OLMo 2: one norm over every head
     take = slice(None) if whole else rows
     w, b = linear64(proj, take)  # (d or h·d, E), (d or h·d,) or None
@@ -250,7 +254,28 @@ def _pair(model, fwd, both: Stream, layer: int, head: int, read: torch.Tensor) -
     rotated in one call."""
     q = _projected(model, fwd, read[:, :1], layer, head, "q")  # (C, 1, d)
     k = _projected(model, fwd, read[:, 1:], layer, head, "k")  # (C, 1, d)
-    return _rotated(fwd, layer, torch.cat([q, k], 1), both.positions)  # (C, 2, d)
+    out = _rotated(fwd, layer, torch.cat([q, k], 1), both.positions)  # (C, 2, d)
+    if not model.layers[layer].self_attn.norm_after_rotation:
+        return out
+    return torch.cat([_normed_after(model, fwd, out[:, :1], layer, "q"),
+                      _normed_after(model, fwd, out[:, 1:], layer, "k")], 1)  # (C, 2, d)
+
+
+def _normed_after(model, fwd, out: torch.Tensor, layer: int, which: str) -> torch.Tensor:
+    """(C, n, d): the rotated components `out` (C, n, d) through the query's (`which="q"`) or
+    key's per-head norm frozen at their sum, where the layer normalises after the rotation
+    (HunYuan); `out` itself otherwise."""
+    attn = model.layers[layer].self_attn
+    norm = attn.q_norm if which == "q" else attn.k_norm
+    if not attn.norm_after_rotation or norm is None:
+        return out
+    if norm_width(norm) != attn.head_dim:
+        raise QkvError(f"layer {layer} normalises q and k over every head after the rotation; "
+                       f"its scores cannot be split")
+    lin = linearise(norm, out.sum(0).to(fwd.hidden_states[layer].dtype))
+    out = lin.apply(out)
+    out[-1].add_(lin.shift)
+    return out
 
 
 def attention_input(model, fwd, st: Stream, layer: int) -> torch.Tensor:
@@ -307,7 +332,8 @@ def _forward(model, ids: torch.Tensor, rows: torch.Tensor, layer: int,
     """The forward through layer `layer` only, `rows` traced in it; every layer before it runs
     untraced and records its heads' outputs and residual at `positions` (None: every position)
     — the components, nothing else (`Writes`). Nothing after the layer's attention is computed:
-    not its feed-forward (`attention_only`), nor any later layer or the model's head. A model that runs its own layer loop (transformers) runs whole, traced."""
+    not its feed-forward (`attention_only`), nor any later layer or the model's head. A model
+    that cannot stop there (`stops_at_layer` gives the reason) runs whole, traced."""
     if not stops_at_layer(model, layer):
         return run(model, ids, rows)
     keep = Writes(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
