@@ -87,3 +87,17 @@ def test_a_non_norm_is_refused_by_name():
 
 def test_docstring_examples():
     assert doctest.testmod(qkv.modules.norms, extraglobs={"torch": torch}).failed == 0
+
+
+def test_a_per_row_rescaling_is_not_a_norm():
+    """x ↦ x + 1 is unit-RMS rows times each row's rms plus one: with a free factor per row it
+    "fits" a norm (it did in 36% of 5 × 6 draws). A norm's factors are one ε's, 1/r² linear in
+    1/ms with a positive intercept: a rescaling's line goes through the origin — refused, over
+    many draws and shapes, while torch's own norms on the same rows are still read as norms."""
+    g = torch.Generator().manual_seed(0)
+    for n, width in ((5, 6), (16, 16), (12, 48)):
+        for _ in range(100):
+            x = torch.randn(n, width, generator=g)
+            assert fit(x, x + 1) is None and fit(x, 2 * x - 0.5) is None
+            assert fit(x, torch.nn.LayerNorm(width)(x)).centres
+            assert not fit(x, torch.nn.RMSNorm(width, eps=1e-6)(x)).centres

@@ -102,7 +102,7 @@ class Cost:
 
 
 def _attention_layers(model) -> list:
-    return [layer.self_attn for layer in model.layers if getattr(layer, "self_attn", None) is not None]
+    return [layer.self_attn for layer in model.layers if layer.self_attn is not None]  # None: not softmax
 
 
 def _element_size(model) -> int:
@@ -123,12 +123,12 @@ def forward_bytes(model, n: int) -> int:
     total = 0
     for attn in attns:
         q = attn.num_heads * attn.head_dim
-        kv = getattr(attn, "num_kv_heads", attn.num_heads) * attn.head_dim
+        kv = attn.num_kv_heads * attn.head_dim
         total += n * ((q + 2 * kv) * size + 2 * attn.num_heads * 4)  # q, k, v; lse, value norms
-    widest = max((mod.out_features * size for layer in model.layers if hasattr(layer, "modules")
+    widest = max((mod.out_features * size for layer in model.layers
                   for mod in layer.modules() if isinstance(mod, torch.nn.Linear)), default=0)
     first = attns[0]
-    width = getattr(first, "embed_dim", first.num_heads * first.head_dim) * size
+    width = first.embed_dim * size
     kept = (len(model.layers) + 1) * width  # what enters each layer, and the last output
     return total + n * (kept + 16 * width + 6 * widest)
 

@@ -36,7 +36,6 @@ from qkv.explain.wording import ArgumentError, too_long
 from qkv.models.protocol import SelfAttentionModel
 from qkv.modules.stack import LayerRows
 from qkv.modules.writes import Weights
-from qkv.modules.transformer import TransformerLayer
 
 # A block of query rows is computed at a time: about this many (rows × keys) numbers per head,
 # so the reference path's intermediates (scores, scaled, masked, weights: four of them) stay near
@@ -283,22 +282,12 @@ def stops_at_layer(model, layer: int) -> Stop:
     [`LayerRows`][qkv.modules.stack.LayerRows] asks (that layer's rows, `LSE` or `Weights`, the
     earlier layers' `Writes`) — the one rule `trace(…, last_layer=)`, `trace_layer`,
     `row_weights` and a score attribution ask. True for qkv's own layers (a
-    [`TransformerStack`][qkv.modules.TransformerStack]) with no score bias (an lse record keeps
-    q and k, not a bias) and for a transformers model (`qkv.hf.adapter.HFModel`: a hook ends its
+    [`TransformerStack`][qkv.modules.TransformerStack]: `qkv.modules.stack.stop_note`) with no
+    score bias (an lse record keeps q and k, not a bias) and for a transformers model (`qkv.hf.adapter.HFModel`: a hook ends its
     layer loop) where [`HFModel.stop_note`][qkv.hf.adapter.HFModel.stop_note] finds nothing in
     the way. Where it is False, the answer's `reason` says why and the caller traces whole.
     """
-    note = getattr(model, "stop_note", None)  # a transformers model (qkv.hf.adapter.HFModel)
-    if note is not None:
-        return Stop(note(layer))
-    lay = model.layers[layer]
-    if not isinstance(lay, TransformerLayer):
-        return Stop(f"layer {layer} is run by the model's own loop, not qkv's TransformerStack")
-    if lay.self_attn.alibi is not None:  # a TransformerLayer's is a MultiHeadAttention
-        return Stop(f"layer {layer}'s attention adds ALiBi's score bias, which an lse record does not keep")
-    if lay.self_attn.sequence_parallel is not None:
-        return Stop(f"layer {layer}'s attention runs sequence-parallel")
-    return Stop()
+    return Stop(model.stop_note(layer))  # the model protocol's question (SelfAttentionModel)
 
 
 def trace_layer(model, text: str, layer: int | None, *, words: bool = False,

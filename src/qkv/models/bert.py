@@ -29,6 +29,7 @@ from qkv.attention.attention_mask import AttentionMask, VarLen
 from qkv.models.family import Family, Shapes, Tensors
 from qkv.models.outputs import EncoderOutput
 from qkv.models.parts import model_parts
+from qkv.modules.stack import stop_note
 from qkv.models.protocol import ENCODER, ModelParts
 from qkv.modules import Interventions, LearnedPositionalEmbedding, TransformerLayer, TransformerStack
 
@@ -140,6 +141,11 @@ class BertModel(nn.Module):
     """
 
     capabilities = ENCODER  # the one model protocol (qkv.models.protocol)
+
+    def stop_note(self, layer: int) -> str:
+        """Why the forward cannot stop after `layer` ("" where it can):
+        [`qkv.modules.stack.stop_note`][qkv.modules.stack.stop_note], the stack's rule."""
+        return stop_note(self.layers, layer)
 
     def __init__(self, config: BertConfig, *, tokenizer=None, name: str = "bert",
                  max_seq_length: int | None = None):

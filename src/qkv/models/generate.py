@@ -25,6 +25,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.models.protocol import DECODER
+from qkv.modules.stack import stop_note
 
 _FROM_CONFIG = object()  # eos_token_id's default: the model's config says
 
@@ -183,6 +184,11 @@ class DecoderGenerationMixin:
 
     causal = True  # a token attends to itself and earlier tokens only (what explanations say)
     capabilities = DECODER  # the one model protocol (qkv.models.protocol)
+
+    def stop_note(self, layer: int) -> str:
+        """Why the forward cannot stop after `layer` ("" where it can):
+        [`qkv.modules.stack.stop_note`][qkv.modules.stack.stop_note], the stack's rule."""
+        return stop_note(self.layers, layer)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, **kwargs) -> torch.Tensor:
         """Continue `ids` (b, t), left-padded with `attention_mask` when the prompts differ

@@ -545,11 +545,13 @@ class TokenizerLike(Protocol):
 
 @runtime_checkable
 class AttentionLayerLike(Protocol):
-    """`layers[L].self_attn`: its sizes (h, d) and, with `capabilities.head_weights`, its
-    projections (`q_proj` … `out_proj`)."""
+    """`layers[L].self_attn`: its sizes (h query heads, h_kv key/value heads, d, the width E it
+    reads) and, with `capabilities.head_weights`, its projections (`q_proj` … `out_proj`)."""
 
     num_heads: int
+    num_kv_heads: int
     head_dim: int
+    embed_dim: int
 
 
 @runtime_checkable
@@ -572,6 +574,8 @@ class SelfAttentionModel(Protocol):
 
     @property
     def parts(self) -> ModelParts: ...
+
+    def stop_note(self, layer: int) -> str: ...  # why a forward cannot stop after `layer`; "" where it can
 
     def __call__(self, input_ids, attention_mask=None, **kwargs): ...
 

@@ -63,7 +63,8 @@ def fit(given: torch.Tensor, made: torch.Tensor) -> NormFit | None:
     tol = 64 * eps * max(float(y.abs().max()), 1.0)
     for centres in (False, True):
         z = x - x.mean(-1, keepdim=True) if centres else x
-        z = z / z.pow(2).mean(-1, keepdim=True).add(1e-300).sqrt()  # (n, E) unit RMS rows
+        ms = z.pow(2).mean(-1, keepdim=True)  # (n, 1) each row's mean square
+        z = z / ms.add(1e-300).sqrt()  # (n, E) unit RMS rows
         for with_bias in (False, True):
             if with_bias and len(z) < 3:
                 continue
@@ -83,10 +84,29 @@ def fit(given: torch.Tensor, made: torch.Tensor) -> NormFit | None:
             w = (z * r * (y - b)).sum(0) / (z * r).pow(2).sum(0).clamp_min(1e-300)  # w for that r
             # ε only shrinks a row a little (r ≤ 1); a free row factor would make any per-row
             # rescaling a "norm"
-            if float(w.abs().max()) > 0 and 0.5 <= float(r.min()) \
+            if float(w.abs().max()) > 0 and 0.5 <= float(r.min()) and _one_eps(r, ms) \
                     and float((y - (z * r * w + b)).abs().max()) <= tol:
                 return NormFit(centres, w, b if with_bias else None)
     return None
+
+
+def _one_eps(r: torch.Tensor, ms: torch.Tensor) -> bool:
+    """Whether the rows' shrinking factors `r` (n, 1) (scaled so the largest is 1) are one ε's:
+    a norm divides row i by √(ms_i + ε), so 1/r_i² = c²·(1 + ε/ms_i) — a line in 1/ms_i with
+    a positive intercept and ε no larger than a typical row's mean square. A per-row rescaling
+    that is not a norm's (x ↦ x + 1 read as unit rows times rms_i) has r_i ∝ rms_i: the line
+    goes through the origin. Fewer than three rows fit any line: accepted."""
+    if len(r) < 3 or float(r.min()) == float(r.max()):
+        return True
+    u, v = 1 / ms.reshape(-1), 1 / r.reshape(-1).pow(2)  # (n,), (n,)
+    A = torch.stack([torch.ones_like(u), u], 1)  # (n, 2)
+    (c2, slope), *_ = torch.linalg.lstsq(A, v[:, None]).solution.reshape(-1), None
+    if float(c2) <= 0:
+        return False
+    eps = float(slope) / float(c2)
+    fits = float((A @ torch.stack([c2, slope]) - v).abs().max()) <= 1e-2 * float(v.max())  # r from float32 rows
+    typical = float(ms.median())
+    return fits and -1e-3 * typical <= eps <= typical  # ε ≥ 0 up to r's own rounding
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,22 @@ class LayerRows:
         return self.rows if self.earlier else None
 
 
+def stop_note(layers, layer: int) -> str:
+    """Why a stack of `layers` cannot stop after `layer` keeping only what a `LayerRows` asks
+    ("" where it can): the layer is not a `TransformerLayer` (its forward does not read
+    `LayerRows`), or its attention's scores carry what a record of q, k and the lse does not
+    keep (ALiBi's bias), or it runs sequence-parallel. qkv's own models answer
+    `model.stop_note(layer)` with it (the model protocol's question)."""
+    lay = layers[layer]
+    if not isinstance(lay, TransformerLayer):
+        return f"layer {layer} is run by the model's own loop, not qkv's TransformerStack"
+    if lay.self_attn.alibi is not None:  # a TransformerLayer's is a MultiHeadAttention
+        return f"layer {layer}'s attention adds ALiBi's score bias, which an lse record does not keep"
+    if lay.self_attn.sequence_parallel is not None:
+        return f"layer {layer}'s attention runs sequence-parallel"
+    return ""
+
+
 @dataclass(frozen=True)
 class StackOutput:
     """What a stack returns, whatever was asked for.
