@@ -144,7 +144,7 @@ class BertModel(nn.Module):
 
     def stop_note(self, layer: int) -> str:
         """Why the forward cannot stop after `layer` ("" where it can):
-        [`qkv.modules.stack.stop_note`][qkv.modules.stack.stop_note], the stack's rule."""
+        `qkv.modules.stack.stop_note`, the stack's rule."""
         return stop_note(self.layers, layer)
 
     def __init__(self, config: BertConfig, *, tokenizer=None, name: str = "bert",

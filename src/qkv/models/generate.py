@@ -187,7 +187,7 @@ class DecoderGenerationMixin:
 
     def stop_note(self, layer: int) -> str:
         """Why the forward cannot stop after `layer` ("" where it can):
-        [`qkv.modules.stack.stop_note`][qkv.modules.stack.stop_note], the stack's rule."""
+        `qkv.modules.stack.stop_note`, the stack's rule."""
         return stop_note(self.layers, layer)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True, **kwargs) -> torch.Tensor:
