@@ -652,17 +652,18 @@ def estimate(cfg: dict, size: int, tool: str, task: str, n: int, L: int) -> tupl
     full = [t == "full_attention" for t in cfg.get("layer_types") or ["full_attention"] * layers]
     head_params = vocab * width
     per_layer = (size / 4 - head_params - cfg.get("n_positions", 0) * width) / layers
-    own = tool == "qkv" and not cfg.get("layer_types")  # qkv's own layers: it stops after L
+    own = tool == "qkv"  # qkv stops after L: its own layers, and a transformers model's loop (a hook)
     run = L + 1 if own and task != "stream" else layers
     attn = sum(full[:run]) * heads * n * n * d / 64  # (head, query, key) elements
     linear = 2 * per_layer * run * n + (0 if own else 2 * head_params * n)
     logits = 0 if own else n * vocab * 4
     if tool == "qkv" and own:
         cpu = linear / RATE + attn * BLOCKWISE + (n * n * d * 4 / RATE if task in ("pattern", "stream") else 0)
-        # pattern: 2.9 × the (t, t) answer (measured at 32k, GPT-2 shape, 2 layers: +11.4 GiB);
+        # pattern: 1.15 × the (t, t) answer (measured at 32k, GPT-2 shape, 2 layers: 4.6 GiB
+        # for a 4 GiB map, since the NaN check reads row sums; it was 2.9 ×, +11.4 GiB);
         # stream: document()'s record, 12 vectors of the width per layer and token (GPT-2 at
         # 8192: +3.6 GB); steps, why: ~40 vectors of the width per token (GPT-2 at 2048: +0.2 GB)
-        answer = {"pattern": 2.9 * n * n * 4, "layer": heads * n * n * 4}
+        answer = {"pattern": 1.15 * n * n * 4, "layer": heads * n * n * 4}
         if task in answer:
             return cpu, int(answer[task] + 8 * n * width * 4)
         return cpu, (12 * layers if task == "stream" else 40) * n * width * 4

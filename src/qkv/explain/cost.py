@@ -175,7 +175,8 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
     masks = FINITE_MASKS * maps * t * t
     block = 0
     if all(stops_at_layer(model, i) for i in layers):
-        # one head alone, or every head in one call (`block_weights`): at most BLOCK_NUMBERS a block
+        # one head at a time, or every head in one call where the mask may differ between heads
+        # (`block_weights`): at most BLOCK_NUMBERS a block — counted as the every-head call's
         path, block = "lse", min(min(maps, h) * t * t, BLOCK_NUMBERS) * size * REFERENCE_TENSORS
         work = block
     else:
