@@ -54,7 +54,7 @@ demo: $(STAMP)
 	@echo "(qkv is in $(BIN): '. $(BIN)/activate' puts it on the PATH for the README's commands)"
 
 test: $(STAMP)
-	@echo "qkv: running the test suite on 2 workers (614 s in the last CI run; see the README)"
+	@echo "qkv: running the test suite on 2 workers (428 s in the last CI run; see the README)"
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 docs: $(STAMP)

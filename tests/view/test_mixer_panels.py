@@ -22,12 +22,18 @@ READ = """() => [...document.querySelectorAll('#indexed-table tbody tr')].map(r 
   ({cls: r.className, title: r.title, cells: [...r.cells].map(c => c.textContent)}))"""
 
 
-def test_the_indexer_panel_marks_the_kept_keys_and_tells_the_margin(watched, sparse_served):
+def _open_sparse(watched, sparse_served):
+    """The page on SPARSE_TEXT's last token (layer 1, head 2) once its indexer table is drawn, and
+    what `indexed` computes for it: (page, IndexedSelection)."""
     served, model = sparse_served
     page = watched.page
     page.goto(served.url + "?" + urlencode({"text": SPARSE_TEXT, "layer": 1, "head": 2, "token": 9}))
     page.wait_for_selector("#indexed-table tbody tr", timeout=60_000)
-    want = indexed(model, SPARSE_TEXT, layer=1, head=2, token=9)
+    return page, indexed(model, SPARSE_TEXT, layer=1, head=2, token=9)
+
+
+def test_the_indexer_panel_marks_the_kept_keys_and_tells_the_margin(watched, sparse_served):
+    page, want = _open_sparse(watched, sparse_served)
     rows = page.evaluate(READ)
     assert len(rows) == 10
     kept = [j for j, r in enumerate(rows) if r["cls"] == "kept"]
@@ -81,11 +87,7 @@ def test_the_gate_panel_says_a_closed_head_contributes_little(watched, gated_ser
 
 
 def test_the_heat_map_outlines_the_kept_keys_and_tells_a_miss_on_hover(watched, sparse_served):
-    served, model = sparse_served
-    page = watched.page
-    page.goto(served.url + "?" + urlencode({"text": SPARSE_TEXT, "layer": 1, "head": 2, "token": 9}))
-    page.wait_for_selector("#indexed-table tbody tr", timeout=60_000)
-    want = indexed(model, SPARSE_TEXT, layer=1, head=2, token=9)
+    page, want = _open_sparse(watched, sparse_served)
     n = len(want.units.labels)
     # each kept cell of row 9 has the gold outline on its left edge (mid-height); a left-out one not
     edges = page.evaluate("""([i, n, js]) => { const cv = document.getElementById('heat'), c = cv.width / n;

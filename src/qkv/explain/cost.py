@@ -10,15 +10,15 @@ request                         path     bytes at the peak
 one head's map   (1 map)        lse      forward + maps · t · s · c + block + first call
 one layer's maps (h maps)       lse      (the forward stops after the layer: q, k, lse kept)
 every layer's    (L · h maps)   lse
-any of them, a model whose      trace    forward + L · h · t · s · TRACE_TENSORS + the last call's
-layers qkv does not run                    temporaries + maps · t · s · c + first call (every
+any of them, a model that       trace    forward + L · h · t · s · TRACE_TENSORS + the last call's
+cannot stop after the layer                temporaries + maps · t · s · c + first call (every
                                            layer's whole trace is kept)
 a document                      document forward + t · TOKEN_BYTES + first call (never t · s)
 ```
 
 `forward` is [`forward_bytes`][qkv.explain.cost.forward_bytes] (what the forward holds: every
 layer's q, k, v, lse and input, one layer's work); `c` the copies the answer is made in (the map,
-the stack of every layer's, the grouping into words, the finite check's mask); `block` the
+the stack of every layer's, the grouping into words); `block` the
 reference path's working set for one block of rows (`REFERENCE_TENSORS` tensors of at most
 `BLOCK_NUMBERS` numbers: `qkv.explain.forward.block_weights`). Measured (loaded machine, VmHWM):
 MiniLM's every layer's maps 68–76 MB at 254 tokens (98 estimated), 248–288 MB at 512 (347); a tiny
@@ -59,9 +59,6 @@ WORKING_TENSORS = 2
 #: a block of rows' working set, (rows × keys) numbers each: what its trace keeps, its
 #: temporaries and its mask's rows
 REFERENCE_TENSORS = TRACE_TENSORS + WORKING_TENSORS + 1
-#: the bool (t, s) masks the finite check of the maps holds at once (isfinite's two comparisons
-#: and their conjunction)
-FINITE_MASKS = 3
 #: what the text side holds per token once tokenised: the tokenizer's Encoding (ids, offsets,
 #: token strings, masks), the Python lists read from it, the page's label of the token and its
 #: JSON (measured with ``qkv view --file``'s work on reader, 25k–100k tokens: ~0.7 KB; rounded up)
@@ -169,10 +166,9 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
     layers = range(L) if request == EVERY else [layer if layer is not None else L - 1]
     size = max(4, _element_size(model))  # the attention computes in float32 (float64 for fp64)
     one = t * t * size
-    # the maps and one temporary of their size (every layer's stacked from a list; the finite
-    # check's |w|), two more grouped into words; the finite check's three bool masks
+    # the maps and one temporary of their size (every layer's stacked from a list), two more
+    # grouped into words; the finite check reads row sums (maps._check_finite, finite._finite)
     copies = 2 + 2 * words
-    masks = FINITE_MASKS * maps * t * t
     block = 0
     if all(stops_at_layer(model, i) for i in layers):
         # one head at a time, or every head in one call where the mask may differ between heads
@@ -180,12 +176,11 @@ def map_cost(model, t: int, request: str, *, layer: int | None = None, words: bo
         path, block = "lse", min(min(maps, h) * t * t, BLOCK_NUMBERS) * size * REFERENCE_TENSORS
         work = block
     else:
-        # every layer's trace and mask; the last call's temporaries; the finite check of one
-        # layer's weights (|w| and its masks: qkv.explain.finite)
+        # every layer's trace and mask; the last call's temporaries; the finite check's copy
+        # of one layer's weights (qkv.explain.finite)
         path = "trace"
-        work = L * h * one * TRACE_TENSORS + L * one + h * one * (WORKING_TENSORS + 1) \
-            + FINITE_MASKS * h * t * t
-    need = forward_bytes(model, t) + work + copies * maps * one + masks + FIRST_CALL_BYTES
+        work = L * h * one * TRACE_TENSORS + L * one + h * one * (WORKING_TENSORS + 1)
+    need = forward_bytes(model, t) + work + copies * maps * one + FIRST_CALL_BYTES
     return Cost(request=request, tokens=t, maps=maps, path=path, bytes=need, result_bytes=maps * one,
                 block_bytes=block)
 

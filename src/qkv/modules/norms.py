@@ -100,7 +100,7 @@ def _one_eps(r: torch.Tensor, ms: torch.Tensor) -> bool:
         return True
     u, v = 1 / ms.reshape(-1), 1 / r.reshape(-1).pow(2)  # (n,), (n,)
     A = torch.stack([torch.ones_like(u), u], 1)  # (n, 2)
-    (c2, slope), *_ = torch.linalg.lstsq(A, v[:, None]).solution.reshape(-1), None
+    c2, slope = torch.linalg.lstsq(A, v[:, None]).solution.reshape(-1)  # intercept c², slope c²·ε
     if float(c2) <= 0:
         return False
     eps = float(slope) / float(c2)
